@@ -1,0 +1,256 @@
+#include "core/config_reader.h"
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/units.h"
+
+namespace zinf {
+namespace {
+
+std::string Describe(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return fmt::format("{} ({})", text, value.type_name());
+}
+
+}  // namespace
+
+StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source) {
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    return InvalidArgument(fmt::format("{} is not valid JSON: {}", source, e.what()));
+  }
+}
+
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus(errno, fmt::format("opening config file {}", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseJson(text.str(), path);
+}
+
+ConfigReader::ConfigReader(const nlohmann::json& object, std::string path)
+    : object_(object), path_(std::move(path)) {
+  if (!object_.is_object()) {
+    status_ = InvalidArgument(fmt::format("config key '{}' must be an object, got {}",
+                                          path_.empty() ? "<root>" : path_, Describe(object_)));
+  }
+}
+
+std::string ConfigReader::KeyPath(std::string_view key) const {
+  return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+}
+
+const nlohmann::json* ConfigReader::Find(std::string_view key) {
+  known_.emplace(key);
+  if (!status_.ok()) return nullptr;
+  auto it = object_.find(key);
+  return it == object_.end() ? nullptr : &*it;
+}
+
+bool ConfigReader::Has(std::string_view key) const {
+  return object_.is_object() && object_.contains(key);
+}
+
+void ConfigReader::Fail(Status status) {
+  if (status_.ok()) status_ = std::move(status);
+}
+
+ConfigReader& ConfigReader::Bool(std::string_view key, bool* out) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  if (!v->is_boolean()) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be true or false, got {}",
+                                     KeyPath(key), Describe(*v))));
+    return *this;
+  }
+  *out = v->get<bool>();
+  return *this;
+}
+
+ConfigReader& ConfigReader::Int(std::string_view key, int64_t* out, int64_t min, int64_t max) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  // 1e9 written as a float is common in DeepSpeed configs; accept it when it is integral.
+  const bool integral_float = v->is_number_float() && std::isfinite(v->get<double>()) &&
+                              std::floor(v->get<double>()) == v->get<double>() &&
+                              std::fabs(v->get<double>()) < 9.2e18;
+  if (!v->is_number_integer() && !integral_float) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be an integer, got {}", KeyPath(key),
+                                     Describe(*v))));
+    return *this;
+  }
+  int64_t value = 0;
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) {
+    value = INT64_MAX;
+  } else {
+    value = integral_float ? static_cast<int64_t>(v->get<double>()) : v->get<int64_t>();
+  }
+  if (value < min || value > max) {
+    Fail(InvalidArgument(
+        fmt::format("config key '{}' must be in [{}, {}], got {}", KeyPath(key), min, max,
+                    v->dump())));
+    return *this;
+  }
+  *out = value;
+  return *this;
+}
+
+ConfigReader& ConfigReader::Double(std::string_view key, double* out, double min, double max) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  if (!v->is_number()) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be a number, got {}", KeyPath(key),
+                                     Describe(*v))));
+    return *this;
+  }
+  const double value = v->get<double>();
+  if (!(value >= min && value <= max)) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}], got {}", KeyPath(key),
+                                     min, max, v->dump())));
+    return *this;
+  }
+  *out = value;
+  return *this;
+}
+
+ConfigReader& ConfigReader::String(std::string_view key, std::string* out) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  if (!v->is_string()) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be a string, got {}", KeyPath(key),
+                                     Describe(*v))));
+    return *this;
+  }
+  *out = v->get<std::string>();
+  return *this;
+}
+
+ConfigReader& ConfigReader::Enum(std::string_view key, std::string* out,
+                                 std::initializer_list<std::string_view> allowed) {
+  std::string value = *out;
+  String(key, &value);
+  if (!status_.ok() || !Has(key)) return *this;
+  for (std::string_view a : allowed) {
+    if (a == value) {
+      *out = value;
+      return *this;
+    }
+  }
+  std::string list;
+  for (std::string_view a : allowed) list += fmt::format("{}{}", list.empty() ? "" : ", ", a);
+  Fail(InvalidArgument(fmt::format("config key '{}' must be one of {}; got \"{}\"", KeyPath(key),
+                                   list, value)));
+  return *this;
+}
+
+ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t min,
+                                  uint64_t max) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  uint64_t value = 0;
+  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<int64_t>() >= 0)) {
+    value = v->get<uint64_t>();
+  } else if (v->is_number_float() && v->get<double>() >= 0 &&
+             std::floor(v->get<double>()) == v->get<double>() && v->get<double>() < 1.8e19) {
+    value = static_cast<uint64_t>(v->get<double>());
+  } else if (v->is_string()) {
+    StatusOr<uint64_t> parsed = ParseBytes(v->get<std::string>());
+    if (!parsed.ok()) {
+      Fail(std::move(parsed).status().WithContext(fmt::format("config key '{}'", KeyPath(key))));
+      return *this;
+    }
+    value = *parsed;
+  } else {
+    Fail(InvalidArgument(fmt::format(
+        "config key '{}' must be a byte count (integer or a string like \"64MiB\"), got {}",
+        KeyPath(key), Describe(*v))));
+    return *this;
+  }
+  if (value < min || value > max) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}] bytes, got {}",
+                                     KeyPath(key), min, max, value)));
+    return *this;
+  }
+  *out = value;
+  return *this;
+}
+
+ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* out,
+                                    size_t count) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  bool ok = v->is_array() && (count == 0 || v->size() == count);
+  if (ok) {
+    for (const auto& e : *v) ok = ok && e.is_number();
+  }
+  if (!ok) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be a list of {} numbers, got {}",
+                                     KeyPath(key), count == 0 ? std::string("any number of")
+                                                              : std::to_string(count),
+                                     Describe(*v))));
+    return *this;
+  }
+  out->clear();
+  for (const auto& e : *v) out->push_back(e.get<double>());
+  return *this;
+}
+
+ConfigReader& ConfigReader::Strings(std::string_view key, std::vector<std::string>* out) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  if (v->is_string()) {  // DeepSpeed's nvme_path may be one path or a list
+    *out = {v->get<std::string>()};
+    return *this;
+  }
+  bool ok = v->is_array();
+  if (ok) {
+    for (const auto& e : *v) ok = ok && e.is_string();
+  }
+  if (!ok) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be a string or a list of strings, "
+                                     "got {}", KeyPath(key), Describe(*v))));
+    return *this;
+  }
+  out->clear();
+  for (const auto& e : *v) out->push_back(e.get<std::string>());
+  return *this;
+}
+
+ConfigReader& ConfigReader::Object(std::string_view key,
+                                   const std::function<void(ConfigReader&)>& read) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  ConfigReader child(*v, KeyPath(key));
+  if (child.status_.ok()) read(child);
+  Fail(child.Finish());
+  return *this;
+}
+
+ConfigReader& ConfigReader::Ignore(std::string_view key) {
+  if (Find(key) != nullptr) log::Debug("config key '{}' has no effect in zinf", KeyPath(key));
+  return *this;
+}
+
+Status ConfigReader::Finish() {
+  if (!status_.ok()) return status_;
+  for (auto it = object_.begin(); it != object_.end(); ++it) {
+    if (known_.count(it.key()) != 0) continue;
+    std::string list;
+    for (const std::string& k : known_) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
+    status_ = InvalidArgument(fmt::format("config key '{}' is not recognized (allowed here: {})",
+                                          KeyPath(it.key()), list.empty() ? "none" : list));
+    break;
+  }
+  return status_;
+}
+
+}  // namespace zinf

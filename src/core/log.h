@@ -1,0 +1,40 @@
+// Logging for zinf's own code (private; not part of the public API).
+//
+// ZINF_LOG_LEVEL=trace|debug|info|warn|error|off sets the level (default: info).
+// Messages go to stderr as "[zinf] [warn] ...", through spdlog. The format strings are
+// checked at compile time by fmt.
+//
+// Thread-safe.
+#ifndef ZINF_CORE_LOG_H_
+#define ZINF_CORE_LOG_H_
+
+#include <fmt/core.h>
+
+#include <string_view>
+#include <utility>
+
+namespace zinf::log {
+
+enum class Level { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+
+bool Enabled(Level level);
+void Write(Level level, std::string_view message);
+// Overrides ZINF_LOG_LEVEL (tools use it for --verbose / --quiet).
+void SetLevel(Level level);
+
+template <typename... Args>
+void Log(Level level, fmt::format_string<Args...> format, Args&&... args) {
+  if (Enabled(level)) Write(level, fmt::format(format, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void Debug(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kDebug, f, std::forward<Args>(a)...); }
+template <typename... Args>
+void Info(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kInfo, f, std::forward<Args>(a)...); }
+template <typename... Args>
+void Warn(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kWarn, f, std::forward<Args>(a)...); }
+template <typename... Args>
+void Error(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kError, f, std::forward<Args>(a)...); }
+
+}  // namespace zinf::log
+
+#endif  // ZINF_CORE_LOG_H_
