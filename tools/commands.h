@@ -1,0 +1,19 @@
+// The `zinf` subcommands. Each lives in its own file and adds itself to the CLI11 app;
+// zinf_main.cc calls these in the order `zinf --help` lists them.
+#ifndef ZINF_TOOLS_COMMANDS_H_
+#define ZINF_TOOLS_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+
+namespace zinf::tools {
+
+// Each Add* registers a subcommand whose callback sets the process exit code through
+// ExitCode(); a subcommand reports failure by printing the Status and returning non-zero.
+int& ExitCode();
+
+void AddInfoCommand(CLI::App& app);       // tools/info.cc
+void AddBenchCommands(CLI::App& bench);   // tools/bench.cc: `zinf bench <what>`
+
+}  // namespace zinf::tools
+
+#endif  // ZINF_TOOLS_COMMANDS_H_
