@@ -92,9 +92,9 @@ class [[nodiscard]] StatusOr {
  public:
   // Implicit from an error status: `return InvalidArgument(...)`. An OK status here is a bug and
   // becomes kInternal.
-  StatusOr(Status status) : status_(std::move(status)) {  // NOLINT(runtime/explicit)
-    if (status_.ok()) status_ = Status(StatusCode::kInternal, "StatusOr built from an OK Status");
-  }
+  StatusOr(Status status)  // NOLINT(runtime/explicit)
+      : status_(status.ok() ? Status(StatusCode::kInternal, "StatusOr built from an OK Status")
+                            : std::move(status)) {}
   // Implicit from a value: `return value;`.
   template <typename U = T,
             typename = std::enable_if_t<std::is_constructible_v<T, U&&> &&

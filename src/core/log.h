@@ -13,6 +13,8 @@
 #include <string_view>
 #include <utility>
 
+#include "zinf/status.h"
+
 namespace zinf::log {
 
 enum class Level { kTrace, kDebug, kInfo, kWarn, kError, kOff };
@@ -36,5 +38,15 @@ template <typename... Args>
 void Error(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kError, f, std::forward<Args>(a)...); }
 
 }  // namespace zinf::log
+
+// Lets log lines and error messages format a Status directly: log::Warn("... {}", status).
+template <>
+struct fmt::formatter<zinf::Status> {
+  constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+  template <typename FormatContext>
+  auto format(const zinf::Status& status, FormatContext& ctx) const {
+    return fmt::format_to(ctx.out(), "{}", status.ToString());
+  }
+};
 
 #endif  // ZINF_CORE_LOG_H_

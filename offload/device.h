@@ -1,0 +1,193 @@
+// Device: where compute runs and "device memory" lives — a GPU (CudaDevice) or the CPU itself
+// (HostDevice). Everything above this layer (pools, TieredStore, the ZeRO engine) is written
+// against this interface only, so every scheduling path runs in CI on HostDevice.
+//
+// The contract, shared by every implementation (tests/offload/device_conformance.h checks it):
+// - Allocate() takes device memory under a byte budget; exceeding it is ResourceExhausted
+//   naming the budget, what is in use and the request. Memory is returned when the
+//   DeviceBuffer is destroyed; the caller must first make sure no queued work still uses it
+//   (synchronize a stream, or wait on an event), as with any stream-ordered allocator.
+// - A Stream runs its work asynchronously and in the order it was enqueued. Work on different
+//   streams may overlap; Record() on one stream and Wait() on another orders them.
+// - An Event marks a point in a stream. Wait() captures the event's most recent Record() at
+//   the time of the call (later records do not affect it), as CUDA does, so waiting on an
+//   event that was never recorded is a no-op and cannot deadlock.
+// - Errors raised by queued work (a failed host function, a CUDA fault) are sticky on the
+//   stream: every later call on it, and Synchronize(), return the first error.
+// - Streams, events and buffers may outlive their Device: the memory is still freed, and
+//   every other call returns FailedPrecondition saying the device was destroyed.
+//
+// Thread-safety: Device methods are thread-safe. A Stream or Event may be used from several
+// threads, but enqueue order between threads is whatever order the calls happen in.
+#ifndef ZINF_OFFLOAD_DEVICE_H_
+#define ZINF_OFFLOAD_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zinf/host_memory.h"
+#include "zinf/status.h"
+
+namespace zinf {
+
+enum class DeviceKind { kHost, kCuda };
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
+
+struct DeviceMemoryStats {
+  uint64_t budget_bytes = 0;  // 0: unlimited
+  uint64_t in_use_bytes = 0;
+  uint64_t peak_bytes = 0;
+};
+
+namespace internal {
+// Returns device memory; kept alive by every DeviceBuffer so freeing works after the device
+// is gone.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  virtual void Free(void* data, size_t size_bytes) noexcept = 0;
+};
+}  // namespace internal
+
+// Owns one device allocation. Move-only; frees on destruction (see the contract above).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(void* data, size_t size_bytes, std::shared_ptr<internal::DeviceAllocator> owner)
+      : data_(data), size_bytes_(size_bytes), owner_(std::move(owner)) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_bytes_ = std::exchange(other.size_bytes_, 0);
+      owner_ = std::move(other.owner_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t size_bytes() const { return size_bytes_; }
+  bool empty() const { return data_ == nullptr; }
+
+  void Reset() {
+    if (owner_ != nullptr && data_ != nullptr) owner_->Free(data_, size_bytes_);
+    data_ = nullptr;
+    size_bytes_ = 0;
+    owner_.reset();
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_bytes_ = 0;
+  std::shared_ptr<internal::DeviceAllocator> owner_;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True when the work before the most recent Record() has run (true if never recorded).
+  virtual StatusOr<bool> Query() = 0;
+  // Blocks the calling thread until Query() would be true.
+  virtual Status Synchronize() = 0;
+  // Milliseconds from `start`'s completion to this event's. Both must be timing events of the
+  // same device, recorded and complete: otherwise FailedPrecondition.
+  virtual StatusOr<double> ElapsedMsSince(const Event& start) const = 0;
+};
+
+class Stream {
+ public:
+  // Waits for the stream's queued work (best effort; errors are logged, never thrown).
+  virtual ~Stream() = default;
+
+  // Enqueues a copy of `size_bytes` from `src` to `dst`. Both must stay valid until the copy
+  // has run. `kind` says where each side lives; host sides should come from
+  // Device::AllocateHost for full speed (pinned memory on CUDA).
+  virtual Status Copy(void* dst, const void* src, size_t size_bytes, CopyKind kind) = 0;
+  // Enqueues filling device memory with a byte value.
+  virtual Status Memset(void* dst, int value, size_t size_bytes) = 0;
+  // Enqueues `fn` to run on a host thread in stream order. On HostDevice this is how compute
+  // runs; on CUDA it is a host callback and must not call CUDA. An error it returns becomes
+  // the stream's sticky error.
+  virtual Status HostFunc(std::function<Status()> fn) = 0;
+  virtual Status Record(Event& event) = 0;
+  // Makes later work on this stream wait for `event`'s most recent Record().
+  virtual Status Wait(const Event& event) = 0;
+  // Blocks until all enqueued work has run; returns the sticky error if any.
+  virtual Status Synchronize() = 0;
+  // The backend's handle (cudaStream_t on CUDA, nullptr on HostDevice) for launching kernels.
+  virtual void* native_handle() const = 0;
+};
+
+class Device {
+ public:
+  // Marks the device closed (see the contract above). Waiting for work queued on streams
+  // that are still alive is the caller's job.
+  virtual ~Device() = default;
+
+  virtual DeviceKind kind() const = 0;
+  // "host:0 (budget 8.00 GiB)", "cuda:0 (NVIDIA H100 80GB HBM3)".
+  virtual std::string name() const = 0;
+
+  virtual StatusOr<DeviceBuffer> Allocate(size_t size_bytes) = 0;
+  virtual StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  virtual StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) = 0;
+  virtual DeviceMemoryStats memory_stats() const = 0;
+  // Host memory that copies to and from this device run fastest with: page-locked for CUDA.
+  virtual StatusOr<HostBuffer> AllocateHost(size_t size_bytes) = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Factories.
+
+struct HostDeviceOptions {
+  // Bytes of "device memory"; must be > 0.
+  uint64_t memory_budget_bytes = 0;
+  int ordinal = 0;  // distinguishes devices in names ("host:1")
+};
+StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
+
+struct CudaDeviceOptions {
+  int ordinal = 0;
+  // Bytes zinf may allocate on the GPU; 0 = 90% of what is free when the device is opened.
+  uint64_t memory_budget_bytes = 0;
+};
+// Unavailable when zinf was built without CUDA or no GPU is usable (the message says why).
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options);
+
+struct GpuDescription {
+  int ordinal = 0;
+  std::string name;
+  uint64_t total_memory_bytes = 0;
+  uint64_t free_memory_bytes = 0;
+  int compute_capability_major = 0;
+  int compute_capability_minor = 0;
+  int pci_bus_id = 0;
+  int multiprocessors = 0;
+};
+
+struct GpuReport {
+  bool cuda_built = false;         // zinf compiled with CUDA
+  std::string runtime_version;     // "13.0"
+  std::string driver_version;      // "13.0" or empty
+  std::string nccl_version;        // "2.28.3" or empty when NCCL was not found
+  std::vector<GpuDescription> gpus;
+  std::string error;               // why there are no GPUs ("CUDA driver version is insufficient...")
+};
+// Never fails: what cannot be found is reported in `error`.
+GpuReport ProbeGpus();
+
+}  // namespace zinf
+
+#endif  // ZINF_OFFLOAD_DEVICE_H_

@@ -1,0 +1,18 @@
+// The CUDA entry points of offload/device.h for builds without CUDA (CMake picks this file
+// instead of offload/cuda/).
+#include "offload/device.h"
+
+namespace zinf {
+
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions&) {
+  return Unavailable("zinf was built without CUDA (configure with nvcc on PATH, or "
+                     "-DZINF_WITH_CUDA=ON)");
+}
+
+GpuReport ProbeGpus() {
+  GpuReport report;
+  report.error = "zinf was built without CUDA";
+  return report;
+}
+
+}  // namespace zinf

@@ -1,0 +1,66 @@
+// The device conformance suite on HostDevice, plus what is specific to it.
+#include "tests/offload/device_conformance.h"
+
+namespace zinf::testing {
+namespace {
+
+INSTANTIATE_TEST_SUITE_P(Host, DeviceConformanceTest,
+                         ::testing::Values(DeviceFactory{
+                             "host", [](uint64_t budget) {
+                               return CreateHostDevice({.memory_budget_bytes = budget});
+                             }}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(HostDeviceTest, ZeroBudgetIsRejected) {
+  auto device = CreateHostDevice({.memory_budget_bytes = 0});
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(device.status().message(), "host device memory_budget_bytes must be > 0, got 0");
+}
+
+TEST(HostDeviceTest, NameShowsBudget) {
+  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 30, .ordinal = 1});
+  ASSERT_TRUE(device.ok());
+  EXPECT_EQ((*device)->name(), "host:1 (budget 1.00 GiB)");
+  EXPECT_EQ((*device)->kind(), DeviceKind::kHost);
+}
+
+TEST(HostDeviceTest, StreamDestructorDrainsQueuedWork) {
+  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+  ASSERT_TRUE(device.ok());
+  int ran = 0;
+  {
+    auto stream = (*device)->CreateStream();
+    ASSERT_TRUE(stream.ok());
+    for (int i = 0; i < 10; ++i) {
+      ASSERT_TRUE((*stream)->HostFunc([&ran] {
+        ++ran;
+        return OkStatus();
+      }).ok());
+    }
+  }
+  EXPECT_EQ(ran, 10);
+}
+
+TEST(HostDeviceTest, ErrorTravelsThroughEventToWaiter) {
+  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+  ASSERT_TRUE(device.ok());
+  auto producer = (*device)->CreateStream();
+  auto consumer = (*device)->CreateStream();
+  auto event = (*device)->CreateEvent();
+  ASSERT_TRUE(producer.ok() && consumer.ok() && event.ok());
+  ASSERT_TRUE((*producer)->HostFunc([] { return DataLoss("crc mismatch in chunk 3"); }).ok());
+  (*producer)->Record(**event).IgnoreError();
+  ASSERT_TRUE((*consumer)->Wait(**event).ok());
+  bool consumed = false;
+  ASSERT_TRUE((*consumer)->HostFunc([&] {
+    consumed = true;
+    return OkStatus();
+  }).ok());
+  Status s = (*consumer)->Synchronize();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << "a waiter must not consume bad data silently";
+  EXPECT_FALSE(consumed);
+}
+
+}  // namespace
+}  // namespace zinf::testing
