@@ -1,0 +1,76 @@
+// AioOptions: how zinf's NVMe engine does I/O, with DeepSpeed's `aio` key names.
+//
+// A DeepSpeed config's "aio" object is accepted unchanged: block_size, queue_depth,
+// thread_count / intra_op_parallelism, single_submit, overlap_events (and use_gds, which must
+// be false). zinf adds its own keys for what DeepSpeed does not choose: the backend, O_DIRECT
+// and registration. The defaults reach the disk's own limit without tuning; see Note [Default
+// aio options] in aio_options.cc for how they were chosen.
+//
+// Thread-safety: a plain value.
+#ifndef ZINF_NVME_AIO_OPTIONS_H_
+#define ZINF_NVME_AIO_OPTIONS_H_
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "zinf/status.h"
+
+namespace zinf {
+
+enum class IoBackend {
+  kAuto,     // io_uring when the kernel allows it, else the POSIX pool (the reason is logged)
+  kIoUring,  // io_uring or an Unavailable error
+  kPosix,    // a thread pool doing pread/pwrite
+};
+
+enum class DirectIo {
+  kAuto,  // O_DIRECT where the file system takes it; buffered I/O with a warning elsewhere
+  kOn,    // O_DIRECT or an error naming the file system
+  kOff,   // buffered I/O through the page cache
+};
+
+struct AioOptions {
+  // Largest single I/O the engine issues; larger requests are split into pieces of this size.
+  // Bigger pieces mean fewer system calls, smaller ones more parallelism for one request.
+  // A multiple of 4096 in [4 KiB, 256 MiB]. DeepSpeed: aio.block_size.
+  uint64_t block_size = 1 << 20;
+  // Pieces in flight per ring. Deeper queues keep more of an NVMe device busy and cost pinned
+  // memory only for the caller's buffers. In [1, 4096]. DeepSpeed: aio.queue_depth.
+  int queue_depth = 32;
+  // Rings, each with its own completion thread (POSIX backend: a multiplier on its workers).
+  // More than one helps only when a single core cannot keep the device busy (several drives).
+  // In [1, 64]. DeepSpeed: aio.thread_count or aio.intra_op_parallelism.
+  int thread_count = 1;
+  // Submit every piece with its own system call instead of batching. Costs CPU; kept for
+  // configs that set it. DeepSpeed: aio.single_submit.
+  bool single_submit = false;
+  // DeepSpeed overlaps submission and completion when true. io_uring always does; the key is
+  // accepted and has no effect. DeepSpeed: aio.overlap_events.
+  bool overlap_events = true;
+
+  // zinf's own keys.
+  IoBackend backend = IoBackend::kAuto;  // aio.backend: "auto", "io_uring", "posix"
+  DirectIo direct_io = DirectIo::kAuto;  // aio.direct_io: "auto", "on", "off"
+  // Register caller buffers with the ring (READ_FIXED/WRITE_FIXED: no per-I/O page pinning).
+  // Needs RLIMIT_MEMLOCK room; when refused the engine logs it and uses plain I/O.
+  bool register_buffers = true;
+  // Register file descriptors with the ring (no per-I/O file lookup).
+  bool register_files = true;
+
+  // InvalidArgument naming the field, its value and the allowed range.
+  [[nodiscard]] Status Validate() const;
+};
+
+// Reads a JSON `aio` object (DeepSpeed or zinf keys) into *options, leaving absent keys at
+// their current values, then validates. `path` names the object in errors ("aio").
+[[nodiscard]] Status ReadAioOptions(const nlohmann::json& object, const std::string& path,
+                                    AioOptions* options);
+
+std::string_view IoBackendName(IoBackend backend);
+std::string_view DirectIoName(DirectIo mode);
+
+}  // namespace zinf
+
+#endif  // ZINF_NVME_AIO_OPTIONS_H_

@@ -1,0 +1,109 @@
+// PosixEngine: pread/pwrite on a thread pool. Thread-safety: see posix_engine.h.
+#include "nvme/posix_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "nvme/engine_base.h"
+
+namespace zinf {
+namespace {
+
+using nvme_internal::EngineBase;
+using nvme_internal::IoPiece;
+
+class PosixEngine final : public EngineBase {
+ public:
+  explicit PosixEngine(const AioOptions& options) : EngineBase(options) {
+    const int workers = std::min(options.queue_depth, 32) * options.thread_count;
+    threads_.reserve(static_cast<size_t>(workers));
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { Work(); });
+  }
+
+  ~PosixEngine() override {
+    WaitForOutstanding();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  std::string_view name() const override { return "posix"; }
+
+ protected:
+  void Enqueue(std::vector<IoPiece*> pieces) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.insert(queue_.end(), pieces.begin(), pieces.end());
+    }
+    if (pieces.size() == 1) {
+      cv_.notify_one();
+    } else {
+      cv_.notify_all();
+    }
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      IoPiece* piece;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left
+        piece = queue_.front();
+        queue_.pop_front();
+      }
+      Run(piece);
+    }
+  }
+
+  // Moves the whole piece, continuing after short transfers.
+  void Run(IoPiece* piece) {
+    while (piece->length > 0) {
+      const ssize_t n =
+          piece->op == IoOp::kRead
+              ? pread(piece->fd, piece->buffer, piece->length, static_cast<off_t>(piece->offset))
+              : pwrite(piece->fd, piece->buffer, piece->length, static_cast<off_t>(piece->offset));
+      if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        CompletePiece(piece, PieceErrno(*piece, errno));
+        return;
+      }
+      if (n == 0) {
+        // A write of zero bytes makes no progress either; both would loop forever.
+        CompletePiece(piece, piece->op == IoOp::kRead ? PieceEof(*piece)
+                                                      : PieceErrno(*piece, ENOSPC));
+        return;
+      }
+      const auto moved = static_cast<uint64_t>(n);
+      piece->buffer += moved;
+      piece->offset += moved;
+      piece->length -= moved;
+      piece->moved += moved;
+    }
+    CompletePiece(piece, OkStatus());
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<IoPiece*> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<IoEngine>> CreatePosixEngine(const AioOptions& options) {
+  ZINF_RETURN_IF_ERROR(options.Validate());
+  return std::unique_ptr<IoEngine>(std::make_unique<PosixEngine>(options));
+}
+
+}  // namespace zinf

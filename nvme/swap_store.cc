@@ -1,0 +1,450 @@
+// SwapStore: swap files, striping, extents, checksums and the sticky write error.
+// Thread-safety: see swap_store.h.
+#include "nvme/swap_store.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/log.h"
+#include "core/units.h"
+#include "nvme/crc32c.h"
+
+namespace zinf {
+
+struct SwapStore::Extent {
+  enum class State { kEmpty, kWriting, kWritten, kFailed };
+  std::string name;
+  uint64_t offset = 0;  // logical swap address
+  uint64_t size = 0;
+  State state = State::kEmpty;
+  Status write_error;
+  std::vector<uint32_t> crcs;  // one per stripe piece, when options_.checksum
+};
+
+struct SwapStore::Op {
+  IoOp op = IoOp::kRead;
+  uint64_t id = 0;
+  std::string name;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  char* data = nullptr;
+  IoCallback done;
+  std::vector<uint32_t> crcs;  // write: taken from src; read: expected
+  std::atomic<int64_t> remaining{0};
+  std::mutex mu;
+  Status error;
+};
+
+Status SwapStoreOptions::Validate() const {
+  if (paths.empty()) {
+    return InvalidArgument("swap store: expected at least one nvme path, got none");
+  }
+  std::set<std::string> seen;
+  for (const std::string& p : paths) {
+    if (p.empty()) return InvalidArgument("swap store: an nvme path is the empty string");
+    if (!seen.insert(p).second) {
+      return InvalidArgument(fmt::format("swap store: nvme path {} is listed twice", p));
+    }
+  }
+  if (rank < 0) return InvalidArgument(fmt::format("swap store: rank must be >= 0, got {}", rank));
+  if (capacity_bytes == 0) {
+    return InvalidArgument("swap store: capacity_bytes must be positive, got 0");
+  }
+  if (stripe_bytes != 0 && (stripe_bytes % kDirectIoAlignment != 0 || stripe_bytes > kGiB)) {
+    return InvalidArgument(fmt::format(
+        "swap store: stripe_bytes must be 0 (aio.block_size) or a multiple of {} up to 1 GiB, "
+        "got {}",
+        kDirectIoAlignment, stripe_bytes));
+  }
+  return aio.Validate();
+}
+
+namespace {
+
+// Checks one path before anything is created in it.
+Status CheckPath(const std::string& path, struct stat* st) {
+  if (stat(path.c_str(), st) != 0) {
+    if (errno == ENOENT) {
+      return InvalidArgument(fmt::format("nvme path {} does not exist", path));
+    }
+    return ErrnoStatus(errno, fmt::format("nvme path {}", path));
+  }
+  if (!S_ISDIR(st->st_mode)) {
+    return InvalidArgument(fmt::format("nvme path {} is not a directory", path));
+  }
+  struct statvfs vfs {};
+  if (statvfs(path.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY) != 0) {
+    return FailedPrecondition(fmt::format("nvme path {} is on a read-only file system", path));
+  }
+  if (access(path.c_str(), W_OK | X_OK) != 0) {
+    return FailedPrecondition(fmt::format("nvme path {} is not writable: {}", path,
+                                          std::strerror(errno)));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& options,
+                                                     std::unique_ptr<IoEngine> engine) {
+  ZINF_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<SwapStore> store(new SwapStore(options, std::move(engine)));
+  ZINF_RETURN_IF_ERROR(store->Init());
+  return store;
+}
+
+SwapStore::SwapStore(const SwapStoreOptions& options, std::unique_ptr<IoEngine> engine)
+    : options_(options),
+      stripe_(options.stripe_bytes != 0 ? options.stripe_bytes : options.aio.block_size),
+      engine_(std::move(engine)),
+      allocator_(0, kDirectIoAlignment) {}
+
+Status SwapStore::Init() {
+  const uint64_t n = options_.paths.size();
+  file_bytes_ = AlignUp((options_.capacity_bytes + n - 1) / n, stripe_);
+
+  // Free space, summed per file system so that two paths on one disk are not counted twice.
+  std::map<dev_t, std::pair<uint64_t, std::vector<std::string>>> need;  // dev -> bytes, paths
+  std::map<dev_t, uint64_t> have;
+  for (const std::string& path : options_.paths) {
+    struct stat st {};
+    ZINF_RETURN_IF_ERROR(CheckPath(path, &st));
+    auto& [bytes, paths] = need[st.st_dev];
+    bytes += file_bytes_;
+    paths.push_back(path);
+    struct statvfs vfs {};
+    if (statvfs(path.c_str(), &vfs) != 0) {
+      return ErrnoStatus(errno, fmt::format("statvfs of nvme path {}", path));
+    }
+    uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    // A swap file left by an earlier run is reused: its blocks count as free.
+    struct stat old {};
+    const std::string file =
+        fmt::format("{}/zinf-swap-rank{}-{}.bin", path, options_.rank, file_paths_.size());
+    if (stat(file.c_str(), &old) == 0 && S_ISREG(old.st_mode)) {
+      free_bytes += static_cast<uint64_t>(old.st_blocks) * 512;
+    }
+    have[st.st_dev] += free_bytes;
+    file_paths_.push_back(file);
+  }
+  for (const auto& [dev, entry] : need) {
+    const auto& [bytes, paths] = entry;
+    // statvfs counts the free space once per file system; `have` added it once per path.
+    const uint64_t free_bytes = have[dev] / paths.size();
+    if (free_bytes < bytes) {
+      return ResourceExhausted(fmt::format(
+          "not enough disk space for {} of swap: {} needs {} ({} per path over {} path(s)), "
+          "it has {} free",
+          FormatBytes(options_.capacity_bytes), fmt::join(paths, ", "), FormatBytes(bytes),
+          FormatBytes(file_bytes_), n, FormatBytes(free_bytes)));
+    }
+  }
+
+  if (!engine_) {
+    ZINF_ASSIGN_OR_RETURN(engine_, CreateIoEngine(options_.aio));
+  }
+  for (const std::string& file : file_paths_) {
+    ZINF_ASSIGN_OR_RETURN(IoFile f, OpenIoFile(file, /*create=*/true, options_.aio.direct_io));
+    // Start from an empty file so that no stale data can be read back as a tensor.
+    if (ftruncate(f.fd(), 0) != 0) {
+      return ErrnoStatus(errno, fmt::format("truncating swap file {}", file));
+    }
+    if (fallocate(f.fd(), 0, 0, static_cast<off_t>(file_bytes_)) != 0) {
+      const int err = errno;
+      if (err != EOPNOTSUPP) {
+        unlink(file.c_str());
+        return ErrnoStatus(err, fmt::format("preallocating {} for swap file {}",
+                                            FormatBytes(file_bytes_), file));
+      }
+      log::Warn("{}: the file system cannot preallocate (fallocate: {}); the swap file is "
+                "sparse and a full disk will show up as write errors",
+                file, std::strerror(err));
+      if (ftruncate(f.fd(), static_cast<off_t>(file_bytes_)) != 0) {
+        return ErrnoStatus(errno, fmt::format("sizing swap file {}", file));
+      }
+    }
+    direct_ = direct_ && f.direct();
+    ZINF_ASSIGN_OR_RETURN(int id, engine_->AddFile(f));
+    file_ids_.push_back(id);
+    files_.push_back(std::move(f));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    allocator_ = ExtentAllocator(file_bytes_ * n, kDirectIoAlignment);
+  }
+  log::Debug("swap store: {} file(s) of {}, stripe {}, engine {}, {} I/O, checksum {}", n,
+             FormatBytes(file_bytes_), FormatBytes(stripe_), engine_->name(),
+             direct_ ? "direct" : "buffered", options_.checksum ? "on" : "off");
+  return OkStatus();
+}
+
+SwapStore::~SwapStore() {
+  if (engine_) engine_->Drain();
+  engine_.reset();  // joins the engine's threads before the files close
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (unlink(files_[i].path().c_str()) != 0 && errno != ENOENT) {
+      log::Warn("deleting swap file {}: {}", files_[i].path(), std::strerror(errno));
+    }
+  }
+  files_.clear();
+}
+
+uint64_t SwapStore::capacity_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_.capacity_bytes();
+}
+
+uint64_t SwapStore::free_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_.free_bytes();
+}
+
+Status SwapStore::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sticky_;
+}
+
+Status SwapStore::RegisterBuffer(void* data, uint64_t size_bytes) {
+  return engine_->RegisterBuffer(data, size_bytes);
+}
+
+StatusOr<SwapExtent> SwapStore::Allocate(uint64_t size_bytes, std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sticky_.ok()) {
+    return Status(sticky_.code(), fmt::format("swap store refuses new extents after a failed "
+                                              "write: {}",
+                                              sticky_.message()));
+  }
+  auto offset = allocator_.Allocate(size_bytes);
+  if (!offset.ok()) {
+    return offset.status().WithContext(
+        fmt::format("allocating swap for tensor '{}' ({} bytes)", name, size_bytes));
+  }
+  auto extent = std::make_unique<Extent>();
+  extent->name = std::move(name);
+  extent->offset = *offset;
+  extent->size = size_bytes;
+  const uint64_t id = next_id_++;
+  extents_.emplace(id, std::move(extent));
+  return SwapExtent{id, size_bytes};
+}
+
+Status SwapStore::Free(SwapExtent extent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = extents_.find(extent.id);
+  if (it == extents_.end()) {
+    return InvalidArgument(fmt::format("freeing swap extent id {}: no such extent (double free?)",
+                                       extent.id));
+  }
+  ZINF_RETURN_IF_ERROR(allocator_.Free(it->second->offset, it->second->size));
+  extents_.erase(it);
+  return OkStatus();
+}
+
+SwapStore::Segment SwapStore::Map(uint64_t logical) const {
+  const uint64_t n = files_.size();
+  const uint64_t stripe_index = logical / stripe_;
+  Segment s;
+  s.file = static_cast<int>(stripe_index % n);
+  s.file_offset = (stripe_index / n) * stripe_ + logical % stripe_;
+  return s;
+}
+
+std::vector<SwapStore::Segment> SwapStore::Segments(uint64_t offset, uint64_t size) const {
+  std::vector<Segment> out;
+  for (uint64_t pos = 0; pos < size;) {
+    const uint64_t logical = offset + pos;
+    const uint64_t len = std::min(stripe_ - logical % stripe_, size - pos);
+    Segment s = Map(logical);
+    s.extent_offset = pos;
+    s.length = len;
+    if (!out.empty() && out.back().file == s.file &&
+        out.back().file_offset + out.back().length == s.file_offset) {
+      out.back().length += len;  // one path: the whole extent is one run
+    } else {
+      out.push_back(s);
+    }
+    pos += len;
+  }
+  Segment& last = out.back();
+  const uint64_t tail = last.length % kDirectIoAlignment;
+  if (tail != 0 && last.length > kDirectIoAlignment) {
+    Segment t = last;
+    last.length -= tail;
+    t.file_offset += last.length;
+    t.extent_offset += last.length;
+    t.length = tail;
+    out.push_back(t);
+  }
+  return out;
+}
+
+void SwapStore::WriteAsync(SwapExtent extent, const void* src, IoCallback done) {
+  auto op = std::make_unique<Op>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!sticky_.ok()) {
+      Status s(sticky_.code(),
+               fmt::format("swap store refuses writes after a failed write: {}", sticky_.message()));
+      done(std::move(s));
+      return;
+    }
+    auto it = extents_.find(extent.id);
+    if (it == extents_.end() || it->second->size != extent.size_bytes || src == nullptr) {
+      done(InvalidArgument(fmt::format(
+          "writing swap extent id {} ({} bytes) from {}: {}", extent.id, extent.size_bytes, src,
+          src == nullptr ? "null source buffer" : "no such extent")));
+      return;
+    }
+    Extent& e = *it->second;
+    e.state = Extent::State::kWriting;
+    op->name = e.name;
+    op->offset = e.offset;
+    op->size = e.size;
+  }
+  op->op = IoOp::kWrite;
+  op->id = extent.id;
+  op->data = const_cast<char*>(static_cast<const char*>(src));
+  op->done = std::move(done);
+  if (options_.checksum) {
+    for (uint64_t pos = 0; pos < op->size;) {
+      const uint64_t len = std::min(stripe_ - (op->offset + pos) % stripe_, op->size - pos);
+      op->crcs.push_back(Crc32c(op->data + pos, len));
+      pos += len;
+    }
+  }
+  const std::vector<Segment> segments = Segments(op->offset, op->size);
+  op->remaining.store(static_cast<int64_t>(segments.size()));
+  Op* raw = op.release();
+  for (const Segment& s : segments) {
+    IoRequest r{IoOp::kWrite, file_ids_[static_cast<size_t>(s.file)], s.file_offset,
+                raw->data + s.extent_offset, s.length};
+    engine_->Submit(r, [this, raw](Status st) { Finish(raw, std::move(st)); });
+  }
+}
+
+void SwapStore::ReadAsync(SwapExtent extent, void* dst, IoCallback done) {
+  auto op = std::make_unique<Op>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = extents_.find(extent.id);
+    if (it == extents_.end() || it->second->size != extent.size_bytes || dst == nullptr) {
+      done(InvalidArgument(fmt::format(
+          "reading swap extent id {} ({} bytes) into {}: {}", extent.id, extent.size_bytes, dst,
+          dst == nullptr ? "null destination buffer" : "no such extent")));
+      return;
+    }
+    const Extent& e = *it->second;
+    switch (e.state) {
+      case Extent::State::kWritten:
+        break;
+      case Extent::State::kFailed:
+        done(DataLoss(fmt::format("reading tensor '{}': its write failed, the data is not on "
+                                  "disk: {}",
+                                  e.name, e.write_error.message())));
+        return;
+      case Extent::State::kEmpty:
+      case Extent::State::kWriting:
+        done(FailedPrecondition(fmt::format(
+            "reading tensor '{}': {}", e.name,
+            e.state == Extent::State::kEmpty ? "it was never written"
+                                             : "its write has not completed")));
+        return;
+    }
+    op->name = e.name;
+    op->offset = e.offset;
+    op->size = e.size;
+    op->crcs = e.crcs;
+  }
+  op->op = IoOp::kRead;
+  op->id = extent.id;
+  op->data = static_cast<char*>(dst);
+  op->done = std::move(done);
+  const std::vector<Segment> segments = Segments(op->offset, op->size);
+  op->remaining.store(static_cast<int64_t>(segments.size()));
+  Op* raw = op.release();
+  for (const Segment& s : segments) {
+    IoRequest r{IoOp::kRead, file_ids_[static_cast<size_t>(s.file)], s.file_offset,
+                raw->data + s.extent_offset, s.length};
+    engine_->Submit(r, [this, raw](Status st) { Finish(raw, std::move(st)); });
+  }
+}
+
+void SwapStore::Finish(Op* raw, Status status) {
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(raw->mu);
+    if (raw->error.ok()) raw->error = std::move(status);
+  }
+  if (raw->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::unique_ptr<Op> op(raw);
+  Status result;
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    result = std::move(op->error);
+  }
+  if (op->op == IoOp::kWrite) {
+    if (!result.ok()) {
+      result = std::move(result).WithContext(
+          fmt::format("writing tensor '{}' ({} bytes) to swap", op->name, op->size));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = extents_.find(op->id);
+    if (it != extents_.end()) {
+      Extent& e = *it->second;
+      e.state = result.ok() ? Extent::State::kWritten : Extent::State::kFailed;
+      e.write_error = result;
+      e.crcs = std::move(op->crcs);
+    }
+    if (!result.ok() && sticky_.ok()) sticky_ = result;
+  } else if (!result.ok()) {
+    result = std::move(result).WithContext(
+        fmt::format("reading tensor '{}' ({} bytes) from swap", op->name, op->size));
+  } else if (options_.checksum) {
+    size_t k = 0;
+    for (uint64_t pos = 0; pos < op->size; ++k) {
+      const uint64_t logical = op->offset + pos;
+      const uint64_t len = std::min(stripe_ - logical % stripe_, op->size - pos);
+      const uint32_t got = Crc32c(op->data + pos, len);
+      if (k >= op->crcs.size() || got != op->crcs[k]) {
+        const Segment where = Map(logical);
+        result = DataLoss(fmt::format(
+            "tensor '{}': checksum mismatch reading {} at offset {} ({} bytes, tensor bytes "
+            "[{}, {})): stored crc32c {:#010x}, read {:#010x}",
+            op->name, file_paths_[static_cast<size_t>(where.file)], where.file_offset, len, pos,
+            pos + len, k < op->crcs.size() ? op->crcs[k] : 0u, got));
+        break;
+      }
+      pos += len;
+    }
+  }
+  IoCallback done = std::move(op->done);
+  op.reset();
+  done(std::move(result));
+}
+
+Status SwapStore::Write(SwapExtent extent, const void* src) {
+  IoWaiter waiter;
+  waiter.Add();
+  WriteAsync(extent, src, waiter.Callback());
+  return waiter.Wait();
+}
+
+Status SwapStore::Read(SwapExtent extent, void* dst) {
+  IoWaiter waiter;
+  waiter.Add();
+  ReadAsync(extent, dst, waiter.Callback());
+  return waiter.Wait();
+}
+
+}  // namespace zinf
