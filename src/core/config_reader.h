@@ -39,6 +39,8 @@ class ConfigReader {
   // `object` must outlive the reader; `path` is its key path ("" for the root). A non-object
   // value is an error reported by Finish().
   ConfigReader(const nlohmann::json& object, std::string path);
+  // The reader keeps a reference: a temporary object would dangle.
+  ConfigReader(nlohmann::json&& object, std::string path) = delete;
 
   ConfigReader& Bool(std::string_view key, bool* out);
   ConfigReader& Int(std::string_view key, int64_t* out,

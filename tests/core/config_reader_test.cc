@@ -95,7 +95,8 @@ TEST(ConfigReaderTest, NestedObjectsCarryTheirPath) {
 }
 
 TEST(ConfigReaderTest, NonObjectIsRejected) {
-  ConfigReader r(json::array({1, 2}), "aio");
+  const json array = json::array({1, 2});
+  ConfigReader r(array, "aio");
   EXPECT_EQ(r.Finish().message(), "config key 'aio' must be an object, got [1,2] (array)");
 }
 
@@ -108,7 +109,8 @@ TEST(ConfigReaderTest, ListsAndStrings) {
   ASSERT_TRUE(r.Finish().ok());
   EXPECT_EQ(betas, (std::vector<double>{0.9, 0.999}));
   EXPECT_EQ(paths, (std::vector<std::string>{"/nvme"}));
-  ConfigReader r2(json{{"betas", {0.9}}}, "p");
+  const json one_beta = {{"betas", {0.9}}};
+  ConfigReader r2(one_beta, "p");
   r2.Doubles("betas", &betas, 2);
   EXPECT_NE(r2.Finish().message().find("must be a list of 2 numbers"), std::string::npos);
 }
