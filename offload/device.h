@@ -77,7 +77,9 @@ class DeviceBuffer {
 
   void* data() const { return data_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   size_t size_bytes() const { return size_bytes_; }
   bool empty() const { return data_ == nullptr; }
 
@@ -178,12 +180,12 @@ struct GpuDescription {
 };
 
 struct GpuReport {
-  bool cuda_built = false;         // zinf compiled with CUDA
-  std::string runtime_version;     // "13.0"
-  std::string driver_version;      // "13.0" or empty
-  std::string nccl_version;        // "2.28.3" or empty when NCCL was not found
+  bool cuda_built = false;      // zinf compiled with CUDA
+  std::string runtime_version;  // "13.0"
+  std::string driver_version;   // "13.0" or empty
+  std::string nccl_version;     // "2.28.3" or empty when NCCL was not found
   std::vector<GpuDescription> gpus;
-  std::string error;               // why there are no GPUs ("CUDA driver version is insufficient...")
+  std::string error;  // why there are no GPUs ("CUDA driver version is insufficient...")
 };
 // Never fails: what cannot be found is reported in `error`.
 GpuReport ProbeGpus();

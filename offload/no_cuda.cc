@@ -5,8 +5,9 @@
 namespace zinf {
 
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions&) {
-  return Unavailable("zinf was built without CUDA (configure with nvcc on PATH, or "
-                     "-DZINF_WITH_CUDA=ON)");
+  return Unavailable(
+      "zinf was built without CUDA (configure with nvcc on PATH, or "
+      "-DZINF_WITH_CUDA=ON)");
 }
 
 GpuReport ProbeGpus() {

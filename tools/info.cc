@@ -24,16 +24,11 @@ struct InfoArgs {
 nlohmann::json CollectInfo(const InfoArgs& args) {
   const CpuInfo& cpu = GetCpuInfo();
   nlohmann::json out;
-  out["cpu"] = {{"model", cpu.model_name},
-                {"vendor", cpu.vendor},
-                {"isa", IsaSummary(cpu.isa)},
-                {"logical_cpus", cpu.logical_cpus},
-                {"usable_cpus", cpu.usable_cpus},
-                {"physical_cores", cpu.physical_cores},
-                {"numa_nodes", cpu.numa_nodes},
-                {"l1d_bytes", cpu.l1d_bytes},
-                {"l2_bytes", cpu.l2_bytes},
-                {"l3_bytes", cpu.l3_bytes}};
+  out["cpu"] = {{"model", cpu.model_name},        {"vendor", cpu.vendor},
+                {"isa", IsaSummary(cpu.isa)},     {"logical_cpus", cpu.logical_cpus},
+                {"usable_cpus", cpu.usable_cpus}, {"physical_cores", cpu.physical_cores},
+                {"numa_nodes", cpu.numa_nodes},   {"l1d_bytes", cpu.l1d_bytes},
+                {"l2_bytes", cpu.l2_bytes},       {"l3_bytes", cpu.l3_bytes}};
   out["memory"] = {{"total_bytes", cpu.total_memory_bytes},
                    {"available_bytes", cpu.available_memory_bytes}};
 
@@ -44,9 +39,8 @@ nlohmann::json CollectInfo(const InfoArgs& args) {
                         {"name", g.name},
                         {"total_memory_bytes", g.total_memory_bytes},
                         {"free_memory_bytes", g.free_memory_bytes},
-                        {"compute_capability",
-                         fmt::format("{}.{}", g.compute_capability_major,
-                                     g.compute_capability_minor)},
+                        {"compute_capability", fmt::format("{}.{}", g.compute_capability_major,
+                                                           g.compute_capability_minor)},
                         {"multiprocessors", g.multiprocessors},
                         {"pci_bus_id", g.pci_bus_id}});
   }
@@ -58,8 +52,8 @@ nlohmann::json CollectInfo(const InfoArgs& args) {
                  {"error", gpus.error}};
 
   const IoUringProbe uring = ProbeIoUring();
-  out["io_uring"] = {{"available", uring.available}, {"error", uring.error},
-                     {"kernel", uring.kernel}};
+  out["io_uring"] = {
+      {"available", uring.available}, {"error", uring.error}, {"kernel", uring.kernel}};
 
   nlohmann::json paths = nlohmann::json::array();
   for (const std::string& path : args.paths) {
@@ -99,12 +93,13 @@ void PrintText(const nlohmann::json& info) {
   if (!cuda["built"].get<bool>()) {
     fmt::print("CUDA       not built into this zinf\n");
   } else {
-    fmt::print("CUDA       runtime {}, driver {}, NCCL {}\n",
-               cuda["runtime_version"].get<std::string>(),
-               cuda["driver_version"].get<std::string>().empty()
-                   ? "none" : cuda["driver_version"].get<std::string>(),
-               cuda["nccl_version"].get<std::string>().empty()
-                   ? "not found" : cuda["nccl_version"].get<std::string>());
+    fmt::print(
+        "CUDA       runtime {}, driver {}, NCCL {}\n", cuda["runtime_version"].get<std::string>(),
+        cuda["driver_version"].get<std::string>().empty()
+            ? "none"
+            : cuda["driver_version"].get<std::string>(),
+        cuda["nccl_version"].get<std::string>().empty() ? "not found"
+                                                        : cuda["nccl_version"].get<std::string>());
   }
   if (cuda["gpus"].empty()) {
     const std::string why = cuda["error"].get<std::string>();
@@ -113,7 +108,8 @@ void PrintText(const nlohmann::json& info) {
   for (const auto& g : cuda["gpus"]) {
     fmt::print("GPU {}      {}, sm_{}, {} SMs, {} total / {} free\n", g["ordinal"].get<int>(),
                g["name"].get<std::string>(), g["compute_capability"].get<std::string>(),
-               g["multiprocessors"].get<int>(), FormatBytes(g["total_memory_bytes"].get<uint64_t>()),
+               g["multiprocessors"].get<int>(),
+               FormatBytes(g["total_memory_bytes"].get<uint64_t>()),
                FormatBytes(g["free_memory_bytes"].get<uint64_t>()));
   }
   const auto& uring = info["io_uring"];

@@ -31,13 +31,13 @@ struct CpuInfo {
   std::string vendor;      // "GenuineIntel"
   std::string model_name;  // from /proc/cpuinfo
   CpuIsa isa;
-  int logical_cpus = 0;   // online CPUs
-  int usable_cpus = 0;    // CPUs in this process's affinity mask (what threads should use)
+  int logical_cpus = 0;  // online CPUs
+  int usable_cpus = 0;   // CPUs in this process's affinity mask (what threads should use)
   int physical_cores = 0;
   int numa_nodes = 1;
-  size_t l1d_bytes = 0;   // per core
-  size_t l2_bytes = 0;    // per core (or per cluster sharing it)
-  size_t l3_bytes = 0;    // per socket; 0 when absent
+  size_t l1d_bytes = 0;  // per core
+  size_t l2_bytes = 0;   // per core (or per cluster sharing it)
+  size_t l3_bytes = 0;   // per socket; 0 when absent
   uint64_t total_memory_bytes = 0;
   uint64_t available_memory_bytes = 0;  // MemAvailable at probe time
 };

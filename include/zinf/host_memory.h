@@ -61,7 +61,9 @@ class HostBuffer {
 
   void* data() const { return data_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   size_t size_bytes() const { return size_bytes_; }
   bool pinned() const { return pinner_ != nullptr; }
   bool empty() const { return size_bytes_ == 0; }

@@ -96,10 +96,9 @@ class [[nodiscard]] StatusOr {
       : status_(status.ok() ? Status(StatusCode::kInternal, "StatusOr built from an OK Status")
                             : std::move(status)) {}
   // Implicit from a value: `return value;`.
-  template <typename U = T,
-            typename = std::enable_if_t<std::is_constructible_v<T, U&&> &&
-                                        !std::is_same_v<std::decay_t<U>, Status> &&
-                                        !std::is_same_v<std::decay_t<U>, StatusOr>>>
+  template <typename U = T, typename = std::enable_if_t<std::is_constructible_v<T, U&&> &&
+                                                        !std::is_same_v<std::decay_t<U>, Status> &&
+                                                        !std::is_same_v<std::decay_t<U>, StatusOr>>>
   StatusOr(U&& value) : value_(std::forward<U>(value)) {}  // NOLINT(runtime/explicit)
 
   bool ok() const { return value_.has_value(); }
@@ -107,9 +106,18 @@ class [[nodiscard]] StatusOr {
   Status status() && { return std::move(status_); }
 
   // The value. Calling these on an error is a bug in the caller: it aborts with the status.
-  T& value() & { Check(); return *value_; }
-  const T& value() const& { Check(); return *value_; }
-  T&& value() && { Check(); return std::move(*value_); }
+  T& value() & {
+    Check();
+    return *value_;
+  }
+  const T& value() const& {
+    Check();
+    return *value_;
+  }
+  T&& value() && {
+    Check();
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -130,16 +138,16 @@ class [[nodiscard]] StatusOr {
 #define ZINF_STATUS_CONCAT_(a, b) ZINF_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
-#define ZINF_RETURN_IF_ERROR(expr)                          \
-  do {                                                      \
-    ::zinf::Status zinf_status_ = (expr);                   \
-    if (!zinf_status_.ok()) return zinf_status_;            \
+#define ZINF_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::zinf::Status zinf_status_ = (expr);        \
+    if (!zinf_status_.ok()) return zinf_status_; \
   } while (false)
 
 // Like ZINF_RETURN_IF_ERROR, with "context: " prefixed to the message.
-#define ZINF_RETURN_IF_ERROR_CTX(expr, context)                            \
-  do {                                                                     \
-    ::zinf::Status zinf_status_ = (expr);                                  \
+#define ZINF_RETURN_IF_ERROR_CTX(expr, context)                                  \
+  do {                                                                           \
+    ::zinf::Status zinf_status_ = (expr);                                        \
     if (!zinf_status_.ok()) return std::move(zinf_status_).WithContext(context); \
   } while (false)
 
@@ -148,7 +156,7 @@ class [[nodiscard]] StatusOr {
   ZINF_ASSIGN_OR_RETURN_IMPL_(ZINF_STATUS_CONCAT_(zinf_statusor_, __LINE__), lhs, expr)
 #define ZINF_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                \
-  if (!tmp.ok()) return std::move(tmp).status();   \
+  if (!tmp.ok()) return std::move(tmp).status();    \
   lhs = std::move(tmp).value()
 
 #endif  // ZINF_STATUS_H_

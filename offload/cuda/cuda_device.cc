@@ -88,7 +88,8 @@ class CudaAllocator final : public internal::DeviceAllocator {
   void Free(void* data, size_t size_bytes) noexcept override {
     cudaSetDevice(state_->ordinal);
     const cudaError_t err = cudaFreeAsync(data, state_->alloc_stream);
-    if (err != cudaSuccess) log::Error("{}: cudaFreeAsync: {}", state_->name, cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      log::Error("{}: cudaFreeAsync: {}", state_->name, cudaGetErrorString(err));
     state_->budget.Release(size_bytes);
   }
 
@@ -153,8 +154,8 @@ class CudaStream final : public Stream {
   ~CudaStream() override {
     cudaSetDevice(device_->ordinal);
     const cudaError_t err = cudaStreamSynchronize(stream_);
-    if (err != cudaSuccess) log::Error("{}: stream synchronize: {}", device_->name,
-                                       cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      log::Error("{}: stream synchronize: {}", device_->name, cudaGetErrorString(err));
     cudaStreamDestroy(stream_);
   }
 
@@ -201,8 +202,7 @@ class CudaStream final : public Stream {
     if (cuda_event == nullptr || cuda_event->device() != device_) {
       return InvalidArgument("Wait: the event belongs to another device");
     }
-    return CudaStatus(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0),
-                      "cudaStreamWaitEvent");
+    return CudaStatus(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0), "cudaStreamWaitEvent");
   }
 
   Status Synchronize() override {
@@ -273,8 +273,7 @@ class CudaDevice final : public Device {
     ZINF_RETURN_IF_ERROR(state_->CheckOpen());
     cudaEvent_t event = nullptr;
     ZINF_RETURN_IF_ERROR(CudaStatus(
-        cudaEventCreateWithFlags(&event, enable_timing ? cudaEventDefault
-                                                       : cudaEventDisableTiming),
+        cudaEventCreateWithFlags(&event, enable_timing ? cudaEventDefault : cudaEventDisableTiming),
         "cudaEventCreateWithFlags"));
     return std::unique_ptr<Event>(std::make_unique<CudaEvent>(state_, event, enable_timing));
   }
@@ -303,13 +302,13 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& opti
     return Unavailable(fmt::format("no usable GPU: {}", cudaGetErrorString(err)));
   }
   if (options.ordinal < 0 || options.ordinal >= count) {
-    return InvalidArgument(fmt::format("cuda device ordinal must be in [0, {}), got {}", count,
-                                       options.ordinal));
+    return InvalidArgument(
+        fmt::format("cuda device ordinal must be in [0, {}), got {}", count, options.ordinal));
   }
   ZINF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.ordinal), "cudaSetDevice"));
   cudaDeviceProp prop{};
-  ZINF_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, options.ordinal),
-                                  "cudaGetDeviceProperties"));
+  ZINF_RETURN_IF_ERROR(
+      CudaStatus(cudaGetDeviceProperties(&prop, options.ordinal), "cudaGetDeviceProperties"));
   size_t free_bytes = 0, total_bytes = 0;
   ZINF_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   uint64_t budget = options.memory_budget_bytes;
@@ -320,15 +319,15 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& opti
   ZINF_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetDefaultMemPool(&pool, options.ordinal),
                                   "cudaDeviceGetDefaultMemPool"));
   uint64_t threshold = UINT64_MAX;
-  ZINF_RETURN_IF_ERROR(CudaStatus(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-      "cudaMemPoolSetAttribute"));
+  ZINF_RETURN_IF_ERROR(
+      CudaStatus(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+                 "cudaMemPoolSetAttribute"));
 
   auto state = std::make_shared<DeviceState>(
       options.ordinal, fmt::format("cuda:{} ({})", options.ordinal, prop.name), budget);
-  ZINF_RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithFlags(&state->alloc_stream, cudaStreamNonBlocking),
-      "cudaStreamCreateWithFlags"));
+  ZINF_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&state->alloc_stream, cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags"));
   SetHostPinner(&g_cuda_pinner);
   return std::unique_ptr<Device>(std::make_unique<CudaDevice>(std::move(state)));
 }

@@ -333,8 +333,8 @@ StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& opti
     return InvalidArgument("host device memory_budget_bytes must be > 0, got 0");
   }
   if (options.ordinal < 0) {
-    return InvalidArgument(fmt::format("host device ordinal must be >= 0, got {}",
-                                       options.ordinal));
+    return InvalidArgument(
+        fmt::format("host device ordinal must be >= 0, got {}", options.ordinal));
   }
   return std::unique_ptr<Device>(std::make_unique<HostDevice>(options));
 }

@@ -68,8 +68,8 @@ ConfigReader& ConfigReader::Bool(std::string_view key, bool* out) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   if (!v->is_boolean()) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be true or false, got {}",
-                                     KeyPath(key), Describe(*v))));
+    Fail(InvalidArgument(
+        fmt::format("config key '{}' must be true or false, got {}", KeyPath(key), Describe(*v))));
     return *this;
   }
   *out = v->get<bool>();
@@ -84,8 +84,8 @@ ConfigReader& ConfigReader::Int(std::string_view key, int64_t* out, int64_t min,
                               std::floor(v->get<double>()) == v->get<double>() &&
                               std::fabs(v->get<double>()) < 9.2e18;
   if (!v->is_number_integer() && !integral_float) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be an integer, got {}", KeyPath(key),
-                                     Describe(*v))));
+    Fail(InvalidArgument(
+        fmt::format("config key '{}' must be an integer, got {}", KeyPath(key), Describe(*v))));
     return *this;
   }
   int64_t value = 0;
@@ -95,9 +95,8 @@ ConfigReader& ConfigReader::Int(std::string_view key, int64_t* out, int64_t min,
     value = integral_float ? static_cast<int64_t>(v->get<double>()) : v->get<int64_t>();
   }
   if (value < min || value > max) {
-    Fail(InvalidArgument(
-        fmt::format("config key '{}' must be in [{}, {}], got {}", KeyPath(key), min, max,
-                    v->dump())));
+    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}], got {}", KeyPath(key),
+                                     min, max, v->dump())));
     return *this;
   }
   *out = value;
@@ -108,8 +107,8 @@ ConfigReader& ConfigReader::Double(std::string_view key, double* out, double min
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   if (!v->is_number()) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be a number, got {}", KeyPath(key),
-                                     Describe(*v))));
+    Fail(InvalidArgument(
+        fmt::format("config key '{}' must be a number, got {}", KeyPath(key), Describe(*v))));
     return *this;
   }
   const double value = v->get<double>();
@@ -126,8 +125,8 @@ ConfigReader& ConfigReader::String(std::string_view key, std::string* out) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   if (!v->is_string()) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be a string, got {}", KeyPath(key),
-                                     Describe(*v))));
+    Fail(InvalidArgument(
+        fmt::format("config key '{}' must be a string, got {}", KeyPath(key), Describe(*v))));
     return *this;
   }
   *out = v->get<std::string>();
@@ -147,13 +146,12 @@ ConfigReader& ConfigReader::Enum(std::string_view key, std::string* out,
   }
   std::string list;
   for (std::string_view a : allowed) list += fmt::format("{}{}", list.empty() ? "" : ", ", a);
-  Fail(InvalidArgument(fmt::format("config key '{}' must be one of {}; got \"{}\"", KeyPath(key),
-                                   list, value)));
+  Fail(InvalidArgument(
+      fmt::format("config key '{}' must be one of {}; got \"{}\"", KeyPath(key), list, value)));
   return *this;
 }
 
-ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t min,
-                                  uint64_t max) {
+ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t min, uint64_t max) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   uint64_t value = 0;
@@ -184,8 +182,7 @@ ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t 
   return *this;
 }
 
-ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* out,
-                                    size_t count) {
+ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* out, size_t count) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   bool ok = v->is_array() && (count == 0 || v->size() == count);
@@ -193,10 +190,9 @@ ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* o
     for (const auto& e : *v) ok = ok && e.is_number();
   }
   if (!ok) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be a list of {} numbers, got {}",
-                                     KeyPath(key), count == 0 ? std::string("any number of")
-                                                              : std::to_string(count),
-                                     Describe(*v))));
+    Fail(InvalidArgument(fmt::format(
+        "config key '{}' must be a list of {} numbers, got {}", KeyPath(key),
+        count == 0 ? std::string("any number of") : std::to_string(count), Describe(*v))));
     return *this;
   }
   out->clear();
@@ -216,8 +212,10 @@ ConfigReader& ConfigReader::Strings(std::string_view key, std::vector<std::strin
     for (const auto& e : *v) ok = ok && e.is_string();
   }
   if (!ok) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be a string or a list of strings, "
-                                     "got {}", KeyPath(key), Describe(*v))));
+    Fail(
+        InvalidArgument(fmt::format("config key '{}' must be a string or a list of strings, "
+                                    "got {}",
+                                    KeyPath(key), Describe(*v))));
     return *this;
   }
   out->clear();

@@ -54,12 +54,12 @@ void ProbeTopology(CpuInfo* info) {
   info->logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   cpu_set_t set;
   CPU_ZERO(&set);
-  info->usable_cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-                                                                    : info->logical_cpus;
+  info->usable_cpus =
+      sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : info->logical_cpus;
   std::set<std::pair<std::string, std::string>> cores;  // (package, core id)
   for (int cpu = 0; cpu < info->logical_cpus; ++cpu) {
-    const fs::path topo = fs::path("/sys/devices/system/cpu") / ("cpu" + std::to_string(cpu)) /
-                          "topology";
+    const fs::path topo =
+        fs::path("/sys/devices/system/cpu") / ("cpu" + std::to_string(cpu)) / "topology";
     cores.emplace(ReadFirstLine(topo / "physical_package_id"), ReadFirstLine(topo / "core_id"));
   }
   info->physical_cores = cores.empty() ? info->logical_cpus : static_cast<int>(cores.size());

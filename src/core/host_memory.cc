@@ -25,9 +25,8 @@ class MlockPinner final : public HostPinner {
     const int err = errno;
     rlimit limit{};
     getrlimit(RLIMIT_MEMLOCK, &limit);
-    const std::string limit_text = limit.rlim_cur == RLIM_INFINITY
-                                       ? std::string("unlimited")
-                                       : FormatBytes(limit.rlim_cur);
+    const std::string limit_text =
+        limit.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : FormatBytes(limit.rlim_cur);
     return ResourceExhausted(fmt::format(
         "pinning {} of host memory with mlock failed: {} (RLIMIT_MEMLOCK is {}; raise it with "
         "'ulimit -l' or run with CAP_IPC_LOCK, or turn pin_memory off)",
@@ -64,8 +63,8 @@ StatusOr<HostBuffer> HostBuffer::Allocate(size_t size_bytes, const HostAllocOpti
   const size_t alignment = std::max(options.alignment, kPageBytes);
   const size_t rounded = AlignUp(size_bytes, kPageBytes);
   const size_t map_bytes = rounded + (alignment > kPageBytes ? alignment : 0);
-  void* mapping = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+  void* mapping =
+      mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapping == MAP_FAILED) {
     return ErrnoStatus(errno, fmt::format("allocating {} of host memory", FormatBytes(size_bytes)));
   }
@@ -92,8 +91,8 @@ StatusOr<HostBuffer> HostBuffer::Allocate(size_t size_bytes, const HostAllocOpti
         1UL << (options.numa_node % (8 * sizeof(unsigned long)));
     constexpr int kMpolBind = 2;
     if (syscall(SYS_mbind, buffer.mapping_, rounded, kMpolBind, mask, 1024, 0) != 0) {
-      return ErrnoStatus(errno, fmt::format("binding host memory to NUMA node {}",
-                                            options.numa_node));
+      return ErrnoStatus(errno,
+                         fmt::format("binding host memory to NUMA node {}", options.numa_node));
     }
   }
   if (options.pinned) {

@@ -21,8 +21,10 @@ Level LevelFromEnv() {
   if (v == "warn" || v == "warning") return Level::kWarn;
   if (v == "error") return Level::kError;
   if (v == "off") return Level::kOff;
-  std::fprintf(stderr, "[zinf] [warn] ZINF_LOG_LEVEL=%s is not one of "
-               "trace|debug|info|warn|error|off; using info\n", env);
+  std::fprintf(stderr,
+               "[zinf] [warn] ZINF_LOG_LEVEL=%s is not one of "
+               "trace|debug|info|warn|error|off; using info\n",
+               env);
   return Level::kInfo;
 }
 
@@ -44,12 +46,18 @@ spdlog::logger& Logger() {
 
 spdlog::level::level_enum ToSpdlog(Level level) {
   switch (level) {
-    case Level::kTrace: return spdlog::level::trace;
-    case Level::kDebug: return spdlog::level::debug;
-    case Level::kInfo: return spdlog::level::info;
-    case Level::kWarn: return spdlog::level::warn;
-    case Level::kError: return spdlog::level::err;
-    case Level::kOff: return spdlog::level::off;
+    case Level::kTrace:
+      return spdlog::level::trace;
+    case Level::kDebug:
+      return spdlog::level::debug;
+    case Level::kInfo:
+      return spdlog::level::info;
+    case Level::kWarn:
+      return spdlog::level::warn;
+    case Level::kError:
+      return spdlog::level::err;
+    case Level::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::info;
 }

@@ -29,13 +29,21 @@ void Log(Level level, fmt::format_string<Args...> format, Args&&... args) {
   if (Enabled(level)) Write(level, fmt::format(format, std::forward<Args>(args)...));
 }
 template <typename... Args>
-void Debug(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kDebug, f, std::forward<Args>(a)...); }
+void Debug(fmt::format_string<Args...> f, Args&&... a) {
+  Log(Level::kDebug, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void Info(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kInfo, f, std::forward<Args>(a)...); }
+void Info(fmt::format_string<Args...> f, Args&&... a) {
+  Log(Level::kInfo, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void Warn(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kWarn, f, std::forward<Args>(a)...); }
+void Warn(fmt::format_string<Args...> f, Args&&... a) {
+  Log(Level::kWarn, f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void Error(fmt::format_string<Args...> f, Args&&... a) { Log(Level::kError, f, std::forward<Args>(a)...); }
+void Error(fmt::format_string<Args...> f, Args&&... a) {
+  Log(Level::kError, f, std::forward<Args>(a)...);
+}
 
 }  // namespace zinf::log
 

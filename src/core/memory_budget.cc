@@ -11,9 +11,9 @@ Status MemoryBudget::Reserve(uint64_t bytes) {
   uint64_t in_use = in_use_.load(std::memory_order_relaxed);
   for (;;) {
     if (limit_bytes_ != 0 && (bytes > limit_bytes_ || in_use > limit_bytes_ - bytes)) {
-      return ResourceExhausted(fmt::format(
-          "{} budget exceeded: budget {}, in use {}, requested {} ({} bytes)", name_,
-          FormatBytes(limit_bytes_), FormatBytes(in_use), FormatBytes(bytes), bytes));
+      return ResourceExhausted(
+          fmt::format("{} budget exceeded: budget {}, in use {}, requested {} ({} bytes)", name_,
+                      FormatBytes(limit_bytes_), FormatBytes(in_use), FormatBytes(bytes), bytes));
     }
     if (in_use_.compare_exchange_weak(in_use, in_use + bytes, std::memory_order_relaxed)) break;
   }

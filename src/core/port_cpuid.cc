@@ -36,9 +36,9 @@ std::string ProbeIsa(CpuIsa* isa) {
 
   // The OS must save the wider registers, or using them faults.
   const uint64_t xcr0 = osxsave ? ReadXcr0() : 0;
-  const bool os_avx = (xcr0 & 0x6) == 0x6;             // XMM + YMM
+  const bool os_avx = (xcr0 & 0x6) == 0x6;                 // XMM + YMM
   const bool os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;  // opmask + ZMM halves
-  const bool os_amx = (xcr0 & 0x60000) == 0x60000;     // XTILECFG + XTILEDATA
+  const bool os_amx = (xcr0 & 0x60000) == 0x60000;         // XTILECFG + XTILEDATA
 
   isa->avx = cpu_avx && os_avx;
   isa->fma = isa->fma && os_avx;

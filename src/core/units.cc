@@ -10,8 +10,8 @@ namespace zinf {
 
 StatusOr<uint64_t> ParseBytes(std::string_view text) {
   auto bad = [&] {
-    return InvalidArgument(fmt::format(
-        "'{}' is not a byte size (expected e.g. 4096, 512K, 64MiB, 4G, 1.5GB)", text));
+    return InvalidArgument(
+        fmt::format("'{}' is not a byte size (expected e.g. 4096, 512K, 64MiB, 4G, 1.5GB)", text));
   };
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
@@ -25,16 +25,26 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
   std::string s;
   for (char c : suffix) s += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double scale = 1;
-  if (s.empty() || s == "B") scale = 1;
-  else if (s == "K" || s == "KIB") scale = 1024.0;
-  else if (s == "M" || s == "MIB") scale = 1024.0 * 1024;
-  else if (s == "G" || s == "GIB") scale = 1024.0 * 1024 * 1024;
-  else if (s == "T" || s == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (s == "KB") scale = 1e3;
-  else if (s == "MB") scale = 1e6;
-  else if (s == "GB") scale = 1e9;
-  else if (s == "TB") scale = 1e12;
-  else return bad();
+  if (s.empty() || s == "B")
+    scale = 1;
+  else if (s == "K" || s == "KIB")
+    scale = 1024.0;
+  else if (s == "M" || s == "MIB")
+    scale = 1024.0 * 1024;
+  else if (s == "G" || s == "GIB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (s == "T" || s == "TIB")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (s == "KB")
+    scale = 1e3;
+  else if (s == "MB")
+    scale = 1e6;
+  else if (s == "GB")
+    scale = 1e9;
+  else if (s == "TB")
+    scale = 1e12;
+  else
+    return bad();
   const double bytes = number * scale;
   if (bytes > 1.8e19 || bytes != std::floor(bytes)) return bad();
   return static_cast<uint64_t>(bytes);

@@ -12,11 +12,12 @@ namespace zinf::testing {
 namespace {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, DeviceConformanceTest,
-                         ::testing::Values(DeviceFactory{
-                             "cuda", [](uint64_t budget) {
-                               return CreateCudaDevice({.ordinal = 0,
-                                                        .memory_budget_bytes = budget});
-                             }}),
+                         ::testing::Values(DeviceFactory{"cuda",
+                                                         [](uint64_t budget) {
+                                                           return CreateCudaDevice(
+                                                               {.ordinal = 0,
+                                                                .memory_budget_bytes = budget});
+                                                         }}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(CudaDeviceTest, BadOrdinalOrNoGpu) {
@@ -42,10 +43,12 @@ TEST(CudaDeviceTest, CastKernelsRoundTrip) {
   std::memcpy(host->data(), values.data(), kCount * 4);
   Stream& s = **stream;
   ASSERT_TRUE(s.Copy(f32->data(), host->data(), kCount * 4, CopyKind::kHostToDevice).ok());
-  ASSERT_TRUE(cuda::CastFloatToBf16(f32->as<float>(), bf16->as<uint16_t>(), kCount,
-                                    s.native_handle()).ok());
-  ASSERT_TRUE(cuda::CastBf16ToFloat(bf16->as<uint16_t>(), f32->as<float>(), kCount,
-                                    s.native_handle()).ok());
+  ASSERT_TRUE(
+      cuda::CastFloatToBf16(f32->as<float>(), bf16->as<uint16_t>(), kCount, s.native_handle())
+          .ok());
+  ASSERT_TRUE(
+      cuda::CastBf16ToFloat(bf16->as<uint16_t>(), f32->as<float>(), kCount, s.native_handle())
+          .ok());
   ASSERT_TRUE(s.Copy(host->data(), f32->data(), kCount * 4, CopyKind::kDeviceToHost).ok());
   ASSERT_TRUE(s.Synchronize().ok());
   for (size_t i = 0; i < kCount; i += 997) {

@@ -23,8 +23,8 @@ std::unique_ptr<Device> DeviceConformanceTest::MakeDevice(uint64_t budget_bytes)
 #define ZINF_DEVICE_OR_SKIP(var, ...)                                                  \
   std::unique_ptr<Device> var = MakeDevice(__VA_ARGS__);                               \
   if (var == nullptr) {                                                                \
-    GTEST_SKIP() << GetParam().name << " unavailable: "                                \
-                 << GetParam().create(1 << 20).status().message();                     \
+    GTEST_SKIP() << GetParam().name                                                    \
+                 << " unavailable: " << GetParam().create(1 << 20).status().message(); \
   }
 
 namespace {
@@ -79,10 +79,12 @@ TEST_P(DeviceConformanceTest, StreamRunsInOrder) {
   ASSERT_TRUE(stream.ok());
   std::vector<int> order;
   for (int i = 0; i < 100; ++i) {
-    ASSERT_TRUE((*stream)->HostFunc([&order, i] {
-      order.push_back(i);
-      return OkStatus();
-    }).ok());
+    ASSERT_TRUE((*stream)
+                    ->HostFunc([&order, i] {
+                      order.push_back(i);
+                      return OkStatus();
+                    })
+                    .ok());
   }
   ASSERT_TRUE((*stream)->Synchronize().ok());
   std::vector<int> expected(100);
@@ -98,17 +100,21 @@ TEST_P(DeviceConformanceTest, EventOrdersAcrossStreams) {
   ASSERT_TRUE(producer.ok() && consumer.ok() && ready.ok());
   std::atomic<bool> produced{false};
   bool saw_produced = false;
-  ASSERT_TRUE((*producer)->HostFunc([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    produced = true;
-    return OkStatus();
-  }).ok());
+  ASSERT_TRUE((*producer)
+                  ->HostFunc([&] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                    produced = true;
+                    return OkStatus();
+                  })
+                  .ok());
   ASSERT_TRUE((*producer)->Record(**ready).ok());
   ASSERT_TRUE((*consumer)->Wait(**ready).ok());
-  ASSERT_TRUE((*consumer)->HostFunc([&] {
-    saw_produced = produced.load();
-    return OkStatus();
-  }).ok());
+  ASSERT_TRUE((*consumer)
+                  ->HostFunc([&] {
+                    saw_produced = produced.load();
+                    return OkStatus();
+                  })
+                  .ok());
   ASSERT_TRUE((*consumer)->Synchronize().ok());
   EXPECT_TRUE(saw_produced) << "work after Wait ran before the recorded work finished";
   auto done = (*ready)->Query();
@@ -135,10 +141,13 @@ TEST_P(DeviceConformanceTest, EventQueryTracksCompletion) {
   auto event = device->CreateEvent();
   ASSERT_TRUE(stream.ok() && event.ok());
   std::atomic<bool> release{false};
-  ASSERT_TRUE((*stream)->HostFunc([&] {
-    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return OkStatus();
-  }).ok());
+  ASSERT_TRUE((*stream)
+                  ->HostFunc([&] {
+                    while (!release.load())
+                      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    return OkStatus();
+                  })
+                  .ok());
   ASSERT_TRUE((*stream)->Record(**event).ok());
   auto before = (*event)->Query();
   ASSERT_TRUE(before.ok());
@@ -160,10 +169,12 @@ TEST_P(DeviceConformanceTest, ElapsedTimeBetweenTimingEvents) {
   EXPECT_EQ((*end)->ElapsedMsSince(**start).status().code(), StatusCode::kFailedPrecondition)
       << "not recorded yet";
   ASSERT_TRUE((*stream)->Record(**start).ok());
-  ASSERT_TRUE((*stream)->HostFunc([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return OkStatus();
-  }).ok());
+  ASSERT_TRUE((*stream)
+                  ->HostFunc([] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                    return OkStatus();
+                  })
+                  .ok());
   ASSERT_TRUE((*stream)->Record(**end).ok());
   ASSERT_TRUE((*stream)->Record(**untimed).ok());
   ASSERT_TRUE((*stream)->Synchronize().ok());
@@ -171,8 +182,7 @@ TEST_P(DeviceConformanceTest, ElapsedTimeBetweenTimingEvents) {
   ASSERT_TRUE(ms.ok()) << ms.status();
   EXPECT_GE(*ms, 15.0);
   EXPECT_LT(*ms, 5000.0);
-  EXPECT_EQ((*untimed)->ElapsedMsSince(**start).status().code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*untimed)->ElapsedMsSince(**start).status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST_P(DeviceConformanceTest, TwoStreamsOverlap) {
@@ -297,10 +307,12 @@ TEST_P(DeviceConformanceTest, HostFuncErrorIsSticky) {
   bool ran_after_error = false;
   ASSERT_TRUE((*stream)->HostFunc([] { return IoError("disk on fire"); }).ok());
   // Work queued behind the failure is skipped, not run on bad data.
-  (*stream)->HostFunc([&] {
-    ran_after_error = true;
-    return OkStatus();
-  }).IgnoreError();
+  (*stream)
+      ->HostFunc([&] {
+        ran_after_error = true;
+        return OkStatus();
+      })
+      .IgnoreError();
   Status sync = (*stream)->Synchronize();
   EXPECT_EQ(sync.code(), StatusCode::kIoError);
   EXPECT_NE(sync.message().find("disk on fire"), std::string::npos);

@@ -4,12 +4,11 @@
 namespace zinf::testing {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(Host, DeviceConformanceTest,
-                         ::testing::Values(DeviceFactory{
-                             "host", [](uint64_t budget) {
-                               return CreateHostDevice({.memory_budget_bytes = budget});
-                             }}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Host, DeviceConformanceTest,
+    ::testing::Values(DeviceFactory{
+        "host", [](uint64_t budget) { return CreateHostDevice({.memory_budget_bytes = budget}); }}),
+    [](const auto& info) { return info.param.name; });
 
 TEST(HostDeviceTest, ZeroBudgetIsRejected) {
   auto device = CreateHostDevice({.memory_budget_bytes = 0});
@@ -33,10 +32,12 @@ TEST(HostDeviceTest, StreamDestructorDrainsQueuedWork) {
     auto stream = (*device)->CreateStream();
     ASSERT_TRUE(stream.ok());
     for (int i = 0; i < 10; ++i) {
-      ASSERT_TRUE((*stream)->HostFunc([&ran] {
-        ++ran;
-        return OkStatus();
-      }).ok());
+      ASSERT_TRUE((*stream)
+                      ->HostFunc([&ran] {
+                        ++ran;
+                        return OkStatus();
+                      })
+                      .ok());
     }
   }
   EXPECT_EQ(ran, 10);
@@ -53,10 +54,12 @@ TEST(HostDeviceTest, ErrorTravelsThroughEventToWaiter) {
   (*producer)->Record(**event).IgnoreError();
   ASSERT_TRUE((*consumer)->Wait(**event).ok());
   bool consumed = false;
-  ASSERT_TRUE((*consumer)->HostFunc([&] {
-    consumed = true;
-    return OkStatus();
-  }).ok());
+  ASSERT_TRUE((*consumer)
+                  ->HostFunc([&] {
+                    consumed = true;
+                    return OkStatus();
+                  })
+                  .ok());
   Status s = (*consumer)->Synchronize();
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << "a waiter must not consume bad data silently";
   EXPECT_FALSE(consumed);
