@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "offload/device.h"
@@ -18,6 +19,8 @@ struct DeviceFactory {
   std::string name;
   // Returns a device, or an error whose message is the reason to skip.
   std::function<StatusOr<std::unique_ptr<Device>>(uint64_t budget_bytes)> create;
+
+  friend void PrintTo(const DeviceFactory& factory, std::ostream* os) { *os << factory.name; }
 };
 
 class DeviceConformanceTest : public ::testing::TestWithParam<DeviceFactory> {
