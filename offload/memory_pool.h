@@ -1,0 +1,179 @@
+// MemoryPool: a pool of large arenas carved into blocks, for pinned host memory (staging
+// buffers, host-resident optimizer state) and for device memory.
+//
+// Arenas are made on demand, each at least `arena_bytes` (a larger request gets an arena of
+// its own size), and never more in total than the budget. Inside an arena, blocks come from an
+// ExtentAllocator (nvme/extent_allocator.h): best fit with coalescing, rounded only to the
+// alignment, so a 1.1 GiB request costs 1.1 GiB and not the 2 GiB a power-of-two allocator
+// takes (See Note [Pool sizing]). The budget is a MemoryBudget on the bytes in blocks, so an
+// over-budget request gets the standard ResourceExhausted message naming the pool, what is in
+// use and what was asked.
+//
+// Thread-safety: all methods are thread-safe. A PoolBlock may be moved between threads; it
+// must be destroyed before its pool. A block's memory may still be the source or target of
+// queued device work when it is freed: waiting for that work is the caller's job, as for
+// DeviceBuffer.
+#ifndef ZINF_OFFLOAD_MEMORY_POOL_H_
+#define ZINF_OFFLOAD_MEMORY_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "core/memory_budget.h"
+#include "nvme/extent_allocator.h"
+#include "offload/device.h"
+#include "zinf/host_memory.h"
+#include "zinf/status.h"
+
+namespace zinf {
+
+// Note [Pool sizing]
+// DeepSpeed's pinned buffers and PyTorch's caching host allocator round requests to powers of
+// two and keep freed blocks per size class, so a model whose tensors are just over a power of
+// two pins nearly twice its size (DeepSpeed #3000). MemoryPool rounds only to `alignment`
+// (4 KiB by default, what O_DIRECT needs) and merges free neighbours, so the pinned memory is
+// what the blocks in use need plus the holes between them; `fragmentation` reports the holes.
+
+struct MemoryPoolStats {
+  uint64_t budget_bytes = 0;        // 0: unlimited
+  uint64_t arena_bytes = 0;         // memory held by arenas (what is pinned or allocated)
+  uint64_t in_use_bytes = 0;        // bytes in live blocks (rounded to the alignment)
+  uint64_t peak_in_use_bytes = 0;   // highest in_use_bytes since creation or ResetPeak
+  uint64_t free_bytes = 0;          // arena_bytes - in_use_bytes
+  uint64_t largest_free_bytes = 0;  // largest block that fits without a new arena
+  size_t arenas = 0;
+  size_t blocks = 0;
+  // 1 - largest_free / free: 0 when the free space is one range (or there is none), near 1
+  // when it is scattered in small holes.
+  double fragmentation = 0.0;
+};
+
+class MemoryPool;
+
+// One block of a pool; returns its bytes to the pool when destroyed. Move-only.
+class PoolBlock {
+ public:
+  PoolBlock() = default;
+  PoolBlock(PoolBlock&& other) noexcept { *this = std::move(other); }
+  PoolBlock& operator=(PoolBlock&& other) noexcept;
+  PoolBlock(const PoolBlock&) = delete;
+  PoolBlock& operator=(const PoolBlock&) = delete;
+  ~PoolBlock() { Reset(); }
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  uint64_t size_bytes() const { return size_bytes_; }  // as requested
+  bool empty() const { return data_ == nullptr; }
+  void Reset();
+
+ private:
+  friend class MemoryPool;
+  PoolBlock(MemoryPool* pool, void* data, uint64_t size_bytes, size_t arena, uint64_t offset)
+      : pool_(pool), data_(data), size_bytes_(size_bytes), arena_(arena), offset_(offset) {}
+
+  MemoryPool* pool_ = nullptr;
+  void* data_ = nullptr;
+  uint64_t size_bytes_ = 0;
+  size_t arena_ = 0;
+  uint64_t offset_ = 0;
+};
+
+struct PinnedPoolOptions {
+  // Bytes the pool may hand out (and pin); must be > 0.
+  uint64_t budget_bytes = 0;
+  // Size of each arena; 0 means one arena of the whole budget. Smaller arenas pin memory as
+  // it is needed, at the price of more places where a large block may not fit.
+  uint64_t arena_bytes = 0;
+  // Block alignment, a power of two >= 64. 4096 suits O_DIRECT and registered I/O.
+  uint64_t alignment = 4096;
+  // Make every arena at Create instead of on first use (fails early when pinning is refused).
+  bool preallocate = false;
+  // Page-lock the arenas. false gives ordinary (pageable) memory with the same accounting.
+  bool pinned = true;
+  // Bind arenas to this NUMA node; -1 leaves placement to first touch.
+  int numa_node = -1;
+  // When set, arenas come from device->AllocateHost (the device's own pinning, e.g.
+  // cudaHostAlloc-compatible registration); numa_node must then be -1. Not owned.
+  Device* device = nullptr;
+  std::string name = "pinned pool";
+
+  // InvalidArgument naming the field.
+  [[nodiscard]] Status Validate() const;
+};
+
+struct DevicePoolOptions {
+  // Bytes the pool may hand out; 0 means the device's own budget (or unlimited if it has none).
+  uint64_t budget_bytes = 0;
+  // Size of each arena; 0 means the budget (one arena) when there is one, else 256 MiB.
+  uint64_t arena_bytes = 0;
+  uint64_t alignment = 256;  // a power of two >= 64
+  bool preallocate = false;
+  std::string name = "device pool";
+
+  [[nodiscard]] Status Validate() const;
+};
+
+class MemoryPool {
+ public:
+  // Errors: InvalidArgument for bad options; with preallocate, the arena allocation's error.
+  static StatusOr<std::unique_ptr<MemoryPool>> CreatePinned(const PinnedPoolOptions& options);
+  // `device` is not owned and must outlive the pool.
+  static StatusOr<std::unique_ptr<MemoryPool>> CreateOnDevice(Device& device,
+                                                               const DevicePoolOptions& options);
+  // Blocks must have been destroyed; live ones are reported in the log and their memory freed.
+  ~MemoryPool();
+  MemoryPool(const MemoryPool&) = delete;
+  MemoryPool& operator=(const MemoryPool&) = delete;
+
+  // A block of `size_bytes` (> 0). Errors: InvalidArgument for 0; ResourceExhausted when the
+  // budget would be exceeded (the standard MemoryBudget message) or when the free space is too
+  // fragmented for the request and no arena can be added (the message gives the largest free
+  // range); the arena allocation's own error when the system refuses memory or pinning.
+  StatusOr<PoolBlock> Allocate(uint64_t size_bytes);
+
+  // Frees arenas that hold no block. Returns the bytes released.
+  uint64_t Trim();
+
+  MemoryPoolStats stats() const;
+  void ResetPeak();
+  const std::string& name() const { return name_; }
+  bool is_device() const { return device_ != nullptr; }
+  uint64_t alignment() const { return alignment_; }
+
+ private:
+  struct Arena {
+    std::variant<HostBuffer, DeviceBuffer> memory;
+    char* base = nullptr;
+    uint64_t size_bytes = 0;
+    ExtentAllocator extents;
+    size_t blocks = 0;
+  };
+  friend class PoolBlock;
+
+  MemoryPool(std::string name, uint64_t budget_bytes, uint64_t arena_bytes, uint64_t alignment);
+  // Adds an arena of `size_bytes`; mu_ held.
+  StatusOr<size_t> AddArenaLocked(uint64_t size_bytes);
+  void Free(size_t arena, uint64_t offset, uint64_t size_bytes) noexcept;
+
+  const std::string name_;
+  const uint64_t arena_bytes_;
+  const uint64_t alignment_;
+  MemoryBudget budget_;  // bytes in blocks
+  PinnedPoolOptions host_options_;
+  Device* device_ = nullptr;
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Arena>> arenas_;  // null entries are trimmed arenas
+  uint64_t arena_total_ = 0;
+  size_t blocks_ = 0;
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_OFFLOAD_MEMORY_POOL_H_

@@ -1,0 +1,199 @@
+// Tests for offload/memory_pool.h: exact sizing, coalescing, budgets, stats, device pools.
+#include "offload/memory_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "core/units.h"
+
+namespace zinf {
+namespace {
+
+PinnedPoolOptions Pinned(uint64_t budget, uint64_t arena = 0) {
+  PinnedPoolOptions options;
+  options.budget_bytes = budget;
+  options.arena_bytes = arena;
+  options.pinned = false;  // accounting is the same; keeps the test within RLIMIT_MEMLOCK
+  return options;
+}
+
+TEST(MemoryPoolTest, RequestCostsItsSizeRoundedToAlignmentOnly) {
+  // 1.1 GiB of address space is reserved but never touched: pages are mapped on first write.
+  const uint64_t request = kGiB + kGiB / 10 + 123;
+  auto pool = MemoryPool::CreatePinned(Pinned(request + 4096));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto block = (*pool)->Allocate(request);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->size_bytes(), request);
+  MemoryPoolStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.in_use_bytes, AlignUp(request, 4096));
+  EXPECT_LT(stats.arena_bytes, request + 8192);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(block->data()) % 4096, 0u);
+}
+
+TEST(MemoryPoolTest, FreedNeighboursCoalesce) {
+  auto pool = MemoryPool::CreatePinned(Pinned(16 * kMiB));
+  ASSERT_TRUE(pool.ok());
+  std::vector<PoolBlock> blocks;
+  for (int i = 0; i < 4; ++i) {
+    auto b = (*pool)->Allocate(4 * kMiB);
+    ASSERT_TRUE(b.ok()) << b.status();
+    blocks.push_back(std::move(*b));
+  }
+  EXPECT_FALSE((*pool)->Allocate(4096).ok());  // full
+  blocks[0].Reset();
+  blocks[2].Reset();
+  MemoryPoolStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.free_bytes, 8 * kMiB);
+  EXPECT_EQ(stats.largest_free_bytes, 4 * kMiB);
+  EXPECT_NEAR(stats.fragmentation, 0.5, 1e-9);
+  auto big = (*pool)->Allocate(8 * kMiB);
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  blocks[1].Reset();  // 0,1,2 merge into 12 MiB
+  stats = (*pool)->stats();
+  EXPECT_EQ(stats.largest_free_bytes, 12 * kMiB);
+  EXPECT_EQ(stats.fragmentation, 0.0);
+  big = (*pool)->Allocate(12 * kMiB);
+  EXPECT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ((*pool)->stats().peak_in_use_bytes, 16 * kMiB);
+}
+
+TEST(MemoryPoolTest, BudgetErrorNamesPoolUseAndRequest) {
+  PinnedPoolOptions options = Pinned(8 * kMiB);
+  options.name = "staging pool";
+  auto pool = MemoryPool::CreatePinned(options);
+  ASSERT_TRUE(pool.ok());
+  auto a = (*pool)->Allocate(6 * kMiB);
+  ASSERT_TRUE(a.ok());
+  auto b = (*pool)->Allocate(3 * kMiB);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("staging pool"), std::string::npos) << b.status();
+  EXPECT_EQ((*pool)->stats().in_use_bytes, 6 * kMiB);  // the failed request left nothing behind
+}
+
+TEST(MemoryPoolTest, ArenasGrowOnDemandAndTrim) {
+  auto pool = MemoryPool::CreatePinned(Pinned(12 * kMiB, 4 * kMiB));
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->stats().arenas, 0u);
+  auto a = (*pool)->Allocate(3 * kMiB);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*pool)->stats().arena_bytes, 4 * kMiB);
+  auto b = (*pool)->Allocate(6 * kMiB);  // larger than an arena: gets one of its own size
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*pool)->stats().arenas, 2u);
+  EXPECT_EQ((*pool)->stats().arena_bytes, 10 * kMiB);
+  b->Reset();
+  EXPECT_EQ((*pool)->Trim(), 6 * kMiB);
+  EXPECT_EQ((*pool)->stats().arena_bytes, 4 * kMiB);
+  std::memset(a->data(), 1, a->size_bytes());  // the surviving block is intact
+}
+
+TEST(MemoryPoolTest, BadOptionsAreInvalidArgument) {
+  EXPECT_EQ(MemoryPool::CreatePinned(Pinned(0)).status().code(), StatusCode::kInvalidArgument);
+  PinnedPoolOptions options = Pinned(kMiB);
+  options.alignment = 100;
+  EXPECT_EQ(MemoryPool::CreatePinned(options).status().code(), StatusCode::kInvalidArgument);
+  options = Pinned(kMiB);
+  options.numa_node = 4000;
+  options.preallocate = true;
+  EXPECT_FALSE(MemoryPool::CreatePinned(options).ok());
+  auto pool = MemoryPool::CreatePinned(Pinned(kMiB));
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->Allocate(0).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MemoryPoolTest, NumaNodeZeroBindsWhereNumaExists) {
+  PinnedPoolOptions options = Pinned(4 * kMiB);
+  options.numa_node = 0;
+  options.preallocate = true;
+  auto pool = MemoryPool::CreatePinned(options);
+  if (!pool.ok()) GTEST_SKIP() << "mbind to node 0 refused here: " << pool.status();
+  auto block = (*pool)->Allocate(kMiB);
+  ASSERT_TRUE(block.ok());
+  std::memset(block->data(), 7, kMiB);
+}
+
+TEST(MemoryPoolTest, PinnedArenaWhenMemlockAllows) {
+  PinnedPoolOptions options;
+  options.budget_bytes = 2 * kMiB;
+  options.preallocate = true;
+  auto pool = MemoryPool::CreatePinned(options);
+  if (!pool.ok()) GTEST_SKIP() << "pinning refused: " << pool.status();
+  auto block = (*pool)->Allocate(kMiB);
+  ASSERT_TRUE(block.ok());
+}
+
+TEST(MemoryPoolTest, ConcurrentRandomBlocksNeverOverlapOrExceedBudget) {
+  const uint64_t budget = 32 * kMiB;
+  auto pool_or = MemoryPool::CreatePinned(Pinned(budget, 8 * kMiB));
+  ASSERT_TRUE(pool_or.ok());
+  MemoryPool& pool = **pool_or;
+  std::atomic<bool> failed{false};
+  auto worker = [&](int seed) {
+    std::mt19937 rng(seed);
+    std::vector<std::pair<PoolBlock, uint8_t>> held;
+    for (int i = 0; i < 2000; ++i) {
+      if (held.size() < 6 && rng() % 2 == 0) {
+        uint64_t size = 1 + rng() % (3 * kMiB);
+        auto b = pool.Allocate(size);
+        if (!b.ok()) {
+          if (b.status().code() != StatusCode::kResourceExhausted) failed = true;
+          continue;
+        }
+        uint8_t tag = static_cast<uint8_t>(rng());
+        std::memset(b->data(), tag, b->size_bytes());
+        held.emplace_back(std::move(*b), tag);
+      } else if (!held.empty()) {
+        size_t k = rng() % held.size();
+        const auto& [block, tag] = held[k];
+        const uint8_t* p = block.as<uint8_t>();
+        for (uint64_t j = 0; j < block.size_bytes(); j += 4093) {
+          if (p[j] != tag) failed = true;
+        }
+        if (p[block.size_bytes() - 1] != tag) failed = true;
+        held.erase(held.begin() + k);
+      }
+      if (pool.stats().in_use_bytes > budget) failed = true;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) threads.emplace_back(worker, t + 1);
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(failed.load());
+  EXPECT_EQ(pool.stats().in_use_bytes, 0u);
+  EXPECT_LE(pool.stats().peak_in_use_bytes, budget);
+  EXPECT_LE(pool.stats().arena_bytes, budget);
+}
+
+TEST(MemoryPoolTest, DevicePoolCarvesDeviceMemoryUnderItsBudget) {
+  HostDeviceOptions device_options;
+  device_options.memory_budget_bytes = 64 * kMiB;
+  auto device = CreateHostDevice(device_options);
+  ASSERT_TRUE(device.ok());
+  DevicePoolOptions options;
+  options.budget_bytes = 16 * kMiB;
+  auto pool = MemoryPool::CreateOnDevice(**device, options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_TRUE((*pool)->is_device());
+  auto a = (*pool)->Allocate(10 * kMiB + 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*device)->memory_stats().in_use_bytes, 16 * kMiB);  // one arena of the budget
+  auto b = (*pool)->Allocate(6 * kMiB);
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+  auto stream = (*device)->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*stream)->Memset(a->data(), 3, a->size_bytes()).ok());
+  ASSERT_TRUE((*stream)->Synchronize().ok());
+  EXPECT_EQ(a->as<uint8_t>()[10 * kMiB], 3);
+
+  options.budget_bytes = 128 * kMiB;  // more than the device has
+  EXPECT_EQ(MemoryPool::CreateOnDevice(**device, options).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zinf
