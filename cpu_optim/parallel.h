@@ -1,0 +1,56 @@
+// The one place cpu_optim splits work across threads (oneTBB; no TBB type leaves this file
+// pair). See Note [Static partitioning].
+//
+// Thread-safety: For and Sum may be called from several threads at once; they share the
+// arena's workers.
+#ifndef ZINF_CPU_OPTIM_PARALLEL_H_
+#define ZINF_CPU_OPTIM_PARALLEL_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "zinf/status.h"
+
+namespace zinf::cpu_optim {
+
+// Note [Static partitioning]
+// The element range [0, count) is cut into chunks of kChunkElems (64 KiB of each fp32 array:
+// big enough that the per-chunk overhead and the prefetchers' ramp-up are noise, small enough
+// that two threads still get an even split of a 1M-element shard). Chunks start at multiples
+// of kChunkElems from the span's start, so every chunk keeps the span's alignment. With more
+// than one thread, tbb::static_partitioner hands each thread one contiguous run of chunks, the
+// same run on every call with the same count: the thread that first-touched a page (InitState
+// uses the same split) keeps updating it, which keeps pages on its NUMA node. Element-wise
+// updates are then independent of the split, and reductions are summed per chunk and the
+// partial sums added in chunk order, so results do not depend on the thread count.
+inline constexpr size_t kChunkElems = size_t{1} << 14;
+
+class Parallel {
+ public:
+  // threads >= 1 (the calling thread included). Internal when TBB cannot make the arena.
+  static StatusOr<std::unique_ptr<Parallel>> Create(int threads);
+  ~Parallel();
+  Parallel(const Parallel&) = delete;
+  Parallel& operator=(const Parallel&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Calls fn(begin, end) over disjoint runs of whole chunks covering [0, count); returns when
+  // all are done. Runs inline when the count is small or there is one thread.
+  // Internal if a worker threw.
+  Status For(size_t count, const std::function<void(size_t, size_t)>& fn);
+
+  // Calls fn(begin, end) once per chunk and returns the partial results summed in chunk order.
+  StatusOr<double> Sum(size_t count, const std::function<double(size_t, size_t)>& fn);
+
+ private:
+  struct Arena;
+  Parallel(int threads, std::unique_ptr<Arena> arena);
+  int threads_;
+  std::unique_ptr<Arena> arena_;
+};
+
+}  // namespace zinf::cpu_optim
+
+#endif  // ZINF_CPU_OPTIM_PARALLEL_H_
