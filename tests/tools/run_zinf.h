@@ -1,0 +1,35 @@
+// Runs the `zinf` binary built with the tests (path from the ZINF_BINARY definition) and
+// captures its exit code and combined output. Shared by the command-line tests.
+#ifndef ZINF_TESTS_TOOLS_RUN_ZINF_H_
+#define ZINF_TESTS_TOOLS_RUN_ZINF_H_
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace zinf::testing {
+
+struct ZinfRun {
+  int exit_code = -1;  // -1 when it could not be started or was killed by a signal
+  std::string output;  // stdout and stderr together
+};
+
+inline ZinfRun RunZinf(const std::string& args) {
+  const std::string command = std::string(ZINF_BINARY) + " " + args + " 2>&1";
+  ZinfRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    run.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+}  // namespace zinf::testing
+
+#endif  // ZINF_TESTS_TOOLS_RUN_ZINF_H_
