@@ -6,7 +6,7 @@ namespace zinf::tools {
 
 void AddBenchCommands(CLI::App& bench) {
   bench.require_subcommand(1);
-  (void)bench;
+  AddBenchNvmeCommand(bench);
 }
 
 }  // namespace zinf::tools

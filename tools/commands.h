@@ -13,6 +13,7 @@ int& ExitCode();
 
 void AddInfoCommand(CLI::App& app);       // tools/info.cc
 void AddBenchCommands(CLI::App& bench);   // tools/bench.cc: `zinf bench <what>`
+void AddBenchNvmeCommand(CLI::App& bench); // tools/bench_nvme.cc: `zinf bench nvme`
 
 }  // namespace zinf::tools
 

@@ -1,0 +1,257 @@
+// SwapStore: integrity for random tensor sizes over one and several striped paths (with and
+// without checksums, every backend), extent reuse, and bad input at Open: missing path, file
+// instead of directory, read-only path, too little space, bad queue depth and block size.
+#include "nvme/swap_store.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "tests/nvme/nvme_test_util.h"
+#include "zinf/host_memory.h"
+
+namespace zinf {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::RandomBytes;
+using testing_util::ScratchDir;
+using testing_util::TmpfsMount;
+
+SwapStoreOptions SmallOptions(std::vector<std::string> paths) {
+  SwapStoreOptions o;
+  o.paths = std::move(paths);
+  o.capacity_bytes = 32 << 20;
+  o.stripe_bytes = 64 * 1024;
+  o.aio.block_size = 128 * 1024;
+  o.aio.queue_depth = 16;
+  return o;
+}
+
+struct StoreCase {
+  std::string label;
+  int paths;
+  bool checksum;
+  IoBackend backend;
+  DirectIo direct;
+};
+
+class SwapStoreIntegrity : public ::testing::TestWithParam<StoreCase> {};
+
+TEST_P(SwapStoreIntegrity, RandomTensorsRoundTripAndSpaceIsReused) {
+  const StoreCase& c = GetParam();
+  ScratchDir dir;
+  std::vector<std::string> paths;
+  for (int i = 0; i < c.paths; ++i) paths.push_back(dir.Sub("nvme" + std::to_string(i)));
+  SwapStoreOptions o = SmallOptions(paths);
+  o.checksum = c.checksum;
+  o.aio.backend = c.backend;
+  o.aio.direct_io = c.direct;
+  auto store = SwapStore::Open(o);
+  if (!store.ok() && store.status().code() == StatusCode::kUnavailable) {
+    GTEST_SKIP() << store.status();
+  }
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ((*store)->file_paths().size(), static_cast<size_t>(c.paths));
+  for (const std::string& f : (*store)->file_paths()) {
+    struct stat st {};
+    ASSERT_EQ(stat(f.c_str(), &st), 0) << f;
+    EXPECT_GE(static_cast<uint64_t>(st.st_size), (*store)->file_bytes());
+  }
+  std::mt19937_64 rng(5);
+  struct Tensor {
+    SwapExtent extent;
+    std::vector<uint8_t> data;
+  };
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Tensor> tensors;
+    IoWaiter waiter;
+    for (int i = 0; i < 24; ++i) {
+      // Sizes from 1 byte to ~1 MiB, unaligned tails included.
+      const uint64_t size = 1 + rng() % (1 << 20);
+      auto e = (*store)->Allocate(size, "t" + std::to_string(i));
+      ASSERT_TRUE(e.ok()) << e.status();
+      tensors.push_back({*e, RandomBytes(size, rng())});
+    }
+    for (Tensor& t : tensors) {
+      waiter.Add();
+      (*store)->WriteAsync(t.extent, t.data.data(), waiter.Callback());
+    }
+    ASSERT_TRUE(waiter.Wait().ok());
+    for (Tensor& t : tensors) {
+      std::vector<uint8_t> back(t.data.size(), 0xEE);
+      Status s = (*store)->Read(t.extent, back.data());
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_EQ(back, t.data) << "tensor of " << t.data.size() << " bytes";
+    }
+    for (Tensor& t : tensors) ASSERT_TRUE((*store)->Free(t.extent).ok());
+    EXPECT_EQ((*store)->free_bytes(), (*store)->capacity_bytes());
+  }
+  const std::vector<std::string> files = (*store)->file_paths();
+  store->reset();
+  for (const std::string& f : files) EXPECT_FALSE(std::filesystem::exists(f)) << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SwapStoreIntegrity,
+    ::testing::Values(StoreCase{"one_path", 1, false, IoBackend::kIoUring, DirectIo::kOn},
+                      StoreCase{"three_paths_crc", 3, true, IoBackend::kIoUring, DirectIo::kOn},
+                      StoreCase{"two_paths_posix", 2, true, IoBackend::kPosix, DirectIo::kOn},
+                      StoreCase{"buffered", 2, false, IoBackend::kAuto, DirectIo::kOff}),
+    [](const ::testing::TestParamInfo<StoreCase>& info) { return info.param.label; });
+
+TEST(SwapStore, PageAlignedRegisteredBufferRoundTrip) {
+  ScratchDir dir;
+  SwapStoreOptions o = SmallOptions({dir.Sub("a"), dir.Sub("b")});
+  o.checksum = true;
+  auto store = SwapStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto buffer = HostBuffer::Allocate(8 << 20);
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE((*store)->RegisterBuffer(buffer->data(), buffer->size_bytes()).ok());
+  const auto data = RandomBytes(8 << 20, 3);
+  std::memcpy(buffer->data(), data.data(), data.size());
+  auto e = (*store)->Allocate(data.size(), "registered");
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*store)->Write(*e, buffer->data()).ok());
+  std::memset(buffer->data(), 0, data.size());
+  ASSERT_TRUE((*store)->Read(*e, buffer->data()).ok());
+  EXPECT_EQ(std::memcmp(buffer->data(), data.data(), data.size()), 0);
+}
+
+TEST(SwapStore, ReadBeforeWriteAndUnknownExtents) {
+  ScratchDir dir;
+  auto store = SwapStore::Open(SmallOptions({dir.path()}));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto e = (*store)->Allocate(100, "fresh");
+  ASSERT_TRUE(e.ok());
+  std::vector<uint8_t> buf(100);
+  Status s = (*store)->Read(*e, buf.data());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("'fresh'"));
+  EXPECT_THAT(s.message(), HasSubstr("never written"));
+  EXPECT_EQ((*store)->Read(SwapExtent{12345, 100}, buf.data()).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*store)->Free(*e).ok());
+  EXPECT_EQ((*store)->Free(*e).code(), StatusCode::kInvalidArgument);
+  auto big = (*store)->Allocate(1ull << 40, "huge");
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.status().message(), HasSubstr("'huge'"));
+}
+
+TEST(SwapStoreOpen, MissingPath) {
+  ScratchDir dir;
+  auto s = SwapStore::Open(SmallOptions({dir.path() + "/nope"}));
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr(dir.path() + "/nope does not exist"));
+}
+
+TEST(SwapStoreOpen, FileInsteadOfDirectory) {
+  ScratchDir dir;
+  const std::string file = dir.path() + "/plain";
+  std::ofstream(file) << "x";
+  auto s = SwapStore::Open(SmallOptions({file}));
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr(file + " is not a directory"));
+}
+
+TEST(SwapStoreOpen, ReadOnlyPath) {
+  ScratchDir dir;
+  // Root ignores permission bits, so a read-only mount is the honest test.
+  TmpfsMount ro(dir, "ro", "size=4m");
+  if (!ro.ok()) GTEST_SKIP() << "no read-only file system to test with: " << ro.why();
+  ASSERT_TRUE(ro.MakeReadOnly());
+  auto s = SwapStore::Open(SmallOptions({ro.path()}));
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr(ro.path()));
+  EXPECT_THAT(s.status().message(), HasSubstr("read-only"));
+}
+
+TEST(SwapStoreOpen, NotWritableForThisUser) {
+  if (geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+  ScratchDir dir;
+  const std::string p = dir.Sub("locked");
+  ASSERT_EQ(chmod(p.c_str(), 0500), 0);
+  auto s = SwapStore::Open(SmallOptions({p}));
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("not writable"));
+}
+
+TEST(SwapStoreOpen, TooLittleSpaceSaysNeededAndAvailable) {
+  ScratchDir dir;
+  SwapStoreOptions o = SmallOptions({dir.path()});
+  o.capacity_bytes = uint64_t{1} << 60;  // 1 EiB: more than any disk here
+  auto s = SwapStore::Open(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.status().message(), HasSubstr("needs 1024.00 PiB"));
+  EXPECT_THAT(s.status().message(), HasSubstr("free"));
+}
+
+TEST(SwapStoreOpen, TooLittleSpaceOnASmallFileSystem) {
+  ScratchDir dir;
+  TmpfsMount small(dir, "small", "size=8m");
+  if (!small.ok()) GTEST_SKIP() << "cannot mount a small file system: " << small.why();
+  SwapStoreOptions o = SmallOptions({small.path()});
+  o.capacity_bytes = 16 << 20;
+  auto s = SwapStore::Open(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("needs 16.00 MiB"));
+  EXPECT_THAT(s.status().message(), HasSubstr("it has 8.00 MiB free"));
+  o.capacity_bytes = 4 << 20;  // fits
+  auto ok = SwapStore::Open(o);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+TEST(SwapStoreOpen, BadQueueDepthBlockSizeAndPaths) {
+  ScratchDir dir;
+  SwapStoreOptions o = SmallOptions({dir.path()});
+  o.aio.queue_depth = 0;
+  auto s = SwapStore::Open(o);
+  EXPECT_THAT(s.status().message(), HasSubstr("aio.queue_depth must be in [1, 4096], got 0"));
+  o.aio.queue_depth = 1000000;
+  EXPECT_EQ(SwapStore::Open(o).status().code(), StatusCode::kInvalidArgument);
+  o.aio.queue_depth = 8;
+  o.aio.block_size = 0;
+  EXPECT_THAT(SwapStore::Open(o).status().message(), HasSubstr("aio.block_size"));
+  o.aio.block_size = uint64_t{1} << 40;
+  EXPECT_THAT(SwapStore::Open(o).status().message(), HasSubstr("aio.block_size"));
+  o = SmallOptions({dir.path(), dir.path()});
+  EXPECT_THAT(SwapStore::Open(o).status().message(), HasSubstr("listed twice"));
+  o = SmallOptions({});
+  EXPECT_EQ(SwapStore::Open(o).status().code(), StatusCode::kInvalidArgument);
+  o = SmallOptions({dir.path()});
+  o.capacity_bytes = 0;
+  EXPECT_THAT(SwapStore::Open(o).status().message(), HasSubstr("capacity_bytes"));
+  o = SmallOptions({dir.path()});
+  o.stripe_bytes = 1000;
+  EXPECT_THAT(SwapStore::Open(o).status().message(), HasSubstr("stripe_bytes"));
+}
+
+TEST(SwapStoreOpen, StripesEvenlyOverPaths) {
+  ScratchDir dir;
+  SwapStoreOptions o = SmallOptions({dir.Sub("a"), dir.Sub("b"), dir.Sub("c")});
+  o.capacity_bytes = 3 << 20;
+  auto store = SwapStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->file_bytes(), 1u << 20);
+  // One extent covering the whole space touches every file.
+  auto e = (*store)->Allocate(3 << 20, "all");
+  ASSERT_TRUE(e.ok());
+  const auto data = RandomBytes(3 << 20, 4);
+  ASSERT_TRUE((*store)->Write(*e, data.data()).ok());
+  for (const std::string& f : (*store)->file_paths()) {
+    std::ifstream in(f, std::ios::binary);
+    std::vector<char> head(4096);
+    in.read(head.data(), 4096);
+    EXPECT_NE(std::count(head.begin(), head.end(), 0), 4096) << f << " holds no data";
+  }
+}
+
+}  // namespace
+}  // namespace zinf

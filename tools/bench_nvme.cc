@@ -1,0 +1,396 @@
+// `zinf bench nvme`: sequential write then read of --size through SwapStore with O_DIRECT,
+// measured against fio (io_uring, direct=1, same size, block size and queue depth) run
+// interleaved in the same invocation: zinf, fio, zinf, fio, ... The disk's speed drifts by
+// tens of percent within minutes, so only interleaved runs are compared.
+//
+// Prints the configuration first, then the median MB/s (10^6 bytes) of each direction beside
+// fio's and the ratio. --json prints one JSON object; --sweep runs the grid of block sizes and
+// queue depths; --vs-fio-grid compares one configuration (the defaults unless flags say
+// otherwise) with fio's best over that grid.
+//
+// Single-threaded driver; the engine's threads do the I/O.
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+#include "core/units.h"
+#include "nvme/swap_store.h"
+#include "tools/commands.h"
+#include "zinf/host_memory.h"
+
+namespace zinf::tools {
+namespace {
+
+struct NvmeArgs {
+  std::vector<std::string> paths;
+  std::string size = "4GiB";
+  std::string block_size;  // empty: AioOptions default
+  int queue_depth = 0;     // 0: AioOptions default
+  int threads = 0;         // 0: AioOptions default
+  std::string backend = "io_uring";
+  int reps = 3;
+  bool json = false;
+  bool sweep = false;
+  bool vs_fio_grid = false;
+  bool no_fio = false;
+  bool checksum = false;
+};
+
+struct Config {
+  uint64_t size = 0;
+  uint64_t block = 0;
+  int qd = 0;
+  int threads = 1;
+};
+
+struct Pair {
+  double write_MBps = 0;
+  double read_MBps = 0;
+};
+
+// Grid of --sweep and --vs-fio-grid: {128 KiB, 1 MiB, 8 MiB} x {QD 8, 32}.
+const uint64_t kGridBlocks[] = {128 * kKiB, kMiB, 8 * kMiB};
+const int kGridDepths[] = {8, 32};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One zinf run: open a SwapStore of `size`, write it all, read it all, close (which deletes
+// the files). Memory: one staging buffer of up to 64 MiB that every extent is written from and
+// read into, as fio reuses its queue_depth buffers.
+StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
+  SwapStoreOptions o;
+  o.paths = args.paths;
+  o.capacity_bytes = c.size;
+  o.checksum = args.checksum;
+  o.aio.block_size = c.block;
+  o.aio.queue_depth = c.qd;
+  o.aio.thread_count = c.threads;
+  o.aio.direct_io = DirectIo::kOn;
+  o.aio.backend = args.backend == "posix"  ? IoBackend::kPosix
+                  : args.backend == "auto" ? IoBackend::kAuto
+                                           : IoBackend::kIoUring;
+  ZINF_ASSIGN_OR_RETURN(auto store, SwapStore::Open(o));
+  const uint64_t chunk = std::min<uint64_t>(AlignUp(c.size, kDirectIoAlignment), 64 * kMiB);
+  ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(chunk));
+  for (uint64_t i = 0; i < chunk / 8; ++i) buffer.as<uint64_t>()[i] = i * 0x9E3779B97F4A7C15ull;
+  Status reg = store->RegisterBuffer(buffer.data(), chunk);
+  if (!reg.ok()) log::Warn("registering the staging buffer: {}", reg.ToString());
+
+  std::vector<SwapExtent> extents;
+  for (uint64_t pos = 0; pos < c.size; pos += chunk) {
+    ZINF_ASSIGN_OR_RETURN(SwapExtent e,
+                          store->Allocate(std::min(chunk, c.size - pos), fmt::format("chunk{}", pos / chunk)));
+    extents.push_back(e);
+  }
+  IoWaiter waiter;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const SwapExtent& e : extents) {
+    waiter.Add();
+    store->WriteAsync(e, buffer.data(), waiter.Callback());
+  }
+  ZINF_RETURN_IF_ERROR(waiter.Wait());
+  const auto t1 = std::chrono::steady_clock::now();
+  for (const SwapExtent& e : extents) {
+    waiter.Add();
+    store->ReadAsync(e, buffer.data(), waiter.Callback());
+  }
+  ZINF_RETURN_IF_ERROR(waiter.Wait());
+  const auto t2 = std::chrono::steady_clock::now();
+  const double mb = static_cast<double>(c.size) / 1e6;
+  return Pair{mb / Seconds(t0, t1), mb / Seconds(t1, t2)};
+}
+
+std::string FindFio() {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string candidate = dirs.substr(start, end - start) + "/fio";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+std::string FioFile(const std::string& dir) { return dir + "/zinf-bench-fio.dat"; }
+
+// The fio command for one direction: one job per path, SIZE split evenly, aggregated.
+std::string FioCommand(const std::string& fio, const NvmeArgs& args, const Config& c,
+                       const char* rw) {
+  const uint64_t per_path = AlignUp(c.size / args.paths.size(), c.block);
+  std::string cmd = fmt::format(
+      "{} --ioengine=io_uring --direct=1 --rw={} --bs={} --iodepth={} --size={} "
+      "--group_reporting --output-format=json",
+      fio, rw, c.block, c.qd, per_path);
+  for (size_t i = 0; i < args.paths.size(); ++i) {
+    cmd += fmt::format(" --name=p{} --filename={}", i, FioFile(args.paths[i]));
+  }
+  return cmd;
+}
+
+StatusOr<double> RunFioOnce(const std::string& cmd, const char* rw) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return ErrnoStatus(errno, "starting fio");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int rc = pclose(pipe);
+  if (rc != 0) {
+    return IoError(fmt::format("fio failed (exit status {}): {}\n{}", rc, cmd,
+                               out.substr(0, 2000)));
+  }
+  // fio may print notes before the JSON object.
+  const size_t brace = out.find('{');
+  if (brace == std::string::npos) return IoError(fmt::format("fio printed no JSON: {}", out));
+  try {
+    auto j = nlohmann::json::parse(out.substr(brace));
+    const double bw = j.at("jobs").at(0).at(rw).at("bw_bytes").get<double>();
+    return bw / 1e6;
+  } catch (const std::exception& e) {
+    return IoError(fmt::format("parsing fio's JSON output: {}", e.what()));
+  }
+}
+
+StatusOr<Pair> RunFio(const std::string& fio, const NvmeArgs& args, const Config& c) {
+  Pair p;
+  ZINF_ASSIGN_OR_RETURN(p.write_MBps, RunFioOnce(FioCommand(fio, args, c, "write"), "write"));
+  ZINF_ASSIGN_OR_RETURN(p.read_MBps, RunFioOnce(FioCommand(fio, args, c, "read"), "read"));
+  for (const std::string& dir : args.paths) unlink(FioFile(dir).c_str());
+  return p;
+}
+
+struct Result {
+  Config config;
+  std::vector<Pair> zinf;
+  std::vector<Pair> fio;  // per repetition: same config, or the grid's best per direction
+  double zw = 0, zr = 0, fw = 0, fr = 0;
+
+  void Summarize() {
+    std::vector<double> a, b, c, d;
+    for (const Pair& p : zinf) a.push_back(p.write_MBps), b.push_back(p.read_MBps);
+    for (const Pair& p : fio) c.push_back(p.write_MBps), d.push_back(p.read_MBps);
+    zw = Median(a), zr = Median(b), fw = Median(c), fr = Median(d);
+  }
+};
+
+nlohmann::json RatioOrNull(double num, double den) {
+  return den > 0 ? nlohmann::json(num / den) : nlohmann::json(nullptr);
+}
+
+// Runs `c` reps times, interleaved with fio at the same configuration (or, with `grid`, with
+// fio over the whole grid, keeping its best per direction and repetition).
+StatusOr<Result> Measure(const NvmeArgs& args, const std::string& fio, const Config& c,
+                         bool grid) {
+  Result r;
+  r.config = c;
+  for (int rep = 0; rep < args.reps; ++rep) {
+    ZINF_ASSIGN_OR_RETURN(Pair z, RunZinf(args, c));
+    r.zinf.push_back(z);
+    if (!args.json) {
+      fmt::print(stderr, "  rep {}: zinf write {:.0f} read {:.0f} MB/s", rep + 1, z.write_MBps,
+                 z.read_MBps);
+    }
+    if (!fio.empty()) {
+      Pair best;
+      if (grid) {
+        for (uint64_t b : kGridBlocks) {
+          for (int q : kGridDepths) {
+            ZINF_ASSIGN_OR_RETURN(Pair f, RunFio(fio, args, Config{c.size, b, q, 1}));
+            best.write_MBps = std::max(best.write_MBps, f.write_MBps);
+            best.read_MBps = std::max(best.read_MBps, f.read_MBps);
+          }
+        }
+      } else {
+        ZINF_ASSIGN_OR_RETURN(best, RunFio(fio, args, c));
+      }
+      r.fio.push_back(best);
+      if (!args.json) {
+        fmt::print(stderr, " | fio{} write {:.0f} read {:.0f} MB/s", grid ? " (grid best)" : "",
+                   best.write_MBps, best.read_MBps);
+      }
+    }
+    if (!args.json) fmt::print(stderr, "\n");
+  }
+  r.Summarize();
+  return r;
+}
+
+Status RunBenchNvme(const NvmeArgs& args) {
+  AioOptions defaults;
+  ZINF_ASSIGN_OR_RETURN(uint64_t size, ParseBytes(args.size));
+  Config c;
+  c.size = size;
+  c.block = defaults.block_size;
+  if (!args.block_size.empty()) {
+    ZINF_ASSIGN_OR_RETURN(c.block, ParseBytes(args.block_size));
+  }
+  c.qd = args.queue_depth != 0 ? args.queue_depth : defaults.queue_depth;
+  c.threads = args.threads != 0 ? args.threads : defaults.thread_count;
+  if (size < c.block) {
+    return InvalidArgument(fmt::format("--size ({}) must be at least --block-size ({})",
+                                       FormatBytes(size), FormatBytes(c.block)));
+  }
+  if (args.reps < 1) return InvalidArgument(fmt::format("--reps must be >= 1, got {}", args.reps));
+  AioOptions check;
+  check.block_size = c.block;
+  check.queue_depth = c.qd;
+  check.thread_count = c.threads;
+  ZINF_RETURN_IF_ERROR(check.Validate());
+  for (const std::string& p : args.paths) {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return InvalidArgument(fmt::format("--path {} is not an existing directory", p));
+    }
+  }
+  const std::string fio = args.no_fio ? "" : FindFio();
+
+  nlohmann::json out;
+  out["benchmark"] = "nvme";
+  out["config"] = {{"paths", args.paths},       {"size_bytes", size},
+                   {"block_size", c.block},     {"queue_depth", c.qd},
+                   {"thread_count", c.threads}, {"backend", args.backend},
+                   {"direct_io", true},         {"checksum", args.checksum},
+                   {"repetitions", args.reps},  {"mode", args.sweep         ? "sweep"
+                                                          : args.vs_fio_grid ? "vs-fio-grid"
+                                                                             : "single"}};
+  out["fio"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(fio);
+  if (!args.json) {
+    fmt::print("zinf bench nvme: sequential write then read through SwapStore, O_DIRECT\n");
+    fmt::print("  paths {}  size {}  block {}  queue depth {}  rings {}  backend {}  checksum {}"
+               "  repetitions {}\n",
+               fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size),
+               FormatBytes(c.block), c.qd, c.threads, args.backend, args.checksum ? "on" : "off",
+               args.reps);
+    if (fio.empty()) {
+      fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
+    } else {
+      Config shown = c;
+      fmt::print("  limit: {} (interleaved with zinf's runs{})\n", FioCommand(fio, args, shown, "write|read"),
+                 args.vs_fio_grid ? "; best of bs {128K,1M,8M} x iodepth {8,32}" : "");
+    }
+  }
+
+  if (args.sweep) {
+    if (!args.json) {
+      fmt::print("\n{:>8} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}\n", "block", "qd",
+                 "zinf W", "fio W", "ratio", "zinf R", "fio R", "ratio");
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (uint64_t b : kGridBlocks) {
+      for (int q : kGridDepths) {
+        ZINF_ASSIGN_OR_RETURN(Result r, Measure(args, fio, Config{size, b, q, c.threads}, false));
+        rows.push_back({{"block_size", b},
+                        {"queue_depth", q},
+                        {"write_MBps", r.zw},
+                        {"read_MBps", r.zr},
+                        {"fio_write_MBps", r.fw},
+                        {"fio_read_MBps", r.fr},
+                        {"write_ratio", RatioOrNull(r.zw, r.fw)},
+                        {"read_ratio", RatioOrNull(r.zr, r.fr)}});
+        if (!args.json) {
+          fmt::print("{:>8} {:>4} | {:>9.0f} {:>9.0f} {:>6.3f} | {:>9.0f} {:>9.0f} {:>6.3f}\n",
+                     FormatBytes(b), q, r.zw, r.fw, r.fw > 0 ? r.zw / r.fw : 0.0, r.zr, r.fr,
+                     r.fr > 0 ? r.zr / r.fr : 0.0);
+          std::fflush(stdout);
+        }
+      }
+    }
+    out["sweep"] = rows;
+    if (args.json) fmt::print("{}\n", out.dump());
+    return OkStatus();
+  }
+
+  ZINF_ASSIGN_OR_RETURN(Result r, Measure(args, fio, c, args.vs_fio_grid));
+  out["write_MBps"] = r.zw;
+  out["read_MBps"] = r.zr;
+  out["fio_write_MBps"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.fw);
+  out["fio_read_MBps"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.fr);
+  out["write_ratio"] = RatioOrNull(r.zw, r.fw);
+  out["read_ratio"] = RatioOrNull(r.zr, r.fr);
+  nlohmann::json runs = nlohmann::json::array();
+  for (size_t i = 0; i < r.zinf.size(); ++i) {
+    nlohmann::json run = {{"write_MBps", r.zinf[i].write_MBps},
+                          {"read_MBps", r.zinf[i].read_MBps}};
+    if (i < r.fio.size()) {
+      run["fio_write_MBps"] = r.fio[i].write_MBps;
+      run["fio_read_MBps"] = r.fio[i].read_MBps;
+    }
+    runs.push_back(run);
+  }
+  out["runs"] = runs;
+  if (args.json) {
+    fmt::print("{}\n", out.dump());
+    return OkStatus();
+  }
+  const char* what = args.vs_fio_grid ? "fio best of grid" : "fio";
+  auto line = [&](const char* dir, double z, double f) {
+    if (f > 0) {
+      fmt::print("{:<5} zinf {:>7.0f} MB/s   {} {:>7.0f} MB/s   ratio {:.3f}\n", dir, z, what, f,
+                 z / f);
+    } else {
+      fmt::print("{:<5} zinf {:>7.0f} MB/s\n", dir, z);
+    }
+  };
+  fmt::print("median of {}:\n", args.reps);
+  line("write", r.zw, r.fw);
+  line("read", r.zr, r.fr);
+  return OkStatus();
+}
+
+}  // namespace
+
+void AddBenchNvmeCommand(CLI::App& bench) {
+  auto args = std::make_shared<NvmeArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "nvme", "Sequential write and read through SwapStore (O_DIRECT) against fio, interleaved");
+  cmd->add_option("--path", args->paths, "Directory for the swap files (repeat to stripe)")
+      ->required();
+  cmd->add_option("--size", args->size, "Bytes to write and read (e.g. 4GiB)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", args->block_size, "aio.block_size (default: zinf's)");
+  cmd->add_option("--queue-depth", args->queue_depth, "aio.queue_depth (default: zinf's)");
+  cmd->add_option("--threads", args->threads, "aio.thread_count: rings (default: zinf's)");
+  cmd->add_option("--backend", args->backend, "io_uring, posix or auto")
+      ->check(CLI::IsMember({"io_uring", "posix", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_flag("--sweep", args->sweep, "Grid of block sizes {128K,1M,8M} x queue depths {8,32}");
+  cmd->add_flag("--vs-fio-grid", args->vs_fio_grid,
+                "Compare with fio's best over the sweep grid instead of fio at the same settings");
+  cmd->add_flag("--no-fio", args->no_fio, "Do not run fio");
+  cmd->add_flag("--checksum", args->checksum, "CRC32C on write, verified on read");
+  cmd->callback([args] {
+    Status s = RunBenchNvme(*args);
+    if (!s.ok()) {
+      fmt::print(stderr, "zinf bench nvme: {}\n", s.ToString());
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace zinf::tools
