@@ -1,0 +1,503 @@
+// PipelinedOptimizer: see offload/pipelined_optimizer.h and Note [Pipelined step].
+#include "offload/pipelined_optimizer.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/log.h"
+#include "core/units.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Where the arrays of one chunk sit in a buffer (a staging buffer or a host state block):
+// [params | state0 | state1 | grads], each region 4 KiB aligned so that the state regions form
+// one extent and the gradients another.
+struct ChunkLayout {
+  uint64_t param_bytes = 0;  // one fp32 array, aligned
+  uint64_t state_bytes = 0;  // params and state arrays: what is written back
+  uint64_t grad_bytes = 0;   // aligned
+  uint64_t copy_bytes = 0;   // aligned parameter copy (0 when there is none)
+
+  ChunkLayout(size_t count, int state_count, ElementType grad_type, bool copy,
+              ElementType copy_type) {
+    param_bytes = AlignUp(count * 4, 4096);
+    state_bytes = param_bytes * (1 + state_count);
+    grad_bytes = AlignUp(count * ElementSize(grad_type), 4096);
+    copy_bytes = copy ? AlignUp(count * ElementSize(copy_type), 4096) : 0;
+  }
+  uint64_t data_bytes() const { return state_bytes + grad_bytes; }
+};
+
+}  // namespace
+
+struct PipelinedOptimizer::Slot {
+  PoolBlock block;
+  IoWaiter reads;
+  IoWaiter writes;
+  std::unique_ptr<Event> copy_done;
+  bool copy_pending = false;
+  char* base() const { return block.as<char>(); }
+};
+
+struct PipelinedOptimizer::Shard {
+  struct Chunk {
+    size_t offset = 0;
+    size_t count = 0;
+    bool on_nvme = false;
+    SwapExtent state;  // on_nvme
+    SwapExtent grads;  // on_nvme
+    SwapExtent copy;   // ParamCopyTier::kNvme
+    PoolBlock host;    // !on_nvme
+  };
+  ShardSpec spec;
+  int state_count = 2;
+  std::vector<Chunk> chunks;
+
+  ChunkLayout Layout(const Chunk& chunk) const {
+    return ChunkLayout(chunk.count, state_count, spec.grad_type,
+                       spec.param_copy_tier != ParamCopyTier::kNone, spec.param_copy_type);
+  }
+  ChunkView View(const Chunk& chunk, char* base) const {
+    ChunkLayout layout = Layout(chunk);
+    ChunkView view;
+    view.offset = chunk.offset;
+    view.count = chunk.count;
+    view.params = reinterpret_cast<float*>(base);
+    view.state0 = reinterpret_cast<float*>(base + layout.param_bytes);
+    view.state1 = state_count == 2 ? reinterpret_cast<float*>(base + 2 * layout.param_bytes) : nullptr;
+    view.grads = base + layout.state_bytes;
+    view.grad_type = spec.grad_type;
+    return view;
+  }
+  std::string ChunkName(size_t index) const {
+    return fmt::format("chunk {} (elements {}..{}) of shard '{}'", index, chunks[index].offset,
+                       chunks[index].offset + chunks[index].count, spec.name);
+  }
+};
+
+Status PipelinedOptimizerOptions::Validate() const {
+  if (num_buffers < 3 || num_buffers > 64) {
+    return InvalidArgument(fmt::format("num_buffers must be in [3, 64], got {}", num_buffers));
+  }
+  if (chunk_elements < kMinChunkElements || chunk_elements % kChunkAlignElements != 0) {
+    return InvalidArgument(fmt::format(
+        "chunk_elements must be a multiple of {} and at least {}, got {}", kChunkAlignElements,
+        kMinChunkElements, chunk_elements));
+  }
+  if (!(nvme_ratio >= 0.0 && nvme_ratio <= 1.0)) {
+    return InvalidArgument(fmt::format("nvme_ratio (offload_optimizer.ratio) must be in [0, 1], got {}",
+                                       nvme_ratio));
+  }
+  const uint64_t minimum = num_buffers * kMinChunkElements * kStagingBytesPerElement;
+  if (host_budget_bytes < minimum) {
+    return InvalidArgument(fmt::format(
+        "host_budget_bytes {} ({}) is too small for the pipelined optimizer step: it needs at "
+        "least {} ({}): {} staging buffers of one chunk of {} elements at {} bytes each",
+        host_budget_bytes, FormatBytes(host_budget_bytes), minimum, FormatBytes(minimum),
+        num_buffers, kMinChunkElements, kStagingBytesPerElement));
+  }
+  return OkStatus();
+}
+
+PipelinedOptimizer::PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
+                                       const PipelinedOptimizerOptions& options)
+    : optimizer_(optimizer), swap_(swap), options_(options) {}
+
+StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
+    CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options) {
+  if (optimizer == nullptr) return InvalidArgument("pipelined optimizer: optimizer is null");
+  ZINF_RETURN_IF_ERROR_CTX(options.Validate(), "pipelined optimizer options");
+  if (options.nvme_ratio > 0 && swap == nullptr) {
+    return InvalidArgument(fmt::format(
+        "pipelined optimizer: nvme_ratio is {} but no swap store was given", options.nvme_ratio));
+  }
+  std::unique_ptr<PipelinedOptimizer> self(new PipelinedOptimizer(optimizer, swap, options));
+  const uint64_t k = options.num_buffers;
+  uint64_t fit = options.host_budget_bytes / (k * PipelinedOptimizerOptions::kStagingBytesPerElement);
+  fit -= fit % PipelinedOptimizerOptions::kChunkAlignElements;
+  self->chunk_elements_ = std::min<uint64_t>(options.chunk_elements, fit);
+  const uint64_t slot_bytes =
+      self->chunk_elements_ * PipelinedOptimizerOptions::kStagingBytesPerElement;
+
+  PinnedPoolOptions staging;
+  staging.name = "pipelined step staging";
+  staging.budget_bytes = k * slot_bytes;
+  staging.preallocate = true;
+  staging.pinned = options.pinned;
+  staging.numa_node = options.numa_node;
+  ZINF_ASSIGN_OR_RETURN(self->staging_, MemoryPool::CreatePinned(staging));
+  PinnedPoolOptions state;
+  state.name = "host optimizer state";
+  state.budget_bytes = options.host_state_budget_bytes != 0 ? options.host_state_budget_bytes
+                                                            : (uint64_t{1} << 62);
+  state.arena_bytes = std::min<uint64_t>(state.budget_bytes, 1ull << 30);
+  state.pinned = options.pinned;
+  state.numa_node = options.numa_node;
+  ZINF_ASSIGN_OR_RETURN(self->host_state_, MemoryPool::CreatePinned(state));
+
+  for (uint64_t i = 0; i < k; ++i) {
+    auto slot = std::make_unique<Slot>();
+    ZINF_ASSIGN_OR_RETURN(slot->block, self->staging_->Allocate(slot_bytes));
+    if (swap != nullptr) {
+      Status registered = swap->RegisterBuffer(slot->block.data(), slot_bytes);
+      if (!registered.ok()) {
+        log::Debug("pipelined step: staging buffer not registered for fixed I/O: {}", registered);
+      }
+    }
+    if (options.device != nullptr) {
+      ZINF_ASSIGN_OR_RETURN(slot->copy_done, options.device->CreateEvent());
+    }
+    self->slots_.push_back(std::move(slot));
+  }
+  if (options.device != nullptr) {
+    ZINF_ASSIGN_OR_RETURN(self->copy_stream_, options.device->CreateStream());
+  }
+  return self;
+}
+
+PipelinedOptimizer::~PipelinedOptimizer() {
+  for (auto& slot : slots_) {
+    slot->reads.Wait().IgnoreError();
+    slot->writes.Wait().IgnoreError();
+  }
+  if (copy_stream_ != nullptr) copy_stream_->Synchronize().IgnoreError();
+  for (size_t id = 0; id < shards_.size(); ++id) {
+    if (shards_[id] != nullptr) {
+      Status status = RemoveShard(static_cast<int>(id));
+      if (!status.ok()) log::Warn("pipelined optimizer: {}", status);
+    }
+  }
+}
+
+size_t PipelinedOptimizer::num_shards() const {
+  return std::count_if(shards_.begin(), shards_.end(), [](const auto& s) { return s != nullptr; });
+}
+
+StatusOr<PipelinedOptimizer::Shard*> PipelinedOptimizer::Find(int shard) {
+  if (shard < 0 || static_cast<size_t>(shard) >= shards_.size() || shards_[shard] == nullptr) {
+    return InvalidArgument(fmt::format("pipelined optimizer: no shard with id {}", shard));
+  }
+  return shards_[shard].get();
+}
+
+StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVisitor& init) {
+  const std::string what = fmt::format("adding shard '{}'", spec.name);
+  if (spec.count == 0) return InvalidArgument(what + ": count must be > 0");
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState group, optimizer_->group(spec.group));
+  if (spec.param_copy_type == ElementType::kFp32 && spec.param_copy_tier != ParamCopyTier::kNone) {
+    return InvalidArgument(what + ": param_copy_type must be bf16 or fp16, got fp32");
+  }
+  if ((spec.param_copy_tier == ParamCopyTier::kHost ||
+       spec.param_copy_tier == ParamCopyTier::kDevice) &&
+      spec.param_copy == nullptr) {
+    return InvalidArgument(what + ": param_copy is null but the parameter tier is host or device");
+  }
+  if (spec.param_copy_tier == ParamCopyTier::kDevice && copy_stream_ == nullptr) {
+    return InvalidArgument(what + ": the parameter tier is a device but the options name none");
+  }
+  if (spec.param_copy_tier == ParamCopyTier::kNvme && swap_ == nullptr) {
+    return InvalidArgument(what + ": the parameter tier is NVMe but there is no swap store");
+  }
+
+  auto shard = std::make_unique<Shard>();
+  shard->spec = spec;
+  shard->state_count = group.hyper_params.state_count();
+  const double ratio = options_.nvme_ratio;
+  for (size_t offset = 0, c = 0; offset < spec.count; offset += chunk_elements_, ++c) {
+    Shard::Chunk chunk;
+    chunk.offset = offset;
+    chunk.count = std::min<size_t>(chunk_elements_, spec.count - offset);
+    // Interleave the NVMe and host chunks (See Note [Pipelined step]).
+    chunk.on_nvme = std::floor((c + 1) * ratio) > std::floor(c * ratio);
+    shard->chunks.push_back(std::move(chunk));
+  }
+
+  // On any error below, the Shard's destructor path (RemoveShard) frees what was allocated.
+  shards_.push_back(std::move(shard));
+  const int id = static_cast<int>(shards_.size() - 1);
+  Shard& s = *shards_.back();
+  auto fail = [&](Status status) {
+    RemoveShard(id).IgnoreError();
+    shards_.pop_back();
+    return std::move(status).WithContext(what);
+  };
+  Slot& slot = *slots_[0];
+  for (size_t c = 0; c < s.chunks.size(); ++c) {
+    Shard::Chunk& chunk = s.chunks[c];
+    ChunkLayout layout = s.Layout(chunk);
+    char* base = nullptr;
+    if (chunk.on_nvme) {
+      StatusOr<SwapExtent> e = swap_->Allocate(layout.state_bytes, fmt::format("{} chunk {} state", spec.name, c));
+      if (!e.ok()) return fail(std::move(e).status());
+      chunk.state = *e;
+      e = swap_->Allocate(layout.grad_bytes, fmt::format("{} chunk {} grads", spec.name, c));
+      if (!e.ok()) return fail(std::move(e).status());
+      chunk.grads = *e;
+      base = slot.base();
+    } else {
+      StatusOr<PoolBlock> block = host_state_->Allocate(layout.data_bytes());
+      if (!block.ok()) return fail(std::move(block).status());
+      chunk.host = std::move(*block);
+      base = chunk.host.as<char>();
+    }
+    if (spec.param_copy_tier == ParamCopyTier::kNvme) {
+      StatusOr<SwapExtent> e =
+          swap_->Allocate(layout.copy_bytes, fmt::format("{} chunk {} param copy", spec.name, c));
+      if (!e.ok()) return fail(std::move(e).status());
+      chunk.copy = *e;
+    }
+    std::memset(base, 0, layout.data_bytes());
+    ChunkView view = s.View(chunk, base);
+    OptimizerSpan span;
+    span.params = view.params;
+    span.state0 = view.state0;
+    span.state1 = view.state1;
+    span.count = chunk.count;
+    Status status = optimizer_->InitState(spec.group, span);
+    if (status.ok() && init) status = init(view);
+    if (status.ok() && chunk.on_nvme) status = swap_->Write(chunk.state, base);
+    if (status.ok() && chunk.on_nvme) status = swap_->Write(chunk.grads, base + layout.state_bytes);
+    if (!status.ok()) return fail(std::move(status).WithContext(s.ChunkName(c)));
+  }
+  return id;
+}
+
+Status PipelinedOptimizer::RemoveShard(int id) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  Status first;
+  for (Shard::Chunk& chunk : shard->chunks) {
+    for (SwapExtent* e : {&chunk.state, &chunk.grads, &chunk.copy}) {
+      if (e->valid()) {
+        Status status = swap_->Free(*e);
+        if (first.ok() && !status.ok()) first = status;
+        *e = SwapExtent();
+      }
+    }
+    chunk.host.Reset();
+  }
+  shards_[id].reset();
+  return first;
+}
+
+Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_back) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  Slot& slot = *slots_[0];
+  for (size_t c = 0; c < shard->chunks.size(); ++c) {
+    Shard::Chunk& chunk = shard->chunks[c];
+    ChunkLayout layout = shard->Layout(chunk);
+    char* base = chunk.on_nvme ? slot.base() : chunk.host.as<char>();
+    Status status;
+    if (chunk.on_nvme) {
+      status = swap_->Read(chunk.state, base);
+      if (status.ok()) status = swap_->Read(chunk.grads, base + layout.state_bytes);
+    }
+    if (status.ok()) status = visit(shard->View(chunk, base));
+    if (status.ok() && write_back && chunk.on_nvme) {
+      status = swap_->Write(chunk.state, base);
+      if (status.ok()) status = swap_->Write(chunk.grads, base + layout.state_bytes);
+    }
+    if (!status.ok()) {
+      return std::move(status).WithContext(
+          fmt::format("visiting {}", shard->ChunkName(c)));
+    }
+  }
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  if (shard->spec.param_copy_tier != ParamCopyTier::kNvme) {
+    return FailedPrecondition(fmt::format("shard '{}' has no NVMe parameter copy", shard->spec.name));
+  }
+  if (out == nullptr) return InvalidArgument("ReadParamCopy: out is null");
+  const size_t elem = ElementSize(shard->spec.param_copy_type);
+  char* staging = slots_[0]->base();
+  for (size_t c = 0; c < shard->chunks.size(); ++c) {
+    const Shard::Chunk& chunk = shard->chunks[c];
+    ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.copy, staging),
+                             fmt::format("reading the parameter copy of {}", shard->ChunkName(c)));
+    std::memcpy(static_cast<char*>(out) + chunk.offset * elem, staging, chunk.count * elem);
+  }
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, StepMode mode) {
+  const Clock::time_point start = Clock::now();
+  stats_ = PipelinedStepStats();
+  std::vector<Shard*> shards;
+  if (ids.empty()) {
+    for (auto& s : shards_) {
+      if (s != nullptr) shards.push_back(s.get());
+    }
+  } else {
+    for (int id : ids) {
+      ZINF_ASSIGN_OR_RETURN(Shard * s, Find(id));
+      shards.push_back(s);
+    }
+  }
+  std::set<int> groups;
+  for (Shard* s : shards) groups.insert(s->spec.group);
+  // Benchmark modes apply the group's current step (at least 1) without advancing it.
+  std::map<int, ParamGroupState> bench_groups;
+  for (int g : groups) {
+    if (mode == StepMode::kFull) {
+      ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(g).status());
+    } else {
+      ZINF_ASSIGN_OR_RETURN(bench_groups[g], optimizer_->group(g));
+    }
+  }
+  struct Item {
+    Shard* shard;
+    size_t chunk;
+  };
+  std::vector<Item> items;
+  for (Shard* s : shards) {
+    for (size_t c = 0; c < s->chunks.size(); ++c) items.push_back({s, c});
+  }
+  const size_t n = items.size();
+  const size_t k = slots_.size();
+  const bool do_io = mode != StepMode::kComputeOnly;
+  const bool do_update = mode != StepMode::kIoOnly;
+  // Copy region of a staging buffer: after the widest chunk's data (kStagingBytesPerElement).
+  const uint64_t copy_offset = chunk_elements_ * (PipelinedOptimizerOptions::kStagingBytesPerElement - 2);
+
+  auto wait_slot = [&](Slot& slot) -> Status {
+    Status status = slot.writes.Wait();
+    if (slot.copy_pending) {
+      Status copied = slot.copy_done->Synchronize();
+      slot.copy_pending = false;
+      if (status.ok()) status = copied;
+    }
+    return status;
+  };
+  // Makes slot j % k ready for item j: its previous writes done, then the reads started.
+  auto issue_read = [&](size_t j) -> Status {
+    Slot& slot = *slots_[j % k];
+    const Clock::time_point t = Clock::now();
+    Status status = wait_slot(slot);
+    stats_.wait_seconds += SecondsSince(t);
+    ZINF_RETURN_IF_ERROR(status);
+    const Item& item = items[j];
+    const Shard::Chunk& chunk = item.shard->chunks[item.chunk];
+    if (chunk.on_nvme && do_io) {
+      ChunkLayout layout = item.shard->Layout(chunk);
+      slot.reads.Add(2);
+      swap_->ReadAsync(chunk.state, slot.base(), slot.reads.Callback());
+      swap_->ReadAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
+      stats_.bytes_read += layout.data_bytes();
+    }
+    return OkStatus();
+  };
+
+  Status failure;
+  size_t failed_item = 0;
+  for (size_t j = 0; j < std::min(n, k - 1) && failure.ok(); ++j) {
+    failure = issue_read(j);
+    failed_item = j;
+  }
+  for (size_t i = 0; i < n && failure.ok(); ++i) {
+    failed_item = i;
+    Slot& slot = *slots_[i % k];
+    const Item& item = items[i];
+    Shard& shard = *item.shard;
+    const Shard::Chunk& chunk = shard.chunks[item.chunk];
+    const ChunkLayout layout = shard.Layout(chunk);
+    {
+      const Clock::time_point t = Clock::now();
+      failure = slot.reads.Wait();
+      stats_.wait_seconds += SecondsSince(t);
+      if (!failure.ok()) break;
+    }
+    char* base = chunk.on_nvme ? slot.base() : chunk.host.as<char>();
+    ChunkView view = shard.View(chunk, base);
+    const ShardSpec& spec = shard.spec;
+    const size_t copy_elem = ElementSize(spec.param_copy_type);
+    char* copy = nullptr;
+    if (spec.param_copy_tier == ParamCopyTier::kHost) {
+      copy = static_cast<char*>(spec.param_copy) + chunk.offset * copy_elem;
+    } else if (spec.param_copy_tier != ParamCopyTier::kNone) {
+      copy = slot.base() + copy_offset;
+    }
+    if (do_update) {
+      OptimizerSpan span;
+      span.params = view.params;
+      span.grads = view.grads;
+      span.grad_type = view.grad_type;
+      span.state0 = view.state0;
+      span.state1 = view.state1;
+      span.param_copy = copy;
+      span.param_copy_type = spec.param_copy_type;
+      span.count = chunk.count;
+      const Clock::time_point t = Clock::now();
+      if (mode == StepMode::kFull) {
+        failure = optimizer_->Update(spec.group, span, grad_scale);
+      } else {
+        const ParamGroupState& g = bench_groups[spec.group];
+        failure = optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, span);
+      }
+      stats_.compute_seconds += SecondsSince(t);
+      if (!failure.ok()) break;
+    }
+    if (do_io) {
+      if (chunk.on_nvme) {
+        slot.writes.Add(1);
+        swap_->WriteAsync(chunk.state, base, slot.writes.Callback());
+        stats_.bytes_written += layout.state_bytes;
+      }
+      if (spec.param_copy_tier == ParamCopyTier::kNvme) {
+        slot.writes.Add(1);
+        swap_->WriteAsync(chunk.copy, copy, slot.writes.Callback());
+        stats_.bytes_written += layout.copy_bytes;
+      } else if (spec.param_copy_tier == ParamCopyTier::kDevice) {
+        failure = copy_stream_->Copy(static_cast<char*>(spec.param_copy) + chunk.offset * copy_elem,
+                                     copy, chunk.count * copy_elem, CopyKind::kHostToDevice);
+        if (failure.ok()) failure = copy_stream_->Record(*slot.copy_done);
+        slot.copy_pending = failure.ok();
+        if (!failure.ok()) break;
+      }
+    }
+    ++stats_.chunks;
+    if (i + k - 1 < n) {
+      failure = issue_read(i + k - 1);
+      if (!failure.ok()) failed_item = i + k - 1;
+    }
+  }
+  // Drain everything, also after a failure: the staging buffers must not be reused while I/O
+  // still targets them.
+  {
+    const Clock::time_point t = Clock::now();
+    for (auto& slot : slots_) {
+      Status r = slot->reads.Wait();
+      Status w = wait_slot(*slot);
+      if (failure.ok() && !r.ok()) failure = r;
+      if (failure.ok() && !w.ok()) failure = w;
+    }
+    if (copy_stream_ != nullptr) {
+      Status s = copy_stream_->Synchronize();
+      if (failure.ok()) failure = s;
+    }
+    stats_.wait_seconds += SecondsSince(t);
+  }
+  stats_.seconds = SecondsSince(start);
+  if (!failure.ok()) {
+    const Item& item = items[std::min(failed_item, n - 1)];
+    return std::move(failure).WithContext(
+        fmt::format("pipelined optimizer step at {}", item.shard->ChunkName(item.chunk)));
+  }
+  return OkStatus();
+}
+
+}  // namespace zinf

@@ -1,0 +1,202 @@
+// PipelinedOptimizer: the optimizer step over shards whose fp32 parameters, optimizer state and
+// gradients live on NVMe, in pinned host memory, or split between the two.
+//
+// Each shard is cut into chunks. A chunk's home is either NVMe (two SwapStore extents: the
+// fp32 parameters with the state arrays, and the gradients) or a block of the host state pool.
+// Step() streams the chunks through a fixed set of staging buffers:
+//
+//     read chunk i+1  ||  CpuOptimizer::Update(chunk i)  ||  write chunk i-1
+//
+// so that the disk and the CPU are busy at the same time, and the host memory the step uses
+// is num_buffers staging buffers whatever the model size (See Note [Pipelined step]). The
+// update also writes the compute-precision (bf16/fp16) parameter copy, which goes to the
+// shard's parameter tier: a host pointer, a device pointer (through a copy stream of the
+// Device), or the shard's own NVMe extents.
+//
+// Stepping in chunks is bitwise identical to CpuOptimizer::Step over the whole shard in memory
+// (the update is element-wise), which the tests check.
+//
+// Thread-safety: not thread-safe; one thread drives a PipelinedOptimizer. CpuOptimizer groups
+// must not be changed while Step() runs.
+#ifndef ZINF_OFFLOAD_PIPELINED_OPTIMIZER_H_
+#define ZINF_OFFLOAD_PIPELINED_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nvme/swap_store.h"
+#include "offload/device.h"
+#include "offload/memory_pool.h"
+#include "zinf/cpu_optimizer.h"
+#include "zinf/status.h"
+
+namespace zinf {
+
+// Note [Pipelined step]
+// With K staging buffers the step keeps up to K-1 chunk reads ahead of the update and one
+// chunk write behind it: while chunk i is updated, chunks i+1..i+K-2 are being read and chunk
+// i-1 written. The read of chunk i+K-1 goes into the buffer of chunk i-1, whose write was
+// issued before the update of chunk i started, so on a balanced pipeline the driving thread
+// never waits for a write; it waits only when the disk is the bottleneck, and the disk then
+// still has the queued reads and the latest write to work on.
+// The I/O runs on io_uring (no CPU thread per request), so the optimizer keeps every core.
+// Chunks are large (128 MiB of state by default) so that the per-chunk costs — a system call
+// per block, a wait, the optimizer's thread fork and join — vanish against the transfer.
+// Host-resident chunks take part in the same rotation: they need no read or write, so their
+// update overlaps the I/O of NVMe-resident neighbours (the split given by nvme_ratio is
+// interleaved over the chunks for that reason).
+
+// Where the compute-precision parameter copy of a shard goes.
+enum class ParamCopyTier {
+  kNone,    // not written
+  kHost,    // ShardSpec::param_copy is a host pointer to `count` elements
+  kDevice,  // ShardSpec::param_copy is device memory of PipelinedOptimizerOptions::device
+  kNvme,    // extents owned by the shard; ReadParamCopy reads them back
+};
+
+struct PipelinedOptimizerOptions {
+  // Bytes of host memory for the staging buffers (DeepSpeed: the pinned buffers of
+  // offload_optimizer's swapper). The chunk size shrinks to fit; a budget that cannot hold
+  // num_buffers chunks of kMinChunkElements is InvalidArgument naming the minimum.
+  uint64_t host_budget_bytes = 2ull << 30;
+  // Staging buffers, >= 3: read ahead, update, write behind. More buffers absorb jitter.
+  int num_buffers = 4;
+  // Elements per chunk, a multiple of kChunkAlignElements. 8M elements = 128 MiB of fp32
+  // parameters, two state arrays and fp32 gradients.
+  uint64_t chunk_elements = 8ull << 20;
+  // Fraction of each shard's chunks whose home is NVMe; the rest live in the host state pool.
+  // DeepSpeed: offload_optimizer.ratio. In [0, 1]; > 0 needs a SwapStore.
+  double nvme_ratio = 1.0;
+  // Budget of the host state pool (host-resident chunks); 0 means unlimited.
+  uint64_t host_state_budget_bytes = 0;
+  // Page-lock the staging buffers and the host state (pinned memory DMAs at full speed; the
+  // staging buffers are also registered with the I/O engine).
+  bool pinned = true;
+  int numa_node = -1;
+  // For ParamCopyTier::kDevice: the device the copies go to (not owned).
+  Device* device = nullptr;
+
+  static constexpr uint64_t kChunkAlignElements = 2048;  // keeps bf16 regions 4 KiB aligned
+  static constexpr uint64_t kMinChunkElements = 64 * 1024;
+  // Staging bytes per element of a chunk: fp32 params, two state arrays, fp32 gradients, and a
+  // 16-bit parameter copy (the widest shard the step accepts).
+  static constexpr uint64_t kStagingBytesPerElement = 4 + 8 + 4 + 2;
+
+  [[nodiscard]] Status Validate() const;
+};
+
+// A shard to step: `count` elements of parameter group `group` of the CpuOptimizer.
+struct ShardSpec {
+  std::string name;  // appears in errors
+  int group = 0;
+  size_t count = 0;
+  ElementType grad_type = ElementType::kFp32;
+  ParamCopyTier param_copy_tier = ParamCopyTier::kNone;
+  ElementType param_copy_type = ElementType::kBf16;  // kBf16 or kFp16
+  void* param_copy = nullptr;  // kHost, kDevice: `count` elements; must outlive the shard
+};
+
+// One chunk of a shard as the visitor functions see it: the arrays are in host memory.
+struct ChunkView {
+  size_t offset = 0;  // first element of the chunk within the shard
+  size_t count = 0;
+  float* params = nullptr;
+  float* state0 = nullptr;
+  float* state1 = nullptr;  // null for single-state optimizers
+  void* grads = nullptr;
+  ElementType grad_type = ElementType::kFp32;
+};
+using ChunkVisitor = std::function<Status(const ChunkView& chunk)>;
+
+enum class StepMode {
+  kFull,         // the optimizer step
+  // Benchmark modes, to measure the two halves of the pipeline in the same run. kIoOnly does
+  // every read and write but no update (the state is written back unchanged). kComputeOnly
+  // runs the updates on whatever the staging buffers hold, with no I/O; it does not advance
+  // the step count, and leaves host-resident chunks updated once more: the shards' values
+  // after it are not a training state.
+  kIoOnly,
+  kComputeOnly,
+};
+
+struct PipelinedStepStats {
+  double seconds = 0;          // wall time of the step
+  double compute_seconds = 0;  // in CpuOptimizer::Update
+  double wait_seconds = 0;     // the driving thread waiting for I/O or a staging buffer
+  uint64_t bytes_read = 0;     // from NVMe
+  uint64_t bytes_written = 0;  // to NVMe
+  uint64_t chunks = 0;
+};
+
+class PipelinedOptimizer {
+  struct Shard;
+
+ public:
+  // `optimizer` must outlive this object; `swap` (not owned) may be null when nvme_ratio is 0.
+  // Errors: InvalidArgument for bad options (the host budget message names the minimum);
+  // ResourceExhausted / pinning errors from the staging pool.
+  static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
+      CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options);
+  // Waits for any outstanding I/O; frees the shards' extents and host blocks.
+  ~PipelinedOptimizer();
+  PipelinedOptimizer(const PipelinedOptimizer&) = delete;
+  PipelinedOptimizer& operator=(const PipelinedOptimizer&) = delete;
+
+  // Adds a shard: parameters and gradients zero, state as CpuOptimizer::InitState makes it;
+  // then `init` (optional) is called once per chunk, in order, to fill parameters, gradients
+  // or state, and the chunk is stored in its home tier. Returns the shard's id.
+  // Errors: InvalidArgument (bad spec), ResourceExhausted (swap space or host state budget),
+  // errors from `init` and from the swap store, with the shard and chunk named.
+  StatusOr<int> AddShard(const ShardSpec& spec, const ChunkVisitor& init = nullptr);
+  // Frees the shard's extents and blocks. InvalidArgument for an unknown id.
+  Status RemoveShard(int shard);
+
+  // Calls `visit` for each chunk of the shard in order, with its current values. With
+  // `write_back`, what the visitor changed is stored back (how the engine deposits gradients
+  // and how checkpoints are loaded); without, the chunk is only read.
+  Status Visit(int shard, const ChunkVisitor& visit, bool write_back);
+
+  // The step over the given shards (all shards when empty): BeginStep once for each group
+  // involved, then every chunk through the pipeline; the parameter copies are in their tier
+  // when it returns (device copies synchronized). `grad_scale` as in CpuOptimizer::Update.
+  // An I/O error stops the step after the outstanding I/O has drained and is returned with
+  // the shard and chunk named; the swap store keeps a failed write as its sticky error.
+  Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
+              StepMode mode = StepMode::kFull);
+
+  // Reads a kNvme parameter copy into `out` (count elements of param_copy_type).
+  Status ReadParamCopy(int shard, void* out);
+
+  const PipelinedStepStats& last_step_stats() const { return stats_; }
+  uint64_t chunk_elements() const { return chunk_elements_; }
+  int num_buffers() const { return static_cast<int>(slots_.size()); }
+  // The staging pool (peak = the host memory the pipeline used) and the host state pool.
+  const MemoryPool& staging_pool() const { return *staging_; }
+  const MemoryPool& host_state_pool() const { return *host_state_; }
+  size_t num_shards() const;
+
+ private:
+  struct Slot;
+  PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
+                     const PipelinedOptimizerOptions& options);
+  StatusOr<Shard*> Find(int shard);
+
+  CpuOptimizer* optimizer_;
+  SwapStore* swap_;
+  PipelinedOptimizerOptions options_;
+  uint64_t chunk_elements_ = 0;
+  std::unique_ptr<MemoryPool> staging_;
+  std::unique_ptr<MemoryPool> host_state_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<Stream> copy_stream_;  // kDevice parameter copies
+  std::vector<std::unique_ptr<Shard>> shards_;  // by id; null once removed
+  PipelinedStepStats stats_;
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_OFFLOAD_PIPELINED_OPTIMIZER_H_

@@ -1,0 +1,361 @@
+// PipelinedOptimizer: bitwise equality with the in-memory CpuOptimizer::Step over several steps
+// (state on NVMe, in host memory, and split by nvme_ratio; every parameter tier), the budget
+// checks, and NVMe errors surfacing with the shard and chunk named.
+#include "offload/pipelined_optimizer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "core/units.h"
+#include "nvme/faulty_engine.h"
+#include "tests/nvme/nvme_test_util.h"
+
+namespace zinf {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::ScratchDir;
+
+constexpr uint64_t kChunk = PipelinedOptimizerOptions::kMinChunkElements;
+
+SwapStoreOptions StoreOptions(const std::string& path) {
+  SwapStoreOptions o;
+  o.paths = {path};
+  o.capacity_bytes = 64 << 20;
+  o.checksum = true;
+  o.aio.block_size = 256 * 1024;
+  return o;
+}
+
+PipelinedOptimizerOptions PipeOptions(double ratio) {
+  PipelinedOptimizerOptions o;
+  o.chunk_elements = kChunk;
+  o.num_buffers = 3;
+  o.host_budget_bytes = 3 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
+  o.nvme_ratio = ratio;
+  o.pinned = false;
+  return o;
+}
+
+// One shard's arrays held in memory: the reference the pipelined step must match.
+struct Reference {
+  std::vector<float> params, m, v;
+  std::vector<uint16_t> copy;
+  std::vector<float> grads;
+
+  explicit Reference(size_t n, uint32_t seed) : params(n), m(n), v(n), copy(n), grads(n) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& p : params) p = normal(rng);
+  }
+  void NewGrads(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    for (float& g : grads) g = normal(rng);
+  }
+  OptimizerSpan Span(int state_count) {
+    OptimizerSpan s;
+    s.params = params.data();
+    s.grads = grads.data();
+    s.state0 = m.data();
+    s.state1 = state_count == 2 ? v.data() : nullptr;
+    s.param_copy = copy.data();
+    s.param_copy_type = ElementType::kBf16;
+    s.count = params.size();
+    return s;
+  }
+};
+
+struct StepCase {
+  std::string label;
+  double ratio;
+  ParamCopyTier tier;
+};
+
+class PipelinedStepTest : public ::testing::TestWithParam<StepCase> {};
+
+TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
+  const StepCase& c = GetParam();
+  ScratchDir dir;
+  std::unique_ptr<SwapStore> store;
+  if (c.ratio > 0 || c.tier == ParamCopyTier::kNvme) {
+    auto s = SwapStore::Open(StoreOptions(dir.path()));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store = std::move(*s);
+  }
+  std::unique_ptr<Device> device;
+  PipelinedOptimizerOptions options = PipeOptions(c.ratio);
+  if (c.tier == ParamCopyTier::kDevice) {
+    auto d = CreateHostDevice({.memory_budget_bytes = 64 << 20});
+    ASSERT_TRUE(d.ok());
+    device = std::move(*d);
+    options.device = device.get();
+  }
+  // Two optimizers with the same groups: one streamed, one stepped in memory.
+  auto piped_opt = CpuOptimizer::Create();
+  auto ref_opt = CpuOptimizer::Create();
+  ASSERT_TRUE(piped_opt.ok() && ref_opt.ok());
+  OptimizerHyperParams adamw;
+  adamw.weight_decay = 0.01;
+  OptimizerHyperParams lion = OptimizerHyperParams::Defaults(OptimizerType::kLion);
+  for (auto* opt : {piped_opt->get(), ref_opt->get()}) {
+    ASSERT_TRUE(opt->AddParamGroup(adamw).ok());
+    ASSERT_TRUE(opt->AddParamGroup(lion).ok());
+  }
+  auto piped = PipelinedOptimizer::Create(piped_opt->get(), store.get(), options);
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  ASSERT_EQ((*piped)->chunk_elements(), kChunk);
+
+  // Shard sizes: several chunks with a short tail, and a shard smaller than one chunk.
+  const std::vector<size_t> sizes = {3 * kChunk + 1000, kChunk / 2 + 3};
+  const std::vector<int> groups = {0, 1};
+  std::vector<Reference> refs;
+  std::vector<std::vector<uint16_t>> copies(sizes.size());
+  std::vector<DeviceBuffer> device_copies(sizes.size());
+  std::vector<int> ids;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    refs.emplace_back(sizes[s], 17 + s);
+    const int state_count = s == 0 ? 2 : 1;
+    ShardSpec spec;
+    spec.name = "layer" + std::to_string(s);
+    spec.group = groups[s];
+    spec.count = sizes[s];
+    spec.param_copy_tier = c.tier;
+    copies[s].assign(sizes[s], 0);
+    if (c.tier == ParamCopyTier::kHost) spec.param_copy = copies[s].data();
+    if (c.tier == ParamCopyTier::kDevice) {
+      auto b = device->Allocate(sizes[s] * 2);
+      ASSERT_TRUE(b.ok());
+      device_copies[s] = std::move(*b);
+      spec.param_copy = device_copies[s].data();
+    }
+    ASSERT_TRUE(ref_opt->get()->InitState(groups[s], refs[s].Span(state_count)).ok());
+    Reference& ref = refs[s];
+    auto id = (*piped)->AddShard(spec, [&](const ChunkView& chunk) {
+      std::memcpy(chunk.params, ref.params.data() + chunk.offset, chunk.count * 4);
+      return OkStatus();
+    });
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+
+  for (int step = 0; step < 3; ++step) {
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      Reference& ref = refs[s];
+      ref.NewGrads(1000 * step + s);
+      // Deposit the gradients as the engine does: chunk by chunk into the shard's home.
+      ASSERT_TRUE((*piped)
+                      ->Visit(ids[s],
+                              [&](const ChunkView& chunk) {
+                                std::memcpy(chunk.grads, ref.grads.data() + chunk.offset,
+                                            chunk.count * 4);
+                                return OkStatus();
+                              },
+                              /*write_back=*/true)
+                      .ok());
+      zinf::StepOptions so;
+      so.grad_scale = 0.5f;
+      ASSERT_TRUE(ref_opt->get()->Step(groups[s], ref.Span(s == 0 ? 2 : 1), so).ok());
+    }
+    Status status = (*piped)->Step({}, 0.5f);
+    ASSERT_TRUE(status.ok()) << status;
+    const PipelinedStepStats& stats = (*piped)->last_step_stats();
+    EXPECT_EQ(stats.chunks, 5u);
+    if (c.ratio == 1.0) EXPECT_GT(stats.bytes_read, 0u);
+    if (c.ratio == 0.0) EXPECT_EQ(stats.bytes_read, 0u);
+
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      Reference& ref = refs[s];
+      size_t mismatches = 0;
+      ASSERT_TRUE((*piped)
+                      ->Visit(ids[s],
+                              [&](const ChunkView& chunk) {
+                                const size_t bytes = chunk.count * 4;
+                                mismatches += std::memcmp(chunk.params, &ref.params[chunk.offset], bytes) != 0;
+                                mismatches += std::memcmp(chunk.state0, &ref.m[chunk.offset], bytes) != 0;
+                                if (chunk.state1 != nullptr) {
+                                  mismatches += std::memcmp(chunk.state1, &ref.v[chunk.offset], bytes) != 0;
+                                }
+                                return OkStatus();
+                              },
+                              /*write_back=*/false)
+                      .ok());
+      EXPECT_EQ(mismatches, 0u) << "shard " << s << " step " << step;
+      std::vector<uint16_t> copy(sizes[s], 0xFFFF);
+      if (c.tier == ParamCopyTier::kHost) copy = copies[s];
+      if (c.tier == ParamCopyTier::kDevice) {
+        std::memcpy(copy.data(), device_copies[s].data(), sizes[s] * 2);
+      }
+      if (c.tier == ParamCopyTier::kNvme) {
+        ASSERT_TRUE((*piped)->ReadParamCopy(ids[s], copy.data()).ok());
+      }
+      if (c.tier != ParamCopyTier::kNone) {
+        EXPECT_EQ(copy, ref.copy) << "shard " << s << " step " << step;
+      }
+    }
+  }
+  // The staging pool never exceeded the budget it was given.
+  EXPECT_LE((*piped)->staging_pool().stats().peak_in_use_bytes, options.host_budget_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiers, PipelinedStepTest,
+    ::testing::Values(StepCase{"nvme_copy_host", 1.0, ParamCopyTier::kHost},
+                      StepCase{"host_copy_host", 0.0, ParamCopyTier::kHost},
+                      StepCase{"split_copy_nvme", 0.5, ParamCopyTier::kNvme},
+                      StepCase{"split_copy_device", 0.3, ParamCopyTier::kDevice},
+                      StepCase{"nvme_no_copy", 1.0, ParamCopyTier::kNone}),
+    [](const auto& info) { return info.param.label; });
+
+TEST(PipelinedOptimizerTest, BudgetTooSmallForOneChunkNamesTheMinimum) {
+  auto opt = CpuOptimizer::Create();
+  ASSERT_TRUE(opt.ok());
+  PipelinedOptimizerOptions options = PipeOptions(0.0);
+  options.host_budget_bytes = 1 << 20;
+  auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
+  ASSERT_FALSE(piped.ok());
+  EXPECT_EQ(piped.status().code(), StatusCode::kInvalidArgument);
+  const uint64_t minimum = 3 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
+  EXPECT_THAT(piped.status().message(), HasSubstr("host_budget_bytes"));
+  EXPECT_THAT(piped.status().message(), HasSubstr("at least " + std::to_string(minimum)));
+}
+
+TEST(PipelinedOptimizerTest, LargeBudgetShrinksNothingAndSmallBudgetShrinksTheChunk) {
+  auto opt = CpuOptimizer::Create();
+  ASSERT_TRUE(opt.ok());
+  PipelinedOptimizerOptions options = PipeOptions(0.0);
+  options.chunk_elements = 16 * kChunk;
+  options.host_budget_bytes = 3 * 5 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement + 100;
+  auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  EXPECT_EQ((*piped)->chunk_elements(), 5 * kChunk);
+  EXPECT_LE((*piped)->staging_pool().stats().arena_bytes, options.host_budget_bytes);
+}
+
+TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
+  auto opt = CpuOptimizer::Create();
+  ASSERT_TRUE(opt.ok());
+  PipelinedOptimizerOptions options = PipeOptions(0.5);
+  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), nullptr, options).status().message(),
+              HasSubstr("no swap store"));
+  options = PipeOptions(1.5);
+  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), nullptr, options).status().message(),
+              HasSubstr("nvme_ratio"));
+  options = PipeOptions(0.0);
+  auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
+  ASSERT_TRUE(piped.ok());
+  ShardSpec spec;
+  spec.count = 10;
+  spec.group = 7;
+  EXPECT_FALSE((*piped)->AddShard(spec).ok());  // no such group
+  ASSERT_TRUE(opt->get()->AddParamGroup({}).ok());
+  spec.group = 0;
+  spec.param_copy_tier = ParamCopyTier::kHost;
+  EXPECT_THAT((*piped)->AddShard(spec).status().message(), HasSubstr("param_copy is null"));
+  EXPECT_EQ((*piped)->Step({3}).code(), StatusCode::kInvalidArgument);
+}
+
+// NVMe failures during the step surface with the shard and chunk named; a failed write stays
+// sticky in the store.
+struct FaultyFixture {
+  ScratchDir dir;
+  FaultyEngine* faulty = nullptr;
+  std::unique_ptr<SwapStore> store;
+  std::unique_ptr<CpuOptimizer> opt;
+  std::unique_ptr<PipelinedOptimizer> piped;
+  int shard = -1;
+
+  void SetUp() {
+    SwapStoreOptions so = StoreOptions(dir.path());
+    auto base = CreateIoEngine(so.aio);
+    ASSERT_TRUE(base.ok());
+    auto wrapper = std::make_unique<FaultyEngine>(std::move(*base));
+    faulty = wrapper.get();
+    auto s = SwapStore::Open(so, std::move(wrapper));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store = std::move(*s);
+    auto o = CpuOptimizer::Create();
+    ASSERT_TRUE(o.ok());
+    opt = std::move(*o);
+    ASSERT_TRUE(opt->AddParamGroup({}).ok());
+    auto p = PipelinedOptimizer::Create(opt.get(), store.get(), PipeOptions(1.0));
+    ASSERT_TRUE(p.ok()) << p.status();
+    piped = std::move(*p);
+    ShardSpec spec;
+    spec.name = "wte";
+    spec.count = 4 * kChunk;
+    auto id = piped->AddShard(spec);
+    ASSERT_TRUE(id.ok()) << id.status();
+    shard = *id;
+  }
+};
+
+TEST(PipelinedOptimizerFaults, WriteErrorSurfacesNamingShardAndIsSticky) {
+  FaultyFixture f;
+  ASSERT_NO_FATAL_FAILURE(f.SetUp());
+  f.faulty->Arm(IoOp::kWrite, 1, Fault::kEio);
+  Status status = f.piped->Step();
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.code(), StatusCode::kIoError) << status;
+  EXPECT_THAT(status.message(), HasSubstr("pipelined optimizer step"));
+  EXPECT_THAT(status.message(), HasSubstr("wte"));
+  EXPECT_FALSE(f.store->status().ok());
+  EXPECT_FALSE(f.piped->Step().ok());  // the store's sticky error
+}
+
+TEST(PipelinedOptimizerFaults, ReadErrorAndCorruptReadSurface) {
+  FaultyFixture f;
+  ASSERT_NO_FATAL_FAILURE(f.SetUp());
+  f.faulty->Arm(IoOp::kRead, 2, Fault::kEio);
+  Status status = f.piped->Step();
+  EXPECT_EQ(status.code(), StatusCode::kIoError) << status;
+  EXPECT_THAT(status.message(), HasSubstr("wte"));
+  f.faulty->Arm(IoOp::kRead, 0, Fault::kCorruptRead);
+  status = f.piped->Step();
+  EXPECT_EQ(status.code(), StatusCode::kDataLoss) << status;
+  // Nothing was written wrongly: the next step works.
+  EXPECT_TRUE(f.piped->Step().ok());
+}
+
+TEST(PipelinedOptimizerTest, BenchmarkModesRunAndIoOnlyKeepsTheState) {
+  ScratchDir dir;
+  auto store = SwapStore::Open(StoreOptions(dir.path()));
+  ASSERT_TRUE(store.ok());
+  auto opt = CpuOptimizer::Create();
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE(opt->get()->AddParamGroup({}).ok());
+  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(1.0));
+  ASSERT_TRUE(piped.ok());
+  ShardSpec spec;
+  spec.name = "h";
+  spec.count = 2 * kChunk;
+  auto id = (*piped)->AddShard(spec, [](const ChunkView& c) {
+    for (size_t i = 0; i < c.count; ++i) c.params[i] = static_cast<float>(c.offset + i);
+    return OkStatus();
+  });
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE((*piped)->Step({}, 1.0f, StepMode::kIoOnly).ok());
+  EXPECT_EQ((*piped)->last_step_stats().compute_seconds, 0.0);
+  EXPECT_GT((*piped)->last_step_stats().bytes_written, 0u);
+  ASSERT_TRUE((*piped)->Step({}, 1.0f, StepMode::kComputeOnly).ok());
+  EXPECT_EQ((*piped)->last_step_stats().bytes_read, 0u);
+  size_t wrong = 0;
+  ASSERT_TRUE((*piped)
+                  ->Visit(*id,
+                          [&](const ChunkView& c) {
+                            for (size_t i = 0; i < c.count; ++i) {
+                              wrong += c.params[i] != static_cast<float>(c.offset + i);
+                            }
+                            return OkStatus();
+                          },
+                          false)
+                  .ok());
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(opt->get()->group(0)->step, 0);  // benchmark modes do not advance the step
+}
+
+}  // namespace
+}  // namespace zinf
