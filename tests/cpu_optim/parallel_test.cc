@@ -1,0 +1,55 @@
+// Parallel: every element visited once, chunk-aligned pieces, sums independent of threads.
+#include "cpu_optim/parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+namespace zinf::cpu_optim {
+namespace {
+
+TEST(ParallelTest, ForVisitsEveryElementOnceInChunkAlignedPieces) {
+  for (int threads : {1, 2, 3}) {
+    auto par = Parallel::Create(threads);
+    ASSERT_TRUE(par.ok());
+    for (size_t n : {size_t{0}, size_t{1}, kChunkElems - 1, 2 * kChunkElems + 1,
+                     size_t{1000003}}) {
+      std::vector<std::atomic<int>> seen(n);
+      ASSERT_TRUE((*par)->For(n, [&](size_t begin, size_t end) {
+        EXPECT_EQ(begin % kChunkElems, 0u);
+        EXPECT_LE(end, n);
+        for (size_t i = begin; i < end; ++i) seen[i].fetch_add(1);
+      }).ok());
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i].load(), 1) << n << " " << i;
+    }
+  }
+}
+
+TEST(ParallelTest, SumIsTheSameForAnyThreadCount) {
+  const size_t n = 5000011;
+  std::vector<double> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = std::sin(static_cast<double>(i)) * 1e3;
+  auto chunk_sum = [&](size_t begin, size_t end) {
+    double s = 0.0;
+    for (size_t i = begin; i < end; ++i) s += x[i];
+    return s;
+  };
+  std::vector<double> sums;
+  for (int threads : {1, 2, 3, 4}) {
+    auto par = Parallel::Create(threads);
+    ASSERT_TRUE(par.ok());
+    auto s = (*par)->Sum(n, chunk_sum);
+    ASSERT_TRUE(s.ok());
+    sums.push_back(*s);
+  }
+  for (double s : sums) EXPECT_EQ(s, sums[0]);
+}
+
+TEST(ParallelTest, RejectsZeroThreads) {
+  EXPECT_EQ(Parallel::Create(0).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zinf::cpu_optim
