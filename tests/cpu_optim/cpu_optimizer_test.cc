@@ -100,8 +100,7 @@ nlohmann::json LoadReference() {
 
 // torch's CPU kernels may fuse a multiply-add that zinf keeps separate (or the reverse), so
 // results can differ in the last bits: at most 4 ulps after five steps when this was written,
-// nowhere near the size of an
-// update (lr 1e-2 moves a unit-size param by ~2^17 ulps).
+// nowhere near the size of an update (lr 1e-2 moves a unit-size param by ~2^17 ulps).
 constexpr int64_t kMaxUlps = 8;
 
 TEST(CpuOptimizerTest, MatchesPyTorchReference) {
