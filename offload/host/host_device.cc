@@ -186,25 +186,34 @@ class HostStream final : public Stream {
     if (host_event == nullptr || host_event->device() != device_) {
       return InvalidArgument("Record: the event belongs to another device");
     }
+    ZINF_RETURN_IF_ERROR(device_->CheckOpen());
     std::shared_ptr<EventState> state = host_event->state();
-    uint64_t target;
+    Status sticky;
     {
-      std::lock_guard lock(state->mu);
-      target = ++state->recorded;
+      // Counting the record and queueing it happen together: a counted record that never
+      // runs would leave its waiters waiting forever. It is queued even after an error, so
+      // that waiters are released and inherit the error.
+      std::lock_guard lock(mu_);
+      uint64_t target;
+      {
+        std::lock_guard event_lock(state->mu);
+        target = ++state->recorded;
+      }
+      queue_.push_back(Task{[this, state, target] {
+                              {
+                                std::lock_guard event_lock(state->mu);
+                                state->completed = std::max(state->completed, target);
+                                state->time = Clock::now();
+                                state->error = error_;
+                              }
+                              state->cv.notify_all();
+                              return OkStatus();
+                            },
+                            /*run_after_error=*/true});
+      sticky = error_;
     }
-    // Runs even after an error, so waiters are released and inherit the error.
-    return Enqueue(
-        [this, state, target] {
-          {
-            std::lock_guard lock(state->mu);
-            state->completed = std::max(state->completed, target);
-            state->time = Clock::now();
-            state->error = error_;
-          }
-          state->cv.notify_all();
-          return OkStatus();
-        },
-        /*run_after_error=*/true);
+    work_cv_.notify_one();
+    return sticky;
   }
 
   Status Wait(const Event& event) override {
@@ -241,12 +250,12 @@ class HostStream final : public Stream {
     bool run_after_error;
   };
 
-  Status Enqueue(std::function<Status()> fn, bool run_after_error = false) {
+  Status Enqueue(std::function<Status()> fn) {
     ZINF_RETURN_IF_ERROR(device_->CheckOpen());
     {
       std::lock_guard lock(mu_);
       if (!error_.ok()) return error_;
-      queue_.push_back(Task{std::move(fn), run_after_error});
+      queue_.push_back(Task{std::move(fn), /*run_after_error=*/false});
     }
     work_cv_.notify_one();
     return OkStatus();

@@ -65,5 +65,21 @@ TEST(HostDeviceTest, ErrorTravelsThroughEventToWaiter) {
   EXPECT_FALSE(consumed);
 }
 
+TEST(HostDeviceTest, RecordAfterStreamErrorStillReleasesWaiters) {
+  // The order that once hung: the producer has already failed when Record() is called.
+  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+  ASSERT_TRUE(device.ok());
+  auto producer = (*device)->CreateStream();
+  auto consumer = (*device)->CreateStream();
+  auto event = (*device)->CreateEvent();
+  ASSERT_TRUE(producer.ok() && consumer.ok() && event.ok());
+  ASSERT_TRUE((*producer)->HostFunc([] { return IoError("EIO on chunk 7"); }).ok());
+  ASSERT_EQ((*producer)->Synchronize().code(), StatusCode::kIoError);
+  EXPECT_EQ((*producer)->Record(**event).code(), StatusCode::kIoError) << "sticky error reported";
+  ASSERT_TRUE((*consumer)->Wait(**event).ok());
+  EXPECT_EQ((*consumer)->Synchronize().code(), StatusCode::kIoError) << "and inherited, no hang";
+  EXPECT_EQ((*event)->Synchronize().code(), StatusCode::kIoError);
+}
+
 }  // namespace
 }  // namespace zinf::testing
