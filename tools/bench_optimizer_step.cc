@@ -1,0 +1,252 @@
+// `zinf bench optimizer-step`: the pipelined AdamW step over --params fp32 parameters whose
+// state (params, exp_avg, exp_avg_sq, fp32 gradients: 16 bytes a parameter) lives on NVMe or in
+// pinned host memory, against its two limits measured in the same run: the I/O alone (every
+// read and write, no update) and the compute alone (every update, no I/O). Repetitions
+// interleave step, I/O-only and compute-only; medians are reported, and
+//   overlap_ratio = step_s / max(io_only_s, compute_only_s)
+// is 1.0 when the step hides the smaller half completely behind the larger.
+//
+// Also prints peak host memory: the process's peak RSS (getrusage) and the peaks of the
+// staging and host-state pools.
+//
+// Single-threaded driver; CpuOptimizer's workers do the compute, io_uring the I/O.
+#include <fmt/core.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/units.h"
+#include "nvme/swap_store.h"
+#include "offload/pipelined_optimizer.h"
+#include "tools/commands.h"
+#include "zinf/cpu_optimizer.h"
+
+namespace zinf::tools {
+namespace {
+
+struct OptimizerStepArgs {
+  std::string params = "128M";
+  std::string state_tier = "nvme";
+  std::string path;
+  std::string host_budget = "2GiB";
+  std::string chunk = "8M";
+  std::string param_tier;  // default: nvme with --state-tier nvme, host with cpu
+  int buffers = 4;
+  int reps = 3;
+  int threads = 0;
+  bool checksum = false;
+  bool json = false;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+uint64_t PeakRssBytes() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
+}
+
+// A cheap deterministic value per element (params near 1, gradients near 0).
+inline float Pattern(uint64_t i, uint32_t salt) {
+  uint32_t x = static_cast<uint32_t>(i * 2654435761u) ^ salt;
+  x ^= x >> 15;
+  x *= 2246822519u;
+  x ^= x >> 13;
+  return static_cast<float>(x & 0xFFFF) / 65536.0f - 0.5f;
+}
+
+Status RunOptimizerStep(const OptimizerStepArgs& args) {
+  ZINF_ASSIGN_OR_RETURN(const uint64_t params, ParseBytes(args.params));
+  ZINF_ASSIGN_OR_RETURN(const uint64_t host_budget, ParseBytes(args.host_budget));
+  ZINF_ASSIGN_OR_RETURN(const uint64_t chunk, ParseBytes(args.chunk));
+  if (params == 0) return InvalidArgument("--params must be > 0");
+  if (args.reps < 1) return InvalidArgument(fmt::format("--reps must be >= 1, got {}", args.reps));
+  const bool nvme = args.state_tier == "nvme";
+  std::string param_tier = args.param_tier.empty() ? (nvme ? "nvme" : "host") : args.param_tier;
+  if (nvme && args.path.empty()) return InvalidArgument("--state-tier nvme needs --path DIR");
+  if (param_tier == "nvme" && args.path.empty()) return InvalidArgument("--param-tier nvme needs --path DIR");
+
+  PipelinedOptimizerOptions options;
+  options.host_budget_bytes = host_budget;
+  options.num_buffers = args.buffers;
+  options.chunk_elements = chunk;
+  options.nvme_ratio = nvme ? 1.0 : 0.0;
+
+  std::unique_ptr<SwapStore> store;
+  if (!args.path.empty() && (nvme || param_tier == "nvme")) {
+    SwapStoreOptions so;
+    so.paths = {args.path};
+    // 16 bytes of state and gradients and 2 of parameter copy per element, plus alignment.
+    so.capacity_bytes = params * 18 + (params / PipelinedOptimizerOptions::kMinChunkElements + 4) * 3 * 4096 + kGiB / 4;
+    so.checksum = args.checksum;
+    ZINF_ASSIGN_OR_RETURN(store, SwapStore::Open(so));
+  }
+  CpuOptimizerOptions co;
+  co.threads = args.threads;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer, CpuOptimizer::Create(co));
+  OptimizerHyperParams hp;
+  hp.weight_decay = 0.01;
+  ZINF_ASSIGN_OR_RETURN(const int group, optimizer->AddParamGroup(hp));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<PipelinedOptimizer> piped,
+                        PipelinedOptimizer::Create(optimizer.get(), store.get(), options));
+
+  std::vector<uint16_t> host_copy;
+  ShardSpec spec;
+  spec.name = "bench";
+  spec.group = group;
+  spec.count = params;
+  spec.param_copy_type = ElementType::kBf16;
+  if (param_tier == "nvme") {
+    spec.param_copy_tier = ParamCopyTier::kNvme;
+  } else if (param_tier == "host") {
+    host_copy.assign(params, 0);
+    spec.param_copy_tier = ParamCopyTier::kHost;
+    spec.param_copy = host_copy.data();
+  }
+
+  const int threads = optimizer->threads();
+  const std::string isa(CpuKernelIsaName(optimizer->isa()));
+  if (!args.json) {
+    fmt::print("optimizer-step: {} params ({} of fp32 params+m+v+grads), state tier {}, param "
+               "copy bf16 to {}\n",
+               params, FormatBytes(params * 16), args.state_tier, param_tier);
+    fmt::print("  host budget {} -> {} buffers of {} elements ({} staging), cpu_optim {} x{} "
+               "threads, {} reps{}\n",
+               FormatBytes(host_budget), piped->num_buffers(), piped->chunk_elements(),
+               FormatBytes(piped->staging_pool().stats().arena_bytes), isa, threads, args.reps,
+               store ? fmt::format(", swap {} (O_DIRECT {}, checksum {})", args.path,
+                                   store->direct_io() ? "on" : "off", args.checksum ? "on" : "off")
+                     : "");
+    std::fflush(stdout);
+  }
+
+  const auto setup_start = std::chrono::steady_clock::now();
+  ZINF_ASSIGN_OR_RETURN(const int shard, piped->AddShard(spec, [](const ChunkView& c) {
+    float* g = static_cast<float*>(c.grads);
+    for (size_t i = 0; i < c.count; ++i) {
+      c.params[i] = 1.0f + Pattern(c.offset + i, 1);
+      g[i] = 0.01f * Pattern(c.offset + i, 2);
+    }
+    return OkStatus();
+  }));
+  const double setup_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+
+  // One warm-up step, then interleaved repetitions.
+  ZINF_RETURN_IF_ERROR(piped->Step({shard}));
+  std::vector<double> step_s, io_s, compute_s, wait_s;
+  uint64_t bytes_read = 0, bytes_written = 0;
+  for (int r = 0; r < args.reps; ++r) {
+    ZINF_RETURN_IF_ERROR(piped->Step({shard}, 1.0f, StepMode::kFull));
+    step_s.push_back(piped->last_step_stats().seconds);
+    wait_s.push_back(piped->last_step_stats().wait_seconds);
+    bytes_read = piped->last_step_stats().bytes_read;
+    bytes_written = piped->last_step_stats().bytes_written;
+    ZINF_RETURN_IF_ERROR(piped->Step({shard}, 1.0f, StepMode::kIoOnly));
+    io_s.push_back(piped->last_step_stats().seconds);
+    ZINF_RETURN_IF_ERROR(piped->Step({shard}, 1.0f, StepMode::kComputeOnly));
+    compute_s.push_back(piped->last_step_stats().seconds);
+    if (!args.json) {
+      fmt::print("  rep {}: step {:.3f} s (driver waited {:.3f} s), io-only {:.3f} s, compute-only {:.3f} s\n",
+                 r, step_s.back(), wait_s.back(), io_s.back(), compute_s.back());
+      std::fflush(stdout);
+    }
+  }
+  const double step = Median(step_s), io = Median(io_s), compute = Median(compute_s);
+  const double bound = std::max(io, compute);
+  const double ratio = bound > 0 ? step / bound : 0.0;
+  const double vs_compute = compute > 0 ? step / compute : 0.0;
+  const uint64_t rss = PeakRssBytes();
+  const MemoryPoolStats staging = piped->staging_pool().stats();
+  const MemoryPoolStats state = piped->host_state_pool().stats();
+  const double io_GBps = io > 0 ? (bytes_read + bytes_written) / io / 1e9 : 0.0;
+  const double params_per_s = compute > 0 ? params / compute : 0.0;
+
+  nlohmann::json out = {
+      {"params", params},
+      {"state_tier", args.state_tier},
+      {"param_tier", param_tier},
+      {"host_budget_bytes", host_budget},
+      {"chunk_elements", piped->chunk_elements()},
+      {"buffers", piped->num_buffers()},
+      {"threads", threads},
+      {"isa", isa},
+      {"reps", args.reps},
+      {"setup_s", setup_s},
+      {"step_s", step},
+      {"io_only_s", io},
+      {"compute_only_s", compute},
+      {"overlap_ratio", ratio},
+      {"step_vs_compute_only", vs_compute},
+      {"bytes_read", bytes_read},
+      {"bytes_written", bytes_written},
+      {"io_only_GBps", io_GBps},
+      {"compute_only_params_per_s", params_per_s},
+      {"peak_rss_bytes", rss},
+      {"staging_pool_peak_bytes", staging.peak_in_use_bytes},
+      {"host_state_pool_peak_bytes", state.peak_in_use_bytes},
+      {"step_s_runs", step_s},
+      {"io_only_s_runs", io_s},
+      {"compute_only_s_runs", compute_s},
+  };
+  if (args.json) {
+    fmt::print("{}\n", out.dump());
+    return OkStatus();
+  }
+  fmt::print("median step_s {:.3f}  io_only_s {:.3f} ({:.2f} GB/s, {} read + {} written)  "
+             "compute_only_s {:.3f} ({:.0f} M params/s)\n",
+             step, io, io_GBps, FormatBytes(bytes_read), FormatBytes(bytes_written), compute,
+             params_per_s / 1e6);
+  fmt::print("overlap_ratio {:.3f} (step / max(io, compute)); step / compute_only {:.3f}\n", ratio,
+             vs_compute);
+  fmt::print("peak host memory: RSS {} (budget {}), staging pool peak {}, host state pool peak {}\n",
+             FormatBytes(rss), FormatBytes(host_budget), FormatBytes(staging.peak_in_use_bytes),
+             FormatBytes(state.peak_in_use_bytes));
+  return OkStatus();
+}
+
+}  // namespace
+
+void AddBenchOptimizerStepCommand(CLI::App& bench) {
+  auto args = std::make_shared<OptimizerStepArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "optimizer-step",
+      "Pipelined AdamW step over NVMe or pinned-host state vs its I/O-only and compute-only halves");
+  cmd->add_option("--params", args->params, "Parameters (e.g. 512M = 512 Mi)")->capture_default_str();
+  cmd->add_option("--state-tier", args->state_tier, "Where params, state and gradients live")
+      ->check(CLI::IsMember({"nvme", "cpu"}))
+      ->capture_default_str();
+  cmd->add_option("--path", args->path, "Directory for the swap files (NVMe tiers)");
+  cmd->add_option("--host-budget", args->host_budget, "Host memory for staging buffers")
+      ->capture_default_str();
+  cmd->add_option("--chunk", args->chunk, "Elements per chunk (largest; shrunk to the budget)")
+      ->capture_default_str();
+  cmd->add_option("--buffers", args->buffers, "Staging buffers (>= 3)")->capture_default_str();
+  cmd->add_option("--param-tier", args->param_tier,
+                  "Where the bf16 parameter copy goes: nvme, host or none (default: nvme for "
+                  "--state-tier nvme, host for cpu)")
+      ->check(CLI::IsMember({"nvme", "host", "none"}));
+  cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Optimizer threads (0: all CPUs)")->capture_default_str();
+  cmd->add_flag("--checksum", args->checksum, "CRC32C on every NVMe write, verified on read");
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args] {
+    Status s = RunOptimizerStep(*args);
+    if (!s.ok()) {
+      fmt::print(stderr, "zinf bench optimizer-step: {}\n", s.ToString());
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace zinf::tools

@@ -1,0 +1,144 @@
+// `zinf bench pcie`: host<->device copy bandwidth through the Device interface (CudaDevice):
+// host-to-device and device-to-host, from pinned (Device::AllocateHost) and pageable host
+// memory, one way and both ways at once (two copy streams), by transfer size. GPU only: without
+// a usable GPU it says why and exits 0.
+//
+// Each figure is the median of --reps timed batches; a batch repeats the copy until it has
+// moved at least 1 GiB (or 8 copies), timed from the first enqueue to the streams' completion.
+//
+// Single-threaded driver.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/units.h"
+#include "offload/device.h"
+#include "tools/commands.h"
+#include "zinf/host_memory.h"
+
+namespace zinf::tools {
+namespace {
+
+struct PcieArgs {
+  std::vector<std::string> sizes = {"1MiB", "16MiB", "256MiB"};
+  int device = 0;
+  int reps = 5;
+  bool json = false;
+};
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Status RunPcie(const PcieArgs& args) {
+  CudaDeviceOptions options;
+  options.ordinal = args.device;
+  StatusOr<std::unique_ptr<Device>> device_or = CreateCudaDevice(options);
+  if (!device_or.ok()) {
+    if (args.json) {
+      nlohmann::json out = {{"gpu", false}, {"reason", device_or.status().message()}};
+      fmt::print("{}\n", out.dump());
+    } else {
+      fmt::print("zinf bench pcie: no GPU to measure ({}); nothing to do\n",
+                 device_or.status().message());
+    }
+    return OkStatus();
+  }
+  Device& device = **device_or;
+  std::vector<uint64_t> sizes;
+  for (const std::string& s : args.sizes) {
+    ZINF_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes(s));
+    if (bytes == 0) return InvalidArgument("--size must be > 0");
+    sizes.push_back(bytes);
+  }
+  const uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  ZINF_ASSIGN_OR_RETURN(HostBuffer pinned_up, device.AllocateHost(largest));
+  ZINF_ASSIGN_OR_RETURN(HostBuffer pinned_down, device.AllocateHost(largest));
+  ZINF_ASSIGN_OR_RETURN(HostBuffer pageable_up, HostBuffer::Allocate(largest));
+  ZINF_ASSIGN_OR_RETURN(HostBuffer pageable_down, HostBuffer::Allocate(largest));
+  for (HostBuffer* b : {&pinned_up, &pinned_down, &pageable_up, &pageable_down}) {
+    std::memset(b->data(), 1, largest);  // fault the pages in before timing
+  }
+  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_up, device.Allocate(largest));
+  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_down, device.Allocate(largest));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stream> h2d, device.CreateStream());
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stream> d2h, device.CreateStream());
+
+  if (!args.json) {
+    fmt::print("pcie: {}; sizes", device.name());
+    for (uint64_t s : sizes) fmt::print(" {}", FormatBytes(s));
+    fmt::print("; median of {} batches; GB/s = 10^9 bytes/s\n", args.reps);
+    fmt::print("{:>10}  {:>9}  {:>9}  {:>9}  {:>12}\n", "size", "memory", "H2D", "D2H",
+               "both (sum)");
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (uint64_t size : sizes) {
+    const int copies = static_cast<int>(std::max<uint64_t>(8, kGiB / size));
+    for (bool pinned : {true, false}) {
+      void* up = pinned ? pinned_up.data() : pageable_up.data();
+      void* down = pinned ? pinned_down.data() : pageable_down.data();
+      // mode 0: H2D only, 1: D2H only, 2: both at once.
+      double gbps[3];
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<double> runs;
+        for (int r = 0; r < args.reps + 1; ++r) {  // the first batch warms up
+          const auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < copies; ++i) {
+            if (mode != 1) ZINF_RETURN_IF_ERROR(h2d->Copy(dev_up.data(), up, size, CopyKind::kHostToDevice));
+            if (mode != 0) ZINF_RETURN_IF_ERROR(d2h->Copy(down, dev_down.data(), size, CopyKind::kDeviceToHost));
+          }
+          ZINF_RETURN_IF_ERROR(h2d->Synchronize());
+          ZINF_RETURN_IF_ERROR(d2h->Synchronize());
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          const double bytes = static_cast<double>(size) * copies * (mode == 2 ? 2 : 1);
+          if (r > 0) runs.push_back(bytes / s / 1e9);
+        }
+        gbps[mode] = MedianOf(runs);
+      }
+      rows.push_back({{"size_bytes", size},
+                      {"memory", pinned ? "pinned" : "pageable"},
+                      {"h2d_GBps", gbps[0]},
+                      {"d2h_GBps", gbps[1]},
+                      {"bidirectional_GBps", gbps[2]}});
+      if (!args.json) {
+        fmt::print("{:>10}  {:>9}  {:>9.2f}  {:>9.2f}  {:>12.2f}\n", FormatBytes(size),
+                   pinned ? "pinned" : "pageable", gbps[0], gbps[1], gbps[2]);
+      }
+    }
+  }
+  if (args.json) {
+    nlohmann::json out = {{"gpu", true}, {"device", device.name()}, {"reps", args.reps}, {"rows", rows}};
+    fmt::print("{}\n", out.dump());
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+void AddBenchPcieCommand(CLI::App& bench) {
+  auto args = std::make_shared<PcieArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "pcie", "Host<->GPU copy bandwidth: pinned and pageable, one way and both ways, by size");
+  cmd->add_option("--size", args->sizes, "Transfer sizes (repeat; default 1MiB 16MiB 256MiB)");
+  cmd->add_option("--device", args->device, "CUDA device ordinal")->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Timed batches per figure (median reported)")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args] {
+    Status s = RunPcie(*args);
+    if (!s.ok()) {
+      fmt::print(stderr, "zinf bench pcie: {}\n", s.ToString());
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace zinf::tools
