@@ -7,7 +7,6 @@ namespace zinf::tools {
 void AddBenchCommands(CLI::App& bench) {
   bench.require_subcommand(1);
   AddBenchNvmeCommand(bench);
-  AddBenchAdamCommand(bench);
   AddBenchOptimizerStepCommand(bench);
   AddBenchPcieCommand(bench);
 }
