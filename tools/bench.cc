@@ -7,6 +7,7 @@ namespace zinf::tools {
 void AddBenchCommands(CLI::App& bench) {
   bench.require_subcommand(1);
   AddBenchNvmeCommand(bench);
+  AddBenchAdamCommand(bench);
   AddBenchOptimizerStepCommand(bench);
   AddBenchPcieCommand(bench);
 }

@@ -14,6 +14,7 @@ int& ExitCode();
 void AddInfoCommand(CLI::App& app);       // tools/info.cc
 void AddBenchCommands(CLI::App& bench);   // tools/bench.cc: `zinf bench <what>`
 void AddBenchNvmeCommand(CLI::App& bench); // tools/bench_nvme.cc: `zinf bench nvme`
+void AddBenchAdamCommand(CLI::App& bench); // tools/bench_adam.cc: `zinf bench adam`
 void AddBenchOptimizerStepCommand(CLI::App& bench);  // tools/bench_optimizer_step.cc
 void AddBenchPcieCommand(CLI::App& bench);  // tools/bench_pcie.cc: `zinf bench pcie`
 

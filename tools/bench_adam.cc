@@ -1,0 +1,296 @@
+// `zinf bench adam`: the CPU optimizer step against this machine's memory bandwidth, measured
+// in the same run over the same arrays.
+//
+// The limit is an in-place read-modify-write kernel that touches exactly the bytes the step
+// touches (fp32 AdamW: reads p, g, m, v and writes p, m, v = 28 bytes per parameter; +2 for a
+// bf16/fp16 copy written out) with one add per element, split across the same threads in the
+// same chunks. It runs in several variants (cached or non-temporal stores, with or without
+// software prefetch) and the fastest variant's median is the limit, so the efficiency is
+// against the best this machine did with those bytes, not against a strawman. Steps and limit
+// variants are interleaved (step, limits, step, limits, ...) because the machine's bandwidth
+// drifts; the medians are reported.
+//
+// Single driver thread; the optimizer's threads do the work.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/units.h"
+#include "cpu_optim/dispatch.h"
+#include "cpu_optim/kernels.h"
+#include "cpu_optim/parallel.h"
+#include "tools/commands.h"
+#include "zinf/cpu_info.h"
+#include "zinf/cpu_optimizer.h"
+#include "zinf/host_memory.h"
+
+namespace zinf::tools {
+namespace {
+
+struct AdamArgs {
+  std::string params = "64M";
+  int threads = 0;
+  std::string dtype = "fp32";
+  std::string param_copy = "none";
+  std::string optimizer = "adamw";
+  std::string isa = "auto";
+  std::string store = "auto";
+  size_t prefetch_bytes = 1024;
+  int reps = 7;
+  bool json = false;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+template <typename Fn>
+StatusOr<double> TimeIt(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ZINF_RETURN_IF_ERROR(fn());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct LimitVariant {
+  const char* name;
+  bool non_temporal;
+  bool prefetch;
+};
+constexpr LimitVariant kLimitVariants[] = {
+    {"cached", false, false},
+    {"cached+prefetch", false, true},
+    {"non_temporal", true, false},
+    {"non_temporal+prefetch", true, true},
+};
+
+Status RunBenchAdam(const AdamArgs& args) {
+  ZINF_ASSIGN_OR_RETURN(uint64_t count, ParseBytes(args.params));
+  if (count == 0) return InvalidArgument("--params must be > 0");
+  if (args.reps < 1) return InvalidArgument("--reps must be >= 1, got " + std::to_string(args.reps));
+
+  CpuOptimizerOptions options;
+  options.threads = args.threads;
+  options.prefetch_bytes = args.prefetch_bytes;
+  options.isa = args.isa == "scalar"   ? CpuKernelIsa::kScalar
+                : args.isa == "avx2"   ? CpuKernelIsa::kAvx2
+                : args.isa == "avx512" ? CpuKernelIsa::kAvx512
+                                       : CpuKernelIsa::kAuto;
+  options.store_mode = args.store == "cached"         ? StoreMode::kCached
+                       : args.store == "non_temporal" ? StoreMode::kNonTemporal
+                                                      : StoreMode::kAuto;
+  ZINF_ASSIGN_OR_RETURN(auto opt, CpuOptimizer::Create(options));
+
+  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(
+      args.optimizer == "adam"      ? OptimizerType::kAdam
+      : args.optimizer == "adagrad" ? OptimizerType::kAdagrad
+      : args.optimizer == "lion"    ? OptimizerType::kLion
+                                    : OptimizerType::kAdamW);
+  ZINF_ASSIGN_OR_RETURN(const int group, opt->AddParamGroup(hp));
+  const ElementType grad_type = args.dtype == "bf16-grad" ? ElementType::kBf16 : ElementType::kFp32;
+  const bool copy = args.param_copy != "none";
+  const ElementType copy_type = args.param_copy == "fp16" ? ElementType::kFp16 : ElementType::kBf16;
+  const int states = hp.state_count();
+  const uint64_t read_bytes = 4 * (1 + states) + ElementSize(grad_type);
+  const uint64_t write_bytes = 4 * (1 + states) + (copy ? 2 : 0);
+  const uint64_t bytes_per_param = read_bytes + write_bytes;
+
+  // Arrays: 2 MiB huge pages where the kernel gives them; first touched below by the same
+  // thread split that updates them.
+  HostAllocOptions alloc;
+  alloc.alignment = 2 * kMiB;
+  alloc.huge_pages = true;
+  ZINF_ASSIGN_OR_RETURN(HostBuffer p, HostBuffer::Allocate(count * 4, alloc));
+  ZINF_ASSIGN_OR_RETURN(HostBuffer g, HostBuffer::Allocate(count * ElementSize(grad_type), alloc));
+  ZINF_ASSIGN_OR_RETURN(HostBuffer m, HostBuffer::Allocate(count * 4, alloc));
+  HostBuffer v, c;
+  if (states == 2) {
+    ZINF_ASSIGN_OR_RETURN(v, HostBuffer::Allocate(count * 4, alloc));
+  }
+  if (copy) {
+    ZINF_ASSIGN_OR_RETURN(c, HostBuffer::Allocate(count * 2, alloc));
+  }
+  OptimizerSpan span;
+  span.params = p.as<float>();
+  span.grads = g.data();
+  span.grad_type = grad_type;
+  span.state0 = m.as<float>();
+  span.state1 = states == 2 ? v.as<float>() : nullptr;
+  span.param_copy = copy ? c.data() : nullptr;
+  span.param_copy_type = copy_type;
+  span.count = count;
+
+  ZINF_ASSIGN_OR_RETURN(auto par, cpu_optim::Parallel::Create(opt->threads()));
+  ZINF_RETURN_IF_ERROR(opt->InitState(group, span));
+  // Positive, well-scaled values: neither the step nor the limit's adds reach denormals or NaN.
+  ZINF_RETURN_IF_ERROR(par->For(count, [&](size_t begin, size_t end) {
+    float* pp = span.params;
+    for (size_t i = begin; i < end; ++i) {
+      pp[i] = 0.5f + static_cast<float>(i % 1000) * 1e-4f;
+      const float gv = 1e-3f * static_cast<float>(i % 7 + 1);
+      if (grad_type == ElementType::kFp32) {
+        static_cast<float*>(g.data())[i] = gv;
+      } else {
+        static_cast<uint16_t*>(g.data())[i] = cpu_optim::FloatToBf16(gv);
+      }
+      if (copy) static_cast<uint16_t*>(c.data())[i] = 0;
+    }
+  }));
+
+  const cpu_optim::KernelTable& kernels = cpu_optim::KernelsFor(opt->isa());
+  cpu_optim::StepArrays arrays;
+  arrays.params = span.params;
+  arrays.grads = span.grads;
+  arrays.grad_type = static_cast<cpu_optim::Elem>(grad_type);
+  arrays.state0 = span.state0;
+  arrays.state1 = span.state1;
+  arrays.copy = span.param_copy;
+  arrays.copy_type = static_cast<cpu_optim::Elem>(copy_type);
+  arrays.count = count;
+  auto limit_run = [&](const LimitVariant& variant) {
+    const size_t pf = variant.prefetch ? args.prefetch_bytes : 0;
+    return par->For(count, [&](size_t begin, size_t end) {
+      cpu_optim::StepArrays a = arrays;
+      const size_t gsize = ElementSize(grad_type);
+      a.params += begin;
+      a.grads = static_cast<const char*>(a.grads) + begin * gsize;
+      a.state0 += begin;
+      if (a.state1) a.state1 += begin;
+      if (a.copy) a.copy = static_cast<char*>(a.copy) + begin * 2;
+      a.count = end - begin;
+      kernels.limit(a, variant.non_temporal, pf);
+    });
+  };
+  auto step_run = [&]() -> Status {
+    ZINF_ASSIGN_OR_RETURN(int64_t step, opt->BeginStep(group));
+    (void)step;
+    return opt->Update(group, span, 1.0f / 1024.0f);
+  };
+
+  const CpuInfo& cpu = GetCpuInfo();
+  if (!args.json) {
+    fmt::print("zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
+               OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param),
+               opt->threads(), CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type),
+               args.param_copy);
+    fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
+               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes,
+               args.reps, cpu.model_name);
+  }
+
+  // Warm-up: one of each, so page faults and first-use costs are out of the timings.
+  ZINF_RETURN_IF_ERROR(step_run());
+  for (const LimitVariant& lv : kLimitVariants) ZINF_RETURN_IF_ERROR(limit_run(lv));
+
+  std::vector<double> step_s;
+  std::map<std::string, std::vector<double>> limit_s;
+  for (int r = 0; r < args.reps; ++r) {
+    ZINF_ASSIGN_OR_RETURN(double s, TimeIt(step_run));
+    step_s.push_back(s);
+    for (const LimitVariant& lv : kLimitVariants) {
+      ZINF_ASSIGN_OR_RETURN(double t, TimeIt([&] { return limit_run(lv); }));
+      limit_s[lv.name].push_back(t);
+    }
+  }
+
+  const double bytes = static_cast<double>(count) * static_cast<double>(bytes_per_param);
+  const double step_med = Median(step_s);
+  const double gbps = bytes / step_med / 1e9;
+  const double params_per_s = static_cast<double>(count) / step_med;
+  nlohmann::json limits = nlohmann::json::object();
+  double limit_gbps = 0.0;
+  std::string limit_name;
+  for (const LimitVariant& lv : kLimitVariants) {
+    const double l = bytes / Median(limit_s[lv.name]) / 1e9;
+    limits[lv.name] = l;
+    if (l > limit_gbps) {
+      limit_gbps = l;
+      limit_name = lv.name;
+    }
+  }
+  const double efficiency = gbps / limit_gbps;
+  std::vector<double> step_gbps;
+  for (double s : step_s) step_gbps.push_back(bytes / s / 1e9);
+
+  if (args.json) {
+    nlohmann::json out = {
+        {"bench", "adam"},
+        {"optimizer", OptimizerTypeName(hp.type)},
+        {"params", count},
+        {"threads", opt->threads()},
+        {"isa", CpuKernelIsaName(opt->isa())},
+        {"dtype", args.dtype},
+        {"param_copy", args.param_copy},
+        {"store", args.store},
+        {"prefetch_bytes", args.prefetch_bytes},
+        {"bytes_per_param", bytes_per_param},
+        {"reps", args.reps},
+        {"step_s", step_med},
+        {"params_per_s", params_per_s},
+        {"GBps", gbps},
+        {"GBps_runs", step_gbps},
+        {"limit_GBps", limit_gbps},
+        {"limit_variant", limit_name},
+        {"limits_GBps", limits},
+        {"efficiency", efficiency},
+    };
+    fmt::print("{}\n", out.dump());
+  } else {
+    fmt::print("  step:  {:.3f} G params/s, {:.1f} GB/s moved (median of {}; runs:", params_per_s / 1e9,
+               gbps, args.reps);
+    for (double x : step_gbps) fmt::print(" {:.1f}", x);
+    fmt::print(")\n");
+    for (const LimitVariant& lv : kLimitVariants) {
+      fmt::print("  limit {:<22} {:.1f} GB/s\n", lv.name, limits[lv.name].get<double>());
+    }
+    fmt::print("  limit: {:.1f} GB/s ({})  efficiency: {:.3f}\n", limit_gbps, limit_name, efficiency);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+void AddBenchAdamCommand(CLI::App& bench) {
+  auto args = std::make_shared<AdamArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "adam", "CPU optimizer step against an in-place bandwidth kernel on the same bytes");
+  cmd->add_option("--params", args->params, "Parameters in the shard (K, M, G are powers of 1024)")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Threads (0: every CPU in the affinity mask)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "Gradient type: fp32 or bf16-grad")
+      ->check(CLI::IsMember({"fp32", "bf16-grad"}))
+      ->capture_default_str();
+  cmd->add_option("--param-copy", args->param_copy, "Low-precision copy written in the same pass")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}))
+      ->capture_default_str();
+  cmd->add_option("--optimizer", args->optimizer, "adamw, adam, adagrad or lion")
+      ->check(CLI::IsMember({"adamw", "adam", "adagrad", "lion"}))
+      ->capture_default_str();
+  cmd->add_option("--isa", args->isa, "Kernel: auto, scalar, avx2 or avx512")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}))
+      ->capture_default_str();
+  cmd->add_option("--store", args->store, "Step stores: auto, cached or non_temporal")
+      ->check(CLI::IsMember({"auto", "cached", "non_temporal"}))
+      ->capture_default_str();
+  cmd->add_option("--prefetch", args->prefetch_bytes, "Software prefetch distance in bytes (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args] {
+    Status s = RunBenchAdam(*args);
+    if (!s.ok()) {
+      fmt::print(stderr, "zinf bench adam: {}\n", s.ToString());
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace zinf::tools
