@@ -46,6 +46,8 @@ struct NvmeArgs {
   bool vs_fio_grid = false;
   bool no_fio = false;
   bool checksum = false;
+  bool no_huge_pages = false;
+  bool fio_huge_pages = false;
 };
 
 struct Config {
@@ -92,7 +94,9 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
                                            : IoBackend::kIoUring;
   ZINF_ASSIGN_OR_RETURN(auto store, SwapStore::Open(o));
   const uint64_t chunk = std::min<uint64_t>(AlignUp(c.size, kDirectIoAlignment), 64 * kMiB);
-  ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(chunk));
+  HostAllocOptions alloc;
+  alloc.huge_pages = !args.no_huge_pages;
+  ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(chunk, alloc));
   for (uint64_t i = 0; i < chunk / 8; ++i) buffer.as<uint64_t>()[i] = i * 0x9E3779B97F4A7C15ull;
   Status reg = store->RegisterBuffer(buffer.data(), chunk);
   if (!reg.ok()) log::Warn("registering the staging buffer: {}", reg.ToString());
@@ -143,8 +147,9 @@ std::string FioCommand(const std::string& fio, const NvmeArgs& args, const Confi
   const uint64_t per_path = AlignUp(c.size / args.paths.size(), c.block);
   std::string cmd = fmt::format(
       "{} --ioengine=io_uring --direct=1 --rw={} --bs={} --iodepth={} --size={} "
-      "--group_reporting --output-format=json",
-      fio, rw, c.block, c.qd, per_path);
+      "--group_reporting --output-format=json{}",
+      fio, rw, c.block, c.qd, per_path,
+      args.fio_huge_pages ? " --mem=shmhuge --hugepage-size=2m" : "");
   for (size_t i = 0; i < args.paths.size(); ++i) {
     cmd += fmt::format(" --name=p{} --filename={}", i, FioFile(args.paths[i]));
   }
@@ -274,17 +279,17 @@ Status RunBenchNvme(const NvmeArgs& args) {
                    {"block_size", c.block},     {"queue_depth", c.qd},
                    {"thread_count", c.threads}, {"backend", args.backend},
                    {"direct_io", true},         {"checksum", args.checksum},
-                   {"repetitions", args.reps},  {"mode", args.sweep         ? "sweep"
+                   {"repetitions", args.reps},  {"huge_pages", !args.no_huge_pages}, {"fio_huge_pages", args.fio_huge_pages},  {"mode", args.sweep         ? "sweep"
                                                           : args.vs_fio_grid ? "vs-fio-grid"
                                                                              : "single"}};
   out["fio"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(fio);
   if (!args.json) {
     fmt::print("zinf bench nvme: sequential write then read through SwapStore, O_DIRECT\n");
     fmt::print("  paths {}  size {}  block {}  queue depth {}  rings {}  backend {}  checksum {}"
-               "  repetitions {}\n",
+               "  repetitions {}{}\n",
                fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size),
                FormatBytes(c.block), c.qd, c.threads, args.backend, args.checksum ? "on" : "off",
-               args.reps);
+               args.reps, args.no_huge_pages ? "  staging 4 KiB pages" : "  staging 2 MiB huge pages");
     if (fio.empty()) {
       fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
     } else {
@@ -294,6 +299,7 @@ Status RunBenchNvme(const NvmeArgs& args) {
     }
   }
 
+  std::fflush(stdout);
   if (args.sweep) {
     if (!args.json) {
       fmt::print("\n{:>8} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}\n", "block", "qd",
@@ -384,6 +390,11 @@ void AddBenchNvmeCommand(CLI::App& bench) {
                 "Compare with fio's best over the sweep grid instead of fio at the same settings");
   cmd->add_flag("--no-fio", args->no_fio, "Do not run fio");
   cmd->add_flag("--checksum", args->checksum, "CRC32C on write, verified on read");
+  cmd->add_flag("--fio-huge-pages", args->fio_huge_pages,
+                "Give fio 2 MiB huge-page buffers too (--mem=shmhuge; needs vm.nr_hugepages >= "
+                "block size x queue depth / 2 MiB)");
+  cmd->add_flag("--no-huge-pages", args->no_huge_pages,
+                "Stage through 4 KiB pages (as fio's buffers are) instead of 2 MiB huge pages");
   cmd->callback([args] {
     Status s = RunBenchNvme(*args);
     if (!s.ok()) {
