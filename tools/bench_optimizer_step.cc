@@ -26,6 +26,7 @@
 #include "offload/pipelined_optimizer.h"
 #include "tools/commands.h"
 #include "zinf/cpu_optimizer.h"
+#include "zinf/host_memory.h"
 
 namespace zinf::tools {
 namespace {
@@ -40,6 +41,7 @@ struct OptimizerStepArgs {
   int buffers = 4;
   int reps = 3;
   int threads = 0;
+  std::string store_mode = "auto";
   bool checksum = false;
   bool json = false;
 };
@@ -93,6 +95,9 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
   }
   CpuOptimizerOptions co;
   co.threads = args.threads;
+  co.store_mode = args.store_mode == "cached" ? StoreMode::kCached
+                  : args.store_mode == "nt"   ? StoreMode::kNonTemporal
+                                               : StoreMode::kAuto;
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer, CpuOptimizer::Create(co));
   OptimizerHyperParams hp;
   hp.weight_decay = 0.01;
@@ -100,7 +105,7 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<PipelinedOptimizer> piped,
                         PipelinedOptimizer::Create(optimizer.get(), store.get(), options));
 
-  std::vector<uint16_t> host_copy;
+  HostBuffer host_copy;  // page-aligned, as a pinned parameter tier would be
   ShardSpec spec;
   spec.name = "bench";
   spec.group = group;
@@ -109,7 +114,7 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
   if (param_tier == "nvme") {
     spec.param_copy_tier = ParamCopyTier::kNvme;
   } else if (param_tier == "host") {
-    host_copy.assign(params, 0);
+    ZINF_ASSIGN_OR_RETURN(host_copy, HostBuffer::Allocate(params * 2));
     spec.param_copy_tier = ParamCopyTier::kHost;
     spec.param_copy = host_copy.data();
   }
@@ -121,9 +126,10 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
                "copy bf16 to {}\n",
                params, FormatBytes(params * 16), args.state_tier, param_tier);
     fmt::print("  host budget {} -> {} buffers of {} elements ({} staging), cpu_optim {} x{} "
-               "threads, {} reps{}\n",
+               "threads, {} stores, {} reps{}\n",
                FormatBytes(host_budget), piped->num_buffers(), piped->chunk_elements(),
-               FormatBytes(piped->staging_pool().stats().arena_bytes), isa, threads, args.reps,
+               FormatBytes(piped->staging_pool().stats().arena_bytes), isa, threads,
+               args.store_mode, args.reps,
                store ? fmt::format(", swap {} (O_DIRECT {}, checksum {})", args.path,
                                    store->direct_io() ? "on" : "off", args.checksum ? "on" : "off")
                      : "");
@@ -181,6 +187,7 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
       {"buffers", piped->num_buffers()},
       {"threads", threads},
       {"isa", isa},
+      {"store_mode", args.store_mode},
       {"reps", args.reps},
       {"setup_s", setup_s},
       {"step_s", step},
@@ -238,6 +245,10 @@ void AddBenchOptimizerStepCommand(CLI::App& bench) {
       ->check(CLI::IsMember({"nvme", "host", "none"}));
   cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
   cmd->add_option("--threads", args->threads, "Optimizer threads (0: all CPUs)")->capture_default_str();
+  cmd->add_option("--store-mode", args->store_mode,
+                  "cpu_optim stores: auto, cached or nt (non-temporal)")
+      ->check(CLI::IsMember({"auto", "cached", "nt"}))
+      ->capture_default_str();
   cmd->add_flag("--checksum", args->checksum, "CRC32C on every NVMe write, verified on read");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] {
