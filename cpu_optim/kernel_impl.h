@@ -107,23 +107,36 @@ inline void UpdateOne(const Consts<V>& c, typename V::T g, typename V::T& p, typ
 
 constexpr bool HasState1(Kind k) { return k == Kind::kAdamW || k == Kind::kAdam; }
 
+// The arrays as restrict-qualified locals: without them the compiler must assume a store
+// through params may change the StepArrays the pointers are read from, and reloads them after
+// every store; next to streaming stores those reloads cost most of the bandwidth.
+struct Ptrs {
+  float* __restrict p;
+  const void* __restrict g;
+  float* __restrict s0;
+  float* __restrict s1;
+  void* __restrict copy;
+};
+
+inline Ptrs MakePtrs(const StepArrays& a) {
+  return Ptrs{a.params, a.grads, a.state0, a.state1, a.copy};
+}
+
 template <Kind K, Elem G, CopyKind C, bool kNt, class V>
-inline void UpdateAt(const Consts<V>& c, const StepArrays& a, size_t i) {
+inline void UpdateAt(const Consts<V>& c, const Ptrs& a, size_t i) {
   using T = typename V::T;
-  T g = V::template LoadGrad<G>(a.grads, i);
-  T p = V::Load(a.params + i);
-  T s0 = V::Load(a.state0 + i);
+  T g = V::template LoadGrad<G>(a.g, i);
+  T p = V::Load(a.p + i);
+  T s0 = V::Load(a.s0 + i);
   T s1 = s0;
-  if constexpr (HasState1(K)) s1 = V::Load(a.state1 + i);
+  if constexpr (HasState1(K)) s1 = V::Load(a.s1 + i);
   UpdateOne<K, V>(c, g, p, s0, s1);
-  V::template Store<kNt>(a.params + i, p);
-  V::template Store<kNt>(a.state0 + i, s0);
-  if constexpr (HasState1(K)) V::template Store<kNt>(a.state1 + i, s1);
+  V::template Store<kNt>(a.p + i, p);
+  V::template Store<kNt>(a.s0 + i, s0);
+  if constexpr (HasState1(K)) V::template Store<kNt>(a.s1 + i, s1);
   if constexpr (C != CopyKind::kNone) V::template StoreCopy<C, kNt>(a.copy, i, p);
 }
 
-// Elements per main-loop iteration: one 64-byte line of every fp32 array.
-constexpr size_t kLineElems = 16;
 
 inline size_t ElemBytes(Elem e) { return e == Elem::kFp32 ? 4 : 2; }
 
@@ -142,6 +155,37 @@ inline bool StreamingHead(const StepArrays& a, bool two_states, size_t* head) {
   return true;
 }
 
+// Elements per main-loop iteration: one 64-byte line of every fp32 array.
+constexpr size_t kLineElems = 16;
+
+// Note [Loads before streaming stores]
+// A line's loads all come before any of its stores. A load from a line that still has a
+// partly filled write-combining buffer (a streaming store to its first half) forces that
+// buffer out as a partial-line write; doing that for every line cut the streaming kernels'
+// bandwidth by more than ten times on the development machine.
+template <Kind K, Elem G, CopyKind C, bool kNt, class V>
+inline void UpdateLine(const Consts<V>& c, const Ptrs& a, size_t i) {
+  using T = typename V::T;
+  constexpr size_t kVecs = kLineElems / V::kWidth;
+  T g[kVecs], p[kVecs], s0[kVecs], s1[kVecs];
+  for (size_t j = 0; j < kVecs; ++j) {
+    const size_t at = i + j * V::kWidth;
+    g[j] = V::template LoadGrad<G>(a.g, at);
+    p[j] = V::Load(a.p + at);
+    s0[j] = V::Load(a.s0 + at);
+    s1[j] = s0[j];
+    if constexpr (HasState1(K)) s1[j] = V::Load(a.s1 + at);
+  }
+  for (size_t j = 0; j < kVecs; ++j) UpdateOne<K, V>(c, g[j], p[j], s0[j], s1[j]);
+  for (size_t j = 0; j < kVecs; ++j) {
+    const size_t at = i + j * V::kWidth;
+    V::template Store<kNt>(a.p + at, p[j]);
+    V::template Store<kNt>(a.s0 + at, s0[j]);
+    if constexpr (HasState1(K)) V::template Store<kNt>(a.s1 + at, s1[j]);
+    if constexpr (C != CopyKind::kNone) V::template StoreCopy<C, kNt>(a.copy, at, p[j]);
+  }
+}
+
 template <Kind K, Elem G, CopyKind C, bool kNt, class V>
 void StepLoop(const StepCoeffs& coeffs, const StepArrays& a, size_t prefetch_bytes) {
   const size_t n = a.count;
@@ -155,26 +199,25 @@ void StepLoop(const StepCoeffs& coeffs, const StepArrays& a, size_t prefetch_byt
   if (head > n) head = n;
   const Consts<ScalarVec> cs(coeffs);
   const Consts<V> cv(coeffs);
+  const Ptrs ptr = MakePtrs(a);
   size_t i = 0;
-  for (; i < head; ++i) UpdateAt<K, G, C, false, ScalarVec>(cs, a, i);
-  const size_t pf = prefetch_bytes / 4;  // lead in elements
+  for (; i < head; ++i) UpdateAt<K, G, C, false, ScalarVec>(cs, ptr, i);
   const size_t gbytes = ElemBytes(G);
-  const char* gbase = static_cast<const char*>(a.grads);
+  const char* pf_p = reinterpret_cast<const char*>(ptr.p) + prefetch_bytes;
+  const char* pf_s0 = reinterpret_cast<const char*>(ptr.s0) + prefetch_bytes;
+  const char* pf_s1 = reinterpret_cast<const char*>(ptr.s1) + prefetch_bytes;
+  const char* pf_g = static_cast<const char*>(ptr.g) + prefetch_bytes / 4 * gbytes;
   for (; i + kLineElems <= n; i += kLineElems) {
-    if (pf != 0) {
+    if (prefetch_bytes != 0) {
       // Prefetch addresses may run past the arrays' ends: prefetches never fault.
-      V::Prefetch(reinterpret_cast<const char*>(a.params + i) + prefetch_bytes);
-      V::Prefetch(reinterpret_cast<const char*>(a.state0 + i) + prefetch_bytes);
-      if constexpr (HasState1(K)) {
-        V::Prefetch(reinterpret_cast<const char*>(a.state1 + i) + prefetch_bytes);
-      }
-      V::Prefetch(gbase + (i + pf) * gbytes);
+      V::Prefetch(pf_p + i * 4);
+      V::Prefetch(pf_s0 + i * 4);
+      if constexpr (HasState1(K)) V::Prefetch(pf_s1 + i * 4);
+      V::Prefetch(pf_g + i * gbytes);
     }
-    for (size_t j = 0; j < kLineElems; j += V::kWidth) {
-      UpdateAt<K, G, C, kNt, V>(cv, a, i + j);
-    }
+    UpdateLine<K, G, C, kNt, V>(cv, ptr, i);
   }
-  for (; i < n; ++i) UpdateAt<K, G, C, false, ScalarVec>(cs, a, i);
+  for (; i < n; ++i) UpdateAt<K, G, C, false, ScalarVec>(cs, ptr, i);
   if constexpr (kNt) V::StoreFence();  // streaming stores are weakly ordered
 }
 
@@ -220,14 +263,42 @@ void StepAny(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
 // ---- The bandwidth limit: same bytes, minimal arithmetic ----
 
 template <Elem G, CopyKind C, bool kTwo, bool kNt, class V>
-inline void LimitAt(const StepArrays& a, size_t i) {
+inline void LimitAt(const Ptrs& a, size_t i) {
   using T = typename V::T;
-  T g = V::template LoadGrad<G>(a.grads, i);
-  T p = V::Add(V::Load(a.params + i), g);
-  V::template Store<kNt>(a.params + i, p);
-  V::template Store<kNt>(a.state0 + i, V::Add(V::Load(a.state0 + i), g));
-  if constexpr (kTwo) V::template Store<kNt>(a.state1 + i, V::Add(V::Load(a.state1 + i), g));
+  T g = V::template LoadGrad<G>(a.g, i);
+  T p = V::Load(a.p + i);
+  T s0 = V::Load(a.s0 + i);
+  T s1 = s0;
+  if constexpr (kTwo) s1 = V::Load(a.s1 + i);
+  p = V::Add(p, g);
+  V::template Store<kNt>(a.p + i, p);
+  V::template Store<kNt>(a.s0 + i, V::Add(s0, g));
+  if constexpr (kTwo) V::template Store<kNt>(a.s1 + i, V::Add(s1, g));
   if constexpr (C != CopyKind::kNone) V::template StoreCopy<C, kNt>(a.copy, i, p);
+}
+
+// One line of every array, loads first (Note [Loads before streaming stores]).
+template <Elem G, CopyKind C, bool kTwo, bool kNt, class V>
+inline void LimitLine(const Ptrs& a, size_t i) {
+  using T = typename V::T;
+  constexpr size_t kVecs = kLineElems / V::kWidth;
+  T g[kVecs], p[kVecs], s0[kVecs], s1[kVecs];
+  for (size_t j = 0; j < kVecs; ++j) {
+    const size_t at = i + j * V::kWidth;
+    g[j] = V::template LoadGrad<G>(a.g, at);
+    p[j] = V::Load(a.p + at);
+    s0[j] = V::Load(a.s0 + at);
+    s1[j] = s0[j];
+    if constexpr (kTwo) s1[j] = V::Load(a.s1 + at);
+  }
+  for (size_t j = 0; j < kVecs; ++j) {
+    const size_t at = i + j * V::kWidth;
+    p[j] = V::Add(p[j], g[j]);
+    V::template Store<kNt>(a.p + at, p[j]);
+    V::template Store<kNt>(a.s0 + at, V::Add(s0[j], g[j]));
+    if constexpr (kTwo) V::template Store<kNt>(a.s1 + at, V::Add(s1[j], g[j]));
+    if constexpr (C != CopyKind::kNone) V::template StoreCopy<C, kNt>(a.copy, at, p[j]);
+  }
 }
 
 template <Elem G, CopyKind C, bool kTwo, bool kNt, class V>
@@ -241,21 +312,24 @@ void LimitLoop(const StepArrays& a, size_t prefetch_bytes) {
     }
   }
   if (head > n) head = n;
+  const Ptrs ptr = MakePtrs(a);
   size_t i = 0;
-  for (; i < head; ++i) LimitAt<G, C, kTwo, false, ScalarVec>(a, i);
-  const size_t pf = prefetch_bytes / 4;
+  for (; i < head; ++i) LimitAt<G, C, kTwo, false, ScalarVec>(ptr, i);
   const size_t gbytes = ElemBytes(G);
-  const char* gbase = static_cast<const char*>(a.grads);
+  const char* pf_p = reinterpret_cast<const char*>(ptr.p) + prefetch_bytes;
+  const char* pf_s0 = reinterpret_cast<const char*>(ptr.s0) + prefetch_bytes;
+  const char* pf_s1 = reinterpret_cast<const char*>(ptr.s1) + prefetch_bytes;
+  const char* pf_g = static_cast<const char*>(ptr.g) + prefetch_bytes / 4 * gbytes;
   for (; i + kLineElems <= n; i += kLineElems) {
-    if (pf != 0) {
-      V::Prefetch(reinterpret_cast<const char*>(a.params + i) + prefetch_bytes);
-      V::Prefetch(reinterpret_cast<const char*>(a.state0 + i) + prefetch_bytes);
-      if constexpr (kTwo) V::Prefetch(reinterpret_cast<const char*>(a.state1 + i) + prefetch_bytes);
-      V::Prefetch(gbase + (i + pf) * gbytes);
+    if (prefetch_bytes != 0) {
+      V::Prefetch(pf_p + i * 4);
+      V::Prefetch(pf_s0 + i * 4);
+      if constexpr (kTwo) V::Prefetch(pf_s1 + i * 4);
+      V::Prefetch(pf_g + i * gbytes);
     }
-    for (size_t j = 0; j < kLineElems; j += V::kWidth) LimitAt<G, C, kTwo, kNt, V>(a, i + j);
+    LimitLine<G, C, kTwo, kNt, V>(ptr, i);
   }
-  for (; i < n; ++i) LimitAt<G, C, kTwo, false, ScalarVec>(a, i);
+  for (; i < n; ++i) LimitAt<G, C, kTwo, false, ScalarVec>(ptr, i);
   if constexpr (kNt) V::StoreFence();
 }
 
