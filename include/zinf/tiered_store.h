@@ -1,0 +1,141 @@
+// TieredStore: tensors (plain byte ranges) that live in one of three memory tiers — device
+// memory, pinned host memory, NVMe — with cached copies in the faster tiers, moved ahead of use.
+//
+// Each tensor has a home tier, where its bytes persist, and may have cached copies in the device
+// and host tiers (NVMe is only ever a home). Prefetch starts making a copy resident without
+// blocking; Acquire returns a pointer once the copy is resident and current, and keeps it there
+// until Release; Evict drops a cached copy, writing it back to the home first when it holds the
+// only current bytes; Flush writes every such copy back.
+//
+// Budgets. Every tier has a byte budget (the NVMe tier: its swap capacity) that is never
+// exceeded: homes and cached copies both count. When a copy does not fit, unpinned cached copies
+// in that tier are evicted — the one whose next use (SetNextUse) is furthest away first; copies
+// with no hint go before hinted ones, least recently used first. If nothing can be evicted the
+// call fails with ResourceExhausted naming the tier, its budget and what is pinned.
+//
+// Large tensors. A tensor is stored on NVMe as pieces of at most `piece_bytes`, and moves
+// between the device and NVMe go through pinned staging buffers one piece at a time, so a
+// tensor larger than any staging buffer (or than the host budget) is moved, never refused.
+//
+// Consistency. Acquire for writing is exclusive: it waits until no other pin and no transfer
+// is active on the tensor, and afterwards every other copy is stale until refreshed from the
+// written one. Acquire for reading is shared. Bytes read always equal the last bytes written.
+// A thread must not acquire a tensor it has acquired for writing (it would wait for itself).
+//
+// Errors. An NVMe failure reaches the call that needed the transfer (or the Prefetch future)
+// with the tensor named; a failed write-back leaves the cached copy in place (nothing is lost).
+// Any call on a freed tensor is FailedPrecondition naming it.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef ZINF_TIERED_STORE_H_
+#define ZINF_TIERED_STORE_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/status.h"
+
+namespace zinf {
+
+enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
+std::string_view TierName(Tier tier);  // "device", "host", "nvme"
+
+enum class Access { kRead, kWrite };
+
+struct TieredStoreOptions {
+  // The device tier: "host" (the CPU as a device: host memory under device_budget_bytes),
+  // "cuda:N", or "" for none.
+  std::string device = "host";
+  uint64_t device_budget_bytes = 0;  // must be > 0 when there is a device
+  // Pinned host tier (homes and cached copies); must be > 0.
+  uint64_t host_budget_bytes = 0;
+  bool pin_host = true;  // page-lock the host tier (ordinary memory when false)
+  int numa_node = -1;    // NUMA node of the host tier; -1: first touch
+  // NVMe tier: swap directories (DeepSpeed: nvme_path); empty for none.
+  std::vector<std::string> nvme_paths;
+  uint64_t nvme_capacity_bytes = 0;  // swap space; must be > 0 with paths
+  bool nvme_checksum = true;         // CRC32C on write, verified on read
+  // Largest single NVMe I/O piece and size of each staging buffer, a multiple of 4096.
+  uint64_t piece_bytes = 64ull << 20;
+  int staging_buffers = 2;  // pinned buffers for device<->NVMe moves (separate from the budget)
+  int transfer_threads = 2;  // threads that run Prefetch transfers
+
+  // InvalidArgument naming the field.
+  [[nodiscard]] Status Validate() const;
+};
+
+using TensorId = uint64_t;
+
+struct LinkStats {
+  uint64_t bytes = 0;
+  double busy_seconds = 0;  // wall time with at least one transfer on the link
+  double GBps() const { return busy_seconds > 0 ? bytes / busy_seconds / 1e9 : 0.0; }
+};
+
+struct TierStats {
+  uint64_t budget_bytes = 0;
+  uint64_t in_use_bytes = 0;
+  uint64_t peak_bytes = 0;
+};
+
+struct TieredStoreStats {
+  LinkStats host_to_device, device_to_host, host_to_nvme, nvme_to_host;
+  TierStats tiers[3];  // indexed by Tier
+  uint64_t evictions = 0;
+  uint64_t write_backs = 0;
+};
+
+class TieredStore {
+ public:
+  // Opens the device, the pools and the swap files. Errors: InvalidArgument (options),
+  // Unavailable (no such device), the swap store's errors for the NVMe paths.
+  static StatusOr<std::unique_ptr<TieredStore>> Create(const TieredStoreOptions& options);
+  // Waits for transfers; frees everything (dirty cached copies are not written back: Flush first).
+  ~TieredStore();
+  TieredStore(const TieredStore&) = delete;
+  TieredStore& operator=(const TieredStore&) = delete;
+
+  // A tensor of `size_bytes` (> 0) whose home is `home`, reading as zeros. Errors:
+  // InvalidArgument (size 0, a tier this store lacks), ResourceExhausted (home tier full).
+  StatusOr<TensorId> Create(std::string name, uint64_t size_bytes, Tier home);
+  // Frees every copy. FailedPrecondition while the tensor is acquired.
+  Status Free(TensorId id);
+
+  // Starts making a current copy resident in `tier` (asynchronous); the future holds the
+  // outcome. Errors as for Acquire.
+  std::shared_future<Status> Prefetch(TensorId id, Tier tier);
+  // Blocks until a current copy is resident in `tier`, pins it, and returns its address (a
+  // device pointer for Tier::kDevice, a host pointer for kHost). kNvme is not addressable:
+  // InvalidArgument. Errors: FailedPrecondition (freed tensor), ResourceExhausted (tier full
+  // of pinned copies), the I/O error of the transfer with the tensor named.
+  StatusOr<void*> Acquire(TensorId id, Tier tier, Access access);
+  // Unpins one Acquire of `tier`. FailedPrecondition when it was not acquired there.
+  Status Release(TensorId id, Tier tier);
+  // Drops the cached copy in `tier`, writing it back home first when it is the only current
+  // one. InvalidArgument for the home tier; FailedPrecondition while acquired there.
+  Status Evict(TensorId id, Tier tier);
+  // Writes every cached copy that is newer than its home back to the home, and waits for
+  // prefetches in flight.
+  Status Flush();
+  // Eviction hint: the tensor's next use, in the caller's units (e.g. the index of the module
+  // that needs it next in the traced order). Smaller is sooner. Negative clears the hint.
+  Status SetNextUse(TensorId id, int64_t next_use);
+
+  // Tiers where a current copy is resident (for tests and tools).
+  StatusOr<std::vector<Tier>> ResidentTiers(TensorId id);
+  TieredStoreStats stats() const;
+  std::string device_name() const;
+
+ private:
+  struct Impl;
+  explicit TieredStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_TIERED_STORE_H_

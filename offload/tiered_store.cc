@@ -1,0 +1,796 @@
+// TieredStore: see include/zinf/tiered_store.h.
+//
+// One mutex guards every tensor's metadata; transfers run without it, with the tensor marked
+// busy so that nothing evicts, frees or overwrites the copies a transfer uses. A condition
+// variable wakes threads waiting for a tensor to become idle or a staging buffer to come back.
+// The pools (MemoryPool) enforce each tier's budget; a copy that does not fit evicts unpinned
+// cached copies first (See Note [TieredStore eviction order]).
+#include "zinf/tiered_store.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/log.h"
+#include "core/units.h"
+#include "nvme/swap_store.h"
+#include "offload/device.h"
+#include "offload/memory_pool.h"
+
+namespace zinf {
+
+// Note [TieredStore eviction order]
+// The ZeRO engine knows, from the trace of the first step, when each parameter is needed next,
+// and passes it as SetNextUse; evicting the copy needed furthest in the future is Belady's
+// optimal policy. Tensors without a hint are ones the engine does not expect to need (or a
+// caller that gives no hints at all): they go first, least recently used first, which is plain
+// LRU when no hints are given.
+
+std::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "unknown";
+}
+
+Status TieredStoreOptions::Validate() const {
+  if (!device.empty() && device != "host" && device.rfind("cuda:", 0) != 0) {
+    return InvalidArgument(fmt::format(
+        "tiered store device must be \"host\", \"cuda:N\" or empty, got \"{}\"", device));
+  }
+  if (!device.empty() && device_budget_bytes == 0) {
+    return InvalidArgument("tiered store device_budget_bytes must be > 0 with a device, got 0");
+  }
+  if (host_budget_bytes == 0) {
+    return InvalidArgument("tiered store host_budget_bytes must be > 0, got 0");
+  }
+  if (!nvme_paths.empty() && nvme_capacity_bytes == 0) {
+    return InvalidArgument("tiered store nvme_capacity_bytes must be > 0 with nvme_paths, got 0");
+  }
+  if (piece_bytes == 0 || piece_bytes % 4096 != 0) {
+    return InvalidArgument(fmt::format(
+        "tiered store piece_bytes must be a positive multiple of 4096, got {}", piece_bytes));
+  }
+  if (staging_buffers < 1 || staging_buffers > 64) {
+    return InvalidArgument(
+        fmt::format("tiered store staging_buffers must be in [1, 64], got {}", staging_buffers));
+  }
+  if (transfer_threads < 1 || transfer_threads > 64) {
+    return InvalidArgument(
+        fmt::format("tiered store transfer_threads must be in [1, 64], got {}", transfer_threads));
+  }
+  return OkStatus();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kTiers = 3;
+int Index(Tier tier) { return static_cast<int>(tier); }
+
+// Busy time of one link: the union of the intervals during which a transfer was running.
+class LinkMeter {
+ public:
+  void Begin() {
+    std::lock_guard lock(mu_);
+    if (active_++ == 0) since_ = Clock::now();
+  }
+  void End(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    stats_.bytes += bytes;
+    if (--active_ == 0) stats_.busy_seconds += std::chrono::duration<double>(Clock::now() - since_).count();
+  }
+  LinkStats stats() const {
+    std::lock_guard lock(mu_);
+    LinkStats s = stats_;
+    if (active_ > 0) s.busy_seconds += std::chrono::duration<double>(Clock::now() - since_).count();
+    return s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  int active_ = 0;
+  Clock::time_point since_;
+  LinkStats stats_;
+};
+
+class LinkScope {
+ public:
+  LinkScope(LinkMeter& meter, uint64_t bytes) : meter_(meter), bytes_(bytes) { meter_.Begin(); }
+  ~LinkScope() { meter_.End(bytes_); }
+
+ private:
+  LinkMeter& meter_;
+  uint64_t bytes_;
+};
+
+}  // namespace
+
+struct TieredStore::Impl {
+  struct Copy {
+    bool present = false;  // memory held in this tier
+    bool valid = false;    // holds the current bytes
+    bool zero = false;     // current bytes are all zero and the memory was never written
+    int pins = 0;
+    PoolBlock block;                  // device and host tiers
+    std::vector<SwapExtent> extents;  // NVMe tier: pieces of at most piece_bytes
+  };
+  struct Tensor {
+    TensorId id = 0;
+    std::string name;
+    uint64_t size = 0;
+    Tier home = Tier::kHost;
+    std::array<Copy, kTiers> copies;
+    bool busy = false;    // a transfer uses the copies
+    bool writer = false;  // acquired for writing
+    int64_t next_use = -1;
+    uint64_t last_use = 0;
+    std::array<std::shared_future<Status>, kTiers> prefetch;  // in flight, if valid()
+    int pins() const { return copies[0].pins + copies[1].pins + copies[2].pins; }
+  };
+
+  TieredStoreOptions options;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> up_stream;    // host to device
+  std::unique_ptr<Stream> down_stream;  // device to host
+  std::unique_ptr<MemoryPool> device_pool;
+  std::unique_ptr<MemoryPool> host_pool;
+  std::unique_ptr<SwapStore> swap;
+  std::unique_ptr<MemoryPool> staging_pool;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<TensorId, std::unique_ptr<Tensor>> tensors;  // guarded by mu
+  std::unordered_map<TensorId, std::string> freed;                // names of freed tensors
+  TensorId next_id = 1;
+  uint64_t tick = 0;
+  uint64_t evictions = 0;
+  uint64_t write_backs = 0;
+  std::vector<PoolBlock> staging_free;  // guarded by mu
+
+  LinkMeter h2d, d2h, h2n, n2h;
+
+  // Prefetch workers.
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<std::function<void()>> queue;
+  bool stopping = false;
+  std::vector<std::thread> workers;
+
+  ~Impl() {
+    {
+      std::lock_guard lock(queue_mu);
+      stopping = true;
+    }
+    queue_cv.notify_all();
+    for (auto& w : workers) w.join();
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] {
+      return std::none_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.second->busy; });
+    });
+    for (auto& [id, t] : tensors) ReleaseMemory(*t);
+    tensors.clear();
+    staging_free.clear();
+  }
+
+  bool HasTier(Tier tier) const {
+    switch (tier) {
+      case Tier::kDevice: return device != nullptr;
+      case Tier::kHost: return true;
+      case Tier::kNvme: return swap != nullptr;
+    }
+    return false;
+  }
+
+  void ReleaseMemory(Tensor& t) {
+    for (int i = 0; i < kTiers; ++i) DropCopy(t, static_cast<Tier>(i));
+  }
+
+  // Frees the memory of one copy; mu held.
+  void DropCopy(Tensor& t, Tier tier) {
+    Copy& c = t.copies[Index(tier)];
+    c.block.Reset();
+    for (const SwapExtent& e : c.extents) {
+      Status s = swap->Free(e);
+      if (!s.ok()) log::Warn("tiered store: freeing '{}' on NVMe: {}", t.name, s);
+    }
+    c.extents.clear();
+    c.present = false;
+    c.valid = false;
+    c.zero = false;
+  }
+
+  StatusOr<Tensor*> Find(TensorId id) {
+    auto it = tensors.find(id);
+    if (it != tensors.end()) return it->second.get();
+    auto f = freed.find(id);
+    if (f != freed.end()) {
+      return FailedPrecondition(fmt::format("tensor {} ('{}') was freed", id, f->second));
+    }
+    return InvalidArgument(fmt::format("tiered store has no tensor with id {}", id));
+  }
+
+  // One attempt at the memory of t's copy in `tier`: allocates it, or evicts one cached copy in
+  // that tier to make room and returns OK without allocating (the caller looks at the tensor
+  // again and retries: the lock may have been released for a write-back, and t changed).
+  // mu held on entry and exit.
+  Status TryAllocate(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier) {
+    {
+      if (tier == Tier::kNvme) {
+        std::vector<SwapExtent> extents;
+        for (uint64_t off = 0; off < t.size; off += options.piece_bytes) {
+          StatusOr<SwapExtent> e = swap->Allocate(std::min(options.piece_bytes, t.size - off),
+                                                  fmt::format("{} piece {}", t.name, off / options.piece_bytes));
+          if (!e.ok()) {
+            for (const SwapExtent& x : extents) swap->Free(x).IgnoreError();
+            return std::move(e).status();
+          }
+          extents.push_back(*e);
+        }
+        t.copies[Index(tier)].extents = std::move(extents);
+        t.copies[Index(tier)].present = true;
+        return OkStatus();
+      }
+      MemoryPool& pool = tier == Tier::kDevice ? *device_pool : *host_pool;
+      StatusOr<PoolBlock> block = pool.Allocate(t.size);
+      if (block.ok()) {
+        t.copies[Index(tier)].block = std::move(*block);
+        t.copies[Index(tier)].present = true;
+        return OkStatus();
+      }
+      if (block.status().code() != StatusCode::kResourceExhausted) return block.status();
+      Tensor* victim = PickVictim(tier, &t);
+      if (victim == nullptr) {
+        uint64_t pinned = 0;
+        for (const auto& [id, x] : tensors) {
+          if (x->copies[Index(tier)].present && (x->pins() > 0 || x->busy || x->home == tier)) {
+            pinned += x->size;
+          }
+        }
+        return ResourceExhausted(fmt::format(
+            "{} tier cannot hold tensor '{}' ({}): {}; nothing to evict ({} held by homes, "
+            "pinned or moving copies)",
+            TierName(tier), t.name, FormatBytes(t.size), block.status().message(), FormatBytes(pinned)));
+      }
+      return EvictLocked(lock, *victim, tier);
+    }
+  }
+
+  // See Note [TieredStore eviction order]. mu held.
+  Tensor* PickVictim(Tier tier, const Tensor* requester) {
+    Tensor* best = nullptr;
+    for (auto& [id, p] : tensors) {
+      Tensor* x = p.get();
+      const Copy& c = x->copies[Index(tier)];
+      if (x == requester || !c.present || x->home == tier || c.pins > 0 || x->busy || x->writer) continue;
+      if (best == nullptr) {
+        best = x;
+        continue;
+      }
+      const bool x_hint = x->next_use >= 0, b_hint = best->next_use >= 0;
+      if (x_hint != b_hint) {
+        if (!x_hint) best = x;
+      } else if (!x_hint) {
+        if (x->last_use < best->last_use) best = x;
+      } else if (x->next_use > best->next_use) {
+        best = x;
+      }
+    }
+    return best;
+  }
+
+  // Drops t's cached copy in `tier`, writing it back home when the home is stale. mu held.
+  Status EvictLocked(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier) {
+    Copy& c = t.copies[Index(tier)];
+    Copy& home = t.copies[Index(t.home)];
+    if (c.valid && !home.valid) {
+      t.busy = true;
+      lock.unlock();
+      Status s = Transfer(t, tier, t.home);
+      lock.lock();
+      t.busy = false;
+      cv.notify_all();
+      if (!s.ok()) {
+        return std::move(s).WithContext(
+            fmt::format("writing tensor '{}' back to its home ({})", t.name, TierName(t.home)));
+      }
+      home.valid = true;
+      home.zero = false;
+      ++write_backs;
+    }
+    DropCopy(t, tier);
+    ++evictions;
+    return OkStatus();
+  }
+
+  // Makes a current copy of t resident in `tier`. mu held on entry and exit.
+  Status MakeValid(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier, bool for_write) {
+    const TensorId id = t.id;
+    while (true) {
+      if (!tensors.contains(id)) return Find(id).status();
+      Copy& c = t.copies[Index(tier)];
+      if (t.busy || t.writer || (for_write && t.pins() > 0)) {
+        cv.wait(lock);
+        continue;
+      }
+      if (c.valid) return OkStatus();
+      if (!c.present) {
+        ZINF_RETURN_IF_ERROR(TryAllocate(lock, t, tier));
+        continue;  // the lock may have been released: look again
+      }
+      // The source: a current copy, the host one when there is a choice (every link touches it).
+      Tier src = Tier::kHost;
+      if (!t.copies[Index(Tier::kHost)].valid) {
+        src = t.copies[Index(Tier::kDevice)].valid ? Tier::kDevice : Tier::kNvme;
+      }
+      if (!t.copies[Index(src)].valid) {
+        return Internal(fmt::format("tensor '{}' has no current copy", t.name));
+      }
+      t.busy = true;
+      lock.unlock();
+      Status s = Transfer(t, src, tier);
+      lock.lock();
+      t.busy = false;
+      cv.notify_all();
+      if (!s.ok()) {
+        return std::move(s).WithContext(fmt::format("moving tensor '{}' from {} to {}", t.name,
+                                                    TierName(src), TierName(tier)));
+      }
+      c.valid = true;
+      c.zero = false;
+      return OkStatus();
+    }
+  }
+
+  // Copies t's bytes from copy `src` to copy `dst`; t is busy, mu not held.
+  Status Transfer(Tensor& t, Tier src, Tier dst) {
+    Copy& from = t.copies[Index(src)];
+    Copy& to = t.copies[Index(dst)];
+    if (from.zero) {
+      if (dst == Tier::kHost) {
+        std::memset(to.block.data(), 0, t.size);
+        return OkStatus();
+      }
+      if (dst == Tier::kDevice) {
+        ZINF_RETURN_IF_ERROR(up_stream->Memset(to.block.data(), 0, t.size));
+        return up_stream->Synchronize();
+      }
+      // NVMe from zeros: through a zeroed staging buffer.
+      return WritePieces(t, to, nullptr);
+    }
+    if (src == Tier::kHost && dst == Tier::kDevice) {
+      LinkScope scope(h2d, t.size);
+      return DeviceCopy(*up_stream, to.block.data(), from.block.data(), t.size, CopyKind::kHostToDevice);
+    }
+    if (src == Tier::kDevice && dst == Tier::kHost) {
+      LinkScope scope(d2h, t.size);
+      return DeviceCopy(*down_stream, to.block.data(), from.block.data(), t.size, CopyKind::kDeviceToHost);
+    }
+    if (src == Tier::kNvme && dst == Tier::kHost) {
+      LinkScope scope(n2h, t.size);
+      IoWaiter waiter;
+      for (size_t k = 0; k < from.extents.size(); ++k) {
+        waiter.Add();
+        swap->ReadAsync(from.extents[k], to.block.as<char>() + k * options.piece_bytes, waiter.Callback());
+      }
+      return waiter.Wait();
+    }
+    if (src == Tier::kHost && dst == Tier::kNvme) {
+      LinkScope scope(h2n, t.size);
+      IoWaiter waiter;
+      for (size_t k = 0; k < to.extents.size(); ++k) {
+        waiter.Add();
+        swap->WriteAsync(to.extents[k], from.block.as<char>() + k * options.piece_bytes, waiter.Callback());
+      }
+      return waiter.Wait();
+    }
+    if (src == Tier::kNvme && dst == Tier::kDevice) {
+      ZINF_ASSIGN_OR_RETURN(PoolBlock staging, TakeStaging());
+      Status s;
+      for (size_t k = 0; k < from.extents.size() && s.ok(); ++k) {
+        const uint64_t n = from.extents[k].size_bytes;
+        {
+          LinkScope scope(n2h, n);
+          s = swap->Read(from.extents[k], staging.data());
+        }
+        if (s.ok()) {
+          LinkScope scope(h2d, n);
+          s = DeviceCopy(*up_stream, to.block.as<char>() + k * options.piece_bytes, staging.data(), n,
+                         CopyKind::kHostToDevice);
+        }
+      }
+      GiveStaging(std::move(staging));
+      return s;
+    }
+    if (src == Tier::kDevice && dst == Tier::kNvme) {
+      return WritePieces(t, to, from.block.as<char>());
+    }
+    return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
+  }
+
+  // Writes device memory `device_src` (or zeros when null) to the NVMe pieces of `to`, one
+  // piece at a time through a staging buffer.
+  Status WritePieces(Tensor& t, Copy& to, const char* device_src) {
+    ZINF_ASSIGN_OR_RETURN(PoolBlock staging, TakeStaging());
+    if (device_src == nullptr) std::memset(staging.data(), 0, staging.size_bytes());
+    Status s;
+    for (size_t k = 0; k < to.extents.size() && s.ok(); ++k) {
+      const uint64_t n = to.extents[k].size_bytes;
+      if (device_src != nullptr) {
+        LinkScope scope(d2h, n);
+        s = DeviceCopy(*down_stream, staging.data(), device_src + k * options.piece_bytes, n,
+                       CopyKind::kDeviceToHost);
+      }
+      if (s.ok()) {
+        LinkScope scope(h2n, n);
+        s = swap->Write(to.extents[k], staging.data());
+      }
+    }
+    GiveStaging(std::move(staging));
+    (void)t;
+    return s;
+  }
+
+  Status DeviceCopy(Stream& stream, void* dst, const void* src, uint64_t n, CopyKind kind) {
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, device->CreateEvent());
+    ZINF_RETURN_IF_ERROR(stream.Copy(dst, src, n, kind));
+    ZINF_RETURN_IF_ERROR(stream.Record(*done));
+    return done->Synchronize();
+  }
+
+  StatusOr<PoolBlock> TakeStaging() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return !staging_free.empty(); });
+    PoolBlock b = std::move(staging_free.back());
+    staging_free.pop_back();
+    return b;
+  }
+  void GiveStaging(PoolBlock b) {
+    std::lock_guard lock(mu);
+    staging_free.push_back(std::move(b));
+    cv.notify_all();
+  }
+
+  void Enqueue(std::function<void()> job) {
+    {
+      std::lock_guard lock(queue_mu);
+      queue.push_back(std::move(job));
+    }
+    queue_cv.notify_one();
+  }
+  void WorkerLoop() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(queue_mu);
+        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping, and every queued job has run
+        job = std::move(queue.front());
+        queue.pop_front();
+      }
+      job();
+    }
+  }
+};
+
+TieredStore::TieredStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TieredStore::~TieredStore() = default;
+
+StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOptions& options) {
+  ZINF_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (options.device == "host") {
+    HostDeviceOptions d;
+    d.memory_budget_bytes = options.device_budget_bytes;
+    ZINF_ASSIGN_OR_RETURN(impl->device, CreateHostDevice(d));
+  } else if (!options.device.empty()) {
+    CudaDeviceOptions d;
+    const std::string ordinal = options.device.substr(5);
+    char* end = nullptr;
+    d.ordinal = static_cast<int>(std::strtol(ordinal.c_str(), &end, 10));
+    if (ordinal.empty() || *end != '\0') {
+      return InvalidArgument(fmt::format("tiered store device \"{}\": bad ordinal", options.device));
+    }
+    d.memory_budget_bytes = options.device_budget_bytes;
+    ZINF_ASSIGN_OR_RETURN(impl->device, CreateCudaDevice(d));
+  }
+  if (impl->device != nullptr) {
+    DevicePoolOptions dp;
+    dp.name = impl->device->name() + " tier";
+    dp.budget_bytes = options.device_budget_bytes;
+    ZINF_ASSIGN_OR_RETURN(impl->device_pool, MemoryPool::CreateOnDevice(*impl->device, dp));
+    ZINF_ASSIGN_OR_RETURN(impl->up_stream, impl->device->CreateStream());
+    ZINF_ASSIGN_OR_RETURN(impl->down_stream, impl->device->CreateStream());
+  }
+  PinnedPoolOptions hp;
+  hp.name = "host tier";
+  hp.budget_bytes = options.host_budget_bytes;
+  hp.arena_bytes = std::min<uint64_t>(options.host_budget_bytes, 1ull << 30);
+  hp.pinned = options.pin_host;
+  hp.numa_node = options.numa_node;
+  hp.device = options.pin_host && impl->device != nullptr && impl->device->kind() == DeviceKind::kCuda
+                  ? impl->device.get()
+                  : nullptr;
+  if (hp.device != nullptr) hp.numa_node = -1;
+  ZINF_ASSIGN_OR_RETURN(impl->host_pool, MemoryPool::CreatePinned(hp));
+  if (!options.nvme_paths.empty()) {
+    SwapStoreOptions so;
+    so.paths = options.nvme_paths;
+    so.capacity_bytes = options.nvme_capacity_bytes;
+    so.checksum = options.nvme_checksum;
+    ZINF_ASSIGN_OR_RETURN(impl->swap, SwapStore::Open(so));
+  }
+  if (impl->swap != nullptr) {
+    PinnedPoolOptions sp;
+    sp.name = "tiered store staging";
+    sp.budget_bytes = options.piece_bytes * options.staging_buffers;
+    sp.preallocate = true;
+    sp.pinned = options.pin_host;
+    ZINF_ASSIGN_OR_RETURN(impl->staging_pool, MemoryPool::CreatePinned(sp));
+    for (int i = 0; i < options.staging_buffers; ++i) {
+      ZINF_ASSIGN_OR_RETURN(PoolBlock b, impl->staging_pool->Allocate(options.piece_bytes));
+      impl->staging_free.push_back(std::move(b));
+    }
+  }
+  Impl* raw = impl.get();
+  for (int i = 0; i < options.transfer_threads; ++i) {
+    impl->workers.emplace_back([raw] { raw->WorkerLoop(); });
+  }
+  return std::unique_ptr<TieredStore>(new TieredStore(std::move(impl)));
+}
+
+StatusOr<TensorId> TieredStore::Create(std::string name, uint64_t size_bytes, Tier home) {
+  Impl& m = *impl_;
+  if (size_bytes == 0) return InvalidArgument(fmt::format("tensor '{}': size_bytes must be > 0", name));
+  if (!m.HasTier(home)) {
+    return InvalidArgument(fmt::format("tensor '{}': this store has no {} tier", name, TierName(home)));
+  }
+  std::unique_lock lock(m.mu);
+  auto t = std::make_unique<Impl::Tensor>();
+  t->id = m.next_id++;
+  t->name = std::move(name);
+  t->size = size_bytes;
+  t->home = home;
+  Impl::Tensor& ref = *t;
+  m.tensors.emplace(ref.id, std::move(t));
+  ref.busy = true;  // not visible as a victim or source while its home is set up
+  Status s;
+  while (s.ok() && !ref.copies[Index(home)].present) s = m.TryAllocate(lock, ref, home);
+  ref.busy = false;
+  m.cv.notify_all();
+  if (!s.ok()) {
+    m.DropCopy(ref, home);
+    m.tensors.erase(ref.id);
+    return s;
+  }
+  Impl::Copy& c = ref.copies[Index(home)];
+  c.valid = true;
+  c.zero = true;
+  ref.last_use = ++m.tick;
+  return ref.id;
+}
+
+Status TieredStore::Free(TensorId id) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  while (true) {
+    ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
+    if (t->pins() > 0) {
+      return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired and cannot be freed", id, t->name));
+    }
+    if (t->busy) {
+      m.cv.wait(lock);
+      continue;
+    }
+    m.ReleaseMemory(*t);
+    m.freed.emplace(id, t->name);
+    m.tensors.erase(id);
+    m.cv.notify_all();
+    return OkStatus();
+  }
+}
+
+std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
+  Impl& m = *impl_;
+  auto ready = [](Status s) {
+    std::promise<Status> p;
+    p.set_value(std::move(s));
+    return p.get_future().share();
+  };
+  if (tier == Tier::kNvme || !m.HasTier(tier)) {
+    return ready(InvalidArgument(fmt::format("cannot prefetch tensor {} to the {} tier", id, TierName(tier))));
+  }
+  std::lock_guard lock(m.mu);
+  StatusOr<Impl::Tensor*> t = m.Find(id);
+  if (!t.ok()) return ready(t.status());
+  Impl::Tensor& tensor = **t;
+  if (tensor.copies[Index(tier)].valid) return ready(OkStatus());
+  std::shared_future<Status>& inflight = tensor.prefetch[Index(tier)];
+  if (inflight.valid() && inflight.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    return inflight;
+  }
+  auto promise = std::make_shared<std::promise<Status>>();
+  inflight = promise->get_future().share();
+  m.Enqueue([&m, id, tier, promise] {
+    std::unique_lock lock(m.mu);
+    StatusOr<Impl::Tensor*> t = m.Find(id);
+    Status s = t.ok() ? m.MakeValid(lock, **t, tier, false) : t.status();
+    if (s.ok()) (*t)->last_use = ++m.tick;
+    lock.unlock();
+    promise->set_value(std::move(s));
+  });
+  return inflight;
+}
+
+StatusOr<void*> TieredStore::Acquire(TensorId id, Tier tier, Access access) {
+  Impl& m = *impl_;
+  if (tier == Tier::kNvme) {
+    return InvalidArgument(fmt::format("tensor {}: the NVMe tier is not addressable; acquire it "
+                                       "in the host or device tier", id));
+  }
+  if (!m.HasTier(tier)) {
+    return InvalidArgument(fmt::format("tensor {}: this store has no {} tier", id, TierName(tier)));
+  }
+  std::unique_lock lock(m.mu);
+  ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
+  Status s = m.MakeValid(lock, *t, tier, access == Access::kWrite);
+  if (!s.ok()) return std::move(s).WithContext(fmt::format("acquiring tensor {} in the {} tier", id, TierName(tier)));
+  Impl::Copy& c = t->copies[Index(tier)];
+  ++c.pins;
+  t->last_use = ++m.tick;
+  if (access == Access::kWrite) {
+    t->writer = true;
+    c.zero = false;
+    for (int i = 0; i < kTiers; ++i) {
+      if (i != Index(tier)) t->copies[i].valid = false;
+    }
+  }
+  return c.block.data();
+}
+
+Status TieredStore::Release(TensorId id, Tier tier) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
+  Impl::Copy& c = t->copies[Index(tier)];
+  if (c.pins == 0) {
+    return FailedPrecondition(fmt::format("tensor {} ('{}') is not acquired in the {} tier", id,
+                                          t->name, TierName(tier)));
+  }
+  --c.pins;
+  if (t->writer && c.pins == 0) t->writer = false;
+  m.cv.notify_all();
+  return OkStatus();
+}
+
+Status TieredStore::Evict(TensorId id, Tier tier) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  while (true) {
+    ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
+    if (tier == t->home) {
+      return InvalidArgument(fmt::format("tensor {} ('{}'): cannot evict from its home tier ({})", id,
+                                         t->name, TierName(tier)));
+    }
+    if (t->copies[Index(tier)].pins > 0) {
+      return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired in the {} tier", id,
+                                            t->name, TierName(tier)));
+    }
+    if (t->busy || t->writer) {
+      m.cv.wait(lock);
+      continue;
+    }
+    if (!t->copies[Index(tier)].present) return OkStatus();
+    return m.EvictLocked(lock, *t, tier);
+  }
+}
+
+Status TieredStore::Flush() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  // Prefetches in flight first.
+  std::vector<std::shared_future<Status>> inflight;
+  for (auto& [id, t] : m.tensors) {
+    for (auto& f : t->prefetch) {
+      if (f.valid()) inflight.push_back(f);
+    }
+  }
+  lock.unlock();
+  for (auto& f : inflight) f.wait();
+  lock.lock();
+  std::vector<TensorId> ids;
+  for (auto& [id, t] : m.tensors) ids.push_back(id);
+  Status first;
+  for (TensorId id : ids) {
+    while (true) {
+      auto it = m.tensors.find(id);
+      if (it == m.tensors.end()) break;
+      Impl::Tensor& t = *it->second;
+      if (t.busy || t.writer) {
+        m.cv.wait(lock);
+        continue;
+      }
+      Impl::Copy& home = t.copies[Index(t.home)];
+      if (home.valid) break;
+      Tier src = t.copies[Index(Tier::kHost)].valid ? Tier::kHost : Tier::kDevice;
+      t.busy = true;
+      lock.unlock();
+      Status s = m.Transfer(t, src, t.home);
+      lock.lock();
+      t.busy = false;
+      m.cv.notify_all();
+      if (s.ok()) {
+        home.valid = true;
+        home.zero = false;
+        ++m.write_backs;
+      } else if (first.ok()) {
+        first = std::move(s).WithContext(fmt::format("flushing tensor '{}'", t.name));
+      }
+      break;
+    }
+  }
+  return first;
+}
+
+Status TieredStore::SetNextUse(TensorId id, int64_t next_use) {
+  std::lock_guard lock(impl_->mu);
+  ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, impl_->Find(id));
+  t->next_use = next_use < 0 ? -1 : next_use;
+  return OkStatus();
+}
+
+StatusOr<std::vector<Tier>> TieredStore::ResidentTiers(TensorId id) {
+  std::lock_guard lock(impl_->mu);
+  ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, impl_->Find(id));
+  std::vector<Tier> out;
+  for (int i = 0; i < kTiers; ++i) {
+    if (t->copies[i].valid) out.push_back(static_cast<Tier>(i));
+  }
+  return out;
+}
+
+TieredStoreStats TieredStore::stats() const {
+  const Impl& m = *impl_;
+  TieredStoreStats s;
+  s.host_to_device = m.h2d.stats();
+  s.device_to_host = m.d2h.stats();
+  s.host_to_nvme = m.h2n.stats();
+  s.nvme_to_host = m.n2h.stats();
+  auto fill = [](const MemoryPool* pool, TierStats* out) {
+    if (pool == nullptr) return;
+    MemoryPoolStats p = pool->stats();
+    out->budget_bytes = p.budget_bytes;
+    out->in_use_bytes = p.in_use_bytes;
+    out->peak_bytes = p.peak_in_use_bytes;
+  };
+  fill(m.device_pool.get(), &s.tiers[0]);
+  fill(m.host_pool.get(), &s.tiers[1]);
+  if (m.swap != nullptr) {
+    s.tiers[2].budget_bytes = m.swap->capacity_bytes();
+    s.tiers[2].in_use_bytes = m.swap->capacity_bytes() - m.swap->free_bytes();
+    s.tiers[2].peak_bytes = s.tiers[2].in_use_bytes;
+  }
+  std::lock_guard lock(m.mu);
+  s.evictions = m.evictions;
+  s.write_backs = m.write_backs;
+  return s;
+}
+
+std::string TieredStore::device_name() const {
+  return impl_->device != nullptr ? impl_->device->name() : std::string();
+}
+
+}  // namespace zinf

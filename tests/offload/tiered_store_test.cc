@@ -1,0 +1,347 @@
+// TieredStore: a randomized multi-threaded workload over all three tiers (every byte read is the
+// last byte written; no budget is ever exceeded), pieces larger than the staging buffers,
+// eviction order, and bad input (freed tensors, NVMe path errors, full tiers).
+#include "zinf/tiered_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "tests/nvme/nvme_test_util.h"
+
+namespace zinf {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::ScratchDir;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+
+TieredStoreOptions Options(const ScratchDir& dir) {
+  TieredStoreOptions o;
+  o.device = "host";
+  o.device_budget_bytes = 8 * kMiB;
+  o.host_budget_bytes = 8 * kMiB;
+  o.pin_host = false;
+  o.nvme_paths = {dir.path()};
+  o.nvme_capacity_bytes = 96 * kMiB;
+  o.piece_bytes = 256 * kKiB;
+  o.staging_buffers = 2;
+  o.transfer_threads = 2;
+  return o;
+}
+
+uint8_t PatternByte(uint64_t id, uint64_t version, uint64_t i) {
+  uint64_t x = (id * 0x9E3779B97F4A7C15ull) ^ (version * 0xC2B2AE3D27D4EB4Full) ^ (i / 8);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<uint8_t>(x >> (8 * (i % 8)));
+}
+
+void Fill(void* p, uint64_t size, uint64_t id, uint64_t version) {
+  auto* b = static_cast<uint8_t*>(p);
+  for (uint64_t i = 0; i < size; ++i) b[i] = PatternByte(id, version, i);
+}
+
+// Index of the first wrong byte, or -1.
+int64_t Check(const void* p, uint64_t size, uint64_t id, uint64_t version) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (uint64_t i = 0; i < size; ++i) {
+    if (b[i] != PatternByte(id, version, i)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  auto store_or = TieredStore::Create(options);
+  ASSERT_TRUE(store_or.ok()) << store_or.status();
+  TieredStore& store = **store_or;
+
+  struct Owned {
+    TensorId id;
+    uint64_t size;
+    Tier home;
+    uint64_t version = 0;  // 0: never written (reads as zeros)
+  };
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 10;
+  std::mt19937 setup(7);
+  std::vector<std::vector<Owned>> owned(kThreads);
+  std::vector<TensorId> all;
+  uint64_t home_bytes[3] = {0, 0, 0};
+  for (int t = 0; t < kThreads; ++t) {
+    for (int k = 0; k < kPerThread; ++k) {
+      // Sizes from a few bytes to 3 pieces; about one in five is larger than a staging buffer.
+      uint64_t size = 1 + setup() % (k % 5 == 0 ? 3 * options.piece_bytes : 200 * kKiB);
+      Tier home = static_cast<Tier>(setup() % 3);
+      if (home != Tier::kNvme && home_bytes[static_cast<int>(home)] + size > 2 * kMiB) home = Tier::kNvme;
+      home_bytes[static_cast<int>(home)] += size;
+      auto id = store.Create("t" + std::to_string(t) + "." + std::to_string(k), size, home);
+      ASSERT_TRUE(id.ok()) << id.status();
+      owned[t].push_back({*id, size, home});
+      all.push_back(*id);
+    }
+  }
+
+  std::atomic<int> failures{0};
+  std::atomic<int> over_budget{0};
+  std::atomic<int> verified{0};
+  std::vector<std::string> errors(kThreads);
+  auto check_budgets = [&] {
+    TieredStoreStats s = store.stats();
+    for (const TierStats& t : s.tiers) {
+      if (t.budget_bytes != 0 && t.in_use_bytes > t.budget_bytes) ++over_budget;
+    }
+  };
+  auto worker = [&](int me) {
+    std::mt19937 rng(100 + me);
+    auto fast_tier = [&] { return rng() % 2 == 0 ? Tier::kDevice : Tier::kHost; };
+    auto fail = [&](const std::string& what) {
+      if (failures++ == 0 || errors[me].empty()) errors[me] = what;
+    };
+    for (int op = 0; op < 250; ++op) {
+      Owned& mine = owned[me][rng() % kPerThread];
+      switch (rng() % 6) {
+        case 0:
+        case 1: {  // write a new version in a random fast tier
+          Tier tier = fast_tier();
+          auto p = store.Acquire(mine.id, tier, Access::kWrite);
+          if (!p.ok()) {
+            fail("write acquire: " + p.status().ToString());
+            break;
+          }
+          Fill(*p, mine.size, mine.id, ++mine.version);
+          if (!store.Release(mine.id, tier).ok()) fail("release after write");
+          break;
+        }
+        case 2:
+        case 3: {  // read it back from a random fast tier
+          Tier tier = fast_tier();
+          auto p = store.Acquire(mine.id, tier, Access::kRead);
+          if (!p.ok()) {
+            fail("read acquire: " + p.status().ToString());
+            break;
+          }
+          int64_t bad = mine.version == 0 ? -1 : Check(*p, mine.size, mine.id, mine.version);
+          if (mine.version == 0) {
+            const auto* b = static_cast<const uint8_t*>(*p);
+            for (uint64_t i = 0; i < mine.size && bad < 0; ++i) {
+              if (b[i] != 0) bad = static_cast<int64_t>(i);
+            }
+          }
+          if (bad >= 0) {
+            fail("byte " + std::to_string(bad) + " of tensor " + std::to_string(mine.id) +
+                 " read in the " + std::string(TierName(tier)) + " tier differs from version " +
+                 std::to_string(mine.version));
+          } else {
+            ++verified;
+          }
+          if (!store.Release(mine.id, tier).ok()) fail("release after read");
+          break;
+        }
+        case 4: {  // prefetch anyone's tensor, sometimes waiting for it
+          TensorId any = all[rng() % all.size()];
+          auto f = store.Prefetch(any, fast_tier());
+          if (rng() % 2 == 0) {
+            Status s = f.get();
+            if (!s.ok() && s.code() != StatusCode::kResourceExhausted) fail("prefetch: " + s.ToString());
+          }
+          if (rng() % 3 == 0) store.SetNextUse(any, rng() % 100).IgnoreError();
+          break;
+        }
+        case 5: {  // evict anyone's cached copy
+          TensorId any = all[rng() % all.size()];
+          Status s = store.Evict(any, fast_tier());
+          // The home tier and copies pinned by their owner are refused, as documented.
+          if (!s.ok() && s.code() != StatusCode::kInvalidArgument &&
+              s.code() != StatusCode::kFailedPrecondition) {
+            fail("evict: " + s.ToString());
+          }
+          break;
+        }
+      }
+      check_budgets();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(over_budget.load(), 0);
+  EXPECT_GT(verified.load(), 100);
+
+  // Everything back home, every cached copy dropped, then each tensor read once more.
+  ASSERT_TRUE(store.Flush().ok());
+  for (auto& list : owned) {
+    for (Owned& o : list) {
+      for (Tier tier : {Tier::kDevice, Tier::kHost}) {
+        if (tier != o.home) ASSERT_TRUE(store.Evict(o.id, tier).ok());
+      }
+      auto resident = store.ResidentTiers(o.id);
+      ASSERT_TRUE(resident.ok());
+      EXPECT_EQ(*resident, std::vector<Tier>{o.home});
+      auto p = store.Acquire(o.id, Tier::kHost, Access::kRead);
+      ASSERT_TRUE(p.ok()) << p.status();
+      if (o.version > 0) EXPECT_EQ(Check(*p, o.size, o.id, o.version), -1) << "tensor " << o.id;
+      ASSERT_TRUE(store.Release(o.id, Tier::kHost).ok());
+    }
+  }
+  TieredStoreStats s = store.stats();
+  for (int t = 0; t < 2; ++t) EXPECT_LE(s.tiers[t].peak_bytes, s.tiers[t].budget_bytes);
+  EXPECT_GT(s.nvme_to_host.bytes, 0u);
+  EXPECT_GT(s.host_to_nvme.bytes, 0u);
+  EXPECT_GT(s.host_to_device.bytes + s.device_to_host.bytes, 0u);
+  EXPECT_GT(s.evictions, 0u);
+}
+
+TEST(TieredStoreTest, TensorLargerThanStagingAndHostBudgetMovesInPieces) {
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.host_budget_bytes = kMiB;  // smaller than the tensor: the host tier is bypassed
+  options.device_budget_bytes = 8 * kMiB;
+  auto store = TieredStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const uint64_t size = 5 * kMiB + 123;  // 21 pieces of 256 KiB
+  auto id = (*store)->Create("big", size, Tier::kNvme);
+  ASSERT_TRUE(id.ok());
+  auto p = (*store)->Acquire(*id, Tier::kDevice, Access::kWrite);
+  ASSERT_TRUE(p.ok()) << p.status();
+  Fill(*p, size, 1, 1);
+  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
+  ASSERT_TRUE((*store)->Evict(*id, Tier::kDevice).ok());  // written back piece by piece
+  TieredStoreStats s = (*store)->stats();
+  EXPECT_EQ(s.host_to_nvme.bytes, size);
+  EXPECT_EQ(s.write_backs, 1u);
+  p = (*store)->Acquire(*id, Tier::kDevice, Access::kRead);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Check(*p, size, 1, 1), -1);
+  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
+  // The host tier cannot hold it: a clear ResourceExhausted, not a crash.
+  auto h = (*store)->Acquire(*id, Tier::kHost, Access::kRead);
+  EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(h.status().message(), HasSubstr("host tier"));
+}
+
+TEST(TieredStoreTest, EvictionFollowsNextUseHintsThenLru) {
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.host_budget_bytes = 3 * kMiB;
+  auto store = TieredStore::Create(options);
+  ASSERT_TRUE(store.ok());
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto id = (*store)->Create("t" + std::to_string(i), kMiB, Tier::kNvme);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  auto resident_in_host = [&](TensorId id) {
+    auto r = (*store)->ResidentTiers(id);
+    return r.ok() && std::find(r->begin(), r->end(), Tier::kHost) != r->end();
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*store)->Prefetch(ids[i], Tier::kHost).get().ok());
+  ASSERT_TRUE((*store)->SetNextUse(ids[0], 5).ok());
+  ASSERT_TRUE((*store)->SetNextUse(ids[1], 1).ok());
+  ASSERT_TRUE((*store)->SetNextUse(ids[2], 9).ok());
+  ASSERT_TRUE((*store)->Prefetch(ids[3], Tier::kHost).get().ok());
+  EXPECT_FALSE(resident_in_host(ids[2]));  // needed furthest in the future
+  EXPECT_TRUE(resident_in_host(ids[0]) && resident_in_host(ids[1]));
+  // ids[3] has no hint: it goes before hinted ones.
+  ASSERT_TRUE((*store)->Prefetch(ids[4], Tier::kHost).get().ok());
+  EXPECT_FALSE(resident_in_host(ids[3]));
+  // No hints at all: least recently used first.
+  for (TensorId id : ids) ASSERT_TRUE((*store)->SetNextUse(id, -1).ok());
+  ASSERT_TRUE((*store)->Acquire(ids[0], Tier::kHost, Access::kRead).ok());  // ids[0] is now recent
+  ASSERT_TRUE((*store)->Release(ids[0], Tier::kHost).ok());
+  ASSERT_TRUE((*store)->Prefetch(ids[2], Tier::kHost).get().ok());
+  EXPECT_FALSE(resident_in_host(ids[1]));
+  EXPECT_TRUE(resident_in_host(ids[0]));
+}
+
+TEST(TieredStoreTest, PinnedCopiesAreNeverEvictedAndAFullTierSaysSo) {
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.host_budget_bytes = 2 * kMiB;
+  auto store = TieredStore::Create(options);
+  ASSERT_TRUE(store.ok());
+  auto a = (*store)->Create("a", 1536 * kKiB, Tier::kNvme);
+  auto b = (*store)->Create("b", kMiB, Tier::kNvme);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*store)->Acquire(*a, Tier::kHost, Access::kWrite).ok());
+  auto pb = (*store)->Acquire(*b, Tier::kHost, Access::kRead);
+  EXPECT_EQ(pb.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(pb.status().message(), HasSubstr("'b'"));
+  EXPECT_EQ((*store)->Evict(*a, Tier::kHost).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->Free(*a).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*store)->Release(*a, Tier::kHost).ok());
+  EXPECT_EQ((*store)->Release(*a, Tier::kHost).code(), StatusCode::kFailedPrecondition);
+  pb = (*store)->Acquire(*b, Tier::kHost, Access::kRead);  // a is evicted (written back) now
+  EXPECT_TRUE(pb.ok()) << pb.status();
+}
+
+TEST(TieredStoreTest, AcquireOfFreedTensorIsAClearError) {
+  ScratchDir dir;
+  auto store = TieredStore::Create(Options(dir));
+  ASSERT_TRUE(store.ok());
+  auto id = (*store)->Create("wte", 4096, Tier::kHost);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE((*store)->Free(*id).ok());
+  auto p = (*store)->Acquire(*id, Tier::kDevice, Access::kRead);
+  EXPECT_EQ(p.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(p.status().message(), HasSubstr("('wte') was freed"));
+  EXPECT_EQ((*store)->Prefetch(*id, Tier::kDevice).get().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->Free(*id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->Acquire(999, Tier::kHost, Access::kRead).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(TieredStoreTest, BadOptionsAndNvmePathErrorsSurface) {
+  ScratchDir dir;
+  TieredStoreOptions o = Options(dir);
+  o.nvme_paths = {dir.path() + "/missing"};
+  auto s = TieredStore::Create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("missing"));
+  o = Options(dir);
+  o.host_budget_bytes = 0;
+  EXPECT_THAT(TieredStore::Create(o).status().message(), HasSubstr("host_budget_bytes"));
+  o = Options(dir);
+  o.device = "tpu:0";
+  EXPECT_EQ(TieredStore::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o = Options(dir);
+  o.nvme_paths.clear();
+  auto no_nvme = TieredStore::Create(o);
+  ASSERT_TRUE(no_nvme.ok());
+  EXPECT_EQ((*no_nvme)->Create("x", 10, Tier::kNvme).status().code(), StatusCode::kInvalidArgument);
+  auto id = (*no_nvme)->Create("x", 10, Tier::kHost);
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ((*no_nvme)->Acquire(*id, Tier::kNvme, Access::kRead).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*no_nvme)->Evict(*id, Tier::kHost).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TieredStoreTest, NvmeCapacityExhaustionNamesTheTensor) {
+  ScratchDir dir;
+  TieredStoreOptions o = Options(dir);
+  o.nvme_capacity_bytes = 4 * kMiB;
+  auto store = TieredStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto a = (*store)->Create("fits", 3 * kMiB, Tier::kNvme);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = (*store)->Create("too-big", 3 * kMiB, Tier::kNvme);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(b.status().ToString(), HasSubstr("too-big"));
+}
+
+}  // namespace
+}  // namespace zinf
