@@ -28,41 +28,46 @@ constexpr int kMaxThreads = 64;
 
 std::string_view IoBackendName(IoBackend backend) {
   switch (backend) {
-    case IoBackend::kAuto: return "auto";
-    case IoBackend::kIoUring: return "io_uring";
-    case IoBackend::kPosix: return "posix";
+    case IoBackend::kAuto:
+      return "auto";
+    case IoBackend::kIoUring:
+      return "io_uring";
+    case IoBackend::kPosix:
+      return "posix";
   }
   return "?";
 }
 
 std::string_view DirectIoName(DirectIo mode) {
   switch (mode) {
-    case DirectIo::kAuto: return "auto";
-    case DirectIo::kOn: return "on";
-    case DirectIo::kOff: return "off";
+    case DirectIo::kAuto:
+      return "auto";
+    case DirectIo::kOn:
+      return "on";
+    case DirectIo::kOff:
+      return "off";
   }
   return "?";
 }
 
 Status AioOptions::Validate() const {
   if (block_size < kMinBlock || block_size > kMaxBlock || block_size % 4096 != 0) {
-    return InvalidArgument(fmt::format(
-        "aio.block_size must be a multiple of 4096 in [{}, {}], got {}", kMinBlock, kMaxBlock,
-        block_size));
+    return InvalidArgument(
+        fmt::format("aio.block_size must be a multiple of 4096 in [{}, {}], got {}", kMinBlock,
+                    kMaxBlock, block_size));
   }
   if (queue_depth < 1 || queue_depth > kMaxQueueDepth) {
-    return InvalidArgument(fmt::format("aio.queue_depth must be in [1, {}], got {}",
-                                       kMaxQueueDepth, queue_depth));
+    return InvalidArgument(
+        fmt::format("aio.queue_depth must be in [1, {}], got {}", kMaxQueueDepth, queue_depth));
   }
   if (thread_count < 1 || thread_count > kMaxThreads) {
-    return InvalidArgument(fmt::format("aio.thread_count must be in [1, {}], got {}",
-                                       kMaxThreads, thread_count));
+    return InvalidArgument(
+        fmt::format("aio.thread_count must be in [1, {}], got {}", kMaxThreads, thread_count));
   }
   return OkStatus();
 }
 
-Status ReadAioOptions(const nlohmann::json& object, const std::string& path,
-                      AioOptions* options) {
+Status ReadAioOptions(const nlohmann::json& object, const std::string& path, AioOptions* options) {
   ConfigReader r(object, path);
   // Ranges are checked by Validate() below so that a JSON value and a struct field get the
   // same message; the reader only checks types here.
@@ -75,9 +80,9 @@ Status ReadAioOptions(const nlohmann::json& object, const std::string& path,
     int64_t intra = threads;
     r.Int("intra_op_parallelism", &intra);
     if (r.Has("thread_count") && intra != threads) {
-      r.Fail(InvalidArgument(fmt::format(
-          "{0}.thread_count ({1}) and {0}.intra_op_parallelism ({2}) disagree; set one",
-          path, threads, intra)));
+      r.Fail(InvalidArgument(
+          fmt::format("{0}.thread_count ({1}) and {0}.intra_op_parallelism ({2}) disagree; set one",
+                      path, threads, intra)));
     }
     threads = intra;
   }

@@ -34,9 +34,9 @@ StatusOr<int> EngineBase::AddFile(const IoFile& file) {
   std::lock_guard<std::mutex> lock(files_mu_);
   const int id = num_files_.load(std::memory_order_relaxed);
   if (id >= kMaxFiles) {
-    return ResourceExhausted(fmt::format(
-        "IoEngine::AddFile: {} already holds {} files, the most it can; cannot add {}", name(),
-        kMaxFiles, file.path()));
+    return ResourceExhausted(
+        fmt::format("IoEngine::AddFile: {} already holds {} files, the most it can; cannot add {}",
+                    name(), kMaxFiles, file.path()));
   }
   ZINF_RETURN_IF_ERROR_CTX(OnAddFile(id, file.fd()),
                            fmt::format("registering {} with {}", file.path(), name()));
@@ -61,9 +61,9 @@ void EngineBase::Submit(const IoRequest& request, IoCallback done) {
     return;
   }
   if (f.direct && request.offset % kDirectIoAlignment != 0) {
-    done(InvalidArgument(fmt::format(
-        "{} of {} at offset {}: O_DIRECT needs offsets that are multiples of {}",
-        IoOpName(request.op), f.path, request.offset, kDirectIoAlignment)));
+    done(InvalidArgument(
+        fmt::format("{} of {} at offset {}: O_DIRECT needs offsets that are multiples of {}",
+                    IoOpName(request.op), f.path, request.offset, kDirectIoAlignment)));
     return;
   }
 
@@ -148,10 +148,10 @@ void EngineBase::CompletePiece(IoPiece* piece, Status status) {
 
 Status EngineBase::PieceErrno(const IoPiece& piece, int err) const {
   const IoParent& p = *piece.parent;
-  return ErrnoStatus(err, fmt::format("{} {} at offset {} ({} bytes; request of {} bytes at "
-                                      "offset {})",
-                                      IoOpName(piece.op), p.path, piece.offset, piece.length,
-                                      p.length, p.offset));
+  return ErrnoStatus(
+      err, fmt::format("{} {} at offset {} ({} bytes; request of {} bytes at "
+                       "offset {})",
+                       IoOpName(piece.op), p.path, piece.offset, piece.length, p.length, p.offset));
 }
 
 Status EngineBase::PieceEof(const IoPiece& piece) const {

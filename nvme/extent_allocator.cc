@@ -51,9 +51,10 @@ Status ExtentAllocator::Free(uint64_t offset, uint64_t size_bytes) {
   const uint64_t len = Round(size_bytes);
   if (size_bytes == 0 || offset % alignment_ != 0 || offset + len > capacity_ ||
       offset + len < offset) {
-    return InvalidArgument(fmt::format("freeing swap range [{}, +{}): not an allocated extent of "
-                                       "[0, {})",
-                                       offset, size_bytes, capacity_));
+    return InvalidArgument(
+        fmt::format("freeing swap range [{}, +{}): not an allocated extent of "
+                    "[0, {})",
+                    offset, size_bytes, capacity_));
   }
   // The range must not overlap any free range.
   auto next = free_.lower_bound(offset);

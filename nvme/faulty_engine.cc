@@ -53,9 +53,8 @@ void FaultyEngine::Submit(const IoRequest& request, IoCallback done) {
     base_->Submit(request, std::move(done));
     return;
   }
-  const std::string where =
-      fmt::format("{} {} at offset {} ({} bytes)", IoOpName(request.op), path, request.offset,
-                  request.length);
+  const std::string where = fmt::format("{} {} at offset {} ({} bytes)", IoOpName(request.op), path,
+                                        request.offset, request.length);
   switch (*fault) {
     case Fault::kEio:
       done(ErrnoStatus(EIO, where + " [injected]"));
@@ -69,9 +68,10 @@ void FaultyEngine::Submit(const IoRequest& request, IoCallback done) {
       uint64_t half = (request.length / 2) & ~(kDirectIoAlignment - 1);
       if (half == 0) half = request.length / 2;
       if (half == 0) {
-        done(*fault == Fault::kTornWrite
-                 ? OkStatus()
-                 : ErrnoStatus(ENOSPC, fmt::format("{}: short write of 0 bytes [injected]", where)));
+        done(
+            *fault == Fault::kTornWrite
+                ? OkStatus()
+                : ErrnoStatus(ENOSPC, fmt::format("{}: short write of 0 bytes [injected]", where)));
         return;
       }
       IoRequest part = request;

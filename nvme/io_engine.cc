@@ -96,9 +96,10 @@ StatusOr<IoFile> OpenIoFile(const std::string& path, bool create, DirectIo mode)
           "path on a disk file system or set aio.direct_io to auto",
           path));
     }
-    log::Warn("{}: the file system refuses O_DIRECT; using buffered I/O, which goes through "
-              "the page cache and is slower for swap traffic",
-              path);
+    log::Warn(
+        "{}: the file system refuses O_DIRECT; using buffered I/O, which goes through "
+        "the page cache and is slower for swap traffic",
+        path);
     fd = open(path.c_str(), flags, 0600);
     direct = false;
   }
@@ -106,11 +107,11 @@ StatusOr<IoFile> OpenIoFile(const std::string& path, bool create, DirectIo mode)
     const int err = errno;
     switch (err) {
       case ENOENT:
-        return InvalidArgument(fmt::format("opening {}: the file or its directory does not exist",
-                                           path));
+        return InvalidArgument(
+            fmt::format("opening {}: the file or its directory does not exist", path));
       case EROFS:
-        return FailedPrecondition(fmt::format("opening {} for writing: read-only file system",
-                                              path));
+        return FailedPrecondition(
+            fmt::format("opening {} for writing: read-only file system", path));
       case EACCES:
       case EPERM:
         return FailedPrecondition(fmt::format("opening {} for writing: permission denied", path));

@@ -49,8 +49,8 @@ std::string_view IoOpName(IoOp op);  // "read", "write"
 
 struct IoRequest {
   IoOp op = IoOp::kRead;
-  int file = -1;        // from IoEngine::AddFile
-  uint64_t offset = 0;  // bytes into the file
+  int file = -1;           // from IoEngine::AddFile
+  uint64_t offset = 0;     // bytes into the file
   void* buffer = nullptr;  // read into / write from; must stay valid until completion
   uint64_t length = 0;
 };
@@ -86,7 +86,8 @@ class IoWaiter {
 class IoFile {
  public:
   IoFile() = default;
-  IoFile(int fd, std::string path, bool direct) : fd_(fd), path_(std::move(path)), direct_(direct) {}
+  IoFile(int fd, std::string path, bool direct)
+      : fd_(fd), path_(std::move(path)), direct_(direct) {}
   IoFile(IoFile&& other) noexcept;
   IoFile& operator=(IoFile&& other) noexcept;
   IoFile(const IoFile&) = delete;

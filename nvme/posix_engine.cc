@@ -79,8 +79,8 @@ class PosixEngine final : public EngineBase {
       }
       if (n == 0) {
         // A write of zero bytes makes no progress either; both would loop forever.
-        CompletePiece(piece, piece->op == IoOp::kRead ? PieceEof(*piece)
-                                                      : PieceErrno(*piece, ENOSPC));
+        CompletePiece(piece,
+                      piece->op == IoOp::kRead ? PieceEof(*piece) : PieceErrno(*piece, ENOSPC));
         return;
       }
       const auto moved = static_cast<uint64_t>(n);

@@ -88,8 +88,8 @@ Status CheckPath(const std::string& path, struct stat* st) {
     return FailedPrecondition(fmt::format("nvme path {} is on a read-only file system", path));
   }
   if (access(path.c_str(), W_OK | X_OK) != 0) {
-    return FailedPrecondition(fmt::format("nvme path {} is not writable: {}", path,
-                                          std::strerror(errno)));
+    return FailedPrecondition(
+        fmt::format("nvme path {} is not writable: {}", path, std::strerror(errno)));
   }
   return OkStatus();
 }
@@ -164,12 +164,13 @@ Status SwapStore::Init() {
       const int err = errno;
       if (err != EOPNOTSUPP) {
         unlink(file.c_str());
-        return ErrnoStatus(err, fmt::format("preallocating {} for swap file {}",
-                                            FormatBytes(file_bytes_), file));
+        return ErrnoStatus(
+            err, fmt::format("preallocating {} for swap file {}", FormatBytes(file_bytes_), file));
       }
-      log::Warn("{}: the file system cannot preallocate (fallocate: {}); the swap file is "
-                "sparse and a full disk will show up as write errors",
-                file, std::strerror(err));
+      log::Warn(
+          "{}: the file system cannot preallocate (fallocate: {}); the swap file is "
+          "sparse and a full disk will show up as write errors",
+          file, std::strerror(err));
       if (ftruncate(f.fd(), static_cast<off_t>(file_bytes_)) != 0) {
         return ErrnoStatus(errno, fmt::format("sizing swap file {}", file));
       }
@@ -244,8 +245,8 @@ Status SwapStore::Free(SwapExtent extent) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = extents_.find(extent.id);
   if (it == extents_.end()) {
-    return InvalidArgument(fmt::format("freeing swap extent id {}: no such extent (double free?)",
-                                       extent.id));
+    return InvalidArgument(
+        fmt::format("freeing swap extent id {}: no such extent (double free?)", extent.id));
   }
   ZINF_RETURN_IF_ERROR(allocator_.Free(it->second->offset, it->second->size));
   extents_.erase(it);
@@ -295,16 +296,16 @@ void SwapStore::WriteAsync(SwapExtent extent, const void* src, IoCallback done) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!sticky_.ok()) {
-      Status s(sticky_.code(),
-               fmt::format("swap store refuses writes after a failed write: {}", sticky_.message()));
+      Status s(sticky_.code(), fmt::format("swap store refuses writes after a failed write: {}",
+                                           sticky_.message()));
       done(std::move(s));
       return;
     }
     auto it = extents_.find(extent.id);
     if (it == extents_.end() || it->second->size != extent.size_bytes || src == nullptr) {
-      done(InvalidArgument(fmt::format(
-          "writing swap extent id {} ({} bytes) from {}: {}", extent.id, extent.size_bytes, src,
-          src == nullptr ? "null source buffer" : "no such extent")));
+      done(InvalidArgument(fmt::format("writing swap extent id {} ({} bytes) from {}: {}",
+                                       extent.id, extent.size_bytes, src,
+                                       src == nullptr ? "null source buffer" : "no such extent")));
       return;
     }
     Extent& e = *it->second;
@@ -350,16 +351,17 @@ void SwapStore::ReadAsync(SwapExtent extent, void* dst, IoCallback done) {
       case Extent::State::kWritten:
         break;
       case Extent::State::kFailed:
-        done(DataLoss(fmt::format("reading tensor '{}': its write failed, the data is not on "
-                                  "disk: {}",
-                                  e.name, e.write_error.message())));
+        done(
+            DataLoss(fmt::format("reading tensor '{}': its write failed, the data is not on "
+                                 "disk: {}",
+                                 e.name, e.write_error.message())));
         return;
       case Extent::State::kEmpty:
       case Extent::State::kWriting:
-        done(FailedPrecondition(fmt::format(
-            "reading tensor '{}': {}", e.name,
-            e.state == Extent::State::kEmpty ? "it was never written"
-                                             : "its write has not completed")));
+        done(FailedPrecondition(fmt::format("reading tensor '{}': {}", e.name,
+                                            e.state == Extent::State::kEmpty
+                                                ? "it was never written"
+                                                : "its write has not completed")));
         return;
     }
     op->name = e.name;

@@ -66,7 +66,7 @@ class SwapStore {
   // the message says how much is needed and how much there is), Unavailable (io_uring or
   // O_DIRECT required and refused), IoError.
   static StatusOr<std::unique_ptr<SwapStore>> Open(const SwapStoreOptions& options,
-                                                    std::unique_ptr<IoEngine> engine = nullptr);
+                                                   std::unique_ptr<IoEngine> engine = nullptr);
   SwapStore(const SwapStore&) = delete;
   SwapStore& operator=(const SwapStore&) = delete;
   // Waits for outstanding I/O, closes and deletes the swap files (failures are logged).
@@ -112,7 +112,7 @@ class SwapStore {
   struct Op;
   // A part of an extent that lies in one file.
   struct Segment {
-    int file = 0;            // index into files_
+    int file = 0;  // index into files_
     uint64_t file_offset = 0;
     uint64_t extent_offset = 0;  // bytes into the extent
     uint64_t length = 0;
@@ -134,14 +134,14 @@ class SwapStore {
   bool direct_ = true;
   std::vector<std::string> file_paths_;
   std::vector<IoFile> files_;
-  std::vector<int> file_ids_;  // engine ids of files_
+  std::vector<int> file_ids_;         // engine ids of files_
   std::unique_ptr<IoEngine> engine_;  // declared after files_: destroyed before them
 
   mutable std::mutex mu_;
-  ExtentAllocator allocator_;                           // guarded by mu_
+  ExtentAllocator allocator_;                                      // guarded by mu_
   std::unordered_map<uint64_t, std::unique_ptr<Extent>> extents_;  // guarded by mu_
-  uint64_t next_id_ = 1;                                // guarded by mu_
-  Status sticky_;                                       // guarded by mu_
+  uint64_t next_id_ = 1;                                           // guarded by mu_
+  Status sticky_;                                                  // guarded by mu_
 };
 
 }  // namespace zinf

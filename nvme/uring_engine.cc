@@ -54,7 +54,9 @@ class Ring {
   Ring& operator=(const Ring&) = delete;
 
   Status Init(unsigned entries);
-  void Start() { reaper_ = std::thread([this] { Reap(); }); }
+  void Start() {
+    reaper_ = std::thread([this] { Reap(); });
+  }
   void Stop();
   ~Ring();
 
@@ -341,8 +343,8 @@ void Ring::Reap() {
         done.push_back({p, OkStatus()});
       } else if (moved == 0) {
         // No progress: a read at the end of the file, or a write the device would not take.
-        done.push_back({p, p->op == IoOp::kRead ? engine_->PieceEof(*p)
-                                                : engine_->PieceErrno(*p, ENOSPC)});
+        done.push_back(
+            {p, p->op == IoOp::kRead ? engine_->PieceEof(*p) : engine_->PieceErrno(*p, ENOSPC)});
       } else {
         // A short transfer: resubmit the rest, never report it as complete.
         p->buffer += moved;

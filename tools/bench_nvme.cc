@@ -103,8 +103,8 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
 
   std::vector<SwapExtent> extents;
   for (uint64_t pos = 0; pos < c.size; pos += chunk) {
-    ZINF_ASSIGN_OR_RETURN(SwapExtent e,
-                          store->Allocate(std::min(chunk, c.size - pos), fmt::format("chunk{}", pos / chunk)));
+    ZINF_ASSIGN_OR_RETURN(SwapExtent e, store->Allocate(std::min(chunk, c.size - pos),
+                                                        fmt::format("chunk{}", pos / chunk)));
     extents.push_back(e);
   }
   IoWaiter waiter;
@@ -165,8 +165,8 @@ StatusOr<double> RunFioOnce(const std::string& cmd, const char* rw) {
   while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
   const int rc = pclose(pipe);
   if (rc != 0) {
-    return IoError(fmt::format("fio failed (exit status {}): {}\n{}", rc, cmd,
-                               out.substr(0, 2000)));
+    return IoError(
+        fmt::format("fio failed (exit status {}): {}\n{}", rc, cmd, out.substr(0, 2000)));
   }
   // fio may print notes before the JSON object.
   const size_t brace = out.find('{');
@@ -208,8 +208,7 @@ nlohmann::json RatioOrNull(double num, double den) {
 
 // Runs `c` reps times, interleaved with fio at the same configuration (or, with `grid`, with
 // fio over the whole grid, keeping its best per direction and repetition).
-StatusOr<Result> Measure(const NvmeArgs& args, const std::string& fio, const Config& c,
-                         bool grid) {
+StatusOr<Result> Measure(const NvmeArgs& args, const std::string& fio, const Config& c, bool grid) {
   Result r;
   r.config = c;
   for (int rep = 0; rep < args.reps; ++rep) {
@@ -275,26 +274,35 @@ Status RunBenchNvme(const NvmeArgs& args) {
 
   nlohmann::json out;
   out["benchmark"] = "nvme";
-  out["config"] = {{"paths", args.paths},       {"size_bytes", size},
-                   {"block_size", c.block},     {"queue_depth", c.qd},
-                   {"thread_count", c.threads}, {"backend", args.backend},
-                   {"direct_io", true},         {"checksum", args.checksum},
-                   {"repetitions", args.reps},  {"huge_pages", !args.no_huge_pages}, {"fio_huge_pages", args.fio_huge_pages},  {"mode", args.sweep         ? "sweep"
-                                                          : args.vs_fio_grid ? "vs-fio-grid"
-                                                                             : "single"}};
+  out["config"] = {{"paths", args.paths},
+                   {"size_bytes", size},
+                   {"block_size", c.block},
+                   {"queue_depth", c.qd},
+                   {"thread_count", c.threads},
+                   {"backend", args.backend},
+                   {"direct_io", true},
+                   {"checksum", args.checksum},
+                   {"repetitions", args.reps},
+                   {"huge_pages", !args.no_huge_pages},
+                   {"fio_huge_pages", args.fio_huge_pages},
+                   {"mode", args.sweep         ? "sweep"
+                            : args.vs_fio_grid ? "vs-fio-grid"
+                                               : "single"}};
   out["fio"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(fio);
   if (!args.json) {
     fmt::print("zinf bench nvme: sequential write then read through SwapStore, O_DIRECT\n");
-    fmt::print("  paths {}  size {}  block {}  queue depth {}  rings {}  backend {}  checksum {}"
-               "  repetitions {}{}\n",
-               fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size),
-               FormatBytes(c.block), c.qd, c.threads, args.backend, args.checksum ? "on" : "off",
-               args.reps, args.no_huge_pages ? "  staging 4 KiB pages" : "  staging 2 MiB huge pages");
+    fmt::print(
+        "  paths {}  size {}  block {}  queue depth {}  rings {}  backend {}  checksum {}"
+        "  repetitions {}{}\n",
+        fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size), FormatBytes(c.block),
+        c.qd, c.threads, args.backend, args.checksum ? "on" : "off", args.reps,
+        args.no_huge_pages ? "  staging 4 KiB pages" : "  staging 2 MiB huge pages");
     if (fio.empty()) {
       fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
     } else {
       Config shown = c;
-      fmt::print("  limit: {} (interleaved with zinf's runs{})\n", FioCommand(fio, args, shown, "write|read"),
+      fmt::print("  limit: {} (interleaved with zinf's runs{})\n",
+                 FioCommand(fio, args, shown, "write|read"),
                  args.vs_fio_grid ? "; best of bs {128K,1M,8M} x iodepth {8,32}" : "");
     }
   }
@@ -302,8 +310,8 @@ Status RunBenchNvme(const NvmeArgs& args) {
   std::fflush(stdout);
   if (args.sweep) {
     if (!args.json) {
-      fmt::print("\n{:>8} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}\n", "block", "qd",
-                 "zinf W", "fio W", "ratio", "zinf R", "fio R", "ratio");
+      fmt::print("\n{:>8} {:>4} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}\n", "block", "qd", "zinf W",
+                 "fio W", "ratio", "zinf R", "fio R", "ratio");
     }
     nlohmann::json rows = nlohmann::json::array();
     for (uint64_t b : kGridBlocks) {
@@ -339,8 +347,7 @@ Status RunBenchNvme(const NvmeArgs& args) {
   out["read_ratio"] = RatioOrNull(r.zr, r.fr);
   nlohmann::json runs = nlohmann::json::array();
   for (size_t i = 0; i < r.zinf.size(); ++i) {
-    nlohmann::json run = {{"write_MBps", r.zinf[i].write_MBps},
-                          {"read_MBps", r.zinf[i].read_MBps}};
+    nlohmann::json run = {{"write_MBps", r.zinf[i].write_MBps}, {"read_MBps", r.zinf[i].read_MBps}};
     if (i < r.fio.size()) {
       run["fio_write_MBps"] = r.fio[i].write_MBps;
       run["fio_read_MBps"] = r.fio[i].read_MBps;

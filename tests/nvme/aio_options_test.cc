@@ -24,8 +24,8 @@ TEST(AioOptions, ZeroOrAbsurdQueueDepthIsRejected) {
     o.queue_depth = qd;
     Status s = o.Validate();
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << qd;
-    EXPECT_THAT(s.message(), HasSubstr("aio.queue_depth must be in [1, 4096], got " +
-                                       std::to_string(qd)));
+    EXPECT_THAT(s.message(),
+                HasSubstr("aio.queue_depth must be in [1, 4096], got " + std::to_string(qd)));
   }
 }
 

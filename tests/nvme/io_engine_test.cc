@@ -110,8 +110,7 @@ TEST_P(IoEngineTest, RandomSizesOffsetsAndUnalignedTailsRoundTrip) {
   Status s = waiter.Wait();
   ASSERT_TRUE(s.ok()) << s;
   for (const Region& r : regions) {
-    ASSERT_EQ(std::memcmp(mem + r.offset + r.buf_off, data.data() + r.offset + r.buf_off,
-                          r.length),
+    ASSERT_EQ(std::memcmp(mem + r.offset + r.buf_off, data.data() + r.offset + r.buf_off, r.length),
               0)
         << "region at " << r.offset << " length " << r.length;
   }
@@ -131,11 +130,10 @@ TEST_P(IoEngineTest, ManyConcurrentRequestsWithCallbacks) {
   auto submit = [&](int first, IoOp op) {
     for (int i = first; i < kRequests; i += 2) {
       waiter.Add();
-      engine_->Submit(IoRequest{op, id_, i * kSize, mem + i * kSize, kSize},
-                      [&](Status s) {
-                        if (s.ok()) ok.fetch_add(1);
-                        waiter.Done(std::move(s));
-                      });
+      engine_->Submit(IoRequest{op, id_, i * kSize, mem + i * kSize, kSize}, [&](Status s) {
+        if (s.ok()) ok.fetch_add(1);
+        waiter.Done(std::move(s));
+      });
     }
   };
   std::thread t1(submit, 0, IoOp::kWrite), t2(submit, 1, IoOp::kWrite);
@@ -193,8 +191,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Backend{"uring_4rings", IoBackend::kIoUring, DirectIo::kOn, 4},
                       Backend{"uring_unregistered_single_submit", IoBackend::kIoUring,
                               DirectIo::kOn, 1, false, true},
-                      Backend{"uring_qd1", IoBackend::kIoUring, DirectIo::kOn, 1, true, false,
-                              4096, 1},
+                      Backend{"uring_qd1", IoBackend::kIoUring, DirectIo::kOn, 1, true, false, 4096,
+                              1},
                       Backend{"uring_buffered", IoBackend::kIoUring, DirectIo::kOff},
                       Backend{"posix", IoBackend::kPosix, DirectIo::kOn},
                       Backend{"posix_buffered", IoBackend::kPosix, DirectIo::kOff}),
