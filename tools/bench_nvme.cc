@@ -37,8 +37,8 @@ struct NvmeArgs {
   std::vector<std::string> paths;
   std::string size = "4GiB";
   std::string block_size;  // empty: AioOptions default
-  int queue_depth = 0;     // 0: AioOptions default
-  int threads = 0;         // 0: AioOptions default
+  int queue_depth = -1;    // -1: AioOptions default
+  int threads = -1;        // -1: AioOptions default
   std::string backend = "io_uring";
   int reps = 3;
   bool json = false;
@@ -252,18 +252,18 @@ Status RunBenchNvme(const NvmeArgs& args) {
   if (!args.block_size.empty()) {
     ZINF_ASSIGN_OR_RETURN(c.block, ParseBytes(args.block_size));
   }
-  c.qd = args.queue_depth != 0 ? args.queue_depth : defaults.queue_depth;
-  c.threads = args.threads != 0 ? args.threads : defaults.thread_count;
-  if (size < c.block) {
-    return InvalidArgument(fmt::format("--size ({}) must be at least --block-size ({})",
-                                       FormatBytes(size), FormatBytes(c.block)));
-  }
+  c.qd = args.queue_depth != -1 ? args.queue_depth : defaults.queue_depth;
+  c.threads = args.threads != -1 ? args.threads : defaults.thread_count;
   if (args.reps < 1) return InvalidArgument(fmt::format("--reps must be >= 1, got {}", args.reps));
   AioOptions check;
   check.block_size = c.block;
   check.queue_depth = c.qd;
   check.thread_count = c.threads;
   ZINF_RETURN_IF_ERROR(check.Validate());
+  if (size < c.block) {
+    return InvalidArgument(fmt::format("--size ({}) must be at least --block-size ({})",
+                                       FormatBytes(size), FormatBytes(c.block)));
+  }
   for (const std::string& p : args.paths) {
     struct stat st {};
     if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
