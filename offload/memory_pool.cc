@@ -45,15 +45,18 @@ Status CheckAlignment(uint64_t alignment) {
 Status PinnedPoolOptions::Validate() const {
   if (budget_bytes == 0) return InvalidArgument("pinned pool budget_bytes must be > 0, got 0");
   if (arena_bytes > budget_bytes) {
-    return InvalidArgument(fmt::format("pinned pool arena_bytes ({}) must not exceed budget_bytes ({})",
-                                       arena_bytes, budget_bytes));
+    return InvalidArgument(
+        fmt::format("pinned pool arena_bytes ({}) must not exceed budget_bytes ({})", arena_bytes,
+                    budget_bytes));
   }
   ZINF_RETURN_IF_ERROR_CTX(CheckAlignment(alignment), "pinned pool");
   if (alignment > 4096 * 512) {
-    return InvalidArgument(fmt::format("pinned pool alignment must be <= 2 MiB, got {}", alignment));
+    return InvalidArgument(
+        fmt::format("pinned pool alignment must be <= 2 MiB, got {}", alignment));
   }
   if (numa_node < -1) {
-    return InvalidArgument(fmt::format("pinned pool numa_node must be -1 or a node id, got {}", numa_node));
+    return InvalidArgument(
+        fmt::format("pinned pool numa_node must be -1 or a node id, got {}", numa_node));
   }
   if (device != nullptr && numa_node != -1) {
     return InvalidArgument(fmt::format(
@@ -64,8 +67,9 @@ Status PinnedPoolOptions::Validate() const {
 
 Status DevicePoolOptions::Validate() const {
   if (budget_bytes != 0 && arena_bytes > budget_bytes) {
-    return InvalidArgument(fmt::format("device pool arena_bytes ({}) must not exceed budget_bytes ({})",
-                                       arena_bytes, budget_bytes));
+    return InvalidArgument(
+        fmt::format("device pool arena_bytes ({}) must not exceed budget_bytes ({})", arena_bytes,
+                    budget_bytes));
   }
   return CheckAlignment(alignment).WithContext("device pool");
 }
@@ -87,21 +91,23 @@ StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::CreatePinned(const PinnedPoolO
     std::lock_guard lock(pool->mu_);
     while (pool->arena_total_ < options.budget_bytes) {
       ZINF_RETURN_IF_ERROR(
-          pool->AddArenaLocked(std::min(arena, options.budget_bytes - pool->arena_total_)).status());
+          pool->AddArenaLocked(std::min(arena, options.budget_bytes - pool->arena_total_))
+              .status());
     }
   }
   return pool;
 }
 
 StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::CreateOnDevice(Device& device,
-                                                                   const DevicePoolOptions& options) {
+                                                                 const DevicePoolOptions& options) {
   ZINF_RETURN_IF_ERROR(options.Validate());
   uint64_t budget = options.budget_bytes;
   uint64_t device_budget = device.memory_stats().budget_bytes;
   if (budget == 0) budget = device_budget;
   if (device_budget != 0 && budget > device_budget) {
-    return InvalidArgument(fmt::format("{} budget_bytes ({}) exceeds the budget of {} ({})", options.name,
-                                       FormatBytes(budget), device.name(), FormatBytes(device_budget)));
+    return InvalidArgument(fmt::format("{} budget_bytes ({}) exceeds the budget of {} ({})",
+                                       options.name, FormatBytes(budget), device.name(),
+                                       FormatBytes(device_budget)));
   }
   uint64_t arena = options.arena_bytes;
   if (arena == 0) arena = budget != 0 ? budget : 256 * kMiB;
@@ -110,7 +116,8 @@ StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::CreateOnDevice(Device& device,
   if (options.preallocate && budget != 0) {
     std::lock_guard lock(pool->mu_);
     while (pool->arena_total_ < budget) {
-      ZINF_RETURN_IF_ERROR(pool->AddArenaLocked(std::min(arena, budget - pool->arena_total_)).status());
+      ZINF_RETURN_IF_ERROR(
+          pool->AddArenaLocked(std::min(arena, budget - pool->arena_total_)).status());
     }
   }
   return pool;
@@ -124,8 +131,8 @@ MemoryPool::~MemoryPool() {
 }
 
 StatusOr<size_t> MemoryPool::AddArenaLocked(uint64_t size_bytes) {
-  auto arena = std::make_unique<Arena>(Arena{HostBuffer(), nullptr, size_bytes,
-                                             ExtentAllocator(size_bytes, alignment_), 0});
+  auto arena = std::make_unique<Arena>(
+      Arena{HostBuffer(), nullptr, size_bytes, ExtentAllocator(size_bytes, alignment_), 0});
   if (device_ != nullptr) {
     StatusOr<DeviceBuffer> buffer = device_->Allocate(size_bytes);
     if (!buffer.ok()) {
@@ -193,8 +200,8 @@ StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
       return ResourceExhausted(fmt::format(
           "{}: no free range of {} (largest free range {}, {} free in {} scattered ranges, "
           "budget {} fully assigned to arenas); free blocks or Trim() the pool",
-          name_, FormatBytes(rounded), FormatBytes(largest), FormatBytes(free),
-          arenas_.size(), FormatBytes(limit)));
+          name_, FormatBytes(rounded), FormatBytes(largest), FormatBytes(free), arenas_.size(),
+          FormatBytes(limit)));
     }
     StatusOr<size_t> added = AddArenaLocked(size);
     if (!added.ok()) {

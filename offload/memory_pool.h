@@ -67,7 +67,9 @@ class PoolBlock {
 
   void* data() const { return data_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   uint64_t size_bytes() const { return size_bytes_; }  // as requested
   bool empty() const { return data_ == nullptr; }
   void Reset();
@@ -125,7 +127,7 @@ class MemoryPool {
   static StatusOr<std::unique_ptr<MemoryPool>> CreatePinned(const PinnedPoolOptions& options);
   // `device` is not owned and must outlive the pool.
   static StatusOr<std::unique_ptr<MemoryPool>> CreateOnDevice(Device& device,
-                                                               const DevicePoolOptions& options);
+                                                              const DevicePoolOptions& options);
   // Blocks must have been destroyed; live ones are reported in the log and their memory freed.
   ~MemoryPool();
   MemoryPool(const MemoryPool&) = delete;

@@ -77,7 +77,8 @@ struct PipelinedOptimizer::Shard {
     view.count = chunk.count;
     view.params = reinterpret_cast<float*>(base);
     view.state0 = reinterpret_cast<float*>(base + layout.param_bytes);
-    view.state1 = state_count == 2 ? reinterpret_cast<float*>(base + 2 * layout.param_bytes) : nullptr;
+    view.state1 =
+        state_count == 2 ? reinterpret_cast<float*>(base + 2 * layout.param_bytes) : nullptr;
     view.grads = base + layout.state_bytes;
     view.grad_type = spec.grad_type;
     return view;
@@ -93,13 +94,13 @@ Status PipelinedOptimizerOptions::Validate() const {
     return InvalidArgument(fmt::format("num_buffers must be in [3, 64], got {}", num_buffers));
   }
   if (chunk_elements < kMinChunkElements || chunk_elements % kChunkAlignElements != 0) {
-    return InvalidArgument(fmt::format(
-        "chunk_elements must be a multiple of {} and at least {}, got {}", kChunkAlignElements,
-        kMinChunkElements, chunk_elements));
+    return InvalidArgument(
+        fmt::format("chunk_elements must be a multiple of {} and at least {}, got {}",
+                    kChunkAlignElements, kMinChunkElements, chunk_elements));
   }
   if (!(nvme_ratio >= 0.0 && nvme_ratio <= 1.0)) {
-    return InvalidArgument(fmt::format("nvme_ratio (offload_optimizer.ratio) must be in [0, 1], got {}",
-                                       nvme_ratio));
+    return InvalidArgument(
+        fmt::format("nvme_ratio (offload_optimizer.ratio) must be in [0, 1], got {}", nvme_ratio));
   }
   const uint64_t minimum = num_buffers * kMinChunkElements * kStagingBytesPerElement;
   if (host_budget_bytes < minimum) {
@@ -126,7 +127,8 @@ StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
   }
   std::unique_ptr<PipelinedOptimizer> self(new PipelinedOptimizer(optimizer, swap, options));
   const uint64_t k = options.num_buffers;
-  uint64_t fit = options.host_budget_bytes / (k * PipelinedOptimizerOptions::kStagingBytesPerElement);
+  uint64_t fit =
+      options.host_budget_bytes / (k * PipelinedOptimizerOptions::kStagingBytesPerElement);
   fit -= fit % PipelinedOptimizerOptions::kChunkAlignElements;
   self->chunk_elements_ = std::min<uint64_t>(options.chunk_elements, fit);
   const uint64_t slot_bytes =
@@ -141,8 +143,8 @@ StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
   ZINF_ASSIGN_OR_RETURN(self->staging_, MemoryPool::CreatePinned(staging));
   PinnedPoolOptions state;
   state.name = "host optimizer state";
-  state.budget_bytes = options.host_state_budget_bytes != 0 ? options.host_state_budget_bytes
-                                                            : (uint64_t{1} << 62);
+  state.budget_bytes =
+      options.host_state_budget_bytes != 0 ? options.host_state_budget_bytes : (uint64_t{1} << 62);
   state.arena_bytes = std::min<uint64_t>(state.budget_bytes, 1ull << 30);
   state.pinned = options.pinned;
   state.numa_node = options.numa_node;
@@ -240,7 +242,8 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     ChunkLayout layout = s.Layout(chunk);
     char* base = nullptr;
     if (chunk.on_nvme) {
-      StatusOr<SwapExtent> e = swap_->Allocate(layout.state_bytes, fmt::format("{} chunk {} state", spec.name, c));
+      StatusOr<SwapExtent> e =
+          swap_->Allocate(layout.state_bytes, fmt::format("{} chunk {} state", spec.name, c));
       if (!e.ok()) return fail(std::move(e).status());
       chunk.state = *e;
       e = swap_->Allocate(layout.grad_bytes, fmt::format("{} chunk {} grads", spec.name, c));
@@ -310,8 +313,7 @@ Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_b
       if (status.ok()) status = swap_->Write(chunk.grads, base + layout.state_bytes);
     }
     if (!status.ok()) {
-      return std::move(status).WithContext(
-          fmt::format("visiting {}", shard->ChunkName(c)));
+      return std::move(status).WithContext(fmt::format("visiting {}", shard->ChunkName(c)));
     }
   }
   return OkStatus();
@@ -320,7 +322,8 @@ Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_b
 Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   if (shard->spec.param_copy_tier != ParamCopyTier::kNvme) {
-    return FailedPrecondition(fmt::format("shard '{}' has no NVMe parameter copy", shard->spec.name));
+    return FailedPrecondition(
+        fmt::format("shard '{}' has no NVMe parameter copy", shard->spec.name));
   }
   if (out == nullptr) return InvalidArgument("ReadParamCopy: out is null");
   const size_t elem = ElementSize(shard->spec.param_copy_type);
@@ -372,7 +375,8 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
   const bool do_io = mode != StepMode::kComputeOnly;
   const bool do_update = mode != StepMode::kIoOnly;
   // Copy region of a staging buffer: after the widest chunk's data (kStagingBytesPerElement).
-  const uint64_t copy_offset = chunk_elements_ * (PipelinedOptimizerOptions::kStagingBytesPerElement - 2);
+  const uint64_t copy_offset =
+      chunk_elements_ * (PipelinedOptimizerOptions::kStagingBytesPerElement - 2);
 
   auto wait_slot = [&](Slot& slot) -> Status {
     Status status = slot.writes.Wait();
@@ -446,7 +450,8 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
         failure = optimizer_->Update(spec.group, span, grad_scale);
       } else {
         const ParamGroupState& g = bench_groups[spec.group];
-        failure = optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, span);
+        failure =
+            optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, span);
       }
       stats_.compute_seconds += SecondsSince(t);
       if (!failure.ok()) break;

@@ -113,7 +113,7 @@ struct ChunkView {
 using ChunkVisitor = std::function<Status(const ChunkView& chunk)>;
 
 enum class StepMode {
-  kFull,         // the optimizer step
+  kFull,  // the optimizer step
   // Benchmark modes, to measure the two halves of the pipeline in the same run. kIoOnly does
   // every read and write but no update (the state is written back unchanged). kComputeOnly
   // runs the updates on whatever the staging buffers hold, with no I/O; it does not advance
@@ -192,7 +192,7 @@ class PipelinedOptimizer {
   std::unique_ptr<MemoryPool> staging_;
   std::unique_ptr<MemoryPool> host_state_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<Stream> copy_stream_;  // kDevice parameter copies
+  std::unique_ptr<Stream> copy_stream_;         // kDevice parameter copies
   std::vector<std::unique_ptr<Shard>> shards_;  // by id; null once removed
   PipelinedStepStats stats_;
 };

@@ -38,9 +38,12 @@ namespace zinf {
 
 std::string_view TierName(Tier tier) {
   switch (tier) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
   }
   return "unknown";
 }
@@ -90,7 +93,8 @@ class LinkMeter {
   void End(uint64_t bytes) {
     std::lock_guard lock(mu_);
     stats_.bytes += bytes;
-    if (--active_ == 0) stats_.busy_seconds += std::chrono::duration<double>(Clock::now() - since_).count();
+    if (--active_ == 0)
+      stats_.busy_seconds += std::chrono::duration<double>(Clock::now() - since_).count();
   }
   LinkStats stats() const {
     std::lock_guard lock(mu_);
@@ -178,7 +182,8 @@ struct TieredStore::Impl {
     for (auto& w : workers) w.join();
     std::unique_lock lock(mu);
     cv.wait(lock, [&] {
-      return std::none_of(tensors.begin(), tensors.end(), [](const auto& t) { return t.second->busy; });
+      return std::none_of(tensors.begin(), tensors.end(),
+                          [](const auto& t) { return t.second->busy; });
     });
     for (auto& [id, t] : tensors) ReleaseMemory(*t);
     tensors.clear();
@@ -187,9 +192,12 @@ struct TieredStore::Impl {
 
   bool HasTier(Tier tier) const {
     switch (tier) {
-      case Tier::kDevice: return device != nullptr;
-      case Tier::kHost: return true;
-      case Tier::kNvme: return swap != nullptr;
+      case Tier::kDevice:
+        return device != nullptr;
+      case Tier::kHost:
+        return true;
+      case Tier::kNvme:
+        return swap != nullptr;
     }
     return false;
   }
@@ -231,8 +239,9 @@ struct TieredStore::Impl {
       if (tier == Tier::kNvme) {
         std::vector<SwapExtent> extents;
         for (uint64_t off = 0; off < t.size; off += options.piece_bytes) {
-          StatusOr<SwapExtent> e = swap->Allocate(std::min(options.piece_bytes, t.size - off),
-                                                  fmt::format("{} piece {}", t.name, off / options.piece_bytes));
+          StatusOr<SwapExtent> e =
+              swap->Allocate(std::min(options.piece_bytes, t.size - off),
+                             fmt::format("{} piece {}", t.name, off / options.piece_bytes));
           if (!e.ok()) {
             for (const SwapExtent& x : extents) swap->Free(x).IgnoreError();
             return std::move(e).status();
@@ -262,7 +271,8 @@ struct TieredStore::Impl {
         return ResourceExhausted(fmt::format(
             "{} tier cannot hold tensor '{}' ({}): {}; nothing to evict ({} held by homes, "
             "pinned or moving copies)",
-            TierName(tier), t.name, FormatBytes(t.size), block.status().message(), FormatBytes(pinned)));
+            TierName(tier), t.name, FormatBytes(t.size), block.status().message(),
+            FormatBytes(pinned)));
       }
       return EvictLocked(lock, *victim, tier);
     }
@@ -274,7 +284,8 @@ struct TieredStore::Impl {
     for (auto& [id, p] : tensors) {
       Tensor* x = p.get();
       const Copy& c = x->copies[Index(tier)];
-      if (x == requester || !c.present || x->home == tier || c.pins > 0 || x->busy || x->writer) continue;
+      if (x == requester || !c.present || x->home == tier || c.pins > 0 || x->busy || x->writer)
+        continue;
       if (best == nullptr) {
         best = x;
         continue;
@@ -345,8 +356,8 @@ struct TieredStore::Impl {
       t.busy = false;
       cv.notify_all();
       if (!s.ok()) {
-        return std::move(s).WithContext(fmt::format("moving tensor '{}' from {} to {}", t.name,
-                                                    TierName(src), TierName(tier)));
+        return std::move(s).WithContext(
+            fmt::format("moving tensor '{}' from {} to {}", t.name, TierName(src), TierName(tier)));
       }
       c.valid = true;
       c.zero = false;
@@ -372,18 +383,21 @@ struct TieredStore::Impl {
     }
     if (src == Tier::kHost && dst == Tier::kDevice) {
       LinkScope scope(h2d, t.size);
-      return DeviceCopy(*up_stream, to.block.data(), from.block.data(), t.size, CopyKind::kHostToDevice);
+      return DeviceCopy(*up_stream, to.block.data(), from.block.data(), t.size,
+                        CopyKind::kHostToDevice);
     }
     if (src == Tier::kDevice && dst == Tier::kHost) {
       LinkScope scope(d2h, t.size);
-      return DeviceCopy(*down_stream, to.block.data(), from.block.data(), t.size, CopyKind::kDeviceToHost);
+      return DeviceCopy(*down_stream, to.block.data(), from.block.data(), t.size,
+                        CopyKind::kDeviceToHost);
     }
     if (src == Tier::kNvme && dst == Tier::kHost) {
       LinkScope scope(n2h, t.size);
       IoWaiter waiter;
       for (size_t k = 0; k < from.extents.size(); ++k) {
         waiter.Add();
-        swap->ReadAsync(from.extents[k], to.block.as<char>() + k * options.piece_bytes, waiter.Callback());
+        swap->ReadAsync(from.extents[k], to.block.as<char>() + k * options.piece_bytes,
+                        waiter.Callback());
       }
       return waiter.Wait();
     }
@@ -392,7 +406,8 @@ struct TieredStore::Impl {
       IoWaiter waiter;
       for (size_t k = 0; k < to.extents.size(); ++k) {
         waiter.Add();
-        swap->WriteAsync(to.extents[k], from.block.as<char>() + k * options.piece_bytes, waiter.Callback());
+        swap->WriteAsync(to.extents[k], from.block.as<char>() + k * options.piece_bytes,
+                         waiter.Callback());
       }
       return waiter.Wait();
     }
@@ -407,8 +422,8 @@ struct TieredStore::Impl {
         }
         if (s.ok()) {
           LinkScope scope(h2d, n);
-          s = DeviceCopy(*up_stream, to.block.as<char>() + k * options.piece_bytes, staging.data(), n,
-                         CopyKind::kHostToDevice);
+          s = DeviceCopy(*up_stream, to.block.as<char>() + k * options.piece_bytes, staging.data(),
+                         n, CopyKind::kHostToDevice);
         }
       }
       GiveStaging(std::move(staging));
@@ -502,7 +517,8 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
     char* end = nullptr;
     d.ordinal = static_cast<int>(std::strtol(ordinal.c_str(), &end, 10));
     if (ordinal.empty() || *end != '\0') {
-      return InvalidArgument(fmt::format("tiered store device \"{}\": bad ordinal", options.device));
+      return InvalidArgument(
+          fmt::format("tiered store device \"{}\": bad ordinal", options.device));
     }
     d.memory_budget_bytes = options.device_budget_bytes;
     ZINF_ASSIGN_OR_RETURN(impl->device, CreateCudaDevice(d));
@@ -521,9 +537,10 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
   hp.arena_bytes = std::min<uint64_t>(options.host_budget_bytes, 1ull << 30);
   hp.pinned = options.pin_host;
   hp.numa_node = options.numa_node;
-  hp.device = options.pin_host && impl->device != nullptr && impl->device->kind() == DeviceKind::kCuda
-                  ? impl->device.get()
-                  : nullptr;
+  hp.device =
+      options.pin_host && impl->device != nullptr && impl->device->kind() == DeviceKind::kCuda
+          ? impl->device.get()
+          : nullptr;
   if (hp.device != nullptr) hp.numa_node = -1;
   ZINF_ASSIGN_OR_RETURN(impl->host_pool, MemoryPool::CreatePinned(hp));
   if (!options.nvme_paths.empty()) {
@@ -554,9 +571,11 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
 
 StatusOr<TensorId> TieredStore::Create(std::string name, uint64_t size_bytes, Tier home) {
   Impl& m = *impl_;
-  if (size_bytes == 0) return InvalidArgument(fmt::format("tensor '{}': size_bytes must be > 0", name));
+  if (size_bytes == 0)
+    return InvalidArgument(fmt::format("tensor '{}': size_bytes must be > 0", name));
   if (!m.HasTier(home)) {
-    return InvalidArgument(fmt::format("tensor '{}': this store has no {} tier", name, TierName(home)));
+    return InvalidArgument(
+        fmt::format("tensor '{}': this store has no {} tier", name, TierName(home)));
   }
   std::unique_lock lock(m.mu);
   auto t = std::make_unique<Impl::Tensor>();
@@ -589,7 +608,8 @@ Status TieredStore::Free(TensorId id) {
   while (true) {
     ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
     if (t->pins() > 0) {
-      return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired and cannot be freed", id, t->name));
+      return FailedPrecondition(
+          fmt::format("tensor {} ('{}') is acquired and cannot be freed", id, t->name));
     }
     if (t->busy) {
       m.cv.wait(lock);
@@ -611,7 +631,8 @@ std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
     return p.get_future().share();
   };
   if (tier == Tier::kNvme || !m.HasTier(tier)) {
-    return ready(InvalidArgument(fmt::format("cannot prefetch tensor {} to the {} tier", id, TierName(tier))));
+    return ready(InvalidArgument(
+        fmt::format("cannot prefetch tensor {} to the {} tier", id, TierName(tier))));
   }
   std::lock_guard lock(m.mu);
   StatusOr<Impl::Tensor*> t = m.Find(id);
@@ -638,8 +659,10 @@ std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
 StatusOr<void*> TieredStore::Acquire(TensorId id, Tier tier, Access access) {
   Impl& m = *impl_;
   if (tier == Tier::kNvme) {
-    return InvalidArgument(fmt::format("tensor {}: the NVMe tier is not addressable; acquire it "
-                                       "in the host or device tier", id));
+    return InvalidArgument(
+        fmt::format("tensor {}: the NVMe tier is not addressable; acquire it "
+                    "in the host or device tier",
+                    id));
   }
   if (!m.HasTier(tier)) {
     return InvalidArgument(fmt::format("tensor {}: this store has no {} tier", id, TierName(tier)));
@@ -647,7 +670,9 @@ StatusOr<void*> TieredStore::Acquire(TensorId id, Tier tier, Access access) {
   std::unique_lock lock(m.mu);
   ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
   Status s = m.MakeValid(lock, *t, tier, access == Access::kWrite);
-  if (!s.ok()) return std::move(s).WithContext(fmt::format("acquiring tensor {} in the {} tier", id, TierName(tier)));
+  if (!s.ok())
+    return std::move(s).WithContext(
+        fmt::format("acquiring tensor {} in the {} tier", id, TierName(tier)));
   Impl::Copy& c = t->copies[Index(tier)];
   ++c.pins;
   t->last_use = ++m.tick;
@@ -682,12 +707,12 @@ Status TieredStore::Evict(TensorId id, Tier tier) {
   while (true) {
     ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
     if (tier == t->home) {
-      return InvalidArgument(fmt::format("tensor {} ('{}'): cannot evict from its home tier ({})", id,
-                                         t->name, TierName(tier)));
+      return InvalidArgument(fmt::format("tensor {} ('{}'): cannot evict from its home tier ({})",
+                                         id, t->name, TierName(tier)));
     }
     if (t->copies[Index(tier)].pins > 0) {
-      return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired in the {} tier", id,
-                                            t->name, TierName(tier)));
+      return FailedPrecondition(
+          fmt::format("tensor {} ('{}') is acquired in the {} tier", id, t->name, TierName(tier)));
     }
     if (t->busy || t->writer) {
       m.cv.wait(lock);

@@ -92,12 +92,15 @@ Status RunPcie(const PcieArgs& args) {
         for (int r = 0; r < args.reps + 1; ++r) {  // the first batch warms up
           const auto start = std::chrono::steady_clock::now();
           for (int i = 0; i < copies; ++i) {
-            if (mode != 1) ZINF_RETURN_IF_ERROR(h2d->Copy(dev_up.data(), up, size, CopyKind::kHostToDevice));
-            if (mode != 0) ZINF_RETURN_IF_ERROR(d2h->Copy(down, dev_down.data(), size, CopyKind::kDeviceToHost));
+            if (mode != 1)
+              ZINF_RETURN_IF_ERROR(h2d->Copy(dev_up.data(), up, size, CopyKind::kHostToDevice));
+            if (mode != 0)
+              ZINF_RETURN_IF_ERROR(d2h->Copy(down, dev_down.data(), size, CopyKind::kDeviceToHost));
           }
           ZINF_RETURN_IF_ERROR(h2d->Synchronize());
           ZINF_RETURN_IF_ERROR(d2h->Synchronize());
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           const double bytes = static_cast<double>(size) * copies * (mode == 2 ? 2 : 1);
           if (r > 0) runs.push_back(bytes / s / 1e9);
         }
@@ -115,7 +118,8 @@ Status RunPcie(const PcieArgs& args) {
     }
   }
   if (args.json) {
-    nlohmann::json out = {{"gpu", true}, {"device", device.name()}, {"reps", args.reps}, {"rows", rows}};
+    nlohmann::json out = {
+        {"gpu", true}, {"device", device.name()}, {"reps", args.reps}, {"rows", rows}};
     fmt::print("{}\n", out.dump());
   }
   return OkStatus();

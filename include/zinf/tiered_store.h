@@ -61,7 +61,7 @@ struct TieredStoreOptions {
   bool nvme_checksum = true;         // CRC32C on write, verified on read
   // Largest single NVMe I/O piece and size of each staging buffer, a multiple of 4096.
   uint64_t piece_bytes = 64ull << 20;
-  int staging_buffers = 2;  // pinned buffers for device<->NVMe moves (separate from the budget)
+  int staging_buffers = 2;   // pinned buffers for device<->NVMe moves (separate from the budget)
   int transfer_threads = 2;  // threads that run Prefetch transfers
 
   // InvalidArgument naming the field.

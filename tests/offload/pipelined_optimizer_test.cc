@@ -148,13 +148,14 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
       ref.NewGrads(1000 * step + s);
       // Deposit the gradients as the engine does: chunk by chunk into the shard's home.
       ASSERT_TRUE((*piped)
-                      ->Visit(ids[s],
-                              [&](const ChunkView& chunk) {
-                                std::memcpy(chunk.grads, ref.grads.data() + chunk.offset,
-                                            chunk.count * 4);
-                                return OkStatus();
-                              },
-                              /*write_back=*/true)
+                      ->Visit(
+                          ids[s],
+                          [&](const ChunkView& chunk) {
+                            std::memcpy(chunk.grads, ref.grads.data() + chunk.offset,
+                                        chunk.count * 4);
+                            return OkStatus();
+                          },
+                          /*write_back=*/true)
                       .ok());
       zinf::StepOptions so;
       so.grad_scale = 0.5f;
@@ -164,25 +165,31 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
     ASSERT_TRUE(status.ok()) << status;
     const PipelinedStepStats& stats = (*piped)->last_step_stats();
     EXPECT_EQ(stats.chunks, 5u);
-    if (c.ratio == 1.0) EXPECT_GT(stats.bytes_read, 0u);
-    if (c.ratio == 0.0) EXPECT_EQ(stats.bytes_read, 0u);
+    if (c.ratio == 1.0) {
+      EXPECT_GT(stats.bytes_read, 0u);
+    }
+    if (c.ratio == 0.0) {
+      EXPECT_EQ(stats.bytes_read, 0u);
+    }
 
     for (size_t s = 0; s < sizes.size(); ++s) {
       Reference& ref = refs[s];
       size_t mismatches = 0;
-      ASSERT_TRUE((*piped)
-                      ->Visit(ids[s],
-                              [&](const ChunkView& chunk) {
-                                const size_t bytes = chunk.count * 4;
-                                mismatches += std::memcmp(chunk.params, &ref.params[chunk.offset], bytes) != 0;
-                                mismatches += std::memcmp(chunk.state0, &ref.m[chunk.offset], bytes) != 0;
-                                if (chunk.state1 != nullptr) {
-                                  mismatches += std::memcmp(chunk.state1, &ref.v[chunk.offset], bytes) != 0;
-                                }
-                                return OkStatus();
-                              },
-                              /*write_back=*/false)
-                      .ok());
+      ASSERT_TRUE(
+          (*piped)
+              ->Visit(
+                  ids[s],
+                  [&](const ChunkView& chunk) {
+                    const size_t bytes = chunk.count * 4;
+                    mismatches += std::memcmp(chunk.params, &ref.params[chunk.offset], bytes) != 0;
+                    mismatches += std::memcmp(chunk.state0, &ref.m[chunk.offset], bytes) != 0;
+                    if (chunk.state1 != nullptr) {
+                      mismatches += std::memcmp(chunk.state1, &ref.v[chunk.offset], bytes) != 0;
+                    }
+                    return OkStatus();
+                  },
+                  /*write_back=*/false)
+              .ok());
       EXPECT_EQ(mismatches, 0u) << "shard " << s << " step " << step;
       std::vector<uint16_t> copy(sizes[s], 0xFFFF);
       if (c.tier == ParamCopyTier::kHost) copy = copies[s];
@@ -201,14 +208,14 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
   EXPECT_LE((*piped)->staging_pool().stats().peak_in_use_bytes, options.host_budget_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Tiers, PipelinedStepTest,
-    ::testing::Values(StepCase{"nvme_copy_host", 1.0, ParamCopyTier::kHost},
-                      StepCase{"host_copy_host", 0.0, ParamCopyTier::kHost},
-                      StepCase{"split_copy_nvme", 0.5, ParamCopyTier::kNvme},
-                      StepCase{"split_copy_device", 0.3, ParamCopyTier::kDevice},
-                      StepCase{"nvme_no_copy", 1.0, ParamCopyTier::kNone}),
-    [](const auto& info) { return info.param.label; });
+INSTANTIATE_TEST_SUITE_P(Tiers, PipelinedStepTest,
+                         ::testing::Values(StepCase{"nvme_copy_host", 1.0, ParamCopyTier::kHost},
+                                           StepCase{"host_copy_host", 0.0, ParamCopyTier::kHost},
+                                           StepCase{"split_copy_nvme", 0.5, ParamCopyTier::kNvme},
+                                           StepCase{"split_copy_device", 0.3,
+                                                    ParamCopyTier::kDevice},
+                                           StepCase{"nvme_no_copy", 1.0, ParamCopyTier::kNone}),
+                         [](const auto& info) { return info.param.label; });
 
 TEST(PipelinedOptimizerTest, BudgetTooSmallForOneChunkNamesTheMinimum) {
   auto opt = CpuOptimizer::Create();
@@ -228,7 +235,8 @@ TEST(PipelinedOptimizerTest, LargeBudgetShrinksNothingAndSmallBudgetShrinksTheCh
   ASSERT_TRUE(opt.ok());
   PipelinedOptimizerOptions options = PipeOptions(0.0);
   options.chunk_elements = 16 * kChunk;
-  options.host_budget_bytes = 3 * 5 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement + 100;
+  options.host_budget_bytes =
+      3 * 5 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement + 100;
   auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
   ASSERT_TRUE(piped.ok()) << piped.status();
   EXPECT_EQ((*piped)->chunk_elements(), 5 * kChunk);
@@ -344,14 +352,15 @@ TEST(PipelinedOptimizerTest, BenchmarkModesRunAndIoOnlyKeepsTheState) {
   EXPECT_EQ((*piped)->last_step_stats().bytes_read, 0u);
   size_t wrong = 0;
   ASSERT_TRUE((*piped)
-                  ->Visit(*id,
-                          [&](const ChunkView& c) {
-                            for (size_t i = 0; i < c.count; ++i) {
-                              wrong += c.params[i] != static_cast<float>(c.offset + i);
-                            }
-                            return OkStatus();
-                          },
-                          false)
+                  ->Visit(
+                      *id,
+                      [&](const ChunkView& c) {
+                        for (size_t i = 0; i < c.count; ++i) {
+                          wrong += c.params[i] != static_cast<float>(c.offset + i);
+                        }
+                        return OkStatus();
+                      },
+                      false)
                   .ok());
   EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(opt->get()->group(0)->step, 0);  // benchmark modes do not advance the step

@@ -83,7 +83,8 @@ TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
       // Sizes from a few bytes to 3 pieces; about one in five is larger than a staging buffer.
       uint64_t size = 1 + setup() % (k % 5 == 0 ? 3 * options.piece_bytes : 200 * kKiB);
       Tier home = static_cast<Tier>(setup() % 3);
-      if (home != Tier::kNvme && home_bytes[static_cast<int>(home)] + size > 2 * kMiB) home = Tier::kNvme;
+      if (home != Tier::kNvme && home_bytes[static_cast<int>(home)] + size > 2 * kMiB)
+        home = Tier::kNvme;
       home_bytes[static_cast<int>(home)] += size;
       auto id = store.Create("t" + std::to_string(t) + "." + std::to_string(k), size, home);
       ASSERT_TRUE(id.ok()) << id.status();
@@ -153,7 +154,8 @@ TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
           auto f = store.Prefetch(any, fast_tier());
           if (rng() % 2 == 0) {
             Status s = f.get();
-            if (!s.ok() && s.code() != StatusCode::kResourceExhausted) fail("prefetch: " + s.ToString());
+            if (!s.ok() && s.code() != StatusCode::kResourceExhausted)
+              fail("prefetch: " + s.ToString());
           }
           if (rng() % 3 == 0) store.SetNextUse(any, rng() % 100).IgnoreError();
           break;
@@ -175,7 +177,8 @@ TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
   for (auto& t : threads) t.join();
-  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(over_budget.load(), 0);
   EXPECT_GT(verified.load(), 100);
@@ -185,14 +188,18 @@ TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
   for (auto& list : owned) {
     for (Owned& o : list) {
       for (Tier tier : {Tier::kDevice, Tier::kHost}) {
-        if (tier != o.home) ASSERT_TRUE(store.Evict(o.id, tier).ok());
+        if (tier != o.home) {
+          ASSERT_TRUE(store.Evict(o.id, tier).ok());
+        }
       }
       auto resident = store.ResidentTiers(o.id);
       ASSERT_TRUE(resident.ok());
       EXPECT_EQ(*resident, std::vector<Tier>{o.home});
       auto p = store.Acquire(o.id, Tier::kHost, Access::kRead);
       ASSERT_TRUE(p.ok()) << p.status();
-      if (o.version > 0) EXPECT_EQ(Check(*p, o.size, o.id, o.version), -1) << "tensor " << o.id;
+      if (o.version > 0) {
+        EXPECT_EQ(Check(*p, o.size, o.id, o.version), -1) << "tensor " << o.id;
+      }
       ASSERT_TRUE(store.Release(o.id, Tier::kHost).ok());
     }
   }
