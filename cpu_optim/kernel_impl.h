@@ -168,6 +168,7 @@ inline void UpdateLine(const Consts<V>& c, const Ptrs& a, size_t i) {
   using T = typename V::T;
   constexpr size_t kVecs = kLineElems / V::kWidth;
   T g[kVecs], p[kVecs], s0[kVecs], s1[kVecs];
+#pragma GCC unroll 16
   for (size_t j = 0; j < kVecs; ++j) {
     const size_t at = i + j * V::kWidth;
     g[j] = V::template LoadGrad<G>(a.g, at);
@@ -176,7 +177,9 @@ inline void UpdateLine(const Consts<V>& c, const Ptrs& a, size_t i) {
     s1[j] = s0[j];
     if constexpr (HasState1(K)) s1[j] = V::Load(a.s1 + at);
   }
+#pragma GCC unroll 16
   for (size_t j = 0; j < kVecs; ++j) UpdateOne<K, V>(c, g[j], p[j], s0[j], s1[j]);
+#pragma GCC unroll 16
   for (size_t j = 0; j < kVecs; ++j) {
     const size_t at = i + j * V::kWidth;
     V::template Store<kNt>(a.p + at, p[j]);
@@ -283,6 +286,7 @@ inline void LimitLine(const Ptrs& a, size_t i) {
   using T = typename V::T;
   constexpr size_t kVecs = kLineElems / V::kWidth;
   T g[kVecs], p[kVecs], s0[kVecs], s1[kVecs];
+#pragma GCC unroll 16
   for (size_t j = 0; j < kVecs; ++j) {
     const size_t at = i + j * V::kWidth;
     g[j] = V::template LoadGrad<G>(a.g, at);
@@ -291,6 +295,7 @@ inline void LimitLine(const Ptrs& a, size_t i) {
     s1[j] = s0[j];
     if constexpr (kTwo) s1[j] = V::Load(a.s1 + at);
   }
+#pragma GCC unroll 16
   for (size_t j = 0; j < kVecs; ++j) {
     const size_t at = i + j * V::kWidth;
     p[j] = V::Add(p[j], g[j]);
