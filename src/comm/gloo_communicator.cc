@@ -1,0 +1,277 @@
+// The Gloo backend: CPU buffers over TCP, bootstrapped through TcpStore. Every collective is
+// Gloo's own (ring all-reduce, ring all-gather, halving-doubling reduce-scatter, one-to-all
+// broadcast); Gloo's exceptions stop at this file and become Status values.
+#include <fmt/core.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <climits>
+#include <csignal>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "comm/tcp_store.h"
+
+namespace zinf {
+namespace {
+
+// Carries a Status through Gloo, which expects stores to throw.
+struct StoreFailure : std::runtime_error {
+  explicit StoreFailure(Status s) : std::runtime_error(s.ToString()), status(std::move(s)) {}
+  Status status;
+};
+
+class TcpStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  TcpStoreAdapter(TcpStore& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status s = store_.Set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
+    if (!s.ok()) throw StoreFailure(std::move(s));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    StatusOr<std::vector<uint8_t>> v = store_.Get(prefix_ + key);
+    if (!v.ok()) throw StoreFailure(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    Status s = store_.Wait(full, timeout);
+    if (!s.ok()) throw StoreFailure(std::move(s));
+  }
+
+ private:
+  TcpStore& store_;
+  const std::string prefix_;
+  const std::chrono::milliseconds timeout_;
+};
+
+// Runs a Gloo call, turning its exceptions into a Status.
+template <typename Fn>
+Status GlooCall(Fn&& fn, std::chrono::milliseconds timeout) {
+  try {
+    fn();
+    return OkStatus();
+  } catch (const StoreFailure& e) {
+    return e.status;
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    if (what.find("imed out") != std::string::npos) {
+      return DeadlineExceeded(
+          fmt::format("no progress within {} ms; a peer rank may have died "
+                      "or stalled: {}",
+                      timeout.count(), what));
+    }
+    return Unavailable(fmt::format("a peer rank died or is unreachable: {}", what));
+  } catch (const gloo::EnforceNotMet& e) {
+    return InvalidArgument(fmt::format("Gloo rejected the call: {}", e.what()));
+  } catch (const std::exception& e) {
+    return Internal(fmt::format("Gloo: {}", e.what()));
+  }
+}
+
+// Calls fn with a value of the C++ type behind `type`.
+template <typename Fn>
+Status WithType(CommDataType type, Fn&& fn) {
+  switch (type) {
+    case CommDataType::kFloat32:
+      return fn(float{});
+    case CommDataType::kFloat64:
+      return fn(double{});
+    case CommDataType::kInt64:
+      return fn(int64_t{});
+  }
+  return InvalidArgument("unknown CommDataType");
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func ReduceFunc(ReduceOp op) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  switch (op) {
+    case ReduceOp::kSum:
+      return static_cast<Fn>(&gloo::sum<T>);
+    case ReduceOp::kMax:
+      return static_cast<Fn>(&gloo::max<T>);
+    case ReduceOp::kMin:
+      return static_cast<Fn>(&gloo::min<T>);
+  }
+  return static_cast<Fn>(&gloo::sum<T>);
+}
+
+template <typename T>
+const gloo::ReductionFunction<T>* Reduction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return gloo::ReductionFunction<T>::sum;
+    case ReduceOp::kMax:
+      return gloo::ReductionFunction<T>::max;
+    case ReduceOp::kMin:
+      return gloo::ReductionFunction<T>::min;
+  }
+  return gloo::ReductionFunction<T>::sum;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const GlooOptions& options, std::shared_ptr<gloo::Context> context)
+      : Communicator(options.rank, options.world_size),
+        timeout_(options.timeout),
+        context_(std::move(context)) {
+    StartWorker();
+  }
+  ~GlooCommunicator() override { StopWorker(); }
+
+  std::string_view backend() const override { return "gloo"; }
+
+ protected:
+  Status DoAllReduce(void* data, size_t count, CommDataType type, ReduceOp op) override {
+    return WithType(type, [&](auto zero) {
+      using T = decltype(zero);
+      return GlooCall(
+          [&] {
+            gloo::AllreduceOptions opts(context_);
+            opts.setOutput(static_cast<T*>(data), count);
+            opts.setReduceFunction(ReduceFunc<T>(op));
+            opts.setTag(NextTag());
+            opts.setTimeout(timeout_);
+            gloo::allreduce(opts);
+          },
+          timeout_);
+    });
+  }
+
+  Status DoAllGather(const void* send, void* recv, size_t count, CommDataType type) override {
+    return WithType(type, [&](auto zero) {
+      using T = decltype(zero);
+      return GlooCall(
+          [&] {
+            gloo::AllgatherOptions opts(context_);
+            opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
+            opts.setOutput(static_cast<T*>(recv), count * world_size());
+            opts.setTag(NextTag());
+            opts.setTimeout(timeout_);
+            gloo::allgather(opts);
+          },
+          timeout_);
+    });
+  }
+
+  Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
+                         ReduceOp op) override {
+    const size_t total = count * world_size();
+    if (total > static_cast<size_t>(INT_MAX)) {
+      return InvalidArgument(
+          fmt::format("reduce-scatter of {} elements in all exceeds Gloo's "
+                      "limit of {}; split it into buckets",
+                      total, INT_MAX));
+    }
+    return WithType(type, [&](auto zero) {
+      using T = decltype(zero);
+      T* buffer = static_cast<T*>(send);
+      return GlooCall(
+          [&] {
+            // Its last phase moves this rank's reduced slice to the start of the buffer.
+            gloo::ReduceScatterHalvingDoubling<T> algorithm(
+                context_, {buffer}, static_cast<int>(total),
+                std::vector<int>(world_size(), static_cast<int>(count)), Reduction<T>(op));
+            algorithm.run();
+            std::memcpy(recv, buffer, count * sizeof(T));
+          },
+          timeout_);
+    });
+  }
+
+  Status DoBroadcast(void* data, size_t count, CommDataType type, int root) override {
+    return WithType(type, [&](auto zero) {
+      using T = decltype(zero);
+      return GlooCall(
+          [&] {
+            gloo::BroadcastOptions opts(context_);
+            opts.setOutput(static_cast<T*>(data), count);
+            opts.setRoot(root);
+            opts.setTag(NextTag());
+            opts.setTimeout(timeout_);
+            gloo::broadcast(opts);
+          },
+          timeout_);
+    });
+  }
+
+  Status DoBarrier() override {
+    return GlooCall(
+        [&] {
+          gloo::BarrierOptions opts(context_);
+          opts.setTag(NextTag());
+          opts.setTimeout(timeout_);
+          gloo::barrier(opts);
+        },
+        timeout_);
+  }
+
+ private:
+  // Every rank runs the same collectives in the same order, so the counters agree.
+  uint32_t NextTag() { return next_tag_++; }
+
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t next_tag_ = 1;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(TcpStore& store,
+                                                               const GlooOptions& options) {
+  if (options.world_size < 1) {
+    return InvalidArgument(fmt::format("world_size must be >= 1, got {}", options.world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return InvalidArgument(
+        fmt::format("rank must be in [0, {}), got {}", options.world_size, options.rank));
+  }
+  if (options.timeout.count() <= 0) {
+    return InvalidArgument(fmt::format("timeout must be > 0 ms, got {}", options.timeout.count()));
+  }
+  // Gloo writes to sockets without MSG_NOSIGNAL: when a peer dies, SIGPIPE would kill this
+  // rank instead of failing the collective with a clear error. A handler the program
+  // installed itself is left alone.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  Status status = GlooCall(
+      [&] {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = options.host;
+        auto device = gloo::transport::tcp::CreateDevice(attr);
+        context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+        context->setTimeout(options.timeout);
+        TcpStoreAdapter adapter(store, fmt::format("gloo/{}/", options.group_name),
+                                options.timeout);
+        context->connectFullMesh(adapter, device);
+      },
+      options.timeout);
+  if (!status.ok()) {
+    return std::move(status).WithContext(fmt::format("rank {} of {} connecting Gloo group '{}'",
+                                                     options.rank, options.world_size,
+                                                     options.group_name));
+  }
+  return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(options, context));
+}
+
+}  // namespace zinf

@@ -1,0 +1,253 @@
+// Collectives over real processes: each rank is a forked child with its own Gloo
+// communicator, connected through a TcpStore served by the test process.
+#include "comm/communicator.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "comm/environment.h"
+#include "comm/tcp_store.h"
+
+namespace zinf {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A failed check inside a child prints and exits non-zero; the parent sees the exit code.
+#define CHILD_CHECK(cond)                                                                  \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::fprintf(stderr, "rank check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (false)
+#define CHILD_OK(expr)                                                            \
+  do {                                                                            \
+    Status s_ = (expr);                                                           \
+    if (!s_.ok()) {                                                               \
+      std::fprintf(stderr, "rank call failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                   s_.ToString().c_str());                                        \
+      return 1;                                                                   \
+    }                                                                             \
+  } while (false)
+
+using RankBody = std::function<int(Communicator& comm)>;
+
+// Forks `world` ranks that connect a Gloo group and run `body`; returns their exit codes.
+// A rank that cannot connect exits with 100.
+std::vector<int> RunRanks(int world, const RankBody& body,
+                          std::chrono::milliseconds timeout = 20000ms,
+                          const std::vector<int>& absent_ranks = {}) {
+  auto server = TcpStore::Create({.port = 0, .is_server = true, .timeout = timeout});
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return {};
+  const uint16_t port = (*server)->port();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    if (std::find(absent_ranks.begin(), absent_ranks.end(), rank) != absent_ranks.end()) continue;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      auto store = TcpStore::Create({.port = port, .timeout = timeout});
+      if (!store.ok()) _exit(100);
+      auto comm =
+          CreateGlooCommunicator(**store, {.rank = rank, .world_size = world, .timeout = timeout});
+      if (!comm.ok()) {
+        std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
+        _exit(comm.status().code() == StatusCode::kDeadlineExceeded ? 101 : 100);
+      }
+      const int code = body(**comm);
+      std::fflush(stderr);
+      _exit(code);  // no destructors: the forked copy of the server must not be torn down
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+int Collectives(Communicator& comm) {
+  const int r = comm.rank(), w = comm.world_size();
+  // All-reduce (sum, max) of float32.
+  std::vector<float> a(1003);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(r + 1) * (i % 7);
+  CHILD_OK(comm.AllReduce(a.data(), a.size(), CommDataType::kFloat32, ReduceOp::kSum));
+  const float rank_sum = w * (w + 1) / 2.0f;
+  for (size_t i = 0; i < a.size(); ++i) CHILD_CHECK(a[i] == rank_sum * (i % 7));
+  std::vector<int64_t> m = {r, -r};
+  CHILD_OK(comm.AllReduce(m.data(), 2, CommDataType::kInt64, ReduceOp::kMax));
+  CHILD_CHECK(m[0] == w - 1 && m[1] == 0);
+
+  // All-gather of int64: rank order.
+  std::vector<int64_t> mine(5, r * 10), all(5 * w, -1);
+  CHILD_OK(comm.AllGather(mine.data(), all.data(), 5, CommDataType::kInt64));
+  for (int q = 0; q < w; ++q)
+    for (int i = 0; i < 5; ++i) CHILD_CHECK(all[q * 5 + i] == q * 10);
+
+  // Reduce-scatter of float64: each rank keeps its slice of the sum.
+  const size_t per_rank = 257;
+  std::vector<double> send(per_rank * w), recv(per_rank);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<double>(i) + r;
+  CHILD_OK(comm.ReduceScatter(send.data(), recv.data(), per_rank, CommDataType::kFloat64,
+                              ReduceOp::kSum));
+  for (size_t i = 0; i < per_rank; ++i) {
+    const double index = static_cast<double>(r * per_rank + i);
+    CHILD_CHECK(recv[i] == w * index + rank_sum - w);
+  }
+
+  // Broadcast from the last rank.
+  std::vector<float> b(64, static_cast<float>(r));
+  CHILD_OK(comm.Broadcast(b.data(), b.size(), CommDataType::kFloat32, w - 1));
+  for (float v : b) CHILD_CHECK(v == static_cast<float>(w - 1));
+
+  // Two asynchronous all-reduces in flight, then a barrier.
+  std::vector<float> x(100, 1.0f), y(100, 2.0f);
+  auto wx = comm.AllReduceAsync(x.data(), x.size(), CommDataType::kFloat32, ReduceOp::kSum);
+  auto wy = comm.AllReduceAsync(y.data(), y.size(), CommDataType::kFloat32, ReduceOp::kSum);
+  CHILD_OK(wy->Wait());
+  CHILD_OK(wx->Wait());
+  CHILD_CHECK(x[99] == w && y[0] == 2.0f * w);
+  CHILD_OK(comm.Barrier());
+
+  // Bad arguments are errors, not crashes.
+  CHILD_CHECK(comm.Broadcast(b.data(), 1, CommDataType::kFloat32, w).code() ==
+              StatusCode::kInvalidArgument);
+  return 0;
+}
+
+TEST(GlooCommunicatorTest, CollectivesOnTwoRanks) {
+  EXPECT_EQ(RunRanks(2, Collectives), (std::vector<int>{0, 0}));
+}
+
+TEST(GlooCommunicatorTest, CollectivesOnFourRanks) {
+  EXPECT_EQ(RunRanks(4, Collectives), (std::vector<int>(4, 0)));
+}
+
+TEST(GlooCommunicatorTest, CollectivesOnThreeRanks) {
+  EXPECT_EQ(RunRanks(3, Collectives), (std::vector<int>(3, 0)));
+}
+
+TEST(GlooCommunicatorTest, DeadRankIsReportedWithinTheTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> codes = RunRanks(
+      3,
+      [](Communicator& comm) {
+        if (comm.Barrier().ok() && comm.rank() == 2) _exit(42);  // dies mid-run
+        std::vector<float> v(1 << 16, 1.0f);
+        Status s = comm.AllReduce(v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum);
+        CHILD_CHECK(!s.ok());
+        CHILD_CHECK(s.code() == StatusCode::kUnavailable ||
+                    s.code() == StatusCode::kDeadlineExceeded);
+        CHILD_CHECK(s.message().find("rank " + std::to_string(comm.rank()) + " of 3") !=
+                    std::string::npos);
+        std::fprintf(stderr, "rank %d saw: %s\n", comm.rank(), s.ToString().c_str());
+        // The failure is sticky: the group is out of step.
+        CHILD_CHECK(comm.Barrier().code() == s.code());
+        return 0;
+      },
+      3000ms);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 42}));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+TEST(GlooCommunicatorTest, MissingRankFailsToConnectWithinTheTimeout) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> codes =
+      RunRanks(2, [](Communicator&) { return 0; }, 1500ms, /*absent_ranks=*/{1});
+  EXPECT_EQ(codes, (std::vector<int>{101})) << "rank 0 reports DeadlineExceeded";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+TEST(GlooCommunicatorTest, BadOptions) {
+  auto server = TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(CreateGlooCommunicator(**server, {.rank = 2, .world_size = 2}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateGlooCommunicator(**server, {.rank = 0, .world_size = 0}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(LocalCommunicatorTest, CollectivesAreCopies) {
+  auto comm = CreateLocalCommunicator();
+  ASSERT_TRUE(comm.ok());
+  std::vector<float> send = {1, 2, 3}, recv(3);
+  ASSERT_TRUE((*comm)->AllReduce(send.data(), 3, CommDataType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(send, (std::vector<float>{1, 2, 3}));
+  ASSERT_TRUE((*comm)->AllGather(send.data(), recv.data(), 3, CommDataType::kFloat32).ok());
+  EXPECT_EQ(recv, send);
+  ASSERT_TRUE(
+      (*comm)
+          ->ReduceScatter(send.data(), recv.data(), 3, CommDataType::kFloat32, ReduceOp::kSum)
+          .ok());
+  EXPECT_EQ(recv, send);
+  EXPECT_TRUE((*comm)->Barrier().ok());
+  EXPECT_EQ((*comm)->Broadcast(send.data(), 3, CommDataType::kFloat32, 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)->AllReduce(nullptr, 3, CommDataType::kFloat32, ReduceOp::kSum).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE((*comm)->status().ok()) << "a failed collective is sticky, whatever the cause";
+}
+
+class EnvironmentTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* v :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+      unsetenv(v);
+    }
+  }
+};
+
+TEST_F(EnvironmentTest, UnsetIsOneProcess) {
+  TearDown();
+  auto env = ReadDistEnvironment();
+  ASSERT_TRUE(env.ok());
+  EXPECT_FALSE(env->launched);
+  EXPECT_EQ(env->world_size, 1);
+}
+
+TEST_F(EnvironmentTest, TorchrunVariables) {
+  setenv("RANK", "3", 1);
+  setenv("WORLD_SIZE", "8", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "10.0.0.1", 1);
+  setenv("MASTER_PORT", "29501", 1);
+  auto env = ReadDistEnvironment();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_TRUE(env->launched);
+  EXPECT_EQ(env->rank, 3);
+  EXPECT_EQ(env->world_size, 8);
+  EXPECT_EQ(env->local_rank, 3);
+  EXPECT_EQ(env->master_addr, "10.0.0.1");
+  EXPECT_EQ(env->master_port, 29501);
+}
+
+TEST_F(EnvironmentTest, BadValuesNameTheVariable) {
+  setenv("RANK", "2", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  auto env = ReadDistEnvironment();
+  ASSERT_FALSE(env.ok());
+  EXPECT_EQ(env.status().message(),
+            "environment variable RANK must be an integer in [0, 1], got '2'");
+  setenv("RANK", "0", 1);
+  setenv("MASTER_PORT", "http", 1);
+  EXPECT_NE(ReadDistEnvironment().status().message().find("MASTER_PORT"), std::string::npos);
+  unsetenv("WORLD_SIZE");
+  EXPECT_NE(ReadDistEnvironment().status().message().find("RANK is set but WORLD_SIZE is not"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace zinf
