@@ -6,10 +6,17 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "nvme/posix_engine.h"
@@ -222,6 +229,87 @@ TEST(CreateIoEngine, AutoPicksAWorkingBackend) {
   auto e = CreateIoEngine(AioOptions());
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_TRUE((*e)->name() == "io_uring" || (*e)->name() == "posix");
+}
+
+// Runs `body` in a child process whose kernel refuses io_uring_setup with EPERM (as seccomp
+// profiles of container runtimes do) and/or refuses O_DIRECT opens with EINVAL (as file systems
+// without direct I/O do). Returns the child's exit code; 77 means the filter could not be set.
+int RunRefused(bool refuse_uring, bool refuse_direct, const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<sock_filter> f;
+    f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));
+    if (refuse_uring) {
+      f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1));
+      f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM));
+    }
+    if (refuse_direct) {
+      f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 3));
+      // The low 32 bits of openat's flags (little-endian).
+      f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[2])));
+      f.push_back(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_DIRECT, 0, 1));
+      f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL));
+    }
+    f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    sock_fprog prog{static_cast<unsigned short>(f.size()), f.data()};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+      _exit(77);
+    }
+    _exit(body());
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(CreateIoEngine, FallsBackToPosixWhenIoUringIsRefused) {
+  ScratchDir dir;
+  const int rc = RunRefused(true, false, [&] {
+    AioOptions o;
+    auto uring = CreateUringEngine(o);
+    if (uring.ok() || uring.status().code() != StatusCode::kUnavailable) return 2;
+    auto e = CreateIoEngine(o);  // auto: must pick posix and work
+    if (!e.ok() || (*e)->name() != "posix") return 3;
+    auto f = OpenIoFile(dir.path() + "/x.bin", true, DirectIo::kAuto);
+    if (!f.ok()) return 4;
+    auto id = (*e)->AddFile(*f);
+    auto buffer = HostBuffer::Allocate(1 << 20);
+    if (!id.ok() || !buffer.ok()) return 5;
+    std::memset(buffer->data(), 0x3c, 1 << 20);
+    IoWaiter w;
+    (*e)->Submit(IoRequest{IoOp::kWrite, *id, 0, buffer->data(), 1 << 20}, &w);
+    if (!w.Wait().ok()) return 6;
+    o.backend = IoBackend::kIoUring;  // required: an error, not a silent fallback
+    if (CreateIoEngine(o).status().code() != StatusCode::kUnavailable) return 7;
+    return 0;
+  });
+  if (rc == 77) GTEST_SKIP() << "cannot install a seccomp filter here";
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(OpenIoFile, BufferedWhenTheFileSystemRefusesODirect) {
+  ScratchDir dir;
+  const int rc = RunRefused(false, true, [&] {
+    auto f = OpenIoFile(dir.path() + "/auto.bin", true, DirectIo::kAuto);
+    if (!f.ok() || f->direct()) return 2;  // auto: buffered, with a warning
+    auto on = OpenIoFile(dir.path() + "/on.bin", true, DirectIo::kOn);
+    if (on.ok() || on.status().code() != StatusCode::kUnavailable) return 3;
+    if (on.status().message().find("O_DIRECT") == std::string::npos) return 4;
+    // A swap store over such a path still works (buffered).
+    auto e = CreateIoEngine(AioOptions());
+    if (!e.ok()) return 5;
+    auto id = (*e)->AddFile(*f);
+    std::vector<char> data(10000, 'z'), back(10000);
+    IoWaiter w;
+    (*e)->Submit(IoRequest{IoOp::kWrite, *id, 0, data.data(), data.size()}, &w);
+    if (!w.Wait().ok()) return 6;
+    (*e)->Submit(IoRequest{IoOp::kRead, *id, 0, back.data(), back.size()}, &w);
+    if (!w.Wait().ok() || back != data) return 7;
+    return 0;
+  });
+  if (rc == 77) GTEST_SKIP() << "cannot install a seccomp filter here";
+  EXPECT_EQ(rc, 0);
 }
 
 }  // namespace
