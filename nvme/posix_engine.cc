@@ -1,11 +1,13 @@
 // PosixEngine: pread/pwrite on a thread pool. Thread-safety: see posix_engine.h.
 #include "nvme/posix_engine.h"
 
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -20,10 +22,22 @@ using nvme_internal::IoPiece;
 class PosixEngine final : public EngineBase {
  public:
   explicit PosixEngine(const AioOptions& options) : EngineBase(options) {
-    const int workers = std::min(options.queue_depth, 32) * options.thread_count;
+    // Blocking I/O needs a thread per request in flight; 256 threads is already past what
+    // any device rewards.
+    const int workers = std::min(std::min(options.queue_depth, 32) * options.thread_count, 256);
     threads_.reserve(static_cast<size_t>(workers));
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { Work(); });
+    for (int i = 0; i < workers; ++i) {
+      try {
+        threads_.emplace_back([this] { Work(); });
+      } catch (const std::system_error& e) {
+        start_error_ = ResourceExhausted(
+            fmt::format("starting POSIX I/O worker {} of {}: {}", i + 1, workers, e.what()));
+        break;
+      }
+    }
   }
+
+  const Status& start_error() const { return start_error_; }
 
   ~PosixEngine() override {
     WaitForOutstanding();
@@ -97,13 +111,16 @@ class PosixEngine final : public EngineBase {
   std::deque<IoPiece*> queue_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+  Status start_error_;
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<IoEngine>> CreatePosixEngine(const AioOptions& options) {
   ZINF_RETURN_IF_ERROR(options.Validate());
-  return std::unique_ptr<IoEngine>(std::make_unique<PosixEngine>(options));
+  auto engine = std::make_unique<PosixEngine>(options);
+  if (!engine->start_error().ok()) return engine->start_error();
+  return std::unique_ptr<IoEngine>(std::move(engine));
 }
 
 }  // namespace zinf

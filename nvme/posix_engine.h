@@ -2,7 +2,8 @@
 // io_uring is refused (old kernels, seccomp, io_uring_disabled) or when
 // AioOptions::backend is "posix".
 //
-// Parallelism: min(queue_depth, 32) x thread_count workers, each with one piece in flight.
+// Parallelism: min(queue_depth, 32) x thread_count workers (at most 256), each with one piece
+// in flight.
 // Short transfers are continued by the same worker; EINTR/EAGAIN are retried.
 //
 // Thread-safety: as IoEngine.

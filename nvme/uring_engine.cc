@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -111,7 +112,16 @@ class UringEngine final : public EngineBase {
         }
       }
     }
-    for (auto& r : rings_) r->Start();
+    for (size_t i = 0; i < rings_.size(); ++i) {
+      try {
+        rings_[i]->Start();
+      } catch (const std::system_error& e) {
+        return ResourceExhausted(
+            fmt::format("starting the completion thread of io_uring ring {}: "
+                        "{}",
+                        i, e.what()));
+      }
+    }
     return OkStatus();
   }
 
