@@ -44,9 +44,18 @@ PipelinedOptimizerOptions PipeOptions(double ratio) {
 struct Reference {
   std::vector<float> params, m, v;
   std::vector<uint16_t> copy;
-  std::vector<float> grads;
+  ElementType grad_type;
+  size_t grad_size;
+  std::vector<uint8_t> grads;  // grad_type elements
 
-  explicit Reference(size_t n, uint32_t seed) : params(n), m(n), v(n), copy(n), grads(n) {
+  Reference(size_t n, uint32_t seed, ElementType type)
+      : params(n),
+        m(n),
+        v(n),
+        copy(n),
+        grad_type(type),
+        grad_size(ElementSize(type)),
+        grads(n * grad_size) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (float& p : params) p = normal(rng);
@@ -54,12 +63,23 @@ struct Reference {
   void NewGrads(uint32_t seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 0.1f);
-    for (float& g : grads) g = normal(rng);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float g = normal(rng);
+      if (grad_type == ElementType::kFp32) {
+        std::memcpy(&grads[4 * i], &g, 4);
+      } else {  // bf16: the high half of the fp32 bits
+        uint32_t bits;
+        std::memcpy(&bits, &g, 4);
+        const uint16_t high = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(&grads[2 * i], &high, 2);
+      }
+    }
   }
   OptimizerSpan Span(int state_count) {
     OptimizerSpan s;
     s.params = params.data();
     s.grads = grads.data();
+    s.grad_type = grad_type;
     s.state0 = m.data();
     s.state1 = state_count == 2 ? v.data() : nullptr;
     s.param_copy = copy.data();
@@ -73,6 +93,7 @@ struct StepCase {
   std::string label;
   double ratio;
   ParamCopyTier tier;
+  ElementType grad_type = ElementType::kFp32;
 };
 
 class PipelinedStepTest : public ::testing::TestWithParam<StepCase> {};
@@ -117,12 +138,13 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
   std::vector<DeviceBuffer> device_copies(sizes.size());
   std::vector<int> ids;
   for (size_t s = 0; s < sizes.size(); ++s) {
-    refs.emplace_back(sizes[s], 17 + s);
+    refs.emplace_back(sizes[s], 17 + s, c.grad_type);
     const int state_count = s == 0 ? 2 : 1;
     ShardSpec spec;
     spec.name = "layer" + std::to_string(s);
     spec.group = groups[s];
     spec.count = sizes[s];
+    spec.grad_type = c.grad_type;
     spec.param_copy_tier = c.tier;
     copies[s].assign(sizes[s], 0);
     if (c.tier == ParamCopyTier::kHost) spec.param_copy = copies[s].data();
@@ -151,8 +173,9 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
                       ->Visit(
                           ids[s],
                           [&](const ChunkView& chunk) {
-                            std::memcpy(chunk.grads, ref.grads.data() + chunk.offset,
-                                        chunk.count * 4);
+                            std::memcpy(chunk.grads,
+                                        ref.grads.data() + chunk.offset * ref.grad_size,
+                                        chunk.count * ref.grad_size);
                             return OkStatus();
                           },
                           /*write_back=*/true)
@@ -208,14 +231,15 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
   EXPECT_LE((*piped)->staging_pool().stats().peak_in_use_bytes, options.host_budget_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, PipelinedStepTest,
-                         ::testing::Values(StepCase{"nvme_copy_host", 1.0, ParamCopyTier::kHost},
-                                           StepCase{"host_copy_host", 0.0, ParamCopyTier::kHost},
-                                           StepCase{"split_copy_nvme", 0.5, ParamCopyTier::kNvme},
-                                           StepCase{"split_copy_device", 0.3,
-                                                    ParamCopyTier::kDevice},
-                                           StepCase{"nvme_no_copy", 1.0, ParamCopyTier::kNone}),
-                         [](const auto& info) { return info.param.label; });
+INSTANTIATE_TEST_SUITE_P(
+    Tiers, PipelinedStepTest,
+    ::testing::Values(StepCase{"nvme_copy_host", 1.0, ParamCopyTier::kHost},
+                      StepCase{"host_copy_host", 0.0, ParamCopyTier::kHost},
+                      StepCase{"split_copy_nvme", 0.5, ParamCopyTier::kNvme},
+                      StepCase{"split_copy_device", 0.3, ParamCopyTier::kDevice},
+                      StepCase{"nvme_no_copy", 1.0, ParamCopyTier::kNone},
+                      StepCase{"split_bf16_grads", 0.5, ParamCopyTier::kHost, ElementType::kBf16}),
+    [](const auto& info) { return info.param.label; });
 
 TEST(PipelinedOptimizerTest, BudgetTooSmallForOneChunkNamesTheMinimum) {
   auto opt = CpuOptimizer::Create();
