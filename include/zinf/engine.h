@@ -1,0 +1,166 @@
+// The ZeRO engine: parameters, gradients and optimizer state sharded across data-parallel
+// ranks; parameters gathered just before a module runs and released after; gradients
+// reduce-scattered so that each rank keeps its own shard; the optimizer stepped on the CPU.
+//
+// A trainer uses it like this (see tests/zero/mlp_test.cc for a complete one):
+//
+//   auto engine = Engine::Create(EngineConfig::FromJsonFile("ds_config.json").value(), {});
+//   int fc1 = engine->RegisterModule("fc1", {{"fc1.weight", {64, 32}}, {"fc1.bias", {64}}});
+//   engine->Initialize();
+//   for each step:
+//     for each micro-batch:
+//       forward:  auto p = engine->Fetch(fc1);  ... use p->params[i] ...  engine->Release(fc1);
+//       backward: auto p = engine->Fetch(fc1);  auto g = engine->Gradients(fc1);
+//                 write g[i] (of the loss times loss_scale());
+//                 engine->ReduceGradients(fc1); engine->Release(fc1);
+//     auto summary = engine->Step();
+//
+// Numerics: the optimizer sees the mean gradient over ranks and micro-batches (each rank's
+// loss is its micro-batch mean), exactly as one process training on the whole global batch.
+// The master copy, the gradient accumulators and the optimizer state are fp32.
+//
+// Every rank must make the same calls in the same order (they drive collectives). Errors
+// name the rank, the module and the parameter; a dead peer is reported within
+// EngineOptions::timeout.
+//
+// Thread-safety: one thread drives an Engine.
+#ifndef ZINF_ENGINE_H_
+#define ZINF_ENGINE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/status.h"
+
+namespace zinf {
+
+// The parts of a DeepSpeed config the engine implements, with DeepSpeed's key names. Unknown
+// keys are errors. Defaults are DeepSpeed's.
+struct EngineConfig {
+  int zero_stage = 3;                       // zero_optimization.stage: 1, 2 or 3
+  uint64_t reduce_bucket_size = 500000000;  // zero_optimization.reduce_bucket_size (elements)
+  uint64_t stage3_param_persistence_threshold = 100000;  // elements; smaller params stay gathered
+  uint64_t stage3_prefetch_bucket_size = 50000000;
+  uint64_t stage3_max_live_parameters = 1000000000;
+  std::string offload_param_device = "none";      // none | cpu | nvme
+  std::string offload_optimizer_device = "none";  // none | cpu | nvme
+  std::vector<std::string> nvme_path;             // offload_*.nvme_path
+  bool pin_memory = false;
+  int gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;  // 0: off
+  // fp16: dynamic loss scaling (scale grows by 2 every loss_scale_window good steps, halves
+  // on overflow, never below min_loss_scale). bf16 and fp32 use no loss scaling.
+  bool fp16 = false;
+  bool bf16 = false;
+  double initial_scale_power = 16;  // fp16.initial_scale_power: scale starts at 2^this
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1;
+  // optimizer: {"type": "AdamW", "params": {...}}
+  std::string optimizer_type = "adamw";  // adamw | adam | adagrad | lion
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  uint64_t seed = 42;  // zinf's own: parameters are a function of (seed, name, index)
+
+  // Parses DeepSpeed JSON. InvalidArgument names the key path, the value and what is allowed.
+  static StatusOr<EngineConfig> FromJson(std::string_view json_text);
+  static StatusOr<EngineConfig> FromJsonFile(const std::string& path);
+  Status Validate() const;
+};
+
+// Where this process sits; by default read from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+// (torchrun, `zinf run`), and a single process when they are unset.
+struct EngineOptions {
+  int rank = -1;            // -1: from the environment
+  int world_size = -1;      // -1: from the environment
+  std::string master_addr;  // empty: from the environment (default 127.0.0.1)
+  int master_port = 0;      // 0: from the environment (default 29500)
+  // A collective or rendezvous that makes no progress this long fails (a dead rank).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Threads for the CPU optimizer (0: all CPUs this process may use).
+  int optimizer_threads = 0;
+};
+
+enum class ParamInit { kNormal, kZeros, kOnes };
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  ParamInit init = ParamInit::kNormal;
+  float init_std = 0.02f;  // for kNormal: N(0, init_std^2)
+};
+
+// A module's full parameters while it is fetched. Pointers stay valid until Release.
+struct FetchedModule {
+  std::vector<float*> params;  // one per ParamSpec, numel elements each
+};
+
+struct StepSummary {
+  int64_t step = 0;         // optimizer steps taken (skipped ones not counted)
+  bool skipped = false;     // fp16 overflow: nothing was updated
+  double grad_norm = 0.0;   // global L2 norm of the mean gradient, before clipping
+  double loss_scale = 1.0;  // the scale for the next step's backward
+  double clip_coefficient = 1.0;
+  uint64_t bytes_gathered = 0;  // all-gather traffic this step (this rank's view)
+  uint64_t bytes_reduce_scattered = 0;
+  double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
+};
+
+class Engine {
+ public:
+  static StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                  const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const;
+  int world_size() const;
+
+  // Registers a module before Initialize(); returns its id. InvalidArgument for empty or
+  // duplicate names and non-positive dimensions.
+  StatusOr<int> RegisterModule(const std::string& name, const std::vector<ParamSpec>& params);
+  // Partitions every parameter, creates this rank's shards and optimizer state, and checks
+  // that all ranks registered the same modules with the same config (FailedPrecondition
+  // naming the difference otherwise).
+  Status Initialize();
+
+  StatusOr<FetchedModule> Fetch(int module);
+  Status Release(int module);
+  // Zeroed full-size gradient buffers for the module (one per ParamSpec), to be written by
+  // backward; valid until ReduceGradients. Allocated only in backward, never in forward.
+  StatusOr<std::vector<float*>> Gradients(int module);
+  // Reduce-scatters the module's gradient buffers and accumulates this rank's shard in fp32,
+  // then frees the buffers. FailedPrecondition when Gradients(module) was not called.
+  Status ReduceGradients(int module);
+  // Ends a global batch: after gradient_accumulation_steps micro-batches of
+  // ReduceGradients on every module, updates the parameters.
+  StatusOr<StepSummary> Step();
+
+  // The factor the trainer multiplies its loss by before backward (1 without fp16).
+  double loss_scale() const;
+  // The full fp32 value of a parameter (a collective: every rank must call it).
+  Status GatherParameter(const std::string& name, std::vector<float>* out);
+  // This rank's shard of a parameter: [offset, offset + size) of the flattened parameter.
+  struct ShardRange {
+    uint64_t offset = 0;
+    uint64_t size = 0;  // 0 for ranks past the end of a small parameter
+  };
+  StatusOr<ShardRange> Shard(const std::string& name) const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_ENGINE_H_

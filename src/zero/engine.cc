@@ -1,0 +1,502 @@
+// The ZeRO engine. See include/zinf/engine.h for the contract and
+// Note [ZeRO partitioning] for the layout.
+//
+// Note [ZeRO partitioning]
+// Each parameter is flattened and padded to a multiple of the world size; rank r owns
+// elements [r * s, (r + 1) * s) of it, s = padded / world. This rank's pieces of all
+// parameters sit back to back in one flat shard, so that the master copy, the gradient
+// accumulator and the optimizer state are each one array and one optimizer call updates
+// them all. Padding elements have zero value, zero gradient and zero state, so every
+// optimizer leaves them at zero. Parameter values are a function of (seed, name, index), so
+// any world size builds the same model.
+//
+// Stages: all three keep optimizer state and the fp32 master copy sharded. Stage 3 gathers a
+// parameter at Fetch and frees it at Release (unless it is smaller than
+// stage3_param_persistence_threshold); stages 1 and 2 keep every parameter gathered and
+// re-gather after each step. Gradients are reduce-scattered into the shard at
+// ReduceGradients in every stage.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numbers>
+
+#include "comm/communicator.h"
+#include "comm/environment.h"
+#include "comm/tcp_store.h"
+#include "core/log.h"
+#include "zinf/cpu_optimizer.h"
+#include "zinf/engine.h"
+#include "zinf/host_memory.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t HashName(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull ^ SplitMix64(seed);
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return SplitMix64(h);
+}
+
+// Element `index` of parameter `name`: N(0, std^2) from a counter-based generator, so any
+// rank computes any element without the others.
+float InitialValue(uint64_t key, uint64_t index, const ParamSpec& spec) {
+  switch (spec.init) {
+    case ParamInit::kZeros:
+      return 0.0f;
+    case ParamInit::kOnes:
+      return 1.0f;
+    case ParamInit::kNormal:
+      break;
+  }
+  const uint64_t a = SplitMix64(key + 2 * index);
+  const uint64_t b = SplitMix64(key + 2 * index + 1);
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  return static_cast<float>(z * spec.init_std);
+}
+
+OptimizerType ToOptimizerType(const std::string& name) {
+  if (name == "adam") return OptimizerType::kAdam;
+  if (name == "adagrad") return OptimizerType::kAdagrad;
+  if (name == "lion") return OptimizerType::kLion;
+  return OptimizerType::kAdamW;
+}
+
+struct Param {
+  ParamSpec spec;
+  int module = 0;
+  uint64_t numel = 0;
+  uint64_t shard_size = 0;    // padded / world
+  uint64_t flat_offset = 0;   // where this rank's shard sits in the flat arrays
+  bool persistent = false;    // stays gathered between Fetch/Release
+  HostBuffer full;            // gathered parameter (padded), while fetched or persistent
+  bool full_current = false;  // `full` holds the current master values
+  HostBuffer grad;            // full gradient (padded), between Gradients and ReduceGradients
+};
+
+struct Module {
+  std::string name;
+  std::vector<int> params;
+  bool fetched = false;
+  int reductions = 0;  // ReduceGradients calls since the last Step
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  EngineConfig config;
+  EngineOptions options;
+  std::unique_ptr<TcpStore> store;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<CpuOptimizer> optimizer;
+  int group = 0;
+
+  std::vector<Module> modules;
+  std::vector<Param> params;
+  std::map<std::string, int, std::less<>> param_by_name;
+  bool initialized = false;
+
+  uint64_t shard_elements = 0;
+  HostBuffer master, grad_acc, state0, state1;
+
+  // fp16 dynamic loss scaling, as DeepSpeed's DynamicLossScaler.
+  double loss_scale = 1.0;
+  int hysteresis_left = 1;
+  int64_t iteration = 0;
+  int64_t last_overflow_iteration = -1;
+  int64_t steps = 0;
+  StepSummary pending;  // traffic and time since the last Step
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->world_size(); }
+
+  Status Context(Status s, const std::string& what) const {
+    return s.ok() ? s : std::move(s).WithContext(fmt::format("rank {}: {}", rank(), what));
+  }
+
+  StatusOr<Module*> FindModule(int id) {
+    if (!initialized) return FailedPrecondition("the engine is not initialized");
+    if (id < 0 || id >= static_cast<int>(modules.size())) {
+      return InvalidArgument(
+          fmt::format("module id {} is not registered (have {})", id, modules.size()));
+    }
+    return &modules[id];
+  }
+
+  float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
+
+  Status Gather(Param& p) {
+    if (p.full_current) return OkStatus();
+    const auto t0 = Clock::now();
+    if (p.full.empty()) {
+      ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(p.shard_size * world() * 4));
+    }
+    ZINF_RETURN_IF_ERROR(
+        comm->AllGather(Master(p), p.full.data(), p.shard_size, CommDataType::kFloat32));
+    p.full_current = true;
+    pending.bytes_gathered += p.shard_size * world() * 4;
+    pending.seconds_gather += Seconds(t0);
+    return OkStatus();
+  }
+
+  // Checks that every rank registered the same model with the same config.
+  Status CheckRanksAgree() {
+    nlohmann::json model = nlohmann::json::array();
+    for (const Param& p : params) model.push_back({p.spec.name, p.spec.shape, p.module});
+    const nlohmann::json cfg = {config.zero_stage,
+                                config.offload_param_device,
+                                config.offload_optimizer_device,
+                                config.gradient_accumulation_steps,
+                                config.gradient_clipping,
+                                config.fp16,
+                                config.bf16,
+                                config.optimizer_type,
+                                config.lr,
+                                config.beta1,
+                                config.beta2,
+                                config.eps,
+                                config.weight_decay,
+                                config.seed};
+    const int64_t mine[2] = {static_cast<int64_t>(HashName(0, model.dump())),
+                             static_cast<int64_t>(HashName(0, cfg.dump()))};
+    std::vector<int64_t> all(2 * world());
+    ZINF_RETURN_IF_ERROR(comm->AllGather(mine, all.data(), 2, CommDataType::kInt64));
+    for (int r = 0; r < world(); ++r) {
+      if (all[2 * r + 1] != all[1]) {
+        return FailedPrecondition(fmt::format(
+            "rank {} was started with a different config than rank 0 (stage, offload, "
+            "optimizer, precision, accumulation or seed differ); every rank needs the same one",
+            r));
+      }
+      if (all[2 * r] != all[0]) {
+        return FailedPrecondition(
+            fmt::format("rank {} registered different modules or parameter shapes than rank 0", r));
+      }
+    }
+    return OkStatus();
+  }
+
+  void UpdateLossScale(bool overflow) {
+    if (!config.fp16) return;
+    if (overflow) {
+      if (hysteresis_left <= 1) {
+        loss_scale = std::max(loss_scale / 2, config.min_loss_scale);
+      } else {
+        --hysteresis_left;
+      }
+      last_overflow_iteration = iteration;
+    } else if ((iteration - last_overflow_iteration) % config.loss_scale_window == 0) {
+      loss_scale *= 2;
+      hysteresis_left = config.hysteresis;
+    }
+    ++iteration;
+  }
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+int Engine::rank() const { return impl_->rank(); }
+int Engine::world_size() const { return impl_->world(); }
+double Engine::loss_scale() const { return impl_->loss_scale; }
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                 const EngineOptions& options) {
+  ZINF_RETURN_IF_ERROR(config.Validate());
+  if (config.offload_param_device == "nvme" || config.offload_optimizer_device == "nvme") {
+    return Unavailable(
+        "offload device nvme is not wired into the engine yet (the pipelined NVMe step runs "
+        "standalone: zinf bench optimizer-step); use none or cpu");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->options = options;
+  ZINF_ASSIGN_OR_RETURN(DistEnvironment env, ReadDistEnvironment());
+  const int rank = options.rank >= 0 ? options.rank : env.rank;
+  const int world = options.world_size >= 0 ? options.world_size : env.world_size;
+  const std::string addr = options.master_addr.empty() ? env.master_addr : options.master_addr;
+  const int port = options.master_port > 0 ? options.master_port : env.master_port;
+  if (world < 1 || rank < 0 || rank >= world) {
+    return InvalidArgument(fmt::format("rank must be in [0, world_size={}), got {}", world, rank));
+  }
+  if (world == 1) {
+    ZINF_ASSIGN_OR_RETURN(impl->comm, CreateLocalCommunicator());
+  } else {
+    ZINF_ASSIGN_OR_RETURN(impl->store, TcpStore::Create({.host = addr,
+                                                         .port = static_cast<uint16_t>(port),
+                                                         .is_server = rank == 0,
+                                                         .timeout = options.timeout}));
+    ZINF_ASSIGN_OR_RETURN(
+        impl->comm,
+        CreateGlooCommunicator(*impl->store,
+                               {.rank = rank, .world_size = world, .timeout = options.timeout}));
+  }
+  ZINF_ASSIGN_OR_RETURN(impl->optimizer,
+                        CpuOptimizer::Create({.threads = options.optimizer_threads}));
+  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(ToOptimizerType(config.optimizer_type));
+  hp.lr = config.lr;
+  hp.beta1 = config.beta1;
+  hp.beta2 = config.beta2;
+  hp.eps = config.eps;
+  hp.weight_decay = config.weight_decay;
+  hp.bias_correction = config.bias_correction;
+  ZINF_ASSIGN_OR_RETURN(impl->group, impl->optimizer->AddParamGroup(hp));
+  if (config.fp16) {
+    impl->loss_scale = std::pow(2.0, config.initial_scale_power);
+    impl->hysteresis_left = config.hysteresis;
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+StatusOr<int> Engine::RegisterModule(const std::string& name,
+                                     const std::vector<ParamSpec>& params) {
+  Impl& m = *impl_;
+  if (m.initialized) return FailedPrecondition("RegisterModule after Initialize");
+  if (name.empty()) return InvalidArgument("module name is empty");
+  for (const Module& existing : m.modules) {
+    if (existing.name == name)
+      return InvalidArgument(fmt::format("module '{}' already registered", name));
+  }
+  Module module{name, {}, false, 0};
+  const int id = static_cast<int>(m.modules.size());
+  for (const ParamSpec& spec : params) {
+    if (spec.name.empty() || m.param_by_name.count(spec.name) != 0) {
+      return InvalidArgument(
+          fmt::format("module '{}': parameter name '{}' is empty or taken", name, spec.name));
+    }
+    uint64_t numel = 1;
+    for (int64_t d : spec.shape) {
+      if (d <= 0) {
+        return InvalidArgument(
+            fmt::format("parameter '{}' has a dimension of {}; all must be > 0", spec.name, d));
+      }
+      numel *= static_cast<uint64_t>(d);
+    }
+    Param p;
+    p.spec = spec;
+    p.module = id;
+    p.numel = spec.shape.empty() ? 1 : numel;
+    m.param_by_name.emplace(spec.name, static_cast<int>(m.params.size()));
+    module.params.push_back(static_cast<int>(m.params.size()));
+    m.params.push_back(std::move(p));
+  }
+  m.modules.push_back(std::move(module));
+  return id;
+}
+
+Status Engine::Initialize() {
+  Impl& m = *impl_;
+  if (m.initialized) return FailedPrecondition("Initialize called twice");
+  ZINF_RETURN_IF_ERROR(m.Context(m.CheckRanksAgree(), "checking that ranks agree"));
+  const uint64_t world = m.world();
+  for (Param& p : m.params) {
+    p.shard_size = (p.numel + world - 1) / world;
+    p.flat_offset = m.shard_elements;
+    m.shard_elements += p.shard_size;
+    p.persistent = m.config.zero_stage < 3 || p.numel < m.config.stage3_param_persistence_threshold;
+  }
+  const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
+  ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
+  ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
+  ZINF_ASSIGN_OR_RETURN(m.state0, HostBuffer::Allocate(bytes));
+  ZINF_ASSIGN_OR_RETURN(m.state1, HostBuffer::Allocate(bytes));
+  for (const Param& p : m.params) {
+    const uint64_t key = HashName(m.config.seed, p.spec.name);
+    const uint64_t begin = m.rank() * p.shard_size;
+    float* shard = m.Master(p);
+    for (uint64_t i = 0; i < p.shard_size; ++i) {
+      shard[i] = begin + i < p.numel ? InitialValue(key, begin + i, p.spec) : 0.0f;
+    }
+  }
+  OptimizerSpan all{.params = m.master.as<float>(),
+                    .grads = m.grad_acc.data(),
+                    .state0 = m.state0.as<float>(),
+                    .state1 = m.optimizer->group(m.group)->hyper_params.state_count() > 1
+                                  ? m.state1.as<float>()
+                                  : nullptr,
+                    .count = m.shard_elements};
+  ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, all));
+  m.initialized = true;
+  return OkStatus();
+}
+
+StatusOr<FetchedModule> Engine::Fetch(int id) {
+  Impl& m = *impl_;
+  ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  FetchedModule out;
+  for (int pi : module->params) {
+    Param& p = m.params[pi];
+    ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), fmt::format("gathering '{}'", p.spec.name)));
+    out.params.push_back(p.full.as<float>());
+  }
+  module->fetched = true;
+  return out;
+}
+
+Status Engine::Release(int id) {
+  Impl& m = *impl_;
+  ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  if (!module->fetched) {
+    return FailedPrecondition(
+        fmt::format("Release of module '{}', which is not fetched", module->name));
+  }
+  for (int pi : module->params) {
+    Param& p = m.params[pi];
+    if (!p.persistent) {
+      p.full = HostBuffer();
+      p.full_current = false;
+    }
+  }
+  module->fetched = false;
+  return OkStatus();
+}
+
+StatusOr<std::vector<float*>> Engine::Gradients(int id) {
+  Impl& m = *impl_;
+  ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  std::vector<float*> out;
+  for (int pi : module->params) {
+    Param& p = m.params[pi];
+    if (p.grad.empty()) {
+      // mmap'd memory is zero: the padding stays zero and backward may accumulate into it.
+      ZINF_ASSIGN_OR_RETURN(p.grad, HostBuffer::Allocate(p.shard_size * m.world() * 4));
+    }
+    out.push_back(p.grad.as<float>());
+  }
+  return out;
+}
+
+Status Engine::ReduceGradients(int id) {
+  Impl& m = *impl_;
+  ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  const auto t0 = Clock::now();
+  std::vector<float> slice;
+  for (int pi : module->params) {
+    Param& p = m.params[pi];
+    if (p.grad.empty()) {
+      return FailedPrecondition(fmt::format(
+          "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
+    }
+    slice.resize(p.shard_size);
+    ZINF_RETURN_IF_ERROR(m.Context(m.comm->ReduceScatter(p.grad.data(), slice.data(), p.shard_size,
+                                                         CommDataType::kFloat32, ReduceOp::kSum),
+                                   fmt::format("reducing the gradient of '{}'", p.spec.name)));
+    float* acc = m.grad_acc.as<float>() + p.flat_offset;
+    for (uint64_t i = 0; i < p.shard_size; ++i) acc[i] += slice[i];
+    p.grad = HostBuffer();
+    m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
+  }
+  ++module->reductions;
+  m.pending.seconds_reduce += Seconds(t0);
+  return OkStatus();
+}
+
+StatusOr<StepSummary> Engine::Step() {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("Step before Initialize");
+  for (const Module& module : m.modules) {
+    if (module.reductions != m.config.gradient_accumulation_steps) {
+      return FailedPrecondition(
+          fmt::format("Step: module '{}' reduced its gradients {} time(s) since the last step; "
+                      "gradient_accumulation_steps is {}",
+                      module.name, module.reductions, m.config.gradient_accumulation_steps));
+    }
+  }
+  const auto t0 = Clock::now();
+  StepSummary summary = m.pending;
+  m.pending = StepSummary();
+
+  // Global norm and overflow over every rank's shard, in one all-reduce.
+  ZINF_ASSIGN_OR_RETURN(
+      GradStats stats,
+      m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
+  double global[2] = {stats.finite ? stats.sum_squares : 0.0, stats.finite ? 0.0 : 1.0};
+  ZINF_RETURN_IF_ERROR(
+      m.Context(m.comm->AllReduce(global, 2, CommDataType::kFloat64, ReduceOp::kSum),
+                "all-reducing the gradient norm"));
+  const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
+  // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
+  const double mean_scale =
+      1.0 / (static_cast<double>(m.world()) * m.config.gradient_accumulation_steps * m.loss_scale);
+  summary.grad_norm = overflow ? INFINITY : std::sqrt(global[0]) * mean_scale;
+
+  if (overflow) {
+    if (!m.config.fp16) {
+      return DataLoss(
+          fmt::format("rank {}: non-finite gradients without fp16 loss scaling; "
+                      "the step was not applied",
+                      m.rank()));
+    }
+    summary.skipped = true;
+  } else {
+    if (m.config.gradient_clipping > 0 && summary.grad_norm > m.config.gradient_clipping) {
+      summary.clip_coefficient = m.config.gradient_clipping / (summary.grad_norm + 1e-6);
+    }
+    OptimizerSpan all{.params = m.master.as<float>(),
+                      .grads = m.grad_acc.data(),
+                      .state0 = m.state0.as<float>(),
+                      .state1 = m.optimizer->group(m.group)->hyper_params.state_count() > 1
+                                    ? m.state1.as<float>()
+                                    : nullptr,
+                      .count = m.shard_elements};
+    const float grad_scale = static_cast<float>(mean_scale * summary.clip_coefficient);
+    ZINF_ASSIGN_OR_RETURN(StepResult r,
+                          m.optimizer->Step(m.group, all, {.grad_scale = grad_scale}));
+    (void)r;
+    ++m.steps;
+    for (Param& p : m.params) p.full_current = false;
+    // Stages 1 and 2 keep the whole model gathered: refresh it now.
+    if (m.config.zero_stage < 3) {
+      for (Param& p : m.params) ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), "re-gathering"));
+    }
+  }
+  m.UpdateLossScale(overflow);
+  std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  for (Module& module : m.modules) module.reductions = 0;
+  summary.step = m.steps;
+  summary.loss_scale = m.loss_scale;
+  summary.seconds_optimizer = Seconds(t0);
+  return summary;
+}
+
+Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
+  Impl& m = *impl_;
+  auto it = m.param_by_name.find(name);
+  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
+  Param& p = m.params[it->second];
+  std::vector<float> full(p.shard_size * m.world());
+  ZINF_RETURN_IF_ERROR(
+      m.comm->AllGather(m.Master(p), full.data(), p.shard_size, CommDataType::kFloat32));
+  full.resize(p.numel);
+  *out = std::move(full);
+  return OkStatus();
+}
+
+StatusOr<Engine::ShardRange> Engine::Shard(const std::string& name) const {
+  const Impl& m = *impl_;
+  auto it = m.param_by_name.find(name);
+  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
+  const Param& p = m.params[it->second];
+  const uint64_t begin = m.rank() * p.shard_size;
+  return ShardRange{begin, begin >= p.numel ? 0 : std::min(p.shard_size, p.numel - begin)};
+}
+
+}  // namespace zinf
