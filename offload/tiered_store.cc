@@ -26,6 +26,7 @@
 #include "nvme/swap_store.h"
 #include "offload/device.h"
 #include "offload/memory_pool.h"
+#include "offload/tiered_store_internal.h"
 
 namespace zinf {
 
@@ -76,6 +77,18 @@ Status TieredStoreOptions::Validate() const {
   }
   return OkStatus();
 }
+
+namespace internal {
+namespace {
+TieredStoreEngineFactory& EngineFactory() {
+  static TieredStoreEngineFactory factory;
+  return factory;
+}
+}  // namespace
+void SetTieredStoreEngineFactoryForTest(TieredStoreEngineFactory factory) {
+  EngineFactory() = std::move(factory);
+}
+}  // namespace internal
 
 namespace {
 
@@ -548,7 +561,11 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
     so.paths = options.nvme_paths;
     so.capacity_bytes = options.nvme_capacity_bytes;
     so.checksum = options.nvme_checksum;
-    ZINF_ASSIGN_OR_RETURN(impl->swap, SwapStore::Open(so));
+    std::unique_ptr<IoEngine> engine;
+    if (internal::EngineFactory()) {
+      ZINF_ASSIGN_OR_RETURN(engine, internal::EngineFactory()(so.aio));
+    }
+    ZINF_ASSIGN_OR_RETURN(impl->swap, SwapStore::Open(so, std::move(engine)));
   }
   if (impl->swap != nullptr) {
     PinnedPoolOptions sp;

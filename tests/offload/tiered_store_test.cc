@@ -12,6 +12,8 @@
 #include <random>
 #include <thread>
 
+#include "nvme/faulty_engine.h"
+#include "offload/tiered_store_internal.h"
 #include "tests/nvme/nvme_test_util.h"
 
 namespace zinf {
@@ -348,6 +350,65 @@ TEST(TieredStoreTest, NvmeCapacityExhaustionNamesTheTensor) {
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(b.status().ToString(), HasSubstr("too-big"));
+}
+
+// NVMe failures at run time reach the call that needed the transfer, with the tensor named; a
+// failed write-back keeps the cached copy, so nothing is lost.
+TEST(TieredStoreTest, NvmeIoErrorsSurfaceAndLoseNothing) {
+  ScratchDir dir;
+  FaultyEngine* faulty = nullptr;
+  internal::SetTieredStoreEngineFactoryForTest(
+      [&](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
+        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
+        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
+        faulty = wrapper.get();
+        return std::unique_ptr<IoEngine>(std::move(wrapper));
+      });
+  auto store = TieredStore::Create(Options(dir));
+  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_NE(faulty, nullptr);
+  const uint64_t size = 600 * kKiB;  // three pieces
+
+  // A read error: reported with the tensor named, and not sticky.
+  auto a = (*store)->Create("attn.qkv", size, Tier::kNvme);
+  ASSERT_TRUE(a.ok());
+  auto p = (*store)->Acquire(*a, Tier::kHost, Access::kWrite);
+  ASSERT_TRUE(p.ok());
+  Fill(*p, size, 3, 1);
+  ASSERT_TRUE((*store)->Release(*a, Tier::kHost).ok());
+  ASSERT_TRUE((*store)->Evict(*a, Tier::kHost).ok());
+  faulty->Arm(IoOp::kRead, 0, Fault::kEio);
+  auto r = (*store)->Acquire(*a, Tier::kHost, Access::kRead);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kIoError) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("attn.qkv"));
+  r = (*store)->Acquire(*a, Tier::kHost, Access::kRead);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Check(*r, size, 3, 1), -1);
+  ASSERT_TRUE((*store)->Release(*a, Tier::kHost).ok());
+
+  // A write-back error: Evict fails naming the tensor and keeps the only current copy.
+  auto b = (*store)->Create("mlp.w1", size, Tier::kNvme);
+  ASSERT_TRUE(b.ok());
+  p = (*store)->Acquire(*b, Tier::kDevice, Access::kWrite);
+  ASSERT_TRUE(p.ok());
+  Fill(*p, size, 4, 1);
+  ASSERT_TRUE((*store)->Release(*b, Tier::kDevice).ok());
+  faulty->Arm(IoOp::kWrite, 1, Fault::kEio);
+  Status evicted = (*store)->Evict(*b, Tier::kDevice);
+  ASSERT_FALSE(evicted.ok());
+  EXPECT_EQ(evicted.code(), StatusCode::kIoError) << evicted;
+  EXPECT_THAT(evicted.message(), HasSubstr("mlp.w1"));
+  auto resident = (*store)->ResidentTiers(*b);
+  ASSERT_TRUE(resident.ok());
+  EXPECT_EQ(*resident, std::vector<Tier>{Tier::kDevice});
+  r = (*store)->Acquire(*b, Tier::kHost, Access::kRead);  // from the surviving device copy
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Check(*r, size, 4, 1), -1);
+  ASSERT_TRUE((*store)->Release(*b, Tier::kHost).ok());
+  // The swap store's sticky error: Flush reports it too.
+  EXPECT_FALSE((*store)->Flush().ok());
 }
 
 }  // namespace
