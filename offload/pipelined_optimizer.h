@@ -137,6 +137,9 @@ class PipelinedOptimizer {
 
  public:
   // `optimizer` must outlive this object; `swap` (not owned) may be null when nvme_ratio is 0.
+  // Create registers the staging buffers with the swap store's engine (SwapStore::
+  // RegisterBuffer), so no I/O may run on that store while it does; a refused registration
+  // only costs per-I/O page pinning.
   // Errors: InvalidArgument for bad options (the host budget message names the minimum);
   // ResourceExhausted / pinning errors from the staging pool.
   static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
