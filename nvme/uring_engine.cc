@@ -337,35 +337,37 @@ void Ring::Reap() {
     }
     io_uring_cq_advance(&ring_, seen);
 
-    requeue.clear();
-    done.clear();
-    for (auto [p, res] : batch) {
-      if (res < 0) {
-        if (res == -EAGAIN || res == -EINTR) {
-          requeue.push_back(p);
-        } else {
-          done.push_back({p, engine_->PieceErrno(*p, -res)});
-        }
-        continue;
-      }
-      const auto moved = static_cast<uint64_t>(res);
-      if (moved >= p->length) {
-        done.push_back({p, OkStatus()});
-      } else if (moved == 0) {
-        // No progress: a read at the end of the file, or a write the device would not take.
-        done.push_back(
-            {p, p->op == IoOp::kRead ? engine_->PieceEof(*p) : engine_->PieceErrno(*p, ENOSPC)});
-      } else {
-        // A short transfer: resubmit the rest, never report it as complete.
-        p->buffer += moved;
-        p->offset += moved;
-        p->length -= moved;
-        p->moved += moved;
-        requeue.push_back(p);
-      }
-    }
     {
+      // Under the mutex that prepared these pieces: the kernel orders the hand-over, but the
+      // lock also makes it visible to race detectors. Cheap: no callbacks run here.
       std::lock_guard<std::mutex> lock(mu_);
+      requeue.clear();
+      done.clear();
+      for (auto [p, res] : batch) {
+        if (res < 0) {
+          if (res == -EAGAIN || res == -EINTR) {
+            requeue.push_back(p);
+          } else {
+            done.push_back({p, engine_->PieceErrno(*p, -res)});
+          }
+          continue;
+        }
+        const auto moved = static_cast<uint64_t>(res);
+        if (moved >= p->length) {
+          done.push_back({p, OkStatus()});
+        } else if (moved == 0) {
+          // No progress: a read at the end of the file, or a write the device would not take.
+          done.push_back(
+              {p, p->op == IoOp::kRead ? engine_->PieceEof(*p) : engine_->PieceErrno(*p, ENOSPC)});
+        } else {
+          // A short transfer: resubmit the rest, never report it as complete.
+          p->buffer += moved;
+          p->offset += moved;
+          p->length -= moved;
+          p->moved += moved;
+          requeue.push_back(p);
+        }
+      }
       inflight_ -= static_cast<int>(batch.size());
       for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) pending_.push_front(*it);
       FillLocked();
