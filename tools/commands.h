@@ -12,6 +12,7 @@ namespace zinf::tools {
 int& ExitCode();
 
 void AddInfoCommand(CLI::App& app);       // tools/info.cc
+void AddRunCommand(CLI::App& app);        // tools/run.cc: `zinf run -n N -- CMD`
 void AddBenchCommands(CLI::App& bench);   // tools/bench.cc: `zinf bench <what>`
 void AddBenchNvmeCommand(CLI::App& bench); // tools/bench_nvme.cc: `zinf bench nvme`
 void AddBenchAdamCommand(CLI::App& bench); // tools/bench_adam.cc: `zinf bench adam`

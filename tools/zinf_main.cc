@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   });
 
   zinf::tools::AddInfoCommand(app);
+  zinf::tools::AddRunCommand(app);
   CLI::App* bench = app.add_subcommand("bench", "Measure zinf against this machine's limits");
   zinf::tools::AddBenchCommands(*bench);
 
