@@ -101,7 +101,10 @@ std::string_view CpuKernelIsaName(CpuKernelIsa isa);  // "auto", "scalar", "avx2
 std::vector<CpuKernelIsa> SupportedCpuKernelIsas();
 
 enum class StoreMode : int {
-  kAuto = 0,         // non-temporal when a call writes at least nt_store_min_bytes
+  // Cached for calls writing less than nt_store_min_bytes. For larger calls the first few
+  // alternate between cached and non-temporal stores, timed, and the faster mode is kept (see
+  // Note [Store mode tuning] in cpu_optim/cpu_optimizer.cc); values never depend on it.
+  kAuto = 0,
   kCached = 1,       // ordinary stores
   kNonTemporal = 2,  // streaming stores that bypass the caches
 };
@@ -112,9 +115,10 @@ struct CpuOptimizerOptions {
   // Kernel instruction set; kAuto picks the best this CPU has. Forcing one the CPU lacks is
   // Unavailable at Create.
   CpuKernelIsa isa = CpuKernelIsa::kAuto;
-  // Non-temporal stores write p, m, v (and the copy) straight to memory. They win on large
-  // shards, where a cached store costs a later write-back that competes with the reads
-  // (measured in bench/RESULTS.md), and lose on small ones that would stay in cache.
+  // Non-temporal stores write p, m, v (and the copy) straight to memory. On large shards they
+  // can win, when a cached store's later write-back competes badly with the reads, or lose,
+  // depending on the machine (measured in bench/RESULTS.md); on small shards that would stay
+  // in cache they lose.
   // Streaming needs the output arrays to share their alignment modulo 64 bytes; when they do
   // not, the call falls back to cached stores.
   StoreMode store_mode = StoreMode::kAuto;
@@ -158,6 +162,9 @@ class CpuOptimizer {
   CpuKernelIsa isa() const;  // the kernel in use (never kAuto)
   int threads() const;
   const CpuOptimizerOptions& options() const;
+  // The store mode large calls use: options().store_mode unless it is kAuto; then kAuto while
+  // still tuning, and the chosen mode after.
+  StoreMode store_mode_in_use() const;
 
   // ---- Parameter groups ----
   // Adds a group with step 0 and returns its index. InvalidArgument for bad hyper-parameters.

@@ -329,6 +329,28 @@ TEST(CpuOptimizerTest, StoreModesGiveTheSameResult) {
   }
 }
 
+TEST(CpuOptimizerTest, AutoStoreModeSettlesOnOneModeWithoutChangingValues) {
+  const size_t n = 100003;
+  CpuOptimizerOptions options;
+  options.threads = 2;
+  options.nt_store_min_bytes = 1;  // every call is "large": tune
+  auto tuned = std::move(CpuOptimizer::Create(options)).value();
+  auto cached = MakeOptimizer(CpuKernelIsa::kAuto, 2, StoreMode::kCached);
+  const OptimizerHyperParams hp = OptimizerHyperParams::Defaults(OptimizerType::kAdamW);
+  const int g_tuned = *tuned->AddParamGroup(hp);
+  const int g_cached = *cached->AddParamGroup(hp);
+  Shard a(n, OptimizerType::kAdamW, ElementType::kFp32, true, 5);
+  Shard b(n, OptimizerType::kAdamW, ElementType::kFp32, true, 5);
+  EXPECT_EQ(tuned->store_mode_in_use(), StoreMode::kAuto);
+  EXPECT_EQ(cached->store_mode_in_use(), StoreMode::kCached);
+  for (int step = 0; step < 8; ++step) {
+    ASSERT_TRUE(tuned->Step(g_tuned, a.span).ok());
+    ASSERT_TRUE(cached->Step(g_cached, b.span).ok());
+  }
+  EXPECT_NE(tuned->store_mode_in_use(), StoreMode::kAuto);
+  EXPECT_TRUE(a == b);
+}
+
 TEST(CpuOptimizerTest, NonFiniteGradientsSkipTheStepAndTouchNothing) {
   const float inf = std::numeric_limits<float>::infinity();
   for (ElementType gt : {ElementType::kFp32, ElementType::kBf16, ElementType::kFp16}) {
