@@ -68,6 +68,10 @@ struct EngineConfig {
   double weight_decay = 0.0;
   bool bias_correction = true;
   uint64_t seed = 42;  // zinf's own: parameters are a function of (seed, name, index)
+  // The "aio" object as given (already validated); applied to the NVMe swap files.
+  std::string aio_json = "{}";
+  // Host memory for the NVMe step's staging buffers (zinf's own key: zinf.host_budget).
+  uint64_t nvme_staging_budget_bytes = 512ull << 20;
 
   // Parses DeepSpeed JSON. InvalidArgument names the key path, the value and what is allowed.
   static StatusOr<EngineConfig> FromJson(std::string_view json_text);

@@ -109,8 +109,12 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text) {
   if (json.is_object() && json.contains("aio")) {
     AioOptions aio;
     root.Fail(ReadAioOptions(json["aio"], "aio", &aio));
+    c.aio_json = json["aio"].dump();
   }
-  root.Object("zinf", [&](ConfigReader& z) { z.Int("seed", &c.seed, 0, INT64_MAX); });
+  root.Object("zinf", [&](ConfigReader& z) {
+    z.Int("seed", &c.seed, 0, INT64_MAX)
+        .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20);
+  });
   ZINF_RETURN_IF_ERROR(root.Finish());
   ZINF_RETURN_IF_ERROR(c.Validate());
   return c;

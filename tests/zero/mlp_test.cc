@@ -90,11 +90,16 @@ struct Model {
   std::vector<float> w1, b1, w2, b2;
 };
 
-std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16) {
+// `nvme_dir` non-empty puts the optimizer state on NVMe there (ZeRO-Infinity).
+std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
+                       const std::string& nvme_dir = "") {
+  const std::string offload = nvme_dir.empty()
+                                  ? "{\"device\": \"cpu\"}"
+                                  : "{\"device\": \"nvme\", \"nvme_path\": \"" + nvme_dir + "\"}";
   return "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         ", \"stage3_param_persistence_threshold\": 64, \"offload_optimizer\": {\"device\": "
-         "\"cpu\"}}, \"gradient_accumulation_steps\": " +
-         std::to_string(accumulation) + ", \"gradient_clipping\": " + std::to_string(clipping) +
+         ", \"stage3_param_persistence_threshold\": 64, \"offload_optimizer\": " + offload +
+         "}, \"gradient_accumulation_steps\": " + std::to_string(accumulation) +
+         ", \"gradient_clipping\": " + std::to_string(clipping) +
          ", \"fp16\": {\"enabled\": " + (fp16 ? "true" : "false") +
          ", \"hysteresis\": 1}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, "
          "\"weight_decay\": 0.01}}}";
@@ -103,9 +108,13 @@ std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16) 
 // One rank's training run; writes the initial and final model (rank 0) to `out_dir`.
 // Returns a process exit code: 0 on success.
 int TrainRank(int rank, int world, int port, int stage, int accumulation, double clipping,
-              const std::string& out_dir, bool fp16 = false) {
-  auto config = EngineConfig::FromJson(ConfigJson(stage, accumulation, clipping, fp16));
-  if (!config.ok()) return 10;
+              const std::string& out_dir, bool fp16 = false, bool nvme = false) {
+  auto config = EngineConfig::FromJson(
+      ConfigJson(stage, accumulation, clipping, fp16, nvme ? out_dir : std::string()));
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+    return 10;
+  }
   auto engine = Engine::Create(*config, {.rank = rank,
                                          .world_size = world,
                                          .master_port = port,
@@ -278,6 +287,7 @@ std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
 struct Case {
   int world, stage, accumulation;
   double clipping;
+  bool nvme = false;  // optimizer state on NVMe
 };
 
 class MlpTest : public ::testing::TestWithParam<Case> {};
@@ -289,7 +299,7 @@ TEST_P(MlpTest, MatchesSingleProcessReference) {
                               .string();
   std::filesystem::create_directories(dir);
   const std::vector<int> codes = RunRanks(c.world, [&](int rank, int port) {
-    return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir);
+    return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir, false, c.nvme);
   });
   EXPECT_EQ(codes, std::vector<int>(c.world, 0));
   const Model init = ReadModel(dir + "/init.bin");
@@ -313,14 +323,15 @@ TEST_P(MlpTest, MatchesSingleProcessReference) {
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return "world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +
-         std::to_string(c.accumulation) + (c.clipping > 0 ? "_clip" : "");
+         std::to_string(c.accumulation) + (c.clipping > 0 ? "_clip" : "") + (c.nvme ? "_nvme" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, MlpTest,
                          ::testing::Values(Case{1, 3, 1, 0}, Case{2, 3, 1, 0}, Case{4, 3, 1, 0},
                                            Case{2, 1, 1, 0}, Case{2, 2, 1, 0}, Case{4, 2, 2, 0},
                                            Case{2, 3, 2, 0}, Case{2, 3, 1, 0.05},
-                                           Case{4, 1, 1, 0.05}),
+                                           Case{4, 1, 1, 0.05}, Case{1, 3, 1, 0, true},
+                                           Case{2, 3, 2, 0.05, true}, Case{4, 2, 1, 0, true}),
                          CaseName);
 
 TEST(MlpTest, SameInitialModelForEveryWorldSize) {
@@ -391,6 +402,20 @@ TEST(EngineFailureTest, DeadRankIsReportedNotAHang) {
   });
   EXPECT_EQ(codes, (std::vector<int>{0, 42}));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+TEST(EngineFailureTest, MissingNvmePathIsNamed) {
+  auto config = EngineConfig::FromJson(
+      R"({"zero_optimization": {"offload_optimizer": {"device": "nvme",
+          "nvme_path": "/nonexistent/zinf-nvme"}}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->RegisterModule("m", {{"w", {1000}}}).ok());
+  Status s = (*engine)->Initialize();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("/nonexistent/zinf-nvme"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("NVMe optimizer state"), std::string::npos) << s;
 }
 
 TEST(EngineConfigTest, DeepSpeedKeysAndErrors) {
