@@ -114,6 +114,8 @@ struct StepSummary {
   double clip_coefficient = 1.0;
   uint64_t bytes_gathered = 0;  // all-gather traffic this step (this rank's view)
   uint64_t bytes_reduce_scattered = 0;
+  uint64_t bytes_nvme_read = 0;  // optimizer state and parameters to and from NVMe
+  uint64_t bytes_nvme_written = 0;
   double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
 };
 

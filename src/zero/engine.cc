@@ -247,7 +247,7 @@ struct Engine::Impl {
   // The optimizer step over NVMe-resident state. TODO(perf): deposit gradients as they are
   // reduced instead of a write-back visit, and have the step emit the fp32 parameters to the
   // host tier instead of a read visit: that removes two of the four passes over the disk.
-  Status NvmeStep(float grad_scale) {
+  Status NvmeStep(float grad_scale, StepSummary* summary) {
     const float* grads = grad_acc.as<float>();
     ZINF_RETURN_IF_ERROR(pipelined->Visit(
         nvme_shard,
@@ -257,6 +257,11 @@ struct Engine::Impl {
         },
         /*write_back=*/true));
     ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
+    // The step's own I/O, plus the two visits: each reads a chunk's params+state and
+    // gradient extents (16 bytes per element); the write-back visit writes them again.
+    const uint64_t visit_bytes = shard_elements * 16;
+    summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read + 2 * visit_bytes;
+    summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written + visit_bytes;
     float* values = master.as<float>();
     return pipelined->Visit(
         nvme_shard,
@@ -535,7 +540,8 @@ StatusOr<StepSummary> Engine::Step() {
                       .count = m.shard_elements};
     const float grad_scale = static_cast<float>(mean_scale * summary.clip_coefficient);
     if (m.pipelined != nullptr) {
-      ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(grad_scale), "stepping the NVMe optimizer state"));
+      ZINF_RETURN_IF_ERROR(
+          m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
     } else {
       ZINF_RETURN_IF_ERROR(m.optimizer->Step(m.group, all, {.grad_scale = grad_scale}).status());
     }
