@@ -27,6 +27,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/host_memory.h"
 
@@ -65,13 +66,6 @@ struct Pair {
 // Grid of --sweep and --vs-fio-grid: {128 KiB, 1 MiB, 8 MiB} x {QD 8, 32}.
 const uint64_t kGridBlocks[] = {128 * kKiB, kMiB, 8 * kMiB};
 const int kGridDepths[] = {8, 32};
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();

@@ -24,6 +24,7 @@
 #include "core/units.h"
 #include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/host_memory.h"
@@ -45,12 +46,6 @@ struct OptimizerStepArgs {
   bool checksum = false;
   bool json = false;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 uint64_t PeakRssBytes() {
   struct rusage usage;

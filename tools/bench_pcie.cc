@@ -19,6 +19,7 @@
 
 #include "core/units.h"
 #include "offload/device.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/host_memory.h"
 
@@ -31,12 +32,6 @@ struct PcieArgs {
   int reps = 5;
   bool json = false;
 };
-
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 Status RunPcie(const PcieArgs& args) {
   CudaDeviceOptions options;
@@ -104,7 +99,7 @@ Status RunPcie(const PcieArgs& args) {
           const double bytes = static_cast<double>(size) * copies * (mode == 2 ? 2 : 1);
           if (r > 0) runs.push_back(bytes / s / 1e9);
         }
-        gbps[mode] = MedianOf(runs);
+        gbps[mode] = Median(runs);
       }
       rows.push_back({{"size_bytes", size},
                       {"memory", pinned ? "pinned" : "pageable"},
