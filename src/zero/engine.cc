@@ -304,6 +304,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
         "offload_param.device nvme is not supported by the engine yet (offload_optimizer.device "
         "nvme is); use none or cpu for parameters");
   }
+  // Read and validated, not yet acted on: say so rather than ignore them silently.
+  const EngineConfig defaults;
+  if (config.stage3_prefetch_bucket_size != defaults.stage3_prefetch_bucket_size ||
+      config.stage3_max_live_parameters != defaults.stage3_max_live_parameters ||
+      config.reduce_bucket_size != defaults.reduce_bucket_size) {
+    log::Warn("zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters and "
+              "reduce_bucket_size have no effect yet: parameters are gathered when fetched and "
+              "gradients reduce-scattered one parameter at a time");
+  }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->options = options;
