@@ -110,7 +110,9 @@ void Args(benchmark::internal::Benchmark* b) {
       for (int copy : {0, 1}) b->Args({isa, n, 2, copy});
     }
   }
-  b->ArgNames({"isa", "params", "threads", "bf16copy"})->UseRealTime()->Unit(benchmark::kMillisecond);
+  b->ArgNames({"isa", "params", "threads", "bf16copy"})
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
 BENCHMARK(BM_AdamWStep)->Apply(Args);

@@ -35,19 +35,26 @@ namespace zinf {
 
 std::string_view OptimizerTypeName(OptimizerType type) {
   switch (type) {
-    case OptimizerType::kAdamW: return "adamw";
-    case OptimizerType::kAdam: return "adam";
-    case OptimizerType::kAdagrad: return "adagrad";
-    case OptimizerType::kLion: return "lion";
+    case OptimizerType::kAdamW:
+      return "adamw";
+    case OptimizerType::kAdam:
+      return "adam";
+    case OptimizerType::kAdagrad:
+      return "adagrad";
+    case OptimizerType::kLion:
+      return "lion";
   }
   return "unknown";
 }
 
 std::string_view ElementTypeName(ElementType type) {
   switch (type) {
-    case ElementType::kFp32: return "fp32";
-    case ElementType::kBf16: return "bf16";
-    case ElementType::kFp16: return "fp16";
+    case ElementType::kFp32:
+      return "fp32";
+    case ElementType::kBf16:
+      return "bf16";
+    case ElementType::kFp16:
+      return "fp16";
   }
   return "unknown";
 }
@@ -56,10 +63,14 @@ size_t ElementSize(ElementType type) { return type == ElementType::kFp32 ? 4 : 2
 
 std::string_view CpuKernelIsaName(CpuKernelIsa isa) {
   switch (isa) {
-    case CpuKernelIsa::kAuto: return "auto";
-    case CpuKernelIsa::kScalar: return "scalar";
-    case CpuKernelIsa::kAvx2: return "avx2";
-    case CpuKernelIsa::kAvx512: return "avx512";
+    case CpuKernelIsa::kAuto:
+      return "auto";
+    case CpuKernelIsa::kScalar:
+      return "scalar";
+    case CpuKernelIsa::kAvx2:
+      return "avx2";
+    case CpuKernelIsa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -79,9 +90,8 @@ OptimizerSpan OptimizerSpan::Slice(size_t offset, size_t n) const {
   s.grads = grads ? static_cast<const char*>(grads) + offset * gsize : nullptr;
   s.state0 = state0 ? state0 + offset : nullptr;
   s.state1 = state1 ? state1 + offset : nullptr;
-  s.param_copy = param_copy
-                     ? static_cast<char*>(param_copy) + offset * ElementSize(param_copy_type)
-                     : nullptr;
+  s.param_copy =
+      param_copy ? static_cast<char*>(param_copy) + offset * ElementSize(param_copy_type) : nullptr;
   s.count = n;
   return s;
 }
@@ -126,9 +136,11 @@ Status OptimizerHyperParams::Validate() const {
     return InvalidArgument("optimizer type must be adamw, adam, adagrad or lion, got " +
                            std::to_string(t));
   }
-  if (!FiniteNonNeg(lr)) return InvalidArgument("optimizer lr must be finite and >= 0, got " + Num(lr));
+  if (!FiniteNonNeg(lr))
+    return InvalidArgument("optimizer lr must be finite and >= 0, got " + Num(lr));
   if (!FiniteNonNeg(weight_decay)) {
-    return InvalidArgument("optimizer weight_decay must be finite and >= 0, got " + Num(weight_decay));
+    return InvalidArgument("optimizer weight_decay must be finite and >= 0, got " +
+                           Num(weight_decay));
   }
   if (type != OptimizerType::kAdagrad) {
     if (!(beta1 >= 0.0 && beta1 < 1.0)) {
@@ -214,8 +226,9 @@ class StoreTuner {
   }
   StoreMode decided() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return decided_ < 0 ? StoreMode::kAuto
-                        : decided_ == 1 ? StoreMode::kNonTemporal : StoreMode::kCached;
+    return decided_ < 0    ? StoreMode::kAuto
+           : decided_ == 1 ? StoreMode::kNonTemporal
+                           : StoreMode::kCached;
   }
 
  private:
@@ -260,8 +273,8 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const CpuOptimizerO
   if (threads == 0) threads = std::max(1, cpu.usable_cpus);
   ZINF_ASSIGN_OR_RETURN(impl->parallel, cpu_optim::Parallel::Create(threads));
   impl->nt_min_bytes = options.nt_store_min_bytes != 0 ? options.nt_store_min_bytes
-                       : cpu.l3_bytes != 0           ? cpu.l3_bytes
-                                                     : size_t{32} << 20;
+                       : cpu.l3_bytes != 0             ? cpu.l3_bytes
+                                                       : size_t{32} << 20;
   return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
 }
 
@@ -321,8 +334,10 @@ Status CheckSpan(const OptimizerHyperParams& hp, const OptimizerSpan& s) {
                            std::string(ElementTypeName(s.param_copy_type)));
   }
   if (s.count == 0) return OkStatus();
-  if (s.params == nullptr) return InvalidArgument("span params is null with count " + std::to_string(s.count));
-  if (s.grads == nullptr) return InvalidArgument("span grads is null with count " + std::to_string(s.count));
+  if (s.params == nullptr)
+    return InvalidArgument("span params is null with count " + std::to_string(s.count));
+  if (s.grads == nullptr)
+    return InvalidArgument("span grads is null with count " + std::to_string(s.count));
   if (reinterpret_cast<uintptr_t>(s.params) % alignof(float) != 0 ||
       reinterpret_cast<uintptr_t>(s.state0) % alignof(float) != 0 ||
       reinterpret_cast<uintptr_t>(s.state1) % alignof(float) != 0) {
@@ -436,7 +451,8 @@ Status CpuOptimizer::ApplyStep(const OptimizerHyperParams& hp, int64_t step, flo
     k->step(coeffs, SubArrays(arrays, begin, end), nt, pf);
   }));
   if (tune) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (s > 0) impl_->tuner.Record(nt, static_cast<double>(bytes_written) / s);
   }
   return OkStatus();
@@ -512,9 +528,8 @@ Status CpuOptimizer::InitState(int group, const OptimizerSpan& span) {
     return InvalidArgument("span state1 is null; " + std::string(OptimizerTypeName(hp.type)) +
                            " needs it");
   }
-  const float init0 = hp.type == OptimizerType::kAdagrad
-                          ? static_cast<float>(hp.initial_accumulator_value)
-                          : 0.0f;
+  const float init0 =
+      hp.type == OptimizerType::kAdagrad ? static_cast<float>(hp.initial_accumulator_value) : 0.0f;
   float* s0 = span.state0;
   float* s1 = hp.state_count() == 2 ? span.state1 : nullptr;
   return impl_->parallel->For(span.count, [&](size_t begin, size_t end) {
@@ -584,7 +599,8 @@ std::string CpuOptimizer::SaveState() const {
 }
 
 Status CpuOptimizer::LoadState(std::string_view bytes) {
-  if (bytes.size() < sizeof(kMagic) + 16 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (bytes.size() < sizeof(kMagic) + 16 ||
+      std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return DataLoss("optimizer state is not a zinf optimizer checkpoint (" +
                     std::to_string(bytes.size()) + " bytes, bad magic or too short)");
   }
@@ -600,7 +616,8 @@ Status CpuOptimizer::LoadState(std::string_view bytes) {
   if (!r.Get(&version) || !r.Get(&count)) return DataLoss("optimizer state header is truncated");
   if (version != kVersion) {
     return InvalidArgument("optimizer state version " + std::to_string(version) +
-                           " is not readable by this build (reads " + std::to_string(kVersion) + ")");
+                           " is not readable by this build (reads " + std::to_string(kVersion) +
+                           ")");
   }
   std::vector<ParamGroupState> groups;
   for (uint32_t i = 0; i < count; ++i) {
@@ -618,11 +635,13 @@ Status CpuOptimizer::LoadState(std::string_view bytes) {
     hp.type = static_cast<OptimizerType>(type);
     hp.bias_correction = bc != 0;
     ZINF_RETURN_IF_ERROR_CTX(hp.Validate(), "optimizer state group " + std::to_string(i));
-    if (g.step < 0) return DataLoss("optimizer state group " + std::to_string(i) + " has a negative step");
+    if (g.step < 0)
+      return DataLoss("optimizer state group " + std::to_string(i) + " has a negative step");
     groups.push_back(g);
   }
   if (sizeof(kMagic) + r.pos() != body.size()) {
-    return DataLoss("optimizer state has " + std::to_string(body.size() - sizeof(kMagic) - r.pos()) +
+    return DataLoss("optimizer state has " +
+                    std::to_string(body.size() - sizeof(kMagic) - r.pos()) +
                     " unexpected trailing bytes");
   }
   impl_->groups = std::move(groups);

@@ -27,8 +27,7 @@ StatusOr<CpuKernelIsa> ResolveIsa(CpuKernelIsa isa) {
     if (IsaSupported(CpuKernelIsa::kAvx2)) return CpuKernelIsa::kAvx2;
     return CpuKernelIsa::kScalar;
   }
-  if (isa != CpuKernelIsa::kScalar && isa != CpuKernelIsa::kAvx2 &&
-      isa != CpuKernelIsa::kAvx512) {
+  if (isa != CpuKernelIsa::kScalar && isa != CpuKernelIsa::kAvx2 && isa != CpuKernelIsa::kAvx512) {
     return InvalidArgument("cpu optimizer isa must be auto, scalar, avx2 or avx512, got " +
                            std::to_string(static_cast<int>(isa)));
   }

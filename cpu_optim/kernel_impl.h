@@ -41,7 +41,9 @@ struct ScalarVec {
     }
   }
   template <bool kNt>
-  static void Store(float* p, T x) { *p = x; }
+  static void Store(float* p, T x) {
+    *p = x;
+  }
   template <CopyKind C, bool kNt>
   static void StoreCopy(void* c, size_t i, T x) {
     static_cast<uint16_t*>(c)[i] = C == CopyKind::kBf16 ? FloatToBf16(x) : FloatToFp16(x);
@@ -88,19 +90,19 @@ inline void UpdateOne(const Consts<V>& c, typename V::T g, typename V::T& p, typ
     } else {
       if (c.has_l2) g = V::Fma(p, c.l2, g);  // grad.add(param, alpha=wd)
     }
-    s0 = V::Fma(g, c.omb1, V::Mul(s0, c.beta1));            // m.mul_(b1).add_(g, alpha=1-b1)
+    s0 = V::Fma(g, c.omb1, V::Mul(s0, c.beta1));  // m.mul_(b1).add_(g, alpha=1-b1)
     s1 = V::Add(V::Mul(s1, c.beta2), V::Mul(V::Mul(c.omb2, g), g));  // v.mul_(b2).addcmul_
     T denom = V::Add(V::Div(V::Sqrt(s1), c.bc2_sqrt), c.eps);        // sqrt(v)/bc2_sqrt + eps
     p = V::Add(p, V::Mul(c.neg_step, V::Div(s0, denom)));            // addcdiv_
   } else if constexpr (K == Kind::kAdagrad) {
     if (c.has_l2) g = V::Fma(p, c.l2, g);
-    s0 = V::Add(s0, V::Mul(g, g));                          // sum.addcmul_(g, g, value=1)
+    s0 = V::Add(s0, V::Mul(g, g));  // sum.addcmul_(g, g, value=1)
     T denom = V::Add(V::Sqrt(s0), c.eps);
-    p = V::Add(p, V::Mul(c.neg_step, V::Div(g, denom)));    // addcdiv_(g, std, value=-clr)
-  } else {  // Lion
+    p = V::Add(p, V::Mul(c.neg_step, V::Div(g, denom)));  // addcdiv_(g, std, value=-clr)
+  } else {                                                // Lion
     p = V::Mul(p, c.decay);
     T update = V::Fma(g, c.omb1, V::Mul(s0, c.beta1));
-    p = V::Fma(V::Sign(update), c.neg_step, p);             // p.add_(sign(update), alpha=-lr)
+    p = V::Fma(V::Sign(update), c.neg_step, p);  // p.add_(sign(update), alpha=-lr)
     s0 = V::Fma(g, c.omb2, V::Mul(s0, c.beta2));
   }
 }
@@ -137,7 +139,6 @@ inline void UpdateAt(const Consts<V>& c, const Ptrs& a, size_t i) {
   if constexpr (HasState1(K)) V::template Store<kNt>(a.s1 + i, s1);
   if constexpr (C != CopyKind::kNone) V::template StoreCopy<C, kNt>(a.copy, i, p);
 }
-
 
 inline size_t ElemBytes(Elem e) { return e == Elem::kFp32 ? 4 : 2; }
 
@@ -220,19 +221,33 @@ void StepCopy(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
 template <Kind K, class V>
 void StepGrad(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
   switch (a.grad_type) {
-    case Elem::kFp32: StepCopy<K, Elem::kFp32, V>(c, a, nt, pf); break;
-    case Elem::kBf16: StepCopy<K, Elem::kBf16, V>(c, a, nt, pf); break;
-    case Elem::kFp16: StepCopy<K, Elem::kFp16, V>(c, a, nt, pf); break;
+    case Elem::kFp32:
+      StepCopy<K, Elem::kFp32, V>(c, a, nt, pf);
+      break;
+    case Elem::kBf16:
+      StepCopy<K, Elem::kBf16, V>(c, a, nt, pf);
+      break;
+    case Elem::kFp16:
+      StepCopy<K, Elem::kFp16, V>(c, a, nt, pf);
+      break;
   }
 }
 
 template <class V>
 void StepAny(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
   switch (c.kind) {
-    case Kind::kAdamW: StepGrad<Kind::kAdamW, V>(c, a, nt, pf); break;
-    case Kind::kAdam: StepGrad<Kind::kAdam, V>(c, a, nt, pf); break;
-    case Kind::kAdagrad: StepGrad<Kind::kAdagrad, V>(c, a, nt, pf); break;
-    case Kind::kLion: StepGrad<Kind::kLion, V>(c, a, nt, pf); break;
+    case Kind::kAdamW:
+      StepGrad<Kind::kAdamW, V>(c, a, nt, pf);
+      break;
+    case Kind::kAdam:
+      StepGrad<Kind::kAdam, V>(c, a, nt, pf);
+      break;
+    case Kind::kAdagrad:
+      StepGrad<Kind::kAdagrad, V>(c, a, nt, pf);
+      break;
+    case Kind::kLion:
+      StepGrad<Kind::kLion, V>(c, a, nt, pf);
+      break;
   }
 }
 
@@ -310,13 +325,16 @@ void LimitAny(const StepArrays& a, bool nt, size_t pf) {
   const bool two = a.state1 != nullptr;
   switch (a.grad_type) {
     case Elem::kFp32:
-      two ? LimitCopy<Elem::kFp32, true, V>(a, nt, pf) : LimitCopy<Elem::kFp32, false, V>(a, nt, pf);
+      two ? LimitCopy<Elem::kFp32, true, V>(a, nt, pf)
+          : LimitCopy<Elem::kFp32, false, V>(a, nt, pf);
       break;
     case Elem::kBf16:
-      two ? LimitCopy<Elem::kBf16, true, V>(a, nt, pf) : LimitCopy<Elem::kBf16, false, V>(a, nt, pf);
+      two ? LimitCopy<Elem::kBf16, true, V>(a, nt, pf)
+          : LimitCopy<Elem::kBf16, false, V>(a, nt, pf);
       break;
     case Elem::kFp16:
-      two ? LimitCopy<Elem::kFp16, true, V>(a, nt, pf) : LimitCopy<Elem::kFp16, false, V>(a, nt, pf);
+      two ? LimitCopy<Elem::kFp16, true, V>(a, nt, pf)
+          : LimitCopy<Elem::kFp16, false, V>(a, nt, pf);
       break;
   }
 }

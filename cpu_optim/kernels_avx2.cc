@@ -42,7 +42,8 @@ struct Vec {
   static __m128i ToBf16(T x) {
     const __m256i b = _mm256_castps_si256(x);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
     const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
     const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     r = _mm256_castps_si256(
@@ -117,9 +118,12 @@ void Step(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
 }
 double SumSquares(const void* g, Elem type, size_t n) {
   switch (type) {
-    case Elem::kFp32: return SumSquaresT<Elem::kFp32>(g, n);
-    case Elem::kBf16: return SumSquaresT<Elem::kBf16>(g, n);
-    case Elem::kFp16: return SumSquaresT<Elem::kFp16>(g, n);
+    case Elem::kFp32:
+      return SumSquaresT<Elem::kFp32>(g, n);
+    case Elem::kBf16:
+      return SumSquaresT<Elem::kBf16>(g, n);
+    case Elem::kFp16:
+      return SumSquaresT<Elem::kFp16>(g, n);
   }
   return 0.0;
 }

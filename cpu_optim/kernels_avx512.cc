@@ -22,8 +22,8 @@ struct Vec {
     if constexpr (G == Elem::kFp32) {
       return _mm512_loadu_ps(static_cast<const float*>(g) + i);
     } else {
-      const __m256i h = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g) + i));
+      const __m256i h =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(g) + i));
       if constexpr (G == Elem::kBf16) {
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
       } else {
@@ -92,9 +92,11 @@ double SumSquaresT(const void* g, size_t n) {
     const __m512 x0 = Vec::LoadGrad<G>(g, i);
     const __m512 x1 = Vec::LoadGrad<G>(g, i + 16);
     const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(x0));
-    const __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x0), 1)));
+    const __m512d d1 =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x0), 1)));
     const __m512d d2 = _mm512_cvtps_pd(_mm512_castps512_ps256(x1));
-    const __m512d d3 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x1), 1)));
+    const __m512d d3 =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x1), 1)));
     acc[0] = _mm512_fmadd_pd(d0, d0, acc[0]);
     acc[1] = _mm512_fmadd_pd(d1, d1, acc[1]);
     acc[2] = _mm512_fmadd_pd(d2, d2, acc[2]);
@@ -113,9 +115,12 @@ void Step(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
 }
 double SumSquares(const void* g, Elem type, size_t n) {
   switch (type) {
-    case Elem::kFp32: return SumSquaresT<Elem::kFp32>(g, n);
-    case Elem::kBf16: return SumSquaresT<Elem::kBf16>(g, n);
-    case Elem::kFp16: return SumSquaresT<Elem::kFp16>(g, n);
+    case Elem::kFp32:
+      return SumSquaresT<Elem::kFp32>(g, n);
+    case Elem::kBf16:
+      return SumSquaresT<Elem::kBf16>(g, n);
+    case Elem::kFp16:
+      return SumSquaresT<Elem::kFp16>(g, n);
   }
   return 0.0;
 }

@@ -75,9 +75,12 @@ void Step(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
 }
 double SumSquares(const void* g, Elem type, size_t n) {
   switch (type) {
-    case Elem::kFp32: return SumSquaresScalar<Elem::kFp32>(g, 0, n);
-    case Elem::kBf16: return SumSquaresScalar<Elem::kBf16>(g, 0, n);
-    case Elem::kFp16: return SumSquaresScalar<Elem::kFp16>(g, 0, n);
+    case Elem::kFp32:
+      return SumSquaresScalar<Elem::kFp32>(g, 0, n);
+    case Elem::kBf16:
+      return SumSquaresScalar<Elem::kBf16>(g, 0, n);
+    case Elem::kFp16:
+      return SumSquaresScalar<Elem::kFp16>(g, 0, n);
   }
   return 0.0;
 }

@@ -74,9 +74,12 @@ constexpr LimitVariant kLimitVariants[] = {
 
 const char* StoreModeName(StoreMode mode) {
   switch (mode) {
-    case StoreMode::kAuto: return "auto";
-    case StoreMode::kCached: return "cached";
-    case StoreMode::kNonTemporal: return "non_temporal";
+    case StoreMode::kAuto:
+      return "auto";
+    case StoreMode::kCached:
+      return "cached";
+    case StoreMode::kNonTemporal:
+      return "non_temporal";
   }
   return "?";
 }
@@ -84,7 +87,8 @@ const char* StoreModeName(StoreMode mode) {
 Status RunBenchAdam(const AdamArgs& args) {
   ZINF_ASSIGN_OR_RETURN(uint64_t count, ParseBytes(args.params));
   if (count == 0) return InvalidArgument("--params must be > 0");
-  if (args.reps < 1) return InvalidArgument("--reps must be >= 1, got " + std::to_string(args.reps));
+  if (args.reps < 1)
+    return InvalidArgument("--reps must be >= 1, got " + std::to_string(args.reps));
 
   CpuOptimizerOptions options;
   options.threads = args.threads;
@@ -98,11 +102,11 @@ Status RunBenchAdam(const AdamArgs& args) {
                                                       : StoreMode::kAuto;
   ZINF_ASSIGN_OR_RETURN(auto opt, CpuOptimizer::Create(options));
 
-  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(
-      args.optimizer == "adam"      ? OptimizerType::kAdam
-      : args.optimizer == "adagrad" ? OptimizerType::kAdagrad
-      : args.optimizer == "lion"    ? OptimizerType::kLion
-                                    : OptimizerType::kAdamW);
+  OptimizerHyperParams hp =
+      OptimizerHyperParams::Defaults(args.optimizer == "adam"      ? OptimizerType::kAdam
+                                     : args.optimizer == "adagrad" ? OptimizerType::kAdagrad
+                                     : args.optimizer == "lion"    ? OptimizerType::kLion
+                                                                   : OptimizerType::kAdamW);
   ZINF_ASSIGN_OR_RETURN(const int group, opt->AddParamGroup(hp));
   const ElementType grad_type = args.dtype == "bf16-grad" ? ElementType::kBf16 : ElementType::kFp32;
   const bool copy = args.param_copy != "none";
@@ -186,13 +190,13 @@ Status RunBenchAdam(const AdamArgs& args) {
 
   const CpuInfo& cpu = GetCpuInfo();
   if (!args.json) {
-    fmt::print("zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
-               OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param),
-               opt->threads(), CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type),
-               args.param_copy);
+    fmt::print(
+        "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
+        OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param), opt->threads(),
+        CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type), args.param_copy);
     fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
-               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes,
-               args.reps, cpu.model_name);
+               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes, args.reps,
+               cpu.model_name);
   }
 
   // Warm-up: page faults and first-use costs out of the timings, and with --store auto the
@@ -255,8 +259,8 @@ Status RunBenchAdam(const AdamArgs& args) {
     };
     fmt::print("{}\n", out.dump());
   } else {
-    fmt::print("  step:  {:.3f} G params/s, {:.1f} GB/s moved (median of {}; runs:", params_per_s / 1e9,
-               gbps, args.reps);
+    fmt::print("  step:  {:.3f} G params/s, {:.1f} GB/s moved (median of {}; runs:",
+               params_per_s / 1e9, gbps, args.reps);
     for (double x : step_gbps) fmt::print(" {:.1f}", x);
     fmt::print(")\n");
     for (const LimitVariant& lv : kLimitVariants) {
@@ -293,7 +297,8 @@ void AddBenchAdamCommand(CLI::App& bench) {
   cmd->add_option("--store", args->store, "Step stores: auto, cached or non_temporal")
       ->check(CLI::IsMember({"auto", "cached", "non_temporal"}))
       ->capture_default_str();
-  cmd->add_option("--prefetch", args->prefetch_bytes, "Software prefetch distance in bytes (0: off)")
+  cmd->add_option("--prefetch", args->prefetch_bytes,
+                  "Software prefetch distance in bytes (0: off)")
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object");

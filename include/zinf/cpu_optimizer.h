@@ -58,12 +58,12 @@ size_t ElementSize(ElementType type);
 struct OptimizerHyperParams {
   OptimizerType type = OptimizerType::kAdamW;
   double lr = 1e-3;
-  double beta1 = 0.9;            // Adam, AdamW, Lion
-  double beta2 = 0.999;          // Adam, AdamW, Lion
-  double eps = 1e-8;             // Adam, AdamW, Adagrad
-  double weight_decay = 0.0;     // decoupled for AdamW and Lion, L2 for Adam and Adagrad
-  bool bias_correction = true;   // Adam, AdamW
-  double lr_decay = 0.0;         // Adagrad
+  double beta1 = 0.9;                      // Adam, AdamW, Lion
+  double beta2 = 0.999;                    // Adam, AdamW, Lion
+  double eps = 1e-8;                       // Adam, AdamW, Adagrad
+  double weight_decay = 0.0;               // decoupled for AdamW and Lion, L2 for Adam and Adagrad
+  bool bias_correction = true;             // Adam, AdamW
+  double lr_decay = 0.0;                   // Adagrad
   double initial_accumulator_value = 0.0;  // Adagrad
 
   static OptimizerHyperParams Defaults(OptimizerType type);
@@ -77,12 +77,12 @@ struct OptimizerHyperParams {
 // One shard, or a contiguous chunk of one. Pointers are not owned and may be unaligned
 // (aligned ones are faster: see CpuOptimizerOptions::store_mode).
 struct OptimizerSpan {
-  float* params = nullptr;       // fp32 master parameters, updated in place
-  const void* grads = nullptr;   // `count` elements of grad_type; only read
+  float* params = nullptr;      // fp32 master parameters, updated in place
+  const void* grads = nullptr;  // `count` elements of grad_type; only read
   ElementType grad_type = ElementType::kFp32;
-  float* state0 = nullptr;       // exp_avg (Adam, AdamW, Lion) or sum (Adagrad)
-  float* state1 = nullptr;       // exp_avg_sq (Adam, AdamW); must be null otherwise
-  void* param_copy = nullptr;    // optional: receives the new params in param_copy_type
+  float* state0 = nullptr;     // exp_avg (Adam, AdamW, Lion) or sum (Adagrad)
+  float* state1 = nullptr;     // exp_avg_sq (Adam, AdamW); must be null otherwise
+  void* param_copy = nullptr;  // optional: receives the new params in param_copy_type
   ElementType param_copy_type = ElementType::kBf16;  // kBf16 or kFp16
   size_t count = 0;
 

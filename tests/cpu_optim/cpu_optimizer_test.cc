@@ -57,8 +57,8 @@ std::unique_ptr<CpuOptimizer> MakeOptimizer(CpuKernelIsa isa, int threads,
 OptimizerHyperParams ParseHp(const nlohmann::json& j) {
   OptimizerHyperParams hp;
   const std::string type = j.at("type");
-  hp.type = type == "adamw"   ? OptimizerType::kAdamW
-            : type == "adam"  ? OptimizerType::kAdam
+  hp.type = type == "adamw"     ? OptimizerType::kAdamW
+            : type == "adam"    ? OptimizerType::kAdam
             : type == "adagrad" ? OptimizerType::kAdagrad
                                 : OptimizerType::kLion;
   hp.lr = j.at("lr");
@@ -181,14 +181,14 @@ TEST(CpuOptimizerTest, MatchesPyTorchReference) {
             // params agree bitwise, the copies must too; elsewhere they may differ by one unit.
             const std::vector<uint16_t> want_c = U16s(s.at("copy"));
             for (size_t i = 0; i < n; ++i) {
-              const uint16_t exact = span.param_copy_type == ElementType::kBf16
-                                         ? FloatToBf16(p[i])
-                                         : FloatToFp16(p[i]);
+              const uint16_t exact = span.param_copy_type == ElementType::kBf16 ? FloatToBf16(p[i])
+                                                                                : FloatToFp16(p[i]);
               ASSERT_EQ(copy[i], exact) << name << " copy[" << i << "]";
               if (Bits(p[i]) == Bits(want_p[i])) {
                 ASSERT_EQ(copy[i], want_c[i]) << name << " copy[" << i << "] vs torch";
               } else {
-                ASSERT_LE(std::abs(int(copy[i]) - int(want_c[i])), 1) << name << " copy[" << i << "]";
+                ASSERT_LE(std::abs(int(copy[i]) - int(want_c[i])), 1)
+                    << name << " copy[" << i << "]";
               }
             }
           }
@@ -247,7 +247,8 @@ struct Shard {
     }
     span.params = p.data();
     span.state0 = s0.data();
-    span.state1 = type == OptimizerType::kAdamW || type == OptimizerType::kAdam ? s1.data() : nullptr;
+    span.state1 =
+        type == OptimizerType::kAdamW || type == OptimizerType::kAdam ? s1.data() : nullptr;
     span.grad_type = grad_type;
     span.grads = grad_type == ElementType::kFp32 ? static_cast<const void*>(g32.data())
                                                  : static_cast<const void*>(g16.data());
@@ -267,12 +268,14 @@ struct Shard {
 
 TEST(CpuOptimizerTest, ChunkedStepEqualsWholeStep) {
   const size_t n = 1000003;
-  for (OptimizerType type : {OptimizerType::kAdamW, OptimizerType::kAdagrad, OptimizerType::kLion}) {
+  for (OptimizerType type :
+       {OptimizerType::kAdamW, OptimizerType::kAdagrad, OptimizerType::kLion}) {
     auto opt = MakeOptimizer(CpuKernelIsa::kAuto, 2);
     OptimizerHyperParams hp = OptimizerHyperParams::Defaults(type);
     const int whole_group = *opt->AddParamGroup(hp);
     const int chunk_group = *opt->AddParamGroup(hp);
-    Shard whole(n, type, ElementType::kBf16, true, 1), chunked(n, type, ElementType::kBf16, true, 1);
+    Shard whole(n, type, ElementType::kBf16, true, 1),
+        chunked(n, type, ElementType::kBf16, true, 1);
     ASSERT_TRUE(opt->InitState(whole_group, whole.span).ok());
     ASSERT_TRUE(opt->InitState(chunk_group, chunked.span).ok());
     for (int step = 0; step < 3; ++step) {
@@ -281,7 +284,9 @@ TEST(CpuOptimizerTest, ChunkedStepEqualsWholeStep) {
       // Uneven chunks, out of order, one of them not a multiple of anything.
       const size_t cuts[] = {0, 4097, 300001, 300002, 777777, n};
       for (int k : {3, 0, 4, 2, 1}) {
-        ASSERT_TRUE(opt->Update(chunk_group, chunked.span.Slice(cuts[k], cuts[k + 1] - cuts[k]), 0.5f).ok());
+        ASSERT_TRUE(
+            opt->Update(chunk_group, chunked.span.Slice(cuts[k], cuts[k + 1] - cuts[k]), 0.5f)
+                .ok());
       }
     }
     EXPECT_TRUE(whole == chunked) << OptimizerTypeName(type);
@@ -421,10 +426,14 @@ TEST(CpuOptimizerTest, SaveAndRestoreContinueExactly) {
   const std::string blob = a->SaveState();
   Shard r0 = s0, r1 = s1;  // the arrays, saved as bytes
   r0.span = s0.span;
-  r0.span.params = r0.p.data(); r0.span.state0 = r0.s0.data(); r0.span.state1 = r0.s1.data();
+  r0.span.params = r0.p.data();
+  r0.span.state0 = r0.s0.data();
+  r0.span.state1 = r0.s1.data();
   r0.span.grads = r0.g32.data();
   r1.span = s1.span;
-  r1.span.params = r1.p.data(); r1.span.state0 = r1.s0.data(); r1.span.grads = r1.g32.data();
+  r1.span.params = r1.p.data();
+  r1.span.state0 = r1.s0.data();
+  r1.span.grads = r1.g32.data();
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(a->Step(g0, s0.span).ok());
     ASSERT_TRUE(a->Step(g1, s1.span).ok());

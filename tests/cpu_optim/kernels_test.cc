@@ -31,9 +31,7 @@ float FromBits(uint32_t u) {
 }
 
 // Equal bits, or both NaN (payloads may differ between paths that combine two NaNs).
-bool SameFloat(float a, float b) {
-  return Bits(a) == Bits(b) || (std::isnan(a) && std::isnan(b));
-}
+bool SameFloat(float a, float b) { return Bits(a) == Bits(b) || (std::isnan(a) && std::isnan(b)); }
 
 std::vector<const KernelTable*> VectorKernels() {
   std::vector<const KernelTable*> out;
@@ -124,15 +122,15 @@ StepCoeffs Coeffs(Kind kind, bool l2) {
 std::string Describe(const KernelTable& k, Kind kind, Elem g, CopyKind c, bool nt, size_t n,
                      size_t offset) {
   return std::string(k.name) + " kind=" + std::to_string(static_cast<int>(kind)) +
-         " grad=" + std::to_string(static_cast<int>(g)) + " copy=" +
-         std::to_string(static_cast<int>(c)) + " nt=" + std::to_string(nt) +
+         " grad=" + std::to_string(static_cast<int>(g)) +
+         " copy=" + std::to_string(static_cast<int>(c)) + " nt=" + std::to_string(nt) +
          " n=" + std::to_string(n) + " offset=" + std::to_string(offset);
 }
 
 void ExpectSameArrays(Arrays& want, Arrays& got, const std::string& what) {
   for (size_t i = 0; i < want.p.size(); ++i) {
-    ASSERT_TRUE(SameFloat(want.p[i], got.p[i])) << what << " params[" << i << "] "
-                                                 << want.p[i] << " vs " << got.p[i];
+    ASSERT_TRUE(SameFloat(want.p[i], got.p[i]))
+        << what << " params[" << i << "] " << want.p[i] << " vs " << got.p[i];
     ASSERT_TRUE(SameFloat(want.s0[i], got.s0[i])) << what << " state0[" << i << "]";
     ASSERT_TRUE(SameFloat(want.s1[i], got.s1[i])) << what << " state1[" << i << "]";
     ASSERT_EQ(want.c16[i], got.c16[i]) << what << " copy[" << i << "]";
@@ -147,8 +145,8 @@ TEST_P(KernelsTest, EveryKernelMatchesScalarBitForBit) {
   if (kernels.empty()) GTEST_SKIP() << "this CPU has no vector kernel (no AVX2+FMA+F16C)";
   // Offsets 0 (aligned vectors), 3 (unaligned), 16 (one line in): with the copy and states all
   // shifted together, streaming stores engage after a scalar head.
-  const std::vector<size_t> offsets = n > 100000 ? std::vector<size_t>{0, 3}
-                                                 : std::vector<size_t>{0, 1, 3, 16};
+  const std::vector<size_t> offsets =
+      n > 100000 ? std::vector<size_t>{0, 3} : std::vector<size_t>{0, 1, 3, 16};
   for (const KernelTable* k : kernels) {
     for (Kind kind : {Kind::kAdamW, Kind::kAdam, Kind::kAdagrad, Kind::kLion}) {
       const bool two = kind == Kind::kAdamW || kind == Kind::kAdam;
@@ -175,8 +173,8 @@ TEST_P(KernelsTest, EveryKernelMatchesScalarBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, KernelsTest,
-                         ::testing::Values(size_t{0}, size_t{1}, size_t{15}, size_t{16},
-                                           size_t{17}, size_t{1000003}));
+                         ::testing::Values(size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17},
+                                           size_t{1000003}));
 
 TEST(KernelsTest, NonFiniteGradientsPropagateTheSameWay) {
   const auto kernels = VectorKernels();

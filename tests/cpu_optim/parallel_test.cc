@@ -14,14 +14,16 @@ TEST(ParallelTest, ForVisitsEveryElementOnceInChunkAlignedPieces) {
   for (int threads : {1, 2, 3}) {
     auto par = Parallel::Create(threads);
     ASSERT_TRUE(par.ok());
-    for (size_t n : {size_t{0}, size_t{1}, kChunkElems - 1, 2 * kChunkElems + 1,
-                     size_t{1000003}}) {
+    for (size_t n : {size_t{0}, size_t{1}, kChunkElems - 1, 2 * kChunkElems + 1, size_t{1000003}}) {
       std::vector<std::atomic<int>> seen(n);
-      ASSERT_TRUE((*par)->For(n, [&](size_t begin, size_t end) {
-        EXPECT_EQ(begin % kChunkElems, 0u);
-        EXPECT_LE(end, n);
-        for (size_t i = begin; i < end; ++i) seen[i].fetch_add(1);
-      }).ok());
+      ASSERT_TRUE((*par)
+                      ->For(n,
+                            [&](size_t begin, size_t end) {
+                              EXPECT_EQ(begin % kChunkElems, 0u);
+                              EXPECT_LE(end, n);
+                              for (size_t i = begin; i < end; ++i) seen[i].fetch_add(1);
+                            })
+                      .ok());
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i].load(), 1) << n << " " << i;
     }
   }
