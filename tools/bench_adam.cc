@@ -26,6 +26,7 @@
 #include "cpu_optim/dispatch.h"
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/parallel.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/cpu_info.h"
 #include "zinf/cpu_optimizer.h"
@@ -46,12 +47,6 @@ struct AdamArgs {
   int reps = 7;
   bool json = false;
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 template <typename Fn>
 StatusOr<double> TimeIt(Fn&& fn) {

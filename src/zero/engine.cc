@@ -157,6 +157,15 @@ struct Engine::Impl {
 
   float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
 
+  // This rank's whole flat shard with its in-memory optimizer state.
+  OptimizerSpan WholeShard() {
+    return {.params = master.as<float>(),
+            .grads = grad_acc.data(),
+            .state0 = state0.as<float>(),
+            .state1 = state1.empty() ? nullptr : state1.as<float>(),
+            .count = shard_elements};
+  }
+
   Status Gather(Param& p) {
     if (p.full_current) return OkStatus();
     const auto t0 = Clock::now();
@@ -309,9 +318,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   if (config.stage3_prefetch_bucket_size != defaults.stage3_prefetch_bucket_size ||
       config.stage3_max_live_parameters != defaults.stage3_max_live_parameters ||
       config.reduce_bucket_size != defaults.reduce_bucket_size) {
-    log::Warn("zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters and "
-              "reduce_bucket_size have no effect yet: parameters are gathered when fetched and "
-              "gradients reduce-scattered one parameter at a time");
+    log::Warn(
+        "zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters and "
+        "reduce_bucket_size have no effect yet: parameters are gathered when fetched and "
+        "gradients reduce-scattered one parameter at a time");
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
@@ -403,8 +413,6 @@ Status Engine::Initialize() {
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
   ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
-  ZINF_ASSIGN_OR_RETURN(m.state0, HostBuffer::Allocate(bytes));
-  ZINF_ASSIGN_OR_RETURN(m.state1, HostBuffer::Allocate(bytes));
   for (const Param& p : m.params) {
     const uint64_t key = HashName(m.config.seed, p.spec.name);
     const uint64_t begin = m.rank() * p.shard_size;
@@ -413,16 +421,15 @@ Status Engine::Initialize() {
       shard[i] = begin + i < p.numel ? InitialValue(key, begin + i, p.spec) : 0.0f;
     }
   }
-  OptimizerSpan all{.params = m.master.as<float>(),
-                    .grads = m.grad_acc.data(),
-                    .state0 = m.state0.as<float>(),
-                    .state1 = m.optimizer->group(m.group)->hyper_params.state_count() > 1
-                                  ? m.state1.as<float>()
-                                  : nullptr,
-                    .count = m.shard_elements};
-  ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, all));
   if (m.config.offload_optimizer_device == "nvme") {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeState(), "opening the NVMe optimizer state"));
+  } else {
+    // The optimizer state lives in host memory only when it is not on NVMe.
+    ZINF_ASSIGN_OR_RETURN(m.state0, HostBuffer::Allocate(bytes));
+    if (m.optimizer->group(m.group)->hyper_params.state_count() > 1) {
+      ZINF_ASSIGN_OR_RETURN(m.state1, HostBuffer::Allocate(bytes));
+    }
+    ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
   }
   m.initialized = true;
   return OkStatus();
@@ -540,19 +547,13 @@ StatusOr<StepSummary> Engine::Step() {
     if (m.config.gradient_clipping > 0 && summary.grad_norm > m.config.gradient_clipping) {
       summary.clip_coefficient = m.config.gradient_clipping / (summary.grad_norm + 1e-6);
     }
-    OptimizerSpan all{.params = m.master.as<float>(),
-                      .grads = m.grad_acc.data(),
-                      .state0 = m.state0.as<float>(),
-                      .state1 = m.optimizer->group(m.group)->hyper_params.state_count() > 1
-                                    ? m.state1.as<float>()
-                                    : nullptr,
-                      .count = m.shard_elements};
     const float grad_scale = static_cast<float>(mean_scale * summary.clip_coefficient);
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
     } else {
-      ZINF_RETURN_IF_ERROR(m.optimizer->Step(m.group, all, {.grad_scale = grad_scale}).status());
+      ZINF_RETURN_IF_ERROR(
+          m.optimizer->Step(m.group, m.WholeShard(), {.grad_scale = grad_scale}).status());
     }
     ++m.steps;
     for (Param& p : m.params) p.full_current = false;

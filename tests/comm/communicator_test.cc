@@ -15,6 +15,7 @@
 
 #include "comm/environment.h"
 #include "comm/tcp_store.h"
+#include "tests/testing/fork_ranks.h"
 
 namespace zinf {
 namespace {
@@ -50,32 +51,20 @@ std::vector<int> RunRanks(int world, const RankBody& body,
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return {};
   const uint16_t port = (*server)->port();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < world; ++rank) {
-    if (std::find(absent_ranks.begin(), absent_ranks.end(), rank) != absent_ranks.end()) continue;
-    const pid_t pid = fork();
-    if (pid == 0) {
-      auto store = TcpStore::Create({.port = port, .timeout = timeout});
-      if (!store.ok()) _exit(100);
-      auto comm =
-          CreateGlooCommunicator(**store, {.rank = rank, .world_size = world, .timeout = timeout});
-      if (!comm.ok()) {
-        std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
-        _exit(comm.status().code() == StatusCode::kDeadlineExceeded ? 101 : 100);
-      }
-      const int code = body(**comm);
-      std::fflush(stderr);
-      _exit(code);  // no destructors: the forked copy of the server must not be torn down
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
+  return testing::ForkRanks(
+      world,
+      [&](int rank) {
+        auto store = TcpStore::Create({.port = port, .timeout = timeout});
+        if (!store.ok()) return 100;
+        auto comm = CreateGlooCommunicator(**store,
+                                           {.rank = rank, .world_size = world, .timeout = timeout});
+        if (!comm.ok()) {
+          std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
+          return comm.status().code() == StatusCode::kDeadlineExceeded ? 101 : 100;
+        }
+        return body(**comm);
+      },
+      absent_ranks);
 }
 
 int Collectives(Communicator& comm) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/tcp_store.h"
+#include "tests/testing/fork_ranks.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -262,26 +263,10 @@ int FreePort() {
   return probe.ok() ? (*probe)->port() : 29555;
 }
 
-// Runs `world` ranks of `body(rank, port, dir)` as processes; returns their exit codes.
+// Runs `world` ranks of body(rank, port) as processes; returns their exit codes.
 std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
   const int port = FreePort();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int code = body(r, port);
-      std::fflush(stderr);
-      _exit(code);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
+  return testing::ForkRanks(world, [&](int rank) { return body(rank, port); });
 }
 
 struct Case {

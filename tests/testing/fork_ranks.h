@@ -1,0 +1,44 @@
+// Runs the ranks of a multi-process test as forked children and collects how they ended.
+#ifndef ZINF_TESTS_TESTING_FORK_RANKS_H_
+#define ZINF_TESTS_TESTING_FORK_RANKS_H_
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+namespace zinf::testing {
+
+// Forks one child per rank in [0, world) except `absent` ones; each runs body(rank) and exits
+// with its return value without running destructors (state forked from the parent, such as a
+// server's threads, must not be torn down twice). Returns each started rank's exit code, or
+// 128 + signal when it was killed, in rank order.
+inline std::vector<int> ForkRanks(int world, const std::function<int(int rank)>& body,
+                                  const std::vector<int>& absent = {}) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    if (std::find(absent.begin(), absent.end(), rank) != absent.end()) continue;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int code = body(rank);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+}  // namespace zinf::testing
+
+#endif  // ZINF_TESTS_TESTING_FORK_RANKS_H_
