@@ -43,18 +43,23 @@ using namespace std::chrono_literals;
 using RankBody = std::function<int(Communicator& comm)>;
 
 // Forks `world` ranks that connect a Gloo group and run `body`; returns their exit codes.
-// A rank that cannot connect exits with 100.
+// As under `zinf run`, rank 0 serves the store; the test process forks while it has no threads
+// of its own (forking a threaded process is unsafe). A rank that cannot connect exits with
+// 100, or 101 when the others did not arrive in time.
 std::vector<int> RunRanks(int world, const RankBody& body,
                           std::chrono::milliseconds timeout = 20000ms,
                           const std::vector<int>& absent_ranks = {}) {
-  auto server = TcpStore::Create({.port = 0, .is_server = true, .timeout = timeout});
-  EXPECT_TRUE(server.ok()) << server.status();
-  if (!server.ok()) return {};
-  const uint16_t port = (*server)->port();
+  uint16_t port = 0;
+  {
+    auto probe = TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
+    EXPECT_TRUE(probe.ok()) << probe.status();
+    if (!probe.ok()) return {};
+    port = (*probe)->port();
+  }  // closed again: rank 0 binds it
   return testing::ForkRanks(
       world,
       [&](int rank) {
-        auto store = TcpStore::Create({.port = port, .timeout = timeout});
+        auto store = TcpStore::Create({.port = port, .is_server = rank == 0, .timeout = timeout});
         if (!store.ok()) return 100;
         auto comm = CreateGlooCommunicator(**store,
                                            {.rank = rank, .world_size = world, .timeout = timeout});

@@ -95,9 +95,14 @@ TEST(TcpStoreTest, ManyClientsCountToWorldSize) {
 }
 
 TEST(TcpStoreTest, OtherProcessRendezvous) {
-  auto server = Server();
-  ASSERT_NE(server, nullptr);
-  const uint16_t port = server->port();
+  // Fork before this process starts the server's threads (forking a threaded process is
+  // unsafe); the child's client retries until the server is up.
+  uint16_t port = 0;
+  {
+    auto probe = Server();
+    ASSERT_NE(probe, nullptr);
+    port = probe->port();
+  }
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -106,10 +111,12 @@ TEST(TcpStoreTest, OtherProcessRendezvous) {
     auto reply = ok ? (*c)->Get("parent") : StatusOr<std::vector<uint8_t>>(Internal("x"));
     _exit(ok && reply.ok() && *reply == Bytes("world") ? 0 : 1);
   }
-  auto got = server->Get("child");
+  auto server = TcpStore::Create({.port = port, .is_server = true, .timeout = 5000ms});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto got = (*server)->Get("child");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, Bytes("hello"));
-  ASSERT_TRUE(server->Set("parent", Bytes("world")).ok());
+  ASSERT_TRUE((*server)->Set("parent", Bytes("world")).ok());
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
