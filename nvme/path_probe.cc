@@ -20,15 +20,24 @@ namespace {
 
 std::string FilesystemName(long magic) {
   switch (static_cast<unsigned long>(magic)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x794C7630: return "overlayfs";
-    case 0x6969: return "nfs";
-    case 0xF2F52010: return "f2fs";
-    case 0x2FC12FC1: return "zfs";
-    default: return fmt::format("0x{:x}", static_cast<unsigned long>(magic));
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x794C7630:
+      return "overlayfs";
+    case 0x6969:
+      return "nfs";
+    case 0xF2F52010:
+      return "f2fs";
+    case 0x2FC12FC1:
+      return "zfs";
+    default:
+      return fmt::format("0x{:x}", static_cast<unsigned long>(magic));
   }
 }
 

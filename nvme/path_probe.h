@@ -13,11 +13,11 @@ namespace zinf {
 
 struct PathProbe {
   std::string path;
-  uint64_t free_bytes = 0;   // available to this (unprivileged) user
+  uint64_t free_bytes = 0;  // available to this (unprivileged) user
   uint64_t total_bytes = 0;
-  std::string filesystem;    // "ext4", "xfs", "tmpfs", ...
+  std::string filesystem;  // "ext4", "xfs", "tmpfs", ...
   bool writable = false;
-  bool o_direct = false;     // an aligned O_DIRECT write + read round-trip worked
+  bool o_direct = false;       // an aligned O_DIRECT write + read round-trip worked
   std::string o_direct_error;  // why not, when o_direct is false
 };
 
@@ -27,8 +27,8 @@ StatusOr<PathProbe> ProbePath(const std::string& path);
 
 struct IoUringProbe {
   bool available = false;
-  std::string error;  // why not: "io_uring_setup: Function not implemented" (ENOSYS), EPERM...
-  std::string kernel; // uname -r
+  std::string error;   // why not: "io_uring_setup: Function not implemented" (ENOSYS), EPERM...
+  std::string kernel;  // uname -r
 };
 
 // Tries to set up (and tear down) a small ring.

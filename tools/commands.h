@@ -11,13 +11,13 @@ namespace zinf::tools {
 // ExitCode(); a subcommand reports failure by printing the Status and returning non-zero.
 int& ExitCode();
 
-void AddInfoCommand(CLI::App& app);       // tools/info.cc
-void AddRunCommand(CLI::App& app);        // tools/run.cc: `zinf run -n N -- CMD`
-void AddBenchCommands(CLI::App& bench);   // tools/bench.cc: `zinf bench <what>`
-void AddBenchNvmeCommand(CLI::App& bench); // tools/bench_nvme.cc: `zinf bench nvme`
-void AddBenchAdamCommand(CLI::App& bench); // tools/bench_adam.cc: `zinf bench adam`
+void AddInfoCommand(CLI::App& app);                  // tools/info.cc
+void AddRunCommand(CLI::App& app);                   // tools/run.cc: `zinf run -n N -- CMD`
+void AddBenchCommands(CLI::App& bench);              // tools/bench.cc: `zinf bench <what>`
+void AddBenchNvmeCommand(CLI::App& bench);           // tools/bench_nvme.cc: `zinf bench nvme`
+void AddBenchAdamCommand(CLI::App& bench);           // tools/bench_adam.cc: `zinf bench adam`
 void AddBenchOptimizerStepCommand(CLI::App& bench);  // tools/bench_optimizer_step.cc
-void AddBenchPcieCommand(CLI::App& bench);  // tools/bench_pcie.cc: `zinf bench pcie`
+void AddBenchPcieCommand(CLI::App& bench);           // tools/bench_pcie.cc: `zinf bench pcie`
 
 }  // namespace zinf::tools
 
