@@ -319,6 +319,43 @@ Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_b
   return OkStatus();
 }
 
+Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  if (grads == nullptr) return InvalidArgument("WriteGradients: grads is null");
+  const size_t elem = ElementSize(shard->spec.grad_type);
+  // Through the staging buffer: the extent is padded to the alignment, past the caller's data.
+  char* staging = slots_[0]->base();
+  for (size_t c = 0; c < shard->chunks.size(); ++c) {
+    Shard::Chunk& chunk = shard->chunks[c];
+    const char* src = static_cast<const char*>(grads) + chunk.offset * elem;
+    if (!chunk.on_nvme) {
+      std::memcpy(shard->View(chunk, chunk.host.as<char>()).grads, src, chunk.count * elem);
+      continue;
+    }
+    std::memcpy(staging, src, chunk.count * elem);
+    ZINF_RETURN_IF_ERROR_CTX(swap_->Write(chunk.grads, staging),
+                             fmt::format("writing the gradients of {}", shard->ChunkName(c)));
+  }
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::ReadParams(int id, float* out) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  if (out == nullptr) return InvalidArgument("ReadParams: out is null");
+  char* staging = slots_[0]->base();
+  for (size_t c = 0; c < shard->chunks.size(); ++c) {
+    const Shard::Chunk& chunk = shard->chunks[c];
+    const char* base = chunk.host.as<char>();
+    if (chunk.on_nvme) {
+      ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.state, staging),
+                               fmt::format("reading the parameters of {}", shard->ChunkName(c)));
+      base = staging;
+    }
+    std::memcpy(out + chunk.offset, base, chunk.count * 4);  // params lead the chunk
+  }
+  return OkStatus();
+}
+
 Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   if (shard->spec.param_copy_tier != ParamCopyTier::kNvme) {

@@ -171,6 +171,14 @@ class PipelinedOptimizer {
   Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
               StepMode mode = StepMode::kFull);
 
+  // Stores the shard's gradients (`count` elements of its grad_type) for the next Step,
+  // writing only the gradient part of each chunk: the engine's path for deposit after the
+  // reduce-scatter, without the read and rewrite of parameters and state a visit costs.
+  Status WriteGradients(int shard, const void* grads);
+  // Copies the shard's fp32 parameters into `out` (`count` floats), reading only the
+  // parameter-and-state part of each NVMe chunk.
+  Status ReadParams(int shard, float* out);
+
   // Reads a kNvme parameter copy into `out` (count elements of param_copy_type).
   Status ReadParamCopy(int shard, void* out);
 

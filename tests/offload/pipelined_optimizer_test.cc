@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -288,6 +289,64 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
   spec.param_copy_tier = ParamCopyTier::kHost;
   EXPECT_THAT((*piped)->AddShard(spec).status().message(), HasSubstr("param_copy is null"));
   EXPECT_EQ((*piped)->Step({3}).code(), StatusCode::kInvalidArgument);
+}
+
+// WriteGradients and ReadParams move only the gradient and parameter parts of each chunk; a
+// shard fed through them must step exactly like one fed through visits.
+TEST(PipelinedOptimizerTest, WriteGradientsAndReadParamsMatchVisits) {
+  ScratchDir dir;
+  auto store = SwapStore::Open(StoreOptions(dir.path()));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto opt = CpuOptimizer::Create();
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
+  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(0.5));
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  const size_t n = 3 * kChunk + 100;  // NVMe and host chunks, and a short last one
+  std::vector<float> init(n), grads(n);
+  for (size_t i = 0; i < n; ++i) {
+    init[i] = std::sin(0.001f * i);
+    grads[i] = std::cos(0.003f * i);
+  }
+  auto fill = [&](const ChunkView& c) {
+    std::memcpy(c.params, init.data() + c.offset, c.count * 4);
+    return OkStatus();
+  };
+  ShardSpec spec;
+  spec.count = n;
+  spec.name = "visited";
+  auto a = (*piped)->AddShard(spec, fill);
+  spec.name = "direct";
+  auto b = (*piped)->AddShard(spec, fill);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE((*piped)
+                    ->Visit(
+                        *a,
+                        [&](const ChunkView& c) {
+                          std::memcpy(c.grads, grads.data() + c.offset, c.count * 4);
+                          return OkStatus();
+                        },
+                        /*write_back=*/true)
+                    .ok());
+    ASSERT_TRUE((*piped)->WriteGradients(*b, grads.data()).ok());
+    ASSERT_TRUE((*piped)->Step({*a, *b}).ok());
+  }
+  std::vector<float> via_visit(n), via_read(n, -1.0f);
+  ASSERT_TRUE((*piped)
+                  ->Visit(
+                      *a,
+                      [&](const ChunkView& c) {
+                        std::memcpy(via_visit.data() + c.offset, c.params, c.count * 4);
+                        return OkStatus();
+                      },
+                      /*write_back=*/false)
+                  .ok());
+  ASSERT_TRUE((*piped)->ReadParams(*b, via_read.data()).ok());
+  EXPECT_NE(via_read, init) << "the steps must have changed the parameters";
+  EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
+  EXPECT_EQ((*piped)->WriteGradients(*b, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)->ReadParams(99, via_read.data()).code(), StatusCode::kInvalidArgument);
 }
 
 // NVMe failures during the step surface with the shard and chunk named; a failed write stays
