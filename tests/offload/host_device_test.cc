@@ -54,12 +54,12 @@ TEST(HostDeviceTest, ErrorTravelsThroughEventToWaiter) {
   (*producer)->Record(**event).IgnoreError();
   ASSERT_TRUE((*consumer)->Wait(**event).ok());
   bool consumed = false;
-  ASSERT_TRUE((*consumer)
-                  ->HostFunc([&] {
-                    consumed = true;
-                    return OkStatus();
-                  })
-                  .ok());
+  // Queued (and then skipped), or refused at once if the wait already inherited the error.
+  Status queued = (*consumer)->HostFunc([&] {
+    consumed = true;
+    return OkStatus();
+  });
+  EXPECT_TRUE(queued.ok() || queued.code() == StatusCode::kDataLoss) << queued;
   Status s = (*consumer)->Synchronize();
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << "a waiter must not consume bad data silently";
   EXPECT_FALSE(consumed);
