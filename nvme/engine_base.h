@@ -33,7 +33,8 @@ struct IoPiece {
   uint64_t offset = 0;
   char* buffer = nullptr;
   uint64_t length = 0;
-  uint64_t moved = 0;  // bytes moved by earlier short transfers of this piece
+  uint64_t moved = 0;     // bytes moved by earlier short transfers of this piece
+  int cancellations = 0;  // times the kernel cancelled it (See Note [Cancelled pieces])
 };
 
 struct FileSlot {

@@ -12,6 +12,14 @@
 // freed slots (one io_uring_enter for the batch), and only then runs callbacks, outside the
 // mutex, so a callback may submit more work. A NOP whose user_data is kWakeTag stops the reaper
 // once the engine is idle.
+//
+// Note [Cancelled pieces]
+// io_uring ties a request to the thread that submitted it: work the kernel hands to its io-wq
+// workers (buffered writes always are) is cancelled with -ECANCELED when that thread exits.
+// Submitters here may be short-lived (a trainer's worker threads, a test's), and the engine
+// never cancels anything itself, so -ECANCELED means only "the submitter left": the reaper
+// submits the piece again, now as its own. Repeating a piece is harmless: the same bytes go to
+// or come from the same offset.
 #include "nvme/uring_engine.h"
 
 #include <fmt/core.h>
@@ -32,6 +40,8 @@
 
 namespace zinf {
 namespace {
+
+constexpr int kMaxCancellations = 16;
 
 using nvme_internal::EngineBase;
 using nvme_internal::IoPiece;
@@ -345,7 +355,10 @@ void Ring::Reap() {
       done.clear();
       for (auto [p, res] : batch) {
         if (res < 0) {
-          if (res == -EAGAIN || res == -EINTR) {
+          // See Note [Cancelled pieces]: resubmitted from here, the piece belongs to this
+          // thread, which lives as long as the ring; the bound only guards against a loop.
+          const bool cancelled = res == -ECANCELED && ++p->cancellations <= kMaxCancellations;
+          if (res == -EAGAIN || res == -EINTR || cancelled) {
             requeue.push_back(p);
           } else {
             done.push_back({p, engine_->PieceErrno(*p, -res)});

@@ -146,13 +146,15 @@ TEST_P(IoEngineTest, ManyConcurrentRequestsWithCallbacks) {
   std::thread t1(submit, 0, IoOp::kWrite), t2(submit, 1, IoOp::kWrite);
   t1.join();
   t2.join();
-  ASSERT_TRUE(waiter.Wait().ok());
+  Status written = waiter.Wait();
+  ASSERT_TRUE(written.ok()) << written;
   EXPECT_EQ(ok.load(), kRequests);
   std::memset(mem, 0, data.size());
   std::thread t3(submit, 0, IoOp::kRead), t4(submit, 1, IoOp::kRead);
   t3.join();
   t4.join();
-  ASSERT_TRUE(waiter.Wait().ok());
+  Status read = waiter.Wait();
+  ASSERT_TRUE(read.ok()) << read;
   EXPECT_EQ(std::memcmp(mem, data.data(), data.size()), 0);
   engine_->Drain();
 }
