@@ -141,6 +141,21 @@ struct GlooOptions {
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(TcpStore& store,
                                                                const GlooOptions& options);
 
+struct NcclOptions {
+  int rank = 0;
+  int world_size = 1;
+  int device = 0;  // CUDA ordinal whose memory the collectives' buffers are in
+  // Initialisation and each collective: past this, the communicator is aborted and the call
+  // fails with DeadlineExceeded (a dead or stuck peer never hangs the caller).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::string group_name = "world";  // names the unique id in the store
+};
+
+// NCCL over GPU buffers, its unique id exchanged through `store`. Unavailable when zinf was
+// built without NCCL or no GPU is usable; InvalidArgument for bad options.
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore& store,
+                                                               const NcclOptions& options);
+
 }  // namespace zinf
 
 #endif  // ZINF_COMM_COMMUNICATOR_H_

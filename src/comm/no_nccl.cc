@@ -1,0 +1,11 @@
+// CreateNcclCommunicator for builds without NCCL (CMake picks this file instead of
+// nccl_communicator.cc).
+#include "comm/communicator.h"
+
+namespace zinf {
+
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore&, const NcclOptions&) {
+  return Unavailable("zinf was built without NCCL (it is found beside the CUDA toolkit)");
+}
+
+}  // namespace zinf
