@@ -112,7 +112,6 @@ struct Module {
 
 struct Engine::Impl {
   EngineConfig config;
-  EngineOptions options;
   std::unique_ptr<TcpStore> store;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<CpuOptimizer> optimizer;
@@ -311,7 +310,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  impl->options = options;
   ZINF_ASSIGN_OR_RETURN(DistEnvironment env, ReadDistEnvironment());
   const int rank = options.rank >= 0 ? options.rank : env.rank;
   const int world = options.world_size >= 0 ? options.world_size : env.world_size;
