@@ -43,42 +43,50 @@ TEST(HostDeviceTest, StreamDestructorDrainsQueuedWork) {
   EXPECT_EQ(ran, 10);
 }
 
-TEST(HostDeviceTest, ErrorTravelsThroughEventToWaiter) {
-  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
-  ASSERT_TRUE(device.ok());
-  auto producer = (*device)->CreateStream();
-  auto consumer = (*device)->CreateStream();
-  auto event = (*device)->CreateEvent();
-  ASSERT_TRUE(producer.ok() && consumer.ok() && event.ok());
-  ASSERT_TRUE((*producer)->HostFunc([] { return DataLoss("crc mismatch in chunk 3"); }).ok());
-  (*producer)->Record(**event).IgnoreError();
-  ASSERT_TRUE((*consumer)->Wait(**event).ok());
+// A producer stream, a consumer stream and an event between them, on one host device.
+class ProducerConsumerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+    ASSERT_TRUE(d.ok());
+    device = std::move(*d);
+    auto p = device->CreateStream();
+    auto c = device->CreateStream();
+    auto e = device->CreateEvent();
+    ASSERT_TRUE(p.ok() && c.ok() && e.ok());
+    producer = std::move(*p);
+    consumer = std::move(*c);
+    event = std::move(*e);
+  }
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> producer, consumer;
+  std::unique_ptr<Event> event;
+};
+
+TEST_F(ProducerConsumerTest, ErrorTravelsThroughEventToWaiter) {
+  ASSERT_TRUE(producer->HostFunc([] { return DataLoss("crc mismatch in chunk 3"); }).ok());
+  producer->Record(*event).IgnoreError();
+  ASSERT_TRUE(consumer->Wait(*event).ok());
   bool consumed = false;
   // Queued (and then skipped), or refused at once if the wait already inherited the error.
-  Status queued = (*consumer)->HostFunc([&] {
+  Status queued = consumer->HostFunc([&] {
     consumed = true;
     return OkStatus();
   });
   EXPECT_TRUE(queued.ok() || queued.code() == StatusCode::kDataLoss) << queued;
-  Status s = (*consumer)->Synchronize();
+  Status s = consumer->Synchronize();
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << "a waiter must not consume bad data silently";
   EXPECT_FALSE(consumed);
 }
 
-TEST(HostDeviceTest, RecordAfterStreamErrorStillReleasesWaiters) {
+TEST_F(ProducerConsumerTest, RecordAfterStreamErrorStillReleasesWaiters) {
   // The order that once hung: the producer has already failed when Record() is called.
-  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
-  ASSERT_TRUE(device.ok());
-  auto producer = (*device)->CreateStream();
-  auto consumer = (*device)->CreateStream();
-  auto event = (*device)->CreateEvent();
-  ASSERT_TRUE(producer.ok() && consumer.ok() && event.ok());
-  ASSERT_TRUE((*producer)->HostFunc([] { return IoError("EIO on chunk 7"); }).ok());
-  ASSERT_EQ((*producer)->Synchronize().code(), StatusCode::kIoError);
-  EXPECT_EQ((*producer)->Record(**event).code(), StatusCode::kIoError) << "sticky error reported";
-  ASSERT_TRUE((*consumer)->Wait(**event).ok());
-  EXPECT_EQ((*consumer)->Synchronize().code(), StatusCode::kIoError) << "and inherited, no hang";
-  EXPECT_EQ((*event)->Synchronize().code(), StatusCode::kIoError);
+  ASSERT_TRUE(producer->HostFunc([] { return IoError("EIO on chunk 7"); }).ok());
+  ASSERT_EQ(producer->Synchronize().code(), StatusCode::kIoError);
+  EXPECT_EQ(producer->Record(*event).code(), StatusCode::kIoError) << "sticky error reported";
+  ASSERT_TRUE(consumer->Wait(*event).ok());
+  EXPECT_EQ(consumer->Synchronize().code(), StatusCode::kIoError) << "and inherited, no hang";
+  EXPECT_EQ(event->Synchronize().code(), StatusCode::kIoError);
 }
 
 }  // namespace
