@@ -22,14 +22,14 @@ for ranks in 2 4; do
       out=$(build/bin/zinf run -n "$ranks" -- build/bin/train_mlp \
         --config "examples/mlp/configs/$placement.json" --nvme-path "$nvme_dir" \
         --layers "$layers" --width "$width" --steps 6 | grep '"median_step_s"' | sed 's/^\[rank 0\] //')
-      times[$placement]+="$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["median_step_s"])') "
+      times[$placement]+="$(echo "$out" | sed -E 's/.*"median_step_s": ([0-9.]+).*/\1/') "
       lines[$placement]=$out
     done
   done
   base=$(echo ${times[memory]} | tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   for placement in memory cpu nvme; do
     med=$(echo ${times[$placement]} | tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    ratio=$(python3 -c "print(f'{$med / $base:.3f}')")
+    ratio=$(awk -v m="$med" -v b="$base" 'BEGIN { printf "%.3f", m / b }')
     echo "ranks $ranks  $placement: median step ${med} s (runs: ${times[$placement]}), x$ratio of memory"
     echo "    per step: ${lines[$placement]}"
   done
