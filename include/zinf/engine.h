@@ -154,6 +154,14 @@ class Engine {
   double loss_scale() const;
   // The full fp32 value of a parameter (a collective: every rank must call it).
   Status GatherParameter(const std::string& name, std::vector<float>* out);
+  // Replaces a parameter's value (`values` holds its numel elements on every rank; each rank
+  // keeps its shard), e.g. to load pretrained weights after Initialize. Not a collective.
+  // InvalidArgument for an unknown name or a wrong element count.
+  Status SetParameter(const std::string& name, const float* values, uint64_t count);
+  // The gradient the next Step() would apply to a parameter before clipping: the mean over
+  // ranks and micro-batches, loss scale removed. A collective; call it after the last
+  // ReduceGradients of the batch.
+  Status GatherGradient(const std::string& name, std::vector<float>* out);
   // This rank's shard of a parameter: [offset, offset + size) of the flattened parameter.
   struct ShardRange {
     uint64_t offset = 0;

@@ -568,6 +568,54 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   return OkStatus();
 }
 
+Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
+  auto it = m.param_by_name.find(name);
+  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
+  Param& p = m.params[it->second];
+  if (values == nullptr || count != p.numel) {
+    return InvalidArgument(
+        fmt::format("SetParameter('{}'): {} values given, the parameter has {}", name,
+                    values == nullptr ? 0 : count, p.numel));
+  }
+  const uint64_t begin = m.rank() * p.shard_size;
+  float* shard = m.Master(p);
+  for (uint64_t i = 0; i < p.shard_size; ++i) {
+    shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
+  }
+  if (m.pipelined != nullptr) {
+    const float* master = m.master.as<float>();
+    ZINF_RETURN_IF_ERROR(m.Context(m.pipelined->Visit(
+                                       m.nvme_shard,
+                                       [&](const ChunkView& c) {
+                                         std::memcpy(c.params, master + c.offset, c.count * 4);
+                                         return OkStatus();
+                                       },
+                                       /*write_back=*/true),
+                                   fmt::format("storing parameter '{}'", name)));
+  }
+  p.full_current = false;  // the next Fetch gathers the new value
+  return OkStatus();
+}
+
+Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("GatherGradient before Initialize");
+  auto it = m.param_by_name.find(name);
+  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
+  Param& p = m.params[it->second];
+  std::vector<float> full(p.shard_size * m.world());
+  ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
+                                         p.shard_size, CommDataType::kFloat32));
+  full.resize(p.numel);
+  const double scale = 1.0 / (static_cast<double>(m.world()) *
+                              m.config.gradient_accumulation_steps * m.loss_scale);
+  for (float& g : full) g = static_cast<float>(g * scale);
+  *out = std::move(full);
+  return OkStatus();
+}
+
 StatusOr<Engine::ShardRange> Engine::Shard(const std::string& name) const {
   const Impl& m = *impl_;
   auto it = m.param_by_name.find(name);
