@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -156,6 +157,14 @@ Status SwapStore::Init() {
   }
   for (const std::string& file : file_paths_) {
     ZINF_ASSIGN_OR_RETURN(IoFile f, OpenIoFile(file, /*create=*/true, options_.aio.direct_io));
+    // Two stores on one file would overwrite each other's tensors; the lock lives as long as
+    // the descriptor, so a crashed owner does not hold it.
+    if (flock(f.fd(), LOCK_EX | LOCK_NB) != 0) {
+      return FailedPrecondition(fmt::format(
+          "swap file {} is in use by another swap store (another process or engine with the "
+          "same nvme path and rank); give each its own nvme_path",
+          file));
+    }
     // Start from an empty file so that no stale data can be read back as a tensor.
     if (ftruncate(f.fd(), 0) != 0) {
       return ErrnoStatus(errno, fmt::format("truncating swap file {}", file));

@@ -374,7 +374,8 @@ Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
   return OkStatus();
 }
 
-Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, StepMode mode) {
+Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, StepMode mode,
+                                const ChunkVisitor& updated) {
   const Clock::time_point start = Clock::now();
   stats_ = PipelinedStepStats();
   std::vector<Shard*> shards;
@@ -491,6 +492,7 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
             optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, span);
       }
       stats_.compute_seconds += SecondsSince(t);
+      if (failure.ok() && updated) failure = updated(view);
       if (!failure.ok()) break;
     }
     if (do_io) {

@@ -168,8 +168,11 @@ class PipelinedOptimizer {
   // when it returns (device copies synchronized). `grad_scale` as in CpuOptimizer::Update.
   // An I/O error stops the step after the outstanding I/O has drained and is returned with
   // the shard and chunk named; the swap store keeps a failed write as its sticky error.
+  // `updated` (optional) sees each chunk right after its update, on the calling thread, with
+  // the new parameters: how the engine writes its parameter tier without reading it back. An
+  // error from it stops the step like an I/O error (the chunks already updated stay updated).
   Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
-              StepMode mode = StepMode::kFull);
+              StepMode mode = StepMode::kFull, const ChunkVisitor& updated = nullptr);
 
   // Stores the shard's gradients (`count` elements of its grad_type) for the next Step,
   // writing only the gradient part of each chunk: the engine's path for deposit after the

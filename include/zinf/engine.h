@@ -51,6 +51,8 @@ struct EngineConfig {
   std::vector<std::string> nvme_path;             // offload_*.nvme_path
   bool pin_memory = false;
   int gradient_accumulation_steps = 1;
+  int micro_batch_size = 1;        // train_micro_batch_size_per_gpu: for the trainer; the engine
+                                   // sees only gradients
   double gradient_clipping = 0.0;  // 0: off
   // fp16: dynamic loss scaling (scale grows by 2 every loss_scale_window good steps, halves
   // on overflow, never below min_loss_scale). bf16 and fp32 use no loss scaling.

@@ -17,15 +17,31 @@
 // ReduceGradients in every stage.
 //
 // offload_optimizer.device = nvme: the fp32 master copy and the optimizer state live on NVMe
-// and are stepped by the PipelinedOptimizer. `master` stays in host memory as the parameter
-// tier the gathers read: the accumulated gradients are written into the swap space before
-// the step and the new parameters read back after it (see NvmeStep).
+// and are stepped by the PipelinedOptimizer; the accumulated gradients are written into the
+// swap space before the step (see NvmeStep).
+//
+// offload_param.device = nvme: each parameter's shard is an extent of the swap store, the
+// parameter tier the gathers read. Fetch reads it (prefetched along the module order the
+// first step recorded, See Note [Prefetch]); Step writes it with the new values. With the
+// optimizer on NVMe too, no fp32 copy of the shard stays in host memory: the new values come
+// from the pipelined step chunk by chunk (ParamTierWriter). Otherwise `master` is the
+// parameter tier and gathers read it directly.
+//
+// Note [Prefetch]
+// The first step records the order in which modules are fetched. Later steps follow it: each
+// Fetch starts the NVMe reads of the modules after it, up to stage3_prefetch_bucket_size
+// elements (at least the next module), so the disk works while the current module computes.
+// A fetch that leaves the recorded order stops prefetching (with a warning); reads then
+// happen on demand, which is always correct, only slower.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numbers>
 
@@ -35,6 +51,7 @@
 #include "core/config_reader.h"
 #include "core/log.h"
 #include "nvme/aio_options.h"
+#include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
 #include "zinf/cpu_optimizer.h"
@@ -89,6 +106,46 @@ OptimizerType ToOptimizerType(const std::string& name) {
   return OptimizerType::kAdamW;
 }
 
+// Writes parameter shards to their swap extents in the background, each from a buffer of
+// its own that is freed when the disk acknowledges it; Write blocks while more than `limit`
+// bytes are in flight, so the host memory this takes stays bounded.
+class ShardWriter {
+ public:
+  ShardWriter(SwapStore* swap, uint64_t limit) : swap_(swap), limit_(limit) {}
+  ~ShardWriter() { (void)Wait(); }
+
+  void Write(SwapExtent extent, HostBuffer buffer) {
+    const uint64_t bytes = buffer.size_bytes();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return in_flight_ == 0 || in_flight_ + bytes <= limit_; });
+      in_flight_ += bytes;
+    }
+    auto held = std::make_shared<HostBuffer>(std::move(buffer));
+    swap_->WriteAsync(extent, held->data(), [this, held, bytes](Status s) mutable {
+      held.reset();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_error_.ok() && !s.ok()) first_error_ = std::move(s);
+      in_flight_ -= bytes;
+      cv_.notify_all();
+    });
+  }
+  // Waits for every write; returns the first error.
+  Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return in_flight_ == 0; });
+    return first_error_;
+  }
+
+ private:
+  SwapStore* swap_;
+  const uint64_t limit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t in_flight_ = 0;
+  Status first_error_;
+};
+
 struct Param {
   ParamSpec spec;
   int module = 0;
@@ -99,6 +156,10 @@ struct Param {
   HostBuffer full;            // gathered parameter (padded), while fetched or persistent
   bool full_current = false;  // `full` holds the current master values
   HostBuffer grad;            // full gradient (padded), between Gradients and ReduceGradients
+  // offload_param.device = nvme: the shard's extent, and a read of it in flight or done.
+  SwapExtent extent;
+  HostBuffer staged;
+  std::unique_ptr<IoWaiter> staging;
 };
 
 struct Module {
@@ -123,11 +184,18 @@ struct Engine::Impl {
   bool initialized = false;
 
   uint64_t shard_elements = 0;
-  HostBuffer master, grad_acc, state0, state1;
+  HostBuffer master, grad_acc, state0, state1;  // master is empty when !host_master
+  std::unique_ptr<SwapStore> swap;              // when anything is on NVMe
   // offload_optimizer.device = nvme.
-  std::unique_ptr<SwapStore> swap;
   std::unique_ptr<PipelinedOptimizer> pipelined;
   int nvme_shard = -1;
+  // offload_param.device = nvme, and the module order for prefetching (Note [Prefetch]).
+  bool params_on_nvme = false;
+  bool host_master = true;
+  std::vector<int> fetch_order;  // recorded during the first step
+  bool recording = true;
+  bool prefetching = false;
+  size_t fetch_cursor = 0;  // position in fetch_order this step
 
   // fp16 dynamic loss scaling, as DeepSpeed's DynamicLossScaler.
   double loss_scale = 1.0;
@@ -164,18 +232,109 @@ struct Engine::Impl {
             .count = shard_elements};
   }
 
+  // Initial values of the flat shard's elements [begin, begin + count) into `out`.
+  void FillInitial(uint64_t begin, uint64_t count, float* out) const {
+    auto it = std::upper_bound(params.begin(), params.end(), begin,
+                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+    for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
+      const Param& p = *it;
+      const uint64_t key = HashName(config.seed, p.spec.name);
+      const uint64_t first = std::max(begin, p.flat_offset);
+      const uint64_t last = std::min(begin + count, p.flat_offset + p.shard_size);
+      const uint64_t element0 = rank() * p.shard_size;  // this rank's first element of p
+      for (uint64_t f = first; f < last; ++f) {
+        const uint64_t index = element0 + (f - p.flat_offset);
+        out[f - begin] = index < p.numel ? InitialValue(key, index, p.spec) : 0.0f;
+      }
+    }
+  }
+
+  // Starts reading a parameter's shard from its NVMe extent into p.staged.
+  Status StartShardRead(Param& p) {
+    if (p.staging != nullptr) return OkStatus();
+    ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(p.shard_size * 4));
+    p.staging = std::make_unique<IoWaiter>();
+    p.staging->Add(1);
+    swap->ReadAsync(p.extent, p.staged.data(), p.staging->Callback());
+    pending.bytes_nvme_read += p.shard_size * 4;
+    return OkStatus();
+  }
+
+  // This rank's current shard of `p`: in `master`, or read from the parameter tier into
+  // p.staged (valid until DropStaged).
+  StatusOr<const float*> LocalShard(Param& p) {
+    if (!params_on_nvme) return Master(p);
+    ZINF_RETURN_IF_ERROR(StartShardRead(p));
+    Status read = p.staging->Wait();
+    p.staging.reset();
+    if (!read.ok()) {
+      p.staged = HostBuffer();
+      return read;
+    }
+    return p.staged.as<float>();
+  }
+
+  // Waits for a prefetch that will not be used and frees its buffer.
+  void DropStaged(Param& p) {
+    if (p.staging != nullptr) (void)p.staging->Wait();
+    p.staging.reset();
+    p.staged = HostBuffer();
+  }
+
   Status Gather(Param& p) {
     if (p.full_current) return OkStatus();
     const auto t0 = Clock::now();
     if (p.full.empty()) {
       ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(p.shard_size * world() * 4));
     }
-    ZINF_RETURN_IF_ERROR(
-        comm->AllGather(Master(p), p.full.data(), p.shard_size, CommDataType::kFloat32));
+    ZINF_ASSIGN_OR_RETURN(const float* local, LocalShard(p));
+    Status gathered = comm->AllGather(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
+    DropStaged(p);
+    ZINF_RETURN_IF_ERROR(gathered);
     p.full_current = true;
     pending.bytes_gathered += p.shard_size * world() * 4;
     pending.seconds_gather += Seconds(t0);
     return OkStatus();
+  }
+
+  // Note [Prefetch]: follows the recorded order from the module just fetched.
+  void TraceFetch(int module) {
+    if (recording) {
+      fetch_order.push_back(module);
+      return;
+    }
+    if (!prefetching) return;
+    if (fetch_cursor >= fetch_order.size() || fetch_order[fetch_cursor] != module) {
+      log::Warn(
+          "rank {}: module '{}' was fetched out of the order the first step recorded; "
+          "prefetching stops and parameters are read from NVMe when fetched",
+          rank(), modules[module].name);
+      prefetching = false;
+      return;
+    }
+    ++fetch_cursor;
+    uint64_t ahead = 0;
+    for (size_t i = fetch_cursor; i < fetch_order.size(); ++i) {
+      const Module& next = modules[fetch_order[i]];
+      if (i > fetch_cursor && ahead >= config.stage3_prefetch_bucket_size) break;
+      for (int pi : next.params) {
+        Param& p = params[pi];
+        if (p.full_current) continue;
+        ahead += p.numel;
+        if (!StartShardRead(p).ok()) return;  // the fetch will read it and report the error
+      }
+    }
+  }
+
+  // Writes every shard of the parameter tier from `master`.
+  Status WriteParamTierFromMaster(StepSummary* summary) {
+    IoWaiter writes;
+    for (Param& p : params) {
+      writes.Add(1);
+      swap->WriteAsync(p.extent, Master(p), writes.Callback());
+      summary->bytes_nvme_written += p.shard_size * 4;
+    }
+    return writes.Wait();
   }
 
   // Checks that every rank registered the same model with the same config.
@@ -215,54 +374,111 @@ struct Engine::Impl {
     return OkStatus();
   }
 
-  Status OpenNvmeState() {
-    const uint64_t chunk =
-        std::clamp<uint64_t>((shard_elements + PipelinedOptimizerOptions::kChunkAlignElements - 1) /
-                                 PipelinedOptimizerOptions::kChunkAlignElements *
-                                 PipelinedOptimizerOptions::kChunkAlignElements,
-                             PipelinedOptimizerOptions::kMinChunkElements, 8ull << 20);
-    SwapStoreOptions swap_options;
-    swap_options.paths = config.nvme_path;
-    swap_options.rank = rank();
+  // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
+  uint64_t OptimizerChunkElements() const {
+    constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
+    return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
+                                PipelinedOptimizerOptions::kMinChunkElements, 8ull << 20);
+  }
+
+  // One swap store for everything this rank keeps on NVMe.
+  Status OpenSwap() {
+    SwapStoreOptions options;
+    options.paths = config.nvme_path;
+    options.rank = rank();
     ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
-    ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &swap_options.aio));
-    // Per element: fp32 params and two state arrays (12 B) and fp32 gradients (4 B), per
-    // chunk rounded up to the chunk size, plus a block of slack per extent.
-    const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-    swap_options.capacity_bytes = chunks * (chunk * 16 + 4 * swap_options.aio.block_size);
-    ZINF_ASSIGN_OR_RETURN(swap, SwapStore::Open(swap_options));
+    ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &options.aio));
+    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
+    const uint64_t slack = options.aio.block_size;
+    if (config.offload_optimizer_device == "nvme") {
+      // Per element: fp32 params and two state arrays (12 B) and fp32 gradients (4 B).
+      const uint64_t chunk = OptimizerChunkElements();
+      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
+      options.capacity_bytes += chunks * (chunk * 16 + 4 * slack);
+    }
+    if (params_on_nvme) {
+      for (const Param& p : params) options.capacity_bytes += p.shard_size * 4 + slack;
+    }
+    ZINF_ASSIGN_OR_RETURN(swap, SwapStore::Open(options));
+    return OkStatus();
+  }
+
+  Status OpenNvmeOptimizer() {
     PipelinedOptimizerOptions options;
-    options.chunk_elements = chunk;
+    options.chunk_elements = OptimizerChunkElements();
     options.host_budget_bytes = std::max<uint64_t>(
-        config.nvme_staging_budget_bytes,
-        options.num_buffers * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement);
+        config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
+                                              PipelinedOptimizerOptions::kStagingBytesPerElement);
     options.pinned = config.pin_memory;
     ZINF_ASSIGN_OR_RETURN(pipelined,
                           PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
-    const float* values = master.as<float>();
     ZINF_ASSIGN_OR_RETURN(
         nvme_shard,
         pipelined->AddShard(
             {.name = fmt::format("rank {} shard", rank()), .group = group, .count = shard_elements},
-            [values](const ChunkView& c) {
-              std::memcpy(c.params, values + c.offset, c.count * 4);
+            [this](const ChunkView& c) {
+              if (host_master) {
+                std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
+              } else {
+                FillInitial(c.offset, c.count, c.params);
+              }
               return OkStatus();
             }));
     return OkStatus();
   }
 
-  // The optimizer step over NVMe-resident state: deposit the gradients, step, and read the
-  // new parameters back into the host parameter tier. Per element that moves the gradient in
-  // (4 B), the step's own traffic, and the parameters and state out again ((1 + states) * 4 B).
-  // TODO(perf): emit the fp32 parameters from the step itself and save the last read.
+  // Creates the parameter tier's extents and writes the initial values into them.
+  Status OpenParamTier() {
+    ShardWriter writer(swap.get(), 256ull << 20);
+    for (Param& p : params) {
+      ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(p.shard_size * 4, p.spec.name));
+      ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
+      FillInitial(p.flat_offset, p.shard_size, values.as<float>());
+      writer.Write(p.extent, std::move(values));
+    }
+    return writer.Wait();
+  }
+
+  // The optimizer step over NVMe-resident state: deposit the gradients, step, and bring the
+  // new parameters to the parameter tier: the host master (read back from the swap space) or
+  // the NVMe extents (written from the step's chunks as they are updated, no read-back).
   Status NvmeStep(float grad_scale, StepSummary* summary) {
     ZINF_RETURN_IF_ERROR(pipelined->WriteGradients(nvme_shard, grad_acc.data()));
-    ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
-    ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
-    const uint64_t states = optimizer->group(group)->hyper_params.state_count();
-    summary->bytes_nvme_read +=
-        pipelined->last_step_stats().bytes_read + shard_elements * (1 + states) * 4;
-    summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written + shard_elements * 4;
+    summary->bytes_nvme_written += shard_elements * 4;
+    if (host_master) {
+      ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
+      ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
+      const uint64_t states = optimizer->group(group)->hyper_params.state_count();
+      summary->bytes_nvme_read += shard_elements * (1 + states) * 4;
+    } else {
+      ShardWriter writer(swap.get(), 256ull << 20);
+      // Chunks arrive in order, so a parameter is complete when its last element is.
+      auto assemble = [&](const ChunkView& c) -> Status {
+        auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                                   [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+        for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+          Param& p = *it;
+          if (p.staged.empty()) {
+            ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(p.shard_size * 4));
+          }
+          const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
+          const uint64_t last =
+              std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+          std::memcpy(p.staged.as<float>() + (first - p.flat_offset), c.params + (first - c.offset),
+                      (last - first) * 4);
+          if (last == p.flat_offset + p.shard_size) writer.Write(p.extent, std::move(p.staged));
+        }
+        return OkStatus();
+      };
+      Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
+      Status written = writer.Wait();
+      for (Param& p : params) p.staged = HostBuffer();  // after a failed step
+      ZINF_RETURN_IF_ERROR(stepped);
+      ZINF_RETURN_IF_ERROR(written);
+      summary->bytes_nvme_written += shard_elements * 4;
+    }
+    summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
+    summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
     return OkStatus();
   }
 
@@ -293,23 +509,19 @@ double Engine::loss_scale() const { return impl_->loss_scale; }
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                  const EngineOptions& options) {
   ZINF_RETURN_IF_ERROR(config.Validate());
-  if (config.offload_param_device == "nvme") {
-    return Unavailable(
-        "offload_param.device nvme is not supported by the engine yet (offload_optimizer.device "
-        "nvme is); use none or cpu for parameters");
-  }
   // Read and validated, not yet acted on: say so rather than ignore them silently.
   const EngineConfig defaults;
-  if (config.stage3_prefetch_bucket_size != defaults.stage3_prefetch_bucket_size ||
-      config.stage3_max_live_parameters != defaults.stage3_max_live_parameters ||
+  if (config.stage3_max_live_parameters != defaults.stage3_max_live_parameters ||
       config.reduce_bucket_size != defaults.reduce_bucket_size) {
     log::Warn(
-        "zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters and "
-        "reduce_bucket_size have no effect yet: parameters are gathered when fetched and "
-        "gradients reduce-scattered one parameter at a time");
+        "zero_optimization.stage3_max_live_parameters and reduce_bucket_size have no effect "
+        "yet: a module's parameters live from its Fetch to its Release, and gradients are "
+        "reduce-scattered one parameter at a time");
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  impl->params_on_nvme = config.offload_param_device == "nvme";
+  impl->host_master = !(impl->params_on_nvme && config.offload_optimizer_device == "nvme");
   ZINF_ASSIGN_OR_RETURN(DistEnvironment env, ReadDistEnvironment());
   const int rank = options.rank >= 0 ? options.rank : env.rank;
   const int world = options.world_size >= 0 ? options.world_size : env.world_size;
@@ -395,18 +607,19 @@ Status Engine::Initialize() {
     p.persistent = m.config.zero_stage < 3 || p.numel < m.config.stage3_param_persistence_threshold;
   }
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
-  ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
   ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
-  for (const Param& p : m.params) {
-    const uint64_t key = HashName(m.config.seed, p.spec.name);
-    const uint64_t begin = m.rank() * p.shard_size;
-    float* shard = m.Master(p);
-    for (uint64_t i = 0; i < p.shard_size; ++i) {
-      shard[i] = begin + i < p.numel ? InitialValue(key, begin + i, p.spec) : 0.0f;
-    }
+  if (m.host_master) {
+    ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
+    m.FillInitial(0, m.shard_elements, m.master.as<float>());
+  }
+  if (m.params_on_nvme || m.config.offload_optimizer_device == "nvme") {
+    ZINF_RETURN_IF_ERROR(m.Context(m.OpenSwap(), "opening the NVMe swap space"));
+  }
+  if (m.params_on_nvme) {
+    ZINF_RETURN_IF_ERROR(m.Context(m.OpenParamTier(), "writing the parameters to NVMe"));
   }
   if (m.config.offload_optimizer_device == "nvme") {
-    ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeState(), "opening the NVMe optimizer state"));
+    ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
   } else {
     // The optimizer state lives in host memory only when it is not on NVMe.
     ZINF_ASSIGN_OR_RETURN(m.state0, HostBuffer::Allocate(bytes));
@@ -423,6 +636,17 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   FetchedModule out;
+  if (m.params_on_nvme) {
+    // This module's reads first, then the prefetches behind them.
+    for (int pi : module->params) {
+      Param& p = m.params[pi];
+      if (!p.full_current) {
+        ZINF_RETURN_IF_ERROR(
+            m.Context(m.StartShardRead(p), fmt::format("reading '{}'", p.spec.name)));
+      }
+    }
+  }
+  m.TraceFetch(id);
   for (int pi : module->params) {
     Param& p = m.params[pi];
     ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), fmt::format("gathering '{}'", p.spec.name)));
@@ -504,6 +728,7 @@ StatusOr<StepSummary> Engine::Step() {
   const auto t0 = Clock::now();
   StepSummary summary = m.pending;
   m.pending = StepSummary();
+  for (Param& p : m.params) m.DropStaged(p);  // a prefetch past the batch's last fetch
 
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
@@ -538,6 +763,10 @@ StatusOr<StepSummary> Engine::Step() {
     } else {
       ZINF_RETURN_IF_ERROR(
           m.optimizer->Step(m.group, m.WholeShard(), {.grad_scale = grad_scale}).status());
+      if (m.params_on_nvme) {
+        ZINF_RETURN_IF_ERROR(
+            m.Context(m.WriteParamTierFromMaster(&summary), "writing the parameters to NVMe"));
+      }
     }
     ++m.steps;
     for (Param& p : m.params) p.full_current = false;
@@ -549,6 +778,10 @@ StatusOr<StepSummary> Engine::Step() {
   m.UpdateLossScale(overflow);
   std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
   for (Module& module : m.modules) module.reductions = 0;
+  // Note [Prefetch]: the first batch recorded the order; later ones follow it.
+  if (m.recording) m.prefetching = m.params_on_nvme;
+  m.recording = false;
+  m.fetch_cursor = 0;
   summary.step = m.steps;
   summary.loss_scale = m.loss_scale;
   summary.seconds_optimizer = Seconds(t0);
@@ -561,8 +794,10 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
   std::vector<float> full(p.shard_size * m.world());
-  ZINF_RETURN_IF_ERROR(
-      m.comm->AllGather(m.Master(p), full.data(), p.shard_size, CommDataType::kFloat32));
+  ZINF_ASSIGN_OR_RETURN(const float* local, m.LocalShard(p));
+  Status gathered = m.comm->AllGather(local, full.data(), p.shard_size, CommDataType::kFloat32);
+  m.DropStaged(p);
+  ZINF_RETURN_IF_ERROR(gathered);
   full.resize(p.numel);
   *out = std::move(full);
   return OkStatus();
@@ -575,25 +810,33 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
   if (values == nullptr || count != p.numel) {
-    return InvalidArgument(
-        fmt::format("SetParameter('{}'): {} values given, the parameter has {}", name,
-                    values == nullptr ? 0 : count, p.numel));
+    return InvalidArgument(fmt::format("SetParameter('{}'): {} values given, the parameter has {}",
+                                       name, values == nullptr ? 0 : count, p.numel));
   }
   const uint64_t begin = m.rank() * p.shard_size;
-  float* shard = m.Master(p);
+  std::vector<float> shard(p.shard_size);
   for (uint64_t i = 0; i < p.shard_size; ++i) {
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
+  if (m.host_master) std::memcpy(m.Master(p), shard.data(), p.shard_size * 4);
   if (m.pipelined != nullptr) {
-    const float* master = m.master.as<float>();
-    ZINF_RETURN_IF_ERROR(m.Context(m.pipelined->Visit(
-                                       m.nvme_shard,
-                                       [&](const ChunkView& c) {
-                                         std::memcpy(c.params, master + c.offset, c.count * 4);
-                                         return OkStatus();
-                                       },
-                                       /*write_back=*/true),
+    // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
+    auto store = [&](const ChunkView& c) {
+      const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
+      const uint64_t last = std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+      if (first < last) {
+        std::memcpy(c.params + (first - c.offset), shard.data() + (first - p.flat_offset),
+                    (last - first) * 4);
+      }
+      return OkStatus();
+    };
+    ZINF_RETURN_IF_ERROR(m.Context(m.pipelined->Visit(m.nvme_shard, store, /*write_back=*/true),
                                    fmt::format("storing parameter '{}'", name)));
+  }
+  if (m.params_on_nvme) {
+    m.DropStaged(p);
+    ZINF_RETURN_IF_ERROR(m.Context(m.swap->Write(p.extent, shard.data()),
+                                   fmt::format("writing parameter '{}' to NVMe", name)));
   }
   p.full_current = false;  // the next Fetch gathers the new value
   return OkStatus();
@@ -609,8 +852,8 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
                                          p.shard_size, CommDataType::kFloat32));
   full.resize(p.numel);
-  const double scale = 1.0 / (static_cast<double>(m.world()) *
-                              m.config.gradient_accumulation_steps * m.loss_scale);
+  const double scale =
+      1.0 / (static_cast<double>(m.world()) * m.config.gradient_accumulation_steps * m.loss_scale);
   for (float& g : full) g = static_cast<float>(g * scale);
   *out = std::move(full);
   return OkStatus();

@@ -32,8 +32,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text) {
   ZINF_ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(json_text, "config"));
   EngineConfig c;
   ConfigReader root(json, "");
-  int64_t micro_batch = 1;
-  root.Int("train_micro_batch_size_per_gpu", &micro_batch, 1, 1 << 30)
+  root.Int("train_micro_batch_size_per_gpu", &c.micro_batch_size, 1, 1 << 30)
       .Ignore("train_batch_size")
       .Int("gradient_accumulation_steps", &c.gradient_accumulation_steps, 1, 1 << 20)
       .Double("gradient_clipping", &c.gradient_clipping, 0.0)

@@ -152,6 +152,17 @@ TEST(SwapStoreOpen, MissingPath) {
   EXPECT_THAT(s.status().message(), HasSubstr(dir.path() + "/nope does not exist"));
 }
 
+TEST(SwapStoreOpen, SecondStoreOnTheSameFilesIsRefusedUntilTheFirstCloses) {
+  ScratchDir dir;
+  auto first = SwapStore::Open(SmallOptions({dir.path()}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = SwapStore::Open(SmallOptions({dir.path()}));
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("in use by another swap store"));
+  first->reset();
+  EXPECT_TRUE(SwapStore::Open(SmallOptions({dir.path()})).ok());
+}
+
 TEST(SwapStoreOpen, FileInsteadOfDirectory) {
   ScratchDir dir;
   const std::string file = dir.path() + "/plain";

@@ -1,8 +1,10 @@
 // The engine's single-process API beyond training: setting and reading parameters and
-// gradients, with the optimizer state in memory and on NVMe.
+// gradients, and the NVMe parameter tier's prefetch, for every placement of parameters and
+// optimizer state.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -13,34 +15,67 @@
 namespace zinf {
 namespace {
 
-class EngineApiTest : public ::testing::TestWithParam<bool> {
+struct Placement {
+  const char* name;
+  bool optimizer_nvme, params_nvme;
+};
+
+class EngineApiTest : public ::testing::TestWithParam<Placement> {
  protected:
   void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("zinf-engine-api-" + std::to_string(getpid())))
-               .string();
+    dir_ =
+        (std::filesystem::temp_directory_path() / ("zinf-engine-api-" + std::to_string(getpid())))
+            .string();
     std::filesystem::create_directories(dir_);
+    root_ = dir_;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { std::filesystem::remove_all(root_); }
 
-  // A one-rank engine with modules "a" {a.w [3, 5], a.b [3]}; NVMe optimizer state when the
-  // test parameter is true.
+  // A one-rank engine with modules "a" {a.w [3, 5], a.b [3]} and "b" {b.w [7]}, placed as
+  // the test parameter says.
   std::unique_ptr<Engine> MakeEngine(int accumulation = 1) {
-    const std::string offload = GetParam() ? R"({"device": "nvme", "nvme_path": ")" + dir_ + "\"}"
-                                           : R"({"device": "cpu"})";
+    auto offload = [&](bool nvme) {
+      return nvme ? R"({"device": "nvme", "nvme_path": ")" + dir_ + "\"}"
+                  : std::string(R"({"device": "cpu"})");
+    };
     auto config = EngineConfig::FromJson(
         R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
             "offload_optimizer": )" +
-        offload + R"(}, "gradient_accumulation_steps": )" + std::to_string(accumulation) + "}");
+        offload(GetParam().optimizer_nvme) + R"(, "offload_param": )" +
+        (GetParam().params_nvme ? offload(true) : R"({"device": "none"})") +
+        R"(}, "gradient_accumulation_steps": )" + std::to_string(accumulation) + "}");
     EXPECT_TRUE(config.ok()) << config.status();
     auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();
     EXPECT_TRUE((*engine)->RegisterModule("a", {{"a.w", {3, 5}}, {"a.b", {3}}}).ok());
+    EXPECT_TRUE((*engine)->RegisterModule("b", {{"b.w", {7}}}).ok());
     EXPECT_TRUE((*engine)->Initialize().ok());
     return std::move(*engine);
   }
 
-  std::string dir_;
+  // One micro-batch: forward a then b, backward b then a (the other way round when
+  // `reversed`), with gradient g on each parameter's first element; returns what forward saw.
+  std::vector<float> MicroBatch(Engine& e, bool reversed, float g) {
+    std::vector<float> seen;
+    const std::vector<int> order = reversed ? std::vector<int>{1, 0} : std::vector<int>{0, 1};
+    for (int id : order) {
+      auto p = e.Fetch(id);
+      EXPECT_TRUE(p.ok()) << p.status();
+      seen.insert(seen.end(), p->params[0], p->params[0] + (id == 0 ? 15 : 7));
+      EXPECT_TRUE(e.Release(id).ok());
+    }
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      EXPECT_TRUE(e.Fetch(*it).ok());
+      auto grads = e.Gradients(*it);
+      EXPECT_TRUE(grads.ok());
+      for (float* gp : *grads) gp[0] = g;
+      EXPECT_TRUE(e.ReduceGradients(*it).ok());
+      EXPECT_TRUE(e.Release(*it).ok());
+    }
+    return seen;
+  }
+
+  std::string root_, dir_;
 };
 
 TEST_P(EngineApiTest, SetParameterIsWhatFetchAndGatherSee) {
@@ -64,10 +99,12 @@ TEST_P(EngineApiTest, SetParameterSurvivesAStepAsTheOptimizerSeesIt) {
   auto engine = MakeEngine();
   std::vector<float> w(15, 1.0f);
   ASSERT_TRUE(engine->SetParameter("a.w", w.data(), w.size()).ok());
-  ASSERT_TRUE(engine->Fetch(0).ok());
-  ASSERT_TRUE(engine->Gradients(0).ok());  // zero gradients: AdamW only decays (wd 0: no-op)
-  ASSERT_TRUE(engine->ReduceGradients(0).ok());
-  ASSERT_TRUE(engine->Release(0).ok());
+  for (int id : {0, 1}) {
+    ASSERT_TRUE(engine->Fetch(id).ok());
+    ASSERT_TRUE(engine->Gradients(id).ok());  // zero gradients: AdamW only decays (wd 0: none)
+    ASSERT_TRUE(engine->ReduceGradients(id).ok());
+    ASSERT_TRUE(engine->Release(id).ok());
+  }
   ASSERT_TRUE(engine->Step().ok());
   std::vector<float> got;
   ASSERT_TRUE(engine->GatherParameter("a.w", &got).ok());
@@ -94,8 +131,30 @@ TEST_P(EngineApiTest, GatherGradientIsTheMeanOverMicroBatches) {
   EXPECT_EQ(engine->GatherGradient("nope", &g).code(), StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Zero, EngineApiTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "nvme" : "memory"; });
+// Prefetching follows the first step's order; a later step in another order must still see
+// the current values (read on demand), equal to those of an engine that always keeps order.
+TEST_P(EngineApiTest, FetchOrderChangeStaysCorrect) {
+  auto steady = MakeEngine();
+  dir_ += "/second";  // each engine needs swap files of its own
+  std::filesystem::create_directories(dir_);
+  auto changing = MakeEngine();
+  for (int step = 0; step < 4; ++step) {
+    const float g = 0.5f * (step + 1);
+    const std::vector<float> expected = MicroBatch(*steady, false, g);
+    std::vector<float> seen = MicroBatch(*changing, step == 2, g);
+    if (step == 2) std::rotate(seen.begin(), seen.begin() + 7, seen.end());  // b came first
+    EXPECT_EQ(seen, expected) << "step " << step;
+    ASSERT_TRUE(steady->Step().ok());
+    ASSERT_TRUE(changing->Step().ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, EngineApiTest,
+                         ::testing::Values(Placement{"memory", false, false},
+                                           Placement{"optimizer_nvme", true, false},
+                                           Placement{"params_nvme", false, true},
+                                           Placement{"all_nvme", true, true}),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace zinf

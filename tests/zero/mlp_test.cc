@@ -91,14 +91,22 @@ struct Model {
   std::vector<float> w1, b1, w2, b2;
 };
 
-// `nvme_dir` non-empty puts the optimizer state on NVMe there (ZeRO-Infinity).
+// Where the optimizer state and the parameters live (ZeRO-Offload, ZeRO-Infinity).
+struct Placement {
+  bool optimizer_nvme = false;
+  bool params_nvme = false;
+};
+
 std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
-                       const std::string& nvme_dir = "") {
-  const std::string offload = nvme_dir.empty()
-                                  ? "{\"device\": \"cpu\"}"
-                                  : "{\"device\": \"nvme\", \"nvme_path\": \"" + nvme_dir + "\"}";
+                       Placement placement = {}, const std::string& nvme_dir = "") {
+  auto offload = [&](bool nvme) {
+    return nvme ? "{\"device\": \"nvme\", \"nvme_path\": \"" + nvme_dir + "\"}"
+                : std::string("{\"device\": \"cpu\"}");
+  };
   return "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         ", \"stage3_param_persistence_threshold\": 64, \"offload_optimizer\": " + offload +
+         ", \"stage3_param_persistence_threshold\": 64, \"offload_optimizer\": " +
+         offload(placement.optimizer_nvme) +
+         (placement.params_nvme ? ", \"offload_param\": " + offload(true) : std::string()) +
          "}, \"gradient_accumulation_steps\": " + std::to_string(accumulation) +
          ", \"gradient_clipping\": " + std::to_string(clipping) +
          ", \"fp16\": {\"enabled\": " + (fp16 ? "true" : "false") +
@@ -109,9 +117,9 @@ std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
 // One rank's training run; writes the initial and final model (rank 0) to `out_dir`.
 // Returns a process exit code: 0 on success.
 int TrainRank(int rank, int world, int port, int stage, int accumulation, double clipping,
-              const std::string& out_dir, bool fp16 = false, bool nvme = false) {
-  auto config = EngineConfig::FromJson(
-      ConfigJson(stage, accumulation, clipping, fp16, nvme ? out_dir : std::string()));
+              const std::string& out_dir, bool fp16 = false, Placement placement = {}) {
+  auto config =
+      EngineConfig::FromJson(ConfigJson(stage, accumulation, clipping, fp16, placement, out_dir));
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 10;
@@ -272,7 +280,7 @@ std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
 struct Case {
   int world, stage, accumulation;
   double clipping;
-  bool nvme = false;  // optimizer state on NVMe
+  Placement placement;
 };
 
 class MlpTest : public ::testing::TestWithParam<Case> {};
@@ -284,7 +292,8 @@ TEST_P(MlpTest, MatchesSingleProcessReference) {
                               .string();
   std::filesystem::create_directories(dir);
   const std::vector<int> codes = RunRanks(c.world, [&](int rank, int port) {
-    return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir, false, c.nvme);
+    return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir, false,
+                     c.placement);
   });
   EXPECT_EQ(codes, std::vector<int>(c.world, 0));
   const Model init = ReadModel(dir + "/init.bin");
@@ -308,16 +317,20 @@ TEST_P(MlpTest, MatchesSingleProcessReference) {
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return "world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +
-         std::to_string(c.accumulation) + (c.clipping > 0 ? "_clip" : "") + (c.nvme ? "_nvme" : "");
+         std::to_string(c.accumulation) + (c.clipping > 0 ? "_clip" : "") +
+         (c.placement.optimizer_nvme ? "_optnvme" : "") +
+         (c.placement.params_nvme ? "_paramnvme" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Zero, MlpTest,
-                         ::testing::Values(Case{1, 3, 1, 0}, Case{2, 3, 1, 0}, Case{4, 3, 1, 0},
-                                           Case{2, 1, 1, 0}, Case{2, 2, 1, 0}, Case{4, 2, 2, 0},
-                                           Case{2, 3, 2, 0}, Case{2, 3, 1, 0.05},
-                                           Case{4, 1, 1, 0.05}, Case{1, 3, 1, 0, true},
-                                           Case{2, 3, 2, 0.05, true}, Case{4, 2, 1, 0, true}),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Zero, MlpTest,
+    ::testing::Values(Case{1, 3, 1, 0}, Case{2, 3, 1, 0}, Case{4, 3, 1, 0}, Case{2, 1, 1, 0},
+                      Case{2, 2, 1, 0}, Case{4, 2, 2, 0}, Case{2, 3, 2, 0}, Case{2, 3, 1, 0.05},
+                      Case{4, 1, 1, 0.05}, Case{1, 3, 1, 0, {true}}, Case{2, 3, 2, 0.05, {true}},
+                      Case{4, 2, 1, 0, {true}}, Case{1, 3, 1, 0, {false, true}},
+                      Case{2, 3, 2, 0, {false, true}}, Case{2, 3, 1, 0.05, {true, true}},
+                      Case{4, 3, 2, 0, {true, true}}),
+    CaseName);
 
 TEST(MlpTest, SameInitialModelForEveryWorldSize) {
   std::vector<Model> inits;
@@ -400,7 +413,7 @@ TEST(EngineFailureTest, MissingNvmePathIsNamed) {
   Status s = (*engine)->Initialize();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("/nonexistent/zinf-nvme"), std::string::npos) << s;
-  EXPECT_NE(s.message().find("NVMe optimizer state"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("NVMe swap space"), std::string::npos) << s;
 }
 
 TEST(EngineConfigTest, DeepSpeedKeysAndErrors) {
