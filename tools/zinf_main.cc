@@ -1,4 +1,4 @@
-// The `zinf` command line: info, bench (and, as they land, run, plan, ckpt).
+// The `zinf` command line: info, run, bench, ckpt.
 #include <cstdio>
 
 #include "core/log.h"
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
 
   zinf::tools::AddInfoCommand(app);
   zinf::tools::AddRunCommand(app);
+  zinf::tools::AddCkptCommands(app);
   CLI::App* bench = app.add_subcommand("bench", "Measure zinf against this machine's limits");
   zinf::tools::AddBenchCommands(*bench);
 

@@ -164,6 +164,22 @@ class Engine {
   // ranks and micro-batches, loss scale removed. A collective; call it after the last
   // ReduceGradients of the batch.
   Status GatherGradient(const std::string& name, std::vector<float>* out);
+  // ---- Checkpoints (collectives: every rank calls them, between steps) ----
+  // Saves what resuming needs to continue bitwise: the fp32 master shard, the optimizer state
+  // and step counts, the loss scaler, and `client_state` (a JSON object of the trainer's, such
+  // as its data position). Writes `dir`/`tag`/ (a file per rank and a manifest), then points
+  // `dir`/latest at it and removes older checkpoints in `dir`. A crash at any moment leaves
+  // the previous checkpoint loadable (format and protocol: src/ckpt/checkpoint.h).
+  // FailedPrecondition with gradients pending or when `tag` is the latest checkpoint already.
+  Status SaveCheckpoint(const std::string& dir, const std::string& tag,
+                        const std::string& client_state = "{}");
+  // Restores the checkpoint `dir`/latest (or `dir` itself, a tag directory) saved by the same
+  // model, world size and optimizer, and returns its client_state. Everything is verified
+  // before anything is replaced: a missing, truncated or corrupt file is DataLoss naming it
+  // and leaves the engine as it was; a different model, world size or optimizer is
+  // FailedPrecondition naming the difference.
+  StatusOr<std::string> LoadCheckpoint(const std::string& dir);
+
   // This rank's shard of a parameter: [offset, offset + size) of the flattened parameter.
   struct ShardRange {
     uint64_t offset = 0;

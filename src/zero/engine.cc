@@ -40,11 +40,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numbers>
 
+#include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/environment.h"
 #include "comm/tcp_store.h"
@@ -109,10 +111,10 @@ OptimizerType ToOptimizerType(const std::string& name) {
 // Writes parameter shards to their swap extents in the background, each from a buffer of
 // its own that is freed when the disk acknowledges it; Write blocks while more than `limit`
 // bytes are in flight, so the host memory this takes stays bounded.
-class ShardWriter {
+class ExtentWriter {
  public:
-  ShardWriter(SwapStore* swap, uint64_t limit) : swap_(swap), limit_(limit) {}
-  ~ShardWriter() { (void)Wait(); }
+  ExtentWriter(SwapStore* swap, uint64_t limit) : swap_(swap), limit_(limit) {}
+  ~ExtentWriter() { (void)Wait(); }
 
   void Write(SwapExtent extent, HostBuffer buffer) {
     const uint64_t bytes = buffer.size_bytes();
@@ -429,7 +431,7 @@ struct Engine::Impl {
 
   // Creates the parameter tier's extents and writes the initial values into them.
   Status OpenParamTier() {
-    ShardWriter writer(swap.get(), 256ull << 20);
+    ExtentWriter writer(swap.get(), 256ull << 20);
     for (Param& p : params) {
       ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(p.shard_size * 4, p.spec.name));
       ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
@@ -451,7 +453,7 @@ struct Engine::Impl {
       const uint64_t states = optimizer->group(group)->hyper_params.state_count();
       summary->bytes_nvme_read += shard_elements * (1 + states) * 4;
     } else {
-      ShardWriter writer(swap.get(), 256ull << 20);
+      ExtentWriter writer(swap.get(), 256ull << 20);
       // Chunks arrive in order, so a parameter is complete when its last element is.
       auto assemble = [&](const ChunkView& c) -> Status {
         auto it = std::upper_bound(params.begin(), params.end(), c.offset,
@@ -480,6 +482,176 @@ struct Engine::Impl {
     summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
     summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
     return OkStatus();
+  }
+
+  int state_count() const { return optimizer->group(group)->hyper_params.state_count(); }
+
+  // Every rank learns whether any failed: `mine` where this rank failed, else an error naming
+  // the first rank that did.
+  Status AgreeAll(Status mine, const std::string& what) {
+    const int64_t failed = mine.ok() ? 0 : 1;
+    std::vector<int64_t> all(world());
+    Status agreed = comm->AllGather(&failed, all.data(), 1, CommDataType::kInt64);
+    if (!mine.ok()) return Context(std::move(mine), what);
+    ZINF_RETURN_IF_ERROR(Context(std::move(agreed), what));
+    for (int r = 0; r < world(); ++r) {
+      if (all[r] != 0) return FailedPrecondition(fmt::format("{} failed on rank {}", what, r));
+    }
+    return OkStatus();
+  }
+
+  nlohmann::json ScalarState() const {
+    return {{"steps", steps},
+            {"loss_scale", loss_scale},
+            {"hysteresis_left", hysteresis_left},
+            {"iteration", iteration},
+            {"last_overflow_iteration", last_overflow_iteration},
+            {"optimizer", config.optimizer_type},
+            {"state_count", state_count()}};
+  }
+
+  ckpt::Manifest MakeManifest(const std::string& tag, const std::string& client_state) const {
+    ckpt::Manifest manifest;
+    manifest.tag = tag;
+    manifest.world_size = world();
+    manifest.step = steps;
+    manifest.shard_elements = shard_elements;
+    for (const Param& p : params) {
+      manifest.params.push_back({p.spec.name, p.spec.shape, p.numel, p.shard_size, p.flat_offset});
+    }
+    manifest.engine_state = ScalarState().dump();
+    manifest.client_state = client_state;
+    return manifest;
+  }
+
+  // This rank's file: "params" (the fp32 master shard), "state0"/"state1" (the optimizer
+  // state arrays) and "optimizer" (hyper-parameters and step counts).
+  Status WriteShardFile(const std::string& tag_dir, const std::string& tag) {
+    ZINF_ASSIGN_OR_RETURN(
+        ckpt::ShardWriter w,
+        ckpt::ShardWriter::Create(tag_dir + "/" + ckpt::ShardFileName(rank()), tag, rank()));
+    const uint64_t bytes = shard_elements * 4;
+    const char* names[] = {"params", "state0", "state1"};
+    const int sections = 1 + state_count();
+    for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(w.Add(names[i], bytes));
+    if (pipelined != nullptr) {
+      auto save = [&](const ChunkView& c) -> Status {
+        const float* arrays[] = {c.params, c.state0, c.state1};
+        for (int i = 0; i < sections; ++i) {
+          ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i], c.count * 4));
+        }
+        return OkStatus();
+      };
+      ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, save, /*write_back=*/false));
+    } else {
+      const HostBuffer* arrays[] = {&master, &state0, &state1};
+      for (int i = 0; i < sections; ++i) {
+        ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i]->data(), bytes));
+      }
+    }
+    const std::string blob = optimizer->SaveState();
+    ZINF_RETURN_IF_ERROR(w.Append("optimizer", blob.data(), blob.size()));
+    return w.Commit();
+  }
+
+  // Checks the checkpoint against this engine and verifies every section of this rank's
+  // file; only then replaces the state. Returns the client state.
+  StatusOr<std::string> LoadShardFile(const std::string& path) {
+    ZINF_ASSIGN_OR_RETURN(const std::string dir, ckpt::ResolveCheckpoint(path));
+    ZINF_ASSIGN_OR_RETURN(const ckpt::Manifest manifest, ckpt::ReadManifest(dir));
+    if (manifest.world_size != world()) {
+      return FailedPrecondition(fmt::format(
+          "{} was saved by {} rank(s), this run has {}; `zinf ckpt export` consolidates it for "
+          "any world size",
+          dir, manifest.world_size, world()));
+    }
+    if (manifest.params.size() != params.size() || manifest.shard_elements != shard_elements) {
+      return FailedPrecondition(
+          fmt::format("{} holds a different model: {} parameters, this one "
+                      "has {}",
+                      dir, manifest.params.size(), params.size()));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ckpt::ManifestParam& saved = manifest.params[i];
+      const Param& p = params[i];
+      if (saved.name != p.spec.name || saved.shape != p.spec.shape ||
+          saved.flat_offset != p.flat_offset) {
+        return FailedPrecondition(fmt::format(
+            "{} holds a different model: parameter {} is '{}' {}, this model's is '{}' {}", dir, i,
+            saved.name, nlohmann::json(saved.shape).dump(), p.spec.name,
+            nlohmann::json(p.spec.shape).dump()));
+      }
+    }
+    const nlohmann::json scalars = nlohmann::json::parse(manifest.engine_state);
+    if (scalars.value("optimizer", "") != config.optimizer_type ||
+        scalars.value("state_count", -1) != state_count()) {
+      return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
+                                            dir, scalars.value("optimizer", "?"),
+                                            config.optimizer_type));
+    }
+    ZINF_ASSIGN_OR_RETURN(
+        const ckpt::ShardReader reader,
+        ckpt::ShardReader::Open(dir + "/" + ckpt::ShardFileName(rank()), manifest.tag, rank()));
+    const char* names[] = {"params", "state0", "state1"};
+    const int sections = 1 + state_count();
+    for (int i = 0; i < sections; ++i) {
+      ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, reader.SectionBytes(names[i]));
+      if (bytes != shard_elements * 4) {
+        return DataLoss(fmt::format("{}/{}: section '{}' has {} bytes, expected {}", dir,
+                                    ckpt::ShardFileName(rank()), names[i], bytes,
+                                    shard_elements * 4));
+      }
+    }
+    std::string blob;
+    ZINF_RETURN_IF_ERROR(reader.Verify("optimizer", [&](const char* data, uint64_t n) {
+      blob.append(data, n);
+      return OkStatus();
+    }));
+    for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
+
+    // Verified: replace the state.
+    ZINF_RETURN_IF_ERROR(optimizer->LoadState(blob));
+    if (pipelined != nullptr) {
+      auto load = [&](const ChunkView& c) -> Status {
+        float* arrays[] = {c.params, c.state0, c.state1};
+        for (int i = 0; i < sections; ++i) {
+          ZINF_RETURN_IF_ERROR(reader.Read(names[i], c.offset * 4, arrays[i], c.count * 4));
+        }
+        return OkStatus();
+      };
+      ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
+    } else {
+      HostBuffer* arrays[] = {&master, &state0, &state1};
+      for (int i = 0; i < sections; ++i) {
+        ZINF_RETURN_IF_ERROR(reader.Read(names[i], 0, arrays[i]->data(), shard_elements * 4));
+      }
+    }
+    if (host_master && pipelined != nullptr) {
+      ZINF_RETURN_IF_ERROR(reader.Read("params", 0, master.data(), shard_elements * 4));
+    }
+    if (params_on_nvme) {
+      ExtentWriter writer(swap.get(), 256ull << 20);
+      for (Param& p : params) {
+        DropStaged(p);
+        ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
+        ZINF_RETURN_IF_ERROR(
+            reader.Read("params", p.flat_offset * 4, values.data(), p.shard_size * 4));
+        writer.Write(p.extent, std::move(values));
+      }
+      ZINF_RETURN_IF_ERROR(writer.Wait());
+    }
+    steps = scalars.at("steps").get<int64_t>();
+    loss_scale = scalars.at("loss_scale").get<double>();
+    hysteresis_left = scalars.at("hysteresis_left").get<int>();
+    iteration = scalars.at("iteration").get<int64_t>();
+    last_overflow_iteration = scalars.at("last_overflow_iteration").get<int64_t>();
+    std::memset(grad_acc.data(), 0, shard_elements * 4);
+    for (Param& p : params) {
+      p.full_current = false;
+      p.grad = HostBuffer();
+    }
+    for (Module& module : modules) module.reductions = 0;
+    return manifest.client_state;
   }
 
   void UpdateLossScale(bool overflow) {
@@ -857,6 +1029,58 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   for (float& g : full) g = static_cast<float>(g * scale);
   *out = std::move(full);
   return OkStatus();
+}
+
+Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
+                              const std::string& client_state) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
+  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
+    return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
+  }
+  const nlohmann::json client = nlohmann::json::parse(client_state, nullptr, false);
+  if (!client.is_object()) {
+    return InvalidArgument(
+        fmt::format("client_state must be a JSON object, got: {}", client_state));
+  }
+  for (const Module& module : m.modules) {
+    if (module.reductions != 0) {
+      return FailedPrecondition(fmt::format(
+          "SaveCheckpoint with gradients pending (module '{}' has {} micro-batch(es)); save "
+          "between steps",
+          module.name, module.reductions));
+    }
+  }
+  namespace fs = std::filesystem;
+  const std::string tag_dir = dir + "/" + tag;
+  auto latest = ckpt::ResolveCheckpoint(dir);
+  if (latest.ok() && fs::path(*latest).filename() == tag) {
+    return FailedPrecondition(fmt::format(
+        "checkpoint '{}' is the latest in {} already; save under another tag", tag, dir));
+  }
+  // Rank 0 clears what an interrupted save of this tag left, before anyone writes.
+  Status prepared;
+  std::error_code ec;
+  if (m.rank() == 0) fs::remove_all(tag_dir, ec);
+  fs::create_directories(tag_dir, ec);
+  if (ec) prepared = IoError(fmt::format("creating {}: {}", tag_dir, ec.message()));
+  ZINF_RETURN_IF_ERROR(m.AgreeAll(std::move(prepared), "preparing checkpoint " + tag_dir));
+  if (m.rank() != 0) fs::create_directories(tag_dir, ec);  // rank 0 may have just removed it
+  ZINF_RETURN_IF_ERROR(m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir));
+  Status committed;
+  if (m.rank() == 0) {
+    committed = ckpt::WriteManifest(tag_dir, m.MakeManifest(tag, client.dump()));
+    if (committed.ok()) committed = ckpt::CommitLatest(dir, tag);
+  }
+  return m.AgreeAll(std::move(committed), "committing checkpoint " + tag_dir);
+}
+
+StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("LoadCheckpoint before Initialize");
+  StatusOr<std::string> client = m.LoadShardFile(dir);
+  ZINF_RETURN_IF_ERROR(m.AgreeAll(client.status(), "loading checkpoint " + dir));
+  return client;
 }
 
 StatusOr<Engine::ShardRange> Engine::Shard(const std::string& name) const {
