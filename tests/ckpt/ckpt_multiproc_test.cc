@@ -1,0 +1,199 @@
+// Checkpoints across processes: two ranks save and resume bitwise, the export of their shards
+// holds the gathered model, another world size is refused, and a save killed at a random
+// moment always leaves a loadable checkpoint (the previous one or the new one, whole).
+// Ranks are forked before this process starts any thread (tests/testing/fork_ranks.h).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "ckpt/checkpoint.h"
+#include "comm/tcp_store.h"
+#include "tests/ckpt/ckpt_testing.h"
+#include "tests/testing/fork_ranks.h"
+
+namespace zinf {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::AllCkptParams;
+using testing::MakeCkptEngine;
+using testing::TrainCkptEngine;
+using namespace std::chrono_literals;
+
+int FreePort() {
+  // The probe's server thread lives only in a child, so this process stays single-threaded.
+  int fds[2];
+  if (pipe(fds) != 0) return 29571;
+  if (fork() == 0) {
+    auto probe = TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
+    const int port = probe.ok() ? (*probe)->port() : 29571;
+    (void)!write(fds[1], &port, sizeof port);
+    _exit(0);
+  }
+  int port = 29571;
+  (void)!read(fds[0], &port, sizeof port);
+  wait(nullptr);
+  close(fds[0]);
+  close(fds[1]);
+  return port;
+}
+
+void WriteFloats(const std::string& path, const std::vector<float>& v) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+std::vector<float> ReadFloats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<float> v((fs::file_size(path)) / 4);
+  in.read(reinterpret_cast<char*>(v.data()), v.size() * 4);
+  return v;
+}
+
+class CkptMultiprocTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = (fs::temp_directory_path() / ("zinf-ckpt-mp-" + std::to_string(getpid()))).string();
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  std::string root_;
+};
+
+// Each rank: `body(engine)`; returns a process exit code.
+std::vector<int> Ranks(int world, const std::string& placement, const std::string& nvme,
+                       const std::function<int(Engine&)>& body) {
+  fs::create_directories(nvme);
+  const int port = FreePort();
+  return testing::ForkRanks(world, [&](int rank) {
+    auto engine = MakeCkptEngine(placement, nvme, rank, world, port);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, engine.status().ToString().c_str());
+      return 10;
+    }
+    return body(**engine);
+  });
+}
+
+TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
+  const std::string ckpt = root_ + "/ckpt";
+  auto save = [&](Engine& e) {
+    if (!TrainCkptEngine(e, 0, 3).ok()) return 1;
+    Status s = e.SaveCheckpoint(ckpt, "step-3", R"({"next_step": 3})");
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 2;
+    }
+    auto saved = AllCkptParams(e);
+    if (!saved.ok() || !TrainCkptEngine(e, 3, 6).ok()) return 3;
+    auto final_params = AllCkptParams(e);
+    if (!final_params.ok()) return 4;
+    if (e.rank() == 0) {
+      WriteFloats(root_ + "/saved.bin", *saved);
+      WriteFloats(root_ + "/expected.bin", *final_params);
+    }
+    return 0;
+  };
+  ASSERT_EQ(Ranks(2, "all_nvme", root_ + "/nvme1", save), (std::vector<int>{0, 0}));
+
+  auto resume = [&](Engine& e) {
+    auto client = e.LoadCheckpoint(ckpt);
+    if (!client.ok()) {
+      std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    if (!TrainCkptEngine(e, 3, 6).ok()) return 2;
+    auto final_params = AllCkptParams(e);
+    if (!final_params.ok()) return 3;
+    if (e.rank() == 0) WriteFloats(root_ + "/resumed.bin", *final_params);
+    return 0;
+  };
+  // Resumed in another placement: the checkpoint does not depend on where the state lived.
+  ASSERT_EQ(Ranks(2, "memory", root_ + "/nvme2", resume), (std::vector<int>{0, 0}));
+  EXPECT_EQ(ReadFloats(root_ + "/resumed.bin"), ReadFloats(root_ + "/expected.bin"));
+
+  // The export of the two ranks' shards is the gathered model at the save.
+  ASSERT_TRUE(
+      ckpt::ExportSafetensors(ckpt, root_ + "/m.safetensors", ckpt::ExportDType::kFp32).ok());
+  std::ifstream in(root_ + "/m.safetensors", std::ios::binary);
+  uint64_t header = 0;
+  in.read(reinterpret_cast<char*>(&header), 8);
+  in.seekg(8 + header);
+  const std::string data(std::istreambuf_iterator<char>(in), {});
+  const std::vector<float> saved = ReadFloats(root_ + "/saved.bin");
+  ASSERT_EQ(data.size(), saved.size() * 4);
+  EXPECT_EQ(std::memcmp(data.data(), saved.data(), data.size()), 0);
+
+  // Three ranks cannot load two ranks' shards.
+  auto wrong_world = [&](Engine& e) {
+    auto client = e.LoadCheckpoint(ckpt);
+    return client.status().code() == StatusCode::kFailedPrecondition &&
+                   client.status().message().find("saved by 2 rank(s)") != std::string::npos
+               ? 0
+               : 1;
+  };
+  EXPECT_EQ(Ranks(3, "memory", root_ + "/nvme3", wrong_world), (std::vector<int>{0, 0, 0}));
+}
+
+// Kills a one-rank trainer at a random moment of its save, many times, and checks that the
+// checkpoint directory always loads, at the old step or the new one.
+TEST_F(CkptMultiprocTest, SaveKilledAtAnyMomentLeavesALoadableCheckpoint) {
+  const std::string ckpt = root_ + "/ckpt";
+  ASSERT_EQ(Ranks(1, "memory", root_ + "/nvme0",
+                  [&](Engine& e) { return e.SaveCheckpoint(ckpt, "step-0").ok() ? 0 : 1; }),
+            std::vector<int>{0});
+  std::mt19937 random(12345);
+  int saw_new = 0, saw_old = 0;
+  for (int round = 1; round <= 24; ++round) {
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+      auto engine = MakeCkptEngine("memory", root_ + "/nvme0", 0, 1, 0);
+      if (!engine.ok() || !(*engine)->LoadCheckpoint(ckpt).ok()) _exit(1);
+      if (!TrainCkptEngine(**engine, 0, 1).ok()) _exit(2);
+      (void)!write(ready[1], "x", 1);
+      const Status s = (*engine)->SaveCheckpoint(ckpt, "step-" + std::to_string(round));
+      _exit(s.ok() ? 0 : 3);
+    }
+    char c;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    // Every fourth save runs to the end and the one after is killed at once, so that both
+    // outcomes occur however fast the disk is; the rest die at a random moment.
+    if (round % 4 != 0) {
+      if (round % 4 != 1) std::this_thread::sleep_for(std::chrono::microseconds(random() % 4000));
+      kill(child, SIGKILL);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+
+    auto dir = ckpt::ResolveCheckpoint(ckpt);
+    ASSERT_TRUE(dir.ok()) << "round " << round << ": " << dir.status();
+    const bool is_new = fs::path(*dir).filename() == "step-" + std::to_string(round);
+    (is_new ? saw_new : saw_old)++;
+    const std::vector<int> loaded = Ranks(1, "memory", root_ + "/nvme0", [&](Engine& e) {
+      auto client = e.LoadCheckpoint(ckpt);
+      if (!client.ok()) std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+      return client.ok() ? 0 : 1;
+    });
+    ASSERT_EQ(loaded, std::vector<int>{0}) << "round " << round << " (" << *dir << ")";
+  }
+  // Both outcomes happened.
+  EXPECT_GT(saw_new, 0);
+  EXPECT_GT(saw_old, 0);
+}
+
+}  // namespace
+}  // namespace zinf
