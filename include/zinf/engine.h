@@ -119,6 +119,7 @@ struct StepSummary {
   uint64_t bytes_nvme_read = 0;  // optimizer state and parameters to and from NVMe
   uint64_t bytes_nvme_written = 0;
   double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
+  double seconds_optimizer_compute = 0;  // of seconds_optimizer, in the CPU update itself
 };
 
 class Engine {

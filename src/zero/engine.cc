@@ -479,6 +479,7 @@ struct Engine::Impl {
       ZINF_RETURN_IF_ERROR(written);
       summary->bytes_nvme_written += shard_elements * 4;
     }
+    summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
     summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
     summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
     return OkStatus();
@@ -933,8 +934,10 @@ StatusOr<StepSummary> Engine::Step() {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
     } else {
+      const auto update = Clock::now();
       ZINF_RETURN_IF_ERROR(
           m.optimizer->Step(m.group, m.WholeShard(), {.grad_scale = grad_scale}).status());
+      summary.seconds_optimizer_compute = Seconds(update);
       if (m.params_on_nvme) {
         ZINF_RETURN_IF_ERROR(
             m.Context(m.WriteParamTierFromMaster(&summary), "writing the parameters to NVMe"));
