@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Times examples/mlp/train_mlp under each offload placement (all in memory, CPU, optimizer
-# state on NVMe) for 2 and 4 ranks, interleaving the placements (memory, cpu, nvme, memory,
-# ...) so that drift hits them alike, and prints each median step time, its ratio to the
-# all-in-memory step, and the bytes moved per link per step (rank 0's view).
+# Times examples/mlp/train_mlp under each offload placement (all in memory; CPU; optimizer
+# state on NVMe; parameters and optimizer state on NVMe, "infinity") for 2 and 4 ranks,
+# interleaving the placements (memory, cpu, nvme, infinity, memory, ...) so that drift hits
+# them alike, and prints each median step time, its ratio to the all-in-memory step, and the
+# bytes moved per link per step (rank 0's view).
 # Usage: bench/zero_placements.sh [reps=3] [width=1536] [layers=4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ for ranks in 2 4; do
   declare -A times=()
   declare -A lines=()
   for ((rep = 0; rep < reps; ++rep)); do
-    for placement in memory cpu nvme; do
+    for placement in memory cpu nvme infinity; do
       out=$(build/bin/zinf run -n "$ranks" -- build/bin/train_mlp \
         --config "examples/mlp/configs/$placement.json" --nvme-path "$nvme_dir" \
         --layers "$layers" --width "$width" --steps 6 | grep '"median_step_s"' | sed 's/^\[rank 0\] //')
@@ -27,7 +28,7 @@ for ranks in 2 4; do
     done
   done
   base=$(echo ${times[memory]} | tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-  for placement in memory cpu nvme; do
+  for placement in memory cpu nvme infinity; do
     med=$(echo ${times[$placement]} | tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
     ratio=$(awk -v m="$med" -v b="$base" 'BEGIN { printf "%.3f", m / b }')
     echo "ranks $ranks  $placement: median step ${med} s (runs: ${times[$placement]}), x$ratio of memory"
