@@ -120,6 +120,11 @@ struct StepSummary {
   uint64_t bytes_nvme_written = 0;
   double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
   double seconds_optimizer_compute = 0;  // of seconds_optimizer, in the CPU update itself
+  // Memory per tier after the step: the engine's host arrays (fp32 master, gradient
+  // accumulators, optimizer state, staging buffers, gathered persistent parameters) and the
+  // swap files it keeps on NVMe.
+  uint64_t host_bytes = 0;
+  uint64_t nvme_bytes = 0;
 };
 
 class Engine {

@@ -655,6 +655,18 @@ struct Engine::Impl {
     return manifest.client_state;
   }
 
+  void MeasureTiers(StepSummary* summary) const {
+    uint64_t host = master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() +
+                    state1.size_bytes();
+    for (const Param& p : params) host += p.full.size_bytes() + p.grad.size_bytes();
+    if (pipelined != nullptr) {
+      host += pipelined->staging_pool().stats().arena_bytes +
+              pipelined->host_state_pool().stats().arena_bytes;
+    }
+    summary->host_bytes = host;
+    summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
+  }
+
   void UpdateLossScale(bool overflow) {
     if (!config.fp16) return;
     if (overflow) {
@@ -960,6 +972,7 @@ StatusOr<StepSummary> Engine::Step() {
   summary.step = m.steps;
   summary.loss_scale = m.loss_scale;
   summary.seconds_optimizer = Seconds(t0);
+  m.MeasureTiers(&summary);
   return summary;
 }
 

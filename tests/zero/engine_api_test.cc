@@ -105,10 +105,14 @@ TEST_P(EngineApiTest, SetParameterSurvivesAStepAsTheOptimizerSeesIt) {
     ASSERT_TRUE(engine->ReduceGradients(id).ok());
     ASSERT_TRUE(engine->Release(id).ok());
   }
-  ASSERT_TRUE(engine->Step().ok());
+  auto summary = engine->Step();
+  ASSERT_TRUE(summary.ok());
   std::vector<float> got;
   ASSERT_TRUE(engine->GatherParameter("a.w", &got).ok());
   EXPECT_EQ(got, w) << "a zero gradient must leave the set value in place";
+  // Memory per tier: gradient accumulators at least on the host; swap files only with NVMe.
+  EXPECT_GE(summary->host_bytes, 25u * 4);
+  EXPECT_EQ(summary->nvme_bytes > 0, GetParam().optimizer_nvme || GetParam().params_nvme);
 }
 
 TEST_P(EngineApiTest, GatherGradientIsTheMeanOverMicroBatches) {
