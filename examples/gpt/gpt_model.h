@@ -1,0 +1,92 @@
+// A GPT-2-style language model whose parameters live in a zinf Engine: every module is
+// fetched just before it runs and released after, and its gradients are reduce-scattered as
+// soon as backward has produced them. Forward and backward are written by hand on oneDNN
+// (fp32), so the model needs nothing but zinf's public headers and oneDNN.
+//
+// The parameter names are those of Hugging Face's GPT-2 ("h.3.attn.c_attn.weight"), with
+// torch's nn.Linear layout [out, in], so that checkpoints and exports map one to one:
+//   module "embed": wte.weight [V, d], wpe.weight [T, d]
+//   module "h.{i}": h.{i}.ln_1.{weight,bias} [d], h.{i}.attn.c_attn.{weight [3d, d], bias [3d]},
+//                   h.{i}.attn.c_proj.{weight [d, d], bias [d]}, h.{i}.ln_2.{weight,bias} [d],
+//                   h.{i}.mlp.c_fc.{weight [4d, d], bias [4d]},
+//                   h.{i}.mlp.c_proj.{weight [d, 4d], bias [d]}
+//   module "ln_f":  ln_f.weight [d], ln_f.bias [d]
+//
+// Thread-safety: one thread drives a Gpt (as it drives its Engine). The compute runs on
+// OpenMP threads; SetComputeThreads sets how many.
+#ifndef ZINF_EXAMPLES_GPT_GPT_MODEL_H_
+#define ZINF_EXAMPLES_GPT_GPT_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "zinf/engine.h"
+#include "zinf/status.h"
+
+namespace gpt {
+
+struct GptConfig {
+  int vocab_size = 256;  // byte-level tokens
+  int seq_len = 64;      // positions (the context window)
+  int d_model = 128;
+  int n_layer = 4;
+  int n_head = 4;  // must divide d_model
+  // Keep only each block's input from the forward pass and recompute the block's
+  // activations in backward: one block's activations in memory instead of n_layer's, for
+  // about a third more compute.
+  bool activation_checkpointing = true;
+
+  // Parses the JSON object of a config's "model" key (keys as the fields above; absent keys
+  // keep their defaults). InvalidArgument names the key, its value and what is allowed.
+  static zinf::StatusOr<GptConfig> FromJson(std::string_view json_object);
+  zinf::Status Validate() const;
+  int64_t parameter_count() const;
+};
+
+class Gpt {
+ public:
+  // Registers the model's modules with `engine`, which must not be initialized yet; call
+  // engine.Initialize() afterwards. `engine` must outlive the Gpt. InvalidArgument for a bad
+  // config; the engine's error if registration fails.
+  static zinf::StatusOr<std::unique_ptr<Gpt>> Create(zinf::Engine& engine, const GptConfig& config);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  const GptConfig& config() const;
+
+  // One micro-batch of next-token prediction: `tokens` and `targets` hold batch * seq_len
+  // values in [0, vocab_size), row after row. Runs forward and backward, writes the gradients
+  // of (mean loss * engine.loss_scale()) into the engine and reduces them; the caller calls
+  // engine.Step() after gradient_accumulation_steps of these. Returns the mean cross-entropy
+  // over the batch * seq_len positions. InvalidArgument for a token out of range or
+  // batch < 1; the engine's error if a fetch or reduction fails (the engine is then unusable).
+  zinf::StatusOr<double> TrainMicroBatch(const int32_t* tokens, const int32_t* targets, int batch);
+  // Forward only: the mean loss, and when `logits` is not null the logits
+  // [batch, seq_len, vocab_size]. Leaves no gradients behind.
+  zinf::StatusOr<double> Loss(const int32_t* tokens, const int32_t* targets, int batch,
+                              std::vector<float>* logits = nullptr);
+
+  // Where the time of the calls above went, accumulated since the last TakeTiming().
+  struct Timing {
+    double compute_s = 0;      // forward, backward and recomputation
+    double param_wait_s = 0;   // Engine::Fetch and Release: gathering parameters
+    double grad_reduce_s = 0;  // Engine::Gradients and ReduceGradients
+  };
+  Timing TakeTiming();
+
+ private:
+  struct Impl;
+  explicit Gpt(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Threads for the model's compute (OpenMP, used by oneDNN too), for the calling thread's
+// later calls. threads >= 1.
+void SetComputeThreads(int threads);
+
+}  // namespace gpt
+
+#endif  // ZINF_EXAMPLES_GPT_GPT_MODEL_H_

@@ -1,0 +1,273 @@
+// The GPT example's model (examples/gpt/gpt_model.h) against PyTorch: loss, logits and every
+// parameter's gradient for one micro-batch, from tests/data/gpt_torch_ref.safetensors (made by
+// tests/data/gpt_torch_ref.py); activation checkpointing on and off; config parsing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "examples/gpt/gpt_model.h"
+#include "zinf/engine.h"
+
+namespace gpt {
+namespace {
+
+using zinf::Engine;
+using zinf::EngineConfig;
+
+struct Tensor {
+  std::string dtype;  // "F32" or "I32"
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+
+  template <typename T>
+  std::vector<T> values() const {
+    std::vector<T> out(bytes.size() / sizeof(T));
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+};
+
+struct SafeTensors {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// safetensors: an 8-byte little-endian header length, a JSON header
+// {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the data.
+SafeTensors ReadSafeTensors(const std::string& path) {
+  SafeTensors out;
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_size = 0;
+  in.read(reinterpret_cast<char*>(&header_size), 8);
+  std::string header(header_size, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_size));
+  EXPECT_TRUE(in.good() && header_size > 0) << "cannot read " << path;
+  if (!in.good()) return out;
+  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json json = nlohmann::json::parse(header);
+  for (const auto& [name, entry] : json.items()) {
+    if (name == "__metadata__") {
+      out.metadata = entry.get<std::map<std::string, std::string>>();
+      continue;
+    }
+    const auto offsets = entry["data_offsets"].get<std::vector<size_t>>();
+    out.tensors[name] = {entry["dtype"], entry["shape"].get<std::vector<int64_t>>(),
+                         std::vector<char>(data.begin() + offsets[0], data.begin() + offsets[1])};
+  }
+  return out;
+}
+
+// The reference's parameter values, as in gpt_torch_ref.py: a hash of (name, index).
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 0x811C9DC5u;
+  for (unsigned char c : s) h = (h ^ c) * 0x01000193u;
+  return h;
+}
+
+double HashUnit(uint32_t key, uint32_t i) {
+  uint32_t h = i * 0x9E3779B1u + key * 0x85EBCA77u + 1u;
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  h *= 0x297A2D39u;
+  h ^= h >> 15;
+  return h / 2147483648.0 - 1.0;
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<float> ParamValue(const std::string& name, size_t numel) {
+  double center = 0, amplitude = 0.2;
+  if (EndsWith(name, "ln_1.weight") || EndsWith(name, "ln_2.weight") || name == "ln_f.weight") {
+    center = 1.0;
+  } else if (EndsWith(name, ".bias")) {
+    amplitude = 0.1;
+  } else if (name == "wte.weight" || name == "wpe.weight") {
+    amplitude = 0.5;
+  }
+  const uint32_t key = Fnv1a(name);
+  std::vector<float> v(numel);
+  for (size_t i = 0; i < numel; ++i) {
+    v[i] = static_cast<float>(center + amplitude * HashUnit(key, static_cast<uint32_t>(i)));
+  }
+  return v;
+}
+
+// max |a - b| over max |b|: the error of `a` relative to the size of the tensor `b`.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, size = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    size = std::max(size, std::fabs(double(b[i])));
+  }
+  return diff / size;
+}
+
+std::unique_ptr<Engine> MakeEngine() {
+  // Nothing stays gathered: every module really goes through Fetch and Release.
+  auto config = EngineConfig::FromJson(
+      R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+TEST(GptTest, MatchesPyTorch) {
+  const SafeTensors ref = ReadSafeTensors(ZINF_TEST_DATA_DIR "/gpt_torch_ref.safetensors");
+  ASSERT_FALSE(ref.tensors.empty());
+  GptConfig config;
+  config.vocab_size = std::stoi(ref.metadata.at("vocab_size"));
+  config.seq_len = std::stoi(ref.metadata.at("seq_len"));
+  config.d_model = std::stoi(ref.metadata.at("d_model"));
+  config.n_layer = std::stoi(ref.metadata.at("n_layer"));
+  config.n_head = std::stoi(ref.metadata.at("n_head"));
+  const int batch = std::stoi(ref.metadata.at("batch"));
+
+  auto engine = MakeEngine();
+  auto model = Gpt::Create(*engine, config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(engine->Initialize().ok());
+  int64_t numel_total = 0;
+  int params = 0;
+  for (const auto& [key, tensor] : ref.tensors) {
+    if (key.rfind("grad.", 0) != 0) continue;
+    const std::string name = key.substr(5);
+    const std::vector<float> value = ParamValue(name, tensor.bytes.size() / 4);
+    ASSERT_TRUE(engine->SetParameter(name, value.data(), value.size()).ok()) << name;
+    numel_total += static_cast<int64_t>(value.size());
+    ++params;
+  }
+  EXPECT_EQ(params, 2 + 12 * config.n_layer + 2) << "every parameter has a reference gradient";
+  EXPECT_EQ(numel_total, config.parameter_count());
+
+  const auto tokens = ref.tensors.at("tokens").values<int32_t>();
+  const auto targets = ref.tensors.at("targets").values<int32_t>();
+  const double ref_loss = ref.tensors.at("loss").values<float>()[0];
+  std::vector<float> logits;
+  auto loss = (*model)->Loss(tokens.data(), targets.data(), batch, &logits);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+
+  // Tolerance. Both sides compute in fp32 and differ only in summation order (oneDNN's and
+  // torch's GEMM blocking, the LayerNorm and softmax reductions) and in their exp and tanh,
+  // so each value carries a few float epsilons (6e-8) of relative error per operation on its
+  // path. Measured: at most 6e-7 of each tensor's largest magnitude (loss 2.4e-8). 1e-5 leaves
+  // a margin of 16, and still fails 27 of the 30 checks when a single c_attn weight moves by
+  // 0.001 (a 1% change of one of its 3072 elements).
+  constexpr double kTolerance = 1e-5;
+  EXPECT_NEAR(*loss, ref_loss, kTolerance * ref_loss);
+  EXPECT_LT(RelativeError(logits, ref.tensors.at("logits").values<float>()), kTolerance);
+
+  auto train_loss = (*model)->TrainMicroBatch(tokens.data(), targets.data(), batch);
+  ASSERT_TRUE(train_loss.ok()) << train_loss.status();
+  EXPECT_EQ(*train_loss, *loss) << "training runs the same forward";
+  for (const auto& [key, tensor] : ref.tensors) {
+    if (key.rfind("grad.", 0) != 0) continue;
+    std::vector<float> grad;
+    ASSERT_TRUE(engine->GatherGradient(key.substr(5), &grad).ok());
+    EXPECT_LT(RelativeError(grad, tensor.values<float>()), kTolerance) << key;
+  }
+}
+
+std::vector<std::string> ParameterNames(const GptConfig& c) {
+  std::vector<std::string> names = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
+  for (int i = 0; i < c.n_layer; ++i) {
+    for (const char* p :
+         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
+      names.push_back("h." + std::to_string(i) + "." + p);
+    }
+  }
+  return names;
+}
+
+// Loss and gradients of one micro-batch on a freshly initialized model.
+void Gradients(const GptConfig& config, double* loss, std::vector<std::vector<float>>* grads) {
+  auto engine = MakeEngine();
+  auto model = Gpt::Create(*engine, config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(engine->Initialize().ok());
+  const int batch = 3;
+  std::vector<int32_t> tokens(batch * config.seq_len), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 37 + 5) % config.vocab_size);
+    targets[i] = static_cast<int32_t>((i * 11 + 1) % config.vocab_size);
+  }
+  auto l = (*model)->TrainMicroBatch(tokens.data(), targets.data(), batch);
+  ASSERT_TRUE(l.ok()) << l.status();
+  *loss = *l;
+  for (const std::string& name : ParameterNames(config)) {
+    grads->emplace_back();
+    ASSERT_TRUE(engine->GatherGradient(name, &grads->back()).ok()) << name;
+  }
+}
+
+TEST(GptTest, ActivationCheckpointingGivesBitwiseTheSameGradients) {
+  GptConfig config{.seq_len = 12, .d_model = 48, .n_layer = 3, .n_head = 3};
+  double loss_on = 0, loss_off = 0;
+  std::vector<std::vector<float>> on, off;
+  config.activation_checkpointing = true;
+  Gradients(config, &loss_on, &on);
+  config.activation_checkpointing = false;
+  Gradients(config, &loss_off, &off);
+  EXPECT_EQ(loss_on, loss_off);
+  ASSERT_EQ(on.size(), off.size());
+  const std::vector<std::string> names = ParameterNames(config);
+  for (size_t i = 0; i < on.size(); ++i) {
+    ASSERT_EQ(on[i].size(), off[i].size());
+    EXPECT_EQ(std::memcmp(on[i].data(), off[i].data(), on[i].size() * 4), 0) << names[i];
+  }
+}
+
+TEST(GptTest, RejectsBadTokens) {
+  auto engine = MakeEngine();
+  GptConfig config{.seq_len = 4, .d_model = 8, .n_layer = 1, .n_head = 2};
+  auto model = Gpt::Create(*engine, config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(engine->Initialize().ok());
+  const std::vector<int32_t> good = {1, 2, 3, 4}, bad = {1, 2, 256, 4};
+  auto loss = (*model)->Loss(bad.data(), good.data(), 1);
+  EXPECT_EQ(loss.status().code(), zinf::StatusCode::kInvalidArgument);
+  EXPECT_NE(loss.status().message().find("tokens[2] is 256"), std::string::npos) << loss.status();
+  EXPECT_EQ((*model)->Loss(good.data(), good.data(), 0).status().code(),
+            zinf::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*model)->Loss(good.data(), good.data(), 1).ok());
+}
+
+TEST(GptConfigTest, ParsesAndNamesBadKeys) {
+  auto c = GptConfig::FromJson(
+      R"({"seq_len": 32, "d_model": 64, "n_layer": 2, "n_head": 8,
+          "activation_checkpointing": false})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->vocab_size, 256);
+  EXPECT_EQ(c->d_model, 64);
+  EXPECT_FALSE(c->activation_checkpointing);
+  EXPECT_EQ(c->parameter_count(), (256 + 32) * 64 + 2 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
+
+  auto message = [](const char* json) { return GptConfig::FromJson(json).status().message(); };
+  EXPECT_NE(message(R"({"n_heads": 4})").find("model.n_heads is not a known key"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"d_model": 0})").find("model.d_model must be an integer in [1, "),
+            std::string::npos);
+  EXPECT_NE(message(R"({"d_model": 2.5})").find("got 2.5"), std::string::npos);
+  EXPECT_NE(message(R"({"activation_checkpointing": 1})").find("true or false"), std::string::npos);
+  EXPECT_NE(message(R"({"d_model": 100, "n_head": 3})")
+                .find("model.d_model (100) must be a multiple of model.n_head (3)"),
+            std::string::npos);
+  EXPECT_NE(message("[1, 2]").find("must be a JSON object"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpt
