@@ -215,11 +215,14 @@ nlohmann::json ToJson(const StepRecord& r) {
           {"param_wait_s", r.timing.param_wait_s},
           {"grad_reduce_s", r.timing.grad_reduce_s},
           {"optimizer_s", r.summary.seconds_optimizer},
+          {"optimizer_compute_s", r.summary.seconds_optimizer_compute},
           {"grad_norm", r.summary.grad_norm},
           {"loss_scale", r.summary.loss_scale},
           {"skipped", r.summary.skipped},
           {"nvme_read_bytes", r.summary.bytes_nvme_read},
-          {"nvme_written_bytes", r.summary.bytes_nvme_written}};
+          {"nvme_written_bytes", r.summary.bytes_nvme_written},
+          {"host_bytes", r.summary.host_bytes},
+          {"nvme_bytes", r.summary.nvme_bytes}};
 }
 
 void PrintStepLine(const StepRecord& r, int64_t steps) {
@@ -323,6 +326,7 @@ int main(int argc, char** argv) {
   std::vector<double> losses;
   gpt::Gpt::Timing total_timing;
   double total_optimizer_s = 0;
+  zinf::StepSummary last;
   const auto t_start = Clock::now();
   for (int64_t step = first_step; step < args.steps; ++step) {
     const auto t0 = Clock::now();
@@ -347,6 +351,7 @@ int main(int argc, char** argv) {
     total_timing.param_wait_s += r.timing.param_wait_s;
     total_timing.grad_reduce_s += r.timing.grad_reduce_s;
     total_optimizer_s += summary->seconds_optimizer;
+    last = *summary;
     if (!leader) continue;
     if (metrics.is_open()) metrics << ToJson(r).dump() << std::endl;
     if (terminal)
@@ -370,12 +375,14 @@ int main(int argc, char** argv) {
         "done: %zu steps, %.0f tokens in %.1f s (%.0f tokens/s)\n"
         "  loss (rank 0's batches): first %.4f, last %.4f, mean of the last %zu %.4f\n"
         "  time: compute %.0f%%, parameter gathers %.0f%%, gradient reduction %.0f%%, "
-        "optimizer %.0f%%, other %.0f%%\n",
+        "optimizer %.0f%%, other %.0f%%\n"
+        "  memory (rank 0's engine): host %s, NVMe %s\n",
         losses.size(), tokens, seconds, tokens / seconds, losses.front(), losses.back(), tail,
         tail_loss, share(total_timing.compute_s), share(total_timing.param_wait_s),
         share(total_timing.grad_reduce_s), share(total_optimizer_s),
         share(seconds - total_timing.compute_s - total_timing.param_wait_s -
-              total_timing.grad_reduce_s - total_optimizer_s));
+              total_timing.grad_reduce_s - total_optimizer_s),
+        HumanBytes(last.host_bytes).c_str(), HumanBytes(last.nvme_bytes).c_str());
   }
   return 0;
 }

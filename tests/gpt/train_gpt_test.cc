@@ -58,8 +58,9 @@ TEST_F(TrainGptTest, LossFallsAndMetricsAreJsonLines) {
     const auto m = nlohmann::json::parse(line, nullptr, false);
     ASSERT_FALSE(m.is_discarded()) << line;
     EXPECT_EQ(m.at("step").get<int>(), static_cast<int>(losses.size()) + 1) << line;
-    for (const char* key : {"tokens_per_s", "step_s", "compute_s", "param_wait_s", "grad_reduce_s",
-                            "optimizer_s", "grad_norm", "loss_scale"}) {
+    for (const char* key :
+         {"tokens_per_s", "step_s", "compute_s", "param_wait_s", "grad_reduce_s", "optimizer_s",
+          "optimizer_compute_s", "grad_norm", "loss_scale", "host_bytes", "nvme_bytes"}) {
       ASSERT_TRUE(m.contains(key) && m[key].is_number()) << key << " in " << line;
     }
     EXPECT_GT(m["tokens_per_s"].get<double>(), 0) << line;
