@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "core/log.h"
 #include "core/units.h"
@@ -159,7 +161,12 @@ Status SwapStore::Init() {
     ZINF_ASSIGN_OR_RETURN(IoFile f, OpenIoFile(file, /*create=*/true, options_.aio.direct_io));
     // Two stores on one file would overwrite each other's tensors; the lock lives as long as
     // the descriptor, so a crashed owner does not hold it.
-    if (flock(f.fd(), LOCK_EX | LOCK_NB) != 0) {
+    bool locked = flock(f.fd(), LOCK_EX | LOCK_NB) == 0;
+    for (int waited = 0; !locked && waited < options_.lock_wait_ms; waited += 10) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      locked = flock(f.fd(), LOCK_EX | LOCK_NB) == 0;
+    }
+    if (!locked) {
       return FailedPrecondition(fmt::format(
           "swap file {} is in use by another swap store (another process or engine with the "
           "same nvme path and rank); give each its own nvme_path",

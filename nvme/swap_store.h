@@ -46,6 +46,10 @@ struct SwapStoreOptions {
   // CRC32C per stripe piece, taken on write and verified on read (a few GB/s of one core).
   bool checksum = false;
   AioOptions aio;
+  // How long Open waits for a swap file that another store holds. A crashed process's lock
+  // outlives it briefly: the kernel tears its io_uring (which holds the files) down after
+  // the process is gone.
+  int lock_wait_ms = 5000;
 
   // InvalidArgument naming the field, its value and what is allowed.
   [[nodiscard]] Status Validate() const;

@@ -4,12 +4,18 @@
 // Build:  cmake --build build --target train_gpt zinf
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
 //             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
+//             [--save DIR [--save-every K]] [--resume DIR]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
 // bytes each rank runs per micro-batch. Without --data the program trains on a corpus it
 // generates itself (GenerateCorpus). Rank 0 prints each step (a progress bar on a terminal),
 // writes --metrics as JSON lines, and closes with a summary.
+//
+// Checkpoints: --save DIR writes one at the end (and every K steps with --save-every); --resume
+// DIR continues from DIR's latest. The data a step sees depends only on the step index and
+// the seed, which the checkpoint records, so a resumed run takes bitwise the steps the
+// uninterrupted one would have.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -43,6 +49,9 @@ struct Args {
   int log_every = -1;  // -1: every step, or never on a terminal (the progress bar shows it)
   int threads = 0;     // 0: DefaultThreads()
   uint64_t seed = 1234;
+  std::string save;  // checkpoint directory; empty: none
+  int64_t save_every = 0;
+  std::string resume;  // checkpoint directory to continue from
 };
 
 struct TrainConfig {
@@ -249,6 +258,29 @@ void PrintProgressBar(const StepRecord& r, int64_t steps, double elapsed_s) {
   std::fflush(stdout);
 }
 
+// Peak resident memory of this process (VmHWM), in bytes; 0 where /proc does not say.
+uint64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Saves under the tag "step-N"; the trainer's state is the step and the data seed.
+Status Save(zinf::Engine& engine, const std::string& dir, int64_t step, uint64_t seed) {
+  const auto t0 = Clock::now();
+  const nlohmann::json client = {{"step", step}, {"seed", seed}};
+  Status s = engine.SaveCheckpoint(dir, "step-" + std::to_string(step), client.dump());
+  if (s.ok() && engine.rank() == 0) {
+    std::printf("saved checkpoint %s/step-%lld in %.2f s\n", dir.c_str(),
+                static_cast<long long>(step),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+    std::fflush(stdout);
+  }
+  return s;
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "train_gpt: %s\n", s.ToString().c_str());
   return 1;
@@ -275,6 +307,11 @@ int main(int argc, char** argv) {
                  "usable CPUs divided by LOCAL_WORLD_SIZE)")
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", args.seed, "seed of the order in which windows of the data are drawn");
+  app.add_option("--save", args.save, "write a checkpoint here at the end (and with --save-every)");
+  app.add_option("--save-every", args.save_every, "also checkpoint every K steps")
+      ->check(CLI::PositiveNumber)
+      ->needs(app.get_option("--save"));
+  app.add_option("--resume", args.resume, "continue from this checkpoint directory's latest");
   CLI11_PARSE(app, argc, argv);
 
   auto config = LoadConfig(args.config, args.nvme_path);
@@ -291,6 +328,19 @@ int main(int argc, char** argv) {
   auto model = gpt::Gpt::Create(engine, mc);
   if (!model.ok()) return Fail(model.status());
   if (Status s = engine.Initialize(); !s.ok()) return Fail(s);
+
+  int64_t first_step = 0;
+  if (!args.resume.empty()) {
+    auto client = engine.LoadCheckpoint(args.resume);
+    if (!client.ok()) return Fail(client.status());
+    const nlohmann::json state = nlohmann::json::parse(*client);
+    first_step = state.value("step", int64_t{0});
+    args.seed = state.value("seed", args.seed);
+    if (engine.rank() == 0) {
+      std::printf("resumed from %s at step %lld\n", args.resume.c_str(),
+                  static_cast<long long>(first_step));
+    }
+  }
 
   const int world = engine.world_size(), rank = engine.rank();
   const int gas = config->engine.gradient_accumulation_steps, batch = config->micro_batch;
@@ -319,9 +369,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  // A run resumed from a checkpoint starts at the checkpoint's step; the data order depends
-  // only on the step index (FillMicroBatch).
-  const int64_t first_step = 0;
   std::vector<int32_t> tokens, targets;
   std::vector<double> losses;
   gpt::Gpt::Timing total_timing;
@@ -352,6 +399,9 @@ int main(int argc, char** argv) {
     total_timing.grad_reduce_s += r.timing.grad_reduce_s;
     total_optimizer_s += summary->seconds_optimizer;
     last = *summary;
+    if (args.save_every > 0 && r.step % args.save_every == 0 && r.step < args.steps) {
+      if (Status s = Save(engine, args.save, r.step, args.seed); !s.ok()) return Fail(s);
+    }
     if (!leader) continue;
     if (metrics.is_open()) metrics << ToJson(r).dump() << std::endl;
     if (terminal)
@@ -363,6 +413,13 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!args.save.empty() && first_step < args.steps) {
+    if (Status s = Save(engine, args.save, args.steps, args.seed); !s.ok()) return Fail(s);
+  }
+  if (leader && losses.empty()) {
+    std::printf("nothing to do: the run is at step %lld already (--steps %lld)\n",
+                static_cast<long long>(first_step), static_cast<long long>(args.steps));
+  }
   if (leader && !losses.empty()) {
     if (terminal) std::printf("\n");
     const double seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -376,13 +433,14 @@ int main(int argc, char** argv) {
         "  loss (rank 0's batches): first %.4f, last %.4f, mean of the last %zu %.4f\n"
         "  time: compute %.0f%%, parameter gathers %.0f%%, gradient reduction %.0f%%, "
         "optimizer %.0f%%, other %.0f%%\n"
-        "  memory (rank 0's engine): host %s, NVMe %s\n",
+        "  memory (rank 0): engine host arrays %s, NVMe swap %s, peak RSS %s\n",
         losses.size(), tokens, seconds, tokens / seconds, losses.front(), losses.back(), tail,
         tail_loss, share(total_timing.compute_s), share(total_timing.param_wait_s),
         share(total_timing.grad_reduce_s), share(total_optimizer_s),
         share(seconds - total_timing.compute_s - total_timing.param_wait_s -
               total_timing.grad_reduce_s - total_optimizer_s),
-        HumanBytes(last.host_bytes).c_str(), HumanBytes(last.nvme_bytes).c_str());
+        HumanBytes(last.host_bytes).c_str(), HumanBytes(last.nvme_bytes).c_str(),
+        HumanBytes(PeakRssBytes()).c_str());
   }
   return 0;
 }

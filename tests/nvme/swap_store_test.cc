@@ -156,7 +156,9 @@ TEST(SwapStoreOpen, SecondStoreOnTheSameFilesIsRefusedUntilTheFirstCloses) {
   ScratchDir dir;
   auto first = SwapStore::Open(SmallOptions({dir.path()}));
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = SwapStore::Open(SmallOptions({dir.path()}));
+  SwapStoreOptions options = SmallOptions({dir.path()});
+  options.lock_wait_ms = 50;
+  auto second = SwapStore::Open(options);
   EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(second.status().message(), HasSubstr("in use by another swap store"));
   first->reset();
