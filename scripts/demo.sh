@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs zinf's main job on this machine: what the machine
-# offers; a ZeRO-Infinity optimizer step whose fp32 params and AdamW state live on NVMe,
-# pipelined (read chunk i+1 | update chunk i | write chunk i-1) inside a small host budget,
-# against its I/O-only and compute-only halves; then an MLP trained with ZeRO-3 on 2 ranks
-# with its optimizer state on NVMe.
+# Installs what is missing, builds, and runs zinf's main job on this machine: a GPT-2-style
+# byte-level model trained with ZeRO-3 on 2 ranks (`zinf run`), its parameters on NVMe (a
+# directory under the build tree) and its AdamW state on the CPU, a few hundred steps with
+# the loss falling; then a checkpoint of it, consolidated into one safetensors file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
-scripts/build.sh zinf train_mlp
+scripts/build.sh zinf train_gpt
 
-data_dir="$PWD/build/demo-nvme"
-mkdir -p "$data_dir"
+work="$PWD/build/demo"
+rm -rf "$work"
+mkdir -p "$work/nvme"
 echo
 echo "== zinf info: what this machine offers for offload"
-build/bin/zinf info --path "$data_dir"
+build/bin/zinf info --path "$work/nvme"
 echo
-echo "== AdamW step over 128M parameters with state on NVMe (2 GiB), host budget 512 MiB"
-build/bin/zinf bench optimizer-step --params 128M --state-tier nvme --path "$data_dir" \
-  --host-budget 512MiB --reps 3
+echo "== GPT (0.8M parameters) on 2 ranks: ZeRO-3, parameters on NVMe, optimizer on CPU"
+build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/demo.json \
+  --nvme-path "$work/nvme" --steps 300 --log-every 25 --save "$work/checkpoint" \
+  --metrics "$work/metrics.jsonl"
 echo
-echo "== ZeRO-3 on 2 ranks (zinf run), 4.2M-parameter MLP, AdamW state on NVMe: loss should fall"
-build/bin/zinf run -n 2 -- build/bin/train_mlp --config examples/mlp/configs/nvme.json \
-  --nvme-path "$data_dir" --layers 4 --width 1024 --steps 12
+echo "== the 2 ranks' checkpoint as one safetensors file"
+build/bin/zinf ckpt export "$work/checkpoint" --out "$work/gpt.safetensors" --dtype bf16
+ls -l "$work/gpt.safetensors"
