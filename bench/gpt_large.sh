@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The `large` GPT config (>= 1B parameters; parameters and AdamW state on NVMe) for a few
+# steps on one rank, against its limit measured in the same run: the step time over
+# max(compute-only time, NVMe bytes moved / disk bandwidth), and the peak RSS.
+#   compute-only: the model's forward and backward, the gradient reduction and the optimizer's
+#                 CPU update, as train_gpt's metrics time them (no I/O waits)
+#   disk:         fio's sequential 1 MiB / QD32 O_DIRECT bandwidth on the same path, with 2 MiB
+#                 pages as zinf's staging has (see RESULTS.md, issue 3), measured before and
+#                 after the training run; reads and writes are charged separately
+# Usage: bench/gpt_large.sh [steps=4] [nvme_dir=build/bench-gpt-nvme]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-4}
+nvme_dir=${2:-$PWD/build/bench-gpt-nvme}
+scripts/build.sh zinf train_gpt >/dev/null
+rm -rf "$nvme_dir"
+mkdir -p "$nvme_dir"
+out=$(mktemp -d)
+trap 'rm -rf "$out" "$nvme_dir"' EXIT
+if (($(cat /proc/sys/vm/nr_hugepages) < 32)); then
+  echo 32 | { if [ "$(id -u)" = 0 ]; then tee /proc/sys/vm/nr_hugepages; else sudo tee /proc/sys/vm/nr_hugepages; fi; } >/dev/null
+fi
+
+field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
+disk() { build/bin/zinf bench nvme --path "$nvme_dir" --size 4GiB --reps 1 --fio-huge-pages --json | tail -1; }
+
+d1=$(disk)
+/usr/bin/time -v build/bin/train_gpt --config examples/gpt/configs/large.json \
+  --nvme-path "$nvme_dir" --steps "$steps" --metrics "$out/metrics.jsonl" >"$out/train.txt" 2>"$out/time.txt"
+d2=$(disk)
+grep -E "^train_gpt|^  |^done" "$out/train.txt" || true
+
+fio_read=$(echo "$d1 $d2" | tr ' ' '\n' | field fio_read_MBps | awk '{s += $1} END {print s / NR}')
+fio_write=$(echo "$d1 $d2" | tr ' ' '\n' | field fio_write_MBps | awk '{s += $1} END {print s / NR}')
+echo "$d1" | sed 's/^/disk before: /'
+echo "$d2" | sed 's/^/disk after:  /'
+rss_kb=$(sed -nE 's/.*Maximum resident set size \(kbytes\): ([0-9]+)/\1/p' "$out/time.txt")
+# Steps after the first (which records the module order and touches every page first).
+tail -n +2 "$out/metrics.jsonl" | while read -r line; do
+  step=$(echo "$line" | field step_s)
+  compute=$(echo "$line" | awk -v c="$(echo "$line" | field compute_s)" \
+    -v r="$(echo "$line" | field grad_reduce_s)" -v o="$(echo "$line" | field optimizer_compute_s)" \
+    'BEGIN {print c + r + o}')
+  io=$(awk -v r="$(echo "$line" | field nvme_read_bytes)" -v w="$(echo "$line" | field nvme_written_bytes)" \
+    -v fr="$fio_read" -v fw="$fio_write" 'BEGIN {print r / (fr * 1e6) + w / (fw * 1e6)}')
+  echo "$step $compute $io $(echo "$line" | field nvme_read_bytes) $(echo "$line" | field nvme_written_bytes)"
+done >"$out/steps.txt"
+median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+step=$(cut -d' ' -f1 "$out/steps.txt" | median)
+compute=$(cut -d' ' -f2 "$out/steps.txt" | median)
+io=$(cut -d' ' -f3 "$out/steps.txt" | median)
+awk -v s="$step" -v c="$compute" -v i="$io" -v rss="$rss_kb" -v fr="$fio_read" -v fw="$fio_write" \
+  -v rb="$(cut -d' ' -f4 "$out/steps.txt" | median)" -v wb="$(cut -d' ' -f5 "$out/steps.txt" | median)" 'BEGIN {
+  limit = c > i ? c : i
+  printf "fio (2 MiB pages, mean of before and after): read %.0f MB/s, write %.0f MB/s\n", fr, fw
+  printf "per step (median of steps 2-%d): %.2f s; compute-only %.2f s; NVMe read %.2f GB + written %.2f GB = %.2f s at fio speed\n", NR, s, c, rb / 1e9, wb / 1e9, i
+  printf "step / max(compute-only, io) = %.3f (target <= 1.25)\n", s / limit
+  printf "peak RSS %.2f GiB (target <= 6 GiB)\n", rss / 1048576
+}'
