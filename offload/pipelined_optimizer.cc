@@ -65,6 +65,7 @@ struct PipelinedOptimizer::Shard {
   ShardSpec spec;
   int state_count = 2;
   std::vector<Chunk> chunks;
+  const char* host_grads = nullptr;  // SetHostGradients
 
   ChunkLayout Layout(const Chunk& chunk) const {
     return ChunkLayout(chunk.count, state_count, spec.grad_type,
@@ -319,6 +320,12 @@ Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_b
   return OkStatus();
 }
 
+Status PipelinedOptimizer::SetHostGradients(int id, const void* grads) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  shard->host_grads = static_cast<const char*>(grads);
+  return OkStatus();
+}
+
 Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   if (grads == nullptr) return InvalidArgument("WriteGradients: grads is null");
@@ -436,10 +443,14 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
     const Shard::Chunk& chunk = item.shard->chunks[item.chunk];
     if (chunk.on_nvme && do_io) {
       ChunkLayout layout = item.shard->Layout(chunk);
-      slot.reads.Add(2);
+      slot.reads.Add(1);
       swap_->ReadAsync(chunk.state, slot.base(), slot.reads.Callback());
-      swap_->ReadAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
-      stats_.bytes_read += layout.data_bytes();
+      stats_.bytes_read += layout.state_bytes;
+      if (item.shard->host_grads == nullptr) {
+        slot.reads.Add(1);
+        swap_->ReadAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
+        stats_.bytes_read += layout.grad_bytes;
+      }
     }
     return OkStatus();
   };
@@ -476,7 +487,9 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
     if (do_update) {
       OptimizerSpan span;
       span.params = view.params;
-      span.grads = view.grads;
+      span.grads = shard.host_grads != nullptr
+                       ? shard.host_grads + chunk.offset * ElementSize(view.grad_type)
+                       : view.grads;
       span.grad_type = view.grad_type;
       span.state0 = view.state0;
       span.state1 = view.state1;

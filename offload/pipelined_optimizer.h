@@ -174,6 +174,11 @@ class PipelinedOptimizer {
   Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
               StepMode mode = StepMode::kFull, const ChunkVisitor& updated = nullptr);
 
+  // Makes Step read the shard's gradients (`count` elements of its grad_type) from `grads`, a
+  // host array that must outlive the shard or the next call, instead of from its NVMe extents:
+  // for a caller that accumulates gradients in host memory anyway, this saves writing them to
+  // disk and reading them back each step. nullptr returns to the extents.
+  Status SetHostGradients(int shard, const void* grads);
   // Stores the shard's gradients (`count` elements of its grad_type) for the next Step,
   // writing only the gradient part of each chunk: the engine's path for deposit after the
   // reduce-scatter, without the read and rewrite of parameters and state a visit costs.

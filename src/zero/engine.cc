@@ -426,7 +426,8 @@ struct Engine::Impl {
               }
               return OkStatus();
             }));
-    return OkStatus();
+    // The accumulators are in host memory already: the step reads them there.
+    return pipelined->SetHostGradients(nvme_shard, grad_acc.data());
   }
 
   // Creates the parameter tier's extents and writes the initial values into them.
@@ -441,12 +442,10 @@ struct Engine::Impl {
     return writer.Wait();
   }
 
-  // The optimizer step over NVMe-resident state: deposit the gradients, step, and bring the
-  // new parameters to the parameter tier: the host master (read back from the swap space) or
-  // the NVMe extents (written from the step's chunks as they are updated, no read-back).
+  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
+  // new parameters brought to the parameter tier: the host master (read back from the swap space)
+  // or the NVMe extents (written from the step's chunks as they are updated, no read-back).
   Status NvmeStep(float grad_scale, StepSummary* summary) {
-    ZINF_RETURN_IF_ERROR(pipelined->WriteGradients(nvme_shard, grad_acc.data()));
-    summary->bytes_nvme_written += shard_elements * 4;
     if (host_master) {
       ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
       ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
@@ -656,8 +655,8 @@ struct Engine::Impl {
   }
 
   void MeasureTiers(StepSummary* summary) const {
-    uint64_t host = master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() +
-                    state1.size_bytes();
+    uint64_t host =
+        master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() + state1.size_bytes();
     for (const Param& p : params) host += p.full.size_bytes() + p.grad.size_bytes();
     if (pipelined != nullptr) {
       host += pipelined->staging_pool().stats().arena_bytes +

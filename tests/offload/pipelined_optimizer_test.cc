@@ -293,7 +293,9 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
 
 // WriteGradients and ReadParams move only the gradient and parameter parts of each chunk; a
 // shard fed through them must step exactly like one fed through visits.
-TEST(PipelinedOptimizerTest, WriteGradientsAndReadParamsMatchVisits) {
+// Three ways to give the step its gradients (a visit, WriteGradients, a host array through
+// SetHostGradients) give bitwise the same parameters.
+TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits) {
   ScratchDir dir;
   auto store = SwapStore::Open(StoreOptions(dir.path()));
   ASSERT_TRUE(store.ok()) << store.status();
@@ -318,7 +320,12 @@ TEST(PipelinedOptimizerTest, WriteGradientsAndReadParamsMatchVisits) {
   auto a = (*piped)->AddShard(spec, fill);
   spec.name = "direct";
   auto b = (*piped)->AddShard(spec, fill);
-  ASSERT_TRUE(a.ok() && b.ok());
+  spec.name = "host gradients";
+  spec.group = 1;  // stepped on its own: a group of its own keeps the same step count
+  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
+  auto h = (*piped)->AddShard(spec, fill);
+  ASSERT_TRUE(a.ok() && b.ok() && h.ok());
+  ASSERT_TRUE((*piped)->SetHostGradients(*h, grads.data()).ok());
   for (int step = 0; step < 2; ++step) {
     ASSERT_TRUE((*piped)
                     ->Visit(
@@ -331,6 +338,10 @@ TEST(PipelinedOptimizerTest, WriteGradientsAndReadParamsMatchVisits) {
                     .ok());
     ASSERT_TRUE((*piped)->WriteGradients(*b, grads.data()).ok());
     ASSERT_TRUE((*piped)->Step({*a, *b}).ok());
+    const uint64_t with_extents = (*piped)->last_step_stats().bytes_read;
+    ASSERT_TRUE((*piped)->Step({*h}).ok());
+    EXPECT_LT((*piped)->last_step_stats().bytes_read, with_extents / 2)
+        << "host gradients are not read from NVMe";
   }
   std::vector<float> via_visit(n), via_read(n, -1.0f);
   ASSERT_TRUE((*piped)
@@ -344,6 +355,8 @@ TEST(PipelinedOptimizerTest, WriteGradientsAndReadParamsMatchVisits) {
                   .ok());
   ASSERT_TRUE((*piped)->ReadParams(*b, via_read.data()).ok());
   EXPECT_NE(via_read, init) << "the steps must have changed the parameters";
+  EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
+  ASSERT_TRUE((*piped)->ReadParams(*h, via_read.data()).ok());
   EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
   EXPECT_EQ((*piped)->WriteGradients(*b, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*piped)->ReadParams(99, via_read.data()).code(), StatusCode::kInvalidArgument);
