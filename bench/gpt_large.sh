@@ -49,11 +49,11 @@ median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 step=$(cut -d' ' -f1 "$out/steps.txt" | median)
 compute=$(cut -d' ' -f2 "$out/steps.txt" | median)
 io=$(cut -d' ' -f3 "$out/steps.txt" | median)
-awk -v s="$step" -v c="$compute" -v i="$io" -v rss="$rss_kb" -v fr="$fio_read" -v fw="$fio_write" \
+awk -v n="$(wc -l <"$out/steps.txt")" -v s="$step" -v c="$compute" -v i="$io" -v rss="$rss_kb" -v fr="$fio_read" -v fw="$fio_write" \
   -v rb="$(cut -d' ' -f4 "$out/steps.txt" | median)" -v wb="$(cut -d' ' -f5 "$out/steps.txt" | median)" 'BEGIN {
   limit = c > i ? c : i
   printf "fio (2 MiB pages, mean of before and after): read %.0f MB/s, write %.0f MB/s\n", fr, fw
-  printf "per step (median of steps 2-%d): %.2f s; compute-only %.2f s; NVMe read %.2f GB + written %.2f GB = %.2f s at fio speed\n", NR, s, c, rb / 1e9, wb / 1e9, i
+  printf "per step (median of steps 2-%d): %.2f s; compute-only %.2f s; NVMe read %.2f GB + written %.2f GB = %.2f s at fio speed\n", n + 1, s, c, rb / 1e9, wb / 1e9, i
   printf "step / max(compute-only, io) = %.3f (target <= 1.25)\n", s / limit
   printf "peak RSS %.2f GiB (target <= 6 GiB)\n", rss / 1048576
 }'

@@ -658,6 +658,21 @@ struct Gpt::Impl {
   }
 };
 
+std::vector<std::string> GptConfig::parameter_names() const {
+  std::vector<std::string> names = {"wte.weight", "wpe.weight"};
+  for (int i = 0; i < n_layer; ++i) {
+    for (const char* p :
+         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
+      names.push_back("h." + std::to_string(i) + "." + p);
+    }
+  }
+  names.push_back("ln_f.weight");
+  names.push_back("ln_f.bias");
+  return names;
+}
+
 Gpt::Gpt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gpt::~Gpt() = default;
 

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -43,6 +44,8 @@ struct GptConfig {
   static zinf::StatusOr<GptConfig> FromJson(std::string_view json_object);
   zinf::Status Validate() const;
   int64_t parameter_count() const;
+  // Every parameter's name, in the order the model registers them.
+  std::vector<std::string> parameter_names() const;
 };
 
 class Gpt {

@@ -286,13 +286,17 @@ struct Engine::Impl {
   Status Gather(Param& p) {
     if (p.full_current) return OkStatus();
     const auto t0 = Clock::now();
-    if (p.full.empty()) {
-      ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(p.shard_size * world() * 4));
-    }
     ZINF_ASSIGN_OR_RETURN(const float* local, LocalShard(p));
-    Status gathered = comm->AllGather(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
-    DropStaged(p);
-    ZINF_RETURN_IF_ERROR(gathered);
+    if (params_on_nvme && world() == 1) {
+      p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
+    } else {
+      if (p.full.empty()) {
+        ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(p.shard_size * world() * 4));
+      }
+      Status gathered = comm->AllGather(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
+      DropStaged(p);
+      ZINF_RETURN_IF_ERROR(gathered);
+    }
     p.full_current = true;
     pending.bytes_gathered += p.shard_size * world() * 4;
     pending.seconds_gather += Seconds(t0);
@@ -884,12 +888,17 @@ Status Engine::ReduceGradients(int id) {
       return FailedPrecondition(fmt::format(
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
-    slice.resize(p.shard_size);
-    ZINF_RETURN_IF_ERROR(m.Context(m.comm->ReduceScatter(p.grad.data(), slice.data(), p.shard_size,
-                                                         CommDataType::kFloat32, ReduceOp::kSum),
-                                   fmt::format("reducing the gradient of '{}'", p.spec.name)));
+    const float* reduced = p.grad.as<float>();  // one rank: the gradient is its own shard
+    if (m.world() > 1) {
+      slice.resize(p.shard_size);
+      ZINF_RETURN_IF_ERROR(
+          m.Context(m.comm->ReduceScatter(p.grad.data(), slice.data(), p.shard_size,
+                                          CommDataType::kFloat32, ReduceOp::kSum),
+                    fmt::format("reducing the gradient of '{}'", p.spec.name)));
+      reduced = slice.data();
+    }
     float* acc = m.grad_acc.as<float>() + p.flat_offset;
-    for (uint64_t i = 0; i < p.shard_size; ++i) acc[i] += slice[i];
+    for (uint64_t i = 0; i < p.shard_size; ++i) acc[i] += reduced[i];
     p.grad = HostBuffer();
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }

@@ -12,6 +12,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "tests/ckpt/ckpt_testing.h"
+#include "tests/testing/safetensors.h"
 
 namespace zinf {
 namespace {
@@ -160,30 +161,6 @@ TEST_F(CkptTest, CorruptTruncatedMissingAndMismatchedAreRefused) {
   EXPECT_EQ(*AllCkptParams(*target), *AllCkptParams(*saver));
 }
 
-// Reads a safetensors file: name → (dtype, shape, bytes).
-struct Tensor {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-std::map<std::string, Tensor> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string head(n, '\0');
-  in.read(head.data(), n);
-  const std::string data(std::istreambuf_iterator<char>(in), {});
-  std::map<std::string, Tensor> out;
-  EXPECT_EQ((8 + n) % 8, 0u) << "data must be 8-byte aligned";
-  const nlohmann::json header = nlohmann::json::parse(head);
-  for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__") continue;
-    const uint64_t b = t["data_offsets"][0], e = t["data_offsets"][1];
-    out[name] = {t["dtype"], t["shape"].get<std::vector<int64_t>>(), data.substr(b, e - b)};
-  }
-  return out;
-}
-
 TEST_F(CkptTest, ExportHoldsEveryParameterInFp32AndBf16) {
   auto e = Make("all_nvme");
   ASSERT_TRUE(TrainCkptEngine(*e, 0, 2).ok());
@@ -192,8 +169,10 @@ TEST_F(CkptTest, ExportHoldsEveryParameterInFp32AndBf16) {
       ckpt::ExportSafetensors(Ckpt(), root_ + "/m.safetensors", ckpt::ExportDType::kFp32).ok());
   ASSERT_TRUE(
       ckpt::ExportSafetensors(Ckpt(), root_ + "/h.safetensors", ckpt::ExportDType::kBf16).ok());
-  const auto full = ReadSafetensors(root_ + "/m.safetensors");
-  const auto half = ReadSafetensors(root_ + "/h.safetensors");
+  EXPECT_EQ(testing::ReadSafeTensors(root_ + "/m.safetensors").header_bytes % 8, 0u)
+      << "the data must be 8-byte aligned";
+  const auto full = testing::ReadSafeTensors(root_ + "/m.safetensors").tensors;
+  const auto half = testing::ReadSafeTensors(root_ + "/h.safetensors").tensors;
   ASSERT_EQ(full.size(), 3u);
   EXPECT_EQ(full.at("a.w").shape, (std::vector<int64_t>{37, 11}));
   EXPECT_EQ(half.at("b.w").dtype, "BF16");

@@ -42,24 +42,11 @@ void FillRows(int64_t first_row, int rows, std::vector<int32_t>* tokens,
   }
 }
 
-std::vector<std::string> ParameterNames() {
-  std::vector<std::string> names = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
-  for (int i = 0; i < kModel.n_layer; ++i) {
-    for (const char* p :
-         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
-          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
-      names.push_back("h." + std::to_string(i) + "." + p);
-    }
-  }
-  return names;
-}
-
 // All parameters back to back, written by rank 0 (gathering them is a collective).
 bool WriteParameters(zinf::Engine& engine, int rank, const std::string& path) {
   std::ofstream out;
   if (rank == 0) out.open(path, std::ios::binary);
-  for (const std::string& name : ParameterNames()) {
+  for (const std::string& name : kModel.parameter_names()) {
     std::vector<float> value;
     if (!engine.GatherParameter(name, &value).ok()) return false;
     out.write(reinterpret_cast<const char*>(value.data()), value.size() * 4);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "examples/gpt/gpt_model.h"
+#include "tests/testing/safetensors.h"
 #include "zinf/engine.h"
 
 namespace gpt {
@@ -22,48 +23,8 @@ namespace {
 using zinf::Engine;
 using zinf::EngineConfig;
 
-struct Tensor {
-  std::string dtype;  // "F32" or "I32"
-  std::vector<int64_t> shape;
-  std::vector<char> bytes;
-
-  template <typename T>
-  std::vector<T> values() const {
-    std::vector<T> out(bytes.size() / sizeof(T));
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  }
-};
-
-struct SafeTensors {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;
-};
-
-// safetensors: an 8-byte little-endian header length, a JSON header
-// {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the data.
-SafeTensors ReadSafeTensors(const std::string& path) {
-  SafeTensors out;
-  std::ifstream in(path, std::ios::binary);
-  uint64_t header_size = 0;
-  in.read(reinterpret_cast<char*>(&header_size), 8);
-  std::string header(header_size, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_size));
-  EXPECT_TRUE(in.good() && header_size > 0) << "cannot read " << path;
-  if (!in.good()) return out;
-  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const nlohmann::json json = nlohmann::json::parse(header);
-  for (const auto& [name, entry] : json.items()) {
-    if (name == "__metadata__") {
-      out.metadata = entry.get<std::map<std::string, std::string>>();
-      continue;
-    }
-    const auto offsets = entry["data_offsets"].get<std::vector<size_t>>();
-    out.tensors[name] = {entry["dtype"], entry["shape"].get<std::vector<int64_t>>(),
-                         std::vector<char>(data.begin() + offsets[0], data.begin() + offsets[1])};
-  }
-  return out;
-}
+using zinf::testing::ReadSafeTensors;
+using zinf::testing::SafeTensors;
 
 // The reference's parameter values, as in gpt_torch_ref.py: a hash of (name, index).
 uint32_t Fnv1a(const std::string& s) {
@@ -180,19 +141,6 @@ TEST(GptTest, MatchesPyTorch) {
   }
 }
 
-std::vector<std::string> ParameterNames(const GptConfig& c) {
-  std::vector<std::string> names = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
-  for (int i = 0; i < c.n_layer; ++i) {
-    for (const char* p :
-         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
-          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
-      names.push_back("h." + std::to_string(i) + "." + p);
-    }
-  }
-  return names;
-}
-
 // Loss and gradients of one micro-batch on a freshly initialized model.
 void Gradients(const GptConfig& config, double* loss, std::vector<std::vector<float>>* grads) {
   auto engine = MakeEngine();
@@ -208,7 +156,7 @@ void Gradients(const GptConfig& config, double* loss, std::vector<std::vector<fl
   auto l = (*model)->TrainMicroBatch(tokens.data(), targets.data(), batch);
   ASSERT_TRUE(l.ok()) << l.status();
   *loss = *l;
-  for (const std::string& name : ParameterNames(config)) {
+  for (const std::string& name : config.parameter_names()) {
     grads->emplace_back();
     ASSERT_TRUE(engine->GatherGradient(name, &grads->back()).ok()) << name;
   }
@@ -224,7 +172,7 @@ TEST(GptTest, ActivationCheckpointingGivesBitwiseTheSameGradients) {
   Gradients(config, &loss_off, &off);
   EXPECT_EQ(loss_on, loss_off);
   ASSERT_EQ(on.size(), off.size());
-  const std::vector<std::string> names = ParameterNames(config);
+  const std::vector<std::string> names = config.parameter_names();
   for (size_t i = 0; i < on.size(); ++i) {
     ASSERT_EQ(on[i].size(), off[i].size());
     EXPECT_EQ(std::memcmp(on[i].data(), off[i].data(), on[i].size() * 4), 0) << names[i];

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/safetensors.h"
 #include "tests/tools/run_zinf.h"
 
 namespace {
@@ -122,20 +123,9 @@ std::string SmallConfig(const std::string& placement, int micro_batch) {
 
 // Tensor name -> fp32 values, from a safetensors file.
 std::map<std::string, std::vector<float>> ReadExport(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string head(n, '\0');
-  in.read(head.data(), n);
-  const std::string data(std::istreambuf_iterator<char>(in), {});
-  const nlohmann::json header = nlohmann::json::parse(head);
   std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, t] : header.items()) {
-    if (name == "__metadata__") continue;
-    const uint64_t b = t["data_offsets"][0], e = t["data_offsets"][1];
-    std::vector<float> v((e - b) / 4);
-    std::memcpy(v.data(), data.data() + b, e - b);
-    out[name] = std::move(v);
+  for (const auto& [name, t] : zinf::testing::ReadSafeTensors(path).tensors) {
+    out[name] = t.values<float>();
   }
   return out;
 }
