@@ -7,11 +7,12 @@
 #   disk:         fio's sequential 1 MiB / QD32 O_DIRECT bandwidth on the same path, with 2 MiB
 #                 pages as zinf's staging has (see RESULTS.md, issue 3), measured before and
 #                 after the training run; reads and writes are charged separately
-# Usage: bench/gpt_large.sh [steps=4] [nvme_dir=build/bench-gpt-nvme]
+# Usage: bench/gpt_large.sh [steps=4] [nvme_dir=build/bench-gpt-nvme] [config=examples/gpt/configs/large.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-4}
 nvme_dir=${2:-$PWD/build/bench-gpt-nvme}
+config=${3:-examples/gpt/configs/large.json}
 scripts/build.sh zinf train_gpt >/dev/null
 rm -rf "$nvme_dir"
 mkdir -p "$nvme_dir"
@@ -25,7 +26,7 @@ field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
 disk() { build/bin/zinf bench nvme --path "$nvme_dir" --size 4GiB --reps 1 --fio-huge-pages --json | tail -1; }
 
 d1=$(disk)
-/usr/bin/time -v build/bin/train_gpt --config examples/gpt/configs/large.json \
+/usr/bin/time -v build/bin/train_gpt --config "$config" \
   --nvme-path "$nvme_dir" --steps "$steps" --metrics "$out/metrics.jsonl" >"$out/train.txt" 2>"$out/time.txt"
 d2=$(disk)
 grep -E "^train_gpt|^  |^done" "$out/train.txt" || true
