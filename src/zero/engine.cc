@@ -418,32 +418,52 @@ struct Engine::Impl {
     options.pinned = config.pin_memory;
     ZINF_ASSIGN_OR_RETURN(pipelined,
                           PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
-    ZINF_ASSIGN_OR_RETURN(
-        nvme_shard,
-        pipelined->AddShard(
-            {.name = fmt::format("rank {} shard", rank()), .group = group, .count = shard_elements},
-            [this](const ChunkView& c) {
-              if (host_master) {
-                std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
-              } else {
-                FillInitial(c.offset, c.count, c.params);
-              }
-              return OkStatus();
-            }));
+    ExtentWriter tier(swap.get(), 256ull << 20);
+    StatusOr<int> shard = pipelined->AddShard(
+        {.name = fmt::format("rank {} shard", rank()), .group = group, .count = shard_elements},
+        [&](const ChunkView& c) {
+          if (host_master) {
+            std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
+            return OkStatus();
+          }
+          FillInitial(c.offset, c.count, c.params);
+          return params_on_nvme ? AssembleParamTier(c, &tier) : OkStatus();
+        });
+    Status written = tier.Wait();
+    for (Param& p : params) p.staged = HostBuffer();  // after a failed initialization
+    ZINF_RETURN_IF_ERROR(shard.status());
+    ZINF_RETURN_IF_ERROR(written);
+    nvme_shard = *shard;
     // The accumulators are in host memory already: the step reads them there.
     return pipelined->SetHostGradients(nvme_shard, grad_acc.data());
   }
 
-  // Creates the parameter tier's extents and writes the initial values into them.
-  Status OpenParamTier() {
-    ExtentWriter writer(swap.get(), 256ull << 20);
+  // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,
+  // c.offset + c.count)) into the parameters' tier buffers, and writes each parameter to its
+  // extent once complete. Chunks arrive in order, so a parameter is complete when its last
+  // element is.
+  Status AssembleParamTier(const ChunkView& c, ExtentWriter* writer) {
+    auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+    for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+      Param& p = *it;
+      if (p.staged.empty()) {
+        ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(p.shard_size * 4));
+      }
+      const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
+      const uint64_t last = std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+      std::memcpy(p.staged.as<float>() + (first - p.flat_offset), c.params + (first - c.offset),
+                  (last - first) * 4);
+      if (last == p.flat_offset + p.shard_size) writer->Write(p.extent, std::move(p.staged));
+    }
+    return OkStatus();
+  }
+
+  Status AllocateParamTier() {
     for (Param& p : params) {
       ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(p.shard_size * 4, p.spec.name));
-      ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
-      FillInitial(p.flat_offset, p.shard_size, values.as<float>());
-      writer.Write(p.extent, std::move(values));
     }
-    return writer.Wait();
+    return OkStatus();
   }
 
   // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
@@ -457,24 +477,7 @@ struct Engine::Impl {
       summary->bytes_nvme_read += shard_elements * (1 + states) * 4;
     } else {
       ExtentWriter writer(swap.get(), 256ull << 20);
-      // Chunks arrive in order, so a parameter is complete when its last element is.
-      auto assemble = [&](const ChunkView& c) -> Status {
-        auto it = std::upper_bound(params.begin(), params.end(), c.offset,
-                                   [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-        for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-          Param& p = *it;
-          if (p.staged.empty()) {
-            ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(p.shard_size * 4));
-          }
-          const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
-          const uint64_t last =
-              std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
-          std::memcpy(p.staged.as<float>() + (first - p.flat_offset), c.params + (first - c.offset),
-                      (last - first) * 4);
-          if (last == p.flat_offset + p.shard_size) writer.Write(p.extent, std::move(p.staged));
-        }
-        return OkStatus();
-      };
+      auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, &writer); };
       Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
       Status written = writer.Wait();
       for (Param& p : params) p.staged = HostBuffer();  // after a failed step
@@ -804,8 +807,9 @@ Status Engine::Initialize() {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenSwap(), "opening the NVMe swap space"));
   }
   if (m.params_on_nvme) {
-    ZINF_RETURN_IF_ERROR(m.Context(m.OpenParamTier(), "writing the parameters to NVMe"));
+    ZINF_RETURN_IF_ERROR(m.Context(m.AllocateParamTier(), "allocating the NVMe parameter tier"));
   }
+  // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
   if (m.config.offload_optimizer_device == "nvme") {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
   } else {
@@ -815,6 +819,11 @@ Status Engine::Initialize() {
       ZINF_ASSIGN_OR_RETURN(m.state1, HostBuffer::Allocate(bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
+  }
+  if (m.params_on_nvme && m.host_master) {
+    StepSummary traffic;
+    ZINF_RETURN_IF_ERROR(
+        m.Context(m.WriteParamTierFromMaster(&traffic), "writing the parameters to NVMe"));
   }
   m.initialized = true;
   return OkStatus();
