@@ -27,6 +27,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -88,7 +89,9 @@ class Ring {
   bool initialized_ = false;
   std::mutex mu_;
   std::deque<IoPiece*> pending_;  // guarded by mu_
-  int inflight_ = 0;              // prepared or in the kernel; guarded by mu_
+  // Prepared or in the kernel. Changed under mu_; the reaper also reads it without the lock
+  // (only it lowers it, so what it reads is a lower bound).
+  std::atomic<int> inflight_ = 0;
   std::thread reaper_;
 };
 
@@ -328,7 +331,10 @@ void Ring::Reap() {
   std::vector<Done> done;
   for (;;) {
     io_uring_cqe* cqe = nullptr;
-    const int rc = io_uring_wait_cqe(&ring_, &cqe);
+    // Waking once per eighth of the queue instead of per completion saves a wake-up and a
+    // submit per request at small block sizes, and keeps the queue at least 7/8 full.
+    const unsigned wait_for = std::max(1, inflight_.load(std::memory_order_relaxed) / 8);
+    const int rc = io_uring_wait_cqe_nr(&ring_, &cqe, wait_for);
     if (rc < 0) {
       if (rc != -EINTR) log::Error("io_uring_wait_cqe: {}", std::strerror(-rc));
       continue;
@@ -381,7 +387,7 @@ void Ring::Reap() {
           requeue.push_back(p);
         }
       }
-      inflight_ -= static_cast<int>(batch.size());
+      inflight_.fetch_sub(static_cast<int>(batch.size()), std::memory_order_relaxed);
       for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) pending_.push_front(*it);
       FillLocked();
     }
