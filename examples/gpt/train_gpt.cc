@@ -208,7 +208,7 @@ std::string HumanBytes(uint64_t n) {
 // What one step did, as rank 0 saw it.
 struct StepRecord {
   int64_t step = 0;
-  double loss = 0;  // rank 0's mean over its micro-batches
+  double loss = 0;  // mean over the global batch (every rank's micro-batches)
   double seconds = 0;
   double tokens_per_s = 0;
   gpt::Gpt::Timing timing;
@@ -385,6 +385,9 @@ int main(int argc, char** argv) {
       if (!micro_loss.ok()) return Fail(micro_loss.status());
       loss += *micro_loss / gas;
     }
+    auto mean_loss = engine.MeanOverRanks(loss);
+    if (!mean_loss.ok()) return Fail(mean_loss.status());
+    loss = *mean_loss;
     auto summary = engine.Step();
     if (!summary.ok()) return Fail(summary.status());
     StepRecord r{.step = step + 1,
@@ -430,7 +433,7 @@ int main(int argc, char** argv) {
     auto share = [&](double s) { return 100.0 * s / seconds; };
     std::printf(
         "done: %zu steps, %.0f tokens in %.1f s (%.0f tokens/s)\n"
-        "  loss (rank 0's batches): first %.4f, last %.4f, mean of the last %zu %.4f\n"
+        "  loss: first %.4f, last %.4f, mean of the last %zu %.4f\n"
         "  time: compute %.0f%%, parameter gathers %.0f%%, gradient reduction %.0f%%, "
         "optimizer %.0f%%, other %.0f%%\n"
         "  memory (rank 0): engine host arrays %s, NVMe swap %s, peak RSS %s\n",

@@ -160,6 +160,8 @@ class Engine {
 
   // The factor the trainer multiplies its loss by before backward (1 without fp16).
   double loss_scale() const;
+  // The mean of `value` over all ranks (a collective), e.g. the loss of the global batch.
+  StatusOr<double> MeanOverRanks(double value);
   // The full fp32 value of a parameter (a collective: every rank must call it).
   Status GatherParameter(const std::string& name, std::vector<float>* out);
   // Replaces a parameter's value (`values` holds its numel elements on every rank; each rank

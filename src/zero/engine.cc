@@ -1008,6 +1008,12 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   return OkStatus();
 }
 
+StatusOr<double> Engine::MeanOverRanks(double value) {
+  Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.comm->AllReduce(&value, 1, CommDataType::kFloat64, ReduceOp::kSum));
+  return value / m.world();
+}
+
 Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
