@@ -65,7 +65,6 @@ struct PipelinedOptimizer::Shard {
   ShardSpec spec;
   int state_count = 2;
   std::vector<Chunk> chunks;
-  const char* host_grads = nullptr;  // SetHostGradients
 
   ChunkLayout Layout(const Chunk& chunk) const {
     return ChunkLayout(chunk.count, state_count, spec.grad_type,
@@ -80,7 +79,9 @@ struct PipelinedOptimizer::Shard {
     view.state0 = reinterpret_cast<float*>(base + layout.param_bytes);
     view.state1 =
         state_count == 2 ? reinterpret_cast<float*>(base + 2 * layout.param_bytes) : nullptr;
-    view.grads = base + layout.state_bytes;
+    view.grads = spec.host_grads != nullptr ? static_cast<char*>(spec.host_grads) +
+                                                  chunk.offset * ElementSize(spec.grad_type)
+                                            : base + layout.state_bytes;
     view.grad_type = spec.grad_type;
     return view;
   }
@@ -247,9 +248,11 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
           swap_->Allocate(layout.state_bytes, fmt::format("{} chunk {} state", spec.name, c));
       if (!e.ok()) return fail(std::move(e).status());
       chunk.state = *e;
-      e = swap_->Allocate(layout.grad_bytes, fmt::format("{} chunk {} grads", spec.name, c));
-      if (!e.ok()) return fail(std::move(e).status());
-      chunk.grads = *e;
+      if (spec.host_grads == nullptr) {
+        e = swap_->Allocate(layout.grad_bytes, fmt::format("{} chunk {} grads", spec.name, c));
+        if (!e.ok()) return fail(std::move(e).status());
+        chunk.grads = *e;
+      }
       base = slot.base();
     } else {
       StatusOr<PoolBlock> block = host_state_->Allocate(layout.data_bytes());
@@ -273,7 +276,9 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     Status status = optimizer_->InitState(spec.group, span);
     if (status.ok() && init) status = init(view);
     if (status.ok() && chunk.on_nvme) status = swap_->Write(chunk.state, base);
-    if (status.ok() && chunk.on_nvme) status = swap_->Write(chunk.grads, base + layout.state_bytes);
+    if (status.ok() && chunk.grads.valid()) {
+      status = swap_->Write(chunk.grads, base + layout.state_bytes);
+    }
     if (!status.ok()) return fail(std::move(status).WithContext(s.ChunkName(c)));
   }
   return id;
@@ -306,23 +311,21 @@ Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_b
     Status status;
     if (chunk.on_nvme) {
       status = swap_->Read(chunk.state, base);
-      if (status.ok()) status = swap_->Read(chunk.grads, base + layout.state_bytes);
+      if (status.ok() && chunk.grads.valid()) {
+        status = swap_->Read(chunk.grads, base + layout.state_bytes);
+      }
     }
     if (status.ok()) status = visit(shard->View(chunk, base));
     if (status.ok() && write_back && chunk.on_nvme) {
       status = swap_->Write(chunk.state, base);
-      if (status.ok()) status = swap_->Write(chunk.grads, base + layout.state_bytes);
+      if (status.ok() && chunk.grads.valid()) {
+        status = swap_->Write(chunk.grads, base + layout.state_bytes);
+      }
     }
     if (!status.ok()) {
       return std::move(status).WithContext(fmt::format("visiting {}", shard->ChunkName(c)));
     }
   }
-  return OkStatus();
-}
-
-Status PipelinedOptimizer::SetHostGradients(int id, const void* grads) {
-  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
-  shard->host_grads = static_cast<const char*>(grads);
   return OkStatus();
 }
 
@@ -335,8 +338,10 @@ Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     Shard::Chunk& chunk = shard->chunks[c];
     const char* src = static_cast<const char*>(grads) + chunk.offset * elem;
-    if (!chunk.on_nvme) {
-      std::memcpy(shard->View(chunk, chunk.host.as<char>()).grads, src, chunk.count * elem);
+    if (!chunk.grads.valid()) {  // a host block or the caller's host_grads array
+      char* base = chunk.on_nvme ? staging : chunk.host.as<char>();
+      void* dst = shard->View(chunk, base).grads;
+      if (dst != src) std::memcpy(dst, src, chunk.count * elem);
       continue;
     }
     std::memcpy(staging, src, chunk.count * elem);
@@ -446,7 +451,7 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
       slot.reads.Add(1);
       swap_->ReadAsync(chunk.state, slot.base(), slot.reads.Callback());
       stats_.bytes_read += layout.state_bytes;
-      if (item.shard->host_grads == nullptr) {
+      if (chunk.grads.valid()) {
         slot.reads.Add(1);
         swap_->ReadAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
         stats_.bytes_read += layout.grad_bytes;
@@ -487,9 +492,7 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
     if (do_update) {
       OptimizerSpan span;
       span.params = view.params;
-      span.grads = shard.host_grads != nullptr
-                       ? shard.host_grads + chunk.offset * ElementSize(view.grad_type)
-                       : view.grads;
+      span.grads = view.grads;
       span.grad_type = view.grad_type;
       span.state0 = view.state0;
       span.state1 = view.state1;

@@ -98,6 +98,11 @@ struct ShardSpec {
   ParamCopyTier param_copy_tier = ParamCopyTier::kNone;
   ElementType param_copy_type = ElementType::kBf16;  // kBf16 or kFp16
   void* param_copy = nullptr;  // kHost, kDevice: `count` elements; must outlive the shard
+  // Where the gradients live: null for the shard's own storage (NVMe extents or host blocks,
+  // filled by WriteGradients or a visit); else a host array of `count` elements of grad_type
+  // that must outlive the shard, which the step reads in place: for a caller that accumulates
+  // gradients in host memory anyway, this saves writing them to disk and reading them back.
+  void* host_grads = nullptr;
 };
 
 // One chunk of a shard as the visitor functions see it: the arrays are in host memory.
@@ -174,11 +179,6 @@ class PipelinedOptimizer {
   Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
               StepMode mode = StepMode::kFull, const ChunkVisitor& updated = nullptr);
 
-  // Makes Step read the shard's gradients (`count` elements of its grad_type) from `grads`, a
-  // host array that must outlive the shard or the next call, instead of from its NVMe extents:
-  // for a caller that accumulates gradients in host memory anyway, this saves writing them to
-  // disk and reading them back each step. nullptr returns to the extents.
-  Status SetHostGradients(int shard, const void* grads);
   // Stores the shard's gradients (`count` elements of its grad_type) for the next Step,
   // writing only the gradient part of each chunk: the engine's path for deposit after the
   // reduce-scatter, without the read and rewrite of parameters and state a visit costs.

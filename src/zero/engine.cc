@@ -397,10 +397,10 @@ struct Engine::Impl {
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
     const uint64_t slack = options.aio.block_size;
     if (config.offload_optimizer_device == "nvme") {
-      // Per element: fp32 params and two state arrays (12 B) and fp32 gradients (4 B).
+      // Per element: fp32 params and two state arrays (the gradients stay in host memory).
       const uint64_t chunk = OptimizerChunkElements();
       const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      options.capacity_bytes += chunks * (chunk * 16 + 4 * slack);
+      options.capacity_bytes += chunks * (chunk * 12 + slack);
     }
     if (params_on_nvme) {
       for (const Param& p : params) options.capacity_bytes += p.shard_size * 4 + slack;
@@ -420,7 +420,11 @@ struct Engine::Impl {
                           PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
     ExtentWriter tier(swap.get(), 256ull << 20);
     StatusOr<int> shard = pipelined->AddShard(
-        {.name = fmt::format("rank {} shard", rank()), .group = group, .count = shard_elements},
+        // The gradient accumulators are in host memory already: the step reads them there.
+        {.name = fmt::format("rank {} shard", rank()),
+         .group = group,
+         .count = shard_elements,
+         .host_grads = grad_acc.data()},
         [&](const ChunkView& c) {
           if (host_master) {
             std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
@@ -434,8 +438,7 @@ struct Engine::Impl {
     ZINF_RETURN_IF_ERROR(shard.status());
     ZINF_RETURN_IF_ERROR(written);
     nvme_shard = *shard;
-    // The accumulators are in host memory already: the step reads them there.
-    return pipelined->SetHostGradients(nvme_shard, grad_acc.data());
+    return OkStatus();
   }
 
   // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,

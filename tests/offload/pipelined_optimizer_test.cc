@@ -294,7 +294,7 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
 // WriteGradients and ReadParams move only the gradient and parameter parts of each chunk; a
 // shard fed through them must step exactly like one fed through visits.
 // Three ways to give the step its gradients (a visit, WriteGradients, a host array through
-// SetHostGradients) give bitwise the same parameters.
+// ShardSpec::host_grads) give bitwise the same parameters.
 TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits) {
   ScratchDir dir;
   auto store = SwapStore::Open(StoreOptions(dir.path()));
@@ -322,10 +322,10 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
   auto b = (*piped)->AddShard(spec, fill);
   spec.name = "host gradients";
   spec.group = 1;  // stepped on its own: a group of its own keeps the same step count
+  spec.host_grads = grads.data();
   ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
   auto h = (*piped)->AddShard(spec, fill);
   ASSERT_TRUE(a.ok() && b.ok() && h.ok());
-  ASSERT_TRUE((*piped)->SetHostGradients(*h, grads.data()).ok());
   for (int step = 0; step < 2; ++step) {
     ASSERT_TRUE((*piped)
                     ->Visit(
@@ -358,6 +358,16 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
   EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
   ASSERT_TRUE((*piped)->ReadParams(*h, via_read.data()).ok());
   EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
+  // A visit of the host-gradient shard shows the caller's array as its gradients.
+  ASSERT_TRUE((*piped)
+                  ->Visit(
+                      *h,
+                      [&](const ChunkView& c) {
+                        EXPECT_EQ(c.grads, grads.data() + c.offset);
+                        return OkStatus();
+                      },
+                      /*write_back=*/false)
+                  .ok());
   EXPECT_EQ((*piped)->WriteGradients(*b, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*piped)->ReadParams(99, via_read.data()).code(), StatusCode::kInvalidArgument);
 }
