@@ -17,7 +17,6 @@
 #include <thread>
 
 #include "ckpt/checkpoint.h"
-#include "comm/tcp_store.h"
 #include "tests/ckpt/ckpt_testing.h"
 #include "tests/testing/fork_ranks.h"
 
@@ -28,25 +27,6 @@ namespace fs = std::filesystem;
 using testing::AllCkptParams;
 using testing::MakeCkptEngine;
 using testing::TrainCkptEngine;
-using namespace std::chrono_literals;
-
-int FreePort() {
-  // The probe's server thread lives only in a child, so this process stays single-threaded.
-  int fds[2];
-  if (pipe(fds) != 0) return 29571;
-  if (fork() == 0) {
-    auto probe = TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
-    const int port = probe.ok() ? (*probe)->port() : 29571;
-    (void)!write(fds[1], &port, sizeof port);
-    _exit(0);
-  }
-  int port = 29571;
-  (void)!read(fds[0], &port, sizeof port);
-  wait(nullptr);
-  close(fds[0]);
-  close(fds[1]);
-  return port;
-}
 
 void WriteFloats(const std::string& path, const std::vector<float>& v) {
   std::ofstream(path, std::ios::binary)
@@ -74,7 +54,7 @@ class CkptMultiprocTest : public ::testing::Test {
 std::vector<int> Ranks(int world, const std::string& placement, const std::string& nvme,
                        const std::function<int(Engine&)>& body) {
   fs::create_directories(nvme);
-  const int port = FreePort();
+  const int port = testing::FreePort();
   return testing::ForkRanks(world, [&](int rank) {
     auto engine = MakeCkptEngine(placement, nvme, rank, world, port);
     if (!engine.ok()) {

@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/tcp_store.h"
 #include "examples/gpt/gpt_model.h"
 #include "tests/testing/fork_ranks.h"
 #include "zinf/engine.h"
@@ -99,11 +98,6 @@ int TrainRank(int rank, int world, int port, int batch, int gas, const std::stri
   return losses.good() && WriteParameters(**engine, rank, dir + "/final") ? 0 : 16;
 }
 
-int FreePort() {
-  auto probe = zinf::TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
-  return probe.ok() ? (*probe)->port() : 29561;
-}
-
 struct Training {
   std::vector<double> step_losses;  // mean over ranks and micro-batches
   std::vector<float> init, params;  // all parameters back to back, before and after
@@ -115,7 +109,7 @@ Training TrainAndRead(int world, int batch, int gas) {
                             "x" + std::to_string(batch) + "x" + std::to_string(gas)))
                               .string();
   std::filesystem::create_directories(dir);
-  const int port = FreePort();
+  const int port = zinf::testing::FreePort();
   EXPECT_EQ(zinf::testing::ForkRanks(
                 world, [&](int rank) { return TrainRank(rank, world, port, batch, gas, dir); }),
             std::vector<int>(world, 0));

@@ -2,6 +2,8 @@
 #ifndef ZINF_TESTS_TESTING_FORK_RANKS_H_
 #define ZINF_TESTS_TESTING_FORK_RANKS_H_
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +39,23 @@ inline std::vector<int> ForkRanks(int world, const std::function<int(int rank)>&
     codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   }
   return codes;
+}
+
+// A loopback TCP port that was free a moment ago, for the ranks' rendezvous. A plain socket,
+// so that the caller stays free of threads until it forks.
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 29555;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
 }
 
 }  // namespace zinf::testing

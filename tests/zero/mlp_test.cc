@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/tcp_store.h"
 #include "tests/testing/fork_ranks.h"
 #include "zinf/engine.h"
 
@@ -266,14 +265,9 @@ double MaxDiff(const Model& a, const Model& b) {
   return d;
 }
 
-int FreePort() {
-  auto probe = TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
-  return probe.ok() ? (*probe)->port() : 29555;
-}
-
 // Runs `world` ranks of body(rank, port) as processes; returns their exit codes.
 std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
-  const int port = FreePort();
+  const int port = testing::FreePort();
   return testing::ForkRanks(world, [&](int rank) { return body(rank, port); });
 }
 
