@@ -10,6 +10,10 @@ config=${1:-examples/gpt/configs/memory.json}
 reps=${2:-3}
 threads=${3:-2}
 steps=40
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "bench/gpt_vs_torch.sh needs Debian's PyTorch: apt-get install python3-torch" >&2
+  exit 1
+fi
 scripts/build.sh train_gpt >/dev/null
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
