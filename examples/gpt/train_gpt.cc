@@ -57,11 +57,10 @@ struct Args {
 struct TrainConfig {
   gpt::GptConfig model;
   zinf::EngineConfig engine;
-  int micro_batch = 1;
 };
 
 // Splits a DeepSpeed config: "model" is ours, the rest goes to EngineConfig (which refuses
-// keys it does not know); train_micro_batch_size_per_gpu is read by both.
+// keys it does not know, and reads train_micro_batch_size_per_gpu for the trainer).
 StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path) {
   std::ifstream file(path);
   if (!file) return zinf::InvalidArgument("cannot read config " + path);
@@ -88,7 +87,6 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
   auto engine = zinf::EngineConfig::FromJson(json.dump());
   if (!engine.ok()) return engine.status().WithContext(path);
   c.engine = *engine;
-  c.micro_batch = json.value("train_micro_batch_size_per_gpu", 1);  // validated by the engine
   return c;
 }
 
@@ -343,7 +341,8 @@ int main(int argc, char** argv) {
   }
 
   const int world = engine.world_size(), rank = engine.rank();
-  const int gas = config->engine.gradient_accumulation_steps, batch = config->micro_batch;
+  const int gas = config->engine.gradient_accumulation_steps,
+            batch = config->engine.micro_batch_size;
   const int64_t tokens_per_step = int64_t{world} * gas * batch * mc.seq_len;
   const bool leader = rank == 0;
   const bool terminal = leader && isatty(STDOUT_FILENO);
