@@ -26,7 +26,7 @@
 
 #include "core/memory_budget.h"
 #include "nvme/extent_allocator.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 #include "zinf/host_memory.h"
 #include "zinf/status.h"
 

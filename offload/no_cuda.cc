@@ -1,6 +1,6 @@
 // The CUDA entry points of offload/device.h for builds without CUDA (CMake picks this file
 // instead of offload/cuda/).
-#include "offload/device.h"
+#include "zinf/device.h"
 
 namespace zinf {
 

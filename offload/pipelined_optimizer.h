@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "nvme/swap_store.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 #include "offload/memory_pool.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/status.h"

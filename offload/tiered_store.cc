@@ -24,7 +24,7 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 #include "offload/memory_pool.h"
 #include "offload/tiered_store_internal.h"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/units.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/host_memory.h"

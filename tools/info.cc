@@ -9,7 +9,7 @@
 
 #include "core/units.h"
 #include "nvme/path_probe.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 #include "tools/commands.h"
 #include "zinf/cpu_info.h"
 

@@ -15,7 +15,7 @@
 #include "core/memory_budget.h"
 #include "core/units.h"
 #include "offload/cuda/cuda_status.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {

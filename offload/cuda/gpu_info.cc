@@ -2,7 +2,7 @@
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 
-#include "offload/device.h"
+#include "zinf/device.h"
 
 // ZINF_HAVE_NCCL is set by CMake when it found NCCL beside the toolkit.
 #ifdef ZINF_HAVE_NCCL

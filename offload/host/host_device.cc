@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "core/memory_budget.h"
 #include "core/units.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
-#include "offload/device.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {

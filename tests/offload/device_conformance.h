@@ -11,7 +11,7 @@
 #include <ostream>
 #include <string>
 
-#include "offload/device.h"
+#include "zinf/device.h"
 
 namespace zinf::testing {
 

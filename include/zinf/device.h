@@ -19,8 +19,8 @@
 //
 // Thread-safety: Device methods are thread-safe. A Stream or Event may be used from several
 // threads, but enqueue order between threads is whatever order the calls happen in.
-#ifndef ZINF_OFFLOAD_DEVICE_H_
-#define ZINF_OFFLOAD_DEVICE_H_
+#ifndef ZINF_DEVICE_H_
+#define ZINF_DEVICE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -192,4 +192,4 @@ GpuReport ProbeGpus();
 
 }  // namespace zinf
 
-#endif  // ZINF_OFFLOAD_DEVICE_H_
+#endif  // ZINF_DEVICE_H_
