@@ -41,9 +41,14 @@ namespace zinf {
 // The parts of a DeepSpeed config the engine implements, with DeepSpeed's key names. Unknown
 // keys are errors. Defaults are DeepSpeed's.
 struct EngineConfig {
-  int zero_stage = 3;                       // zero_optimization.stage: 1, 2 or 3
+  int zero_stage = 3;  // zero_optimization.stage: 1, 2 or 3
+  // Gradients are reduce-scattered in buckets of this many elements, each while backward goes
+  // on; a bucket takes this many elements of host memory, twice (one filling, one in flight).
   uint64_t reduce_bucket_size = 500000000;  // zero_optimization.reduce_bucket_size (elements)
   uint64_t stage3_param_persistence_threshold = 100000;  // elements; smaller params stay gathered
+  // Prefetching of NVMe-resident parameters reads ahead this many elements along the recorded
+  // module order, and stops where the gathered and prefetched parameters would exceed
+  // stage3_max_live_parameters elements.
   uint64_t stage3_prefetch_bucket_size = 50000000;
   uint64_t stage3_max_live_parameters = 1000000000;
   std::string offload_param_device = "none";      // none | cpu | nvme
@@ -92,6 +97,12 @@ struct EngineOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Threads for the CPU optimizer (0: all CPUs this process may use).
   int optimizer_threads = 0;
+  // The global ranks of this rank's data-parallel group, when zinf shards over a subset of the
+  // processes (tensor or pipeline parallelism done elsewhere: with tensor parallel size 2 on 4
+  // processes, {0, 2} and {1, 3}). Must hold `rank`; every member passes the same list. Empty:
+  // all ranks. The engine's rank() and world_size() are then those within the group, and
+  // checkpoint files are named by them: give each group a checkpoint directory of its own.
+  std::vector<int> data_parallel_ranks;
 };
 
 enum class ParamInit { kNormal, kZeros, kOnes };
@@ -118,6 +129,9 @@ struct StepSummary {
   uint64_t bytes_reduce_scattered = 0;
   uint64_t bytes_nvme_read = 0;  // optimizer state and parameters to and from NVMe
   uint64_t bytes_nvme_written = 0;
+  // The most parameter elements gathered or being prefetched at once (persistent ones not
+  // counted): what stage3_max_live_parameters bounds, beyond the module being fetched.
+  uint64_t peak_live_parameters = 0;
   double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
   double seconds_optimizer_compute = 0;  // of seconds_optimizer, in the CPU update itself
   // Memory per tier after the step: the engine's host arrays (fp32 master, gradient
@@ -151,8 +165,9 @@ class Engine {
   // Zeroed full-size gradient buffers for the module (one per ParamSpec), to be written by
   // backward; valid until ReduceGradients. Allocated only in backward, never in forward.
   StatusOr<std::vector<float*>> Gradients(int module);
-  // Reduce-scatters the module's gradient buffers and accumulates this rank's shard in fp32,
-  // then frees the buffers. FailedPrecondition when Gradients(module) was not called.
+  // Queues the module's gradients for reduce-scattering (in buckets of reduce_bucket_size,
+  // asynchronously) into this rank's fp32 accumulators, and frees the buffers.
+  // FailedPrecondition when Gradients(module) was not called.
   Status ReduceGradients(int module);
   // Ends a global batch: after gradient_accumulation_steps micro-batches of
   // ReduceGradients on every module, updates the parameters.

@@ -27,10 +27,16 @@
 // from the pipelined step chunk by chunk (ParamTierWriter). Otherwise `master` is the
 // parameter tier and gathers read it directly.
 //
+// Gradients are reduce-scattered in buckets of reduce_bucket_size elements while backward
+// goes on (Note [Gradient buckets] in gradient_buckets.h); Step and GatherGradient wait for
+// the last ones.
+//
 // Note [Prefetch]
 // The first step records the order in which modules are fetched. Later steps follow it: each
 // Fetch starts the NVMe reads of the modules after it, up to stage3_prefetch_bucket_size
-// elements (at least the next module), so the disk works while the current module computes.
+// elements (at least the next module) and as long as the parameters gathered or being read
+// stay within stage3_max_live_parameters elements, so the disk works while the current
+// module computes.
 // A fetch that leaves the recorded order stops prefetching (with a warning); reads then
 // happen on demand, which is always correct, only slower.
 #include <fmt/core.h>
@@ -56,6 +62,7 @@
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
+#include "zero/gradient_buckets.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 #include "zinf/host_memory.h"
@@ -171,6 +178,35 @@ struct Module {
   int reductions = 0;  // ReduceGradients calls since the last Step
 };
 
+// This process's place in its data-parallel group.
+struct DataParallelGroup {
+  int rank = 0;
+  int size = 1;
+  std::string name = "world";  // distinguishes the groups' rendezvous in the store
+};
+
+StatusOr<DataParallelGroup> ResolveGroup(const std::vector<int>& ranks, int rank, int world) {
+  if (ranks.empty()) return DataParallelGroup{rank, world, "world"};
+  DataParallelGroup group{-1, static_cast<int>(ranks.size()), "dp"};
+  std::vector<bool> seen(world);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= world || seen[r]) {
+      return InvalidArgument(
+          fmt::format("data_parallel_ranks {}: each must be a distinct rank in [0, world_size={})",
+                      nlohmann::json(ranks).dump(), world));
+    }
+    seen[r] = true;
+    if (r == rank) group.rank = static_cast<int>(i);
+    group.name += "-" + std::to_string(r);
+  }
+  if (group.rank < 0) {
+    return InvalidArgument(fmt::format("data_parallel_ranks {} does not hold this rank ({})",
+                                       nlohmann::json(ranks).dump(), rank));
+  }
+  return group;
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -178,7 +214,8 @@ struct Engine::Impl {
   std::unique_ptr<TcpStore> store;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<CpuOptimizer> optimizer;
-  int group = 0;
+  int group = 0;        // the optimizer's parameter group
+  int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
 
   std::vector<Module> modules;
   std::vector<Param> params;
@@ -188,6 +225,7 @@ struct Engine::Impl {
   uint64_t shard_elements = 0;
   HostBuffer master, grad_acc, state0, state1;  // master is empty when !host_master
   std::unique_ptr<SwapStore> swap;              // when anything is on NVMe
+  std::unique_ptr<GradientBuckets> buckets;     // world > 1
   // offload_optimizer.device = nvme.
   std::unique_ptr<PipelinedOptimizer> pipelined;
   int nvme_shard = -1;
@@ -303,6 +341,19 @@ struct Engine::Impl {
     return OkStatus();
   }
 
+  // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
+  // being read ahead: what stage3_max_live_parameters bounds.
+  uint64_t LiveElements(int fetching) const {
+    uint64_t live = 0;
+    for (const Param& p : params) {
+      if (!p.persistent &&
+          (modules[p.module].fetched || p.module == fetching || p.staging != nullptr)) {
+        live += p.numel;
+      }
+    }
+    return live;
+  }
+
   // Note [Prefetch]: follows the recorded order from the module just fetched.
   void TraceFetch(int module) {
     if (recording) {
@@ -319,17 +370,34 @@ struct Engine::Impl {
       return;
     }
     ++fetch_cursor;
+    uint64_t live = LiveElements(module);
     uint64_t ahead = 0;
     for (size_t i = fetch_cursor; i < fetch_order.size(); ++i) {
       const Module& next = modules[fetch_order[i]];
       if (i > fetch_cursor && ahead >= config.stage3_prefetch_bucket_size) break;
+      uint64_t needed = 0;
+      for (int pi : next.params) {
+        const Param& p = params[pi];
+        if (!p.full_current && p.staging == nullptr && !p.persistent) needed += p.numel;
+      }
+      if (live + needed > config.stage3_max_live_parameters) break;
+      live += needed;
       for (int pi : next.params) {
         Param& p = params[pi];
-        if (p.full_current) continue;
+        if (p.full_current || p.staging != nullptr) continue;
         ahead += p.numel;
         if (!StartShardRead(p).ok()) return;  // the fetch will read it and report the error
       }
     }
+  }
+
+  // Waits until every reduced gradient is in grad_acc.
+  Status FinishReductions() {
+    if (buckets == nullptr) return OkStatus();
+    const auto t0 = Clock::now();
+    Status finished = Context(buckets->Finish(), "reducing gradients");
+    pending.seconds_reduce += Seconds(t0);
+    return finished;
   }
 
   // Writes every shard of the parameter tier from `master`.
@@ -391,7 +459,7 @@ struct Engine::Impl {
   Status OpenSwap() {
     SwapStoreOptions options;
     options.paths = config.nvme_path;
-    options.rank = rank();
+    options.rank = global_rank;  // groups of other processes may share the nvme_path
     ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
     ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &options.aio));
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
@@ -655,6 +723,7 @@ struct Engine::Impl {
     hysteresis_left = scalars.at("hysteresis_left").get<int>();
     iteration = scalars.at("iteration").get<int64_t>();
     last_overflow_iteration = scalars.at("last_overflow_iteration").get<int64_t>();
+    ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
     std::memset(grad_acc.data(), 0, shard_elements * 4);
     for (Param& p : params) {
       p.full_current = false;
@@ -703,15 +772,6 @@ double Engine::loss_scale() const { return impl_->loss_scale; }
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                  const EngineOptions& options) {
   ZINF_RETURN_IF_ERROR(config.Validate());
-  // Read and validated, not yet acted on: say so rather than ignore them silently.
-  const EngineConfig defaults;
-  if (config.stage3_max_live_parameters != defaults.stage3_max_live_parameters ||
-      config.reduce_bucket_size != defaults.reduce_bucket_size) {
-    log::Warn(
-        "zero_optimization.stage3_max_live_parameters and reduce_bucket_size have no effect "
-        "yet: a module's parameters live from its Fetch to its Release, and gradients are "
-        "reduce-scattered one parameter at a time");
-  }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->params_on_nvme = config.offload_param_device == "nvme";
@@ -724,17 +784,24 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   if (world < 1 || rank < 0 || rank >= world) {
     return InvalidArgument(fmt::format("rank must be in [0, world_size={}), got {}", world, rank));
   }
-  if (world == 1) {
-    ZINF_ASSIGN_OR_RETURN(impl->comm, CreateLocalCommunicator());
-  } else {
+  ZINF_ASSIGN_OR_RETURN(const DataParallelGroup dp,
+                        ResolveGroup(options.data_parallel_ranks, rank, world));
+  impl->global_rank = rank;
+  // Rank 0 serves the store for every group, its own may be a group of one.
+  if (world > 1 && (dp.size > 1 || rank == 0)) {
     ZINF_ASSIGN_OR_RETURN(impl->store, TcpStore::Create({.host = addr,
                                                          .port = static_cast<uint16_t>(port),
                                                          .is_server = rank == 0,
                                                          .timeout = options.timeout}));
-    ZINF_ASSIGN_OR_RETURN(
-        impl->comm,
-        CreateGlooCommunicator(*impl->store,
-                               {.rank = rank, .world_size = world, .timeout = options.timeout}));
+  }
+  if (dp.size == 1) {
+    ZINF_ASSIGN_OR_RETURN(impl->comm, CreateLocalCommunicator());
+  } else {
+    ZINF_ASSIGN_OR_RETURN(impl->comm,
+                          CreateGlooCommunicator(*impl->store, {.rank = dp.rank,
+                                                                .world_size = dp.size,
+                                                                .timeout = options.timeout,
+                                                                .group_name = dp.name}));
   }
   ZINF_ASSIGN_OR_RETURN(impl->optimizer,
                         CpuOptimizer::Create({.threads = options.optimizer_threads}));
@@ -802,6 +869,11 @@ Status Engine::Initialize() {
   }
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
+  if (world > 1) {
+    // A bucket never needs to be larger than every gradient of the model together.
+    const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
+    m.buckets = std::make_unique<GradientBuckets>(m.comm.get(), bucket, m.grad_acc.as<float>());
+  }
   if (m.host_master) {
     ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
@@ -847,6 +919,7 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
     }
   }
   m.TraceFetch(id);
+  m.pending.peak_live_parameters = std::max(m.pending.peak_live_parameters, m.LiveElements(id));
   for (int pi : module->params) {
     Param& p = m.params[pi];
     ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), fmt::format("gathering '{}'", p.spec.name)));
@@ -893,24 +966,23 @@ Status Engine::ReduceGradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = Clock::now();
-  std::vector<float> slice;
   for (int pi : module->params) {
-    Param& p = m.params[pi];
-    if (p.grad.empty()) {
+    if (m.params[pi].grad.empty()) {
       return FailedPrecondition(fmt::format(
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
-    const float* reduced = p.grad.as<float>();  // one rank: the gradient is its own shard
-    if (m.world() > 1) {
-      slice.resize(p.shard_size);
+  }
+  for (int pi : module->params) {
+    Param& p = m.params[pi];
+    if (m.buckets != nullptr) {
       ZINF_RETURN_IF_ERROR(
-          m.Context(m.comm->ReduceScatter(p.grad.data(), slice.data(), p.shard_size,
-                                          CommDataType::kFloat32, ReduceOp::kSum),
+          m.Context(m.buckets->Add(p.grad.as<float>(), p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-      reduced = slice.data();
+    } else {  // one rank: the gradient is its own shard
+      const float* g = p.grad.as<float>();
+      float* acc = m.grad_acc.as<float>() + p.flat_offset;
+      for (uint64_t i = 0; i < p.shard_size; ++i) acc[i] += g[i];
     }
-    float* acc = m.grad_acc.as<float>() + p.flat_offset;
-    for (uint64_t i = 0; i < p.shard_size; ++i) acc[i] += reduced[i];
     p.grad = HostBuffer();
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }
@@ -930,6 +1002,7 @@ StatusOr<StepSummary> Engine::Step() {
                       module.name, module.reductions, m.config.gradient_accumulation_steps));
     }
   }
+  ZINF_RETURN_IF_ERROR(m.FinishReductions());
   const auto t0 = Clock::now();
   StepSummary summary = m.pending;
   m.pending = StepSummary();
@@ -1062,6 +1135,7 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
+  ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
   ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
                                          p.shard_size, CommDataType::kFloat32));

@@ -153,6 +153,45 @@ TEST_P(EngineApiTest, FetchOrderChangeStaysCorrect) {
   }
 }
 
+// stage3_max_live_parameters bounds what prefetching keeps live: with room for module a
+// (18 elements) alone, fetching a must not read b (7) ahead; with the default it does.
+TEST(EnginePrefetchTest, MaxLiveParametersBoundsPrefetching) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-max-live-" + std::to_string(getpid())))
+          .string();
+  for (const uint64_t max_live : {18u, 1000u}) {
+    std::filesystem::create_directories(dir);
+    auto config = EngineConfig::FromJson(
+        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": )" +
+        std::to_string(max_live) + R"(, "offload_param": {"device": "nvme", "nvme_path": ")" + dir +
+        R"("}}})");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    Engine& e = **engine;
+    ASSERT_TRUE(e.RegisterModule("a", {{"a.w", {3, 5}}, {"a.b", {3}}}).ok());
+    ASSERT_TRUE(e.RegisterModule("b", {{"b.w", {7}}}).ok());
+    ASSERT_TRUE(e.Initialize().ok());
+    uint64_t peak = 0;
+    for (int step = 0; step < 3; ++step) {
+      for (int id : {0, 1}) {
+        ASSERT_TRUE(e.Fetch(id).ok());
+        auto grads = e.Gradients(id);
+        ASSERT_TRUE(grads.ok());
+        ASSERT_TRUE(e.ReduceGradients(id).ok());
+        ASSERT_TRUE(e.Release(id).ok());
+      }
+      auto summary = e.Step();
+      ASSERT_TRUE(summary.ok()) << summary.status();
+      peak = summary->peak_live_parameters;  // steps after the first prefetch
+    }
+    EXPECT_EQ(peak, max_live == 18u ? 18u : 25u) << "max_live " << max_live;
+    engine->reset();
+    std::filesystem::remove_all(dir);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Zero, EngineApiTest,
                          ::testing::Values(Placement{"memory", false, false},
                                            Placement{"optimizer_nvme", true, false},

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,7 @@ struct Model {
 struct Placement {
   bool optimizer_nvme = false;
   bool params_nvme = false;
+  uint64_t reduce_bucket_size = 500000000;  // elements; DeepSpeed's default
 };
 
 std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
@@ -103,8 +105,9 @@ std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
                 : std::string("{\"device\": \"cpu\"}");
   };
   return "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
-         ", \"stage3_param_persistence_threshold\": 64, \"offload_optimizer\": " +
-         offload(placement.optimizer_nvme) +
+         ", \"stage3_param_persistence_threshold\": 64, \"reduce_bucket_size\": " +
+         std::to_string(placement.reduce_bucket_size) +
+         ", \"offload_optimizer\": " + offload(placement.optimizer_nvme) +
          (placement.params_nvme ? ", \"offload_param\": " + offload(true) : std::string()) +
          "}, \"gradient_accumulation_steps\": " + std::to_string(accumulation) +
          ", \"gradient_clipping\": " + std::to_string(clipping) +
@@ -113,26 +116,30 @@ std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
          "\"weight_decay\": 0.01}}}";
 }
 
-// One rank's training run; writes the initial and final model (rank 0) to `out_dir`.
+// One rank's training run; writes the initial and final model (rank 0 of its data-parallel
+// group) to `out_dir`. `group`: the data-parallel group's global ranks (empty: all).
 // Returns a process exit code: 0 on success.
-int TrainRank(int rank, int world, int port, int stage, int accumulation, double clipping,
-              const std::string& out_dir, bool fp16 = false, Placement placement = {}) {
+int TrainRank(int global_rank, int global_world, int port, int stage, int accumulation,
+              double clipping, const std::string& out_dir, bool fp16 = false,
+              Placement placement = {}, const std::vector<int>& group = {}) {
   auto config =
       EngineConfig::FromJson(ConfigJson(stage, accumulation, clipping, fp16, placement, out_dir));
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 10;
   }
-  auto engine = Engine::Create(*config, {.rank = rank,
-                                         .world_size = world,
+  auto engine = Engine::Create(*config, {.rank = global_rank,
+                                         .world_size = global_world,
                                          .master_port = port,
                                          .timeout = 20000ms,
-                                         .optimizer_threads = 1});
+                                         .optimizer_threads = 1,
+                                         .data_parallel_ranks = group});
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
     return 11;
   }
   Engine& e = **engine;
+  const int rank = e.rank(), world = e.world_size();  // within the data-parallel group
   const int fc1 =
       *e.RegisterModule("fc1", {{"fc1.weight", {kHidden, kIn}, ParamInit::kNormal, 0.3f},
                                 {"fc1.bias", {kHidden}, ParamInit::kZeros}});
@@ -325,6 +332,68 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 3, 2, 0, {false, true}}, Case{2, 3, 1, 0.05, {true, true}},
                       Case{4, 3, 2, 0, {true, true}}),
     CaseName);
+
+// Note [Gradient buckets]: the bucket size changes when and how gradients are reduced, never
+// the result. 100 elements gives each weight a bucket of its own; 1000 (250 per rank) packs
+// the first micro-batch (182 elements per rank) into one bucket and spreads the second and
+// third over two, so that fc1's shard receives its three additions from three buckets.
+TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
+  const int world = 4;
+  std::vector<std::string> finals;
+  for (uint64_t bucket : {500000000u, 100u, 1000u}) {
+    const std::string dir =
+        (std::filesystem::temp_directory_path() /
+         ("zinf-mlp-bucket-" + std::to_string(getpid()) + "-" + std::to_string(bucket)))
+            .string();
+    std::filesystem::create_directories(dir);
+    Placement placement;
+    placement.reduce_bucket_size = bucket;
+    const std::vector<int> codes = RunRanks(world, [&](int rank, int port) {
+      return TrainRank(rank, world, port, 3, 3, 0.05, dir, false, placement);
+    });
+    ASSERT_EQ(codes, std::vector<int>(world, 0)) << "bucket " << bucket;
+    std::ifstream in(dir + "/final.bin", std::ios::binary);
+    finals.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    std::filesystem::remove_all(dir);
+  }
+  ASSERT_FALSE(finals[0].empty());
+  EXPECT_TRUE(finals[1] == finals[0]) << "bucket 100 differs from one bucket";
+  EXPECT_TRUE(finals[2] == finals[0]) << "bucket 1000 differs from one bucket";
+}
+
+// Data parallelism over a subset of the processes, as beside tensor parallelism of 2 on 4
+// processes: groups {0, 2} and {1, 3} each train as a world of 2, through one store.
+TEST(MlpTest, DataParallelSubgroupsTrainAsTheirOwnWorld) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-mlp-groups-" + std::to_string(getpid())))
+          .string();
+  for (const char* g : {"/g0", "/g1"}) std::filesystem::create_directories(dir + g);
+  const std::vector<int> codes = RunRanks(4, [&](int rank, int port) {
+    const std::vector<int> group = rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    return TrainRank(rank, 4, port, 3, 2, 0, dir + (rank % 2 == 0 ? "/g0" : "/g1"), false, {},
+                     group);
+  });
+  ASSERT_EQ(codes, std::vector<int>(4, 0));
+  for (const char* g : {"/g0", "/g1"}) {
+    const Model init = ReadModel(dir + g + "/init.bin");
+    const Model reference = Reference(init, 2, 2, 0);
+    EXPECT_LT(MaxDiff(ReadModel(dir + g + "/final.bin"), reference), 2e-5) << g;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(EngineFailureTest, BadDataParallelGroupIsRefused) {
+  auto config = EngineConfig::FromJson("{}");
+  ASSERT_TRUE(config.ok());
+  for (const std::vector<int>& group :
+       {std::vector<int>{1, 3}, std::vector<int>{0, 0}, std::vector<int>{0, 4}}) {
+    auto engine =
+        Engine::Create(*config, {.rank = 0, .world_size = 4, .data_parallel_ranks = group});
+    EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(engine.status().message().find("data_parallel_ranks"), std::string::npos)
+        << engine.status();
+  }
+}
 
 TEST(MlpTest, SameInitialModelForEveryWorldSize) {
   std::vector<Model> inits;
