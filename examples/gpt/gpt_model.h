@@ -1,7 +1,10 @@
 // A GPT-2-style language model whose parameters live in a zinf Engine: every module is
 // fetched just before it runs and released after, and its gradients are reduce-scattered as
-// soon as backward has produced them. Forward and backward are written by hand on oneDNN
-// (fp32), so the model needs nothing but zinf's public headers and oneDNN.
+// soon as backward has produced them. Forward and backward are written by hand in fp32 on a
+// compute backend (examples/gpt/gpt_kernels.h) picked by GptOptions::device: on the CPU,
+// oneDNN on a HostDevice; on a GPU, cuBLAS and small custom kernels on a CudaDevice (built
+// where nvcc is). The model needs nothing but zinf's public headers, oneDNN and, for CUDA,
+// the CUDA toolkit.
 //
 // The parameter names are those of Hugging Face's GPT-2 ("h.3.attn.c_attn.weight"), with
 // torch's nn.Linear layout [out, in], so that checkpoints and exports map one to one:
@@ -12,8 +15,8 @@
 //                   h.{i}.mlp.c_proj.{weight [d, 4d], bias [d]}
 //   module "ln_f":  ln_f.weight [d], ln_f.bias [d]
 //
-// Thread-safety: one thread drives a Gpt (as it drives its Engine). The compute runs on
-// OpenMP threads; SetComputeThreads sets how many.
+// Thread-safety: one thread drives a Gpt (as it drives its Engine). On the CPU the compute
+// runs on the calling thread's OpenMP threads; SetComputeThreads sets how many.
 #ifndef ZINF_EXAMPLES_GPT_GPT_MODEL_H_
 #define ZINF_EXAMPLES_GPT_GPT_MODEL_H_
 
@@ -23,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/device.h"
 #include "zinf/engine.h"
 #include "zinf/status.h"
 
@@ -48,12 +52,25 @@ struct GptConfig {
   std::vector<std::string> parameter_names() const;
 };
 
+// Where the model computes. Parameters and gradients stay in the engine either way: on CUDA
+// each fetched module is copied to the GPU and its gradients are copied back.
+struct GptOptions {
+  // kHost (default): oneDNN on the CPU. kCuda: cuBLAS on GPU `device_ordinal`.
+  zinf::DeviceKind device = zinf::DeviceKind::kHost;
+  int device_ordinal = 0;
+  // Budget of the device memory the activations and staging buffers may take. 0: the
+  // machine's memory on the host, CudaDevice's default (90% of what is free) on CUDA.
+  uint64_t device_memory_bytes = 0;
+};
+
 class Gpt {
  public:
   // Registers the model's modules with `engine`, which must not be initialized yet; call
   // engine.Initialize() afterwards. `engine` must outlive the Gpt. InvalidArgument for a bad
-  // config; the engine's error if registration fails.
-  static zinf::StatusOr<std::unique_ptr<Gpt>> Create(zinf::Engine& engine, const GptConfig& config);
+  // config; Unavailable, saying why, for kCuda where zinf was built without CUDA or no GPU is
+  // usable (the engine is then left untouched); the engine's error if registration fails.
+  static zinf::StatusOr<std::unique_ptr<Gpt>> Create(zinf::Engine& engine, const GptConfig& config,
+                                                     const GptOptions& options = {});
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -65,7 +82,9 @@ class Gpt {
   // of (mean loss * engine.loss_scale()) into the engine and reduces them; the caller calls
   // engine.Step() after gradient_accumulation_steps of these. Returns the mean cross-entropy
   // over the batch * seq_len positions. InvalidArgument for a token out of range or
-  // batch < 1; the engine's error if a fetch or reduction fails (the engine is then unusable).
+  // batch < 1; ResourceExhausted when the activations do not fit the device's budget; the
+  // engine's error if a fetch or reduction fails, the backend's (Internal, naming the op) if
+  // a kernel fails (the engine, or the Gpt, is then unusable).
   zinf::StatusOr<double> TrainMicroBatch(const int32_t* tokens, const int32_t* targets, int batch);
   // Forward only: the mean loss, and when `logits` is not null the logits
   // [batch, seq_len, vocab_size]. Leaves no gradients behind.
@@ -86,7 +105,7 @@ class Gpt {
   std::unique_ptr<Impl> impl_;
 };
 
-// Threads for the model's compute (OpenMP, used by oneDNN too), for the calling thread's
+// Threads for the model's CPU compute (OpenMP, used by oneDNN too), for the calling thread's
 // later calls. threads >= 1.
 void SetComputeThreads(int threads);
 

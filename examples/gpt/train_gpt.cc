@@ -4,7 +4,7 @@
 // Build:  cmake --build build --target train_gpt zinf
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
 //             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
-//             [--save DIR [--save-every K]] [--resume DIR]
+//             [--save DIR [--save-every K]] [--resume DIR] [--device cpu|cuda]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
@@ -16,6 +16,11 @@
 // DIR continues from DIR's latest. The data a step sees depends only on the step index and
 // the seed, which the checkpoint records, so a resumed run takes bitwise the steps the
 // uninterrupted one would have.
+//
+// --device cuda runs the model's compute on the GPU (cuBLAS; one GPU per rank, the rank's
+// LOCAL_RANK-th) while the engine keeps parameters, gradients and the optimizer where the
+// config puts them; it fails with Unavailable, saying why, where zinf was built without CUDA
+// or there is no GPU.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -51,7 +56,8 @@ struct Args {
   uint64_t seed = 1234;
   std::string save;  // checkpoint directory; empty: none
   int64_t save_every = 0;
-  std::string resume;  // checkpoint directory to continue from
+  std::string resume;          // checkpoint directory to continue from
+  std::string device = "cpu";  // where the model computes: cpu or cuda
 };
 
 struct TrainConfig {
@@ -310,6 +316,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->needs(app.get_option("--save"));
   app.add_option("--resume", args.resume, "continue from this checkpoint directory's latest");
+  app.add_option("--device", args.device,
+                 "where the model computes: cpu (oneDNN) or cuda (cuBLAS, GPU LOCAL_RANK)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
 
   auto config = LoadConfig(args.config, args.nvme_path);
@@ -323,7 +332,13 @@ int main(int argc, char** argv) {
   auto created = zinf::Engine::Create(config->engine, {.optimizer_threads = threads});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
-  auto model = gpt::Gpt::Create(engine, mc);
+  gpt::GptOptions model_options;
+  if (args.device == "cuda") {
+    model_options.device = zinf::DeviceKind::kCuda;
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    model_options.device_ordinal = local_rank != nullptr ? std::max(0, std::atoi(local_rank)) : 0;
+  }
+  auto model = gpt::Gpt::Create(engine, mc, model_options);
   if (!model.ok()) return Fail(model.status());
   if (Status s = engine.Initialize(); !s.ok()) return Fail(s);
 
@@ -351,12 +366,12 @@ int main(int argc, char** argv) {
   if (leader) {
     std::printf(
         "train_gpt: %.2fM parameters (d_model %d, %d layers, %d heads, seq_len %d, vocab %d, "
-        "activation checkpointing %s)\n"
+        "activation checkpointing %s) on %s\n"
         "  %d rank(s) x %d thread(s); micro-batch %d x gradient accumulation %d = %lld tokens "
         "per step; ZeRO stage %d, parameters on %s, optimizer (%s) on %s\n"
         "  data: %s (%zu bytes)\n",
         mc.parameter_count() / 1e6, mc.d_model, mc.n_layer, mc.n_head, mc.seq_len, mc.vocab_size,
-        mc.activation_checkpointing ? "on" : "off", world, threads, batch, gas,
+        mc.activation_checkpointing ? "on" : "off", args.device.c_str(), world, threads, batch, gas,
         static_cast<long long>(tokens_per_step), config->engine.zero_stage,
         config->engine.offload_param_device.c_str(), config->engine.optimizer_type.c_str(),
         config->engine.offload_optimizer_device.c_str(),

@@ -1,7 +1,7 @@
 // train_gpt end to end under `zinf run`: it trains (the loss falls), writes one JSON line of
 // metrics per step, and refuses a bad config naming the key; its checkpoints resume bitwise
 // after a crash, and two ranks with everything on NVMe train the model one rank does in
-// memory (compared through `zinf ckpt export`).
+// memory (compared through `zinf ckpt export`); --device cuda without a GPU is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -247,6 +247,22 @@ TEST_F(TrainGptTest, BadConfigIsRefusedNamingTheKey) {
   run = Train(1, "--config " + (dir_ / "missing.json").string());
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("cannot read config"), std::string::npos) << run.output;
+}
+
+// --device cuda where there is no GPU (or no CUDA build) stops at once with Unavailable and
+// the reason, before any training; --device takes only cpu and cuda.
+TEST_F(TrainGptTest, DeviceCudaWithoutAGpuIsUnavailable) {
+  const std::string config = WriteConfig(R"({
+    "model": {"seq_len": 8, "d_model": 16, "n_layer": 1, "n_head": 2},
+    "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})");
+  ZinfRun run = Train(1, "--config " + config + " --steps 2 --threads 1 --device cuda");
+  if (run.exit_code == 0) GTEST_SKIP() << "a GPU is usable here; trained on it";
+  EXPECT_NE(run.output.find("train_gpt: Unavailable: "), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("step 1/2"), std::string::npos) << run.output;
+
+  run = Train(1, "--config " + config + " --device gpu");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("--device: gpu not in {cpu,cuda}"), std::string::npos) << run.output;
 }
 
 }  // namespace

@@ -1,0 +1,156 @@
+// The compute of the GPT example (examples/gpt/gpt_model.h) behind one interface, so that the
+// model runs unchanged on the CPU and on a GPU:
+//   - CPU: oneDNN primitives and plain loops (gpt_kernels_cpu.cc), on a HostDevice;
+//   - CUDA: cuBLAS plus small custom kernels (gpt_kernels_cuda.cc, gpt_kernels_cuda.cu), on a
+//     CudaDevice; compiled only where nvcc is (gpt_kernels_no_cuda.cc otherwise).
+//
+// Every float pointer passed to an op is backend memory: memory from device().Allocate() (the
+// activations and scratch, so that they count against the device's budget), or what
+// Parameters() and Gradients() hand back. Ops are enqueued in order on one stream and may run
+// asynchronously (on CUDA they do; on the CPU they run inline on the calling thread). An op
+// that fails records the first error, which is sticky: later ops become no-ops and every
+// Status-returning call reports it. See Note [GPT compute] in gpt_kernels_cpu.cc for the
+// numerics.
+//
+// Thread-safety: one thread drives a GptKernels.
+#ifndef ZINF_EXAMPLES_GPT_GPT_KERNELS_H_
+#define ZINF_EXAMPLES_GPT_GPT_KERNELS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "zinf/device.h"
+#include "zinf/status.h"
+
+namespace gpt {
+
+// A row-major matrix {rows, cols} or a batch of them {batch, rows, cols} anywhere in backend
+// memory, with strides in elements. Transposed views swap the last two strides.
+struct View {
+  const float* data = nullptr;
+  int ndims = 2;
+  std::array<int64_t, 3> dims{};
+  std::array<int64_t, 3> strides{};
+
+  int64_t batch() const { return ndims == 3 ? dims[0] : 1; }
+  int64_t batch_stride() const { return ndims == 3 ? strides[0] : 0; }
+  int64_t rows() const { return dims[ndims - 2]; }
+  int64_t cols() const { return dims[ndims - 1]; }
+  int64_t row_stride() const { return strides[ndims - 2]; }
+  int64_t col_stride() const { return strides[ndims - 1]; }
+};
+
+inline View Matrix(const float* data, int64_t rows, int64_t cols) {
+  return {data, 2, {rows, cols, 0}, {cols, 1, 0}};
+}
+
+// `batch` matrices [rows, cols] with row stride `ld`, `batch_stride` apart: e.g. the heads of
+// q inside one sequence's [T, 3d] c_attn output.
+inline View Batched(const float* data, int64_t batch, int64_t rows, int64_t cols,
+                    int64_t batch_stride, int64_t ld) {
+  return {data, 3, {batch, rows, cols}, {batch_stride, ld, 1}};
+}
+
+inline View Transposed(View v) {
+  std::swap(v.dims[v.ndims - 1], v.dims[v.ndims - 2]);
+  std::swap(v.strides[v.ndims - 1], v.strides[v.ndims - 2]);
+  return v;
+}
+
+// Which module's parameters or gradients a staging call is about: modules in different
+// slots may be held at the same time (the head needs "embed" and "ln_f" together).
+enum class Slot { kEmbed, kLnF, kBlock };
+
+class GptKernels {
+ public:
+  // Waits for queued work (best effort).
+  virtual ~GptKernels() = default;
+
+  // Where the activations live: allocate them here.
+  virtual zinf::Device& device() = 0;
+
+  // ---- Staging between the engine's host buffers and backend memory.
+
+  // Backend copies of one fetched module's parameters (`host[i]` holds `numel[i]` floats).
+  // CPU: the host pointers themselves. CUDA: copied into the slot's device buffers, which
+  // stay valid until the next Parameters() call for the slot; the host buffers may be
+  // released once this returns.
+  virtual zinf::StatusOr<std::vector<const float*>> Parameters(
+      Slot slot, const std::vector<float*>& host, const std::vector<int64_t>& numel) = 0;
+  // Buffers that backward adds a module's gradients into. CPU: the engine's host gradient
+  // buffers themselves. CUDA: the slot's device buffers, zeroed; AddGradientsToHost then adds
+  // them into the host buffers.
+  virtual zinf::StatusOr<std::vector<float*>> Gradients(Slot slot, const std::vector<float*>& host,
+                                                        const std::vector<int64_t>& numel) = 0;
+  // Adds the slot's gradients into `host` (the buffers Gradients() was given, or the same
+  // module's buffers again) and waits for that. A no-op on the CPU.
+  virtual zinf::Status AddGradientsToHost(Slot slot, const std::vector<float*>& host) = 0;
+  // Copies n floats of backend memory to host memory and waits.
+  virtual zinf::Status CopyToHost(float* host, const float* src, int64_t n) = 0;
+  // Waits for every queued op; the first error of any op so far.
+  virtual zinf::Status Synchronize() = 0;
+
+  // ---- Ops. Shapes are in elements; n rows of d columns unless said otherwise.
+
+  // The tokens and targets (host memory, n values each) of the batch the embedding and
+  // cross-entropy ops below use. The pointers may be reused once this returns.
+  virtual void SetTokens(const int32_t* tokens, const int32_t* targets, int64_t n) = 0;
+  // x[r] = wte[tokens[r]] + wpe[r % t].
+  virtual void EmbeddingForward(const float* wte, const float* wpe, float* x, int64_t n, int64_t t,
+                                int64_t d) = 0;
+  // dwte[tokens[r]] += dx[r] and dwpe[r % t] += dx[r], over every row r.
+  virtual void EmbeddingBackward(const float* dx, float* dwte, float* dwpe, int64_t n, int64_t t,
+                                 int64_t d) = 0;
+  // c = scale * a·b, plus bias[column] when `bias` is given, plus c's old value when
+  // `accumulate`. c must have unit column stride. A bias needs a 2-d c and scale 1.
+  virtual void Matmul(const View& a, const View& b, const View& c, const float* bias = nullptr,
+                      float scale = 1.0f, bool accumulate = false) = 0;
+  // Each row of x normalized, times gamma plus beta, into y; the row means and variances
+  // (biased) are kept for the backward.
+  virtual void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                                float* mean, float* var, int64_t rows, int64_t cols) = 0;
+  // dx = the gradient through the LayerNorm of dy (written); the gradients of gamma and beta
+  // are added into dgamma and dbeta.
+  virtual void LayerNormBackward(const float* x, const float* gamma, const float* beta,
+                                 const float* mean, const float* var, const float* dy, float* dx,
+                                 float* dgamma, float* dbeta, int64_t rows, int64_t cols) = 0;
+  // GELU with the tanh approximation (GPT-2's, torch's gelu(approximate='tanh')).
+  virtual void GeluForward(const float* x, float* y, int64_t n) = 0;
+  // dx = dy * gelu'(x).
+  virtual void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) = 0;
+  // Softmax of each row of `matrices` [t, t] score matrices in place, row i over its first
+  // i + 1 entries (causal); the entries past them become 0.
+  virtual void CausalSoftmax(float* scores, int64_t matrices, int64_t t) = 0;
+  // From the softmax output p and the gradient dp of its output, the gradient of the scores
+  // before the softmax (and before the 1/sqrt(head_dim) `scale`), in place of dp.
+  virtual void CausalSoftmaxBackward(const float* p, float* dp, int64_t matrices, int64_t t,
+                                     float scale) = 0;
+  // The mean over rows of -log softmax(logits)[target] (targets from SetTokens); waits for
+  // it. With grad_scale != 0 the logits are replaced by grad_scale times the gradient of each
+  // row's loss: softmax - onehot(target).
+  virtual zinf::StatusOr<double> CrossEntropy(float* logits, int64_t rows, int64_t vocab,
+                                              float grad_scale) = 0;
+  // out[j] += sum over rows of m[row][j]: a bias gradient.
+  virtual void AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out) = 0;
+  // out = a + b (out may be a or b).
+  virtual void Add(const float* a, const float* b, float* out, int64_t n) = 0;
+  virtual void Copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void Zero(float* dst, int64_t n) = 0;
+};
+
+// The oneDNN backend on a HostDevice whose budget is `memory_budget_bytes` (0: the machine's
+// memory). Errors: the HostDevice's.
+zinf::StatusOr<std::unique_ptr<GptKernels>> CreateCpuKernels(uint64_t memory_budget_bytes);
+
+// The cuBLAS backend on CUDA device `ordinal` (budget 0: CudaDevice's default). Unavailable,
+// with CreateCudaDevice's reason, when zinf was built without CUDA or no GPU is usable;
+// Internal naming the call when cuBLAS cannot start.
+zinf::StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal,
+                                                              uint64_t memory_budget_bytes);
+
+}  // namespace gpt
+
+#endif  // ZINF_EXAMPLES_GPT_GPT_KERNELS_H_

@@ -1,0 +1,348 @@
+// The GPT example's CPU backend: oneDNN primitives and plain loops, in fp32, run inline on the
+// calling thread (on its OpenMP threads; see SetComputeThreads). Activations live on a
+// HostDevice, so they count against its budget; parameters and gradients are the engine's
+// host buffers, used in place.
+//
+// Note [GPT compute]
+// Matmuls, LayerNorm and GELU are oneDNN primitives in fp32, created once per shape and
+// cached: creating one costs more than running it many times at these sizes. Attention runs
+// one sequence at a time as matmuls batched over the heads, reading q, k and v in place from
+// the c_attn output through strides (a 4-d batch over sequences and heads with these strides
+// falls off oneDNN's fast path). The causal softmax and the cross-entropy are plain loops:
+// oneDNN's softmax has no mask, and a loop skips the masked half of each row outright.
+// Weight gradients are matmuls with a sum post-op, so they accumulate into the engine's
+// gradient buffers as its contract asks; bias and LayerNorm gradients are added likewise.
+// The CUDA backend (gpt_kernels_cuda.cc) computes the same functions with cuBLAS and its own
+// kernels; it agrees to float rounding, not bitwise.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <new>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+#include <utility>
+
+#include "examples/gpt/gpt_kernels.h"
+#include "zinf/cpu_info.h"
+
+namespace gpt {
+namespace {
+
+using dnnl::memory;
+using zinf::Status;
+using zinf::StatusOr;
+
+constexpr float kLayerNormEps = 1e-5f;
+
+class CpuKernels final : public GptKernels {
+ public:
+  CpuKernels(std::unique_ptr<zinf::Device> device)
+      : device_(std::move(device)), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  zinf::Device& device() override { return *device_; }
+
+  StatusOr<std::vector<const float*>> Parameters(Slot, const std::vector<float*>& host,
+                                                 const std::vector<int64_t>&) override {
+    ZINF_RETURN_IF_ERROR(status_);
+    return std::vector<const float*>(host.begin(), host.end());
+  }
+  StatusOr<std::vector<float*>> Gradients(Slot, const std::vector<float*>& host,
+                                          const std::vector<int64_t>&) override {
+    ZINF_RETURN_IF_ERROR(status_);
+    return host;
+  }
+  Status AddGradientsToHost(Slot, const std::vector<float*>&) override { return status_; }
+  Status CopyToHost(float* host, const float* src, int64_t n) override {
+    ZINF_RETURN_IF_ERROR(status_);
+    std::copy(src, src + n, host);
+    return status_;
+  }
+  Status Synchronize() override { return status_; }
+
+  void SetTokens(const int32_t* tokens, const int32_t* targets, int64_t n) override {
+    tokens_.assign(tokens, tokens + n);
+    targets_.assign(targets, targets + n);
+  }
+
+  void EmbeddingForward(const float* wte, const float* wpe, float* x, int64_t n, int64_t t,
+                        int64_t d) override {
+    if (!status_.ok()) return;
+    for (int64_t r = 0; r < n; ++r) {
+      Add(wte + tokens_[r] * d, wpe + (r % t) * d, x + r * d, d);
+    }
+  }
+
+  void EmbeddingBackward(const float* dx, float* dwte, float* dwpe, int64_t n, int64_t t,
+                         int64_t d) override {
+    if (!status_.ok()) return;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* g = dx + r * d;
+      float* gtok = dwte + tokens_[r] * d;
+      float* gpos = dwpe + (r % t) * d;
+      for (int64_t j = 0; j < d; ++j) {
+        gtok[j] += g[j];
+        gpos[j] += g[j];
+      }
+    }
+  }
+
+  void Matmul(const View& a, const View& b, const View& c, const float* bias, float scale,
+              bool accumulate) override {
+    Run("matmul", [&] {
+      std::vector<int64_t> key;
+      for (const View* v : {&a, &b, &c}) {
+        key.insert(key.end(), v->dims.begin(), v->dims.begin() + v->ndims);
+        key.insert(key.end(), v->strides.begin(), v->strides.begin() + v->ndims);
+      }
+      uint32_t scale_bits;
+      std::memcpy(&scale_bits, &scale, 4);
+      key.insert(key.end(), {bias != nullptr, accumulate, scale_bits});
+      const memory::desc bias_md =
+          bias != nullptr ? Md(gpt::Matrix(bias, 1, c.cols())) : memory::desc();
+      auto it = matmuls_.find(key);
+      if (it == matmuls_.end()) {
+        dnnl::primitive_attr attr;
+        if (scale != 1.0f) attr.set_output_scales(0, {scale});
+        if (accumulate) {
+          dnnl::post_ops ops;
+          ops.append_sum(1.0f);
+          attr.set_post_ops(ops);
+        }
+        const dnnl::matmul::desc desc = bias != nullptr
+                                            ? dnnl::matmul::desc(Md(a), Md(b), bias_md, Md(c))
+                                            : dnnl::matmul::desc(Md(a), Md(b), Md(c));
+        it = matmuls_.emplace(key, dnnl::matmul({desc, attr, engine_})).first;
+      }
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, Mem(a)}, {DNNL_ARG_WEIGHTS, Mem(b)}, {DNNL_ARG_DST, Mem(c)}};
+      if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, Mem(bias_md, bias));
+      it->second.execute(stream_, args);
+    });
+  }
+
+  void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* var, int64_t rows, int64_t cols) override {
+    Run("layer norm forward", [&] {
+      LayerNormPrimitives& p = LayerNorm(rows, cols);
+      p.forward.execute(stream_, {{DNNL_ARG_SRC, Mem(p.data, x)},
+                                  {DNNL_ARG_DST, Mem(p.data, y)},
+                                  {DNNL_ARG_MEAN, Mem(p.stat, mean)},
+                                  {DNNL_ARG_VARIANCE, Mem(p.stat, var)},
+                                  {DNNL_ARG_SCALE, Mem(p.param, gamma)},
+                                  {DNNL_ARG_SHIFT, Mem(p.param, beta)}});
+    });
+  }
+
+  // (oneDNN asks for beta although it does not use it.)
+  void LayerNormBackward(const float* x, const float* gamma, const float* beta, const float* mean,
+                         const float* var, const float* dy, float* dx, float* dgamma, float* dbeta,
+                         int64_t rows, int64_t cols) override {
+    Run("layer norm backward", [&] {
+      LayerNormPrimitives& p = LayerNorm(rows, cols);
+      float* dscale = p.dparams.data();
+      float* dshift = dscale + cols;
+      p.backward.execute(stream_, {{DNNL_ARG_SRC, Mem(p.data, x)},
+                                   {DNNL_ARG_MEAN, Mem(p.stat, mean)},
+                                   {DNNL_ARG_VARIANCE, Mem(p.stat, var)},
+                                   {DNNL_ARG_DIFF_DST, Mem(p.data, dy)},
+                                   {DNNL_ARG_SCALE, Mem(p.param, gamma)},
+                                   {DNNL_ARG_SHIFT, Mem(p.param, beta)},
+                                   {DNNL_ARG_DIFF_SRC, Mem(p.data, dx)},
+                                   {DNNL_ARG_DIFF_SCALE, Mem(p.param, dscale)},
+                                   {DNNL_ARG_DIFF_SHIFT, Mem(p.param, dshift)}});
+      for (int64_t j = 0; j < cols; ++j) {
+        dgamma[j] += dscale[j];
+        dbeta[j] += dshift[j];
+      }
+    });
+  }
+
+  void GeluForward(const float* x, float* y, int64_t n) override {
+    Run("gelu forward", [&] {
+      GeluPrimitives& p = Gelu(n);
+      p.forward.execute(stream_, {{DNNL_ARG_SRC, Mem(p.data, x)}, {DNNL_ARG_DST, Mem(p.data, y)}});
+    });
+  }
+
+  void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override {
+    Run("gelu backward", [&] {
+      GeluPrimitives& p = Gelu(n);
+      p.backward.execute(stream_, {{DNNL_ARG_SRC, Mem(p.data, x)},
+                                   {DNNL_ARG_DIFF_DST, Mem(p.data, dy)},
+                                   {DNNL_ARG_DIFF_SRC, Mem(p.data, dx)}});
+    });
+  }
+
+  void CausalSoftmax(float* scores, int64_t matrices, int64_t t) override {
+    if (!status_.ok()) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < matrices * t; ++r) {
+      float* row = scores + r * t;
+      const int64_t n = r % t + 1;
+      const float max = *std::max_element(row, row + n);
+      float sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        row[j] = std::exp(row[j] - max);
+        sum += row[j];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      std::fill(row + n, row + t, 0.0f);
+    }
+  }
+
+  void CausalSoftmaxBackward(const float* p, float* dp, int64_t matrices, int64_t t,
+                             float scale) override {
+    if (!status_.ok()) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < matrices * t; ++r) {
+      const float* prow = p + r * t;
+      float* drow = dp + r * t;
+      const int64_t n = r % t + 1;
+      float dot = 0;
+      for (int64_t j = 0; j < n; ++j) dot += prow[j] * drow[j];
+      for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
+      std::fill(drow + n, drow + t, 0.0f);
+    }
+  }
+
+  StatusOr<double> CrossEntropy(float* logits, int64_t rows, int64_t vocab,
+                                float grad_scale) override {
+    ZINF_RETURN_IF_ERROR(status_);
+    const int32_t* targets = targets_.data();
+    double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* z = logits + r * vocab;
+      const float max = *std::max_element(z, z + vocab);
+      float sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(z[j] - max);
+      const float log_sum = max + std::log(sum);
+      total += log_sum - z[targets[r]];
+      if (grad_scale != 0) {
+        for (int64_t j = 0; j < vocab; ++j) z[j] = std::exp(z[j] - log_sum) * grad_scale;
+        z[targets[r]] -= grad_scale;
+      }
+    }
+    return total / static_cast<double>(rows);
+  }
+
+  void AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out) override {
+    if (!status_.ok()) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < cols; ++j) out[j] += m[r * cols + j];
+    }
+  }
+
+  void Add(const float* a, const float* b, float* out, int64_t n) override {
+    if (!status_.ok()) return;
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+
+  void Copy(float* dst, const float* src, int64_t n) override {
+    if (status_.ok()) std::copy(src, src + n, dst);
+  }
+  void Zero(float* dst, int64_t n) override {
+    if (status_.ok()) std::fill(dst, dst + n, 0.0f);
+  }
+
+ private:
+  struct LayerNormPrimitives {
+    memory::desc data, stat, param;
+    dnnl::layer_normalization_forward forward;
+    dnnl::layer_normalization_backward backward;
+    std::vector<float> dparams;  // oneDNN writes dgamma, dbeta here; we add them up
+  };
+  struct GeluPrimitives {
+    memory::desc data;
+    dnnl::eltwise_forward forward;
+    dnnl::eltwise_backward backward;
+  };
+
+  // Runs a oneDNN call, turning its exceptions into the sticky error.
+  template <typename Fn>
+  void Run(const char* op, Fn&& fn) {
+    if (!status_.ok()) return;
+    try {
+      fn();
+    } catch (const dnnl::error& e) {
+      status_ = zinf::Internal(
+          fmt::format("oneDNN {}: {} (status {})", op, e.what(), static_cast<int>(e.status)));
+    } catch (const std::bad_alloc&) {
+      status_ = zinf::ResourceExhausted(fmt::format("oneDNN {}: out of host memory", op));
+    }
+  }
+
+  static memory::desc Md(const View& v) {
+    return memory::desc(memory::dims(v.dims.begin(), v.dims.begin() + v.ndims),
+                        memory::data_type::f32,
+                        memory::dims(v.strides.begin(), v.strides.begin() + v.ndims));
+  }
+  memory Mem(const View& v) { return Mem(Md(v), v.data); }
+  // oneDNN takes non-const handles for inputs too; it does not write them.
+  memory Mem(const memory::desc& md, const float* data) {
+    return memory(md, engine_, const_cast<float*>(data));
+  }
+
+  LayerNormPrimitives& LayerNorm(int64_t rows, int64_t cols) {
+    auto it = layer_norms_.find({rows, cols});
+    if (it != layer_norms_.end()) return it->second;
+    using dnnl::normalization_flags;
+    using dnnl::prop_kind;
+    const auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+    LayerNormPrimitives p;
+    p.data = memory::desc({rows, cols}, memory::data_type::f32, memory::format_tag::ab);
+    p.stat = memory::desc({rows}, memory::data_type::f32, memory::format_tag::a);
+    p.param = memory::desc({cols}, memory::data_type::f32, memory::format_tag::a);
+    const dnnl::layer_normalization_forward::primitive_desc forward(
+        {prop_kind::forward_training, p.data, p.stat, kLayerNormEps, flags}, engine_);
+    p.forward = dnnl::layer_normalization_forward(forward);
+    p.backward = dnnl::layer_normalization_backward(
+        {{prop_kind::backward, p.data, p.data, p.stat, kLayerNormEps, flags}, engine_, forward});
+    p.dparams.resize(2 * cols);
+    return layer_norms_.emplace(std::pair{rows, cols}, std::move(p)).first->second;
+  }
+
+  GeluPrimitives& Gelu(int64_t n) {
+    auto it = gelus_.find(n);
+    if (it != gelus_.end()) return it->second;
+    const auto algorithm = dnnl::algorithm::eltwise_gelu_tanh;
+    GeluPrimitives p;
+    p.data = memory::desc({n}, memory::data_type::f32, memory::format_tag::a);
+    const dnnl::eltwise_forward::primitive_desc forward(
+        {dnnl::prop_kind::forward_training, algorithm, p.data, 0.0f, 0.0f}, engine_);
+    p.forward = dnnl::eltwise_forward(forward);
+    p.backward =
+        dnnl::eltwise_backward({{algorithm, p.data, p.data, 0.0f, 0.0f}, engine_, forward});
+    return gelus_.emplace(n, std::move(p)).first->second;
+  }
+
+  std::unique_ptr<zinf::Device> device_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  Status status_;  // the first error; sticky
+  std::vector<int32_t> tokens_, targets_;
+  std::map<std::vector<int64_t>, dnnl::matmul> matmuls_;
+  std::map<std::pair<int64_t, int64_t>, LayerNormPrimitives> layer_norms_;
+  std::map<int64_t, GeluPrimitives> gelus_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GptKernels>> CreateCpuKernels(uint64_t memory_budget_bytes) {
+  if (memory_budget_bytes == 0) memory_budget_bytes = zinf::GetCpuInfo().total_memory_bytes;
+  // Where /proc/meminfo does not say, leave the budget to the allocator.
+  if (memory_budget_bytes == 0) memory_budget_bytes = uint64_t{1} << 50;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<zinf::Device> device,
+                        zinf::CreateHostDevice({.memory_budget_bytes = memory_budget_bytes}));
+  try {
+    return std::unique_ptr<GptKernels>(new CpuKernels(std::move(device)));
+  } catch (const dnnl::error& e) {
+    return zinf::Internal(fmt::format("oneDNN: cannot create a CPU engine: {}", e.what()));
+  }
+}
+
+}  // namespace gpt

@@ -1,0 +1,403 @@
+// The GPT example's CUDA backend: matmuls on cuBLAS (fp32, no TF32), everything else in the
+// small kernels of gpt_kernels_cuda.cu, all on one stream of a CudaDevice. See Note [GPT
+// staging] in gpt_model.cc for how parameters and gradients move, and gpt_kernels.h for the
+// contract. Results are deterministic from run to run on one GPU (cuBLAS picks the same
+// algorithm for the same shapes; the kernels use no atomics) but differ from the CPU
+// backend's in rounding.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstring>
+
+#include "examples/gpt/gpt_kernels.h"
+#include "examples/gpt/gpt_kernels_cuda.h"
+
+namespace gpt {
+namespace {
+
+using zinf::Status;
+using zinf::StatusOr;
+
+constexpr float kLayerNormEps = 1e-5f;
+// Parameters and gradients of a module are packed into one buffer, each starting on a
+// multiple of this many floats (256 bytes) so that cuBLAS sees aligned matrices.
+constexpr int64_t kAlignFloats = 64;
+
+Status CudaError(cudaError_t err, std::string_view op) {
+  if (err == cudaSuccess) return zinf::OkStatus();
+  const std::string m = fmt::format("CUDA {}: {}", op, cudaGetErrorString(err));
+  return err == cudaErrorMemoryAllocation ? zinf::ResourceExhausted(m) : zinf::Internal(m);
+}
+
+Status CublasError(cublasStatus_t s, std::string_view op) {
+  if (s == CUBLAS_STATUS_SUCCESS) return zinf::OkStatus();
+  return zinf::Internal(
+      fmt::format("cuBLAS {}: {} ({})", op, cublasGetStatusString(s), static_cast<int>(s)));
+}
+
+int64_t AlignUp(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// How cuBLAS (column-major) sees a row-major view [R, C]: the matrix op(stored) is the
+// view's transpose, [C, R] column-major, where the stored matrix has leading dimension ld.
+struct Operand {
+  cublasOperation_t op;
+  int64_t ld;
+};
+
+bool AsColumnMajor(const View& v, Operand* out) {
+  if (v.col_stride() == 1 && v.row_stride() >= std::max<int64_t>(v.cols(), 1)) {
+    *out = {CUBLAS_OP_N, v.row_stride()};  // stored [C, R] column-major: the transpose
+    return true;
+  }
+  if (v.row_stride() == 1 && v.col_stride() >= std::max<int64_t>(v.rows(), 1)) {
+    *out = {CUBLAS_OP_T, v.col_stride()};  // stored [R, C] column-major: the view itself
+    return true;
+  }
+  return false;
+}
+
+class CudaKernels final : public GptKernels {
+ public:
+  CudaKernels(std::unique_ptr<zinf::Device> device, std::unique_ptr<zinf::Stream> stream,
+              cublasHandle_t blas, int ordinal)
+      : device_(std::move(device)),
+        stream_(std::move(stream)),
+        cu_stream_(stream_->native_handle()),
+        blas_(blas),
+        ordinal_(ordinal) {}
+
+  ~CudaKernels() override {
+    (void)stream_->Synchronize();
+    cudaSetDevice(ordinal_);
+    cublasDestroy(blas_);
+  }
+
+  zinf::Device& device() override { return *device_; }
+
+  StatusOr<std::vector<const float*>> Parameters(Slot slot, const std::vector<float*>& host,
+                                                 const std::vector<int64_t>& numel) override {
+    SlotBuffers& s = slots_[static_cast<int>(slot)];
+    ZINF_RETURN_IF_ERROR(Pack(numel, &s.param_offsets, &s.params));
+    std::vector<const float*> out;
+    for (size_t i = 0; i < host.size(); ++i) {
+      float* dst = s.params.as<float>() + s.param_offsets[i];
+      ZINF_RETURN_IF_ERROR(Sticky(
+          stream_->Copy(dst, host[i], numel[i] * sizeof(float), zinf::CopyKind::kHostToDevice),
+          "parameter upload"));
+      out.push_back(dst);
+    }
+    // The engine may release (and reuse) the host buffers as soon as this returns.
+    ZINF_RETURN_IF_ERROR(Synchronize());
+    return out;
+  }
+
+  StatusOr<std::vector<float*>> Gradients(Slot slot, const std::vector<float*>& host,
+                                          const std::vector<int64_t>& numel) override {
+    SlotBuffers& s = slots_[static_cast<int>(slot)];
+    ZINF_RETURN_IF_ERROR(Pack(numel, &s.grad_offsets, &s.grads));
+    s.grad_numel = numel;
+    ZINF_RETURN_IF_ERROR(
+        Sticky(stream_->Memset(s.grads.data(), 0, s.grads.size_bytes()), "gradient zeroing"));
+    std::vector<float*> out;
+    for (size_t i = 0; i < host.size(); ++i) out.push_back(s.grads.as<float>() + s.grad_offsets[i]);
+    return out;
+  }
+
+  Status AddGradientsToHost(Slot slot, const std::vector<float*>& host) override {
+    SlotBuffers& s = slots_[static_cast<int>(slot)];
+    if (host.size() != s.grad_numel.size()) {
+      return zinf::Internal(fmt::format("AddGradientsToHost: {} buffers for {} gradients",
+                                        host.size(), s.grad_numel.size()));
+    }
+    ZINF_RETURN_IF_ERROR(status_);
+    if (staging_.size_bytes() < s.grads.size_bytes()) {
+      staging_ = zinf::HostBuffer();
+      ZINF_ASSIGN_OR_RETURN(staging_, device_->AllocateHost(s.grads.size_bytes()));
+    }
+    ZINF_RETURN_IF_ERROR(Sticky(stream_->Copy(staging_.data(), s.grads.data(), s.grads.size_bytes(),
+                                              zinf::CopyKind::kDeviceToHost),
+                                "gradient download"));
+    ZINF_RETURN_IF_ERROR(Synchronize());
+    const float* staged = static_cast<const float*>(staging_.data());
+    for (size_t i = 0; i < host.size(); ++i) {
+      const float* g = staged + s.grad_offsets[i];
+      float* out = host[i];
+      for (int64_t j = 0; j < s.grad_numel[i]; ++j) out[j] += g[j];
+    }
+    return zinf::OkStatus();
+  }
+
+  Status CopyToHost(float* host, const float* src, int64_t n) override {
+    ZINF_RETURN_IF_ERROR(status_);
+    ZINF_RETURN_IF_ERROR(Sticky(
+        stream_->Copy(host, src, n * sizeof(float), zinf::CopyKind::kDeviceToHost), "download"));
+    return Synchronize();
+  }
+
+  Status Synchronize() override {
+    if (status_.ok()) status_ = stream_->Synchronize();
+    return status_;
+  }
+
+  void SetTokens(const int32_t* tokens, const int32_t* targets, int64_t n) override {
+    if (!status_.ok()) return;
+    // One upload: tokens, targets, then the rows of each distinct token (a counting sort, so
+    // the embedding backward adds them in row order) as unique[u], offsets[u], rows.
+    std::vector<int32_t> count;
+    for (int64_t r = 0; r < n; ++r) {
+      if (tokens[r] >= static_cast<int32_t>(count.size())) count.resize(tokens[r] + 1, 0);
+      ++count[tokens[r]];
+    }
+    std::vector<int32_t> unique, offsets = {0}, start(count.size());
+    for (size_t v = 0; v < count.size(); ++v) {
+      if (count[v] == 0) continue;
+      start[v] = offsets.back();
+      unique.push_back(static_cast<int32_t>(v));
+      offsets.push_back(offsets.back() + count[v]);
+    }
+    std::vector<int32_t> rows(n);
+    for (int64_t r = 0; r < n; ++r) rows[start[tokens[r]]++] = static_cast<int32_t>(r);
+    unique_count_ = static_cast<int64_t>(unique.size());
+    host_ints_.clear();
+    host_ints_.insert(host_ints_.end(), tokens, tokens + n);
+    host_ints_.insert(host_ints_.end(), targets, targets + n);
+    host_ints_.insert(host_ints_.end(), rows.begin(), rows.end());
+    host_ints_.insert(host_ints_.end(), unique.begin(), unique.end());
+    host_ints_.insert(host_ints_.end(), offsets.begin(), offsets.end());
+    const size_t bytes = host_ints_.size() * sizeof(int32_t);
+    if (!Ensure(&ints_, bytes, "token buffer")) return;
+    if (!Ensure(&row_loss_, n * sizeof(float), "loss buffer")) return;
+    int32_t* d = ints_.as<int32_t>();
+    tokens_ = d;
+    targets_ = d + n;
+    rows_ = d + 2 * n;
+    unique_ = rows_ + n;
+    offsets_ = unique_ + unique_count_;
+    // From pageable memory the copy returns once host_ints_ has been staged.
+    (void)Sticky(stream_->Copy(d, host_ints_.data(), bytes, zinf::CopyKind::kHostToDevice),
+                 "token upload");
+  }
+
+  void EmbeddingForward(const float* wte, const float* wpe, float* x, int64_t n, int64_t t,
+                        int64_t d) override {
+    if (!status_.ok()) return;
+    cuda::LaunchEmbeddingForward(tokens_, wte, wpe, x, n, t, d, cu_stream_);
+    CheckLaunch("embedding forward");
+  }
+
+  void EmbeddingBackward(const float* dx, float* dwte, float* dwpe, int64_t n, int64_t t,
+                         int64_t d) override {
+    if (!status_.ok()) return;
+    cuda::LaunchTokenEmbeddingBackward(unique_, offsets_, rows_, unique_count_, dx, dwte, d,
+                                       cu_stream_);
+    CheckLaunch("token embedding backward");
+    cuda::LaunchPositionEmbeddingBackward(dx, dwpe, n, t, d, cu_stream_);
+    CheckLaunch("position embedding backward");
+  }
+
+  void Matmul(const View& a, const View& b, const View& c, const float* bias, float scale,
+              bool accumulate) override {
+    if (!status_.ok()) return;
+    // Row-major C = A·B is column-major C^T = B^T·A^T: B comes first.
+    Operand oa{CUBLAS_OP_N, 0}, ob{CUBLAS_OP_N, 0};
+    const int64_t m = c.rows(), n = c.cols(), k = a.cols(), batch = c.batch();
+    const bool shapes_ok = a.rows() == m && b.rows() == k && b.cols() == n && a.batch() == batch &&
+                           b.batch() == batch && c.col_stride() == 1 && c.row_stride() >= n &&
+                           AsColumnMajor(a, &oa) && AsColumnMajor(b, &ob) &&
+                           (bias == nullptr || c.ndims == 2);
+    for (int64_t v : {m, n, k, batch, oa.ld, ob.ld, c.row_stride()}) {
+      if (v > INT_MAX) status_ = zinf::Internal(fmt::format("matmul: dimension {} > INT_MAX", v));
+    }
+    if (!shapes_ok) {
+      status_ = zinf::Internal(fmt::format(
+          "matmul: unsupported views a [{}, {}] b [{}, {}] c [{}, {}] (batch {}, {}, {})", a.rows(),
+          a.cols(), b.rows(), b.cols(), m, n, a.batch(), b.batch(), batch));
+    }
+    if (!status_.ok()) return;
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias != nullptr) {
+      cuda::LaunchBroadcastBias(const_cast<float*>(c.data), bias, m, n, c.row_stride(), accumulate,
+                                cu_stream_);
+      if (!CheckLaunch("matmul bias")) return;
+      beta = 1.0f;
+    }
+    const float alpha = scale;
+    const cublasStatus_t s = cublasSgemmStridedBatched(
+        blas_, ob.op, oa.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+        b.data, static_cast<int>(ob.ld), b.batch_stride(), a.data, static_cast<int>(oa.ld),
+        a.batch_stride(), &beta, const_cast<float*>(c.data), static_cast<int>(c.row_stride()),
+        c.batch_stride(), static_cast<int>(batch));
+    status_ = CublasError(
+        s, fmt::format("cublasSgemmStridedBatched ({}x{}x{}, batch {})", m, n, k, batch));
+  }
+
+  void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* var, int64_t rows, int64_t cols) override {
+    if (!status_.ok()) return;
+    cuda::LaunchLayerNormForward(x, gamma, beta, y, mean, var, rows, cols, kLayerNormEps,
+                                 cu_stream_);
+    CheckLaunch("layer norm forward");
+  }
+
+  void LayerNormBackward(const float* x, const float* gamma, const float*, const float* mean,
+                         const float* var, const float* dy, float* dx, float* dgamma, float* dbeta,
+                         int64_t rows, int64_t cols) override {
+    if (!status_.ok()) return;
+    cuda::LaunchLayerNormBackwardInput(x, gamma, mean, var, dy, dx, rows, cols, kLayerNormEps,
+                                       cu_stream_);
+    if (!CheckLaunch("layer norm backward")) return;
+    cuda::LaunchLayerNormBackwardParams(x, mean, var, dy, dgamma, dbeta, rows, cols, kLayerNormEps,
+                                        cu_stream_);
+    CheckLaunch("layer norm parameter backward");
+  }
+
+  void GeluForward(const float* x, float* y, int64_t n) override {
+    if (!status_.ok()) return;
+    cuda::LaunchGeluForward(x, y, n, cu_stream_);
+    CheckLaunch("gelu forward");
+  }
+
+  void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) override {
+    if (!status_.ok()) return;
+    cuda::LaunchGeluBackward(x, dy, dx, n, cu_stream_);
+    CheckLaunch("gelu backward");
+  }
+
+  void CausalSoftmax(float* scores, int64_t matrices, int64_t t) override {
+    if (!status_.ok()) return;
+    cuda::LaunchCausalSoftmax(scores, matrices * t, t, cu_stream_);
+    CheckLaunch("causal softmax");
+  }
+
+  void CausalSoftmaxBackward(const float* p, float* dp, int64_t matrices, int64_t t,
+                             float scale) override {
+    if (!status_.ok()) return;
+    cuda::LaunchCausalSoftmaxBackward(p, dp, matrices * t, t, scale, cu_stream_);
+    CheckLaunch("causal softmax backward");
+  }
+
+  StatusOr<double> CrossEntropy(float* logits, int64_t rows, int64_t vocab,
+                                float grad_scale) override {
+    ZINF_RETURN_IF_ERROR(status_);
+    cuda::LaunchCrossEntropy(logits, targets_, row_loss_.as<float>(), rows, vocab, grad_scale,
+                             cu_stream_);
+    CheckLaunch("cross-entropy");
+    std::vector<float> row_loss(rows);
+    ZINF_RETURN_IF_ERROR(CopyToHost(row_loss.data(), row_loss_.as<float>(), rows));
+    double total = 0;
+    for (float l : row_loss) total += l;
+    return total / static_cast<double>(rows);
+  }
+
+  void AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out) override {
+    if (!status_.ok()) return;
+    cuda::LaunchAddColumnSums(m, rows, cols, out, cu_stream_);
+    CheckLaunch("column sums");
+  }
+
+  void Add(const float* a, const float* b, float* out, int64_t n) override {
+    if (!status_.ok()) return;
+    cuda::LaunchAdd(a, b, out, n, cu_stream_);
+    CheckLaunch("add");
+  }
+
+  void Copy(float* dst, const float* src, int64_t n) override {
+    if (!status_.ok()) return;
+    (void)Sticky(stream_->Copy(dst, src, n * sizeof(float), zinf::CopyKind::kDeviceToDevice),
+                 "copy");
+  }
+
+  void Zero(float* dst, int64_t n) override {
+    if (!status_.ok()) return;
+    (void)Sticky(stream_->Memset(dst, 0, n * sizeof(float)), "zero");
+  }
+
+ private:
+  struct SlotBuffers {
+    zinf::DeviceBuffer params, grads;
+    std::vector<int64_t> param_offsets, grad_offsets, grad_numel;
+  };
+
+  // Records the first error; returns it.
+  Status Sticky(Status s, std::string_view op) {
+    if (status_.ok() && !s.ok()) status_ = std::move(s).WithContext(std::string(op));
+    return status_;
+  }
+
+  bool CheckLaunch(std::string_view op) {
+    if (status_.ok()) status_ = CudaError(cudaGetLastError(), op);
+    return status_.ok();
+  }
+
+  // Makes `buffer` hold at least `bytes`; an old, smaller one is freed once nothing queued
+  // can use it.
+  bool Ensure(zinf::DeviceBuffer* buffer, size_t bytes, std::string_view what) {
+    if (!status_.ok()) return false;
+    if (buffer->size_bytes() >= bytes) return true;
+    if (!buffer->empty() && !Synchronize().ok()) return false;
+    buffer->Reset();
+    auto allocated = device_->Allocate(bytes);
+    if (!allocated.ok()) return Sticky(allocated.status(), what).ok();
+    *buffer = std::move(allocated).value();
+    return true;
+  }
+
+  // Lays out `numel` tensors in one aligned buffer.
+  Status Pack(const std::vector<int64_t>& numel, std::vector<int64_t>* offsets,
+              zinf::DeviceBuffer* buffer) {
+    ZINF_RETURN_IF_ERROR(status_);
+    offsets->clear();
+    int64_t total = 0;
+    for (int64_t e : numel) {
+      offsets->push_back(total);
+      total += AlignUp(e);
+    }
+    Ensure(buffer, static_cast<size_t>(total) * sizeof(float), "staging buffer");
+    return status_;
+  }
+
+  std::unique_ptr<zinf::Device> device_;
+  std::unique_ptr<zinf::Stream> stream_;
+  void* cu_stream_;
+  cublasHandle_t blas_;
+  const int ordinal_;
+  Status status_;  // the first error; sticky
+  std::array<SlotBuffers, 3> slots_;
+  zinf::HostBuffer staging_;  // pinned: gradients on their way to the engine
+  // The batch's tokens (see SetTokens), in ints_.
+  std::vector<int32_t> host_ints_;
+  zinf::DeviceBuffer ints_, row_loss_;
+  const int32_t *tokens_ = nullptr, *targets_ = nullptr, *rows_ = nullptr, *unique_ = nullptr,
+                *offsets_ = nullptr;
+  int64_t unique_count_ = 0;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t memory_budget_bytes) {
+  ZINF_ASSIGN_OR_RETURN(
+      std::unique_ptr<zinf::Device> device,
+      zinf::CreateCudaDevice({.ordinal = ordinal, .memory_budget_bytes = memory_budget_bytes}));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<zinf::Stream> stream, device->CreateStream());
+  ZINF_RETURN_IF_ERROR(CudaError(cudaSetDevice(ordinal), "cudaSetDevice"));
+  cublasHandle_t blas = nullptr;
+  ZINF_RETURN_IF_ERROR(CublasError(cublasCreate(&blas), "cublasCreate"));
+  // Plain fp32: no TF32 tensor-core math even where the environment asks for it.
+  Status s = CublasError(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  if (s.ok()) {
+    s = CublasError(cublasSetStream(blas, static_cast<cudaStream_t>(stream->native_handle())),
+                    "cublasSetStream");
+  }
+  if (!s.ok()) {
+    cublasDestroy(blas);
+    return s;
+  }
+  return std::unique_ptr<GptKernels>(
+      new CudaKernels(std::move(device), std::move(stream), blas, ordinal));
+}
+
+}  // namespace gpt
