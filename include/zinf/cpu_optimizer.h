@@ -52,6 +52,10 @@ std::string_view OptimizerTypeName(OptimizerType type);  // "adamw", "adam", "ad
 enum class ElementType : int { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
 std::string_view ElementTypeName(ElementType type);  // "fp32", "bf16", "fp16"
 size_t ElementSize(ElementType type);
+// `count` fp32 values into `type` (round to nearest even, NaN stays NaN, as the kernels'
+// parameter copies do), and back. kFp32 copies.
+void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);
+void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count);
 
 // Hyper-parameters of one parameter group. Defaults are torch's AdamW defaults;
 // Defaults(type) gives torch's defaults for each type (Lion: the paper's 1e-4, 0.9, 0.99).
