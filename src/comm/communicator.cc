@@ -17,6 +17,9 @@ size_t CommDataTypeSize(CommDataType type) {
       return 8;
     case CommDataType::kInt64:
       return 8;
+    case CommDataType::kBfloat16:
+    case CommDataType::kFloat16:
+      return 2;
   }
   return 0;
 }
@@ -29,6 +32,10 @@ std::string_view CommDataTypeName(CommDataType type) {
       return "float64";
     case CommDataType::kInt64:
       return "int64";
+    case CommDataType::kBfloat16:
+      return "bfloat16";
+    case CommDataType::kFloat16:
+      return "float16";
   }
   return "unknown";
 }

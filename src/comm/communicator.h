@@ -36,7 +36,9 @@ namespace zinf {
 
 class TcpStore;
 
-enum class CommDataType { kFloat32, kFloat64, kInt64 };
+// bfloat16 and float16 move parameters in their compute precision; Gloo gathers and
+// broadcasts them but does not reduce them (NCCL does).
+enum class CommDataType { kFloat32, kFloat64, kInt64, kBfloat16, kFloat16 };
 size_t CommDataTypeSize(CommDataType type);
 std::string_view CommDataTypeName(CommDataType type);
 

@@ -85,7 +85,7 @@ Status GlooCall(Fn&& fn, std::chrono::milliseconds timeout) {
   }
 }
 
-// Calls fn with a value of the C++ type behind `type`.
+// Calls fn with a value of the C++ type a reduction over `type` adds in.
 template <typename Fn>
 Status WithType(CommDataType type, Fn&& fn) {
   switch (type) {
@@ -95,6 +95,10 @@ Status WithType(CommDataType type, Fn&& fn) {
       return fn(double{});
     case CommDataType::kInt64:
       return fn(int64_t{});
+    case CommDataType::kBfloat16:
+    case CommDataType::kFloat16:
+      return InvalidArgument(fmt::format("the Gloo backend does not reduce {}; reduce in float32",
+                                         CommDataTypeName(type)));
   }
   return InvalidArgument("unknown CommDataType");
 }
@@ -155,20 +159,19 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // Gathers and broadcasts move bytes: any element type.
   Status DoAllGather(const void* send, void* recv, size_t count, CommDataType type) override {
-    return WithType(type, [&](auto zero) {
-      using T = decltype(zero);
-      return GlooCall(
-          [&] {
-            gloo::AllgatherOptions opts(context_);
-            opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
-            opts.setOutput(static_cast<T*>(recv), count * world_size());
-            opts.setTag(NextTag());
-            opts.setTimeout(timeout_);
-            gloo::allgather(opts);
-          },
-          timeout_);
-    });
+    const size_t bytes = count * CommDataTypeSize(type);
+    return GlooCall(
+        [&] {
+          gloo::AllgatherOptions opts(context_);
+          opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
+          opts.setOutput(static_cast<uint8_t*>(recv), bytes * world_size());
+          opts.setTag(NextTag());
+          opts.setTimeout(timeout_);
+          gloo::allgather(opts);
+        },
+        timeout_);
   }
 
   Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
@@ -197,19 +200,16 @@ class GlooCommunicator final : public Communicator {
   }
 
   Status DoBroadcast(void* data, size_t count, CommDataType type, int root) override {
-    return WithType(type, [&](auto zero) {
-      using T = decltype(zero);
-      return GlooCall(
-          [&] {
-            gloo::BroadcastOptions opts(context_);
-            opts.setOutput(static_cast<T*>(data), count);
-            opts.setRoot(root);
-            opts.setTag(NextTag());
-            opts.setTimeout(timeout_);
-            gloo::broadcast(opts);
-          },
-          timeout_);
-    });
+    return GlooCall(
+        [&] {
+          gloo::BroadcastOptions opts(context_);
+          opts.setOutput(static_cast<uint8_t*>(data), count * CommDataTypeSize(type));
+          opts.setRoot(root);
+          opts.setTag(NextTag());
+          opts.setTimeout(timeout_);
+          gloo::broadcast(opts);
+        },
+        timeout_);
   }
 
   Status DoBarrier() override {

@@ -40,6 +40,10 @@ ncclDataType_t NcclType(CommDataType type) {
       return ncclFloat64;
     case CommDataType::kInt64:
       return ncclInt64;
+    case CommDataType::kBfloat16:
+      return ncclBfloat16;
+    case CommDataType::kFloat16:
+      return ncclFloat16;
   }
   return ncclFloat32;
 }

@@ -106,6 +106,13 @@ int Collectives(Communicator& comm) {
   CHILD_OK(comm.Broadcast(b.data(), b.size(), CommDataType::kFloat32, w - 1));
   for (float v : b) CHILD_CHECK(v == static_cast<float>(w - 1));
 
+  // 16-bit parameters move as they are: all-gather of bfloat16, broadcast of float16.
+  std::vector<uint16_t> half(33, static_cast<uint16_t>(0x3f80 + r)), halves(33 * w);
+  CHILD_OK(comm.AllGather(half.data(), halves.data(), half.size(), CommDataType::kBfloat16));
+  for (int q = 0; q < w; ++q) CHILD_CHECK(halves[q * 33 + 32] == 0x3f80 + q);
+  CHILD_OK(comm.Broadcast(half.data(), half.size(), CommDataType::kFloat16, 0));
+  CHILD_CHECK(half[0] == 0x3f80 && half[32] == 0x3f80);
+
   // Two asynchronous all-reduces in flight, then a barrier.
   std::vector<float> x(100, 1.0f), y(100, 2.0f);
   auto wx = comm.AllReduceAsync(x.data(), x.size(), CommDataType::kFloat32, ReduceOp::kSum);
@@ -123,6 +130,21 @@ int Collectives(Communicator& comm) {
 
 TEST(GlooCommunicatorTest, CollectivesOnTwoRanks) {
   EXPECT_EQ(RunRanks(2, Collectives), (std::vector<int>{0, 0}));
+}
+
+// Gloo has no bfloat16 arithmetic: a reduction of one is refused, by name.
+TEST(GlooCommunicatorTest, SixteenBitReductionsAreRefused) {
+  EXPECT_EQ(
+      RunRanks(2,
+               [](Communicator& comm) {
+                 std::vector<uint16_t> v(8, 0x3f80);
+                 const Status s =
+                     comm.AllReduce(v.data(), v.size(), CommDataType::kBfloat16, ReduceOp::kSum);
+                 CHILD_CHECK(s.code() == StatusCode::kInvalidArgument);
+                 CHILD_CHECK(s.message().find("does not reduce bfloat16") != std::string::npos);
+                 return 0;
+               }),
+      (std::vector<int>{0, 0}));
 }
 
 TEST(GlooCommunicatorTest, CollectivesOnFourRanks) {
