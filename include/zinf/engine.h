@@ -59,8 +59,11 @@ struct EngineConfig {
   int micro_batch_size = 1;        // train_micro_batch_size_per_gpu: for the trainer; the engine
                                    // sees only gradients
   double gradient_clipping = 0.0;  // 0: off
-  // fp16: dynamic loss scaling (scale grows by 2 every loss_scale_window good steps, halves
-  // on overflow, never below min_loss_scale). bf16 and fp32 use no loss scaling.
+  // bf16 or fp16: the compute precision. Parameters are stored on their tier and gathered in
+  // it (half the bytes of fp32), and Fetch hands out those 16-bit values widened to fp32; the
+  // master copy, gradients and optimizer state stay fp32. fp16 adds dynamic loss scaling
+  // (scale grows by 2 every loss_scale_window good steps, halves on overflow, never below
+  // min_loss_scale).
   bool fp16 = false;
   bool bf16 = false;
   double initial_scale_power = 16;  // fp16.initial_scale_power: scale starts at 2^this
@@ -114,7 +117,8 @@ struct ParamSpec {
   float init_std = 0.02f;  // for kNormal: N(0, init_std^2)
 };
 
-// A module's full parameters while it is fetched. Pointers stay valid until Release.
+// A module's full parameters while it is fetched, in the compute precision (EngineConfig::bf16,
+// fp16) widened to fp32. Pointers stay valid until Release.
 struct FetchedModule {
   std::vector<float*> params;  // one per ParamSpec, numel elements each
 };
@@ -177,7 +181,7 @@ class Engine {
   double loss_scale() const;
   // The mean of `value` over all ranks (a collective), e.g. the loss of the global batch.
   StatusOr<double> MeanOverRanks(double value);
-  // The full fp32 value of a parameter (a collective: every rank must call it).
+  // The full fp32 master value of a parameter (a collective: every rank must call it).
   Status GatherParameter(const std::string& name, std::vector<float>* out);
   // Replaces a parameter's value (`values` holds its numel elements on every rank; each rank
   // keeps its shard), e.g. to load pretrained weights after Initialize. Not a collective.

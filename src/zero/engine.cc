@@ -31,6 +31,15 @@
 // goes on (Note [Gradient buckets] in gradient_buckets.h); Step and GatherGradient wait for
 // the last ones.
 //
+// Note [Compute precision]
+// With bf16 or fp16 enabled, the parameter tier holds each shard in that precision (rounded
+// to nearest even from the fp32 master at every update) and gathers move it so: half the
+// NVMe reads and all-gather bytes of fp32. Fetch hands out the gathered values widened to
+// fp32, so the trainer computes with the 16-bit weights, as DeepSpeed's bf16 and fp16 modes
+// do, in whatever precision its kernels use. Parameters kept in host memory are rounded the
+// same way when gathered, so every placement computes with the same values. The master copy,
+// gradients and optimizer state stay fp32; GatherParameter and checkpoints read the master.
+//
 // Note [Prefetch]
 // The first step records the order in which modules are fetched. Later steps follow it: each
 // Fetch starts the NVMe reads of the modules after it, up to stage3_prefetch_bucket_size
@@ -232,6 +241,9 @@ struct Engine::Impl {
   // offload_param.device = nvme, and the module order for prefetching (Note [Prefetch]).
   bool params_on_nvme = false;
   bool host_master = true;
+  // The compute precision (Note [Compute precision]): what the parameter tier holds and
+  // gathers move.
+  ElementType param_type = ElementType::kFp32;
   std::vector<int> fetch_order;  // recorded during the first step
   bool recording = true;
   bool prefetching = false;
@@ -289,21 +301,30 @@ struct Engine::Impl {
     }
   }
 
+  size_t param_bytes() const { return ElementSize(param_type); }
+  uint64_t TierBytes(const Param& p) const { return p.shard_size * param_bytes(); }
+
   // Starts reading a parameter's shard from its NVMe extent into p.staged.
   Status StartShardRead(Param& p) {
     if (p.staging != nullptr) return OkStatus();
-    ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(p.shard_size * 4));
+    ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(TierBytes(p)));
     p.staging = std::make_unique<IoWaiter>();
     p.staging->Add(1);
     swap->ReadAsync(p.extent, p.staged.data(), p.staging->Callback());
-    pending.bytes_nvme_read += p.shard_size * 4;
+    pending.bytes_nvme_read += TierBytes(p);
     return OkStatus();
   }
 
-  // This rank's current shard of `p`: in `master`, or read from the parameter tier into
-  // p.staged (valid until DropStaged).
-  StatusOr<const float*> LocalShard(Param& p) {
-    if (!params_on_nvme) return Master(p);
+  // This rank's current shard of `p` in the compute precision: read from the NVMe parameter
+  // tier into p.staged (valid until DropStaged), or from `master`, rounded into `scratch`
+  // unless the precision is fp32.
+  StatusOr<const void*> LocalShard(Param& p, HostBuffer* scratch) {
+    if (!params_on_nvme) {
+      if (param_type == ElementType::kFp32) return Master(p);
+      ZINF_ASSIGN_OR_RETURN(*scratch, HostBuffer::Allocate(TierBytes(p)));
+      ConvertFromFp32(Master(p), param_type, scratch->data(), p.shard_size);
+      return scratch->data();
+    }
     ZINF_RETURN_IF_ERROR(StartShardRead(p));
     Status read = p.staging->Wait();
     p.staging.reset();
@@ -311,7 +332,44 @@ struct Engine::Impl {
       p.staged = HostBuffer();
       return read;
     }
-    return p.staged.as<float>();
+    return p.staged.data();
+  }
+
+  // This rank's fp32 master shard of `p` into `out` (shard_size values): from `master`, or
+  // with no host master, from the NVMe tier when it is fp32 and else from the optimizer's
+  // state (a pass over it).
+  Status ReadMasterShard(Param& p, float* out) {
+    if (host_master) {
+      std::memcpy(out, Master(p), p.shard_size * 4);
+      return OkStatus();
+    }
+    if (param_type == ElementType::kFp32) {
+      HostBuffer unused;
+      ZINF_ASSIGN_OR_RETURN(const void* tier, LocalShard(p, &unused));
+      std::memcpy(out, tier, p.shard_size * 4);
+      DropStaged(p);
+      return OkStatus();
+    }
+    return pipelined->Visit(
+        nvme_shard,
+        [&](const ChunkView& c) {
+          const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
+          const uint64_t last =
+              std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+          if (first < last) {
+            std::memcpy(out + (first - p.flat_offset), c.params + (first - c.offset),
+                        (last - first) * 4);
+          }
+          return OkStatus();
+        },
+        /*write_back=*/false);
+  }
+
+  // A shard's fp32 values in the tier's precision, ready to write to its extent.
+  StatusOr<HostBuffer> TierValues(const Param& p, const float* values) const {
+    ZINF_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(TierBytes(p)));
+    ConvertFromFp32(values, param_type, out.data(), p.shard_size);
+    return out;
   }
 
   // Waits for a prefetch that will not be used and frees its buffer.
@@ -324,19 +382,35 @@ struct Engine::Impl {
   Status Gather(Param& p) {
     if (p.full_current) return OkStatus();
     const auto t0 = Clock::now();
-    ZINF_ASSIGN_OR_RETURN(const float* local, LocalShard(p));
-    if (params_on_nvme && world() == 1) {
+    HostBuffer scratch;
+    ZINF_ASSIGN_OR_RETURN(const void* local, LocalShard(p, &scratch));
+    const uint64_t full_size = p.shard_size * world();
+    if (params_on_nvme && world() == 1 && param_type == ElementType::kFp32) {
       p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
     } else {
       if (p.full.empty()) {
-        ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(p.shard_size * world() * 4));
+        ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(full_size * 4));
       }
-      Status gathered = comm->AllGather(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
+      Status gathered;
+      if (param_type == ElementType::kFp32) {
+        gathered = comm->AllGather(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
+      } else if (world() == 1) {
+        ConvertToFp32(local, param_type, p.full.as<float>(), full_size);
+      } else {
+        StatusOr<HostBuffer> all = HostBuffer::Allocate(full_size * param_bytes());
+        gathered = all.status();
+        if (gathered.ok()) {
+          gathered = comm->AllGather(
+              local, all->data(), p.shard_size,
+              param_type == ElementType::kBf16 ? CommDataType::kBfloat16 : CommDataType::kFloat16);
+        }
+        if (gathered.ok()) ConvertToFp32(all->data(), param_type, p.full.as<float>(), full_size);
+      }
       DropStaged(p);
       ZINF_RETURN_IF_ERROR(gathered);
     }
     p.full_current = true;
-    pending.bytes_gathered += p.shard_size * world() * 4;
+    pending.bytes_gathered += full_size * param_bytes();
     pending.seconds_gather += Seconds(t0);
     return OkStatus();
   }
@@ -384,8 +458,8 @@ struct Engine::Impl {
       live += needed;
       for (int pi : next.params) {
         Param& p = params[pi];
-        if (p.full_current || p.staging != nullptr) continue;
-        ahead += p.numel;
+        if (p.full_current) continue;
+        ahead += p.numel;  // reads already in flight count towards the window too
         if (!StartShardRead(p).ok()) return;  // the fetch will read it and report the error
       }
     }
@@ -402,6 +476,19 @@ struct Engine::Impl {
 
   // Writes every shard of the parameter tier from `master`.
   Status WriteParamTierFromMaster(StepSummary* summary) {
+    if (param_type != ElementType::kFp32) {
+      ExtentWriter writer(swap.get(), 256ull << 20);
+      Status converted;
+      for (Param& p : params) {
+        StatusOr<HostBuffer> values = TierValues(p, Master(p));
+        converted = values.status();
+        if (!converted.ok()) break;
+        writer.Write(p.extent, std::move(*values));
+        summary->bytes_nvme_written += TierBytes(p);
+      }
+      Status written = writer.Wait();
+      return converted.ok() ? written : converted;
+    }
     IoWaiter writes;
     for (Param& p : params) {
       writes.Add(1);
@@ -471,7 +558,7 @@ struct Engine::Impl {
       options.capacity_bytes += chunks * (chunk * 12 + slack);
     }
     if (params_on_nvme) {
-      for (const Param& p : params) options.capacity_bytes += p.shard_size * 4 + slack;
+      for (const Param& p : params) options.capacity_bytes += TierBytes(p) + slack;
     }
     ZINF_ASSIGN_OR_RETURN(swap, SwapStore::Open(options));
     return OkStatus();
@@ -519,12 +606,12 @@ struct Engine::Impl {
     for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
       Param& p = *it;
       if (p.staged.empty()) {
-        ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(p.shard_size * 4));
+        ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(TierBytes(p)));
       }
       const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
       const uint64_t last = std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
-      std::memcpy(p.staged.as<float>() + (first - p.flat_offset), c.params + (first - c.offset),
-                  (last - first) * 4);
+      ConvertFromFp32(c.params + (first - c.offset), param_type,
+                      p.staged.as<char>() + (first - p.flat_offset) * param_bytes(), last - first);
       if (last == p.flat_offset + p.shard_size) writer->Write(p.extent, std::move(p.staged));
     }
     return OkStatus();
@@ -532,7 +619,7 @@ struct Engine::Impl {
 
   Status AllocateParamTier() {
     for (Param& p : params) {
-      ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(p.shard_size * 4, p.spec.name));
+      ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(TierBytes(p), p.spec.name));
     }
     return OkStatus();
   }
@@ -554,7 +641,7 @@ struct Engine::Impl {
       for (Param& p : params) p.staged = HostBuffer();  // after a failed step
       ZINF_RETURN_IF_ERROR(stepped);
       ZINF_RETURN_IF_ERROR(written);
-      summary->bytes_nvme_written += shard_elements * 4;
+      summary->bytes_nvme_written += shard_elements * param_bytes();
     }
     summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
     summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
@@ -714,7 +801,8 @@ struct Engine::Impl {
         ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
         ZINF_RETURN_IF_ERROR(
             reader.Read("params", p.flat_offset * 4, values.data(), p.shard_size * 4));
-        writer.Write(p.extent, std::move(values));
+        ZINF_ASSIGN_OR_RETURN(HostBuffer tier, TierValues(p, values.as<float>()));
+        writer.Write(p.extent, std::move(tier));
       }
       ZINF_RETURN_IF_ERROR(writer.Wait());
     }
@@ -776,6 +864,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   impl->config = config;
   impl->params_on_nvme = config.offload_param_device == "nvme";
   impl->host_master = !(impl->params_on_nvme && config.offload_optimizer_device == "nvme");
+  impl->param_type = config.bf16   ? ElementType::kBf16
+                     : config.fp16 ? ElementType::kFp16
+                                   : ElementType::kFp32;
   ZINF_ASSIGN_OR_RETURN(DistEnvironment env, ReadDistEnvironment());
   const int rank = options.rank >= 0 ? options.rank : env.rank;
   const int world = options.world_size >= 0 ? options.world_size : env.world_size;
@@ -1074,10 +1165,12 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
-  std::vector<float> full(p.shard_size * m.world());
-  ZINF_ASSIGN_OR_RETURN(const float* local, m.LocalShard(p));
-  Status gathered = m.comm->AllGather(local, full.data(), p.shard_size, CommDataType::kFloat32);
-  m.DropStaged(p);
+  std::vector<float> local(p.shard_size), full(p.shard_size * m.world());
+  Status read = m.ReadMasterShard(p, local.data());
+  // Every rank joins the gather, so that one rank's failure cannot leave the others waiting.
+  Status gathered =
+      m.comm->AllGather(local.data(), full.data(), p.shard_size, CommDataType::kFloat32);
+  ZINF_RETURN_IF_ERROR(m.Context(read, fmt::format("reading parameter '{}'", name)));
   ZINF_RETURN_IF_ERROR(gathered);
   full.resize(p.numel);
   *out = std::move(full);
@@ -1122,7 +1215,8 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   }
   if (m.params_on_nvme) {
     m.DropStaged(p);
-    ZINF_RETURN_IF_ERROR(m.Context(m.swap->Write(p.extent, shard.data()),
+    ZINF_ASSIGN_OR_RETURN(HostBuffer tier, m.TierValues(p, shard.data()));
+    ZINF_RETURN_IF_ERROR(m.Context(m.swap->Write(p.extent, tier.data()),
                                    fmt::format("writing parameter '{}' to NVMe", name)));
   }
   p.full_current = false;  // the next Fetch gathers the new value

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -192,6 +193,42 @@ TEST(EnginePrefetchTest, MaxLiveParametersBoundsPrefetching) {
   }
 }
 
+// The read-ahead window is stage3_prefetch_bucket_size elements past the module fetched,
+// reads already in flight included: with 8 modules of 7 elements and a window of 14, at most
+// the fetched module and the next two are live, however many steps run.
+TEST(EnginePrefetchTest, PrefetchWindowDoesNotGrow) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-window-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  auto config = EngineConfig::FromJson(
+      R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+          "stage3_prefetch_bucket_size": 14, "offload_param": {"device": "nvme",
+          "nvme_path": ")" +
+      dir + R"("}}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  for (int m = 0; m < 8; ++m) {
+    ASSERT_TRUE(e.RegisterModule("m" + std::to_string(m), {{"w" + std::to_string(m), {7}}}).ok());
+  }
+  ASSERT_TRUE(e.Initialize().ok());
+  for (int step = 0; step < 3; ++step) {
+    for (int id = 0; id < 8; ++id) {
+      ASSERT_TRUE(e.Fetch(id).ok());
+      ASSERT_TRUE(e.Gradients(id).ok());
+      ASSERT_TRUE(e.ReduceGradients(id).ok());
+      ASSERT_TRUE(e.Release(id).ok());
+    }
+    auto summary = e.Step();
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    EXPECT_EQ(summary->peak_live_parameters, step == 0 ? 7u : 21u) << "step " << step;
+  }
+  engine->reset();
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Zero, EngineApiTest,
                          ::testing::Values(Placement{"memory", false, false},
                                            Placement{"optimizer_nvme", true, false},
@@ -207,8 +244,19 @@ namespace {
 
 // A model larger than one chunk of the NVMe optimizer step (8M elements), with a parameter
 // that straddles the chunk boundary: its new values reach the parameter tier in two pieces.
-// Every placement must give bitwise what the all-in-memory engine gives.
-TEST(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
+// Every placement must give bitwise what the all-in-memory engine gives, in every compute
+// precision (Note [Compute precision]): with bf16 or fp16 every placement computes with the
+// same 16-bit weights, the parameter tier moves half the bytes, and the master stays fp32.
+class EngineMultiChunkTest : public ::testing::TestWithParam<ElementType> {};
+
+struct MultiChunkRun {
+  std::vector<float> master;     // GatherParameter after the last step
+  bool fetched_rounded = true;   // every fetched value is one of the precision's
+  uint64_t nvme_read_bytes = 0;  // in the last step
+};
+
+TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
+  const ElementType precision = GetParam();
   const std::string root =
       (std::filesystem::temp_directory_path() / ("zinf-multichunk-" + std::to_string(getpid())))
           .string();
@@ -221,7 +269,9 @@ TEST(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
     auto config = EngineConfig::FromJson(
         R"({"zero_optimization": {"stage": 3, "offload_optimizer": )" +
         (optimizer_nvme ? nvme : R"({"device": "cpu"})") + R"(, "offload_param": )" +
-        (params_nvme ? nvme : R"({"device": "none"})") + "}}");
+        (params_nvme ? nvme : R"({"device": "none"})") + R"(}, "bf16": {"enabled": )" +
+        (precision == ElementType::kBf16 ? "true" : "false") + R"(}, "fp16": {"enabled": )" +
+        (precision == ElementType::kFp16 ? "true" : "false") + "}}");
     EXPECT_TRUE(config.ok()) << config.status();
     auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -230,6 +280,9 @@ TEST(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
     EXPECT_TRUE(e.RegisterModule("m0", {{"p0", {3000000}}}).ok());
     EXPECT_TRUE(e.RegisterModule("m1", {{"p1", {6000000}}, {"p2", {500000}}}).ok());
     EXPECT_TRUE(e.Initialize().ok());
+    MultiChunkRun result;
+    std::vector<uint16_t> half(1);
+    float back = 0;
     for (int step = 0; step < 2; ++step) {
       for (int id : {0, 1}) {
         auto p = e.Fetch(id);
@@ -237,26 +290,55 @@ TEST(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
         EXPECT_TRUE(p.ok() && g.ok());
         for (size_t k = 0; k < p->params.size(); ++k) {
           const uint64_t n = sizes[id == 0 ? 0 : 1 + k];
+          for (uint64_t i = 0; i < n; i += 997) {
+            ConvertFromFp32(&p->params[k][i], precision, half.data(), 1);
+            ConvertToFp32(half.data(), precision, &back, 1);
+            result.fetched_rounded &= back == p->params[k][i];
+          }
           for (uint64_t i = 0; i < n; ++i) g->at(k)[i] = std::sin(50.0f * p->params[k][i] + step);
         }
         EXPECT_TRUE(e.ReduceGradients(id).ok());
         EXPECT_TRUE(e.Release(id).ok());
       }
-      EXPECT_TRUE(e.Step().ok());
+      auto summary = e.Step();
+      EXPECT_TRUE(summary.ok()) << summary.status();
+      if (summary.ok()) result.nvme_read_bytes = summary->bytes_nvme_read;
     }
-    std::vector<float> all, one;
+    std::vector<float> one;
     for (const char* name : {"p0", "p1", "p2"}) {
       EXPECT_TRUE(e.GatherParameter(name, &one).ok());
-      all.insert(all.end(), one.begin(), one.end());
+      result.master.insert(result.master.end(), one.begin(), one.end());
     }
-    return all;
+    return result;
   };
-  const std::vector<float> memory = run("memory");
+  const MultiChunkRun memory = run("memory");
+  EXPECT_TRUE(memory.fetched_rounded);
   for (const char* placement : {"params_nvme", "optimizer_nvme", "all_nvme"}) {
-    EXPECT_TRUE(run(placement) == memory) << placement;
+    const MultiChunkRun other = run(placement);
+    EXPECT_TRUE(other.master == memory.master) << placement;
+    EXPECT_TRUE(other.fetched_rounded) << placement;
+    if (std::string(placement) == "params_nvme") {
+      // One read of each shard per fetch (no prefetch needed twice): the tier's bytes.
+      EXPECT_EQ(other.nvme_read_bytes, 9500000 * ElementSize(precision)) << placement;
+    }
+  }
+  if (precision != ElementType::kFp32) {
+    // The master is not rounded: some of its values lie between the 16-bit ones.
+    size_t unrounded = 0;
+    std::vector<uint16_t> h(memory.master.size());
+    std::vector<float> back(memory.master.size());
+    ConvertFromFp32(memory.master.data(), precision, h.data(), h.size());
+    ConvertToFp32(h.data(), precision, back.data(), back.size());
+    for (size_t i = 0; i < back.size(); ++i) unrounded += back[i] != memory.master[i];
+    EXPECT_GT(unrounded, memory.master.size() / 2);
   }
   std::filesystem::remove_all(root);
 }
+
+INSTANTIATE_TEST_SUITE_P(Zero, EngineMultiChunkTest,
+                         ::testing::Values(ElementType::kFp32, ElementType::kBf16,
+                                           ElementType::kFp16),
+                         [](const auto& info) { return std::string(ElementTypeName(info.param)); });
 
 }  // namespace
 }  // namespace zinf

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/testing/fork_ranks.h"
+#include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -213,9 +214,18 @@ Model ReadModel(const std::string& path) {
   return m;
 }
 
-// The plain reference: the whole model in one process, torch's AdamW in double.
+// Rounds values to the compute precision, as the engine's gathers do.
+void Round(ElementType precision, std::vector<float>* v) {
+  std::vector<uint16_t> half(v->size());
+  ConvertFromFp32(v->data(), precision, half.data(), v->size());
+  ConvertToFp32(half.data(), precision, v->data(), v->size());
+}
+
+// The plain reference: the whole model in one process, torch's AdamW in double, forward and
+// backward with the weights rounded to `precision`.
 Model Reference(const Model& init, int world, int accumulation, double clipping,
-                int skipped_step = -1, std::vector<double>* norms = nullptr) {
+                int skipped_step = -1, std::vector<double>* norms = nullptr,
+                ElementType precision = ElementType::kFp32) {
   std::vector<std::vector<double>> p = {{init.w1.begin(), init.w1.end()},
                                         {init.b1.begin(), init.b1.end()},
                                         {init.w2.begin(), init.w2.end()},
@@ -234,6 +244,9 @@ Model Reference(const Model& init, int world, int accumulation, double clipping,
     const int rows = kMicroRows * world;
     std::vector<float> w1(p[0].begin(), p[0].end()), bb1(p[1].begin(), p[1].end()),
         w2(p[2].begin(), p[2].end()), bb2(p[3].begin(), p[3].end());
+    if (precision != ElementType::kFp32) {
+      for (auto* w : {&w1, &bb1, &w2, &bb2}) Round(precision, w);
+    }
     for (int micro = 0; micro < accumulation; ++micro) {
       MakeRows((step * accumulation + micro) * rows, rows, &x, &tg);
       ForwardBackward(w1.data(), bb1.data(), w2.data(), bb2.data(), x, tg, rows, 1.0 / accumulation,
@@ -423,8 +436,11 @@ TEST(MlpTest, Fp16OverflowSkipsTheStepOnAllRanks) {
                       int port) { return TrainRank(rank, 2, port, 3, 1, 0, dir, /*fp16=*/true); }),
       (std::vector<int>{0, 0}));
   const Model init = ReadModel(dir + "/init.bin");
-  const Model reference = Reference(init, 2, 1, 0, /*skipped_step=*/2);
-  // Loss scaling multiplies and divides by powers of two: exact in binary floating point.
+  const Model reference = Reference(init, 2, 1, 0, /*skipped_step=*/2, nullptr, ElementType::kFp16);
+  // Loss scaling multiplies and divides by powers of two: exact in binary floating point. The
+  // forward sees fp16 weights in both, rounded from an fp32 master here and a double one in
+  // the reference; none lands on the other side of a rounding boundary in this (deterministic)
+  // run, so the difference stays at fp32's (2.4e-7 measured).
   EXPECT_LT(MaxDiff(ReadModel(dir + "/final.bin"), reference), 2e-5);
   std::filesystem::remove_all(dir);
 }
