@@ -149,7 +149,7 @@ struct Gpt::Impl {
 
   // Sized for `batch` sequences by Resize, in backend memory. N = batch * seq_len rows.
   int batch = 0;
-  std::vector<zinf::DeviceBuffer> buffers;  // owns every pointer below
+  zinf::DeviceBuffer activations;      // owns every pointer below
   std::vector<float*> x;               // [n_layer + 1][N, d]: the input of each block, then ln_f's
   std::vector<BlockActivations> acts;  // one per block, or one reused under checkpointing
   float *xf, *lnf_mean, *lnf_var;      // ln_f's output [N, d] and statistics
@@ -167,54 +167,53 @@ struct Gpt::Impl {
   int64_t V() const { return config.vocab_size; }
   int64_t N() const { return batch * T(); }
 
-  // *data = `count` floats of zeroed backend memory, owned by `buffers`.
-  Status Allocate(int64_t count, float** data) {
-    ZINF_ASSIGN_OR_RETURN(zinf::DeviceBuffer buffer,
-                          kernels->device().Allocate(static_cast<size_t>(count) * sizeof(float)));
-    *data = buffer.as<float>();
-    kernels->Zero(*data, count);
-    buffers.push_back(std::move(buffer));
-    return zinf::OkStatus();
-  }
-
   Status Resize(int new_batch) {
     if (new_batch == batch) return zinf::OkStatus();
     // Nothing queued may still use the old buffers; a sticky error is reported by the ops.
     (void)kernels->Synchronize();
     batch = 0;
-    buffers.clear();
+    activations = zinf::DeviceBuffer();
     const int64_t n = new_batch * T(), d = D(), probs = new_batch * H() * T() * T();
-    auto resize = [&]() -> Status {
-      x.assign(config.n_layer + 1, nullptr);
-      for (float*& v : x) ZINF_RETURN_IF_ERROR(Allocate(n * d, &v));
-      acts.resize(config.activation_checkpointing ? 1 : config.n_layer);
-      for (BlockActivations& a : acts) {
-        for (float** v : {&a.ln1, &a.attn, &a.mid, &a.ln2})
-          ZINF_RETURN_IF_ERROR(Allocate(n * d, v));
-        for (float** v : {&a.ln1_mean, &a.ln1_var, &a.ln2_mean, &a.ln2_var}) {
-          ZINF_RETURN_IF_ERROR(Allocate(n, v));
-        }
-        ZINF_RETURN_IF_ERROR(Allocate(n * 3 * d, &a.qkv));
-        ZINF_RETURN_IF_ERROR(Allocate(probs, &a.probs));
-        ZINF_RETURN_IF_ERROR(Allocate(n * 4 * d, &a.fc));
-        ZINF_RETURN_IF_ERROR(Allocate(n * 4 * d, &a.gelu));
-      }
-      for (float** v : {&xf, &dx, &dx_next, &dmid, &dattn, &dnorm, &dln}) {
-        ZINF_RETURN_IF_ERROR(Allocate(n * d, v));
-      }
-      for (float** v : {&lnf_mean, &lnf_var}) ZINF_RETURN_IF_ERROR(Allocate(n, v));
-      ZINF_RETURN_IF_ERROR(Allocate(n * V(), &logits));
-      ZINF_RETURN_IF_ERROR(Allocate(n * 3 * d, &dqkv));
-      ZINF_RETURN_IF_ERROR(Allocate(probs, &dprobs));
-      ZINF_RETURN_IF_ERROR(Allocate(n * 4 * d, &dgelu));
-      ZINF_RETURN_IF_ERROR(Allocate(n * 4 * d, &dfc));
-      return kernels->Synchronize();
-    };
-    if (Status s = resize(); !s.ok()) {
-      buffers.clear();
-      return std::move(s).WithContext(fmt::format("activations of a batch of {} sequences on {}",
-                                                  new_batch, kernels->device().name()));
+    // Every array is a slice of one zeroed allocation, each starting on 256 bytes: one
+    // allocation instead of dozens, each of which the host allocator would round up to a page.
+    std::vector<std::pair<int64_t, float**>> arrays;
+    auto want = [&](int64_t count, float** v) { arrays.emplace_back((count + 63) / 64 * 64, v); };
+    x.assign(config.n_layer + 1, nullptr);
+    for (float*& v : x) want(n * d, &v);
+    acts.resize(config.activation_checkpointing ? 1 : config.n_layer);
+    for (BlockActivations& a : acts) {
+      for (float** v : {&a.ln1, &a.attn, &a.mid, &a.ln2}) want(n * d, v);
+      for (float** v : {&a.ln1_mean, &a.ln1_var, &a.ln2_mean, &a.ln2_var}) want(n, v);
+      want(n * 3 * d, &a.qkv);
+      want(probs, &a.probs);
+      want(n * 4 * d, &a.fc);
+      want(n * 4 * d, &a.gelu);
     }
+    for (float** v : {&xf, &dx, &dx_next, &dmid, &dattn, &dnorm, &dln}) want(n * d, v);
+    for (float** v : {&lnf_mean, &lnf_var}) want(n, v);
+    want(n * V(), &logits);
+    want(n * 3 * d, &dqkv);
+    want(probs, &dprobs);
+    want(n * 4 * d, &dgelu);
+    want(n * 4 * d, &dfc);
+    int64_t total = 0;
+    for (const auto& [count, v] : arrays) total += count;
+    auto arena = kernels->device().Allocate(static_cast<size_t>(total) * sizeof(float));
+    Status status = arena.status();
+    if (status.ok()) {
+      float* at = arena->as<float>();
+      kernels->Zero(at, total);
+      for (const auto& [count, v] : arrays) {
+        *v = at;
+        at += count;
+      }
+      status = kernels->Synchronize();
+    }
+    if (!status.ok()) {
+      return std::move(status).WithContext(fmt::format(
+          "activations of a batch of {} sequences on {}", new_batch, kernels->device().name()));
+    }
+    activations = std::move(*arena);
     batch = new_batch;
     return zinf::OkStatus();
   }
