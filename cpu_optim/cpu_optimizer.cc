@@ -61,34 +61,29 @@ std::string_view ElementTypeName(ElementType type) {
 
 size_t ElementSize(ElementType type) { return type == ElementType::kFp32 ? 4 : 2; }
 
+namespace {
+// The best kernels this CPU runs, for the conversions.
+const cpu_optim::KernelTable& BestKernels() {
+  static const cpu_optim::KernelTable& table =
+      cpu_optim::KernelsFor(cpu_optim::ResolveIsa(CpuKernelIsa::kAuto).value());
+  return table;
+}
+}  // namespace
+
 void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count) {
-  auto* out = static_cast<uint16_t*>(dst);
-  switch (type) {
-    case ElementType::kFp32:
-      std::memcpy(dst, src, count * sizeof(float));
-      return;
-    case ElementType::kBf16:
-      for (size_t i = 0; i < count; ++i) out[i] = cpu_optim::FloatToBf16(src[i]);
-      return;
-    case ElementType::kFp16:
-      for (size_t i = 0; i < count; ++i) out[i] = cpu_optim::FloatToFp16(src[i]);
-      return;
+  if (type == ElementType::kFp32) {
+    std::memcpy(dst, src, count * sizeof(float));
+    return;
   }
+  BestKernels().from_fp32(src, static_cast<cpu_optim::Elem>(type), dst, count);
 }
 
 void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count) {
-  const auto* in = static_cast<const uint16_t*>(src);
-  switch (type) {
-    case ElementType::kFp32:
-      std::memcpy(dst, src, count * sizeof(float));
-      return;
-    case ElementType::kBf16:
-      for (size_t i = 0; i < count; ++i) dst[i] = cpu_optim::Bf16ToFloat(in[i]);
-      return;
-    case ElementType::kFp16:
-      for (size_t i = 0; i < count; ++i) dst[i] = cpu_optim::Fp16ToFloat(in[i]);
-      return;
+  if (type == ElementType::kFp32) {
+    std::memcpy(dst, src, count * sizeof(float));
+    return;
   }
+  BestKernels().to_fp32(src, static_cast<cpu_optim::Elem>(type), dst, count);
 }
 
 std::string_view CpuKernelIsaName(CpuKernelIsa isa) {

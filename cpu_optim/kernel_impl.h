@@ -339,6 +339,38 @@ void LimitAny(const StepArrays& a, bool nt, size_t pf) {
   }
 }
 
+// ---- Conversions between fp32 and the 16-bit formats (vector body, scalar tail) ----
+
+template <class V, CopyKind C>
+void FromFp32T(const float* src, void* dst, size_t n) {
+  size_t i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    V::template StoreCopy<C, false>(dst, i, V::Load(src + i));
+  }
+  for (; i < n; ++i) ScalarVec::StoreCopy<C, false>(dst, i, src[i]);
+}
+
+template <class V, Elem G>
+void ToFp32T(const void* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    V::template Store<false>(dst + i, V::template LoadGrad<G>(src, i));
+  }
+  for (; i < n; ++i) dst[i] = ScalarVec::LoadGrad<G>(src, i);
+}
+
+// `to` and `from` are kBf16 or kFp16.
+template <class V>
+void FromFp32Any(const float* src, Elem to, void* dst, size_t n) {
+  to == Elem::kFp16 ? FromFp32T<V, CopyKind::kFp16>(src, dst, n)
+                    : FromFp32T<V, CopyKind::kBf16>(src, dst, n);
+}
+
+template <class V>
+void ToFp32Any(const void* src, Elem from, float* dst, size_t n) {
+  from == Elem::kFp16 ? ToFp32T<V, Elem::kFp16>(src, dst, n) : ToFp32T<V, Elem::kBf16>(src, dst, n);
+}
+
 // ---- Scalar sum of squares (the reference, and the tails of the vector sums) ----
 
 template <Elem G>

@@ -62,6 +62,10 @@ struct KernelTable {
   // `step` (params, state0, state1 when set: read and written; grads read; copy written),
   // with the least arithmetic that still touches every byte. Values are overwritten.
   void (*limit)(const StepArrays& arrays, bool non_temporal, size_t prefetch_bytes);
+  // `count` fp32 values into `to` (kBf16 or kFp16), rounded as the parameter copies are, and
+  // back from `from`: the same bits on every ISA.
+  void (*from_fp32)(const float* src, Elem to, void* dst, size_t count);
+  void (*to_fp32)(const void* src, Elem from, float* dst, size_t count);
 };
 
 const KernelTable& ScalarKernels();

@@ -126,13 +126,17 @@ double SumSquares(const void* g, Elem type, size_t n) {
 }
 void Limit(const StepArrays& a, bool nt, size_t pf) { LimitAny<Vec>(a, nt, pf); }
 
+void FromFp32(const float* src, Elem to, void* dst, size_t n) { FromFp32Any<Vec>(src, to, dst, n); }
+void ToFp32(const void* src, Elem from, float* dst, size_t n) { ToFp32Any<Vec>(src, from, dst, n); }
+
 }  // namespace
 #undef ZINF_CPU_OPTIM_ISA
 }  // namespace zinf::cpu_optim::avx512
 
 namespace zinf::cpu_optim {
 const KernelTable& Avx512Kernels() {
-  static const KernelTable table = {"avx512", avx512::Step, avx512::SumSquares, avx512::Limit};
+  static const KernelTable table = {"avx512",      avx512::Step,     avx512::SumSquares,
+                                    avx512::Limit, avx512::FromFp32, avx512::ToFp32};
   return table;
 }
 }  // namespace zinf::cpu_optim

@@ -85,11 +85,18 @@ double SumSquares(const void* g, Elem type, size_t n) {
   return 0.0;
 }
 void Limit(const StepArrays& a, bool nt, size_t pf) { LimitAny<ScalarVec>(a, nt, pf); }
+void FromFp32(const float* src, Elem to, void* dst, size_t n) {
+  FromFp32Any<ScalarVec>(src, to, dst, n);
+}
+void ToFp32(const void* src, Elem from, float* dst, size_t n) {
+  ToFp32Any<ScalarVec>(src, from, dst, n);
+}
 }  // namespace
 }  // namespace scalar
 
 const KernelTable& ScalarKernels() {
-  static const KernelTable table = {"scalar", scalar::Step, scalar::SumSquares, scalar::Limit};
+  static const KernelTable table = {"scalar",      scalar::Step,     scalar::SumSquares,
+                                    scalar::Limit, scalar::FromFp32, scalar::ToFp32};
   return table;
 }
 

@@ -332,5 +332,43 @@ TEST(ConversionsTest, Fp16MatchesF16c) {
   }
 }
 
+// The tables' bulk conversions (ConvertFromFp32/ConvertToFp32) agree with the scalar
+// definitions element for element on every ISA, for every length (vector body and tail) and
+// for the values that round specially: ties, overflow to Inf, subnormals, NaN.
+TEST(ConversionsTest, BulkConversionsMatchTheScalarDefinitionsOnEveryIsa) {
+  std::mt19937 rng(7);
+  std::vector<float> src(1000003);
+  std::uniform_real_distribution<float> uniform(-70000.0f, 70000.0f);
+  for (float& x : src) x = uniform(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 30);
+  const uint32_t special[] = {0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF800000, 0x00000001,
+                              0x7F800001, 0xFFC00000, 0x477FF000, 0x33000000, 0x80000000};
+  for (size_t i = 0; i < std::size(special); ++i) src[i * 97] = FromBits(special[i]);
+  for (CpuKernelIsa isa : SupportedCpuKernelIsas()) {
+    const KernelTable& k = KernelsFor(isa);
+    for (Elem type : {Elem::kBf16, Elem::kFp16}) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, src.size() - 1}) {
+        std::vector<uint16_t> half(n + 1, 0xABCD);
+        k.from_fp32(src.data() + 1, type, half.data(), n);  // unaligned source
+        for (size_t i = 0; i < n; ++i) {
+          const uint16_t want =
+              type == Elem::kBf16 ? FloatToBf16(src[i + 1]) : FloatToFp16(src[i + 1]);
+          ASSERT_EQ(half[i], want)
+              << k.name << " " << static_cast<int>(type) << " n " << n << " i " << i;
+        }
+        ASSERT_EQ(half[n], 0xABCD) << "wrote past the end";
+        std::vector<float> back(n + 1, -1.0f);
+        k.to_fp32(half.data(), type, back.data(), n);
+        for (size_t i = 0; i < n; ++i) {
+          const float want = type == Elem::kBf16 ? Bf16ToFloat(half[i]) : Fp16ToFloat(half[i]);
+          ASSERT_TRUE(std::memcmp(&back[i], &want, 4) == 0 ||
+                      (std::isnan(back[i]) && std::isnan(want)))
+              << k.name << " n " << n << " i " << i;
+        }
+        ASSERT_EQ(back[n], -1.0f);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zinf::cpu_optim
