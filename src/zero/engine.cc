@@ -45,9 +45,13 @@
 // Fetch starts the NVMe reads of the modules after it, up to stage3_prefetch_bucket_size
 // elements (at least the next module) and as long as the parameters gathered or being read
 // stay within stage3_max_live_parameters elements, so the disk works while the current
-// module computes.
-// A fetch that leaves the recorded order stops prefetching (with a warning); reads then
-// happen on demand, which is always correct, only slower.
+// module computes. With several ranks each Fetch also starts the all-gathers of the next
+// module, which run on the communicator's thread meanwhile (PrefetchGathers); every rank
+// decides alike from the same order and sizes, so the collectives stay in step. Anything
+// that replaces the values a prefetch reads (Step, SetParameter, loading a checkpoint) first
+// waits for it and drops it (DropPrefetch).
+// A fetch that leaves the recorded order stops prefetching (with a warning); reads and
+// gathers then happen on demand, which is always correct, only slower.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -178,6 +182,10 @@ struct Param {
   SwapExtent extent;
   HostBuffer staged;
   std::unique_ptr<IoWaiter> staging;
+  // An all-gather in flight (Note [Prefetch]): what it sends (p.staged, `master`, or `send`,
+  // the shard rounded to the compute precision) and, below fp32, where it receives.
+  std::shared_ptr<CommWork> gathering;
+  HostBuffer send, received;
 };
 
 struct Module {
@@ -306,7 +314,8 @@ struct Engine::Impl {
 
   // Starts reading a parameter's shard from its NVMe extent into p.staged.
   Status StartShardRead(Param& p) {
-    if (p.staging != nullptr) return OkStatus();
+    // p.staged is the send buffer of a gather in flight: it must stay as it is.
+    if (p.staging != nullptr || p.gathering != nullptr) return OkStatus();
     ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(TierBytes(p)));
     p.staging = std::make_unique<IoWaiter>();
     p.staging->Add(1);
@@ -339,6 +348,7 @@ struct Engine::Impl {
   // with no host master, from the NVMe tier when it is fp32 and else from the optimizer's
   // state (a pass over it).
   Status ReadMasterShard(Param& p, float* out) {
+    DropPrefetch(p);  // its buffers are the tier's: read afresh
     if (host_master) {
       std::memcpy(out, Master(p), p.shard_size * 4);
       return OkStatus();
@@ -379,40 +389,78 @@ struct Engine::Impl {
     p.staged = HostBuffer();
   }
 
-  Status Gather(Param& p) {
-    if (p.full_current) return OkStatus();
+  // Starts gathering `p`: its all-gather runs on the communicator's thread until
+  // FinishGather. With one rank there is nothing to wait for and it completes here.
+  Status StartGather(Param& p) {
+    if (p.full_current || p.gathering != nullptr) return OkStatus();
     const auto t0 = Clock::now();
-    HostBuffer scratch;
-    ZINF_ASSIGN_OR_RETURN(const void* local, LocalShard(p, &scratch));
+    ZINF_ASSIGN_OR_RETURN(const void* local, LocalShard(p, &p.send));
     const uint64_t full_size = p.shard_size * world();
-    if (params_on_nvme && world() == 1 && param_type == ElementType::kFp32) {
-      p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
-    } else {
-      if (p.full.empty()) {
-        ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(full_size * 4));
-      }
-      Status gathered;
-      if (param_type == ElementType::kFp32) {
-        gathered = comm->AllGather(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
-      } else if (world() == 1) {
-        ConvertToFp32(local, param_type, p.full.as<float>(), full_size);
-      } else {
-        StatusOr<HostBuffer> all = HostBuffer::Allocate(full_size * param_bytes());
-        gathered = all.status();
-        if (gathered.ok()) {
-          gathered = comm->AllGather(
-              local, all->data(), p.shard_size,
-              param_type == ElementType::kBf16 ? CommDataType::kBfloat16 : CommDataType::kFloat16);
-        }
-        if (gathered.ok()) ConvertToFp32(all->data(), param_type, p.full.as<float>(), full_size);
-      }
-      DropStaged(p);
-      ZINF_RETURN_IF_ERROR(gathered);
-    }
-    p.full_current = true;
     pending.bytes_gathered += full_size * param_bytes();
+    if (world() == 1 && params_on_nvme && param_type == ElementType::kFp32) {
+      p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
+    } else if (p.full.empty()) {
+      ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(full_size * 4));
+    }
+    if (world() == 1) {
+      if (local != p.full.data()) ConvertToFp32(local, param_type, p.full.as<float>(), full_size);
+      p.send = HostBuffer();
+      DropStaged(p);
+      p.full_current = true;
+    } else if (param_type == ElementType::kFp32) {
+      p.gathering =
+          comm->AllGatherAsync(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
+    } else {
+      ZINF_ASSIGN_OR_RETURN(p.received, HostBuffer::Allocate(full_size * param_bytes()));
+      p.gathering = comm->AllGatherAsync(
+          local, p.received.data(), p.shard_size,
+          param_type == ElementType::kBf16 ? CommDataType::kBfloat16 : CommDataType::kFloat16);
+    }
     pending.seconds_gather += Seconds(t0);
     return OkStatus();
+  }
+
+  // Waits for `p`'s all-gather (starting it first if need be) and widens it to fp32.
+  Status Gather(Param& p) {
+    ZINF_RETURN_IF_ERROR(StartGather(p));
+    if (p.full_current) return OkStatus();
+    const auto t0 = Clock::now();
+    Status gathered = std::exchange(p.gathering, nullptr)->Wait();
+    if (gathered.ok() && param_type != ElementType::kFp32) {
+      ConvertToFp32(p.received.data(), param_type, p.full.as<float>(), p.shard_size * world());
+    }
+    p.received = HostBuffer();
+    p.send = HostBuffer();
+    DropStaged(p);
+    pending.seconds_gather += Seconds(t0);
+    ZINF_RETURN_IF_ERROR(gathered);
+    p.full_current = true;
+    return OkStatus();
+  }
+
+  // Waits for a prefetched read or gather that will not be used and frees its buffers.
+  void DropPrefetch(Param& p) {
+    if (p.gathering != nullptr) (void)std::exchange(p.gathering, nullptr)->Wait();
+    p.received = HostBuffer();
+    p.send = HostBuffer();
+    DropStaged(p);
+  }
+
+  // Note [Prefetch]: starts the all-gathers of the next module in the recorded order, so that
+  // they run on the communicator's thread while the module just fetched computes. Every rank
+  // makes the same decision, so the collectives stay in step.
+  void PrefetchGathers() {
+    if (!prefetching || world() == 1 || fetch_cursor >= fetch_order.size()) return;
+    const Module& next = modules[fetch_order[fetch_cursor]];
+    uint64_t needed = 0;
+    for (int pi : next.params) {
+      const Param& p = params[pi];
+      if (!p.full_current && p.gathering == nullptr && !p.persistent) needed += p.numel;
+    }
+    if (LiveElements(-1) + needed > config.stage3_max_live_parameters) return;
+    for (int pi : next.params) {
+      if (!StartGather(params[pi]).ok()) return;  // its Fetch gathers it and reports the error
+    }
   }
 
   // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
@@ -420,8 +468,8 @@ struct Engine::Impl {
   uint64_t LiveElements(int fetching) const {
     uint64_t live = 0;
     for (const Param& p : params) {
-      if (!p.persistent &&
-          (modules[p.module].fetched || p.module == fetching || p.staging != nullptr)) {
+      if (!p.persistent && (modules[p.module].fetched || p.module == fetching ||
+                            p.staging != nullptr || p.gathering != nullptr)) {
         live += p.numel;
       }
     }
@@ -438,12 +486,13 @@ struct Engine::Impl {
     if (fetch_cursor >= fetch_order.size() || fetch_order[fetch_cursor] != module) {
       log::Warn(
           "rank {}: module '{}' was fetched out of the order the first step recorded; "
-          "prefetching stops and parameters are read from NVMe when fetched",
+          "prefetching stops and parameters are read and gathered when fetched",
           rank(), modules[module].name);
       prefetching = false;
       return;
     }
     ++fetch_cursor;
+    if (!params_on_nvme) return;
     uint64_t live = LiveElements(module);
     uint64_t ahead = 0;
     for (size_t i = fetch_cursor; i < fetch_order.size(); ++i) {
@@ -774,7 +823,8 @@ struct Engine::Impl {
     }));
     for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
 
-    // Verified: replace the state.
+    // Verified: replace the state, once no prefetch reads it.
+    for (Param& p : params) DropPrefetch(p);
     ZINF_RETURN_IF_ERROR(optimizer->LoadState(blob));
     if (pipelined != nullptr) {
       auto load = [&](const ChunkView& c) -> Status {
@@ -1011,12 +1061,18 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   }
   m.TraceFetch(id);
   m.pending.peak_live_parameters = std::max(m.pending.peak_live_parameters, m.LiveElements(id));
+  // All of the module's gathers in flight at once, then each waited for.
+  for (int pi : module->params) {
+    Param& p = m.params[pi];
+    ZINF_RETURN_IF_ERROR(m.Context(m.StartGather(p), fmt::format("gathering '{}'", p.spec.name)));
+  }
   for (int pi : module->params) {
     Param& p = m.params[pi];
     ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), fmt::format("gathering '{}'", p.spec.name)));
     out.params.push_back(p.full.as<float>());
   }
   module->fetched = true;
+  m.PrefetchGathers();
   return out;
 }
 
@@ -1097,7 +1153,7 @@ StatusOr<StepSummary> Engine::Step() {
   const auto t0 = Clock::now();
   StepSummary summary = m.pending;
   m.pending = StepSummary();
-  for (Param& p : m.params) m.DropStaged(p);  // a prefetch past the batch's last fetch
+  for (Param& p : m.params) m.DropPrefetch(p);  // prefetches past the batch's last fetch
 
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
@@ -1150,7 +1206,7 @@ StatusOr<StepSummary> Engine::Step() {
   std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
   for (Module& module : m.modules) module.reductions = 0;
   // Note [Prefetch]: the first batch recorded the order; later ones follow it.
-  if (m.recording) m.prefetching = m.params_on_nvme;
+  if (m.recording) m.prefetching = m.params_on_nvme || m.world() > 1;
   m.recording = false;
   m.fetch_cursor = 0;
   summary.step = m.steps;
@@ -1198,6 +1254,7 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   for (uint64_t i = 0; i < p.shard_size; ++i) {
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
+  m.DropPrefetch(p);  // a gather in flight may be reading the values replaced here
   if (m.host_master) std::memcpy(m.Master(p), shard.data(), p.shard_size * 4);
   if (m.pipelined != nullptr) {
     // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
