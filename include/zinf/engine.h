@@ -53,7 +53,11 @@ struct EngineConfig {
   uint64_t stage3_max_live_parameters = 1000000000;
   std::string offload_param_device = "none";      // none | cpu | nvme
   std::string offload_optimizer_device = "none";  // none | cpu | nvme
-  std::vector<std::string> nvme_path;             // offload_*.nvme_path
+  // offload_optimizer.ratio: with device nvme, the fraction of the optimizer state (and fp32
+  // master) whose home is NVMe; the rest stays in host memory and is stepped in the same
+  // pipeline. In [0, 1].
+  double offload_optimizer_ratio = 1.0;
+  std::vector<std::string> nvme_path;  // offload_*.nvme_path
   bool pin_memory = false;
   int gradient_accumulation_steps = 1;
   int micro_batch_size = 1;        // train_micro_batch_size_per_gpu: for the trainer; the engine

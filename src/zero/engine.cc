@@ -620,6 +620,7 @@ struct Engine::Impl {
         config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
                                               PipelinedOptimizerOptions::kStagingBytesPerElement);
     options.pinned = config.pin_memory;
+    options.nvme_ratio = config.offload_optimizer_ratio;
     ZINF_ASSIGN_OR_RETURN(pipelined,
                           PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
     ExtentWriter tier(swap.get(), 256ull << 20);

@@ -12,15 +12,16 @@
 namespace zinf {
 namespace {
 
-void ReadOffload(ConfigReader& r, std::string* device, EngineConfig* c) {
+// `ratio` is read for offload_optimizer only (DeepSpeed's offload_param has none).
+void ReadOffload(ConfigReader& r, std::string* device, double* ratio, EngineConfig* c) {
   r.Enum("device", device, {"none", "cpu", "nvme"})
       .Strings("nvme_path", &c->nvme_path)
-      .Bool("pin_memory", &c->pin_memory)
-      // Sizing hints for DeepSpeed's own buffer scheme; zinf sizes its pools from budgets.
-      .Ignore("buffer_count")
+      .Bool("pin_memory", &c->pin_memory);
+  if (ratio != nullptr) r.Double("ratio", ratio, 0.0, 1.0);
+  // Sizing hints for DeepSpeed's own buffer scheme; zinf sizes its pools from budgets.
+  r.Ignore("buffer_count")
       .Ignore("buffer_size")
       .Ignore("max_in_cpu")
-      .Ignore("ratio")
       .Ignore("fast_init")
       .Ignore("pipeline_read")
       .Ignore("pipeline_write");
@@ -46,9 +47,11 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text) {
         .Bytes("stage3_prefetch_bucket_size", &c.stage3_prefetch_bucket_size)
         .Bytes("stage3_max_live_parameters", &c.stage3_max_live_parameters)
         .Object("offload_param",
-                [&](ConfigReader& o) { ReadOffload(o, &c.offload_param_device, &c); })
+                [&](ConfigReader& o) { ReadOffload(o, &c.offload_param_device, nullptr, &c); })
         .Object("offload_optimizer",
-                [&](ConfigReader& o) { ReadOffload(o, &c.offload_optimizer_device, &c); })
+                [&](ConfigReader& o) {
+                  ReadOffload(o, &c.offload_optimizer_device, &c.offload_optimizer_ratio, &c);
+                })
         // DeepSpeed's scheduling switches; zinf always overlaps and buckets.
         .Ignore("overlap_comm")
         .Ignore("contiguous_gradients")

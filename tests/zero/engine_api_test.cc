@@ -267,14 +267,19 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
     const std::string dir = root + "/" + placement;
     std::filesystem::create_directories(dir);
     const std::string nvme = R"({"device": "nvme", "nvme_path": ")" + dir + "\"}";
+    // Half the optimizer's chunks on NVMe, half in host memory (offload_optimizer.ratio).
+    const std::string half_nvme =
+        R"({"device": "nvme", "ratio": 0.5, "nvme_path": ")" + dir + "\"}";
     const bool params_nvme = placement == "params_nvme" || placement == "all_nvme";
     const bool optimizer_nvme = placement == "optimizer_nvme" || placement == "all_nvme";
     auto config = EngineConfig::FromJson(
         R"({"zero_optimization": {"stage": 3, "offload_optimizer": )" +
-        (optimizer_nvme ? nvme : R"({"device": "cpu"})") + R"(, "offload_param": )" +
-        (params_nvme ? nvme : R"({"device": "none"})") + R"(}, "bf16": {"enabled": )" +
-        (precision == ElementType::kBf16 ? "true" : "false") + R"(}, "fp16": {"enabled": )" +
-        (precision == ElementType::kFp16 ? "true" : "false") + "}}");
+        (placement == "optimizer_half_nvme" ? half_nvme
+         : optimizer_nvme                   ? nvme
+                                            : R"({"device": "cpu"})") +
+        R"(, "offload_param": )" + (params_nvme ? nvme : R"({"device": "none"})") +
+        R"(}, "bf16": {"enabled": )" + (precision == ElementType::kBf16 ? "true" : "false") +
+        R"(}, "fp16": {"enabled": )" + (precision == ElementType::kFp16 ? "true" : "false") + "}}");
     EXPECT_TRUE(config.ok()) << config.status();
     auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();
@@ -284,7 +289,7 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
     EXPECT_TRUE(e.RegisterModule("m1", {{"p1", {6000000}}, {"p2", {500000}}}).ok());
     EXPECT_TRUE(e.Initialize().ok());
     MultiChunkRun result;
-    std::vector<uint16_t> half(1);
+    std::vector<uint16_t> half(2);  // room for one fp32 value too
     float back = 0;
     for (int step = 0; step < 2; ++step) {
       for (int id : {0, 1}) {
@@ -316,8 +321,16 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
   };
   const MultiChunkRun memory = run("memory");
   EXPECT_TRUE(memory.fetched_rounded);
-  for (const char* placement : {"params_nvme", "optimizer_nvme", "all_nvme"}) {
+  uint64_t optimizer_nvme_read = 0;
+  for (const char* placement :
+       {"params_nvme", "optimizer_nvme", "optimizer_half_nvme", "all_nvme"}) {
     const MultiChunkRun other = run(placement);
+    if (std::string(placement) == "optimizer_nvme") optimizer_nvme_read = other.nvme_read_bytes;
+    if (std::string(placement) == "optimizer_half_nvme") {
+      // One of the two 8M-element chunks stays in host memory.
+      EXPECT_GT(other.nvme_read_bytes, 0u);
+      EXPECT_LT(other.nvme_read_bytes, optimizer_nvme_read);
+    }
     EXPECT_TRUE(other.master == memory.master) << placement;
     EXPECT_TRUE(other.fetched_rounded) << placement;
     if (std::string(placement) == "params_nvme") {
