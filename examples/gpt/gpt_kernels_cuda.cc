@@ -6,12 +6,15 @@
 // backend's in rounding.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <array>
 #include <climits>
 #include <cstring>
+#include <string>
+#include <type_traits>
 
 #include "examples/gpt/gpt_kernels.h"
 #include "examples/gpt/gpt_kernels_cuda.h"
@@ -33,10 +36,51 @@ Status CudaError(cudaError_t err, std::string_view op) {
   return err == cudaErrorMemoryAllocation ? zinf::ResourceExhausted(m) : zinf::Internal(m);
 }
 
+// cuBLAS is opened when a CUDA backend is first created, not linked: loading its libraries
+// (their relocations alone) would cost every run of a CUDA build, CPU-only ones too, about
+// 150 MiB of RSS.
+struct CublasApi {
+  decltype(&cublasCreate) create = nullptr;
+  decltype(&cublasDestroy) destroy = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSetStream) set_stream = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+// The loaded API, or Unavailable naming the library and what dlopen said. Loaded once.
+StatusOr<const CublasApi*> LoadCublas() {
+  static const StatusOr<CublasApi> api = []() -> StatusOr<CublasApi> {
+    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return zinf::Unavailable(fmt::format("cannot load {}: {}", name, dlerror()));
+    }
+    CublasApi a;
+    auto bind = [&](auto* fn, const char* symbol) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, symbol));
+      return *fn != nullptr;
+    };
+    if (!bind(&a.create, "cublasCreate_v2") || !bind(&a.destroy, "cublasDestroy_v2") ||
+        !bind(&a.set_math_mode, "cublasSetMathMode") ||
+        !bind(&a.set_stream, "cublasSetStream_v2") ||
+        !bind(&a.sgemm_strided_batched, "cublasSgemmStridedBatched") ||
+        !bind(&a.status_string, "cublasGetStatusString")) {
+      return zinf::Unavailable(fmt::format("{} lacks a cuBLAS function: {}", name, dlerror()));
+    }
+    return a;  // the library stays loaded for the process
+  }();
+  if (!api.ok()) return api.status();
+  return &*api;
+}
+
+// Only called once LoadCublas succeeded.
+const CublasApi& Cublas() { return **LoadCublas(); }
+
 Status CublasError(cublasStatus_t s, std::string_view op) {
   if (s == CUBLAS_STATUS_SUCCESS) return zinf::OkStatus();
   return zinf::Internal(
-      fmt::format("cuBLAS {}: {} ({})", op, cublasGetStatusString(s), static_cast<int>(s)));
+      fmt::format("cuBLAS {}: {} ({})", op, Cublas().status_string(s), static_cast<int>(s)));
 }
 
 int64_t AlignUp(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
@@ -73,7 +117,7 @@ class CudaKernels final : public GptKernels {
   ~CudaKernels() override {
     (void)stream_->Synchronize();
     cudaSetDevice(ordinal_);
-    cublasDestroy(blas_);
+    Cublas().destroy(blas_);
   }
 
   zinf::Device& device() override { return *device_; }
@@ -226,7 +270,7 @@ class CudaKernels final : public GptKernels {
       beta = 1.0f;
     }
     const float alpha = scale;
-    const cublasStatus_t s = cublasSgemmStridedBatched(
+    const cublasStatus_t s = Cublas().sgemm_strided_batched(
         blas_, ob.op, oa.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
         b.data, static_cast<int>(ob.ld), b.batch_stride(), a.data, static_cast<int>(oa.ld),
         a.batch_stride(), &beta, const_cast<float*>(c.data), static_cast<int>(c.row_stride()),
@@ -384,16 +428,17 @@ StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t me
       zinf::CreateCudaDevice({.ordinal = ordinal, .memory_budget_bytes = memory_budget_bytes}));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<zinf::Stream> stream, device->CreateStream());
   ZINF_RETURN_IF_ERROR(CudaError(cudaSetDevice(ordinal), "cudaSetDevice"));
+  ZINF_ASSIGN_OR_RETURN(const CublasApi* api, LoadCublas());
   cublasHandle_t blas = nullptr;
-  ZINF_RETURN_IF_ERROR(CublasError(cublasCreate(&blas), "cublasCreate"));
+  ZINF_RETURN_IF_ERROR(CublasError(api->create(&blas), "cublasCreate"));
   // Plain fp32: no TF32 tensor-core math even where the environment asks for it.
-  Status s = CublasError(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  Status s = CublasError(api->set_math_mode(blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
   if (s.ok()) {
-    s = CublasError(cublasSetStream(blas, static_cast<cudaStream_t>(stream->native_handle())),
+    s = CublasError(api->set_stream(blas, static_cast<cudaStream_t>(stream->native_handle())),
                     "cublasSetStream");
   }
   if (!s.ok()) {
-    cublasDestroy(blas);
+    api->destroy(blas);
     return s;
   }
   return std::unique_ptr<GptKernels>(

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,18 @@ TEST(GptCudaTest, UnavailableWithoutAGpu) {
   auto cpu_model = Gpt::Create(*engine, kConfig);
   ASSERT_TRUE(cpu_model.ok()) << cpu_model.status();
   EXPECT_TRUE(engine->Initialize().ok());
+}
+
+// A CPU run never loads cuBLAS: the CUDA backend opens it only when it is asked for, because
+// its libraries alone would add about 150 MiB to every process's RSS.
+TEST(GptCudaTest, CpuRunsDoNotLoadCublas) {
+  Result r;
+  RunOneBatch(DeviceKind::kHost, true, &r);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    EXPECT_EQ(line.find("libcublas"), std::string::npos) << line;
+  }
 }
 
 }  // namespace
