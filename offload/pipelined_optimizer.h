@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "nvme/swap_store.h"
-#include "zinf/device.h"
 #include "offload/memory_pool.h"
 #include "zinf/cpu_optimizer.h"
+#include "zinf/device.h"
 #include "zinf/status.h"
 
 namespace zinf {

@@ -24,9 +24,9 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
-#include "zinf/device.h"
 #include "offload/memory_pool.h"
 #include "offload/tiered_store_internal.h"
+#include "zinf/device.h"
 
 namespace zinf {
 

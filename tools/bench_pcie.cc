@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "core/units.h"
-#include "zinf/device.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
+#include "zinf/device.h"
 #include "zinf/host_memory.h"
 
 namespace zinf::tools {

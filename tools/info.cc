@@ -9,9 +9,9 @@
 
 #include "core/units.h"
 #include "nvme/path_probe.h"
-#include "zinf/device.h"
 #include "tools/commands.h"
 #include "zinf/cpu_info.h"
+#include "zinf/device.h"
 
 namespace zinf::tools {
 namespace {
