@@ -195,6 +195,15 @@ struct Module {
   int reductions = 0;  // ReduceGradients calls since the last Step
 };
 
+// The elements [first, last) of the flat shard that [begin, begin + count) shares with
+// parameter `p`'s shard; first >= last when none.
+struct Span {
+  uint64_t first, last;
+};
+Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
+  return {std::max(begin, p.flat_offset), std::min(begin + count, p.flat_offset + p.shard_size)};
+}
+
 // This process's place in its data-parallel group.
 struct DataParallelGroup {
   int rank = 0;
@@ -299,8 +308,7 @@ struct Engine::Impl {
     for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
       const Param& p = *it;
       const uint64_t key = HashName(config.seed, p.spec.name);
-      const uint64_t first = std::max(begin, p.flat_offset);
-      const uint64_t last = std::min(begin + count, p.flat_offset + p.shard_size);
+      const auto [first, last] = Overlap(begin, count, p);
       const uint64_t element0 = rank() * p.shard_size;  // this rank's first element of p
       for (uint64_t f = first; f < last; ++f) {
         const uint64_t index = element0 + (f - p.flat_offset);
@@ -363,9 +371,7 @@ struct Engine::Impl {
     return pipelined->Visit(
         nvme_shard,
         [&](const ChunkView& c) {
-          const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
-          const uint64_t last =
-              std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+          const auto [first, last] = Overlap(c.offset, c.count, p);
           if (first < last) {
             std::memcpy(out + (first - p.flat_offset), c.params + (first - c.offset),
                         (last - first) * 4);
@@ -389,8 +395,8 @@ struct Engine::Impl {
     p.staged = HostBuffer();
   }
 
-  // Starts gathering `p`: its all-gather runs on the communicator's thread until
-  // FinishGather. With one rank there is nothing to wait for and it completes here.
+  // Starts gathering `p`: its all-gather runs on the communicator's thread until Gather
+  // waits for it. With one rank there is nothing to wait for and it completes here.
   Status StartGather(Param& p) {
     if (p.full_current || p.gathering != nullptr) return OkStatus();
     const auto t0 = Clock::now();
@@ -523,28 +529,19 @@ struct Engine::Impl {
     return finished;
   }
 
-  // Writes every shard of the parameter tier from `master`.
+  // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster(StepSummary* summary) {
-    if (param_type != ElementType::kFp32) {
-      ExtentWriter writer(swap.get(), 256ull << 20);
-      Status converted;
-      for (Param& p : params) {
-        StatusOr<HostBuffer> values = TierValues(p, Master(p));
-        converted = values.status();
-        if (!converted.ok()) break;
-        writer.Write(p.extent, std::move(*values));
-        summary->bytes_nvme_written += TierBytes(p);
-      }
-      Status written = writer.Wait();
-      return converted.ok() ? written : converted;
-    }
-    IoWaiter writes;
+    ExtentWriter writer(swap.get(), 256ull << 20);
+    Status converted;
     for (Param& p : params) {
-      writes.Add(1);
-      swap->WriteAsync(p.extent, Master(p), writes.Callback());
-      summary->bytes_nvme_written += p.shard_size * 4;
+      StatusOr<HostBuffer> values = TierValues(p, Master(p));
+      converted = values.status();
+      if (!converted.ok()) break;
+      writer.Write(p.extent, std::move(*values));
+      summary->bytes_nvme_written += TierBytes(p);
     }
-    return writes.Wait();
+    Status written = writer.Wait();
+    return converted.ok() ? written : converted;
   }
 
   // Checks that every rank registered the same model with the same config.
@@ -658,8 +655,7 @@ struct Engine::Impl {
       if (p.staged.empty()) {
         ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(TierBytes(p)));
       }
-      const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
-      const uint64_t last = std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+      const auto [first, last] = Overlap(c.offset, c.count, p);
       ConvertFromFp32(c.params + (first - c.offset), param_type,
                       p.staged.as<char>() + (first - p.flat_offset) * param_bytes(), last - first);
       if (last == p.flat_offset + p.shard_size) writer->Write(p.extent, std::move(p.staged));
@@ -1260,8 +1256,7 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   if (m.pipelined != nullptr) {
     // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
     auto store = [&](const ChunkView& c) {
-      const uint64_t first = std::max<uint64_t>(c.offset, p.flat_offset);
-      const uint64_t last = std::min<uint64_t>(c.offset + c.count, p.flat_offset + p.shard_size);
+      const auto [first, last] = Overlap(c.offset, c.count, p);
       if (first < last) {
         std::memcpy(c.params + (first - c.offset), shard.data() + (first - p.flat_offset),
                     (last - first) * 4);
@@ -1272,7 +1267,6 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
                                    fmt::format("storing parameter '{}'", name)));
   }
   if (m.params_on_nvme) {
-    m.DropStaged(p);
     ZINF_ASSIGN_OR_RETURN(HostBuffer tier, m.TierValues(p, shard.data()));
     ZINF_RETURN_IF_ERROR(m.Context(m.swap->Write(p.extent, tier.data()),
                                    fmt::format("writing parameter '{}' to NVMe", name)));
