@@ -335,8 +335,7 @@ int main(int argc, char** argv) {
   gpt::GptOptions model_options;
   if (args.device == "cuda") {
     model_options.device = zinf::DeviceKind::kCuda;
-    const char* local_rank = std::getenv("LOCAL_RANK");
-    model_options.device_ordinal = local_rank != nullptr ? std::max(0, std::atoi(local_rank)) : 0;
+    model_options.device_ordinal = engine.local_rank();
   }
   auto model = gpt::Gpt::Create(engine, mc, model_options);
   if (!model.ok()) return Fail(model.status());

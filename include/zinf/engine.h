@@ -159,6 +159,9 @@ class Engine {
 
   int rank() const;
   int world_size() const;
+  // This process's index among the ranks on its node (LOCAL_RANK; 0 when unset), e.g. the GPU
+  // a trainer should use.
+  int local_rank() const;
 
   // Registers a module before Initialize(); returns its id. InvalidArgument for empty or
   // duplicate names and non-positive dimensions.

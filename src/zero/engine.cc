@@ -242,6 +242,7 @@ struct Engine::Impl {
   std::unique_ptr<CpuOptimizer> optimizer;
   int group = 0;        // the optimizer's parameter group
   int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
+  int local_rank = 0;   // among the processes of this node
 
   std::vector<Module> modules;
   std::vector<Param> params;
@@ -902,6 +903,7 @@ Engine::~Engine() = default;
 
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
+int Engine::local_rank() const { return impl_->local_rank; }
 double Engine::loss_scale() const { return impl_->loss_scale; }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
@@ -925,6 +927,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   ZINF_ASSIGN_OR_RETURN(const DataParallelGroup dp,
                         ResolveGroup(options.data_parallel_ranks, rank, world));
   impl->global_rank = rank;
+  impl->local_rank = env.local_rank;
   // Rank 0 serves the store for every group, its own may be a group of one.
   if (world > 1 && (dp.size > 1 || rank == 0)) {
     ZINF_ASSIGN_OR_RETURN(impl->store, TcpStore::Create({.host = addr,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -384,6 +385,30 @@ TEST(ShippedConfigsTest, EngineTakesEveryExampleConfig) {
     }
   }
   EXPECT_GE(checked, 9);
+}
+
+}  // namespace
+}  // namespace zinf
+
+namespace zinf {
+namespace {
+
+// local_rank() is torchrun's LOCAL_RANK (0 when unset): the GPU a trainer picks.
+TEST(EngineEnvironmentTest, LocalRankComesFromTheEnvironment) {
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+  auto config = EngineConfig::FromJson("{}");
+  ASSERT_TRUE(config.ok());
+  auto plain = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->local_rank(), 0);
+  setenv("RANK", "3", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  auto launched = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+  ASSERT_TRUE(launched.ok()) << launched.status();
+  EXPECT_EQ((*launched)->local_rank(), 1);
 }
 
 }  // namespace
