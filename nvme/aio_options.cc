@@ -1,11 +1,25 @@
 // AioOptions validation and the JSON `aio` reader.
 //
 // Note [Default aio options]
-// The defaults (1 MiB pieces, 32 in flight, one ring, batched submission, O_DIRECT, registered
-// buffers and files) were chosen by `zinf bench nvme --sweep` on the work disk against fio's
-// best of {128 KiB, 1 MiB, 8 MiB} x {QD 8, 32}; bench/RESULTS.md has the figures. 1 MiB at
-// depth 32 keeps 32 MiB in flight, which saturates every NVMe device and virtio disk measured,
-// while one completion thread reaps a few thousand completions a second with CPU to spare.
+// The defaults (1 MiB pieces, 8 in flight, one ring, one system call per piece, O_DIRECT,
+// registered buffers and files) were chosen by `zinf bench nvme --sweep` against fio over
+// {128 KiB, 1 MiB, 8 MiB} x {QD 8, 32}; bench/RESULTS.md has the figures. They are DeepSpeed's
+// defaults except single_submit, for two reasons measured on the work disk:
+//
+// - Batched submission merges. io_uring plugs the block layer when one io_uring_enter carries
+//   more than two requests, and the plug (or the I/O scheduler) merges file-adjacent pieces
+//   into requests up to max_sectors_kb: with batches, 1 MiB pieces reached the disk as 4 MiB
+//   requests (/sys/block/*/stat counts the merges), and reads ran 10-25% slower than the same
+//   pieces submitted one by one; fio with iodepth_batch_submit=8 slows down the same way. One
+//   piece per call keeps block_size the size the device sees. A call costs about a
+//   microsecond, nothing at a few thousand pieces a second.
+// - Eight 1 MiB pieces keep 8 MiB in flight, which saturates the disks measured (a PCIe 4
+//   drive needs about bandwidth x latency = 7 GB/s x 0.5 ms = 3.5 MB), and the buffers being
+//   filled stay few: on a virtual disk whose host copies into guest memory, reads into 8 MiB of
+//   buffers ran at 3.7 GB/s and into 32 MiB or more at 2.6 GB/s, for fio as for zinf.
+//
+// One completion thread reaps a few thousand completions a second with CPU to spare; a second
+// ring helps only when several drives are striped.
 #include "nvme/aio_options.h"
 
 #include <fmt/core.h>

@@ -7,11 +7,11 @@
 // its in-flight count with one mutex, which any thread may take to prepare and submit; only the
 // ring's reaper thread consumes completions, and it does so without the mutex, blocked in
 // io_uring_wait_cqe. So a submitter never waits for the device: it appends pieces, fills free
-// slots up to queue_depth and makes one io_uring_enter. The reaper takes a whole batch of
-// completions, resubmits the rest of any short transfer at the front of the queue, refills the
-// freed slots (one io_uring_enter for the batch), and only then runs callbacks, outside the
-// mutex, so a callback may submit more work. A NOP whose user_data is kWakeTag stops the reaper
-// once the engine is idle.
+// slots up to queue_depth and submits them. The reaper takes a whole batch of completions,
+// resubmits the rest of any short transfer at the front of the queue, refills the freed slots,
+// and only then runs callbacks, outside the mutex, so a callback may submit more work. A NOP
+// whose user_data is kWakeTag stops the reaper once the engine is idle. How many pieces one
+// io_uring_enter carries is AioOptions::single_submit's choice (See Note [Default aio options]).
 //
 // Note [Cancelled pieces]
 // io_uring ties a request to the thread that submitted it: work the kernel hands to its io-wq

@@ -1,9 +1,9 @@
 // UringEngine: the io_uring IoEngine. See Note [io_uring rings] in uring_engine.cc.
 //
 // thread_count rings, each with its own completion thread; pieces are dealt to rings in turn.
-// Each ring keeps up to queue_depth pieces in flight, submits them in batches (one
-// io_uring_enter per Submit or per batch of completions; one per piece with single_submit)
-// and reaps on its own thread so that the submitter never waits for the device. Short reads
+// Each ring keeps up to queue_depth pieces in flight, submits them one io_uring_enter per
+// piece (or, with single_submit off, one per Submit or per batch of completions) and reaps on
+// its own thread so that the submitter never waits for the device. Short reads
 // and writes are resubmitted for the rest; registered buffers use READ_FIXED/WRITE_FIXED and
 // registered files IOSQE_FIXED_FILE.
 //

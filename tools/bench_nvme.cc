@@ -49,6 +49,7 @@ struct NvmeArgs {
   bool checksum = false;
   bool no_huge_pages = false;
   bool fio_huge_pages = false;
+  int single_submit = -1;  // -1: AioOptions default
 };
 
 struct Config {
@@ -72,8 +73,9 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 // One zinf run: open a SwapStore of `size`, write it all, read it all, close (which deletes
-// the files). Memory: one staging buffer of up to 64 MiB that every extent is written from and
-// read into, as fio reuses its queue_depth buffers.
+// the files). Memory: one staging buffer of block size x queue depth x rings that every extent
+// is written from and read into: the bytes fio cycles through (its iodepth buffers of bs).
+// See Note [Staging footprint].
 StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
   SwapStoreOptions o;
   o.paths = args.paths;
@@ -82,12 +84,15 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
   o.aio.block_size = c.block;
   o.aio.queue_depth = c.qd;
   o.aio.thread_count = c.threads;
+  if (args.single_submit != -1) o.aio.single_submit = args.single_submit != 0;
   o.aio.direct_io = DirectIo::kOn;
   o.aio.backend = args.backend == "posix"  ? IoBackend::kPosix
                   : args.backend == "auto" ? IoBackend::kAuto
                                            : IoBackend::kIoUring;
   ZINF_ASSIGN_OR_RETURN(auto store, SwapStore::Open(o));
-  const uint64_t chunk = std::min<uint64_t>(AlignUp(c.size, kDirectIoAlignment), 64 * kMiB);
+  const uint64_t chunk =
+      std::min(AlignUp(c.size, kDirectIoAlignment),
+               std::max(2 * kMiB, c.block * static_cast<uint64_t>(c.qd * c.threads)));
   HostAllocOptions alloc;
   alloc.huge_pages = !args.no_huge_pages;
   ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(chunk, alloc));
@@ -385,6 +390,8 @@ void AddBenchNvmeCommand(CLI::App& bench) {
       ->check(CLI::IsMember({"io_uring", "posix", "auto"}))
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
+  cmd->add_option("--single-submit", args->single_submit,
+                  "aio.single_submit: 1 submits every piece alone, 0 in batches (default: zinf's)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--sweep", args->sweep, "Grid of block sizes {128K,1M,8M} x queue depths {8,32}");
   cmd->add_flag("--vs-fio-grid", args->vs_fio_grid,

@@ -15,7 +15,8 @@ TEST(AioOptions, DefaultsAreValid) {
   AioOptions o;
   EXPECT_TRUE(o.Validate().ok());
   EXPECT_EQ(o.block_size, 1u << 20);
-  EXPECT_EQ(o.queue_depth, 32);
+  EXPECT_EQ(o.queue_depth, 8);
+  EXPECT_TRUE(o.single_submit);  // See Note [Default aio options]
 }
 
 TEST(AioOptions, ZeroOrAbsurdQueueDepthIsRejected) {
