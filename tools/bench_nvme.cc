@@ -6,7 +6,17 @@
 // Prints the configuration first, then the median MB/s (10^6 bytes) of each direction beside
 // fio's and the ratio. --json prints one JSON object; --sweep runs the grid of block sizes and
 // queue depths; --vs-fio-grid compares one configuration (the defaults unless flags say
-// otherwise) with fio's best over that grid.
+// otherwise) with fio's best over that grid: the cell whose median over the repetitions is
+// highest, each direction on its own (a maximum over cells per repetition would pick up noise).
+//
+// Note [Staging footprint]
+// zinf moves every extent through one staging buffer of block size x queue depth x rings
+// bytes (at least 2 MiB, so that it is one transparent huge page), the bytes fio cycles its
+// iodepth buffers of bs through. On a virtual disk the host copies each request into guest
+// memory, and there how much memory the reads land in changes the speed by a third: reads
+// into 8 MiB of buffers ran at 3.7 GB/s, into 32 MiB or more at 2.6 GB/s, for fio as for
+// zinf's engine (bench/RESULTS.md). A larger staging buffer than fio's would measure that,
+// not the engine.
 //
 // Single-threaded driver; the engine's threads do the I/O.
 #include <fmt/core.h>
@@ -187,59 +197,86 @@ StatusOr<Pair> RunFio(const std::string& fio, const NvmeArgs& args, const Config
   return p;
 }
 
-struct Result {
+// Repetitions of one configuration and their medians.
+struct Runs {
   Config config;
-  std::vector<Pair> zinf;
-  std::vector<Pair> fio;  // per repetition: same config, or the grid's best per direction
-  double zw = 0, zr = 0, fw = 0, fr = 0;
+  std::vector<Pair> runs;
+  double write_MBps = 0, read_MBps = 0;
 
   void Summarize() {
-    std::vector<double> a, b, c, d;
-    for (const Pair& p : zinf) a.push_back(p.write_MBps), b.push_back(p.read_MBps);
-    for (const Pair& p : fio) c.push_back(p.write_MBps), d.push_back(p.read_MBps);
-    zw = Median(a), zr = Median(b), fw = Median(c), fr = Median(d);
+    std::vector<double> w, r;
+    for (const Pair& p : runs) w.push_back(p.write_MBps), r.push_back(p.read_MBps);
+    write_MBps = Median(w), read_MBps = Median(r);
   }
 };
 
-nlohmann::json RatioOrNull(double num, double den) {
-  return den > 0 ? nlohmann::json(num / den) : nlohmann::json(nullptr);
-}
+struct Result {
+  Runs zinf;
+  // fio at zinf's configuration, or at every cell of the grid; empty without fio.
+  std::vector<Runs> fio;
+  // The fio runs compared with, per direction: the grid's best cell by median.
+  size_t fio_write = 0, fio_read = 0;
+
+  double zw() const { return zinf.write_MBps; }
+  double zr() const { return zinf.read_MBps; }
+  double fw() const { return fio.empty() ? 0 : fio[fio_write].write_MBps; }
+  double fr() const { return fio.empty() ? 0 : fio[fio_read].read_MBps; }
+
+  void Summarize() {
+    zinf.Summarize();
+    for (size_t i = 0; i < fio.size(); ++i) {
+      fio[i].Summarize();
+      if (fio[i].write_MBps > fio[fio_write].write_MBps) fio_write = i;
+      if (fio[i].read_MBps > fio[fio_read].read_MBps) fio_read = i;
+    }
+  }
+};
 
 // Runs `c` reps times, interleaved with fio at the same configuration (or, with `grid`, with
-// fio over the whole grid, keeping its best per direction and repetition).
+// fio at every cell of the grid).
 StatusOr<Result> Measure(const NvmeArgs& args, const std::string& fio, const Config& c, bool grid) {
   Result r;
-  r.config = c;
+  r.zinf.config = c;
+  if (!fio.empty()) {
+    if (grid) {
+      for (uint64_t b : kGridBlocks) {
+        for (int q : kGridDepths) r.fio.push_back(Runs{Config{c.size, b, q, 1}});
+      }
+    } else {
+      r.fio.push_back(Runs{c});
+    }
+  }
   for (int rep = 0; rep < args.reps; ++rep) {
     ZINF_ASSIGN_OR_RETURN(Pair z, RunZinf(args, c));
-    r.zinf.push_back(z);
+    r.zinf.runs.push_back(z);
     if (!args.json) {
       fmt::print(stderr, "  rep {}: zinf write {:.0f} read {:.0f} MB/s", rep + 1, z.write_MBps,
                  z.read_MBps);
     }
-    if (!fio.empty()) {
-      Pair best;
-      if (grid) {
-        for (uint64_t b : kGridBlocks) {
-          for (int q : kGridDepths) {
-            ZINF_ASSIGN_OR_RETURN(Pair f, RunFio(fio, args, Config{c.size, b, q, 1}));
-            best.write_MBps = std::max(best.write_MBps, f.write_MBps);
-            best.read_MBps = std::max(best.read_MBps, f.read_MBps);
-          }
-        }
-      } else {
-        ZINF_ASSIGN_OR_RETURN(best, RunFio(fio, args, c));
-      }
-      r.fio.push_back(best);
+    for (Runs& f : r.fio) {
+      ZINF_ASSIGN_OR_RETURN(Pair p, RunFio(fio, args, f.config));
+      f.runs.push_back(p);
       if (!args.json) {
-        fmt::print(stderr, " | fio{} write {:.0f} read {:.0f} MB/s", grid ? " (grid best)" : "",
-                   best.write_MBps, best.read_MBps);
+        fmt::print(stderr, " | fio{} write {:.0f} read {:.0f}",
+                   grid ? fmt::format(" {}/{}", FormatBytes(f.config.block), f.config.qd) : "",
+                   p.write_MBps, p.read_MBps);
       }
     }
     if (!args.json) fmt::print(stderr, "\n");
   }
   r.Summarize();
   return r;
+}
+
+nlohmann::json RatioOrNull(double num, double den) {
+  return den > 0 ? nlohmann::json(num / den) : nlohmann::json(nullptr);
+}
+
+nlohmann::json CellJson(const Runs& f) {
+  return {{"block_size", f.config.block},
+          {"queue_depth", f.config.qd},
+          {"write_MBps", f.write_MBps},
+          {"read_MBps", f.read_MBps}};
 }
 
 Status RunBenchNvme(const NvmeArgs& args) {
@@ -253,6 +290,8 @@ Status RunBenchNvme(const NvmeArgs& args) {
   }
   c.qd = args.queue_depth != -1 ? args.queue_depth : defaults.queue_depth;
   c.threads = args.threads != -1 ? args.threads : defaults.thread_count;
+  const bool single_submit =
+      args.single_submit != -1 ? args.single_submit != 0 : defaults.single_submit;
   if (args.reps < 1) return InvalidArgument(fmt::format("--reps must be >= 1, got {}", args.reps));
   AioOptions check;
   check.block_size = c.block;
@@ -278,6 +317,7 @@ Status RunBenchNvme(const NvmeArgs& args) {
                    {"block_size", c.block},
                    {"queue_depth", c.qd},
                    {"thread_count", c.threads},
+                   {"single_submit", single_submit},
                    {"backend", args.backend},
                    {"direct_io", true},
                    {"checksum", args.checksum},
@@ -291,11 +331,11 @@ Status RunBenchNvme(const NvmeArgs& args) {
   if (!args.json) {
     fmt::print("zinf bench nvme: sequential write then read through SwapStore, O_DIRECT\n");
     fmt::print(
-        "  paths {}  size {}  block {}  queue depth {}  rings {}  backend {}  checksum {}"
-        "  repetitions {}{}\n",
+        "  paths {}  size {}  block {}  queue depth {}  rings {}  single submit {}  backend {}"
+        "  checksum {}  repetitions {}{}\n",
         fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size), FormatBytes(c.block),
-        c.qd, c.threads, args.backend, args.checksum ? "on" : "off", args.reps,
-        args.no_huge_pages ? "  staging 4 KiB pages" : "  staging 2 MiB huge pages");
+        c.qd, c.threads, single_submit ? "on" : "off", args.backend, args.checksum ? "on" : "off",
+        args.reps, args.no_huge_pages ? "  staging 4 KiB pages" : "  staging 2 MiB huge pages");
     if (fio.empty()) {
       fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
     } else {
@@ -318,16 +358,16 @@ Status RunBenchNvme(const NvmeArgs& args) {
         ZINF_ASSIGN_OR_RETURN(Result r, Measure(args, fio, Config{size, b, q, c.threads}, false));
         rows.push_back({{"block_size", b},
                         {"queue_depth", q},
-                        {"write_MBps", r.zw},
-                        {"read_MBps", r.zr},
-                        {"fio_write_MBps", r.fw},
-                        {"fio_read_MBps", r.fr},
-                        {"write_ratio", RatioOrNull(r.zw, r.fw)},
-                        {"read_ratio", RatioOrNull(r.zr, r.fr)}});
+                        {"write_MBps", r.zw()},
+                        {"read_MBps", r.zr()},
+                        {"fio_write_MBps", r.fw()},
+                        {"fio_read_MBps", r.fr()},
+                        {"write_ratio", RatioOrNull(r.zw(), r.fw())},
+                        {"read_ratio", RatioOrNull(r.zr(), r.fr())}});
         if (!args.json) {
           fmt::print("{:>8} {:>4} | {:>9.0f} {:>9.0f} {:>6.3f} | {:>9.0f} {:>9.0f} {:>6.3f}\n",
-                     FormatBytes(b), q, r.zw, r.fw, r.fw > 0 ? r.zw / r.fw : 0.0, r.zr, r.fr,
-                     r.fr > 0 ? r.zr / r.fr : 0.0);
+                     FormatBytes(b), q, r.zw(), r.fw(), r.fw() > 0 ? r.zw() / r.fw() : 0.0, r.zr(),
+                     r.fr(), r.fr() > 0 ? r.zr() / r.fr() : 0.0);
           std::fflush(stdout);
         }
       }
@@ -338,38 +378,49 @@ Status RunBenchNvme(const NvmeArgs& args) {
   }
 
   ZINF_ASSIGN_OR_RETURN(Result r, Measure(args, fio, c, args.vs_fio_grid));
-  out["write_MBps"] = r.zw;
-  out["read_MBps"] = r.zr;
-  out["fio_write_MBps"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.fw);
-  out["fio_read_MBps"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.fr);
-  out["write_ratio"] = RatioOrNull(r.zw, r.fw);
-  out["read_ratio"] = RatioOrNull(r.zr, r.fr);
+  out["write_MBps"] = r.zw();
+  out["read_MBps"] = r.zr();
+  out["fio_write_MBps"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.fw());
+  out["fio_read_MBps"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.fr());
+  out["write_ratio"] = RatioOrNull(r.zw(), r.fw());
+  out["read_ratio"] = RatioOrNull(r.zr(), r.fr());
   nlohmann::json runs = nlohmann::json::array();
-  for (size_t i = 0; i < r.zinf.size(); ++i) {
-    nlohmann::json run = {{"write_MBps", r.zinf[i].write_MBps}, {"read_MBps", r.zinf[i].read_MBps}};
-    if (i < r.fio.size()) {
-      run["fio_write_MBps"] = r.fio[i].write_MBps;
-      run["fio_read_MBps"] = r.fio[i].read_MBps;
+  for (size_t i = 0; i < r.zinf.runs.size(); ++i) {
+    const Pair& z = r.zinf.runs[i];
+    nlohmann::json run = {{"write_MBps", z.write_MBps}, {"read_MBps", z.read_MBps}};
+    if (!r.fio.empty()) {
+      run["fio_write_MBps"] = r.fio[r.fio_write].runs[i].write_MBps;
+      run["fio_read_MBps"] = r.fio[r.fio_read].runs[i].read_MBps;
     }
     runs.push_back(run);
+  }
+  if (args.vs_fio_grid && !r.fio.empty()) {
+    nlohmann::json cells = nlohmann::json::array();
+    for (const Runs& f : r.fio) cells.push_back(CellJson(f));
+    out["fio_grid"] = cells;
+    out["fio_best_write"] = CellJson(r.fio[r.fio_write]);
+    out["fio_best_read"] = CellJson(r.fio[r.fio_read]);
   }
   out["runs"] = runs;
   if (args.json) {
     fmt::print("{}\n", out.dump());
     return OkStatus();
   }
-  const char* what = args.vs_fio_grid ? "fio best of grid" : "fio";
-  auto line = [&](const char* dir, double z, double f) {
-    if (f > 0) {
-      fmt::print("{:<5} zinf {:>7.0f} MB/s   {} {:>7.0f} MB/s   ratio {:.3f}\n", dir, z, what, f,
-                 z / f);
-    } else {
+  auto line = [&](const char* dir, double z, double f, size_t cell) {
+    if (r.fio.empty()) {
       fmt::print("{:<5} zinf {:>7.0f} MB/s\n", dir, z);
+      return;
     }
+    const std::string what =
+        args.vs_fio_grid ? fmt::format("fio best of grid ({} QD {})",
+                                       FormatBytes(r.fio[cell].config.block), r.fio[cell].config.qd)
+                         : "fio";
+    fmt::print("{:<5} zinf {:>7.0f} MB/s   {} {:>7.0f} MB/s   ratio {:.3f}\n", dir, z, what, f,
+               z / f);
   };
   fmt::print("median of {}:\n", args.reps);
-  line("write", r.zw, r.fw);
-  line("read", r.zr, r.fr);
+  line("write", r.zw(), r.fw(), r.fio_write);
+  line("read", r.zr(), r.fr(), r.fio_read);
   return OkStatus();
 }
 
