@@ -41,6 +41,8 @@ struct Backend {
   uint64_t block = 64 * 1024;  // small, so that requests split into many pieces
   int queue_depth = 8;
 };
+// Names the case in test listings instead of dumping its bytes.
+void PrintTo(const Backend& b, std::ostream* os) { *os << b.label; }
 
 class IoEngineTest : public ::testing::TestWithParam<Backend> {
  protected:

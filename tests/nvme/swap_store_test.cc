@@ -41,6 +41,7 @@ struct StoreCase {
   IoBackend backend;
   DirectIo direct;
 };
+void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.label; }
 
 class SwapStoreIntegrity : public ::testing::TestWithParam<StoreCase> {};
 

@@ -96,6 +96,7 @@ struct StepCase {
   ParamCopyTier tier;
   ElementType grad_type = ElementType::kFp32;
 };
+void PrintTo(const StepCase& c, std::ostream* os) { *os << c.label; }
 
 class PipelinedStepTest : public ::testing::TestWithParam<StepCase> {};
 

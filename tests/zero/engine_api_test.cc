@@ -24,6 +24,7 @@ struct Placement {
   const char* name;
   bool optimizer_nvme, params_nvme;
 };
+void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
 
 class EngineApiTest : public ::testing::TestWithParam<Placement> {
  protected:

@@ -328,13 +328,14 @@ TEST_P(MlpTest, MatchesSingleProcessReference) {
   std::filesystem::remove_all(dir);
 }
 
-std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
+std::string Describe(const Case& c) {
   return "world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +
          std::to_string(c.accumulation) + (c.clipping > 0 ? "_clip" : "") +
          (c.placement.optimizer_nvme ? "_optnvme" : "") +
          (c.placement.params_nvme ? "_paramnvme" : "");
 }
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return Describe(info.param); }
+void PrintTo(const Case& c, std::ostream* os) { *os << Describe(c); }
 
 INSTANTIATE_TEST_SUITE_P(
     Zero, MlpTest,
