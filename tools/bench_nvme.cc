@@ -60,6 +60,7 @@ struct NvmeArgs {
   bool no_huge_pages = false;
   bool fio_huge_pages = false;
   int single_submit = -1;  // -1: AioOptions default
+  std::string staging;     // empty: block size x queue depth x rings
 };
 
 struct Config {
@@ -67,6 +68,7 @@ struct Config {
   uint64_t block = 0;
   int qd = 0;
   int threads = 1;
+  uint64_t staging = 0;  // 0: See Note [Staging footprint]
 };
 
 struct Pair {
@@ -80,6 +82,11 @@ const int kGridDepths[] = {8, 32};
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+uint64_t StagingBytes(const Config& c) {
+  if (c.staging != 0) return c.staging;
+  return std::max(2 * kMiB, c.block * static_cast<uint64_t>(c.qd * c.threads));
 }
 
 // One zinf run: open a SwapStore of `size`, write it all, read it all, close (which deletes
@@ -100,9 +107,7 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
                   : args.backend == "auto" ? IoBackend::kAuto
                                            : IoBackend::kIoUring;
   ZINF_ASSIGN_OR_RETURN(auto store, SwapStore::Open(o));
-  const uint64_t chunk =
-      std::min(AlignUp(c.size, kDirectIoAlignment),
-               std::max(2 * kMiB, c.block * static_cast<uint64_t>(c.qd * c.threads)));
+  const uint64_t chunk = std::min(AlignUp(c.size, kDirectIoAlignment), StagingBytes(c));
   HostAllocOptions alloc;
   alloc.huge_pages = !args.no_huge_pages;
   ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(chunk, alloc));
@@ -293,6 +298,13 @@ Status RunBenchNvme(const NvmeArgs& args) {
   const bool single_submit =
       args.single_submit != -1 ? args.single_submit != 0 : defaults.single_submit;
   if (args.reps < 1) return InvalidArgument(fmt::format("--reps must be >= 1, got {}", args.reps));
+  if (!args.staging.empty()) {
+    ZINF_ASSIGN_OR_RETURN(c.staging, ParseBytes(args.staging));
+    if (c.staging == 0 || c.staging % kDirectIoAlignment != 0) {
+      return InvalidArgument(fmt::format("--staging must be a positive multiple of {}, got {}",
+                                         kDirectIoAlignment, args.staging));
+    }
+  }
   AioOptions check;
   check.block_size = c.block;
   check.queue_depth = c.qd;
@@ -312,21 +324,23 @@ Status RunBenchNvme(const NvmeArgs& args) {
 
   nlohmann::json out;
   out["benchmark"] = "nvme";
-  out["config"] = {{"paths", args.paths},
-                   {"size_bytes", size},
-                   {"block_size", c.block},
-                   {"queue_depth", c.qd},
-                   {"thread_count", c.threads},
-                   {"single_submit", single_submit},
-                   {"backend", args.backend},
-                   {"direct_io", true},
-                   {"checksum", args.checksum},
-                   {"repetitions", args.reps},
-                   {"huge_pages", !args.no_huge_pages},
-                   {"fio_huge_pages", args.fio_huge_pages},
-                   {"mode", args.sweep         ? "sweep"
-                            : args.vs_fio_grid ? "vs-fio-grid"
-                                               : "single"}};
+  out["config"] = {
+      {"paths", args.paths},
+      {"size_bytes", size},
+      {"block_size", c.block},
+      {"queue_depth", c.qd},
+      {"thread_count", c.threads},
+      {"single_submit", single_submit},
+      {"staging_bytes", args.sweep ? nlohmann::json(nullptr) : nlohmann::json(StagingBytes(c))},
+      {"backend", args.backend},
+      {"direct_io", true},
+      {"checksum", args.checksum},
+      {"repetitions", args.reps},
+      {"huge_pages", !args.no_huge_pages},
+      {"fio_huge_pages", args.fio_huge_pages},
+      {"mode", args.sweep         ? "sweep"
+               : args.vs_fio_grid ? "vs-fio-grid"
+                                  : "single"}};
   out["fio"] = fio.empty() ? nlohmann::json(nullptr) : nlohmann::json(fio);
   if (!args.json) {
     fmt::print("zinf bench nvme: sequential write then read through SwapStore, O_DIRECT\n");
@@ -335,7 +349,10 @@ Status RunBenchNvme(const NvmeArgs& args) {
         "  checksum {}  repetitions {}{}\n",
         fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size), FormatBytes(c.block),
         c.qd, c.threads, single_submit ? "on" : "off", args.backend, args.checksum ? "on" : "off",
-        args.reps, args.no_huge_pages ? "  staging 4 KiB pages" : "  staging 2 MiB huge pages");
+        args.reps,
+        fmt::format("  staging {} in {}",
+                    args.sweep && c.staging == 0 ? "block x depth" : FormatBytes(StagingBytes(c)),
+                    args.no_huge_pages ? "4 KiB pages" : "2 MiB huge pages"));
     if (fio.empty()) {
       fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
     } else {
@@ -355,7 +372,8 @@ Status RunBenchNvme(const NvmeArgs& args) {
     nlohmann::json rows = nlohmann::json::array();
     for (uint64_t b : kGridBlocks) {
       for (int q : kGridDepths) {
-        ZINF_ASSIGN_OR_RETURN(Result r, Measure(args, fio, Config{size, b, q, c.threads}, false));
+        ZINF_ASSIGN_OR_RETURN(Result r,
+                              Measure(args, fio, Config{size, b, q, c.threads, c.staging}, false));
         rows.push_back({{"block_size", b},
                         {"queue_depth", q},
                         {"write_MBps", r.zw()},
@@ -443,6 +461,9 @@ void AddBenchNvmeCommand(CLI::App& bench) {
   cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
   cmd->add_option("--single-submit", args->single_submit,
                   "aio.single_submit: 1 submits every piece alone, 0 in batches (default: zinf's)");
+  cmd->add_option("--staging", args->staging,
+                  "Bytes of staging buffer the extents move through (default: block size x queue "
+                  "depth x rings, the bytes fio's buffers span)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--sweep", args->sweep, "Grid of block sizes {128K,1M,8M} x queue depths {8,32}");
   cmd->add_flag("--vs-fio-grid", args->vs_fio_grid,

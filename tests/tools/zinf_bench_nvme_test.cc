@@ -105,6 +105,7 @@ TEST(ZinfBenchNvmeTest, BadArgumentsFailNamingThem) {
       {"--path " + dir.path() + " --block-size 1000", "aio.block_size must be a multiple of 4096"},
       {"--path " + dir.path() + " --reps 0", "--reps must be >= 1, got 0"},
       {"--path " + dir.path() + " --size lots", "lots"},
+      {"--path " + dir.path() + " --staging 1000", "--staging must be a positive multiple of 4096"},
   };
   for (const Case& c : cases) {
     ZinfRun r = RunZinf("bench nvme --no-fio " + c.args);
