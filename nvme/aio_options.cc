@@ -35,7 +35,6 @@ namespace {
 
 constexpr uint64_t kMinBlock = 4096;
 constexpr uint64_t kMaxBlock = 256 * kMiB;
-constexpr int kMaxQueueDepth = 4096;
 constexpr int kMaxThreads = 64;
 
 }  // namespace
@@ -70,9 +69,9 @@ Status AioOptions::Validate() const {
         fmt::format("aio.block_size must be a multiple of 4096 in [{}, {}], got {}", kMinBlock,
                     kMaxBlock, block_size));
   }
-  if (queue_depth < 1 || queue_depth > kMaxQueueDepth) {
+  if (queue_depth < 1 || queue_depth > kMaxAioQueueDepth) {
     return InvalidArgument(
-        fmt::format("aio.queue_depth must be in [1, {}], got {}", kMaxQueueDepth, queue_depth));
+        fmt::format("aio.queue_depth must be in [1, {}], got {}", kMaxAioQueueDepth, queue_depth));
   }
   if (thread_count < 1 || thread_count > kMaxThreads) {
     return InvalidArgument(

@@ -31,6 +31,9 @@ enum class DirectIo {
   kOff,   // buffered I/O through the page cache
 };
 
+// The deepest queue AioOptions::queue_depth accepts.
+inline constexpr int kMaxAioQueueDepth = 4096;
+
 struct AioOptions {
   // Largest single I/O the engine issues; larger requests are split into pieces of this size.
   // Bigger pieces mean fewer system calls, smaller ones more parallelism for one request.

@@ -155,7 +155,11 @@ Status SwapStore::Init() {
   }
 
   if (!engine_) {
-    ZINF_ASSIGN_OR_RETURN(engine_, CreateIoEngine(options_.aio));
+    // aio.queue_depth is per path: striping over n devices keeps each as busy as one alone.
+    AioOptions aio = options_.aio;
+    aio.queue_depth = static_cast<int>(
+        std::min<uint64_t>(static_cast<uint64_t>(aio.queue_depth) * n, kMaxAioQueueDepth));
+    ZINF_ASSIGN_OR_RETURN(engine_, CreateIoEngine(aio));
   }
   for (const std::string& file : file_paths_) {
     ZINF_ASSIGN_OR_RETURN(IoFile f, OpenIoFile(file, /*create=*/true, options_.aio.direct_io));

@@ -40,6 +40,8 @@ struct SwapStoreOptions {
   // Names the files (zinf-swap-rank<rank>-<i>.bin) so that ranks sharing a path do not clash.
   int rank = 0;
   // Swap space across all paths; each path gets an equal share rounded up to stripe_bytes.
+  // aio.queue_depth counts per path: the store's engine keeps queue_depth x paths pieces in
+  // flight (at most the engine's limit), so that each device is as busy as it would be alone.
   uint64_t capacity_bytes = 0;
   // Striping unit across paths, a multiple of 4096. 0: aio.block_size.
   uint64_t stripe_bytes = 0;

@@ -126,6 +126,19 @@ TEST(SwapStore, PageAlignedRegisteredBufferRoundTrip) {
   EXPECT_EQ(std::memcmp(buffer->data(), data.data(), data.size()), 0);
 }
 
+TEST(SwapStore, QueueDepthIsPerPath) {
+  ScratchDir dir;
+  SwapStoreOptions o = SmallOptions({dir.Sub("a"), dir.Sub("b"), dir.Sub("c")});
+  auto store = SwapStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->engine().options().queue_depth, 3 * o.aio.queue_depth);
+  store->reset();
+  o.aio.queue_depth = kMaxAioQueueDepth - 1;  // three times that is past the engine's limit
+  store = SwapStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->engine().options().queue_depth, kMaxAioQueueDepth);
+}
+
 TEST(SwapStore, ReadBeforeWriteAndUnknownExtents) {
   ScratchDir dir;
   auto store = SwapStore::Open(SmallOptions({dir.path()}));
