@@ -10,13 +10,13 @@
 // highest, each direction on its own (a maximum over cells per repetition would pick up noise).
 //
 // Note [Staging footprint]
-// zinf moves every extent through one staging buffer of block size x queue depth x rings
-// bytes (at least 2 MiB, so that it is one transparent huge page), the bytes fio cycles its
-// iodepth buffers of bs through. On a virtual disk the host copies each request into guest
-// memory, and there how much memory the reads land in changes the speed by a third: reads
-// into 8 MiB of buffers ran at 3.7 GB/s, into 32 MiB or more at 2.6 GB/s, for fio as for
-// zinf's engine (bench/RESULTS.md). A larger staging buffer than fio's would measure that,
-// not the engine.
+// zinf moves every extent through one staging buffer of block size x queue depth x rings x
+// paths bytes (at least 2 MiB, so that it is one transparent huge page), the bytes fio cycles
+// its iodepth buffers of bs through, one job per path. On a virtual disk the host copies each
+// request into guest memory, and there how much memory the reads land in changes the speed by a
+// third: reads into 8 MiB of buffers ran at 3.7 GB/s, into 32 MiB or more at 2.6 GB/s, for fio as
+// for zinf's engine (bench/RESULTS.md). A larger staging buffer than fio's would measure that, not
+// the engine.
 //
 // Single-threaded driver; the engine's threads do the I/O.
 #include <fmt/core.h>
@@ -60,7 +60,7 @@ struct NvmeArgs {
   bool no_huge_pages = false;
   bool fio_huge_pages = false;
   int single_submit = -1;  // -1: AioOptions default
-  std::string staging;     // empty: block size x queue depth x rings
+  std::string staging;     // empty: See Note [Staging footprint]
 };
 
 struct Config {
@@ -84,15 +84,15 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-uint64_t StagingBytes(const Config& c) {
+// See Note [Staging footprint]. The store keeps queue depth pieces in flight per path, as fio
+// runs one job of that depth per path.
+uint64_t StagingBytes(const Config& c, size_t paths) {
   if (c.staging != 0) return c.staging;
-  return std::max(2 * kMiB, c.block * static_cast<uint64_t>(c.qd * c.threads));
+  return std::max(2 * kMiB, c.block * static_cast<uint64_t>(c.qd * c.threads) * paths);
 }
 
 // One zinf run: open a SwapStore of `size`, write it all, read it all, close (which deletes
-// the files). Memory: one staging buffer of block size x queue depth x rings that every extent
-// is written from and read into: the bytes fio cycles through (its iodepth buffers of bs).
-// See Note [Staging footprint].
+// the files). Memory: one staging buffer that every extent is written from and read into.
 StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
   SwapStoreOptions o;
   o.paths = args.paths;
@@ -107,7 +107,8 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
                   : args.backend == "auto" ? IoBackend::kAuto
                                            : IoBackend::kIoUring;
   ZINF_ASSIGN_OR_RETURN(auto store, SwapStore::Open(o));
-  const uint64_t chunk = std::min(AlignUp(c.size, kDirectIoAlignment), StagingBytes(c));
+  const uint64_t chunk =
+      std::min(AlignUp(c.size, kDirectIoAlignment), StagingBytes(c, args.paths.size()));
   HostAllocOptions alloc;
   alloc.huge_pages = !args.no_huge_pages;
   ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(chunk, alloc));
@@ -331,7 +332,8 @@ Status RunBenchNvme(const NvmeArgs& args) {
       {"queue_depth", c.qd},
       {"thread_count", c.threads},
       {"single_submit", single_submit},
-      {"staging_bytes", args.sweep ? nlohmann::json(nullptr) : nlohmann::json(StagingBytes(c))},
+      {"staging_bytes",
+       args.sweep ? nlohmann::json(nullptr) : nlohmann::json(StagingBytes(c, args.paths.size()))},
       {"backend", args.backend},
       {"direct_io", true},
       {"checksum", args.checksum},
@@ -351,7 +353,8 @@ Status RunBenchNvme(const NvmeArgs& args) {
         c.qd, c.threads, single_submit ? "on" : "off", args.backend, args.checksum ? "on" : "off",
         args.reps,
         fmt::format("  staging {} in {}",
-                    args.sweep && c.staging == 0 ? "block x depth" : FormatBytes(StagingBytes(c)),
+                    args.sweep && c.staging == 0 ? "block x depth"
+                                                 : FormatBytes(StagingBytes(c, args.paths.size())),
                     args.no_huge_pages ? "4 KiB pages" : "2 MiB huge pages"));
     if (fio.empty()) {
       fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
@@ -463,7 +466,7 @@ void AddBenchNvmeCommand(CLI::App& bench) {
                   "aio.single_submit: 1 submits every piece alone, 0 in batches (default: zinf's)");
   cmd->add_option("--staging", args->staging,
                   "Bytes of staging buffer the extents move through (default: block size x queue "
-                  "depth x rings, the bytes fio's buffers span)");
+                  "depth x rings x paths, the bytes fio's buffers span)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--sweep", args->sweep, "Grid of block sizes {128K,1M,8M} x queue depths {8,32}");
   cmd->add_flag("--vs-fio-grid", args->vs_fio_grid,
