@@ -4,9 +4,10 @@
 # max(compute-only time, NVMe bytes moved / disk bandwidth), and the peak RSS.
 #   compute-only: the model's forward and backward, the gradient reduction and the optimizer's
 #                 CPU update, as train_gpt's metrics time them (no I/O waits)
-#   disk:         fio's sequential 1 MiB / QD32 O_DIRECT bandwidth on the same path, with 2 MiB
-#                 pages as zinf's staging has (see RESULTS.md, issue 3), measured before and
-#                 after the training run; reads and writes are charged separately
+#   disk:         fio's sequential O_DIRECT bandwidth on the same path at zinf's default aio
+#                 settings (1 MiB, QD 8), with 2 MiB pages as zinf's staging has (see
+#                 RESULTS.md, issue 3), measured before and after the training run; reads and
+#                 writes are charged separately
 # Usage: bench/gpt_large.sh [steps=4] [nvme_dir=build/bench-gpt-nvme] [config=examples/gpt/configs/large.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
