@@ -86,6 +86,10 @@ void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count) 
   BestKernels().to_fp32(src, static_cast<cpu_optim::Elem>(type), dst, count);
 }
 
+void AccumulateFp32(float* acc, const float* x, size_t count) {
+  BestKernels().accumulate(acc, x, count);
+}
+
 std::string_view CpuKernelIsaName(CpuKernelIsa isa) {
   switch (isa) {
     case CpuKernelIsa::kAuto:

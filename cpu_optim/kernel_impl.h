@@ -371,6 +371,15 @@ void ToFp32Any(const void* src, Elem from, float* dst, size_t n) {
   from == Elem::kFp16 ? ToFp32T<V, Elem::kFp16>(src, dst, n) : ToFp32T<V, Elem::kBf16>(src, dst, n);
 }
 
+template <class V>
+void AccumulateT(float* acc, const float* x, size_t n) {
+  size_t i = 0;
+  for (; i + V::kWidth <= n; i += V::kWidth) {
+    V::template Store<false>(acc + i, V::Add(V::Load(acc + i), V::Load(x + i)));
+  }
+  for (; i < n; ++i) acc[i] += x[i];
+}
+
 // ---- Scalar sum of squares (the reference, and the tails of the vector sums) ----
 
 template <Elem G>

@@ -66,6 +66,8 @@ struct KernelTable {
   // back from `from`: the same bits on every ISA.
   void (*from_fp32)(const float* src, Elem to, void* dst, size_t count);
   void (*to_fp32)(const void* src, Elem from, float* dst, size_t count);
+  // acc[i] += x[i] for `count` fp32 values: the same bits on every ISA.
+  void (*accumulate)(float* acc, const float* x, size_t count);
 };
 
 const KernelTable& ScalarKernels();

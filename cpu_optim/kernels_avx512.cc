@@ -128,6 +128,7 @@ void Limit(const StepArrays& a, bool nt, size_t pf) { LimitAny<Vec>(a, nt, pf); 
 
 void FromFp32(const float* src, Elem to, void* dst, size_t n) { FromFp32Any<Vec>(src, to, dst, n); }
 void ToFp32(const void* src, Elem from, float* dst, size_t n) { ToFp32Any<Vec>(src, from, dst, n); }
+void Accumulate(float* acc, const float* x, size_t n) { AccumulateT<Vec>(acc, x, n); }
 
 }  // namespace
 #undef ZINF_CPU_OPTIM_ISA
@@ -135,8 +136,9 @@ void ToFp32(const void* src, Elem from, float* dst, size_t n) { ToFp32Any<Vec>(s
 
 namespace zinf::cpu_optim {
 const KernelTable& Avx512Kernels() {
-  static const KernelTable table = {"avx512",      avx512::Step,     avx512::SumSquares,
-                                    avx512::Limit, avx512::FromFp32, avx512::ToFp32};
+  static const KernelTable table = {"avx512",          avx512::Step,     avx512::SumSquares,
+                                    avx512::Limit,     avx512::FromFp32, avx512::ToFp32,
+                                    avx512::Accumulate};
   return table;
 }
 }  // namespace zinf::cpu_optim

@@ -91,12 +91,14 @@ void FromFp32(const float* src, Elem to, void* dst, size_t n) {
 void ToFp32(const void* src, Elem from, float* dst, size_t n) {
   ToFp32Any<ScalarVec>(src, from, dst, n);
 }
+void Accumulate(float* acc, const float* x, size_t n) { AccumulateT<ScalarVec>(acc, x, n); }
 }  // namespace
 }  // namespace scalar
 
 const KernelTable& ScalarKernels() {
-  static const KernelTable table = {"scalar",      scalar::Step,     scalar::SumSquares,
-                                    scalar::Limit, scalar::FromFp32, scalar::ToFp32};
+  static const KernelTable table = {"scalar",          scalar::Step,     scalar::SumSquares,
+                                    scalar::Limit,     scalar::FromFp32, scalar::ToFp32,
+                                    scalar::Accumulate};
   return table;
 }
 

@@ -56,6 +56,8 @@ size_t ElementSize(ElementType type);
 // parameter copies do), and back. kFp32 copies.
 void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);
 void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count);
+// acc[i] += x[i] for `count` fp32 values, vectorized (the same bits as the plain loop).
+void AccumulateFp32(float* acc, const float* x, size_t count);
 
 // Hyper-parameters of one parameter group. Defaults are torch's AdamW defaults;
 // Defaults(type) gives torch's defaults for each type (Lion: the paper's 1e-4, 0.9, 0.99).

@@ -64,12 +64,14 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numbers>
+#include <utility>
 
 #include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/environment.h"
 #include "comm/tcp_store.h"
 #include "core/config_reader.h"
+#include "core/host_buffer_cache.h"
 #include "core/log.h"
 #include "nvme/aio_options.h"
 #include "nvme/io_engine.h"
@@ -129,11 +131,12 @@ OptimizerType ToOptimizerType(const std::string& name) {
 }
 
 // Writes parameter shards to their swap extents in the background, each from a buffer of
-// its own that is freed when the disk acknowledges it; Write blocks while more than `limit`
-// bytes are in flight, so the host memory this takes stays bounded.
+// its own that goes back to `buffers` when the disk acknowledges it; Write blocks while more
+// than `limit` bytes are in flight, so the host memory this takes stays bounded.
 class ExtentWriter {
  public:
-  ExtentWriter(SwapStore* swap, uint64_t limit) : swap_(swap), limit_(limit) {}
+  ExtentWriter(SwapStore* swap, HostBufferCache* buffers, uint64_t limit)
+      : swap_(swap), buffers_(buffers), limit_(limit) {}
   ~ExtentWriter() { (void)Wait(); }
 
   void Write(SwapExtent extent, HostBuffer buffer) {
@@ -145,6 +148,7 @@ class ExtentWriter {
     }
     auto held = std::make_shared<HostBuffer>(std::move(buffer));
     swap_->WriteAsync(extent, held->data(), [this, held, bytes](Status s) mutable {
+      buffers_->Give(std::move(*held));
       held.reset();
       std::lock_guard<std::mutex> lock(mu_);
       if (first_error_.ok() && !s.ok()) first_error_ = std::move(s);
@@ -161,6 +165,7 @@ class ExtentWriter {
 
  private:
   SwapStore* swap_;
+  HostBufferCache* buffers_;
   const uint64_t limit_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -274,6 +279,9 @@ struct Engine::Impl {
   int64_t last_overflow_iteration = -1;
   int64_t steps = 0;
   StepSummary pending;  // traffic and time since the last Step
+  // The staged shards, gathered parameters and gradients each fetch and release allocates and
+  // frees again (Note [Buffer reuse] in core/host_buffer_cache.h). Made by Initialize.
+  std::unique_ptr<HostBufferCache> buffers;
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->world_size(); }
@@ -292,6 +300,12 @@ struct Engine::Impl {
   }
 
   float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
+
+  // Hands `buffer`'s memory to the cache for the next buffer of its size; leaves it empty.
+  void Recycle(HostBuffer& buffer) {
+    HostBuffer freed = std::exchange(buffer, HostBuffer());
+    if (buffers != nullptr) buffers->Give(std::move(freed));
+  }
 
   // This rank's whole flat shard with its in-memory optimizer state.
   OptimizerSpan WholeShard() {
@@ -325,7 +339,7 @@ struct Engine::Impl {
   Status StartShardRead(Param& p) {
     // p.staged is the send buffer of a gather in flight: it must stay as it is.
     if (p.staging != nullptr || p.gathering != nullptr) return OkStatus();
-    ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(TierBytes(p)));
+    ZINF_ASSIGN_OR_RETURN(p.staged, buffers->Take(TierBytes(p)));
     p.staging = std::make_unique<IoWaiter>();
     p.staging->Add(1);
     swap->ReadAsync(p.extent, p.staged.data(), p.staging->Callback());
@@ -339,7 +353,7 @@ struct Engine::Impl {
   StatusOr<const void*> LocalShard(Param& p, HostBuffer* scratch) {
     if (!params_on_nvme) {
       if (param_type == ElementType::kFp32) return Master(p);
-      ZINF_ASSIGN_OR_RETURN(*scratch, HostBuffer::Allocate(TierBytes(p)));
+      ZINF_ASSIGN_OR_RETURN(*scratch, buffers->Take(TierBytes(p)));
       ConvertFromFp32(Master(p), param_type, scratch->data(), p.shard_size);
       return scratch->data();
     }
@@ -347,7 +361,7 @@ struct Engine::Impl {
     Status read = p.staging->Wait();
     p.staging.reset();
     if (!read.ok()) {
-      p.staged = HostBuffer();
+      Recycle(p.staged);
       return read;
     }
     return p.staged.data();
@@ -384,7 +398,7 @@ struct Engine::Impl {
 
   // A shard's fp32 values in the tier's precision, ready to write to its extent.
   StatusOr<HostBuffer> TierValues(const Param& p, const float* values) const {
-    ZINF_ASSIGN_OR_RETURN(HostBuffer out, HostBuffer::Allocate(TierBytes(p)));
+    ZINF_ASSIGN_OR_RETURN(HostBuffer out, buffers->Take(TierBytes(p)));
     ConvertFromFp32(values, param_type, out.data(), p.shard_size);
     return out;
   }
@@ -393,7 +407,7 @@ struct Engine::Impl {
   void DropStaged(Param& p) {
     if (p.staging != nullptr) (void)p.staging->Wait();
     p.staging.reset();
-    p.staged = HostBuffer();
+    Recycle(p.staged);
   }
 
   // Starts gathering `p`: its all-gather runs on the communicator's thread until Gather
@@ -407,18 +421,18 @@ struct Engine::Impl {
     if (world() == 1 && params_on_nvme && param_type == ElementType::kFp32) {
       p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
     } else if (p.full.empty()) {
-      ZINF_ASSIGN_OR_RETURN(p.full, HostBuffer::Allocate(full_size * 4));
+      ZINF_ASSIGN_OR_RETURN(p.full, buffers->Take(full_size * 4));
     }
     if (world() == 1) {
       if (local != p.full.data()) ConvertToFp32(local, param_type, p.full.as<float>(), full_size);
-      p.send = HostBuffer();
+      Recycle(p.send);
       DropStaged(p);
       p.full_current = true;
     } else if (param_type == ElementType::kFp32) {
       p.gathering =
           comm->AllGatherAsync(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
     } else {
-      ZINF_ASSIGN_OR_RETURN(p.received, HostBuffer::Allocate(full_size * param_bytes()));
+      ZINF_ASSIGN_OR_RETURN(p.received, buffers->Take(full_size * param_bytes()));
       p.gathering = comm->AllGatherAsync(
           local, p.received.data(), p.shard_size,
           param_type == ElementType::kBf16 ? CommDataType::kBfloat16 : CommDataType::kFloat16);
@@ -436,8 +450,8 @@ struct Engine::Impl {
     if (gathered.ok() && param_type != ElementType::kFp32) {
       ConvertToFp32(p.received.data(), param_type, p.full.as<float>(), p.shard_size * world());
     }
-    p.received = HostBuffer();
-    p.send = HostBuffer();
+    Recycle(p.received);
+    Recycle(p.send);
     DropStaged(p);
     pending.seconds_gather += Seconds(t0);
     ZINF_RETURN_IF_ERROR(gathered);
@@ -448,8 +462,8 @@ struct Engine::Impl {
   // Waits for a prefetched read or gather that will not be used and frees its buffers.
   void DropPrefetch(Param& p) {
     if (p.gathering != nullptr) (void)std::exchange(p.gathering, nullptr)->Wait();
-    p.received = HostBuffer();
-    p.send = HostBuffer();
+    Recycle(p.received);
+    Recycle(p.send);
     DropStaged(p);
   }
 
@@ -532,7 +546,7 @@ struct Engine::Impl {
 
   // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster(StepSummary* summary) {
-    ExtentWriter writer(swap.get(), 256ull << 20);
+    ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
     Status converted;
     for (Param& p : params) {
       StatusOr<HostBuffer> values = TierValues(p, Master(p));
@@ -582,6 +596,21 @@ struct Engine::Impl {
     return OkStatus();
   }
 
+  // What the buffer cache may hold: what one fetch, backward and release of the largest
+  // module frees before the next one allocates (its parameters and their gradients), twice,
+  // and the prefetch window's staged shards.
+  uint64_t BufferCacheLimit() const {
+    uint64_t largest = 0;
+    for (const Module& module : modules) {
+      uint64_t bytes = 0;
+      for (int pi : module.params) {
+        if (!params[pi].persistent) bytes += params[pi].shard_size * world() * 4;
+      }
+      largest = std::max(largest, bytes);
+    }
+    return 2 * (2 * largest) + config.stage3_prefetch_bucket_size * 4;
+  }
+
   // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
   uint64_t OptimizerChunkElements() const {
     constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
@@ -621,7 +650,7 @@ struct Engine::Impl {
     options.nvme_ratio = config.offload_optimizer_ratio;
     ZINF_ASSIGN_OR_RETURN(pipelined,
                           PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
-    ExtentWriter tier(swap.get(), 256ull << 20);
+    ExtentWriter tier(swap.get(), buffers.get(), 256ull << 20);
     StatusOr<int> shard = pipelined->AddShard(
         // The gradient accumulators are in host memory already: the step reads them there.
         {.name = fmt::format("rank {} shard", rank()),
@@ -654,7 +683,7 @@ struct Engine::Impl {
     for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
       Param& p = *it;
       if (p.staged.empty()) {
-        ZINF_ASSIGN_OR_RETURN(p.staged, HostBuffer::Allocate(TierBytes(p)));
+        ZINF_ASSIGN_OR_RETURN(p.staged, buffers->Take(TierBytes(p)));
       }
       const auto [first, last] = Overlap(c.offset, c.count, p);
       ConvertFromFp32(c.params + (first - c.offset), param_type,
@@ -681,7 +710,7 @@ struct Engine::Impl {
       const uint64_t states = optimizer->group(group)->hyper_params.state_count();
       summary->bytes_nvme_read += shard_elements * (1 + states) * 4;
     } else {
-      ExtentWriter writer(swap.get(), 256ull << 20);
+      ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
       auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, &writer); };
       Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
       Status written = writer.Wait();
@@ -843,7 +872,7 @@ struct Engine::Impl {
       ZINF_RETURN_IF_ERROR(reader.Read("params", 0, master.data(), shard_elements * 4));
     }
     if (params_on_nvme) {
-      ExtentWriter writer(swap.get(), 256ull << 20);
+      ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
       for (Param& p : params) {
         DropStaged(p);
         ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
@@ -873,6 +902,7 @@ struct Engine::Impl {
     uint64_t host =
         master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() + state1.size_bytes();
     for (const Param& p : params) host += p.full.size_bytes() + p.grad.size_bytes();
+    if (buffers != nullptr) host += buffers->cached_bytes();
     if (pipelined != nullptr) {
       host += pipelined->staging_pool().stats().arena_bytes +
               pipelined->host_state_pool().stats().arena_bytes;
@@ -1008,6 +1038,7 @@ Status Engine::Initialize() {
     m.shard_elements += p.shard_size;
     p.persistent = m.config.zero_stage < 3 || p.numel < m.config.stage3_param_persistence_threshold;
   }
+  m.buffers = std::make_unique<HostBufferCache>(m.BufferCacheLimit());
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
   if (world > 1) {
@@ -1086,7 +1117,7 @@ Status Engine::Release(int id) {
   for (int pi : module->params) {
     Param& p = m.params[pi];
     if (!p.persistent) {
-      p.full = HostBuffer();
+      m.Recycle(p.full);
       p.full_current = false;
     }
   }
@@ -1101,8 +1132,8 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   for (int pi : module->params) {
     Param& p = m.params[pi];
     if (p.grad.empty()) {
-      // mmap'd memory is zero: the padding stays zero and backward may accumulate into it.
-      ZINF_ASSIGN_OR_RETURN(p.grad, HostBuffer::Allocate(p.shard_size * m.world() * 4));
+      // Zero: the padding stays zero and backward may accumulate into it.
+      ZINF_ASSIGN_OR_RETURN(p.grad, m.buffers->TakeZeroed(p.shard_size * m.world() * 4));
     }
     out.push_back(p.grad.as<float>());
   }
@@ -1126,11 +1157,9 @@ Status Engine::ReduceGradients(int id) {
           m.Context(m.buckets->Add(p.grad.as<float>(), p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
     } else {  // one rank: the gradient is its own shard
-      const float* g = p.grad.as<float>();
-      float* acc = m.grad_acc.as<float>() + p.flat_offset;
-      for (uint64_t i = 0; i < p.shard_size; ++i) acc[i] += g[i];
+      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, p.grad.as<float>(), p.shard_size);
     }
-    p.grad = HostBuffer();
+    m.Recycle(p.grad);
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }
   ++module->reductions;
@@ -1154,6 +1183,7 @@ StatusOr<StepSummary> Engine::Step() {
   StepSummary summary = m.pending;
   m.pending = StepSummary();
   for (Param& p : m.params) m.DropPrefetch(p);  // prefetches past the batch's last fetch
+  m.buffers->Clear();  // the optimizer's pass needs none of them: give its memory back
 
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "zinf/cpu_optimizer.h"
 
 namespace zinf {
 
@@ -84,9 +85,7 @@ Status GradientBuckets::Complete(Bucket& bucket) {
   }
   const float* received = bucket.received.as<float>();
   for (const Piece& piece : bucket.pieces) {
-    float* acc = accumulators_ + piece.flat_offset;
-    const float* slice = received + piece.at;
-    for (uint64_t i = 0; i < piece.size; ++i) acc[i] += slice[i];
+    AccumulateFp32(accumulators_ + piece.flat_offset, received + piece.at, piece.size);
   }
   bucket.pieces.clear();
   bucket.used = 0;

@@ -370,5 +370,26 @@ TEST(ConversionsTest, BulkConversionsMatchTheScalarDefinitionsOnEveryIsa) {
   }
 }
 
+// accumulate is the plain loop's fp32 additions, bit for bit, on every ISA and length.
+TEST(ConversionsTest, AccumulateMatchesThePlainLoopOnEveryIsa) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1e3f);
+  std::vector<float> x(4099), acc0(4099);
+  for (float& v : x) v = normal(rng);
+  for (float& v : acc0) v = normal(rng) * 1e-3f;
+  x[5] = INFINITY;
+  for (CpuKernelIsa isa : SupportedCpuKernelIsas()) {
+    const KernelTable& k = KernelsFor(isa);
+    for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{17}, x.size() - 2}) {
+      std::vector<float> acc(acc0);
+      k.accumulate(acc.data(), x.data() + 1, n);  // unaligned source
+      for (size_t i = 0; i < acc.size(); ++i) {
+        const float want = i < n ? acc0[i] + x[i + 1] : acc0[i];
+        ASSERT_EQ(std::memcmp(&acc[i], &want, 4), 0) << k.name << " n " << n << " i " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zinf::cpu_optim
