@@ -182,7 +182,10 @@ struct Param {
   bool persistent = false;    // stays gathered between Fetch/Release
   HostBuffer full;            // gathered parameter (padded), while fetched or persistent
   bool full_current = false;  // `full` holds the current master values
-  HostBuffer grad;            // full gradient (padded), between Gradients and ReduceGradients
+  // The full gradient (padded) backward writes, between Gradients and ReduceGradients: `grad`,
+  // or with one rank in a batch's first micro-batch the (zero) accumulator itself.
+  float* grad_out = nullptr;
+  HostBuffer grad;
   // offload_param.device = nvme: the shard's extent, and a read of it in flight or done.
   SwapExtent extent;
   HostBuffer staged;
@@ -893,6 +896,7 @@ struct Engine::Impl {
     for (Param& p : params) {
       p.full_current = false;
       p.grad = HostBuffer();
+      p.grad_out = nullptr;
     }
     for (Module& module : modules) module.reductions = 0;
     return manifest.client_state;
@@ -1131,11 +1135,16 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   std::vector<float*> out;
   for (int pi : module->params) {
     Param& p = m.params[pi];
-    if (p.grad.empty()) {
+    if (p.grad_out == nullptr && m.world() == 1 && module->reductions == 0) {
+      // The accumulator is zero until the module's first reduction: backward may write the
+      // sum there directly, which saves a buffer and a pass (0 + g is g, bit for bit).
+      p.grad_out = m.grad_acc.as<float>() + p.flat_offset;
+    } else if (p.grad_out == nullptr) {
       // Zero: the padding stays zero and backward may accumulate into it.
       ZINF_ASSIGN_OR_RETURN(p.grad, m.buffers->TakeZeroed(p.shard_size * m.world() * 4));
+      p.grad_out = p.grad.as<float>();
     }
-    out.push_back(p.grad.as<float>());
+    out.push_back(p.grad_out);
   }
   return out;
 }
@@ -1145,7 +1154,7 @@ Status Engine::ReduceGradients(int id) {
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = Clock::now();
   for (int pi : module->params) {
-    if (m.params[pi].grad.empty()) {
+    if (m.params[pi].grad_out == nullptr) {
       return FailedPrecondition(fmt::format(
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
@@ -1156,10 +1165,11 @@ Status Engine::ReduceGradients(int id) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.buckets->Add(p.grad.as<float>(), p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else {  // one rank: the gradient is its own shard
+    } else if (!p.grad.empty()) {  // one rank: the gradient is its own shard
       AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, p.grad.as<float>(), p.shard_size);
     }
     m.Recycle(p.grad);
+    p.grad_out = nullptr;
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }
   ++module->reductions;
