@@ -44,8 +44,11 @@ namespace zinf {
 // never waits for a write; it waits only when the disk is the bottleneck, and the disk then
 // still has the queued reads and the latest write to work on.
 // The I/O runs on io_uring (no CPU thread per request), so the optimizer keeps every core.
-// Chunks are large (128 MiB of state by default) so that the per-chunk costs — a system call
-// per block, a wait, the optimizer's thread fork and join — vanish against the transfer.
+// Chunks of 1M elements (16 MiB of state and gradients by default) are large enough that the
+// per-chunk costs — a wait, the optimizer's thread fork and join — vanish against the
+// transfer, and small enough that eight of them keep the disk busy through jitter in 144 MiB
+// of staging while a chunk's update runs from cache (bench/RESULTS.md, issue 5: 8M-element
+// chunks moved the same bytes per second with 4x the memory and a slower update).
 // Host-resident chunks take part in the same rotation: they need no read or write, so their
 // update overlaps the I/O of NVMe-resident neighbours (the split given by nvme_ratio is
 // interleaved over the chunks for that reason).
@@ -64,10 +67,10 @@ struct PipelinedOptimizerOptions {
   // num_buffers chunks of kMinChunkElements is InvalidArgument naming the minimum.
   uint64_t host_budget_bytes = 2ull << 30;
   // Staging buffers, >= 3: read ahead, update, write behind. More buffers absorb jitter.
-  int num_buffers = 4;
-  // Elements per chunk, a multiple of kChunkAlignElements. 8M elements = 128 MiB of fp32
+  int num_buffers = 8;
+  // Elements per chunk, a multiple of kChunkAlignElements. 1M elements = 16 MiB of fp32
   // parameters, two state arrays and fp32 gradients.
-  uint64_t chunk_elements = 8ull << 20;
+  uint64_t chunk_elements = 1ull << 20;
   // Fraction of each shard's chunks whose home is NVMe; the rest live in the host state pool.
   // DeepSpeed: offload_optimizer.ratio. In [0, 1]; > 0 needs a SwapStore.
   double nvme_ratio = 1.0;

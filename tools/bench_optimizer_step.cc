@@ -37,9 +37,9 @@ struct OptimizerStepArgs {
   std::string state_tier = "nvme";
   std::string path;
   std::string host_budget = "2GiB";
-  std::string chunk = "8M";
-  std::string param_tier;  // default: nvme with --state-tier nvme, host with cpu
-  int buffers = 4;
+  std::string chunk = "1M";  // PipelinedOptimizerOptions default
+  std::string param_tier;    // default: nvme with --state-tier nvme, host with cpu
+  int buffers = PipelinedOptimizerOptions().num_buffers;
   int reps = 3;
   int threads = 0;
   std::string store_mode = "auto";

@@ -618,7 +618,8 @@ struct Engine::Impl {
   uint64_t OptimizerChunkElements() const {
     constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
     return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
-                                PipelinedOptimizerOptions::kMinChunkElements, 8ull << 20);
+                                PipelinedOptimizerOptions::kMinChunkElements,
+                                PipelinedOptimizerOptions().chunk_elements);
   }
 
   // One swap store for everything this rank keeps on NVMe.
