@@ -1,19 +1,32 @@
-// The Gloo backend: CPU buffers over TCP, bootstrapped through TcpStore. Every collective is
-// Gloo's own (ring all-reduce, ring all-gather, halving-doubling reduce-scatter, one-to-all
-// broadcast); Gloo's exceptions stop at this file and become Status values.
+// The Gloo backend: CPU buffers over TCP, bootstrapped through TcpStore. Every transfer is
+// one of Gloo's collectives (ring all-reduce, ring all-gather, all-to-all, one-to-all
+// broadcast); reduce-scatter is Gloo's all-to-all plus a local reduction (Note [Gloo
+// reduce-scatter]). Gloo's exceptions stop at this file and become Status values.
+//
+// Note [Gloo reduce-scatter]
+// Gloo's ReduceScatterHalvingDoubling is unsafe: at its end every rank but 0 copies its
+// reduced slice to the front of the buffer while its first step's send from that region may
+// still be in flight (tcp::Pair finishes a send in the background once the socket buffer is
+// full), so a peer can receive a partly overwritten gradient. That was a silent, load-
+// dependent corruption of gradients with buckets larger than the socket buffer. Instead,
+// each rank sends slice r of its buffer to rank r with Gloo's all-to-all, which never writes
+// its input and waits for its sends, and adds the world_size slices it receives locally in
+// rank order. It moves the same bytes as a reduce-scatter, in one round (fine for the few
+// ranks of a node), and its fixed order ((s0 + s1) + s2) + ... gives the same bits as one
+// rank accumulating the same gradients, whatever the load or the bucket size.
 #include <fmt/core.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-#include <climits>
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 
@@ -117,17 +130,24 @@ gloo::AllreduceOptions::Func ReduceFunc(ReduceOp op) {
   return static_cast<Fn>(&gloo::sum<T>);
 }
 
+// out[i] = slices[0][i] op slices[1][i] op ... in rank order, each slice n elements long.
 template <typename T>
-const gloo::ReductionFunction<T>* Reduction(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return gloo::ReductionFunction<T>::sum;
-    case ReduceOp::kMax:
-      return gloo::ReductionFunction<T>::max;
-    case ReduceOp::kMin:
-      return gloo::ReductionFunction<T>::min;
+void ReduceInRankOrder(const T* slices, size_t world, size_t n, ReduceOp op, T* out) {
+  std::memcpy(out, slices, n * sizeof(T));
+  for (size_t r = 1; r < world; ++r) {
+    const T* s = slices + r * n;
+    switch (op) {
+      case ReduceOp::kSum:
+        for (size_t i = 0; i < n; ++i) out[i] += s[i];
+        break;
+      case ReduceOp::kMax:
+        for (size_t i = 0; i < n; ++i) out[i] = std::max(out[i], s[i]);
+        break;
+      case ReduceOp::kMin:
+        for (size_t i = 0; i < n; ++i) out[i] = std::min(out[i], s[i]);
+        break;
+    }
   }
-  return gloo::ReductionFunction<T>::sum;
 }
 
 class GlooCommunicator final : public Communicator {
@@ -176,26 +196,41 @@ class GlooCommunicator final : public Communicator {
 
   Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
                          ReduceOp op) override {
-    const size_t total = count * world_size();
-    if (total > static_cast<size_t>(INT_MAX)) {
-      return InvalidArgument(
-          fmt::format("reduce-scatter of {} elements in all exceeds Gloo's "
-                      "limit of {}; split it into buckets",
-                      total, INT_MAX));
-    }
     return WithType(type, [&](auto zero) {
       using T = decltype(zero);
-      T* buffer = static_cast<T*>(send);
-      return GlooCall(
-          [&] {
-            // Its last phase moves this rank's reduced slice to the start of the buffer.
-            gloo::ReduceScatterHalvingDoubling<T> algorithm(
-                context_, {buffer}, static_cast<int>(total),
-                std::vector<int>(world_size(), static_cast<int>(count)), Reduction<T>(op));
-            algorithm.run();
-            std::memcpy(recv, buffer, count * sizeof(T));
-          },
-          timeout_);
+      const size_t world = static_cast<size_t>(world_size());
+      // The all-to-all's output holds world pieces; pieces bound that scratch memory.
+      const size_t piece = std::clamp<size_t>(kMaxAllToAllBytes / (world * sizeof(T)), 1, count);
+      const T* in = static_cast<const T*>(send);
+      T* out = static_cast<T*>(recv);
+      gathered_.resize(world * piece * sizeof(T));
+      if (piece < count) packed_.resize(world * piece * sizeof(T));
+      for (size_t at = 0; at < count; at += piece) {
+        const size_t n = std::min(piece, count - at);
+        // Rank r's share of this piece must sit at r * n of the all-to-all's input.
+        const T* input = in;
+        if (n < count) {
+          T* packed = reinterpret_cast<T*>(packed_.data());
+          for (size_t r = 0; r < world; ++r) {
+            std::memcpy(packed + r * n, in + r * count + at, n * sizeof(T));
+          }
+          input = packed;
+        }
+        T* gathered = reinterpret_cast<T*>(gathered_.data());
+        Status s = GlooCall(
+            [&] {
+              gloo::AlltoallOptions opts(context_);
+              opts.setInput(const_cast<T*>(input), world * n);
+              opts.setOutput(gathered, world * n);
+              opts.setTag(NextTag());
+              opts.setTimeout(timeout_);
+              gloo::alltoall(opts);
+            },
+            timeout_);
+        if (!s.ok()) return s;
+        ReduceInRankOrder(gathered, world, n, op, out + at);
+      }
+      return OkStatus();
     });
   }
 
@@ -227,9 +262,15 @@ class GlooCommunicator final : public Communicator {
   // Every rank runs the same collectives in the same order, so the counters agree.
   uint32_t NextTag() { return next_tag_++; }
 
+  // Bounds a reduce-scatter's scratch memory: larger reductions run in pieces.
+  static constexpr size_t kMaxAllToAllBytes = 32ull << 20;
+
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t next_tag_ = 1;
+  // Reduce-scatter scratch, reused (only the worker thread runs collectives).
+  std::vector<uint8_t> packed_;
+  std::vector<uint8_t> gathered_;
 };
 
 }  // namespace
