@@ -8,7 +8,7 @@
 // disk through the IoEngine; with checksum on, a CRC32C per stripe piece is taken on write and
 // verified on read, and a mismatch is DataLoss naming the tensor, the file and the offset.
 //
-// Sticky error (See DESIGN.md, non-negotiables): once a write fails, Allocate and every later
+// Sticky error (docs/ARCHITECTURE.md, no data loss): once a write fails, Allocate and every later
 // Write return that error, as status() does. Reads of extents whose writes completed, and Free,
 // keep working so that the caller can save what was acknowledged; reading the extent whose
 // write failed is DataLoss. The swap files are scratch space: the destructor waits for
@@ -46,7 +46,8 @@ struct SwapStoreOptions {
   // Striping unit across paths, a multiple of 4096. 0: aio.block_size.
   uint64_t stripe_bytes = 0;
   // CRC32C per stripe piece, taken on write and verified on read (a few GB/s of one core).
-  bool checksum = false;
+  // On by default: without it a bit flipped on disk comes back as a silently wrong tensor.
+  bool checksum = true;
   AioOptions aio;
   // How long Open waits for a swap file that another store holds. A crashed process's lock
   // outlives it briefly: the kernel tears its io_uring (which holds the files) down after

@@ -86,6 +86,10 @@ struct EngineConfig {
   std::string aio_json = "{}";
   // Host memory for the NVMe step's staging buffers (zinf's own key: zinf.host_budget).
   uint64_t nvme_staging_budget_bytes = 512ull << 20;
+  // CRC32C of every swap-file piece, taken on write and verified on read, so that a flipped
+  // bit on disk is DataLoss naming the file and offset instead of silently diverged weights
+  // (zinf.nvme_checksum; its cost is in bench/RESULTS.md).
+  bool nvme_checksum = true;
 
   // Parses DeepSpeed JSON. InvalidArgument names the key path, the value and what is allowed.
   static StatusOr<EngineConfig> FromJson(std::string_view json_text);

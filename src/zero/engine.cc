@@ -53,6 +53,7 @@
 // A fetch that leaves the recorded order stops prefetching (with a warning); reads and
 // gathers then happen on demand, which is always correct, only slower.
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -64,6 +65,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numbers>
+#include <set>
 #include <utility>
 
 #include "ckpt/checkpoint.h"
@@ -78,6 +80,7 @@
 #include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
+#include "zinf/cpu_info.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 #include "zinf/host_memory.h"
@@ -243,6 +246,11 @@ StatusOr<DataParallelGroup> ResolveGroup(const std::vector<int>& ranks, int rank
 
 }  // namespace
 
+// More elements than any machine holds (4 PiB of fp32): a shape beyond this is a mistake, and
+// refusing it at registration keeps the size arithmetic below far from overflow.
+constexpr uint64_t kMaxElements = uint64_t{1} << 50;
+constexpr double kGiBf = double(uint64_t{1} << 30);
+
 struct Engine::Impl {
   EngineConfig config;
   std::unique_ptr<TcpStore> store;
@@ -255,6 +263,8 @@ struct Engine::Impl {
   std::vector<Module> modules;
   std::vector<Param> params;
   std::map<std::string, int, std::less<>> param_by_name;
+  std::map<std::string, int, std::less<>> module_by_name;
+  uint64_t registered_elements = 0;  // over all parameters, unsharded
   bool initialized = false;
 
   uint64_t shard_elements = 0;
@@ -614,6 +624,33 @@ struct Engine::Impl {
     return 2 * (2 * largest) + config.stage3_prefetch_bucket_size * 4;
   }
 
+  // Refuses, before anything is allocated, a placement whose resident host state alone is
+  // larger than this machine's memory, saying what each part needs.
+  Status CheckHostMemory() const {
+    const uint64_t total = GetCpuInfo().total_memory_bytes;
+    if (total == 0) return OkStatus();  // unknown: let the allocations tell
+    const uint64_t shard = shard_elements * 4;
+    const bool optimizer_on_nvme = config.offload_optimizer_device == "nvme";
+    const uint64_t states = optimizer_on_nvme ? 0 : shard * state_count();
+    const uint64_t master = host_master ? shard : 0;
+    uint64_t persistent = 0;
+    for (const Param& p : params) {
+      if (p.persistent) persistent += p.numel * 4;
+    }
+    const uint64_t buckets =
+        world() > 1 ? 2 * std::min(config.reduce_bucket_size, shard_elements * world()) * 4 : 0;
+    const uint64_t need = shard + master + states + persistent + buckets;
+    if (need <= total) return OkStatus();
+    return ResourceExhausted(fmt::format(
+        "{} parameter elements ({} per rank) need {:.1f} GiB of host memory on this rank, and "
+        "this machine has {:.1f} GiB: gradient accumulators {:.1f}, fp32 master {:.1f}, "
+        "optimizer state {:.1f}, persistent parameters {:.1f}, reduce buckets {:.1f} GiB. "
+        "Offload the optimizer and parameters to NVMe, shard over more ranks, or shrink the "
+        "model",
+        registered_elements, shard_elements, need / kGiBf, total / kGiBf, shard / kGiBf,
+        master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf));
+  }
+
   // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
   uint64_t OptimizerChunkElements() const {
     constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
@@ -627,6 +664,7 @@ struct Engine::Impl {
     SwapStoreOptions options;
     options.paths = config.nvme_path;
     options.rank = global_rank;  // groups of other processes may share the nvme_path
+    options.checksum = config.nvme_checksum;
     ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
     ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &options.aio));
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
@@ -755,6 +793,50 @@ struct Engine::Impl {
             {"state_count", state_count()}};
   }
 
+  struct SavedScalars {
+    int64_t steps = 0, iteration = 0, last_overflow_iteration = -1;
+    double loss_scale = 1;
+    int hysteresis_left = 1, state_count = 0;
+    std::string optimizer;
+  };
+
+  // ScalarState() back, each field checked before anything is replaced.
+  static StatusOr<SavedScalars> ParseScalarState(const std::string& text, const std::string& dir) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    auto bad = [&](const char* key, const char* expected) {
+      return DataLoss(fmt::format("{}: manifest engine_state.{} must be {}", dir, key, expected));
+    };
+    if (!j.is_object()) {
+      return DataLoss(fmt::format("{}: manifest engine_state must be a JSON object", dir));
+    }
+    SavedScalars s;
+    auto integer = [&](const char* key, int64_t low, int64_t high, auto* out) -> Status {
+      auto it = j.find(key);
+      if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < low ||
+          it->get<int64_t>() > high) {
+        return bad(key, "an integer in range");
+      }
+      *out = static_cast<std::remove_pointer_t<decltype(out)>>(it->get<int64_t>());
+      return OkStatus();
+    };
+    constexpr int64_t kMax = INT64_MAX / 2;
+    ZINF_RETURN_IF_ERROR(integer("steps", 0, kMax, &s.steps));
+    ZINF_RETURN_IF_ERROR(integer("iteration", 0, kMax, &s.iteration));
+    ZINF_RETURN_IF_ERROR(integer("last_overflow_iteration", -1, kMax, &s.last_overflow_iteration));
+    ZINF_RETURN_IF_ERROR(integer("hysteresis_left", 0, INT32_MAX, &s.hysteresis_left));
+    ZINF_RETURN_IF_ERROR(integer("state_count", 0, 2, &s.state_count));
+    auto scale = j.find("loss_scale");
+    if (scale == j.end() || !scale->is_number() || !(scale->get<double>() > 0) ||
+        !std::isfinite(scale->get<double>())) {
+      return bad("loss_scale", "a positive finite number");
+    }
+    s.loss_scale = scale->get<double>();
+    auto opt = j.find("optimizer");
+    if (opt == j.end() || !opt->is_string()) return bad("optimizer", "a string");
+    s.optimizer = opt->get<std::string>();
+    return s;
+  }
+
   ckpt::Manifest MakeManifest(const std::string& tag, const std::string& client_state) const {
     ckpt::Manifest manifest;
     manifest.tag = tag;
@@ -810,29 +892,36 @@ struct Engine::Impl {
           "any world size",
           dir, manifest.world_size, world()));
     }
-    if (manifest.params.size() != params.size() || manifest.shard_elements != shard_elements) {
+    if (manifest.params.size() != params.size()) {
       return FailedPrecondition(
-          fmt::format("{} holds a different model: {} parameters, this one "
-                      "has {}",
-                      dir, manifest.params.size(), params.size()));
+          fmt::format("{} holds a different model: {} parameters, this one has {}", dir,
+                      manifest.params.size(), params.size()));
+    }
+    if (manifest.shard_elements != shard_elements) {
+      return FailedPrecondition(
+          fmt::format("{} holds a different model: {} elements per rank, this one has {}", dir,
+                      manifest.shard_elements, shard_elements));
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const ckpt::ManifestParam& saved = manifest.params[i];
       const Param& p = params[i];
-      if (saved.name != p.spec.name || saved.shape != p.spec.shape ||
-          saved.flat_offset != p.flat_offset) {
+      if (saved.name != p.spec.name || saved.shape != p.spec.shape) {
         return FailedPrecondition(fmt::format(
             "{} holds a different model: parameter {} is '{}' {}, this model's is '{}' {}", dir, i,
             saved.name, nlohmann::json(saved.shape).dump(), p.spec.name,
             nlohmann::json(p.spec.shape).dump()));
       }
+      if (saved.flat_offset != p.flat_offset || saved.shard_size != p.shard_size) {
+        return FailedPrecondition(fmt::format(
+            "{} lays parameter '{}' out differently: {} elements per rank at shard offset {} "
+            "there, {} at {} here",
+            dir, p.spec.name, saved.shard_size, saved.flat_offset, p.shard_size, p.flat_offset));
+      }
     }
-    const nlohmann::json scalars = nlohmann::json::parse(manifest.engine_state);
-    if (scalars.value("optimizer", "") != config.optimizer_type ||
-        scalars.value("state_count", -1) != state_count()) {
+    ZINF_ASSIGN_OR_RETURN(const SavedScalars scalars, ParseScalarState(manifest.engine_state, dir));
+    if (scalars.optimizer != config.optimizer_type || scalars.state_count != state_count()) {
       return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
-                                            dir, scalars.value("optimizer", "?"),
-                                            config.optimizer_type));
+                                            dir, scalars.optimizer, config.optimizer_type));
     }
     ZINF_ASSIGN_OR_RETURN(
         const ckpt::ShardReader reader,
@@ -887,11 +976,11 @@ struct Engine::Impl {
       }
       ZINF_RETURN_IF_ERROR(writer.Wait());
     }
-    steps = scalars.at("steps").get<int64_t>();
-    loss_scale = scalars.at("loss_scale").get<double>();
-    hysteresis_left = scalars.at("hysteresis_left").get<int>();
-    iteration = scalars.at("iteration").get<int64_t>();
-    last_overflow_iteration = scalars.at("last_overflow_iteration").get<int64_t>();
+    steps = scalars.steps;
+    loss_scale = scalars.loss_scale;
+    hysteresis_left = scalars.hysteresis_left;
+    iteration = scalars.iteration;
+    last_overflow_iteration = scalars.last_overflow_iteration;
     ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
     std::memset(grad_acc.data(), 0, shard_elements * 4);
     for (Param& p : params) {
@@ -1001,14 +1090,17 @@ StatusOr<int> Engine::RegisterModule(const std::string& name,
   Impl& m = *impl_;
   if (m.initialized) return FailedPrecondition("RegisterModule after Initialize");
   if (name.empty()) return InvalidArgument("module name is empty");
-  for (const Module& existing : m.modules) {
-    if (existing.name == name)
-      return InvalidArgument(fmt::format("module '{}' already registered", name));
+  if (m.module_by_name.count(name) != 0) {
+    return InvalidArgument(fmt::format("module '{}' already registered", name));
   }
   Module module{name, {}, false, 0};
   const int id = static_cast<int>(m.modules.size());
+  std::vector<Param> added;
+  std::set<std::string_view> names;  // this module's, so far
+  uint64_t total = m.registered_elements;
   for (const ParamSpec& spec : params) {
-    if (spec.name.empty() || m.param_by_name.count(spec.name) != 0) {
+    if (spec.name.empty() || m.param_by_name.count(spec.name) != 0 ||
+        !names.insert(spec.name).second) {
       return InvalidArgument(
           fmt::format("module '{}': parameter name '{}' is empty or taken", name, spec.name));
     }
@@ -1018,16 +1110,33 @@ StatusOr<int> Engine::RegisterModule(const std::string& name,
         return InvalidArgument(
             fmt::format("parameter '{}' has a dimension of {}; all must be > 0", spec.name, d));
       }
-      numel *= static_cast<uint64_t>(d);
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) || numel > kMaxElements) {
+        return InvalidArgument(fmt::format(
+            "parameter '{}' of shape [{}] has more than {} elements, more than any machine "
+            "holds",
+            spec.name, fmt::join(spec.shape, ", "), kMaxElements));
+      }
+    }
+    total += numel;
+    if (total > kMaxElements) {
+      return InvalidArgument(fmt::format(
+          "module '{}': the model would have {} or more elements, more than any machine holds",
+          name, total));
     }
     Param p;
     p.spec = spec;
     p.module = id;
-    p.numel = spec.shape.empty() ? 1 : numel;
-    m.param_by_name.emplace(spec.name, static_cast<int>(m.params.size()));
+    p.numel = numel;
+    added.push_back(std::move(p));
+  }
+  // Only a module that registers whole changes the engine.
+  for (Param& p : added) {
+    m.param_by_name.emplace(p.spec.name, static_cast<int>(m.params.size()));
     module.params.push_back(static_cast<int>(m.params.size()));
     m.params.push_back(std::move(p));
   }
+  m.registered_elements = total;
+  m.module_by_name.emplace(name, id);
   m.modules.push_back(std::move(module));
   return id;
 }
@@ -1043,6 +1152,7 @@ Status Engine::Initialize() {
     m.shard_elements += p.shard_size;
     p.persistent = m.config.zero_stage < 3 || p.numel < m.config.stage3_param_persistence_threshold;
   }
+  ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
   m.buffers = std::make_unique<HostBufferCache>(m.BufferCacheLimit());
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));

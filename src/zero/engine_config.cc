@@ -115,7 +115,8 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text) {
   }
   root.Object("zinf", [&](ConfigReader& z) {
     z.Int("seed", &c.seed, 0, INT64_MAX)
-        .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20);
+        .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)
+        .Bool("nvme_checksum", &c.nvme_checksum);
   });
   ZINF_RETURN_IF_ERROR(root.Finish());
   ZINF_RETURN_IF_ERROR(c.Validate());

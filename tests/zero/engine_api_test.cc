@@ -1,10 +1,12 @@
 // The engine's single-process API beyond training: setting and reading parameters and
 // gradients, and the NVMe parameter tier's prefetch, for every placement of parameters and
 // optimizer state.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -232,6 +234,99 @@ TEST(EnginePrefetchTest, PrefetchWindowDoesNotGrow) {
   }
   engine->reset();
   std::filesystem::remove_all(dir);
+}
+
+// A model of 2^18 modules (as n_layer 2^18 would give) registers in linear time: the name
+// checks are lookups, not scans of what is registered.
+TEST(EngineRegistrationTest, ManyModulesRegisterInLinearTime) {
+  auto config = EngineConfig::FromJson("{}");
+  ASSERT_TRUE(config.ok());
+  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < (1 << 18); ++i) {
+    const std::string name = "layer" + std::to_string(i);
+    ASSERT_TRUE((*engine)->RegisterModule(name, {{name + ".w", {4}}}).ok()) << i;
+  }
+  // Quadratic checks take minutes here (3.4e10 comparisons); linear ones well under a second.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_EQ((*engine)->RegisterModule("layer7", {{"x", {1}}}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(EngineRegistrationTest, ImpossibleSizesFailAtOnceSayingWhatTheyNeed) {
+  auto config = EngineConfig::FromJson("{}");
+  ASSERT_TRUE(config.ok());
+  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  // A shape whose element count overflows 64 bits.
+  auto overflow = e.RegisterModule("huge", {{"huge.w", {int64_t{1} << 40, int64_t{1} << 40}}});
+  EXPECT_EQ(overflow.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(overflow.status().message().find("huge.w"), std::string::npos) << overflow.status();
+  // A duplicate inside one module leaves nothing behind: the module registers once fixed.
+  EXPECT_EQ(e.RegisterModule("m", {{"m.w", {2}}, {"m.w", {2}}}).status().code(),
+            StatusCode::kInvalidArgument);
+  // 2^40 elements: 16 TiB of accumulators, master and Adam state, more than any test machine.
+  ASSERT_TRUE(e.RegisterModule("m", {{"m.w", {int64_t{1} << 40}}}).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = e.Initialize();
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("GiB of host memory"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("this machine has"), std::string::npos) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// A swap file's content is checksummed (zinf.nvme_checksum, on by default): a byte flipped
+// on disk under a parameter is DataLoss naming the file and offset, not a silently wrong
+// weight. With the key off the same flip goes unnoticed, which is what the key costs.
+TEST(EngineChecksumTest, FlippedSwapByteIsDataLoss) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-flip-" + std::to_string(getpid()))).string();
+  for (const bool checksum : {true, false}) {
+    std::filesystem::create_directories(dir);
+    auto config = EngineConfig::FromJson(
+        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+            "offload_param": {"device": "nvme", "nvme_path": ")" +
+        dir + R"("}}, "zinf": {"nvme_checksum": )" + (checksum ? "true" : "false") + "}}");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    Engine& e = **engine;
+    ASSERT_TRUE(e.RegisterModule("a", {{"a.w", {64, 64}}}).ok());
+    ASSERT_TRUE(e.Initialize().ok());
+    std::vector<float> before;
+    ASSERT_TRUE(e.GatherParameter("a.w", &before).ok());
+    // The swap file, by this process's descriptor (it may be unlinked already).
+    int flipped = 0;
+    for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+      if (ec || target.find("zinf-swap-rank0") == std::string::npos) continue;
+      const int f = open(fd.path().c_str(), O_RDWR);
+      ASSERT_GE(f, 0) << target;
+      char byte = 0;
+      ASSERT_EQ(pread(f, &byte, 1, 2), 1);
+      byte ^= 0x10;  // a high mantissa bit of a.w[0], which no rounding hides
+      ASSERT_EQ(pwrite(f, &byte, 1, 2), 1);
+      close(f);
+      ++flipped;
+    }
+    ASSERT_EQ(flipped, 1) << "one swap file";
+    auto fetched = e.Fetch(0);
+    if (checksum) {
+      ASSERT_EQ(fetched.status().code(), StatusCode::kDataLoss) << fetched.status();
+      EXPECT_NE(fetched.status().message().find("zinf-swap-rank0"), std::string::npos)
+          << fetched.status();
+      EXPECT_NE(fetched.status().message().find("offset"), std::string::npos) << fetched.status();
+    } else {
+      ASSERT_TRUE(fetched.ok()) << fetched.status();
+      EXPECT_NE(fetched->params[0][0], before[0]) << "the flip reached the weight unnoticed";
+      EXPECT_EQ(fetched->params[0][1], before[1]);
+    }
+    engine->reset();
+    std::filesystem::remove_all(dir);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, EngineApiTest,
