@@ -2,6 +2,7 @@
 // written by any number of ranks into one safetensors file, one parameter in memory at a time.
 #include <fmt/core.h>
 
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -31,9 +32,16 @@ void AddCkptCommands(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "Tensor type in the file")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->callback([args] {
-    const Status s = ckpt::ExportSafetensors(
-        args->dir, args->out,
-        args->dtype == "bf16" ? ckpt::ExportDType::kBf16 : ckpt::ExportDType::kFp32);
+    Status s;
+    // ExportSafetensors returns every error as a Status; this is the boundary's last resort,
+    // so that nothing escapes to abort the process.
+    try {
+      s = ckpt::ExportSafetensors(
+          args->dir, args->out,
+          args->dtype == "bf16" ? ckpt::ExportDType::kBf16 : ckpt::ExportDType::kFp32);
+    } catch (const std::exception& e) {
+      s = Internal(fmt::format("exporting {}: unexpected exception: {}", args->dir, e.what()));
+    }
     if (!s.ok()) {
       fmt::print(stderr, "zinf ckpt export: {}\n", s.ToString());
       ExitCode() = 1;

@@ -69,6 +69,32 @@ struct BlockActivations {
 
 }  // namespace
 
+Status CheckJsonDepth(std::string_view text, std::string_view source, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, which may be a quote
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return InvalidArgument(
+            fmt::format("{} nests arrays and objects more than {} levels deep (at byte {})", source,
+                        max_depth, i));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;  // unbalanced text: the parser reports it
+    }
+  }
+  return zinf::OkStatus();
+}
+
 Status GptConfig::Validate() const {
   for (auto [name, value] : {std::pair{"vocab_size", vocab_size},
                              {"seq_len", seq_len},
@@ -84,10 +110,69 @@ Status GptConfig::Validate() const {
     return InvalidArgument(
         fmt::format("model.d_model ({}) must be a multiple of model.n_head ({})", d_model, n_head));
   }
+  // parameter_count() in checked arithmetic: d_model and n_layer of 2^20 overflow int64.
+  const int64_t d = d_model;
+  int64_t block = 0, blocks = 0, embed = 0, total = 0;
+  if (__builtin_mul_overflow(12 * d, d, &block) || __builtin_add_overflow(block, 13 * d, &block) ||
+      __builtin_mul_overflow(block, int64_t{n_layer}, &blocks) ||
+      __builtin_mul_overflow(int64_t{vocab_size} + seq_len, d, &embed) ||
+      __builtin_add_overflow(embed, blocks, &total) ||
+      __builtin_add_overflow(total, 2 * d, &total)) {
+    return InvalidArgument(fmt::format(
+        "model has more than 2^63 parameters (d_model {}, n_layer {}, vocab_size {}, seq_len {})",
+        d_model, n_layer, vocab_size, seq_len));
+  }
   return zinf::OkStatus();
 }
 
+StatusOr<uint64_t> GptConfig::ActivationBytes(int64_t batch) const {
+  auto overflow = [&] {
+    return InvalidArgument(fmt::format(
+        "the activations of a batch of {} sequences (seq_len {}, d_model {}, n_head {}, n_layer "
+        "{}, vocab_size {}) need more than 2^64 bytes",
+        batch, seq_len, d_model, n_head, n_layer, vocab_size));
+  };
+  if (batch < 1) return InvalidArgument(fmt::format("batch must be >= 1, got {}", batch));
+  ZINF_RETURN_IF_ERROR(Validate());
+  // The arrays Impl::Resize lays out, in floats, each rounded up to 64: (how many, size).
+  uint64_t n = 0, nd = 0, nv = 0, heads = 0, probs = 0;
+  const uint64_t d = d_model, t = seq_len;
+  if (__builtin_mul_overflow(uint64_t(batch), t, &n) || __builtin_mul_overflow(n, d, &nd) ||
+      __builtin_mul_overflow(n, uint64_t(vocab_size), &nv) ||
+      __builtin_mul_overflow(uint64_t(batch), uint64_t(n_head), &heads) ||
+      __builtin_mul_overflow(heads, t * t, &probs) || nd > (UINT64_MAX >> 4)) {
+    return overflow();
+  }
+  const uint64_t sets = activation_checkpointing ? 1 : n_layer;  // of BlockActivations
+  const std::pair<uint64_t, uint64_t> arrays[] = {
+      {uint64_t(n_layer) + 1, nd},  // x
+      {4 * sets, nd},               // ln1, attn, mid, ln2
+      {4 * sets, n},                // their means and variances
+      {sets, 3 * nd},               // qkv
+      {sets, probs},                // probs
+      {2 * sets, 4 * nd},           // fc, gelu
+      {7, nd},                      // xf, dx, dx_next, dmid, dattn, dnorm, dln
+      {2, n},                       // lnf_mean, lnf_var
+      {1, nv},                      // logits
+      {1, 3 * nd},                  // dqkv
+      {1, probs},                   // dprobs
+      {2, 4 * nd},                  // dgelu, dfc
+  };
+  uint64_t floats = 0;
+  for (const auto& [count, size] : arrays) {
+    uint64_t padded = 0, all = 0;
+    if (__builtin_add_overflow(size, 63, &padded) ||
+        __builtin_mul_overflow(padded / 64 * 64, count, &all) ||
+        __builtin_add_overflow(floats, all, &floats)) {
+      return overflow();
+    }
+  }
+  if (floats > UINT64_MAX / sizeof(float)) return overflow();
+  return floats * sizeof(float);
+}
+
 StatusOr<GptConfig> GptConfig::FromJson(std::string_view json_object) {
+  ZINF_RETURN_IF_ERROR(CheckJsonDepth(json_object, "model"));
   const nlohmann::json json = nlohmann::json::parse(json_object, nullptr, false);
   if (json.is_discarded()) return InvalidArgument("model: not valid JSON");
   if (!json.is_object()) {
@@ -173,6 +258,8 @@ struct Gpt::Impl {
     (void)kernels->Synchronize();
     batch = 0;
     activations = zinf::DeviceBuffer();
+    // Checked first: every product below is then at most `needed` and cannot overflow.
+    ZINF_ASSIGN_OR_RETURN(const uint64_t needed, config.ActivationBytes(new_batch));
     const int64_t n = new_batch * T(), d = D(), probs = new_batch * H() * T() * T();
     // Every array is a slice of one zeroed allocation, each starting on 256 bytes: one
     // allocation instead of dozens, each of which the host allocator would round up to a page.
@@ -198,6 +285,10 @@ struct Gpt::Impl {
     want(n * 4 * d, &dfc);
     int64_t total = 0;
     for (const auto& [count, v] : arrays) total += count;
+    if (static_cast<uint64_t>(total) * sizeof(float) != needed) {
+      return zinf::Internal(fmt::format("activations: laid out {} bytes, ActivationBytes says {}",
+                                        total * sizeof(float), needed));
+    }
     auto arena = kernels->device().Allocate(static_cast<size_t>(total) * sizeof(float));
     Status status = arena.status();
     if (status.ok()) {

@@ -46,8 +46,14 @@ struct GptConfig {
   // Parses the JSON object of a config's "model" key (keys as the fields above; absent keys
   // keep their defaults). InvalidArgument names the key, its value and what is allowed.
   static zinf::StatusOr<GptConfig> FromJson(std::string_view json_object);
+  // Also refuses a model whose parameter count overflows int64.
   zinf::Status Validate() const;
   int64_t parameter_count() const;
+  // Bytes of the activations (and backward scratch) Gpt allocates for micro-batches of `batch`
+  // sequences, on the compute device, all at once on the first micro-batch. InvalidArgument,
+  // naming the batch and the model's dimensions, when the count overflows 64 bits; call it to
+  // check a batch size against the memory there is before anything is allocated.
+  zinf::StatusOr<uint64_t> ActivationBytes(int64_t batch) const;
   // Every parameter's name, in the order the model registers them.
   std::vector<std::string> parameter_names() const;
 };
@@ -104,6 +110,16 @@ class Gpt {
   explicit Gpt(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The deepest nesting of JSON arrays and objects FromJson and train_gpt accept.
+inline constexpr int kMaxJsonDepth = 128;
+// InvalidArgument, naming `source` and the byte, when `text` nests JSON arrays and objects
+// deeper than `max_depth`. Scans brackets outside strings without parsing: nlohmann's copy and
+// dump recurse, and 100k levels overflow the stack, so deep text is refused before parsing.
+// The same scan as zinf's internal one (src/core/config_reader.h): examples use only public
+// headers.
+zinf::Status CheckJsonDepth(std::string_view text, std::string_view source,
+                            int max_depth = kMaxJsonDepth);
 
 // Threads for the model's CPU compute (OpenMP, used by oneDNN too), for the calling thread's
 // later calls. threads >= 1.

@@ -5,6 +5,7 @@
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
 //             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
 //             [--save DIR [--save-every K]] [--resume DIR] [--device cpu|cuda]
+//             [--comm-timeout-s S]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
@@ -15,20 +16,30 @@
 // Checkpoints: --save DIR writes one at the end (and every K steps with --save-every); --resume
 // DIR continues from DIR's latest. The data a step sees depends only on the step index and
 // the seed, which the checkpoint records, so a resumed run takes bitwise the steps the
-// uninterrupted one would have.
+// uninterrupted one would have. DIR is checked (created, written to) before training, so that
+// a run is never lost to a checkpoint that cannot be written at its end.
+//
+// Errors: every failure, from the command line to the last save, ends the program with a
+// message naming the cause and exit code 1 (train_gpt: <Status>), never an uncaught exception.
 //
 // --device cuda runs the model's compute on the GPU (cuBLAS; one GPU per rank, the rank's
 // LOCAL_RANK-th) while the engine keeps parameters, gradients and the optimizer where the
 // config puts them; it fails with Unavailable, saying why, where zinf was built without CUDA
 // or there is no GPU.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -56,9 +67,23 @@ struct Args {
   uint64_t seed = 1234;
   std::string save;  // checkpoint directory; empty: none
   int64_t save_every = 0;
-  std::string resume;          // checkpoint directory to continue from
-  std::string device = "cpu";  // where the model computes: cpu or cuda
+  std::string resume;           // checkpoint directory to continue from
+  std::string device = "cpu";   // where the model computes: cpu or cuda
+  double comm_timeout_s = 300;  // EngineOptions::timeout: how long a dead peer takes to report
 };
+
+// printf into a std::string, for error messages.
+__attribute__((format(printf, 1, 2))) std::string Printf(const char* format, ...) {
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string out(std::max(n, 0), '\0');
+  std::vsnprintf(out.data(), out.size() + 1, format, again);
+  va_end(again);
+  return out;
+}
 
 struct TrainConfig {
   gpt::GptConfig model;
@@ -79,6 +104,7 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
   for (size_t at; (at = json_text.find("@NVME_PATH@")) != std::string::npos;) {
     json_text.replace(at, 11, nvme_path);
   }
+  if (Status s = gpt::CheckJsonDepth(json_text, path); !s.ok()) return s;
   nlohmann::json json = nlohmann::json::parse(json_text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) {
     return zinf::InvalidArgument(path + ": not a JSON object");
@@ -94,6 +120,103 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
   if (!engine.ok()) return engine.status().WithContext(path);
   c.engine = *engine;
   return c;
+}
+
+std::string HumanBytes(uint64_t n) {
+  char out[32];
+  if (n < 1024) {
+    std::snprintf(out, sizeof(out), "%llu B", static_cast<unsigned long long>(n));
+  } else {
+    const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+    double v = n / 1024.0;
+    int u = 0;
+    for (; v >= 1024 && u < 3; ++u) v /= 1024;
+    std::snprintf(out, sizeof(out), "%.1f %s", v, units[u]);
+  }
+  return out;
+}
+
+// Refuses, before anything is allocated, a micro-batch whose buffers cannot fit this machine:
+// train_micro_batch_size_per_gpu is accepted up to 2^30 by the config, and a batch that large
+// used to end in std::bad_alloc.
+Status CheckMicroBatchMemory(const TrainConfig& c, bool activations_on_host) {
+  const gpt::GptConfig& m = c.model;
+  const int64_t batch = c.engine.micro_batch_size;
+  auto activations = m.ActivationBytes(batch);
+  if (!activations.ok()) {
+    return activations.status().WithContext(
+        Printf("train_micro_batch_size_per_gpu = %lld", static_cast<long long>(batch)));
+  }
+  // The trainer's tokens and targets and the compute backend's copy of them: 4 int32 each.
+  const uint64_t tokens = static_cast<uint64_t>(batch) * m.seq_len * 16;  // < 2^56
+  uint64_t per_rank = tokens;
+  if (activations_on_host && __builtin_add_overflow(per_rank, *activations, &per_rank)) {
+    per_rank = UINT64_MAX;
+  }
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const uint64_t local_ranks = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  uint64_t needed = 0;
+  if (__builtin_mul_overflow(per_rank, local_ranks, &needed)) needed = UINT64_MAX;
+  const uint64_t total = zinf::GetCpuInfo().total_memory_bytes;  // 0: /proc does not say
+  if (total == 0 || needed <= total) return zinf::OkStatus();
+  return zinf::ResourceExhausted(Printf(
+      "train_micro_batch_size_per_gpu = %lld needs %s of host memory per rank (%s of "
+      "activations for seq_len %d, d_model %d, n_layer %d, vocab_size %d%s, and %s of tokens) "
+      "x %llu rank(s) on this machine, but it has %s in all; lower "
+      "train_micro_batch_size_per_gpu (raise gradient_accumulation_steps to keep the batch)",
+      static_cast<long long>(batch), HumanBytes(per_rank).c_str(),
+      HumanBytes(activations_on_host ? *activations : 0).c_str(), m.seq_len, m.d_model, m.n_layer,
+      m.vocab_size, m.activation_checkpointing ? ", activation checkpointing on" : "",
+      HumanBytes(tokens).c_str(), static_cast<unsigned long long>(local_ranks),
+      HumanBytes(total).c_str()));
+}
+
+// --save DIR is made and written to before training: a checkpoint that cannot be written
+// would otherwise only fail after the last step, losing the whole run.
+Status CheckSaveDirectory(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_directory(st)) {
+    return zinf::InvalidArgument("--save " + dir + " exists and is not a directory");
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return zinf::IoError("--save " + dir + ": cannot create the directory: " + ec.message());
+  // What saving does, create a file: access() would say yes to root on a read-only mount.
+  const std::string probe = dir + "/.train_gpt-write-test-" + std::to_string(getpid());
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return zinf::IoError("--save " + dir + ": cannot write there: " + std::strerror(errno));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return zinf::OkStatus();
+}
+
+// The trainer's state from a checkpoint (what Save wrote): the step to continue at and the
+// data seed. Either may be absent; present, each must be a non-negative integer.
+Status ReadClientState(const std::string& text, const std::string& dir, int64_t* step,
+                       uint64_t* seed) {
+  const std::string where = "--resume " + dir + ": the checkpoint's client_state";
+  if (Status s = gpt::CheckJsonDepth(text, where); !s.ok()) return s;
+  const nlohmann::json state = nlohmann::json::parse(text, nullptr, false);
+  if (state.is_discarded() || !state.is_object()) {
+    return zinf::DataLoss(where + " is not a JSON object: " + text.substr(0, 80));
+  }
+  if (auto it = state.find("step"); it != state.end()) {
+    if (!it->is_number_unsigned() || it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return zinf::DataLoss(where + ".step must be a non-negative integer, got " +
+                            it->dump().substr(0, 80) + " (" + it->type_name() + ")");
+    }
+    *step = it->get<int64_t>();
+  }
+  if (auto it = state.find("seed"); it != state.end()) {
+    if (!it->is_number_unsigned()) {
+      return zinf::DataLoss(where + ".seed must be a non-negative integer, got " +
+                            it->dump().substr(0, 80) + " (" + it->type_name() + ")");
+    }
+    *seed = it->get<uint64_t>();
+  }
+  return zinf::OkStatus();
 }
 
 uint64_t SplitMix64(uint64_t x) {
@@ -195,20 +318,6 @@ int DefaultThreads() {
   return std::max(1, zinf::GetCpuInfo().usable_cpus / local_ranks);
 }
 
-std::string HumanBytes(uint64_t n) {
-  char out[32];
-  if (n < 1024) {
-    std::snprintf(out, sizeof(out), "%llu B", static_cast<unsigned long long>(n));
-  } else {
-    const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-    double v = n / 1024.0;
-    int u = 0;
-    for (; v >= 1024 && u < 3; ++u) v /= 1024;
-    std::snprintf(out, sizeof(out), "%.1f %s", v, units[u]);
-  }
-  return out;
-}
-
 // What one step did, as rank 0 saw it.
 struct StepRecord {
   int64_t step = 0;
@@ -266,7 +375,7 @@ void PrintProgressBar(const StepRecord& r, int64_t steps, double elapsed_s) {
 uint64_t PeakRssBytes() {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
   }
   return 0;
 }
@@ -290,9 +399,7 @@ int Fail(const Status& s) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   Args args;
   CLI::App app{"Trains a GPT-2-style byte-level model with zinf's ZeRO engine."};
   app.add_option("--config", args.config, "DeepSpeed-style JSON config with a \"model\" object")
@@ -319,17 +426,34 @@ int main(int argc, char** argv) {
   app.add_option("--device", args.device,
                  "where the model computes: cpu (oneDNN) or cuda (cuBLAS, GPU LOCAL_RANK)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--comm-timeout-s", args.comm_timeout_s,
+                 "seconds a collective or the rendezvous may make no progress before the run "
+                 "fails naming the rank: how soon a stopped or dead peer is reported, in "
+                 "[0.001, 86400] (default 300)");
   CLI11_PARSE(app, argc, argv);
+  // Checked here rather than with CLI::Range, which lets NaN through.
+  if (!(args.comm_timeout_s >= 0.001 && args.comm_timeout_s <= 86400)) {
+    return Fail(zinf::InvalidArgument(
+        Printf("--comm-timeout-s must be in [0.001, 86400] seconds, got %g", args.comm_timeout_s)));
+  }
+  if (!args.save.empty()) {
+    if (Status s = CheckSaveDirectory(args.save); !s.ok()) return Fail(s);
+  }
 
   auto config = LoadConfig(args.config, args.nvme_path);
   if (!config.ok()) return Fail(config.status());
   const gpt::GptConfig& mc = config->model;
+  if (Status s = CheckMicroBatchMemory(*config, args.device == "cpu"); !s.ok()) {
+    return Fail(s.WithContext(args.config));
+  }
   auto corpus = LoadCorpus(args.data, mc);
   if (!corpus.ok()) return Fail(corpus.status());
   const int threads = args.threads > 0 ? args.threads : DefaultThreads();
   gpt::SetComputeThreads(threads);
 
-  auto created = zinf::Engine::Create(config->engine, {.optimizer_threads = threads});
+  const auto timeout = std::chrono::milliseconds(std::llround(args.comm_timeout_s * 1000));
+  auto created =
+      zinf::Engine::Create(config->engine, {.timeout = timeout, .optimizer_threads = threads});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
   gpt::GptOptions model_options;
@@ -345,9 +469,9 @@ int main(int argc, char** argv) {
   if (!args.resume.empty()) {
     auto client = engine.LoadCheckpoint(args.resume);
     if (!client.ok()) return Fail(client.status());
-    const nlohmann::json state = nlohmann::json::parse(*client);
-    first_step = state.value("step", int64_t{0});
-    args.seed = state.value("seed", args.seed);
+    if (Status s = ReadClientState(*client, args.resume, &first_step, &args.seed); !s.ok()) {
+      return Fail(s);
+    }
     if (engine.rank() == 0) {
       std::printf("resumed from %s at step %lld\n", args.resume.c_str(),
                   static_cast<long long>(first_step));
@@ -357,7 +481,8 @@ int main(int argc, char** argv) {
   const int world = engine.world_size(), rank = engine.rank();
   const int gas = config->engine.gradient_accumulation_steps,
             batch = config->engine.micro_batch_size;
-  const int64_t tokens_per_step = int64_t{world} * gas * batch * mc.seq_len;
+  // A double: world * gas * batch * seq_len may pass 2^63 (each is only bounded on its own).
+  const double tokens_per_step = double(world) * gas * batch * mc.seq_len;
   const bool leader = rank == 0;
   const bool terminal = leader && isatty(STDOUT_FILENO);
   const int log_every = args.log_every >= 0 ? args.log_every : (terminal ? 0 : 1);
@@ -366,14 +491,13 @@ int main(int argc, char** argv) {
     std::printf(
         "train_gpt: %.2fM parameters (d_model %d, %d layers, %d heads, seq_len %d, vocab %d, "
         "activation checkpointing %s) on %s\n"
-        "  %d rank(s) x %d thread(s); micro-batch %d x gradient accumulation %d = %lld tokens "
+        "  %d rank(s) x %d thread(s); micro-batch %d x gradient accumulation %d = %.0f tokens "
         "per step; ZeRO stage %d, parameters on %s, optimizer (%s) on %s\n"
         "  data: %s (%zu bytes)\n",
         mc.parameter_count() / 1e6, mc.d_model, mc.n_layer, mc.n_head, mc.seq_len, mc.vocab_size,
         mc.activation_checkpointing ? "on" : "off", args.device.c_str(), world, threads, batch, gas,
-        static_cast<long long>(tokens_per_step), config->engine.zero_stage,
-        config->engine.offload_param_device.c_str(), config->engine.optimizer_type.c_str(),
-        config->engine.offload_optimizer_device.c_str(),
+        tokens_per_step, config->engine.zero_stage, config->engine.offload_param_device.c_str(),
+        config->engine.optimizer_type.c_str(), config->engine.offload_optimizer_device.c_str(),
         args.data.empty() ? "generated corpus" : args.data.c_str(), corpus->size());
     std::fflush(stdout);
     if (!args.metrics.empty()) {
@@ -442,7 +566,7 @@ int main(int argc, char** argv) {
     const size_t tail = std::min<size_t>(10, losses.size());
     double tail_loss = 0;
     for (size_t i = losses.size() - tail; i < losses.size(); ++i) tail_loss += losses[i] / tail;
-    const double tokens = static_cast<double>(tokens_per_step) * losses.size();
+    const double tokens = tokens_per_step * losses.size();
     auto share = [&](double s) { return 100.0 * s / seconds; };
     std::printf(
         "done: %zu steps, %.0f tokens in %.1f s (%.0f tokens/s)\n"
@@ -459,4 +583,18 @@ int main(int argc, char** argv) {
         HumanBytes(PeakRssBytes()).c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Every error above is a Status; this is the last resort, so that a bug or a dependency's
+  // exception ends the run with a message instead of an abort.
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    return Fail(zinf::Internal(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Fail(zinf::Internal("unexpected exception of an unknown type"));
+  }
 }

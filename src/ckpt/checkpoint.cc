@@ -9,15 +9,16 @@
 
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
+#include <system_error>
 
 #include "core/config_reader.h"
 #include "nvme/crc32c.h"
@@ -29,7 +30,17 @@ namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'Z', 'I', 'N', 'F', 'S', 'H', 'D', '1'};
 constexpr uint64_t kAlign = 4096;
-constexpr int kFormatVersion = 1;
+constexpr int kShardFormatVersion = 1;
+// 2 added the manifest's checksum; 1 is still read (see checkpoint.h).
+constexpr int kManifestVersion = 2;
+constexpr int kOldestManifestVersion = 1;
+constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+// Elements per rank: 4 EiB of fp32, far past any disk, and small enough that byte counts
+// (x4, x8) cannot overflow.
+constexpr uint64_t kMaxShardElements = uint64_t{1} << 60;
+// A manifest of a million parameters is about 200 MB; anything larger is not ours.
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
+constexpr std::string_view kChecksumPrefix = "crc32c:";
 
 Status WriteAll(int fd, const void* data, uint64_t bytes, uint64_t offset,
                 const std::string& path) {
@@ -92,9 +103,169 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
 
 uint64_t AlignUp(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// Never throws: invalid UTF-8 (which the parser refuses anyway) is replaced.
+std::string Dump(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string ManifestChecksum(const nlohmann::json& without_checksum) {
+  const std::string canonical = Dump(without_checksum);
+  return fmt::format("{}{:08x}", kChecksumPrefix, Crc32c(canonical.data(), canonical.size()));
+}
+
+// A JSON object from text, never throwing; `what` names it in errors.
+StatusOr<nlohmann::json> ParseObject(std::string_view text, std::string_view what) {
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, what));
+  if (!j.is_object()) {
+    return InvalidArgument(fmt::format("{} must be a JSON object, got {}", what, DescribeJson(j)));
+  }
+  return j;
+}
+
+// The engine's scalars (ScalarState in src/zero/engine.cc) that loading reads, with their
+// types: an edited engine_state is refused here rather than throwing in the engine.
+Status CheckEngineState(const nlohmann::json& state) {
+  auto field = [&](const char* key) -> const nlohmann::json* {
+    auto it = state.find(key);
+    return it == state.end() ? nullptr : &*it;
+  };
+  auto in_range = [](const nlohmann::json* v, int64_t lo, int64_t hi) {
+    if (v == nullptr || !v->is_number_integer()) return false;
+    if (v->is_number_unsigned()) return v->get<uint64_t>() <= static_cast<uint64_t>(hi);
+    return v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+  };
+  auto wrong = [&](const char* key, std::string_view expected) {
+    return InvalidArgument(fmt::format("engine_state.{} must be {}, got {}", key, expected,
+                                       field(key) ? DescribeJson(*field(key)) : "nothing"));
+  };
+  for (const char* key : {"steps", "iteration", "last_overflow_iteration"}) {
+    if (!in_range(field(key), INT64_MIN, INT64_MAX)) return wrong(key, "an integer");
+  }
+  for (const char* key : {"hysteresis_left", "state_count"}) {
+    if (!in_range(field(key), INT32_MIN, INT32_MAX)) return wrong(key, "a 32-bit integer");
+  }
+  if (field("loss_scale") == nullptr || !field("loss_scale")->is_number()) {
+    return wrong("loss_scale", "a number");
+  }
+  if (field("optimizer") == nullptr || !field("optimizer")->is_string()) {
+    return wrong("optimizer", "a string");
+  }
+  return OkStatus();
+}
+
+// Reads a whole file of at most `max_bytes`; `what` names it in errors.
+StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes,
+                                    std::string_view what) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, fmt::format("opening {} {}", what, path));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, fmt::format("reading {} {}", what, path));
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    close(fd);
+    return DataLoss(
+        fmt::format("{} {} is not a regular file of at most {} bytes", what, path, max_bytes));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  Status s = ReadAll(fd, text.data(), text.size(), 0, path);
+  close(fd);
+  if (!s.ok()) return s;
+  return text;
+}
+
+// Whether `path` exists: false where it does not (or a parent is not a directory), an error
+// naming `what` where the OS cannot tell (permission denied, a loop of symbolic links...).
+StatusOr<bool> Exists(const fs::path& path, std::string_view what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    return ErrnoStatus(ec.value(), fmt::format("searching {} {}", what, path.string()));
+  }
+  return !ec && fs::exists(st);
+}
+
 }  // namespace
 
 std::string ShardFileName(int rank) { return fmt::format("rank-{:05d}.zshard", rank); }
+
+Status CheckTag(std::string_view tag) {
+  if (tag.empty() || tag.size() > 255 || tag[0] == '.' || tag.find('/') != tag.npos ||
+      tag.find('\0') != tag.npos) {
+    return InvalidArgument(fmt::format(
+        "checkpoint tag '{}' must be a plain directory name (1 to 255 bytes, no '/', not "
+        "starting with '.')",
+        tag.substr(0, 300)));
+  }
+  return OkStatus();
+}
+
+Status ValidateManifest(const Manifest& m) {
+  ZINF_RETURN_IF_ERROR(CheckTag(m.tag));
+  if (m.world_size < 1 || m.world_size > kMaxWorldSize) {
+    return InvalidArgument(
+        fmt::format("world_size must be in [1, {}], got {}", kMaxWorldSize, m.world_size));
+  }
+  if (m.step < 0) return InvalidArgument(fmt::format("step must be >= 0, got {}", m.step));
+  if (m.shard_elements > kMaxShardElements) {
+    return InvalidArgument(
+        fmt::format("shard_elements must be at most 2^60, got {}", m.shard_elements));
+  }
+  if (m.params.empty()) return InvalidArgument("the parameter list is empty");
+  const uint64_t world = static_cast<uint64_t>(m.world_size);
+  std::set<std::string_view> names;
+  // [flat_offset, flat_offset + shard_size) of each parameter that has elements, and its index.
+  std::vector<std::pair<std::pair<uint64_t, uint64_t>, size_t>> ranges;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ManifestParam& p = m.params[i];
+    auto bad = [&](const std::string& what) {
+      return InvalidArgument(fmt::format("parameter {} '{}': {}", i, p.name, what));
+    };
+    if (p.name.empty()) return bad("the name is empty");
+    if (!names.insert(p.name).second) return bad("the name appears twice");
+    uint64_t product = 1;
+    for (int64_t dim : p.shape) {
+      if (dim < 0) {
+        return bad(fmt::format("shape {} has a negative dimension", Dump(nlohmann::json(p.shape))));
+      }
+      if (__builtin_mul_overflow(product, static_cast<uint64_t>(dim), &product)) {
+        return bad(
+            fmt::format("shape {} has more than 2^64 elements", Dump(nlohmann::json(p.shape))));
+      }
+    }
+    if (product != p.numel) {
+      return bad(fmt::format("shape {} has {} elements, numel is {}", Dump(nlohmann::json(p.shape)),
+                             product, p.numel));
+    }
+    const uint64_t shard = p.numel / world + (p.numel % world != 0 ? 1 : 0);
+    if (p.shard_size != shard) {
+      return bad(fmt::format("shard_size is {}, expected {} (numel {} over {} ranks)", p.shard_size,
+                             shard, p.numel, world));
+    }
+    if (p.flat_offset > m.shard_elements || p.shard_size > m.shard_elements - p.flat_offset) {
+      return bad(fmt::format("elements [{}, {} + {}) lie outside the {} of a rank's shard",
+                             p.flat_offset, p.flat_offset, p.shard_size, m.shard_elements));
+    }
+    if (p.shard_size > 0) ranges.push_back({{p.flat_offset, p.shard_size}, i});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    const auto& [prev, a] = ranges[k - 1];
+    const auto& [next, b] = ranges[k];
+    if (next.first < prev.first + prev.second) {
+      return InvalidArgument(fmt::format(
+          "parameter {} '{}' (elements [{}, {})) overlaps parameter {} '{}' (elements [{}, {}))", b,
+          m.params[b].name, next.first, next.first + next.second, a, m.params[a].name, prev.first,
+          prev.first + prev.second));
+    }
+  }
+  ZINF_ASSIGN_OR_RETURN(const nlohmann::json engine, ParseObject(m.engine_state, "engine_state"));
+  ZINF_RETURN_IF_ERROR(CheckEngineState(engine));
+  ZINF_RETURN_IF_ERROR(ParseObject(m.client_state, "client_state").status());
+  return OkStatus();
+}
 
 // ---- ShardWriter ----
 
@@ -162,12 +333,13 @@ Status ShardWriter::Commit() {
                                             s.name, s.written, s.bytes));
     }
   }
-  nlohmann::json trailer = {{"format_version", kFormatVersion}, {"tag", tag_}, {"rank", rank_}};
+  nlohmann::json trailer = {
+      {"format_version", kShardFormatVersion}, {"tag", tag_}, {"rank", rank_}};
   for (const Section& s : sections_) {
     trailer["sections"].push_back(
         {{"name", s.name}, {"offset", s.offset}, {"bytes", s.bytes}, {"crc32c", s.crc}});
   }
-  std::string tail = trailer.dump();
+  std::string tail = trailer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   const uint64_t length = tail.size();
   static_assert(std::endian::native == std::endian::little);
   tail.append(reinterpret_cast<const char*>(&length), 8);
@@ -187,7 +359,8 @@ Status ShardWriter::Commit() {
 
 // ---- Manifest ----
 
-Status WriteManifest(const std::string& dir, const Manifest& m) {
+StatusOr<std::string> SerializeManifest(const Manifest& m) {
+  ZINF_RETURN_IF_ERROR_CTX(ValidateManifest(m), "checkpoint manifest " + m.tag);
   nlohmann::json params = nlohmann::json::array();
   for (const ManifestParam& p : m.params) {
     params.push_back({{"name", p.name},
@@ -196,83 +369,244 @@ Status WriteManifest(const std::string& dir, const Manifest& m) {
                       {"shard_size", p.shard_size},
                       {"flat_offset", p.flat_offset}});
   }
-  const nlohmann::json json = {{"format", "zinf-checkpoint"},
-                               {"format_version", kFormatVersion},
-                               {"tag", m.tag},
-                               {"world_size", m.world_size},
-                               {"step", m.step},
-                               {"shard_elements", m.shard_elements},
-                               {"params", params},
-                               {"engine_state", nlohmann::json::parse(m.engine_state)},
-                               {"client_state", nlohmann::json::parse(m.client_state)}};
-  return WriteFileAtomically(dir + "/manifest.json", json.dump(1) + "\n");
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json engine_state, ParseObject(m.engine_state, "engine_state"));
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json client_state, ParseObject(m.client_state, "client_state"));
+  nlohmann::json json = {{"format", "zinf-checkpoint"},
+                         {"format_version", kManifestVersion},
+                         {"tag", m.tag},
+                         {"world_size", m.world_size},
+                         {"step", m.step},
+                         {"shard_elements", m.shard_elements},
+                         {"params", std::move(params)},
+                         {"engine_state", std::move(engine_state)},
+                         {"client_state", std::move(client_state)}};
+  json["checksum"] = ManifestChecksum(json);
+  return Dump(json, 1) + "\n";
+}
+
+Status WriteManifest(const std::string& dir, const Manifest& m) {
+  ZINF_ASSIGN_OR_RETURN(const std::string text, SerializeManifest(m));
+  return WriteFileAtomically(dir + "/manifest.json", text);
 }
 
 Status CommitLatest(const std::string& root, const std::string& tag) {
+  ZINF_RETURN_IF_ERROR(CheckTag(tag));
   ZINF_RETURN_IF_ERROR(WriteFileAtomically(root + "/latest", tag + "\n"));
+  // Failing to delete an old checkpoint loses nothing: errors end the cleanup, quietly.
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    if (e.is_directory() && e.path().filename() != tag && fs::exists(e.path() / "manifest.json")) {
-      fs::remove_all(e.path(), ec);  // an old checkpoint: failing to delete it loses nothing
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code entry_ec;
+    // A link is never followed: only real directories of ours are removed.
+    if (it->path().filename() != tag &&
+        it->symlink_status(entry_ec).type() == fs::file_type::directory &&
+        fs::is_regular_file(it->path() / "manifest.json", entry_ec)) {
+      fs::remove_all(it->path(), entry_ec);
     }
   }
   return OkStatus();
 }
 
 StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
-  if (fs::exists(fs::path(path) / "manifest.json")) return path;
-  std::ifstream latest(path + "/latest");
-  std::string tag;
-  if (!latest || !std::getline(latest, tag) || tag.empty()) {
+  ZINF_ASSIGN_OR_RETURN(const bool here,
+                        Exists(fs::path(path) / "manifest.json", "checkpoint directory"));
+  if (here) return path;
+  const std::string latest_path = path + "/latest";
+  ZINF_ASSIGN_OR_RETURN(const bool has_latest, Exists(latest_path, "checkpoint directory"));
+  if (!has_latest) {
     return InvalidArgument(fmt::format(
         "{} is not a zinf checkpoint: it has neither manifest.json nor a 'latest' file", path));
   }
+  ZINF_ASSIGN_OR_RETURN(std::string tag, ReadSmallFile(latest_path, 4096, "checkpoint pointer"));
+  if (!tag.empty() && tag.back() == '\n') tag.pop_back();
+  if (Status s = CheckTag(tag); !s.ok()) {
+    return DataLoss(fmt::format("{} names '{}', which is not a checkpoint in {}: {}", latest_path,
+                                tag.substr(0, 300), path, s.message()));
+  }
   const std::string dir = path + "/" + tag;
-  if (!fs::exists(fs::path(dir) / "manifest.json")) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return ErrnoStatus(ec.value(), fmt::format("searching checkpoint directory {}", dir));
+  }
+  if (ec || st.type() != fs::file_type::directory) {
+    return DataLoss(
+        fmt::format("{} names '{}', which is not a directory in {}", latest_path, tag, path));
+  }
+  ZINF_ASSIGN_OR_RETURN(const bool has_manifest,
+                        Exists(fs::path(dir) / "manifest.json", "checkpoint directory"));
+  if (!has_manifest) {
     return DataLoss(fmt::format("{}/latest names '{}', which has no manifest.json", path, tag));
   }
   return dir;
 }
 
+namespace {
+
+// Typed fields of a parsed manifest: errors say which field, what it holds and what it must.
+class Fields {
+ public:
+  Fields(const nlohmann::json& object, std::string path)
+      : object_(object), path_(std::move(path)) {}
+
+  StatusOr<const nlohmann::json*> Get(const char* key) const {
+    auto it = object_.find(key);
+    if (it == object_.end()) return InvalidArgument(fmt::format("{}{} is missing", path_, key));
+    return &*it;
+  }
+  StatusOr<int64_t> Int(const char* key) const {
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
+    if (!v->is_number_integer() ||
+        (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})) {
+      return Wrong(key, *v, "an integer");
+    }
+    return v->get<int64_t>();
+  }
+  StatusOr<uint64_t> Unsigned(const char* key) const {
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
+    if (!v->is_number_unsigned()) return Wrong(key, *v, "a non-negative integer");
+    return v->get<uint64_t>();
+  }
+  StatusOr<std::string> String(const char* key) const {
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
+    if (!v->is_string()) return Wrong(key, *v, "a string");
+    return v->get<std::string>();
+  }
+  StatusOr<std::vector<int64_t>> Ints(const char* key) const {
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
+    std::vector<int64_t> out;
+    if (!v->is_array()) return Wrong(key, *v, "a list of integers");
+    for (const nlohmann::json& e : *v) {
+      if (!e.is_number_integer() ||
+          (e.is_number_unsigned() && e.get<uint64_t>() > uint64_t{INT64_MAX})) {
+        return Wrong(key, *v, "a list of integers");
+      }
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+  // Every key must be one of `allowed`.
+  Status Only(std::initializer_list<std::string_view> allowed) const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+        return InvalidArgument(fmt::format("{}{} is not a manifest key", path_, it.key()));
+      }
+    }
+    return OkStatus();
+  }
+
+ private:
+  Status Wrong(const char* key, const nlohmann::json& v, const char* expected) const {
+    return InvalidArgument(
+        fmt::format("{}{} must be {}, got {}", path_, key, expected, DescribeJson(v)));
+  }
+  const nlohmann::json& object_;
+  std::string path_;
+};
+
+// `j` without its checksum (verified and removed by the caller).
+StatusOr<Manifest> ManifestFromJson(const nlohmann::json& j) {
+  const Fields f(j, "");
+  ZINF_RETURN_IF_ERROR(f.Only({"format", "format_version", "tag", "world_size", "step",
+                               "shard_elements", "params", "engine_state", "client_state"}));
+  Manifest m;
+  ZINF_ASSIGN_OR_RETURN(m.tag, f.String("tag"));
+  ZINF_ASSIGN_OR_RETURN(const int64_t world, f.Int("world_size"));
+  if (world < 1 || world > kMaxWorldSize) {
+    return InvalidArgument(
+        fmt::format("world_size must be in [1, {}], got {}", kMaxWorldSize, world));
+  }
+  m.world_size = static_cast<int>(world);
+  ZINF_ASSIGN_OR_RETURN(m.step, f.Int("step"));
+  ZINF_ASSIGN_OR_RETURN(m.shard_elements, f.Unsigned("shard_elements"));
+  ZINF_ASSIGN_OR_RETURN(const nlohmann::json* params, f.Get("params"));
+  if (!params->is_array()) {
+    return InvalidArgument(fmt::format("params must be a list, got {}", DescribeJson(*params)));
+  }
+  for (size_t i = 0; i < params->size(); ++i) {
+    const nlohmann::json& p = (*params)[i];
+    const std::string where = fmt::format("params[{}]", i);
+    if (!p.is_object()) {
+      return InvalidArgument(fmt::format("{} must be an object, got {}", where, DescribeJson(p)));
+    }
+    const Fields pf(p, where + ".");
+    ZINF_RETURN_IF_ERROR(pf.Only({"name", "shape", "numel", "shard_size", "flat_offset"}));
+    ManifestParam mp;
+    ZINF_ASSIGN_OR_RETURN(mp.name, pf.String("name"));
+    ZINF_ASSIGN_OR_RETURN(mp.shape, pf.Ints("shape"));
+    ZINF_ASSIGN_OR_RETURN(mp.numel, pf.Unsigned("numel"));
+    ZINF_ASSIGN_OR_RETURN(mp.shard_size, pf.Unsigned("shard_size"));
+    ZINF_ASSIGN_OR_RETURN(mp.flat_offset, pf.Unsigned("flat_offset"));
+    m.params.push_back(std::move(mp));
+  }
+  for (const char* key : {"engine_state", "client_state"}) {
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json* state, f.Get(key));
+    if (!state->is_object()) {
+      return InvalidArgument(
+          fmt::format("{} must be an object, got {}", key, DescribeJson(*state)));
+    }
+    (std::string_view(key) == "engine_state" ? m.engine_state : m.client_state) = Dump(*state);
+  }
+  ZINF_RETURN_IF_ERROR(ValidateManifest(m));
+  return m;
+}
+
+}  // namespace
+
+StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view source) {
+  auto bad = [&](std::string_view what) {
+    return DataLoss(fmt::format("{} is not a valid zinf checkpoint manifest: {}", source, what));
+  };
+  try {
+    if (Status s = CheckJsonDepth(text, "it"); !s.ok()) return bad(s.message());
+    nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr,
+                                             /*allow_exceptions=*/false);
+    if (j.is_discarded()) return bad("not JSON (truncated?)");
+    if (!j.is_object()) return bad(fmt::format("not a JSON object but {}", DescribeJson(j)));
+    auto format = j.find("format");
+    if (format == j.end() || *format != "zinf-checkpoint") {
+      return bad("no \"format\": \"zinf-checkpoint\"");
+    }
+    auto version = j.find("format_version");
+    if (version == j.end() || !version->is_number_unsigned()) {
+      return bad(fmt::format("format_version must be an integer, got {}",
+                             version == j.end() ? "nothing" : DescribeJson(*version)));
+    }
+    if (version->get<uint64_t>() < kOldestManifestVersion ||
+        version->get<uint64_t>() > kManifestVersion) {
+      return FailedPrecondition(fmt::format(
+          "{}: format_version {} is not supported by this build of zinf, which reads versions "
+          "{} to {} (a checkpoint from a newer zinf?)",
+          source, version->get<uint64_t>(), kOldestManifestVersion, kManifestVersion));
+    }
+    const int v = static_cast<int>(version->get<uint64_t>());
+    if (v >= 2) {
+      auto recorded = j.find("checksum");
+      if (recorded == j.end() || !recorded->is_string()) {
+        return bad(fmt::format("format_version {} needs a \"checksum\" string, got {}", v,
+                               recorded == j.end() ? "nothing" : DescribeJson(*recorded)));
+      }
+      const std::string expected = recorded->get<std::string>();
+      j.erase("checksum");
+      const std::string actual = ManifestChecksum(j);
+      if (actual != expected) {
+        return DataLoss(fmt::format(
+            "{} fails its checksum (content {}, recorded {}): it was edited or is corrupt", source,
+            actual, expected.substr(0, 40)));
+      }
+    }
+    StatusOr<Manifest> m = ManifestFromJson(j);
+    if (!m.ok()) return bad(m.status().message());
+    return m;
+  } catch (const std::exception& e) {  // bad_alloc; nothing else is expected to throw
+    return bad(fmt::format("reading it failed: {}", e.what()));
+  }
+}
+
 StatusOr<Manifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
-  std::ifstream in(path);
-  if (!in) return InvalidArgument(fmt::format("cannot open {}", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  auto bad = [&](const std::string& what) {
-    return DataLoss(fmt::format("{} is not a valid zinf checkpoint manifest: {}", path, what));
-  };
-  if (j.is_discarded()) return bad("not JSON (truncated?)");
-  if (j.value("format", "") != "zinf-checkpoint") return bad("no \"format\": \"zinf-checkpoint\"");
-  if (j.value("format_version", 0) != kFormatVersion) {
-    return bad(fmt::format("format_version {} (this build reads {})", j.value("format_version", 0),
-                           kFormatVersion));
-  }
-  Manifest m;
-  try {
-    m.tag = j.at("tag").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.step = j.at("step").get<int64_t>();
-    m.shard_elements = j.at("shard_elements").get<uint64_t>();
-    for (const nlohmann::json& p : j.at("params")) {
-      ManifestParam mp{p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>(),
-                       p.at("numel").get<uint64_t>(), p.at("shard_size").get<uint64_t>(),
-                       p.at("flat_offset").get<uint64_t>()};
-      if (mp.flat_offset + mp.shard_size > m.shard_elements ||
-          mp.shard_size * m.world_size < mp.numel) {
-        return bad(fmt::format("parameter '{}' does not fit its shards", mp.name));
-      }
-      m.params.push_back(std::move(mp));
-    }
-    m.engine_state = j.at("engine_state").dump();
-    m.client_state = j.at("client_state").dump();
-  } catch (const nlohmann::json::exception& e) {
-    return bad(e.what());
-  }
-  if (m.world_size < 1) return bad("world_size < 1");
-  return m;
+  ZINF_ASSIGN_OR_RETURN(const std::string text,
+                        ReadSmallFile(path, kMaxManifestBytes, "checkpoint manifest"));
+  return ParseManifest(text, path);
 }
 
 // ---- ShardReader ----
@@ -298,8 +632,10 @@ StatusOr<ShardReader> ShardReader::Open(const std::string& path, const std::stri
   if (length > static_cast<uint64_t>(size) - 16) return corrupt("trailer length out of range");
   std::string text(length, '\0');
   ZINF_RETURN_IF_ERROR(ReadAll(r.fd_, text.data(), length, size - 16 - length, path));
+  if (Status s = CheckJsonDepth(text, "its trailer"); !s.ok()) return corrupt(s.message());
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded()) return corrupt("trailer is not JSON");
+  const uint64_t data_end = static_cast<uint64_t>(size) - 16 - length;
   try {
     if (j.at("tag").get<std::string>() != tag || j.at("rank").get<int>() != rank) {
       return corrupt(fmt::format("it belongs to checkpoint '{}' rank {}, expected '{}' rank {}",
@@ -309,13 +645,13 @@ StatusOr<ShardReader> ShardReader::Open(const std::string& path, const std::stri
     for (const nlohmann::json& s : j.at("sections")) {
       Section section{s.at("offset").get<uint64_t>(), s.at("bytes").get<uint64_t>(),
                       s.at("crc32c").get<uint32_t>()};
-      if (section.offset + section.bytes > static_cast<uint64_t>(size) - 16 - length) {
+      if (section.offset > data_end || section.bytes > data_end - section.offset) {
         return corrupt(
             fmt::format("section '{}' runs past the data", s.at("name").get<std::string>()));
       }
       r.sections_.emplace_back(s.at("name").get<std::string>(), section);
     }
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::exception& e) {  // nlohmann's type errors
     return corrupt(e.what());
   }
   return r;
@@ -351,7 +687,7 @@ StatusOr<uint64_t> ShardReader::SectionBytes(const std::string& name) const {
 Status ShardReader::Read(const std::string& name, uint64_t offset, void* out,
                          uint64_t bytes) const {
   ZINF_ASSIGN_OR_RETURN(const Section* s, Find(name));
-  if (offset + bytes > s->bytes) {
+  if (offset > s->bytes || bytes > s->bytes - offset) {
     return InvalidArgument(fmt::format("reading {} bytes at {} of section '{}' ({} bytes) of {}",
                                        bytes, offset, name, s->bytes, path_));
   }

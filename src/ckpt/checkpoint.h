@@ -1,15 +1,22 @@
 // The on-disk checkpoint format, shared by the engine (save, load) and `zinf ckpt export`.
 //
-//   DIR/latest                     the tag of the newest complete checkpoint (one line)
+//   DIR/latest                     the tag of the newest complete checkpoint (one line): a
+//                                  plain name of a directory in DIR (see CheckTag)
 //   DIR/<tag>/manifest.json        world size, step, parameters and their shard layout,
-//                                  engine and trainer state; written by rank 0, after every
-//                                  rank's shard file is complete
+//                                  engine and trainer state, and a checksum; written by rank
+//                                  0, after every rank's shard file is complete
 //   DIR/<tag>/rank-<r>.zshard      rank r's sections (fp32 master shard, optimizer state
 //                                  arrays, optimizer scalars), each with a CRC32C
 //
 // Every file is written under a temporary name, fsynced and renamed, and `latest` is replaced
 // last, so a crash at any moment leaves the previous checkpoint loadable (See Note [Atomic
 // checkpoints] in checkpoint.cc).
+//
+// The manifest is a JSON object (format_version 2): "format": "zinf-checkpoint", tag,
+// world_size, step, shard_elements, params (name, shape, numel, shard_size, flat_offset),
+// engine_state, client_state, and "checksum": "crc32c:<8 hex digits>", the CRC32C of the
+// compact dump (nlohmann's dump(), keys sorted) of the object without "checksum". Version 1
+// (zinf 0.1 before checksums) has no checksum and is still read, with every other check.
 //
 // A shard file is its sections back to back, each starting at a multiple of 4096, then a
 // JSON trailer that lists them (name, offset, bytes, crc32c) with the tag and rank, then the
@@ -21,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zinf/status.h"
@@ -28,7 +36,8 @@
 namespace zinf::ckpt {
 
 // One parameter as the manifest records it. Rank r holds elements [r * shard_size,
-// min((r + 1) * shard_size, numel)) at `flat_offset` of its "params" section.
+// min((r + 1) * shard_size, numel)) at `flat_offset` of its "params" section. numel is the
+// product of the shape (1 for a scalar, shape []); shard_size is numel / world_size rounded up.
 struct ManifestParam {
   std::string name;
   std::vector<int64_t> shape;
@@ -48,6 +57,19 @@ struct Manifest {
 };
 
 std::string ShardFileName(int rank);  // "rank-00003.zshard"
+
+// OK when `tag` may name a checkpoint directory: a plain file name (not empty, at most 255
+// bytes, no '/' or NUL, not starting with '.'), so that DIR/<tag> is a child of DIR.
+// InvalidArgument naming the tag otherwise.
+Status CheckTag(std::string_view tag);
+
+// Checks a manifest on its own: a valid tag, world_size in [1, 2^24], step >= 0, a
+// non-empty list of uniquely named parameters whose shapes are non-negative and give numel,
+// whose shard_size is numel / world_size rounded up and whose shards lie within
+// shard_elements without overlapping (all arithmetic checked for overflow), and
+// engine_state and client_state JSON objects (engine_state with the scalars the engine
+// reads). InvalidArgument naming the parameter, the field, its value and what was expected.
+Status ValidateManifest(const Manifest& manifest);
 
 // ---- Writing ----
 
@@ -84,6 +106,9 @@ class ShardWriter {
   std::vector<Section> sections_;
 };
 
+// The manifest's JSON text with its checksum (what WriteManifest writes); InvalidArgument when
+// ValidateManifest refuses it.
+StatusOr<std::string> SerializeManifest(const Manifest& manifest);
 // Writes manifest.json of `dir` (temporary name, fsync, rename).
 Status WriteManifest(const std::string& dir, const Manifest& manifest);
 // Points `root`/latest at `tag` (temporary name, fsync, rename), then removes the other
@@ -93,8 +118,18 @@ Status CommitLatest(const std::string& root, const std::string& tag);
 // ---- Reading ----
 
 // The checkpoint directory `path` names: `path` itself when it holds a manifest, else
-// `path`/<contents of path/latest>. InvalidArgument when neither exists.
+// `path`/<contents of path/latest>. InvalidArgument when neither exists; DataLoss when
+// `latest` names something other than a directory in `path` (see CheckTag) or one without a
+// manifest; IoError (with the OS's reason) when `path` cannot be searched or read.
 StatusOr<std::string> ResolveCheckpoint(const std::string& path);
+
+// Parses manifest.json's text without touching the disk (the entry point for fuzzing): checks
+// the format, the version, the checksum and then ValidateManifest. Never throws, whatever the
+// bytes. `source` (the file's path) prefixes errors. DataLoss for a corrupt, edited or
+// inconsistent manifest; FailedPrecondition for a format_version this build does not read.
+StatusOr<Manifest> ParseManifest(std::string_view json, std::string_view source = "manifest.json");
+// Reads and parses `dir`/manifest.json (see ParseManifest). Its consistency with the shard
+// files (section sizes, checksums) is checked by their readers.
 StatusOr<Manifest> ReadManifest(const std::string& dir);
 
 // A shard file whose trailer has been read and checked (magic, length, section bounds
@@ -134,7 +169,9 @@ enum class ExportDType { kFp32, kBf16 };
 
 // Consolidates the checkpoint at `path` (see ResolveCheckpoint), written by any world size,
 // into one safetensors file: one tensor per parameter with its full shape. Memory: one
-// parameter at a time. Every rank file's "params" section is verified first.
+// parameter at a time. The manifest and every rank file's "params" section (size against
+// the manifest, checksum) are verified before `out_file` is created; on any error nothing is
+// left at `out_file` (an existing file there is kept as it was).
 Status ExportSafetensors(const std::string& path, const std::string& out_file, ExportDType dtype);
 
 }  // namespace zinf::ckpt

@@ -9,8 +9,10 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -26,19 +28,66 @@ uint16_t ToBf16(float f) {
   return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
 
-}  // namespace
+// The output under its temporary name: removed unless Commit renamed it into place, so that
+// a failure (or an exception) at any point leaves nothing at the output path.
+class TempOutput {
+ public:
+  explicit TempOutput(std::string out_file) : out_(std::move(out_file)), tmp_(out_ + ".tmp") {}
+  ~TempOutput() {
+    if (fd_ >= 0) close(fd_);
+    if (created_ && !committed_) unlink(tmp_.c_str());
+  }
+  TempOutput(const TempOutput&) = delete;
+  TempOutput& operator=(const TempOutput&) = delete;
 
-Status ExportSafetensors(const std::string& path, const std::string& out_file, ExportDType dtype) {
+  Status Open() {
+    fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return ErrnoStatus(errno, fmt::format("creating {}", tmp_));
+    created_ = true;
+    return OkStatus();
+  }
+  Status Write(const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd_, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoStatus(errno, fmt::format("writing {}", tmp_));
+      p += n;
+      bytes -= n;
+    }
+    return OkStatus();
+  }
+  Status Commit() {
+    if (fsync(fd_) != 0) return ErrnoStatus(errno, fmt::format("fsync of {}", tmp_));
+    close(fd_);
+    fd_ = -1;
+    if (rename(tmp_.c_str(), out_.c_str()) != 0) {
+      return ErrnoStatus(errno, fmt::format("renaming {} to {}", tmp_, out_));
+    }
+    committed_ = true;
+    return OkStatus();
+  }
+
+ private:
+  std::string out_, tmp_;
+  int fd_ = -1;
+  bool created_ = false, committed_ = false;
+};
+
+Status Export(const std::string& path, const std::string& out_file, ExportDType dtype) {
   ZINF_ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
   ZINF_ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(dir));
+  // ReadManifest has checked the manifest on its own; what follows checks it against the
+  // shard files before anything is allocated or written.
   std::vector<ShardReader> shards;
+  const uint64_t section_bytes = manifest.shard_elements * 4;  // < 2^62: no overflow
   for (int r = 0; r < manifest.world_size; ++r) {
     ZINF_ASSIGN_OR_RETURN(ShardReader reader,
                           ShardReader::Open(dir + "/" + ShardFileName(r), manifest.tag, r));
     ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, reader.SectionBytes("params"));
-    if (bytes != manifest.shard_elements * 4) {
+    if (bytes != section_bytes) {
       return DataLoss(fmt::format("{}/{}: 'params' has {} bytes, the manifest says {}", dir,
-                                  ShardFileName(r), bytes, manifest.shard_elements * 4));
+                                  ShardFileName(r), bytes, section_bytes));
     }
     ZINF_RETURN_IF_ERROR(reader.Verify("params"));
     shards.push_back(std::move(reader));
@@ -48,61 +97,80 @@ Status ExportSafetensors(const std::string& path, const std::string& out_file, E
   nlohmann::ordered_json header;
   header["__metadata__"] = {
       {"format", "pt"}, {"zinf_tag", manifest.tag}, {"zinf_step", std::to_string(manifest.step)}};
-  uint64_t offset = 0;
+  uint64_t offset = 0, largest = 0;
   for (const ManifestParam& p : manifest.params) {
+    if (p.name == "__metadata__") {
+      return DataLoss(
+          fmt::format("{}/manifest.json: a parameter is named '__metadata__', which "
+                      "safetensors reserves",
+                      dir));
+    }
+    uint64_t bytes = 0, end = 0;
+    if (__builtin_mul_overflow(p.numel, element_bytes, &bytes) ||
+        __builtin_add_overflow(offset, bytes, &end)) {
+      return DataLoss(
+          fmt::format("{}/manifest.json: parameter '{}' of {} elements overflows the "
+                      "file's offsets",
+                      dir, p.name, p.numel));
+    }
     header[p.name] = {{"dtype", dtype == ExportDType::kBf16 ? "BF16" : "F32"},
                       {"shape", p.shape},
-                      {"data_offsets", {offset, offset + p.numel * element_bytes}}};
-    offset += p.numel * element_bytes;
+                      {"data_offsets", {offset, end}}};
+    offset = end;
+    largest = std::max(largest, p.numel);
   }
-  std::string head = header.dump();
+  std::string head = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   head.append((8 - head.size() % 8) % 8, ' ');
   const uint64_t head_size = head.size();
   static_assert(std::endian::native == std::endian::little);
 
-  const std::string tmp = out_file + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("creating {}", tmp));
-  auto write = [&](const void* data, size_t bytes) -> Status {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoStatus(errno, fmt::format("writing {}", tmp));
-      p += n;
-      bytes -= n;
-    }
-    return OkStatus();
-  };
-  Status s = write(&head_size, 8);
-  if (s.ok()) s = write(head.data(), head.size());
+  // One parameter at a time: the largest decides the memory.
   std::vector<float> full;
   std::vector<uint16_t> half;
+  try {
+    full.reserve(largest);
+    if (dtype == ExportDType::kBf16) half.reserve(largest);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(fmt::format(
+        "exporting {}: the largest parameter has {} elements, {} bytes of buffers, which this "
+        "process cannot allocate",
+        dir, largest, largest * (4 + (dtype == ExportDType::kBf16 ? 2 : 0))));
+  }
+
+  TempOutput out(out_file);
+  ZINF_RETURN_IF_ERROR(out.Open());
+  ZINF_RETURN_IF_ERROR(out.Write(&head_size, 8));
+  ZINF_RETURN_IF_ERROR(out.Write(head.data(), head.size()));
   for (const ManifestParam& p : manifest.params) {
-    if (!s.ok()) break;
     full.resize(p.numel);
-    for (int r = 0; r < manifest.world_size && s.ok(); ++r) {
+    for (int r = 0; r < manifest.world_size; ++r) {
       const uint64_t begin = r * p.shard_size;
       if (begin >= p.numel) break;
       const uint64_t count = std::min(p.shard_size, p.numel - begin);
-      s = shards[r].Read("params", p.flat_offset * 4, full.data() + begin, count * 4);
+      ZINF_RETURN_IF_ERROR(
+          shards[r].Read("params", p.flat_offset * 4, full.data() + begin, count * 4));
     }
-    if (!s.ok()) break;
     if (dtype == ExportDType::kBf16) {
       half.resize(p.numel);
       for (uint64_t i = 0; i < p.numel; ++i) half[i] = ToBf16(full[i]);
-      s = write(half.data(), half.size() * 2);
+      ZINF_RETURN_IF_ERROR(out.Write(half.data(), half.size() * 2));
     } else {
-      s = write(full.data(), full.size() * 4);
+      ZINF_RETURN_IF_ERROR(out.Write(full.data(), full.size() * 4));
     }
   }
-  if (s.ok() && fsync(fd) != 0) s = ErrnoStatus(errno, fmt::format("fsync of {}", tmp));
-  close(fd);
-  if (s.ok() && rename(tmp.c_str(), out_file.c_str()) != 0) {
-    s = ErrnoStatus(errno, fmt::format("renaming {} to {}", tmp, out_file));
+  return out.Commit();
+}
+
+}  // namespace
+
+Status ExportSafetensors(const std::string& path, const std::string& out_file, ExportDType dtype) {
+  try {
+    return Export(path, out_file, dtype);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(fmt::format("exporting {}: out of memory", path));
+  } catch (const std::exception& e) {  // a bug: say so rather than abort
+    return Internal(fmt::format("exporting {}: unexpected exception: {}", path, e.what()));
   }
-  if (!s.ok()) unlink(tmp.c_str());
-  return s;
 }
 
 }  // namespace zinf::ckpt

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,21 +12,48 @@
 #include "core/units.h"
 
 namespace zinf {
-namespace {
 
-std::string Describe(const nlohmann::json& value) {
-  std::string text = value.dump();
+std::string DescribeJson(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return fmt::format("{} ({})", text, value.type_name());
 }
 
-}  // namespace
+Status CheckJsonDepth(std::string_view text, std::string_view source, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, which may be a quote
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return InvalidArgument(
+            fmt::format("{} nests arrays and objects more than {} levels deep (at byte {}); "
+                        "zinf reads at most {}",
+                        source, max_depth, i, max_depth));
+      }
+    } else if (c == ']' || c == '}') {
+      depth = std::max(depth - 1, 0);  // unbalanced text: the parser reports it
+    }
+  }
+  return OkStatus();
+}
 
 StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source) {
+  ZINF_RETURN_IF_ERROR(CheckJsonDepth(text, source));
   try {
     return nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(fmt::format("{} is not valid JSON: {}", source, e.what()));
+  } catch (const std::exception& e) {  // bad_alloc on a huge document: say so, do not abort
+    return ResourceExhausted(fmt::format("parsing {}: {}", source, e.what()));
   }
 }
 
@@ -41,7 +69,7 @@ ConfigReader::ConfigReader(const nlohmann::json& object, std::string path)
     : object_(object), path_(std::move(path)) {
   if (!object_.is_object()) {
     status_ = InvalidArgument(fmt::format("config key '{}' must be an object, got {}",
-                                          path_.empty() ? "<root>" : path_, Describe(object_)));
+                                          path_.empty() ? "<root>" : path_, DescribeJson(object_)));
   }
 }
 
@@ -68,8 +96,8 @@ ConfigReader& ConfigReader::Bool(std::string_view key, bool* out) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   if (!v->is_boolean()) {
-    Fail(InvalidArgument(
-        fmt::format("config key '{}' must be true or false, got {}", KeyPath(key), Describe(*v))));
+    Fail(InvalidArgument(fmt::format("config key '{}' must be true or false, got {}", KeyPath(key),
+                                     DescribeJson(*v))));
     return *this;
   }
   *out = v->get<bool>();
@@ -85,7 +113,7 @@ ConfigReader& ConfigReader::Int(std::string_view key, int64_t* out, int64_t min,
                               std::fabs(v->get<double>()) < 9.2e18;
   if (!v->is_number_integer() && !integral_float) {
     Fail(InvalidArgument(
-        fmt::format("config key '{}' must be an integer, got {}", KeyPath(key), Describe(*v))));
+        fmt::format("config key '{}' must be an integer, got {}", KeyPath(key), DescribeJson(*v))));
     return *this;
   }
   int64_t value = 0;
@@ -108,7 +136,7 @@ ConfigReader& ConfigReader::Double(std::string_view key, double* out, double min
   if (v == nullptr) return *this;
   if (!v->is_number()) {
     Fail(InvalidArgument(
-        fmt::format("config key '{}' must be a number, got {}", KeyPath(key), Describe(*v))));
+        fmt::format("config key '{}' must be a number, got {}", KeyPath(key), DescribeJson(*v))));
     return *this;
   }
   const double value = v->get<double>();
@@ -126,7 +154,7 @@ ConfigReader& ConfigReader::String(std::string_view key, std::string* out) {
   if (v == nullptr) return *this;
   if (!v->is_string()) {
     Fail(InvalidArgument(
-        fmt::format("config key '{}' must be a string, got {}", KeyPath(key), Describe(*v))));
+        fmt::format("config key '{}' must be a string, got {}", KeyPath(key), DescribeJson(*v))));
     return *this;
   }
   *out = v->get<std::string>();
@@ -170,7 +198,7 @@ ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t 
   } else {
     Fail(InvalidArgument(fmt::format(
         "config key '{}' must be a byte count (integer or a string like \"64MiB\"), got {}",
-        KeyPath(key), Describe(*v))));
+        KeyPath(key), DescribeJson(*v))));
     return *this;
   }
   if (value < min || value > max) {
@@ -192,7 +220,7 @@ ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* o
   if (!ok) {
     Fail(InvalidArgument(fmt::format(
         "config key '{}' must be a list of {} numbers, got {}", KeyPath(key),
-        count == 0 ? std::string("any number of") : std::to_string(count), Describe(*v))));
+        count == 0 ? std::string("any number of") : std::to_string(count), DescribeJson(*v))));
     return *this;
   }
   out->clear();
@@ -215,7 +243,7 @@ ConfigReader& ConfigReader::Strings(std::string_view key, std::vector<std::strin
     Fail(
         InvalidArgument(fmt::format("config key '{}' must be a string or a list of strings, "
                                     "got {}",
-                                    KeyPath(key), Describe(*v))));
+                                    KeyPath(key), DescribeJson(*v))));
     return *this;
   }
   out->clear();

@@ -30,9 +30,26 @@
 
 namespace zinf {
 
-// Parses JSON text; `source` (a file name) prefixes errors, which give line and column.
+// Deepest nesting of arrays and objects ParseJson accepts. nlohmann's parser is iterative,
+// but copying and dumping a value recurse: 100k levels overflow the stack. Real configs
+// and manifests nest fewer than 10 levels.
+inline constexpr int kMaxJsonDepth = 128;
+
+// InvalidArgument, naming `source` and the byte offset, when `text` nests arrays and objects
+// deeper than `max_depth`; scans brackets outside strings without parsing, so it is safe on
+// any bytes. OK for text that is not JSON (the parser then reports it).
+Status CheckJsonDepth(std::string_view text, std::string_view source,
+                      int max_depth = kMaxJsonDepth);
+
+// Parses JSON text from memory, never throwing: `source` (a file name) prefixes errors, which
+// give line and column. Text nested deeper than kMaxJsonDepth is refused before parsing.
+// Safe on arbitrary bytes (the entry point for fuzzing configs).
 StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source);
 StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
+
+// A value for an error message: its JSON, cut at 60 characters, and its type:
+// "\"8\" (string)". Never throws.
+std::string DescribeJson(const nlohmann::json& value);
 
 class ConfigReader {
  public:

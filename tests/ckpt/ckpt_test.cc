@@ -1,16 +1,23 @@
 // Checkpoints in one process: resume is bitwise for every placement; a corrupt, truncated,
 // missing or mismatched checkpoint is refused with the file and the problem named, and leaves
-// the engine as it was; the safetensors export holds the model's tensors.
+// the engine as it was; the safetensors export holds the model's tensors; an edited manifest,
+// a `latest` that points elsewhere or a directory that cannot be searched is an error that
+// names it, never a crash or a silently wrong export.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "ckpt/checkpoint.h"
+#include "nvme/crc32c.h"
 #include "tests/ckpt/ckpt_testing.h"
 #include "tests/testing/safetensors.h"
 
@@ -200,6 +207,276 @@ TEST_F(CkptTest, ExportHoldsEveryParameterInFp32AndBf16) {
   Status s = ckpt::ExportSafetensors(Ckpt(), root_ + "/bad.safetensors", ckpt::ExportDType::kFp32);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_FALSE(fs::exists(root_ + "/bad.safetensors"));
+}
+
+// ---- The manifest is checked, not trusted ----
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The checksum as checkpoint.h defines it: CRC32C of the compact dump without "checksum".
+// Tests use it to make an edit that only the other checks can catch.
+void Reseal(nlohmann::json& j) {
+  j.erase("checksum");
+  const std::string canonical = j.dump();
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", Crc32c(canonical.data(), canonical.size()));
+  j["checksum"] = std::string("crc32c:") + hex;
+}
+
+class ManifestTest : public CkptTest {
+ protected:
+  void SetUp() override {
+    CkptTest::SetUp();
+    auto e = Make();
+    ASSERT_TRUE(TrainCkptEngine(*e, 0, 2).ok());
+    ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-2", R"({"step": 2})").ok());
+    manifest_ = Ckpt() + "/step-2/manifest.json";
+    good_ = ReadText(manifest_);
+  }
+  void TearDown() override {
+    chmod(Ckpt().c_str(), 0755);
+    CkptTest::TearDown();
+  }
+
+  // Writes the manifest after `edit`, resealed (a valid checksum) when `reseal`.
+  void Edit(const std::function<void(nlohmann::json&)>& edit, bool reseal = true) {
+    nlohmann::json j = nlohmann::json::parse(good_);
+    edit(j);
+    if (reseal) Reseal(j);
+    std::ofstream(manifest_, std::ios::trunc) << j.dump(1);
+  }
+  void Restore() { std::ofstream(manifest_, std::ios::trunc) << good_; }
+
+  // Export must fail with `code` and a message holding `message`, writing nothing.
+  void ExpectExportRefused(StatusCode code, const std::string& message,
+                           const std::string& from = "") {
+    const std::string out = root_ + "/out.safetensors";
+    Status s = ckpt::ExportSafetensors(from.empty() ? Ckpt() : from, out, ckpt::ExportDType::kFp32);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_THAT(s.message(), HasSubstr(message));
+    EXPECT_FALSE(fs::exists(out)) << s;
+    EXPECT_FALSE(fs::exists(out + ".tmp")) << s;
+  }
+
+  std::string manifest_, good_;
+};
+
+TEST_F(ManifestTest, WrittenWithAChecksumThatAnyEditBreaks) {
+  const nlohmann::json j = nlohmann::json::parse(good_);
+  EXPECT_EQ(j.at("format_version"), 2);
+  EXPECT_THAT(j.at("checksum").get<std::string>(), ::testing::StartsWith("crc32c:"));
+  ASSERT_TRUE(
+      ckpt::ExportSafetensors(Ckpt(), root_ + "/ok.safetensors", ckpt::ExportDType::kFp32).ok());
+
+  Edit([](nlohmann::json& j) { j["step"] = 3; }, /*reseal=*/false);
+  ExpectExportRefused(StatusCode::kDataLoss, manifest_ + " fails its checksum");
+  Edit([](nlohmann::json& j) { j["params"][0]["shape"] = {11, 37}; }, /*reseal=*/false);
+  ExpectExportRefused(StatusCode::kDataLoss, "fails its checksum");
+  auto target = Make("memory", 2);
+  ExpectRefused(*target, Ckpt(), StatusCode::kDataLoss, "fails its checksum");
+  Edit([](nlohmann::json& j) { j.erase("checksum"); }, /*reseal=*/false);
+  ExpectExportRefused(StatusCode::kDataLoss, "needs a \"checksum\"");
+
+  // Reformatting is not an edit: the checksum is of the content.
+  std::ofstream(manifest_, std::ios::trunc) << nlohmann::json::parse(good_).dump(4);
+  EXPECT_TRUE(
+      ckpt::ExportSafetensors(Ckpt(), root_ + "/b.safetensors", ckpt::ExportDType::kFp32).ok());
+}
+
+TEST_F(ManifestTest, EditedButResealedManifestsAreRefusedByTheirContent) {
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"shape wrong over the data",
+       [](auto& j) {
+         j["params"][0]["shape"] = {37, 12};
+       },
+       "parameter 0 'a.w': shape [37,12] has 444 elements, numel is 407"},
+      {"negative shape",
+       [](auto& j) {
+         j["params"][0]["shape"] = {-37, -11};
+       },
+       "shape [-37,-11] has a negative dimension"},
+      {"offset off by one", [](auto& j) { j["params"][1]["flat_offset"] = 408; },
+       "parameter 2 'b.w' (elements [444, 5445)) overlaps parameter 1 'a.b'"},
+      {"last offset off by one", [](auto& j) { j["params"][2]["flat_offset"] = 445; },
+       "parameter 2 'b.w': elements [445, 445 + 5001) lie outside the 5445"},
+      {"duplicate names", [](auto& j) { j["params"][2]["name"] = "a.w"; },
+       "parameter 2 'a.w': the name appears twice"},
+      {"empty list", [](auto& j) { j["params"] = nlohmann::json::array(); },
+       "the parameter list is empty"},
+      {"numel that is not the shape's", [](auto& j) { j["params"][1]["numel"] = 38; },
+       "shape [37] has 37 elements, numel is 38"},
+      {"shard_size that is not numel's share", [](auto& j) { j["params"][1]["shard_size"] = 36; },
+       "shard_size is 36, expected 37"},
+      {"overflowing shard_size and flat_offset",
+       [](auto& j) {
+         j["params"][2]["shard_size"] = UINT64_MAX;
+         j["params"][2]["flat_offset"] = UINT64_MAX - 1;
+       },
+       "shard_size is 18446744073709551615, expected 5001"},
+      {"flat_offset past the end", [](auto& j) { j["params"][2]["flat_offset"] = UINT64_MAX - 10; },
+       "elements [18446744073709551605, 18446744073709551605 + 5001) lie outside"},
+      {"overflowing shape",
+       [](auto& j) {
+         j["params"][2]["shape"] = {INT64_MAX, INT64_MAX};
+       },
+       "has more than 2^64 elements"},
+      {"huge shard_elements", [](auto& j) { j["shard_elements"] = UINT64_MAX; },
+       "shard_elements must be at most 2^60"},
+      {"step that is a string", [](auto& j) { j["step"] = "3"; },
+       "step must be an integer, got \"3\" (string)"},
+      {"negative step", [](auto& j) { j["step"] = -1; }, "step must be >= 0, got -1"},
+      {"world_size 0", [](auto& j) { j["world_size"] = 0; }, "world_size must be in [1,"},
+      {"tag with a path", [](auto& j) { j["tag"] = "../step-2"; }, "must be a plain directory"},
+      {"unknown key", [](auto& j) { j["extra"] = 1; }, "extra is not a manifest key"},
+      {"engine_state of the wrong type", [](auto& j) { j["engine_state"]["loss_scale"] = "big"; },
+       "engine_state.loss_scale must be a number"},
+      {"client_state not an object",
+       [](auto& j) {
+         j["client_state"] = {1, 2};
+       },
+       "client_state must be an object"},
+  };
+  auto target = Make("memory", 2);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Edit(c.edit);
+    ExpectExportRefused(StatusCode::kDataLoss, c.message);
+    ExpectExportRefused(StatusCode::kDataLoss, manifest_ + " is not a valid zinf checkpoint");
+  }
+  // The engine reads manifests the same way.
+  Edit(cases[2].edit);
+  ExpectRefused(*target, Ckpt(), StatusCode::kDataLoss, "overlaps");
+  Restore();
+  EXPECT_TRUE(target->LoadCheckpoint(Ckpt()).ok());
+}
+
+// A manifest consistent in itself but larger than its shards: refused against the shard
+// files' sizes before anything of that size is allocated.
+TEST_F(ManifestTest, SizesAreCheckedAgainstTheShardFiles) {
+  Edit([](nlohmann::json& j) {
+    const uint64_t huge = uint64_t{1} << 40;
+    j["params"][2]["shape"] = {huge};
+    j["params"][2]["numel"] = huge;
+    j["params"][2]["shard_size"] = huge;
+    j["shard_elements"] = 444 + huge;
+  });
+  ExpectExportRefused(StatusCode::kDataLoss, "'params' has 21780 bytes, the manifest says");
+}
+
+TEST_F(ManifestTest, VersionsOlderAreReadNewerAreRefused) {
+  Edit([](nlohmann::json& j) { j["format_version"] = 3; });
+  ExpectExportRefused(StatusCode::kFailedPrecondition,
+                      "format_version 3 is not supported by this build of zinf");
+  Edit([](nlohmann::json& j) { j["format_version"] = "2"; });
+  ExpectExportRefused(StatusCode::kDataLoss, "format_version must be an integer");
+
+  // Version 1 (before checksums) still exports, with every other check.
+  Edit(
+      [](nlohmann::json& j) {
+        j["format_version"] = 1;
+        j.erase("checksum");
+      },
+      /*reseal=*/false);
+  EXPECT_TRUE(
+      ckpt::ExportSafetensors(Ckpt(), root_ + "/v1.safetensors", ckpt::ExportDType::kFp32).ok());
+  Edit(
+      [](nlohmann::json& j) {
+        j["format_version"] = 1;
+        j.erase("checksum");
+        j["params"][2]["name"] = "a.w";
+      },
+      /*reseal=*/false);
+  ExpectExportRefused(StatusCode::kDataLoss, "the name appears twice");
+}
+
+TEST_F(ManifestTest, LatestMayNameOnlyADirectoryInTheRoot) {
+  fs::create_directories(root_ + "/elsewhere");
+  fs::copy(Ckpt() + "/step-2", root_ + "/elsewhere/step-2");
+  fs::create_directory_symlink(root_ + "/elsewhere/step-2", Ckpt() + "/linked");
+  std::ofstream(Ckpt() + "/file") << "x";
+  for (const char* tag : {"../elsewhere/step-2", "/tmp", "..", ".", "step-2/../../elsewhere/step-2",
+                          "linked", "missing", "file", ""}) {
+    SCOPED_TRACE(tag);
+    std::ofstream(Ckpt() + "/latest", std::ios::trunc) << tag << "\n";
+    ExpectExportRefused(StatusCode::kDataLoss, Ckpt() + "/latest names '" + tag + "'");
+    EXPECT_FALSE(ckpt::ResolveCheckpoint(Ckpt()).ok());
+  }
+  std::ofstream(Ckpt() + "/latest", std::ios::trunc) << "step-2\n";
+  EXPECT_EQ(*ckpt::ResolveCheckpoint(Ckpt()), Ckpt() + "/step-2");
+}
+
+// std::filesystem throws where the OS cannot say whether a path exists; that used to abort
+// the process. A loop of symbolic links shows it even to root, whom permissions do not stop.
+TEST_F(ManifestTest, DirectoryThatCannotBeSearchedIsAnError) {
+  fs::create_directory_symlink(root_ + "/loop-a", root_ + "/loop-b");
+  fs::create_directory_symlink(root_ + "/loop-b", root_ + "/loop-a");
+  auto resolved = ckpt::ResolveCheckpoint(root_ + "/loop-a");
+  EXPECT_EQ(resolved.status().code(), StatusCode::kIoError) << resolved.status();
+  EXPECT_THAT(resolved.status().message(), HasSubstr("Too many levels of symbolic links"));
+  ExpectExportRefused(StatusCode::kIoError, root_ + "/loop-a", root_ + "/loop-a");
+  auto target = Make("memory", 2);
+  ExpectRefused(*target, root_ + "/loop-a", StatusCode::kIoError, "searching checkpoint");
+}
+
+TEST_F(ManifestTest, DirectoryWithoutPermissionIsAnError) {
+  if (geteuid() == 0) GTEST_SKIP() << "running as root: permissions do not stop a search";
+  ASSERT_EQ(chmod(Ckpt().c_str(), 0), 0);
+  ExpectExportRefused(StatusCode::kIoError, "Permission denied");
+  auto target = Make("memory", 2);
+  ExpectRefused(*target, Ckpt(), StatusCode::kIoError, "Permission denied");
+}
+
+TEST_F(ManifestTest, DeepNestingIsRefusedNotACrash) {
+  std::string text = good_;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  text.replace(text.find("\"client_state\": {"), 17, "\"client_state\": {\"x\": " + deep + ",");
+  std::ofstream(manifest_, std::ios::trunc) << text;
+  ExpectExportRefused(StatusCode::kDataLoss, "more than 128 levels deep");
+}
+
+// ParseManifest is what a fuzzer calls: whatever the bytes, an error or a manifest that
+// ValidateManifest accepts, never an exception.
+TEST_F(ManifestTest, ParseManifestSurvivesMutations) {
+  auto parsed = ckpt::ParseManifest(good_);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->params.size(), 3u);
+  EXPECT_EQ(nlohmann::json::parse(parsed->client_state)["step"], 2);
+  auto round_trip = ckpt::SerializeManifest(*parsed);
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status();
+  EXPECT_EQ(nlohmann::json::parse(*round_trip), nlohmann::json::parse(good_));
+
+  std::mt19937 random(7);
+  for (int i = 0; i < 3000; ++i) {
+    std::string text = good_;
+    for (int k = 0; k < 1 + i % 4; ++k) {
+      const size_t at = random() % text.size();
+      switch (random() % 3) {
+        case 0:
+          text[at] = static_cast<char>(random());
+          break;
+        case 1:
+          text.erase(at, 1 + random() % 8);
+          break;
+        default:
+          text.insert(at, 1, "[]{}\",:0-9e"[random() % 11]);
+          break;
+      }
+      if (text.empty()) text = "{";
+    }
+    StatusOr<ckpt::Manifest> m = ckpt::Manifest{};
+    ASSERT_NO_THROW(m = ckpt::ParseManifest(text)) << text;
+    if (m.ok()) {
+      EXPECT_TRUE(ckpt::ValidateManifest(*m).ok());
+    }
+  }
 }
 
 }  // namespace

@@ -123,5 +123,36 @@ TEST(ConfigReaderTest, ParseErrorsNameTheSource) {
   EXPECT_FALSE(missing.ok());
 }
 
+// 100k levels crashed (a stack overflow copying or dumping the parsed value); the depth is
+// now refused before parsing, with the source and where named.
+TEST(ConfigReaderTest, DeepNestingIsRefusedNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto r = ParseJson(deep, "deep.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("deep.json nests arrays and objects more than 128 levels"),
+            std::string::npos)
+      << r.status();
+  const std::string objects = std::string(200, '{') + "}";
+  EXPECT_EQ(ParseJson("{\"a\":" + objects, "c").status().code(), StatusCode::kInvalidArgument);
+
+  // The limit itself is accepted, and brackets inside strings (escaped quotes too) do not count.
+  const std::string at_limit = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_TRUE(ParseJson(at_limit, "ok").ok());
+  const std::string in_string = "{\"k\": \"\\\"" + std::string(1000, '[') + "\"}";
+  auto s = ParseJson(in_string, "s");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)["k"].get<std::string>(), "\"" + std::string(1000, '['));
+}
+
+// What a fuzzer feeds ParseJson: any bytes give a value or an error, never an exception.
+TEST(ConfigReaderTest, ParseJsonNeverThrows) {
+  for (std::string_view text :
+       {std::string_view("\xff\xfe"), std::string_view("\"\\"), std::string_view("[1e99999]"),
+        std::string_view("{\"a\" 1}"), std::string_view("\0", 1), std::string_view("]]]]")}) {
+    EXPECT_NO_THROW((void)ParseJson(text, "fuzz")) << text;
+  }
+}
+
 }  // namespace
 }  // namespace zinf

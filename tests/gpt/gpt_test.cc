@@ -1,6 +1,7 @@
 // The GPT example's model (examples/gpt/gpt_model.h) against PyTorch: loss, logits and every
 // parameter's gradient for one micro-batch, from tests/data/gpt_torch_ref.safetensors (made by
-// tests/data/gpt_torch_ref.py); activation checkpointing on and off; config parsing.
+// tests/data/gpt_torch_ref.py); activation checkpointing on and off; config parsing; the
+// activation memory a batch needs, known (and checked for overflow) before it is allocated.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@ namespace {
 
 using zinf::Engine;
 using zinf::EngineConfig;
+using zinf::Status;
 
 using zinf::testing::ReadSafeTensors;
 using zinf::testing::SafeTensors;
@@ -215,6 +217,65 @@ TEST(GptConfigTest, ParsesAndNamesBadKeys) {
                 .find("model.d_model (100) must be a multiple of model.n_head (3)"),
             std::string::npos);
   EXPECT_NE(message("[1, 2]").find("must be a JSON object"), std::string::npos);
+}
+
+// ActivationBytes is exactly what the first micro-batch allocates: a budget one byte short
+// is refused with ResourceExhausted, the exact budget trains.
+TEST(GptTest, ActivationBytesIsWhatABatchAllocates) {
+  for (bool checkpointing : {true, false}) {
+    SCOPED_TRACE(checkpointing);
+    GptConfig config{.seq_len = 4,
+                     .d_model = 8,
+                     .n_layer = 2,
+                     .n_head = 2,
+                     .activation_checkpointing = checkpointing};
+    auto bytes = config.ActivationBytes(3);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    const std::vector<int32_t> tokens(12, 7);
+    for (uint64_t budget : {*bytes - 1, *bytes}) {
+      auto engine = MakeEngine();
+      auto model = Gpt::Create(*engine, config, {.device_memory_bytes = budget});
+      ASSERT_TRUE(model.ok()) << model.status();
+      ASSERT_TRUE(engine->Initialize().ok());
+      auto loss = (*model)->Loss(tokens.data(), tokens.data(), 3);
+      if (budget < *bytes) {
+        EXPECT_EQ(loss.status().code(), zinf::StatusCode::kResourceExhausted) << loss.status();
+      } else {
+        EXPECT_TRUE(loss.ok()) << loss.status();
+      }
+    }
+  }
+}
+
+// train_micro_batch_size_per_gpu may be 2^30 and each dimension 2^20: the products overflow
+// 64 bits, which must be an error rather than a wrapped, small allocation.
+TEST(GptConfigTest, SizesThatOverflowAreRefused) {
+  GptConfig wide{.seq_len = 1 << 20, .d_model = 1 << 20, .n_layer = 1, .n_head = 1};
+  ASSERT_TRUE(wide.Validate().ok());
+  auto bytes = wide.ActivationBytes(int64_t{1} << 30);
+  EXPECT_EQ(bytes.status().code(), zinf::StatusCode::kInvalidArgument);
+  EXPECT_NE(bytes.status().message().find("a batch of 1073741824 sequences"), std::string::npos)
+      << bytes.status();
+  EXPECT_NE(bytes.status().message().find("need more than 2^64 bytes"), std::string::npos);
+  EXPECT_EQ(GptConfig{}.ActivationBytes(0).status().code(), zinf::StatusCode::kInvalidArgument);
+
+  GptConfig deep{.d_model = 1 << 20, .n_layer = 1 << 20, .n_head = 1};
+  Status s = deep.Validate();
+  EXPECT_EQ(s.code(), zinf::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("more than 2^63 parameters"), std::string::npos) << s;
+}
+
+TEST(GptConfigTest, DeepNestingIsRefusedNotACrash) {
+  const std::string deep =
+      R"({"d_model": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto c = GptConfig::FromJson(deep);
+  EXPECT_EQ(c.status().code(), zinf::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("model nests arrays and objects more than 128 levels"),
+            std::string::npos)
+      << c.status();
+  // Brackets in strings do not count, escaped quotes included.
+  EXPECT_TRUE(CheckJsonDepth(R"({"a": "\"[[[[[[["})", "s", 1).ok());
+  EXPECT_FALSE(CheckJsonDepth("[[1]]", "s", 1).ok());
 }
 
 }  // namespace

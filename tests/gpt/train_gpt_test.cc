@@ -2,6 +2,9 @@
 // metrics per step, and refuses a bad config naming the key; its checkpoints resume bitwise
 // after a crash, and two ranks with everything on NVMe train the model one rank does in
 // memory (compared through `zinf ckpt export`); --device cuda without a GPU is refused.
+// Input that used to crash it (a huge micro-batch, a deeply nested config, a checkpoint
+// directory it cannot search or write, a bad client_state) ends with an error naming the
+// cause, and --comm-timeout-s bounds how long a stopped peer goes unreported.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "tests/testing/safetensors.h"
 #include "tests/tools/run_zinf.h"
 
@@ -263,6 +267,174 @@ TEST_F(TrainGptTest, DeviceCudaWithoutAGpuIsUnavailable) {
   run = Train(1, "--config " + config + " --device gpu");
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("--device: gpu not in {cpu,cuda}"), std::string::npos) << run.output;
+}
+
+// What every refused run must show: exit code 1 and "train_gpt: " with the error, no abort,
+// no uncaught exception, and no training step.
+void ExpectCleanFailure(const ZinfRun& run, const std::string& message) {
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("train_gpt: "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find(message), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("terminate called"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("step 1/"), std::string::npos) << "no step may run: " << run.output;
+}
+
+const char* const kTinyModel =
+    R"("model": {"seq_len": 8, "d_model": 16, "n_layer": 1, "n_head": 2})";
+
+// 2^30 is the largest micro-batch the config accepts; its activations are hundreds of TiB.
+TEST_F(TrainGptTest, HugeMicroBatchIsRefusedBeforeAllocating) {
+  const ZinfRun run = Train(1, "--config " +
+                                   WriteConfig(std::string("{") + kTinyModel +
+                                               R"(, "train_micro_batch_size_per_gpu":
+                                                         1073741824})") +
+                                   " --steps 1 --threads 1");
+  ExpectCleanFailure(run, "ResourceExhausted: ");
+  EXPECT_NE(run.output.find("train_micro_batch_size_per_gpu = 1073741824 needs"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("in all; lower train_micro_batch_size_per_gpu"), std::string::npos)
+      << run.output;
+
+  // Dimensions whose product overflows 64 bits are refused as such.
+  const ZinfRun overflow =
+      Train(1, "--config " +
+                   WriteConfig(R"({"model": {"seq_len": 1048576, "d_model": 1048576, "n_head": 1,
+                             "n_layer": 1}, "train_micro_batch_size_per_gpu": 1073741824})"));
+  ExpectCleanFailure(overflow, "need more than 2^64 bytes");
+}
+
+TEST_F(TrainGptTest, DeeplyNestedConfigIsRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ZinfRun run = Train(1, "--config " + WriteConfig(R"({"model": {"n_layer": )" + deep + "}}"));
+  ExpectCleanFailure(run, "config.json nests arrays and objects more than 128 levels deep");
+  run = Train(1, "--config " + WriteConfig(R"({"optimizer": )" + deep + "}"));
+  ExpectCleanFailure(run, "more than 128 levels deep");
+}
+
+// --save is checked before the first step: the run is not lost at its end.
+TEST_F(TrainGptTest, SaveDirectoryIsCheckedBeforeTraining) {
+  const std::string config = WriteConfig(std::string("{") + kTinyModel + "}");
+  std::ofstream((dir_ / "file").string()) << "x";
+  ZinfRun run = Train(1, "--config " + config + " --steps 2 --threads 1 --save " +
+                             (dir_ / "file" / "ckpt").string());
+  ExpectCleanFailure(run, "--save " + (dir_ / "file" / "ckpt").string() +
+                              ": cannot create the directory: Not a directory");
+  run =
+      Train(1, "--config " + config + " --steps 2 --threads 1 --save " + (dir_ / "file").string());
+  ExpectCleanFailure(run, "exists and is not a directory");
+
+  if (geteuid() != 0) {  // root writes through permissions
+    std::filesystem::create_directories(dir_ / "locked");
+    std::filesystem::permissions(
+        dir_ / "locked", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    run = Train(
+        1, "--config " + config + " --steps 2 --threads 1 --save " + (dir_ / "locked").string());
+    ExpectCleanFailure(run, "cannot write there: Permission denied");
+  }
+  // A directory that does not exist yet is made, and the run saves there.
+  run = Train(1, "--config " + config + " --steps 2 --threads 1 --save " +
+                     (dir_ / "new" / "ckpt").string());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "new" / "ckpt" / "latest"));
+}
+
+TEST_F(TrainGptTest, ResumeFromABadCheckpointIsAnError) {
+  const std::string config = WriteConfig(std::string("{") + kTinyModel + "}");
+  // A directory std::filesystem cannot search (it threw, and the run aborted).
+  std::filesystem::create_directory_symlink(dir_ / "loop-b", dir_ / "loop-a");
+  std::filesystem::create_directory_symlink(dir_ / "loop-a", dir_ / "loop-b");
+  ZinfRun run = Train(
+      1, "--config " + config + " --steps 2 --threads 1 --resume " + (dir_ / "loop-a").string());
+  ExpectCleanFailure(run, "IoError: ");
+  EXPECT_NE(run.output.find("Too many levels of symbolic links"), std::string::npos) << run.output;
+
+  // A checkpoint whose client_state.step is a string (nlohmann threw a type_error).
+  const std::string ckpt = (dir_ / "ckpt").string();
+  run = Train(1, "--config " + config + " --steps 1 --threads 1 --save " + ckpt);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto dir = zinf::ckpt::ResolveCheckpoint(ckpt);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto manifest = zinf::ckpt::ReadManifest(*dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  manifest->client_state = R"({"step": "1", "seed": 1234})";
+  ASSERT_TRUE(zinf::ckpt::WriteManifest(*dir, *manifest).ok());
+  run = Train(1, "--config " + config + " --steps 2 --threads 1 --resume " + ckpt);
+  ExpectCleanFailure(run, "client_state.step must be a non-negative integer, got \"1\" (string)");
+  manifest->client_state = R"({"step": 1, "seed": -5})";
+  ASSERT_TRUE(zinf::ckpt::WriteManifest(*dir, *manifest).ok());
+  run = Train(1, "--config " + config + " --steps 2 --threads 1 --resume " + ckpt);
+  ExpectCleanFailure(run, "client_state.seed must be a non-negative integer, got -5");
+}
+
+TEST_F(TrainGptTest, CommTimeoutIsAnOptionAndValidated) {
+  const ZinfRun help = RunZinf(std::string("run -n 1 -- ") + TRAIN_GPT_BINARY + " --help");
+  EXPECT_NE(help.output.find("--comm-timeout-s"), std::string::npos) << help.output;
+  const std::string config = WriteConfig(std::string("{") + kTinyModel + "}");
+  for (const char* bad : {"0", "-1", "nan", "1e9"}) {
+    const ZinfRun run = Train(1, "--config " + config + " --comm-timeout-s " + bad);
+    ExpectCleanFailure(run, "--comm-timeout-s must be in [0.001, 86400] seconds");
+  }
+}
+
+// Two ranks started by hand; rank 1 is stopped (SIGSTOP) once training runs. With
+// --comm-timeout-s 2, rank 0 reports it within seconds instead of the default 300.
+TEST_F(TrainGptTest, StoppedPeerIsReportedWithinTheCommTimeout) {
+  const std::string config =
+      WriteConfig(std::string("{") + kTinyModel + R"(, "train_micro_batch_size_per_gpu": 2})");
+  const std::string port = std::to_string(20000 + getpid() % 20000);
+  const std::string log0 = (dir_ / "rank0.log").string();
+  auto start = [&](int rank, const std::string& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string r = std::to_string(rank);
+      setenv("RANK", r.c_str(), 1);
+      setenv("LOCAL_RANK", r.c_str(), 1);
+      setenv("WORLD_SIZE", "2", 1);
+      setenv("LOCAL_WORLD_SIZE", "2", 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+      const std::string command = std::string("exec ") + TRAIN_GPT_BINARY + " --config " + config +
+                                  " --steps 1000000 --threads 1 --log-every 1 " +
+                                  "--comm-timeout-s 2 > " + log + " 2>&1";
+      execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+      _exit(127);
+    }
+    return pid;
+  };
+  const pid_t rank0 = start(0, log0), rank1 = start(1, "/dev/null");
+  auto read_log = [&] {
+    std::ifstream in(log0);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_log().find(" 2/1000000") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(read_log().find(" 2/1000000"), std::string::npos) << read_log();
+  kill(rank1, SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(rank0, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < stopped + std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  kill(rank1, SIGKILL);
+  waitpid(rank1, nullptr, 0);
+  if (done == 0) {
+    kill(rank0, SIGKILL);
+    waitpid(rank0, nullptr, 0);
+  }
+  ASSERT_EQ(done, rank0) << "rank 0 did not report the stopped peer within 60 s";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << read_log();
+  // Which collective notices, and so the code (DeadlineExceeded, or Unavailable for Gloo's
+  // read timeout), depends on where rank 1 stopped; each names a peer rank.
+  EXPECT_NE(read_log().find("train_gpt: "), std::string::npos) << read_log();
+  EXPECT_NE(read_log().find("a peer rank"), std::string::npos) << read_log();
+  EXPECT_LT(seconds, 30) << read_log();
 }
 
 }  // namespace
