@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages zinf needs to build, test and benchmark; silent when they are
+# Installs the Debian packages zinf needs to build, test, fuzz and benchmark; silent when they are
 # all present. Safe to run any number of times. The CUDA toolkit and NCCL are optional and
 # never installed here: zinf builds offload/cuda when nvcc is found.
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config ccache
+  build-essential cmake ninja-build pkg-config ccache clang libclang-rt-14-dev
   liburing-dev libtbb-dev libdnnl-dev libboost-dev libboost-system-dev libgloo-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -176,8 +176,8 @@ class CpuLoad {
     for (int i = 0; i < n; ++i) {
       const pid_t pid = fork();
       if (pid == 0) {
-        for (volatile uint64_t x = 0;; x = x + 1) {
-        }
+        volatile uint64_t x = 0;
+        for (;;) x = x + 1;
       }
       pids_.push_back(pid);
     }
