@@ -40,6 +40,17 @@ std::string_view CommDataTypeName(CommDataType type) {
   return "unknown";
 }
 
+Status NcclOptions::Validate() const {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return InvalidArgument(
+        fmt::format("rank must be in [0, world_size={}), got {}", world_size, rank));
+  }
+  if (timeout.count() <= 0) {
+    return InvalidArgument(fmt::format("timeout must be > 0 ms, got {}", timeout.count()));
+  }
+  return OkStatus();
+}
+
 Status CommWork::Wait() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return done_; });

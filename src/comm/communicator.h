@@ -151,6 +151,9 @@ struct NcclOptions {
   // fails with DeadlineExceeded (a dead or stuck peer never hangs the caller).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::string group_name = "world";  // names the unique id in the store
+
+  // InvalidArgument for a rank outside [0, world_size) or a timeout <= 0.
+  [[nodiscard]] Status Validate() const;
 };
 
 // NCCL over GPU buffers, its unique id exchanged through `store`. Unavailable when zinf was

@@ -158,10 +158,7 @@ class NcclCommunicator final : public Communicator {
 
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore& store,
                                                                const NcclOptions& options) {
-  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    return InvalidArgument(fmt::format("rank must be in [0, world_size={}), got {}",
-                                       options.world_size, options.rank));
-  }
+  ZINF_RETURN_IF_ERROR(options.Validate());
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     cudaGetLastError();

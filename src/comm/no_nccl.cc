@@ -4,7 +4,9 @@
 
 namespace zinf {
 
-StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore&, const NcclOptions&) {
+StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore&,
+                                                               const NcclOptions& options) {
+  ZINF_RETURN_IF_ERROR(options.Validate());  // a bad call is the caller's error in any build
   return Unavailable("zinf was built without NCCL (it is found beside the CUDA toolkit)");
 }
 
