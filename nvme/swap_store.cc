@@ -163,8 +163,18 @@ Status SwapStore::Init() {
   }
   for (const std::string& file : file_paths_) {
     ZINF_ASSIGN_OR_RETURN(IoFile f, OpenIoFile(file, /*create=*/true, options_.aio.direct_io));
-    // Two stores on one file would overwrite each other's tensors; the lock lives as long as
-    // the descriptor, so a crashed owner does not hold it.
+    // Unlinked while still empty: the descriptor keeps the file, and however the process ends
+    // (kill -9 included) the kernel frees its space; no full-size file is ever left behind.
+    // Nothing opens a swap file by its path again. A file left by an older zinf is reused
+    // and so removed too.
+    if (unlink(file.c_str()) != 0 && errno != ENOENT) {
+      log::Warn("swap file {} cannot be unlinked while open ({}); it is deleted at close instead",
+                file, std::strerror(errno));
+      unlink_at_close_.push_back(file);
+    }
+    // Two stores that opened the same file before either unlinked it would overwrite each
+    // other's tensors; the lock lives as long as the descriptor, so a crashed owner does not
+    // hold it.
     bool locked = flock(f.fd(), LOCK_EX | LOCK_NB) == 0;
     for (int waited = 0; !locked && waited < options_.lock_wait_ms; waited += 10) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -183,7 +193,6 @@ Status SwapStore::Init() {
     if (fallocate(f.fd(), 0, 0, static_cast<off_t>(file_bytes_)) != 0) {
       const int err = errno;
       if (err != EOPNOTSUPP) {
-        unlink(file.c_str());
         return ErrnoStatus(
             err, fmt::format("preallocating {} for swap file {}", FormatBytes(file_bytes_), file));
       }
@@ -213,12 +222,12 @@ Status SwapStore::Init() {
 SwapStore::~SwapStore() {
   if (engine_) engine_->Drain();
   engine_.reset();  // joins the engine's threads before the files close
-  for (size_t i = 0; i < files_.size(); ++i) {
-    if (unlink(files_[i].path().c_str()) != 0 && errno != ENOENT) {
-      log::Warn("deleting swap file {}: {}", files_[i].path(), std::strerror(errno));
+  files_.clear();   // the files were unlinked at Open: closing frees their space
+  for (const std::string& file : unlink_at_close_) {
+    if (unlink(file.c_str()) != 0 && errno != ENOENT) {
+      log::Warn("deleting swap file {}: {}", file, std::strerror(errno));
     }
   }
-  files_.clear();
 }
 
 uint64_t SwapStore::capacity_bytes() const {

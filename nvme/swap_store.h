@@ -11,8 +11,9 @@
 // Sticky error (docs/ARCHITECTURE.md, no data loss): once a write fails, Allocate and every later
 // Write return that error, as status() does. Reads of extents whose writes completed, and Free,
 // keep working so that the caller can save what was acknowledged; reading the extent whose
-// write failed is DataLoss. The swap files are scratch space: the destructor waits for
-// outstanding I/O and deletes them.
+// write failed is DataLoss. The swap files are scratch space: each is unlinked as soon as it
+// is open, so that no directory entry outlives the store however its process ends (kill -9
+// included); the destructor waits for outstanding I/O and closes them, which frees the space.
 //
 // Thread-safety: all methods may be called concurrently, except that an extent must not be
 // written while it is read, written or freed elsewhere. Callbacks run on engine threads.
@@ -49,9 +50,10 @@ struct SwapStoreOptions {
   // On by default: without it a bit flipped on disk comes back as a silently wrong tensor.
   bool checksum = true;
   AioOptions aio;
-  // How long Open waits for a swap file that another store holds. A crashed process's lock
-  // outlives it briefly: the kernel tears its io_uring (which holds the files) down after
-  // the process is gone.
+  // How long Open waits for a swap file that another store holds (two stores that opened one
+  // path at the same moment, before either unlinked it). A crashed process's lock outlives it
+  // briefly: the kernel tears its io_uring (which holds the files) down after the process is
+  // gone.
   int lock_wait_ms = 5000;
 
   // InvalidArgument naming the field, its value and what is allowed.
@@ -76,7 +78,7 @@ class SwapStore {
                                                    std::unique_ptr<IoEngine> engine = nullptr);
   SwapStore(const SwapStore&) = delete;
   SwapStore& operator=(const SwapStore&) = delete;
-  // Waits for outstanding I/O, closes and deletes the swap files (failures are logged).
+  // Waits for outstanding I/O and closes the (already unlinked) swap files; failures are logged.
   ~SwapStore();
 
   // Reserves an extent of `size_bytes` for the tensor `name` (used in error messages).
@@ -106,6 +108,8 @@ class SwapStore {
   // The sticky error, or OK.
   Status status() const;
 
+  // Where the swap files were created, for messages: they are unlinked once open, and only
+  // this store's descriptors reach them.
   const std::vector<std::string>& file_paths() const { return file_paths_; }
   uint64_t file_bytes() const { return file_bytes_; }  // each file's size
   uint64_t stripe_bytes() const { return stripe_; }
@@ -141,8 +145,9 @@ class SwapStore {
   bool direct_ = true;
   std::vector<std::string> file_paths_;
   std::vector<IoFile> files_;
-  std::vector<int> file_ids_;         // engine ids of files_
-  std::unique_ptr<IoEngine> engine_;  // declared after files_: destroyed before them
+  std::vector<int> file_ids_;                 // engine ids of files_
+  std::vector<std::string> unlink_at_close_;  // files the file system would not unlink open
+  std::unique_ptr<IoEngine> engine_;          // declared after files_: destroyed before them
 
   mutable std::mutex mu_;
   ExtentAllocator allocator_;                                      // guarded by mu_

@@ -1,20 +1,24 @@
 // `zinf run -n N [--nnodes M --node-rank R --master ADDR:PORT] -- CMD ARGS...`: starts N
 // local ranks of CMD with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), prefixes every output line with its rank,
-// forwards SIGINT and SIGTERM, and when a rank fails stops the others and exits non-zero
-// naming the rank and how it ended.
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus ZINF_STORE_SECRET, prefixes every output
+// line with its rank, forwards SIGINT and SIGTERM (and SIGHUP as SIGTERM), and when a rank
+// fails stops the others and exits non-zero naming the rank and how it ended. Ranks die with
+// the launcher, however it ends (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,8 +37,50 @@ struct RunArgs {
   std::vector<std::string> command;
 };
 
+// Longest --grace accepted: a day is more than any checkpoint-on-SIGTERM needs, and keeps
+// the milliseconds well inside an int64.
+constexpr double kMaxGraceS = 86400;
+
 volatile sig_atomic_t g_signal = 0;
 void OnSignal(int sig) { g_signal = sig; }
+
+// fmt::print throws when the write fails; after SIGHUP the terminal may be gone, and the
+// launcher must go on supervising the ranks regardless.
+template <typename... Args>
+void Say(FILE* sink, fmt::format_string<Args...> format, Args&&... args) {
+  try {
+    const std::string text = fmt::format(format, std::forward<Args>(args)...);
+    std::fwrite(text.data(), 1, text.size(), sink);
+  } catch (const std::exception&) {  // formatting ran out of memory: say nothing
+  }
+}
+
+// 32 random bytes as hex: the job's TcpStore secret (See Note [TcpStore admission]).
+StatusOr<std::string> NewStoreSecret() {
+  uint8_t bytes[32];
+  FILE* urandom = std::fopen("/dev/urandom", "rb");
+  const bool read =
+      urandom != nullptr && std::fread(bytes, 1, sizeof bytes, urandom) == sizeof bytes;
+  if (urandom != nullptr) std::fclose(urandom);
+  if (!read) {
+    try {
+      std::random_device device;  // getrandom() on Linux
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(device());
+    } catch (const std::exception& e) {
+      return Unavailable(
+          fmt::format("no randomness for {}: /dev/urandom and std::random_device "
+                      "failed ({})",
+                      kStoreSecretEnv, e.what()));
+    }
+  }
+  std::string hex;
+  for (uint8_t b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+bool IsLoopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "::1" || addr == "localhost";
+}
 
 struct Child {
   int rank = 0;
@@ -60,7 +106,7 @@ void EmitLines(int rank, const char* data, size_t n, std::string* partial, FILE*
   partial->append(data, n);
   size_t start = 0;
   for (size_t nl; (nl = partial->find('\n', start)) != std::string::npos; start = nl + 1) {
-    fmt::print(sink, "[rank {}] {}\n", rank, std::string_view(*partial).substr(start, nl - start));
+    Say(sink, "[rank {}] {}\n", rank, std::string_view(*partial).substr(start, nl - start));
   }
   partial->erase(0, start);
   std::fflush(sink);
@@ -82,14 +128,22 @@ void Drain(Child& c, int* fd, std::string* partial, FILE* sink) {
   }
 }
 
-StatusOr<pid_t> Spawn(const RunArgs& args, const std::string& addr, int port, Child* child) {
+// `secret` empty: the ranks inherit the launcher's ZINF_STORE_SECRET, if any.
+StatusOr<pid_t> Spawn(const RunArgs& args, const std::string& addr, int port,
+                      const std::string& secret, Child* child) {
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
     return ErrnoStatus(errno, "creating pipes for a rank");
   }
+  const pid_t launcher = getpid();
   const pid_t pid = fork();
   if (pid < 0) return ErrnoStatus(errno, "fork");
   if (pid == 0) {
+    // A rank must not train on unsupervised when the launcher dies (kill -9, OOM killer):
+    // the kernel kills it then. SIGKILL because nobody is left to escalate a SIGTERM that a
+    // trainer ignores. The signal follows the thread that forked: this one, the launcher's
+    // only thread. If the launcher died before prctl, no signal will come: exit now.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(128 + SIGKILL);
     // Its own process group: stopping a rank stops everything it started (a shell's
     // children would otherwise live on and hold the output pipes open).
     setpgid(0, 0);
@@ -102,11 +156,12 @@ StatusOr<pid_t> Spawn(const RunArgs& args, const std::string& addr, int port, Ch
     setenv("LOCAL_WORLD_SIZE", std::to_string(args.nproc).c_str(), 1);
     setenv("MASTER_ADDR", addr.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    if (!secret.empty()) setenv(kStoreSecretEnv, secret.c_str(), 1);
     std::vector<char*> argv;
     for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    fmt::print(stderr, "cannot run '{}': {}\n", args.command[0], std::strerror(errno));
+    Say(stderr, "cannot run '{}': {}\n", args.command[0], std::strerror(errno));
     _exit(127);
   }
   close(out[1]);
@@ -126,12 +181,17 @@ void SignalAll(std::vector<Child>& children, int sig) {
 
 int Run(const RunArgs& args) {
   if (args.command.empty()) {
-    fmt::print(stderr, "zinf run: no command given (zinf run -n N -- CMD ARGS...)\n");
+    Say(stderr, "zinf run: no command given (zinf run -n N -- CMD ARGS...)\n");
     return 2;
   }
+  // Checked before use: the grace becomes milliseconds in an integer.
+  if (!(args.grace_s >= 0 && args.grace_s <= kMaxGraceS)) {
+    Say(stderr, "zinf run: --grace must be in [0, {}] seconds, got {}\n", kMaxGraceS, args.grace_s);
+    return 2;
+  }
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(args.grace_s * 1000));
   if (args.node_rank < 0 || args.node_rank >= args.nnodes) {
-    fmt::print(stderr, "zinf run: --node-rank must be in [0, {}), got {}\n", args.nnodes,
-               args.node_rank);
+    Say(stderr, "zinf run: --node-rank must be in [0, {}), got {}\n", args.nnodes, args.node_rank);
     return 2;
   }
   std::string addr = "127.0.0.1";
@@ -140,13 +200,13 @@ int Run(const RunArgs& args) {
     const size_t colon = args.master.rfind(':');
     port = colon == std::string::npos ? 0 : std::atoi(args.master.c_str() + colon + 1);
     if (colon == std::string::npos || port <= 0 || port > 65535) {
-      fmt::print(stderr, "zinf run: --master must be ADDR:PORT with a port in 1..65535, got '{}'\n",
-                 args.master);
+      Say(stderr, "zinf run: --master must be ADDR:PORT with a port in 1..65535, got '{}'\n",
+          args.master);
       return 2;
     }
     addr = args.master.substr(0, colon);
   } else if (args.nnodes > 1) {
-    fmt::print(stderr, "zinf run: --master ADDR:PORT is required with --nnodes > 1\n");
+    Say(stderr, "zinf run: --master ADDR:PORT is required with --nnodes > 1\n");
     return 2;
   } else {
     // One node: a port that is free now, so that concurrent jobs do not collide on 29500.
@@ -155,17 +215,45 @@ int Run(const RunArgs& args) {
     port = probe.ok() ? (*probe)->port() : 29500;
   }
 
+  // The store's secret. Every node's launcher of a multi-node job must hand out the same one,
+  // so there it comes from the environment; one node makes its own.
+  std::string secret;
+  const char* inherited = std::getenv(kStoreSecretEnv);
+  if (inherited == nullptr || *inherited == '\0') {
+    if (args.nnodes == 1) {
+      StatusOr<std::string> made = NewStoreSecret();
+      if (!made.ok()) {
+        Say(stderr, "zinf run: {}\n", made.status().ToString());
+        return 1;
+      }
+      secret = *std::move(made);
+    } else if (!IsLoopback(addr)) {
+      Say(stderr,
+          "zinf run: --nnodes {} with --master {} needs {} set to the same random value on "
+          "every node (e.g. from `openssl rand -hex 32`), so that only this job's ranks can "
+          "use the rendezvous store\n",
+          args.nnodes, args.master, kStoreSecretEnv);
+      return 2;
+    }
+  }
+
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // A closed terminal or a lost SSH session: stop the ranks as for SIGTERM, rather than die
+  // and leave them to PR_SET_PDEATHSIG. Under nohup (SIGHUP ignored) it stays ignored.
+  struct sigaction hup {};
+  if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) {
+    sigaction(SIGHUP, &sa, nullptr);
+  }
 
   std::vector<Child> children(args.nproc);
   for (int i = 0; i < args.nproc; ++i) {
     children[i].rank = args.node_rank * args.nproc + i;
-    StatusOr<pid_t> pid = Spawn(args, addr, port, &children[i]);
+    StatusOr<pid_t> pid = Spawn(args, addr, port, secret, &children[i]);
     if (!pid.ok()) {
-      fmt::print(stderr, "zinf run: {}\n", pid.status().ToString());
+      Say(stderr, "zinf run: {}\n", pid.status().ToString());
       SignalAll(children, SIGTERM);
       return 1;
     }
@@ -189,11 +277,14 @@ int Run(const RunArgs& args) {
     }
     if (g_signal != 0 && forwarded != g_signal) {
       forwarded = g_signal;
-      fmt::print(stderr, "zinf run: forwarding {} to the ranks\n", strsignal(g_signal));
-      SignalAll(children, g_signal);
+      // SIGHUP is about the launcher's terminal, not the ranks' (they have none): they get
+      // the ordinary request to stop.
+      const int to_ranks = g_signal == SIGHUP ? SIGTERM : g_signal;
+      Say(stderr, "zinf run: {}: sending {} to the ranks\n", strsignal(g_signal),
+          strsignal(to_ranks));
+      SignalAll(children, to_ranks);
       if (exit_code == 0) exit_code = 128 + g_signal;
-      kill_deadline = std::chrono::steady_clock::now() +
-                      std::chrono::milliseconds(static_cast<int>(args.grace_s * 1000));
+      kill_deadline = std::chrono::steady_clock::now() + grace;
     }
     bool all_done = true;
     for (Child& c : children) {
@@ -209,11 +300,9 @@ int Run(const RunArgs& args) {
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && exit_code == 0) {
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        fmt::print(stderr, "zinf run: rank {} {}; stopping the other ranks\n", c.rank,
-                   Describe(status));
+        Say(stderr, "zinf run: rank {} {}; stopping the other ranks\n", c.rank, Describe(status));
         SignalAll(children, SIGTERM);
-        kill_deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int>(args.grace_s * 1000));
+        kill_deadline = std::chrono::steady_clock::now() + grace;
       }
     }
     if (all_done) {
@@ -234,7 +323,7 @@ int Run(const RunArgs& args) {
   if (exit_code != 0) {
     for (const Child& c : children) {
       if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
-        fmt::print(stderr, "zinf run: rank {} {}\n", c.rank, Describe(c.status));
+        Say(stderr, "zinf run: rank {} {}\n", c.rank, Describe(c.status));
       }
     }
   }
@@ -251,7 +340,8 @@ void AddRunCommand(CLI::App& app) {
   run->add_option("--nnodes", args->nnodes, "Nodes in the job")->check(CLI::Range(1, 65536));
   run->add_option("--node-rank", args->node_rank, "This node's index");
   run->add_option("--master", args->master, "Rank 0's ADDR:PORT (default: 127.0.0.1, free port)");
-  run->add_option("--grace", args->grace_s, "Seconds between SIGTERM and SIGKILL when stopping");
+  run->add_option("--grace", args->grace_s,
+                  "Seconds between SIGTERM and SIGKILL when stopping, in [0, 86400]");
   run->add_option("command", args->command, "The command and its arguments, after --")->required();
   run->callback([args] { ExitCode() = Run(*args); });
 }

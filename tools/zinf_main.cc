@@ -1,5 +1,8 @@
 // The `zinf` command line: info, run, bench, ckpt.
+#include <fmt/core.h>
+
 #include <cstdio>
+#include <string>
 
 #include "core/log.h"
 #include "tools/commands.h"
@@ -11,6 +14,30 @@ int& ExitCode() {
   return code;
 }
 
+namespace {
+
+// CLI11 reports a mistyped subcommand only as "A subcommand is required". Finds the word it did
+// not know: the first one left over at the deepest subcommand that parsed, where that one
+// expects subcommands. Empty when the error is something else.
+std::string UnknownSubcommand(CLI::App& app, std::string* path, std::string* known) {
+  CLI::App* at = &app;
+  *path = app.get_name();
+  for (;;) {
+    const std::vector<CLI::App*> parsed = at->get_subcommands();
+    if (parsed.empty()) break;
+    at = parsed.front();
+    *path += " " + at->get_name();
+  }
+  const std::vector<CLI::App*> choices = at->get_subcommands({});
+  const std::vector<std::string> rest = at->remaining();
+  if (choices.empty() || rest.empty() || rest.front().empty() || rest.front()[0] == '-') {
+    return "";
+  }
+  for (const CLI::App* c : choices) *known += (known->empty() ? "" : ", ") + c->get_name();
+  return rest.front();
+}
+
+}  // namespace
 }  // namespace zinf::tools
 
 int main(int argc, char** argv) {
@@ -29,6 +56,17 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Measure zinf against this machine's limits");
   zinf::tools::AddBenchCommands(*bench);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::string path, known;
+    const std::string word = zinf::tools::UnknownSubcommand(app, &path, &known);
+    if (!word.empty() && e.get_exit_code() != 0) {
+      std::fprintf(stderr, "%s: unknown command '%s'; expected one of: %s (see %s --help)\n",
+                   path.c_str(), word.c_str(), known.c_str(), path.c_str());
+      return e.get_exit_code();
+    }
+    return app.exit(e);
+  }
   return zinf::tools::ExitCode();
 }

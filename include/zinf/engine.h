@@ -102,7 +102,9 @@ struct EngineConfig {
 struct EngineOptions {
   int rank = -1;            // -1: from the environment
   int world_size = -1;      // -1: from the environment
-  std::string master_addr;  // empty: from the environment (default 127.0.0.1)
+  // Empty: from the environment (default 127.0.0.1). An address other than loopback needs
+  // the rendezvous secret in ZINF_STORE_SECRET, the same for every rank (`zinf run` sets it).
+  std::string master_addr;
   int master_port = 0;      // 0: from the environment (default 29500)
   // A collective or rendezvous that makes no progress this long fails (a dead rank).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};

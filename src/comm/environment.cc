@@ -7,6 +7,8 @@
 #include <optional>
 #include <string_view>
 
+#include "comm/tcp_store.h"
+
 namespace zinf {
 namespace {
 
@@ -64,6 +66,7 @@ StatusOr<DistEnvironment> ReadDistEnvironment() {
     ZINF_RETURN_IF_ERROR(ParseInt("MASTER_PORT", *port, 1, 65535, &v));
     env.master_port = static_cast<uint16_t>(v);
   }
+  if (auto secret = Env(kStoreSecretEnv)) env.store_secret = *secret;
   return env;
 }
 

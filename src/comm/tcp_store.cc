@@ -1,20 +1,38 @@
-// TcpStore on Boost.Asio. The server accepts on one thread and serves each connection on its
-// own thread with blocking reads (ranks are few; a Get that waits for a key then simply
-// blocks that connection's thread on a condition variable). Clients use asynchronous
-// operations driven by io_context::run_for, which is how every call gets its deadline.
+// TcpStore on Boost.Asio. The server is one thread running an io_context: each connection is
+// a Session whose reads, replies and Get deadlines are asynchronous, so a Get that waits for a
+// key costs a timer rather than a thread, and a connection that ends is freed as soon as its
+// last handler returns. Clients use asynchronous operations driven by io_context::run_for,
+// which is how every call gets its deadline.
+//
+// Note [TcpStore admission]
+// Anyone who can connect to the port is a client, so the server bounds what a connection can
+// cost before it has proved anything:
+// - A new connection is "pending" until its first frame, kAuth with the job's secret, checks
+//   out (constant-time compare). Anything else first is kDenied and closed, and a pending
+//   connection that says nothing for kAuthTimeout is closed. Pending connections are at most
+//   kMaxPending; at that limit the oldest is dropped, not the newest, so that idle connections
+//   cannot lock a rank out (a rank authenticates within a round trip of connecting).
+// - Authenticated clients are at most max_clients; more get kBusy and retry from the client.
+// - ParseStoreRequest checks each length before the server reads what it announces, and the
+//   server grows its buffer only as bytes arrive: a header announcing 4 GiB costs nothing.
+//   A frame that breaks a rule is kBadRequest and the connection is closed.
+// - The stored keys and values together are at most kMaxStoreBytes (kFull beyond).
+// - accept() failing for lack of descriptors or memory backs off instead of spinning.
 #include "comm/tcp_store.h"
 
 #include <fmt/core.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
-#include <condition_variable>
-#include <cstring>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 
+#include "comm/tcp_store_wire.h"
 #include "core/log.h"
 
 namespace zinf {
@@ -23,28 +41,23 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using Bytes = std::vector<uint8_t>;
+using store_wire::Op;
+using store_wire::Reply;
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4 };
-enum class Reply : uint8_t { kOk = 0, kTimeout = 1, kMissing = 2, kBadRequest = 3 };
+constexpr size_t kMaxPending = 64;
+constexpr auto kAuthTimeout = std::chrono::seconds(10);
+constexpr uint64_t kMaxStoreBytes = uint64_t{256} << 20;
+// Reads grow the buffer by at most this much at a time: memory follows the bytes that came.
+constexpr size_t kReadChunkBytes = 64 << 10;
+// The longest a Get may wait on the server, whatever the client asked for.
+constexpr auto kMaxGetWait = std::chrono::hours(24);
 
-// Largest key or value accepted: rendezvous data is small; this rejects garbage lengths.
-constexpr uint32_t kMaxFieldBytes = 64 << 20;
-
-void PutU32(Bytes& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint32_t GetU32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-Bytes EncodeI64(int64_t v) {
-  Bytes out(8);
-  std::memcpy(out.data(), &v, 8);  // x86-64 and aarch64 are both little-endian
-  return out;
-}
-int64_t DecodeI64(const Bytes& b) {
-  int64_t v = 0;
-  std::memcpy(&v, b.data(), std::min<size_t>(8, b.size()));
-  return v;
+size_t DefaultMaxClients() {
+  rlimit rl{};
+  uint64_t fds = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) fds = rl.rlim_cur;
+  // Half the descriptors: the process needs the rest (Gloo's peer sockets, swap files).
+  return std::clamp<uint64_t>(fds / 2, 16, 4096);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -52,7 +65,8 @@ int64_t DecodeI64(const Bytes& b) {
 
 class Server {
  public:
-  Server() : acceptor_(io_) {}
+  Server(std::string secret, size_t max_clients)
+      : secret_(std::move(secret)), max_clients_(max_clients) {}
 
   Status Listen(const std::string& host, uint16_t port) {
     boost::system::error_code ec;
@@ -68,115 +82,369 @@ class Server {
           fmt::format("TcpStore cannot listen on {}:{}: {}", host, port, ec.message()));
     }
     port_ = acceptor_.local_endpoint().port();
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    Accept();
+    thread_ = std::thread([this] { Run(); });
     return OkStatus();
   }
 
-  ~Server() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    boost::system::error_code ec;
-    // shutdown() wakes a thread blocked in accept(); close() alone does not on Linux.
-    if (acceptor_.is_open()) ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
-    acceptor_.close(ec);
-    if (accept_thread_.joinable()) accept_thread_.join();  // not started when Listen failed
-    std::vector<std::thread> threads;
-    {
-      std::lock_guard lock(mu_);
-      for (auto& socket : sockets_) socket->shutdown(tcp::socket::shutdown_both, ec);
-      threads = std::move(connection_threads_);
-    }
-    for (auto& t : threads) t.join();
-  }
+  ~Server();
 
   uint16_t port() const { return port_; }
 
  private:
-  void AcceptLoop() {
+  class Session;
+
+  void Run() {
     for (;;) {
-      auto socket = std::make_shared<tcp::socket>(io_);
-      boost::system::error_code ec;
-      acceptor_.accept(*socket, ec);
-      std::lock_guard lock(mu_);
-      if (stopping_) return;
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {  // a handler ran out of memory: keep serving
+        log::Warn("TcpStore server: {}", e.what());
+      }
+    }
+  }
+
+  void Accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (stopping_ || ec == asio::error::operation_aborted) return;
+      if (ec == asio::error::connection_aborted) {  // that peer is gone; the next may be fine
+        Accept();
+        return;
+      }
       if (ec) {
-        log::Debug("TcpStore accept: {}", ec.message());
-        continue;
+        // EMFILE, ENFILE, ENOMEM...: the connection stays queued and accept() would fail
+        // again at once. Wait for descriptors to come back instead of spinning.
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_accept_warning_ > std::chrono::seconds(10)) {
+          last_accept_warning_ = now;
+          log::Warn("TcpStore on port {}: accept: {}; retrying in 100 ms", port_, ec.message());
+        }
+        accept_backoff_.expires_after(std::chrono::milliseconds(100));
+        accept_backoff_.async_wait([this](const boost::system::error_code& e) {
+          if (!e && !stopping_) Accept();
+        });
+        return;
       }
-      socket->set_option(tcp::no_delay(true), ec);
-      sockets_.push_back(socket);
-      connection_threads_.emplace_back([this, socket] { Serve(*socket); });
-    }
+      Accept();  // first: if admitting this one throws, the server still accepts the next
+      Admit(std::move(socket));
+    });
   }
 
-  void Serve(tcp::socket& socket) {
-    for (;;) {
-      uint8_t header[5];
-      boost::system::error_code ec;
-      if (asio::read(socket, asio::buffer(header), ec) != sizeof(header) || ec) return;
-      const auto op = static_cast<Op>(header[0]);
-      // Lengths are checked before anything is allocated: a garbage length loses the
-      // connection, not the server's memory.
-      const uint32_t key_bytes = GetU32(header + 1);
-      if (key_bytes > kMaxFieldBytes) return;
-      std::string key(key_bytes, '\0');
-      asio::read(socket, asio::buffer(key), ec);
-      uint8_t len[4];
-      if (!ec) asio::read(socket, asio::buffer(len), ec);
-      if (ec || GetU32(len) > kMaxFieldBytes) return;
-      Bytes value(GetU32(len));
-      asio::read(socket, asio::buffer(value), ec);
-      if (ec) return;
-      auto [reply, payload] = Handle(op, key, value);
-      Bytes out{static_cast<uint8_t>(reply)};
-      PutU32(out, static_cast<uint32_t>(payload.size()));
-      out.insert(out.end(), payload.begin(), payload.end());
-      asio::write(socket, asio::buffer(out), ec);
-      if (ec) return;
-    }
+  // See Note [TcpStore admission].
+  void Admit(tcp::socket socket);
+  // Answers the Gets waiting for `key`, which now has `value`.
+  void WakeWaiters(const std::string& key, const Bytes& value);
+  void RemoveWaiter(const std::string& key, Session* session);
+
+  // Stores `value` at `key` unless that would pass kMaxStoreBytes.
+  bool Store(const std::string& key, Bytes value) {
+    auto it = data_.find(key);
+    const uint64_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
+    const uint64_t new_bytes = key.size() + value.size();
+    if (data_bytes_ - old_bytes + new_bytes > kMaxStoreBytes) return false;
+    data_bytes_ = data_bytes_ - old_bytes + new_bytes;
+    data_[key] = std::move(value);
+    WakeWaiters(key, data_[key]);
+    return true;
   }
 
-  std::pair<Reply, Bytes> Handle(Op op, const std::string& key, const Bytes& value) {
-    std::unique_lock lock(mu_);
-    switch (op) {
+  // Everything below runs on the server thread only.
+  asio::io_context io_;
+  tcp::acceptor acceptor_{io_};
+  asio::steady_timer accept_backoff_{io_};
+  std::chrono::steady_clock::time_point last_accept_warning_{};
+  const std::string secret_;
+  const size_t max_clients_;
+  uint16_t port_ = 0;
+  bool stopping_ = false;
+  std::list<Session*> pending_;                   // not yet authenticated, oldest first
+  std::unordered_set<Session*> clients_;          // authenticated
+  std::multimap<std::string, Session*> waiters_;  // Gets waiting for a key
+  std::map<std::string, Bytes> data_;
+  uint64_t data_bytes_ = 0;  // keys and values in data_
+  std::thread thread_;       // last: starts after the rest exists
+};
+
+// One connection. Owned by the handlers of its pending operations (shared_ptr); the server
+// holds plain pointers that Close() removes, so a session is freed once it is closed and its
+// last handler has returned.
+class Server::Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Server& server, tcp::socket socket)
+      : server_(server), socket_(std::move(socket)), timer_(server.io_) {}
+
+  void Start() {
+    server_.pending_.push_back(this);
+    pending_it_ = std::prev(server_.pending_.end());
+    timer_.expires_after(kAuthTimeout);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec && !self->closed_ && !self->authenticated_) self->Close();
+    });
+    Read();
+  }
+
+  // Idempotent; leaves the server's registries and cancels whatever is in flight.
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    if (authenticated_) {
+      server_.clients_.erase(this);
+    } else {
+      server_.pending_.erase(pending_it_);
+    }
+    if (waiting_key_) server_.RemoveWaiter(*waiting_key_, this);
+    waiting_key_.reset();
+    timer_.cancel();
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+
+  // The key a waiting Get asked for has been set.
+  void Answer(const Bytes& value) {
+    waiting_key_.reset();
+    ++wait_id_;
+    timer_.cancel();
+    Send(Reply::kOk, value);
+  }
+
+ private:
+  // Reads toward want_ bytes of the current frame, a chunk at a time.
+  void Read() {
+    if (reading_ || closed_) return;
+    reading_ = true;
+    const size_t have = in_.size();
+    const size_t chunk = std::min(want_ - have, kReadChunkBytes);
+    in_.resize(have + chunk);
+    asio::async_read(socket_, asio::buffer(in_.data() + have, chunk),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                       self->OnRead(ec);
+                     });
+  }
+
+  void OnRead(const boost::system::error_code& ec) {
+    reading_ = false;
+    if (closed_) return;
+    if (ec) {  // the peer left (or the server is stopping)
+      Close();
+      return;
+    }
+    if (in_.size() < want_) {
+      Read();
+      return;
+    }
+    StatusOr<store_wire::ParseResult> parsed = store_wire::ParseStoreRequest(in_, authenticated_);
+    if (!parsed.ok()) {
+      log::Debug("TcpStore: refusing a connection: {}", parsed.status().ToString());
+      Send(authenticated_ ? Reply::kBadRequest : Reply::kDenied, {}, /*close_after=*/true);
+      return;
+    }
+    if (!parsed->request) {
+      want_ = parsed->frame_bytes;
+      Read();
+      return;
+    }
+    want_ = store_wire::kHeaderBytes;
+    if (in_.capacity() > kReadChunkBytes) {
+      in_ = Bytes();  // an idle connection does not keep a large frame's buffer
+    } else {
+      in_.clear();
+    }
+    if (waiting_key_) {
+      // Clients send one request at a time; one during a Get is not one of ours.
+      Send(Reply::kBadRequest, {}, /*close_after=*/true);
+      return;
+    }
+    if (writing_) {  // the answer to a Get is still going out: handle this after it
+      next_ = std::move(parsed->request);
+      return;
+    }
+    Handle(std::move(*parsed->request));
+  }
+
+  void Handle(store_wire::Request request) {
+    if (!authenticated_) {
+      if (request.op != Op::kAuth ||
+          !store_wire::ConstantTimeEquals(request.key, server_.secret_)) {
+        log::Debug("TcpStore: refusing a connection that did not present the job's secret");
+        Send(Reply::kDenied, {}, /*close_after=*/true);
+        return;
+      }
+      if (server_.clients_.size() >= server_.max_clients_) {
+        Send(Reply::kBusy, {}, /*close_after=*/true);
+        return;
+      }
+      server_.pending_.erase(pending_it_);
+      server_.clients_.insert(this);
+      authenticated_ = true;
+      timer_.cancel();
+      Send(Reply::kOk, {});
+      return;
+    }
+    switch (request.op) {
+      case Op::kAuth:
+        Send(Reply::kBadRequest, {}, /*close_after=*/true);
+        return;
       case Op::kSet:
-        data_[key] = value;
-        cv_.notify_all();
-        return {Reply::kOk, {}};
-      case Op::kGet: {
-        const auto timeout = std::chrono::milliseconds(DecodeI64(value));
-        const bool found =
-            cv_.wait_for(lock, timeout, [&] { return stopping_ || data_.count(key) != 0; });
-        if (!found || data_.count(key) == 0) return {Reply::kTimeout, {}};
-        return {Reply::kOk, data_[key]};
-      }
+        Send(server_.Store(request.key, std::move(request.value)) ? Reply::kOk : Reply::kFull, {});
+        return;
       case Op::kAdd: {
-        auto it = data_.find(key);
-        const int64_t now = (it == data_.end() ? 0 : DecodeI64(it->second)) + DecodeI64(value);
-        data_[key] = EncodeI64(now);
-        cv_.notify_all();
-        return {Reply::kOk, EncodeI64(now)};
+        auto it = server_.data_.find(request.key);
+        const int64_t old = it == server_.data_.end() ? 0 : store_wire::DecodeI64(it->second);
+        // Wraps instead of overflowing (signed overflow is undefined).
+        const auto now =
+            static_cast<int64_t>(static_cast<uint64_t>(old) +
+                                 static_cast<uint64_t>(store_wire::DecodeI64(request.value)));
+        if (!server_.Store(request.key, store_wire::EncodeI64(now))) {
+          Send(Reply::kFull, {});
+          return;
+        }
+        Send(Reply::kOk, store_wire::EncodeI64(now));
+        return;
       }
       case Op::kCheck:
-        return {data_.count(key) != 0 ? Reply::kOk : Reply::kMissing, {}};
+        Send(server_.data_.count(request.key) != 0 ? Reply::kOk : Reply::kMissing, {});
+        return;
+      case Op::kGet: {
+        auto it = server_.data_.find(request.key);
+        if (it != server_.data_.end()) {
+          Send(Reply::kOk, it->second);
+          return;
+        }
+        const auto asked = std::chrono::milliseconds(store_wire::DecodeI64(request.value));
+        const auto wait = std::clamp<std::chrono::milliseconds>(
+            asked, std::chrono::milliseconds(0), std::chrono::milliseconds(kMaxGetWait));
+        waiting_key_ = request.key;
+        server_.waiters_.emplace(request.key, this);
+        const uint64_t id = ++wait_id_;
+        timer_.expires_after(wait);
+        timer_.async_wait([self = shared_from_this(), id](const boost::system::error_code& ec) {
+          // A stale expiry (the key came, or another Get began) has a different id.
+          if (ec || self->closed_ || !self->waiting_key_ || self->wait_id_ != id) return;
+          self->server_.RemoveWaiter(*self->waiting_key_, self.get());
+          self->waiting_key_.reset();
+          self->Send(Reply::kTimeout, {});
+        });
+        // Keep reading while waiting: a client that leaves is noticed now, not at the deadline.
+        Read();
+        return;
+      }
     }
-    return {Reply::kBadRequest, {}};
   }
 
-  asio::io_context io_;
-  tcp::acceptor acceptor_;
-  uint16_t port_ = 0;
-  std::thread accept_thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  std::map<std::string, Bytes> data_;
-  std::vector<std::shared_ptr<tcp::socket>> sockets_;
-  std::vector<std::thread> connection_threads_;
+  void Send(Reply reply, const Bytes& payload, bool close_after = false) {
+    if (closed_) return;
+    if (writing_) {  // one request, one reply: a second reply now would be a bug here
+      log::Warn("TcpStore: a second reply while one is being sent; closing the connection");
+      Close();
+      return;
+    }
+    writing_ = true;
+    out_ = store_wire::EncodeReply(reply, payload);
+    asio::async_write(
+        socket_, asio::buffer(out_),
+        [self = shared_from_this(), close_after](const boost::system::error_code& ec, size_t) {
+          self->writing_ = false;
+          if (self->closed_) return;
+          if (ec || close_after) {
+            self->Close();
+            return;
+          }
+          self->out_ = Bytes();
+          if (self->next_) {
+            store_wire::Request next = std::move(*self->next_);
+            self->next_.reset();
+            self->Handle(std::move(next));
+            return;
+          }
+          self->Read();
+        });
+  }
+
+  Server& server_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;  // the auth deadline, then each waiting Get's
+  Bytes in_;                  // the current frame, as far as it has arrived
+  size_t want_ = store_wire::kHeaderBytes;
+  Bytes out_;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool authenticated_ = false;
+  bool closed_ = false;
+  std::optional<std::string> waiting_key_;
+  uint64_t wait_id_ = 0;
+  std::optional<store_wire::Request> next_;  // arrived while the previous reply was going out
+  std::list<Session*>::iterator pending_it_;
 };
+
+Server::~Server() {
+  if (!thread_.joinable()) return;  // Listen failed: nothing runs
+  // Closing everything on the server thread ends every operation; run() then returns.
+  asio::post(io_, [this] {
+    stopping_ = true;
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    accept_backoff_.cancel();
+    std::vector<Session*> all(pending_.begin(), pending_.end());
+    all.insert(all.end(), clients_.begin(), clients_.end());
+    for (Session* s : all) s->Close();
+  });
+  thread_.join();
+}
+
+void Server::Admit(tcp::socket socket) {
+  boost::system::error_code ec;
+  if (clients_.size() >= max_clients_) {
+    // A five-byte reply fits any fresh socket's send buffer: no need to wait for it.
+    const Bytes busy = store_wire::EncodeReply(Reply::kBusy, {});
+    socket.non_blocking(true, ec);
+    socket.write_some(asio::buffer(busy), ec);
+    socket.close(ec);
+    return;
+  }
+  if (pending_.size() >= kMaxPending) pending_.front()->Close();
+  socket.set_option(tcp::no_delay(true), ec);
+  auto session = std::make_shared<Session>(*this, std::move(socket));
+  session->Start();
+}
+
+void Server::WakeWaiters(const std::string& key, const Bytes& value) {
+  auto [begin, end] = waiters_.equal_range(key);
+  std::vector<Session*> woken;
+  for (auto it = begin; it != end; ++it) woken.push_back(it->second);
+  waiters_.erase(begin, end);
+  for (Session* s : woken) s->Answer(value);
+}
+
+void Server::RemoveWaiter(const std::string& key, Session* session) {
+  auto [begin, end] = waiters_.equal_range(key);
+  for (auto it = begin; it != end; ++it) {
+    if (it->second == session) {
+      waiters_.erase(it);
+      return;
+    }
+  }
+}
+
+std::string_view ReplyName(Reply reply) {
+  switch (reply) {
+    case Reply::kOk:
+      return "ok";
+    case Reply::kTimeout:
+      return "timeout";
+    case Reply::kMissing:
+      return "missing";
+    case Reply::kBadRequest:
+      return "bad request";
+    case Reply::kDenied:
+      return "denied";
+    case Reply::kBusy:
+      return "busy";
+    case Reply::kFull:
+      return "full";
+  }
+  return "unknown";
+}
 
 }  // namespace
 
@@ -189,6 +457,13 @@ struct TcpStore::Impl {
   asio::io_context io;
   tcp::socket socket{io};
   std::mutex mu;  // one request at a time on the connection
+
+  struct Exchanged {
+    boost::system::error_code ec;
+    bool timed_out = false;
+    Reply reply = Reply::kOk;
+    Bytes payload;
+  };
 
   std::string Address() const { return fmt::format("{}:{}", options.host, options.port); }
 
@@ -207,6 +482,43 @@ struct TcpStore::Impl {
     return false;
   }
 
+  // Sends one frame and reads its reply by `deadline`.
+  Exchanged Exchange(const Bytes& out, std::chrono::steady_clock::time_point deadline) {
+    Exchanged x;
+    bool done = false;
+    uint8_t header[store_wire::kHeaderBytes];
+    asio::async_write(socket, asio::buffer(out), [&](const boost::system::error_code& e, size_t) {
+      if (e) {
+        x.ec = e;
+        done = true;
+        return;
+      }
+      asio::async_read(socket, asio::buffer(header),
+                       [&](const boost::system::error_code& e2, size_t) {
+                         if (e2) {
+                           x.ec = e2;
+                           done = true;
+                           return;
+                         }
+                         const uint32_t length = store_wire::DecodeU32(header + 1);
+                         if (length > store_wire::kMaxValueBytes) {  // not our server
+                           x.ec = asio::error::message_size;
+                           done = true;
+                           return;
+                         }
+                         x.reply = static_cast<Reply>(header[0]);
+                         x.payload.resize(length);
+                         asio::async_read(socket, asio::buffer(x.payload),
+                                          [&](const boost::system::error_code& e3, size_t) {
+                                            x.ec = e3;
+                                            done = true;
+                                          });
+                       });
+    });
+    x.timed_out = !RunUntil(done, deadline);
+    return x;
+  }
+
   Status Connect() {
     const auto deadline = std::chrono::steady_clock::now() + options.timeout;
     boost::system::error_code ec;
@@ -214,6 +526,7 @@ struct TcpStore::Impl {
     if (ec)
       return InvalidArgument(fmt::format("TcpStore host '{}' is not an IP address", options.host));
     const tcp::endpoint endpoint(address, options.port);
+    const Bytes auth = store_wire::EncodeRequest(Op::kAuth, options.secret, {});
     auto backoff = std::chrono::milliseconds(10);
     std::string last_error = "no attempt";
     while (std::chrono::steady_clock::now() < deadline) {
@@ -225,9 +538,22 @@ struct TcpStore::Impl {
       });
       if (RunUntil(done, deadline) && !connect_ec) {
         socket.set_option(tcp::no_delay(true), ec);
-        return OkStatus();
+        Exchanged x = Exchange(auth, deadline);
+        if (!x.timed_out && !x.ec && x.reply == Reply::kOk) return OkStatus();
+        if (!x.timed_out && !x.ec && x.reply == Reply::kDenied) {
+          socket.close(ec);
+          return FailedPrecondition(fmt::format(
+              "TcpStore at {} refused this process's secret: {} must hold the same value for "
+              "every rank{}",
+              Address(), kStoreSecretEnv, options.secret.empty() ? " (it is unset here)" : ""));
+        }
+        // Busy, or dropped while pending: both pass, so try again.
+        last_error = x.timed_out ? "timed out"
+                     : x.ec      ? x.ec.message()
+                                 : fmt::format("the server replied '{}'", ReplyName(x.reply));
+      } else {
+        last_error = connect_ec ? connect_ec.message() : "timed out";
       }
-      last_error = connect_ec ? connect_ec.message() : "timed out";
       socket.close(ec);
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -241,54 +567,50 @@ struct TcpStore::Impl {
   // Sends one request and reads its reply, within `wait` plus a grace for the round trip.
   StatusOr<std::pair<Reply, Bytes>> Request(Op op, const std::string& key, const Bytes& value,
                                             std::chrono::milliseconds wait) {
+    if (key.size() > store_wire::kMaxKeyBytes) {
+      return InvalidArgument(fmt::format("TcpStore key must be at most {} bytes, got {} ('{}...')",
+                                         store_wire::kMaxKeyBytes, key.size(), key.substr(0, 64)));
+    }
+    if (value.size() > store_wire::kMaxValueBytes) {
+      return InvalidArgument(
+          fmt::format("TcpStore value for key '{}' must be at most {} bytes, "
+                      "got {}",
+                      key, store_wire::kMaxValueBytes, value.size()));
+    }
     std::lock_guard lock(mu);
     if (!socket.is_open()) {
       return Unavailable(fmt::format("TcpStore connection to {} is closed", Address()));
     }
-    Bytes out{static_cast<uint8_t>(op)};
-    PutU32(out, static_cast<uint32_t>(key.size()));
-    out.insert(out.end(), key.begin(), key.end());
-    PutU32(out, static_cast<uint32_t>(value.size()));
-    out.insert(out.end(), value.begin(), value.end());
-
     const auto deadline = std::chrono::steady_clock::now() + wait + std::chrono::seconds(10);
-    bool done = false;
-    boost::system::error_code ec;
-    uint8_t header[5];
-    Bytes payload;
-    asio::async_write(socket, asio::buffer(out), [&](const boost::system::error_code& e, size_t) {
-      if (e) {
-        ec = e;
-        done = true;
-        return;
-      }
-      asio::async_read(socket, asio::buffer(header),
-                       [&](const boost::system::error_code& e2, size_t) {
-                         if (e2) {
-                           ec = e2;
-                           done = true;
-                           return;
-                         }
-                         payload.resize(GetU32(header + 1));
-                         asio::async_read(socket, asio::buffer(payload),
-                                          [&](const boost::system::error_code& e3, size_t) {
-                                            ec = e3;
-                                            done = true;
-                                          });
-                       });
-    });
-    if (!RunUntil(done, deadline)) {
+    Exchanged x = Exchange(store_wire::EncodeRequest(op, key, value), deadline);
+    if (x.timed_out) {
       return DeadlineExceeded(
           fmt::format("TcpStore: no reply from {} for key '{}'", Address(), key));
     }
-    if (ec) {
+    if (x.ec) {
+      boost::system::error_code ec;
       socket.close(ec);
       return Unavailable(
           fmt::format("TcpStore: lost the connection to {} (key '{}'): {}; "
                       "rank 0 may have died",
-                      Address(), key, ec.message()));
+                      Address(), key, x.ec.message()));
     }
-    return std::pair{static_cast<Reply>(header[0]), std::move(payload)};
+    switch (x.reply) {
+      case Reply::kOk:
+      case Reply::kTimeout:
+      case Reply::kMissing:
+        return std::pair{x.reply, std::move(x.payload)};
+      case Reply::kFull:
+        return ResourceExhausted(fmt::format(
+            "TcpStore at {} holds its limit of {} bytes; cannot store key '{}' ({} bytes)",
+            Address(), kMaxStoreBytes, key, value.size()));
+      default:
+        break;
+    }
+    boost::system::error_code ec;
+    socket.close(ec);  // the server closes after these
+    return Internal(fmt::format("TcpStore at {} answered '{}' for key '{}'", Address(),
+                                ReplyName(x.reply), key));
   }
 };
 
@@ -298,7 +620,7 @@ TcpStore::~TcpStore() {
   if (impl_ == nullptr) return;
   boost::system::error_code ec;
   impl_->socket.close(ec);
-  impl_->server.reset();  // joins the server threads
+  impl_->server.reset();  // joins the server thread
 }
 
 StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions& options) {
@@ -309,11 +631,32 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions& opti
   if (!options.is_server && options.port == 0) {
     return InvalidArgument("TcpStore client port must be in [1, 65535], got 0");
   }
+  if (options.max_clients < 0) {
+    return InvalidArgument(fmt::format("TcpStore max_clients must be >= 0 (0: automatic), got {}",
+                                       options.max_clients));
+  }
+  if (options.secret.size() > store_wire::kMaxSecretBytes) {
+    return InvalidArgument(fmt::format("{} must be at most {} bytes, got {}", kStoreSecretEnv,
+                                       store_wire::kMaxSecretBytes, options.secret.size()));
+  }
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(options.host, ec);
+  if (ec) {
+    return InvalidArgument(fmt::format("TcpStore host '{}' is not an IP address", options.host));
+  }
+  if (!address.is_loopback() && options.secret.empty()) {
+    return InvalidArgument(fmt::format(
+        "TcpStore host {} is not a loopback address, so the store needs a secret: set {} to "
+        "the same random value for every rank (zinf run does), or use 127.0.0.1",
+        options.host, kStoreSecretEnv));
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   try {
     if (options.is_server) {
-      impl->server = std::make_unique<Server>();
+      impl->server = std::make_unique<Server>(
+          options.secret,
+          options.max_clients > 0 ? static_cast<size_t>(options.max_clients) : DefaultMaxClients());
       ZINF_RETURN_IF_ERROR(impl->server->Listen(options.host, options.port));
       impl->options.port = impl->server->port();
     }
@@ -332,8 +675,8 @@ Status TcpStore::Set(const std::string& key, const std::vector<uint8_t>& value) 
 
 StatusOr<std::vector<uint8_t>> TcpStore::Get(const std::string& key) {
   const auto timeout = impl_->options.timeout;
-  ZINF_ASSIGN_OR_RETURN(auto reply,
-                        impl_->Request(Op::kGet, key, EncodeI64(timeout.count()), timeout));
+  ZINF_ASSIGN_OR_RETURN(
+      auto reply, impl_->Request(Op::kGet, key, store_wire::EncodeI64(timeout.count()), timeout));
   if (reply.first == Reply::kTimeout) {
     return DeadlineExceeded(
         fmt::format("TcpStore: key '{}' was not set within {} ms", key, timeout.count()));
@@ -342,9 +685,9 @@ StatusOr<std::vector<uint8_t>> TcpStore::Get(const std::string& key) {
 }
 
 StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
-  ZINF_ASSIGN_OR_RETURN(auto reply,
-                        impl_->Request(Op::kAdd, key, EncodeI64(delta), impl_->options.timeout));
-  return DecodeI64(reply.second);
+  ZINF_ASSIGN_OR_RETURN(auto reply, impl_->Request(Op::kAdd, key, store_wire::EncodeI64(delta),
+                                                   impl_->options.timeout));
+  return store_wire::DecodeI64(reply.second);
 }
 
 Status TcpStore::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -353,7 +696,8 @@ Status TcpStore::Wait(const std::vector<std::string>& keys, std::chrono::millise
     const auto left = std::max(std::chrono::milliseconds(0),
                                std::chrono::duration_cast<std::chrono::milliseconds>(
                                    deadline - std::chrono::steady_clock::now()));
-    ZINF_ASSIGN_OR_RETURN(auto reply, impl_->Request(Op::kGet, key, EncodeI64(left.count()), left));
+    ZINF_ASSIGN_OR_RETURN(auto reply,
+                          impl_->Request(Op::kGet, key, store_wire::EncodeI64(left.count()), left));
     if (reply.first == Reply::kTimeout) {
       return DeadlineExceeded(
           fmt::format("TcpStore: key '{}' was not set within {} ms", key, timeout.count()));

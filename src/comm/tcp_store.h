@@ -5,9 +5,12 @@
 // Every blocking call has a deadline: a peer that never arrives or a server that died gives
 // DeadlineExceeded or Unavailable naming the key and the address, never a hang.
 //
-// Wire format (private to this file pair): a request is [u8 op][u32 key length][key]
-// [u32 value length][value]; a reply is [u8 status][u32 length][payload]. Integers are
-// little-endian.
+// Any process that can reach the port can talk to the server, so it defends itself (See Note
+// [TcpStore admission] in tcp_store.cc): every connection first presents the job's secret
+// (ZINF_STORE_SECRET, which `zinf run` generates); keys, values and the stored total have
+// limits (comm/tcp_store_wire.h) checked before anything is allocated; clients are bounded
+// and a connection that ends is released at once. Without a secret the store serves loopback
+// addresses only, as torchrun's does.
 //
 // Thread-safety: a TcpStore client may be used from several threads (calls are serialized).
 #ifndef ZINF_COMM_TCP_STORE_H_
@@ -23,6 +26,9 @@
 
 namespace zinf {
 
+// The environment variable that hands the job's store secret to the ranks.
+inline constexpr char kStoreSecretEnv[] = "ZINF_STORE_SECRET";
+
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   // 0 with is_server: pick a free port (read it back with port()).
@@ -30,17 +36,27 @@ struct TcpStoreOptions {
   bool is_server = false;
   // How long a client keeps trying to connect, and how long Get/Wait wait for a key.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The job's shared secret (kStoreSecretEnv), at most 256 bytes; server and clients must
+  // agree. Empty: none, which only a loopback host allows.
+  std::string secret;
+  // Server: the most authenticated clients (one per rank) held at once; more are refused and
+  // the client retries until its timeout. 0: half the open-file limit, in [16, 4096].
+  int max_clients = 0;
 };
 
 class TcpStore {
  public:
   // With is_server, binds and serves before returning (InvalidArgument/Unavailable when the
   // address cannot be bound). Then connects as a client, retrying until options.timeout.
+  // InvalidArgument names kStoreSecretEnv when the host is not loopback and there is no
+  // secret; FailedPrecondition when the server refuses this client's secret.
   static StatusOr<std::unique_ptr<TcpStore>> Create(const TcpStoreOptions& options);
   ~TcpStore();
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
 
+  // Keys and values beyond the wire limits are InvalidArgument; a store at its byte limit
+  // gives ResourceExhausted.
   Status Set(const std::string& key, const std::vector<uint8_t>& value);
   // Waits until `key` is set (up to the timeout), then returns its value.
   StatusOr<std::vector<uint8_t>> Get(const std::string& key);

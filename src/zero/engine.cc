@@ -1057,7 +1057,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
     ZINF_ASSIGN_OR_RETURN(impl->store, TcpStore::Create({.host = addr,
                                                          .port = static_cast<uint16_t>(port),
                                                          .is_server = rank == 0,
-                                                         .timeout = options.timeout}));
+                                                         .timeout = options.timeout,
+                                                         .secret = env.store_secret}));
   }
   if (dp.size == 1) {
     ZINF_ASSIGN_OR_RETURN(impl->comm, CreateLocalCommunicator());

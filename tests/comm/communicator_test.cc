@@ -3,9 +3,11 @@
 #include "comm/communicator.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -18,6 +20,7 @@
 
 #include "comm/environment.h"
 #include "comm/tcp_store.h"
+#include "tests/comm/store_flood.h"
 #include "tests/testing/fork_ranks.h"
 
 namespace zinf {
@@ -238,6 +241,54 @@ TEST(GlooCommunicatorTest, DeadRankIsReportedWithinTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
 }
 
+// A local process hammering the store (connect/close, huge headers, garbage, wrong secrets,
+// idle connections) must not stop a job from connecting and training.
+TEST(GlooCommunicatorTest, RanksConnectAndAllReduceWhileTheStoreIsFlooded) {
+  const int port = testing::FreePort();
+  const std::vector<int> codes = testing::ForkRanks(2, [port](int rank) {
+    // The flood comes from rank 1's process, at rank 0's store: 3000 rounds before rank 1
+    // connects, more while it trains. Rank 0 has the common default limit of 1024 open files,
+    // which a store that kept every connection would run out of.
+    std::unique_ptr<testing::StoreFlooder> flood;
+    if (rank == 0) {
+      rlimit rl{};
+      getrlimit(RLIMIT_NOFILE, &rl);
+      rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, 1024);
+      CHILD_CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    }
+    if (rank == 1) {
+      flood = std::make_unique<testing::StoreFlooder>(port);
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (flood->rounds() < 3000 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(10ms);
+      }
+      CHILD_CHECK(flood->rounds() >= 3000);
+    }
+    auto store = TcpStore::Create({.port = static_cast<uint16_t>(port),
+                                   .is_server = rank == 0,
+                                   .timeout = 20000ms,
+                                   .secret = "flood-test-secret"});
+    CHILD_OK(store.status());
+    auto comm =
+        CreateGlooCommunicator(**store, {.rank = rank, .world_size = 2, .timeout = 20000ms});
+    CHILD_OK(comm.status());
+    std::vector<float> v(4096, static_cast<float>(rank + 1));
+    for (int step = 0; step < 20; ++step) {
+      std::fill(v.begin(), v.end(), static_cast<float>(rank + 1));
+      CHILD_OK((*comm)->AllReduce(v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum));
+      CHILD_CHECK(v[0] == 3.0f && v[4095] == 3.0f);
+      // The store itself keeps serving, too.
+      auto n = (*store)->Add("steps", 1);
+      CHILD_OK(n.status());
+    }
+    CHILD_OK((*comm)->Barrier());
+    if (flood) CHILD_CHECK(flood->rounds() > 0);
+    flood.reset();
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 TEST(GlooCommunicatorTest, MissingRankFailsToConnectWithinTheTimeout) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int> codes =
@@ -279,8 +330,8 @@ TEST(LocalCommunicatorTest, CollectivesAreCopies) {
 class EnvironmentTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* v :
-         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                          "MASTER_PORT", kStoreSecretEnv}) {
       unsetenv(v);
     }
   }
@@ -292,6 +343,7 @@ TEST_F(EnvironmentTest, UnsetIsOneProcess) {
   ASSERT_TRUE(env.ok());
   EXPECT_FALSE(env->launched);
   EXPECT_EQ(env->world_size, 1);
+  EXPECT_TRUE(env->store_secret.empty());
 }
 
 TEST_F(EnvironmentTest, TorchrunVariables) {
@@ -300,8 +352,10 @@ TEST_F(EnvironmentTest, TorchrunVariables) {
   setenv("LOCAL_WORLD_SIZE", "4", 1);
   setenv("MASTER_ADDR", "10.0.0.1", 1);
   setenv("MASTER_PORT", "29501", 1);
+  setenv(kStoreSecretEnv, "0123abcd", 1);
   auto env = ReadDistEnvironment();
   ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->store_secret, "0123abcd");
   EXPECT_TRUE(env->launched);
   EXPECT_EQ(env->rank, 3);
   EXPECT_EQ(env->world_size, 8);

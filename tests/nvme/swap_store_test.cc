@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -23,6 +25,26 @@ using ::testing::HasSubstr;
 using testing_util::RandomBytes;
 using testing_util::ScratchDir;
 using testing_util::TmpfsMount;
+
+// Opens the unlinked file that this process has open and that was created at `path`, through
+// /proc/self/fd; -1 when it has none.
+int OpenUnlinked(const std::string& path) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (!ec && target == path + " (deleted)") return open(entry.path().c_str(), O_RDONLY);
+  }
+  return -1;
+}
+
+// Entries in `dir` and its subdirectories that are not directories.
+std::vector<std::string> FilesUnder(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!entry.is_directory()) files.push_back(entry.path().string());
+  }
+  return files;
+}
 
 SwapStoreOptions SmallOptions(std::vector<std::string> paths) {
   SwapStoreOptions o;
@@ -61,9 +83,13 @@ TEST_P(SwapStoreIntegrity, RandomTensorsRoundTripAndSpaceIsReused) {
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_EQ((*store)->file_paths().size(), static_cast<size_t>(c.paths));
   for (const std::string& f : (*store)->file_paths()) {
+    EXPECT_FALSE(std::filesystem::exists(f)) << f << " is unlinked once open";
+    const int fd = OpenUnlinked(f);
+    ASSERT_GE(fd, 0) << f << " is still open";
     struct stat st {};
-    ASSERT_EQ(stat(f.c_str(), &st), 0) << f;
+    ASSERT_EQ(fstat(fd, &st), 0) << f;
     EXPECT_GE(static_cast<uint64_t>(st.st_size), (*store)->file_bytes());
+    close(fd);
   }
   std::mt19937_64 rng(5);
   struct Tensor {
@@ -166,17 +192,65 @@ TEST(SwapStoreOpen, MissingPath) {
   EXPECT_THAT(s.status().message(), HasSubstr(dir.path() + "/nope does not exist"));
 }
 
-TEST(SwapStoreOpen, SecondStoreOnTheSameFilesIsRefusedUntilTheFirstCloses) {
+TEST(SwapStoreOpen, TwoStoresOnOnePathAndRankKeepTheirOwnData) {
+  // The first store's file is unlinked, so the second creates a new one under the same name.
   ScratchDir dir;
   auto first = SwapStore::Open(SmallOptions({dir.path()}));
   ASSERT_TRUE(first.ok()) << first.status();
   SwapStoreOptions options = SmallOptions({dir.path()});
   options.lock_wait_ms = 50;
   auto second = SwapStore::Open(options);
-  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(second.status().message(), HasSubstr("in use by another swap store"));
-  first->reset();
-  EXPECT_TRUE(SwapStore::Open(SmallOptions({dir.path()})).ok());
+  ASSERT_TRUE(second.ok()) << second.status();
+  const auto a = RandomBytes(1 << 20, 1), b = RandomBytes(1 << 20, 2);
+  auto ea = (*first)->Allocate(a.size(), "a");
+  auto eb = (*second)->Allocate(b.size(), "b");
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  ASSERT_EQ(ea->id, eb->id) << "the same extent of each store";
+  ASSERT_TRUE((*first)->Write(*ea, a.data()).ok());
+  ASSERT_TRUE((*second)->Write(*eb, b.data()).ok());
+  std::vector<uint8_t> back(a.size());
+  ASSERT_TRUE((*first)->Read(*ea, back.data()).ok());
+  EXPECT_EQ(back, a);
+  ASSERT_TRUE((*second)->Read(*eb, back.data()).ok());
+  EXPECT_EQ(back, b);
+}
+
+TEST(SwapStoreOpen, NoSwapFileIsLeftBehindEvenAfterKill9) {
+  ScratchDir dir;
+  const std::string path = dir.Sub("nvme");
+  // A full-size file of an earlier zinf that was killed: reused, and removed with the rest.
+  const std::string stale = path + "/zinf-swap-rank0-0.bin";
+  std::ofstream(stale) << std::string(1 << 20, 'x');
+  {
+    auto store = SwapStore::Open(SmallOptions({path}));
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ(FilesUnder(dir.path()), std::vector<std::string>{}) << "while the store is open";
+  }
+  // A rank killed while its store is open and written: nothing to clean up, nothing left.
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto store = SwapStore::Open(SmallOptions({path}));
+    if (!store.ok()) _exit(1);
+    const auto data = RandomBytes(1 << 20, 9);
+    auto e = (*store)->Allocate(data.size(), "t");
+    if (!e.ok() || !(*store)->Write(*e, data.data()).ok()) _exit(2);
+    const char byte = 1;
+    if (write(ready[1], &byte, 1) != 1) _exit(3);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the child could not open and write its store";
+  close(ready[0]);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(FilesUnder(dir.path()), std::vector<std::string>{});
 }
 
 TEST(SwapStoreOpen, FileInsteadOfDirectory) {
@@ -273,9 +347,11 @@ TEST(SwapStoreOpen, StripesEvenlyOverPaths) {
   const auto data = RandomBytes(3 << 20, 4);
   ASSERT_TRUE((*store)->Write(*e, data.data()).ok());
   for (const std::string& f : (*store)->file_paths()) {
-    std::ifstream in(f, std::ios::binary);
+    const int fd = OpenUnlinked(f);
+    ASSERT_GE(fd, 0) << f;
     std::vector<char> head(4096);
-    in.read(head.data(), 4096);
+    ASSERT_EQ(pread(fd, head.data(), head.size(), 0), 4096) << f;
+    close(fd);
     EXPECT_NE(std::count(head.begin(), head.end(), 0), 4096) << f << " holds no data";
   }
 }

@@ -44,6 +44,13 @@ TEST(ZinfInfoTest, BadPathIsReportedAndFails) {
 TEST(ZinfCliTest, UnknownSubcommandFails) {
   ZinfRun r = RunZinf("frobnicate");
   EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown command 'frobnicate'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("info, run"), std::string::npos) << r.output;
+  ZinfRun nested = RunZinf("-v bench frob");
+  EXPECT_NE(nested.exit_code, 0);
+  EXPECT_NE(nested.output.find("zinf bench: unknown command 'frob'"), std::string::npos)
+      << nested.output;
+  EXPECT_NE(nested.output.find("nvme"), std::string::npos) << nested.output;
   ZinfRun help = RunZinf("--help");
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.output.find("info"), std::string::npos);

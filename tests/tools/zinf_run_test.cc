@@ -1,15 +1,188 @@
-// `zinf run`: environment, output prefixes, and what happens when a rank fails.
+// `zinf run`: environment, output prefixes, what happens when a rank fails, and that ranks
+// die with the launcher however it ends.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/tools/run_zinf.h"
 
 namespace {
 
+using namespace std::chrono_literals;
 using zinf::testing::RunZinf;
 using zinf::testing::ZinfRun;
+
+// True while `pid` exists and is not a zombie (an orphan's reaper may be slow).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_field, comm, state;
+  if (!(stat >> pid_field >> comm >> state)) return false;
+  return state != "Z" && state != "X";
+}
+
+// A launcher started in the background: `zinf run -n ranks ARGS -- sh -c SCRIPT`, whose ranks
+// write their pid to files in a scratch directory and then run SCRIPT.
+class BackgroundRun {
+ public:
+  BackgroundRun(int ranks, const std::string& launcher_args, const std::string& script) {
+    char tmpl[] = "/tmp/zinf-run-test-XXXXXX";
+    dir_ = mkdtemp(tmpl) != nullptr ? tmpl : "/tmp";
+    ranks_ = ranks;
+    const std::string rank_script = "echo $$ > " + dir_ + "/pid.$RANK.tmp && mv " + dir_ +
+                                    "/pid.$RANK.tmp " + dir_ + "/pid.$RANK; " + script;
+    std::vector<std::string> argv = {ZINF_BINARY, "run", "-n", std::to_string(ranks)};
+    for (size_t start = 0, end; start < launcher_args.size(); start = end + 1) {
+      end = launcher_args.find(' ', start);
+      if (end == std::string::npos) end = launcher_args.size();
+      if (end > start) argv.push_back(launcher_args.substr(start, end - start));
+    }
+    for (const char* a : {"--", "sh", "-c"}) argv.push_back(a);
+    argv.push_back(rank_script);
+    launcher_ = fork();
+    if (launcher_ == 0) {
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~BackgroundRun() {
+    for (pid_t pid : rank_pids_) kill(pid, SIGKILL);
+    if (launcher_ > 0 && !reaped_) {
+      kill(launcher_, SIGKILL);
+      waitpid(launcher_, nullptr, 0);
+    }
+    std::error_code ec;
+    if (dir_ != "/tmp") std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Waits until every rank has written its pid; false after 10 s.
+  bool WaitForRanks() {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      rank_pids_.clear();
+      for (int r = 0; r < ranks_; ++r) {
+        std::ifstream in(dir_ + "/pid." + std::to_string(r));
+        pid_t pid = 0;
+        if (in >> pid) rank_pids_.push_back(pid);
+      }
+      if (static_cast<int>(rank_pids_.size()) == ranks_) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+
+  // Signals the launcher and reaps it; returns its wait status.
+  int SignalLauncher(int sig) {
+    kill(launcher_, sig);
+    int status = 0;
+    waitpid(launcher_, &status, 0);
+    reaped_ = true;
+    return status;
+  }
+
+  // True when no rank is alive within `limit`.
+  bool RanksGoneWithin(std::chrono::milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      bool any = false;
+      for (pid_t pid : rank_pids_) any = any || Alive(pid);
+      if (!any) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+
+ private:
+  std::string dir_;
+  int ranks_ = 0;
+  pid_t launcher_ = -1;
+  bool reaped_ = false;
+  std::vector<pid_t> rank_pids_;
+};
+
+// Ranks that ignore SIGTERM and SIGHUP (a disposition exec keeps) and would train for a minute.
+constexpr char kStubbornRank[] = "trap '' TERM HUP; exec sleep 60";
+
+TEST(ZinfRunTest, RanksDieWhenTheLauncherIsKilled) {
+  BackgroundRun run(2, "--grace 30", kStubbornRank);
+  ASSERT_TRUE(run.WaitForRanks());
+  const int status = run.SignalLauncher(SIGKILL);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_TRUE(run.RanksGoneWithin(5s)) << "ranks outlived their launcher";
+}
+
+TEST(ZinfRunTest, HangupStopsTheRanksLikeTerm) {
+  BackgroundRun polite(2, "", "exec sleep 60");
+  ASSERT_TRUE(polite.WaitForRanks());
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = polite.SignalLauncher(SIGHUP);
+  ASSERT_TRUE(WIFEXITED(status)) << "the launcher handles SIGHUP instead of dying of it";
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGHUP);
+  EXPECT_TRUE(polite.RanksGoneWithin(1s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // Ranks that ignore the request are killed after --grace.
+  BackgroundRun stubborn(2, "--grace 1", kStubbornRank);
+  ASSERT_TRUE(stubborn.WaitForRanks());
+  status = stubborn.SignalLauncher(SIGHUP);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGHUP);
+  EXPECT_TRUE(stubborn.RanksGoneWithin(1s));
+}
+
+TEST(ZinfRunTest, RanksShareAFreshStoreSecret) {
+  unsetenv("ZINF_STORE_SECRET");
+  ZinfRun a = RunZinf("run -n 2 -- sh -c 'echo secret=$ZINF_STORE_SECRET'");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const size_t at0 = a.output.find("[rank 0] secret=");
+  const size_t at1 = a.output.find("[rank 1] secret=");
+  ASSERT_NE(at0, std::string::npos) << a.output;
+  ASSERT_NE(at1, std::string::npos) << a.output;
+  const std::string s0 = a.output.substr(at0 + 16, a.output.find('\n', at0) - at0 - 16);
+  const std::string s1 = a.output.substr(at1 + 16, a.output.find('\n', at1) - at1 - 16);
+  EXPECT_EQ(s0.size(), 64u) << "32 random bytes in hex: '" << s0 << "'";
+  EXPECT_EQ(s0.find_first_not_of("0123456789abcdef"), std::string::npos) << s0;
+  EXPECT_EQ(s0, s1) << "every rank of a job gets the same secret";
+  ZinfRun b = RunZinf("run -n 1 -- sh -c 'echo secret=$ZINF_STORE_SECRET'");
+  EXPECT_EQ(b.output.find(s0), std::string::npos) << "each job gets its own secret";
+  // One given to the launcher (multi-node jobs need the same on every node) is passed on.
+  setenv("ZINF_STORE_SECRET", "shared-by-all-nodes", 1);
+  ZinfRun c = RunZinf(
+      "run -n 1 --nnodes 2 --node-rank 1 --master 10.0.0.1:29500 -- "
+      "sh -c 'echo secret=$ZINF_STORE_SECRET'");
+  unsetenv("ZINF_STORE_SECRET");
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("[rank 1] secret=shared-by-all-nodes"), std::string::npos) << c.output;
+  ZinfRun d = RunZinf("run -n 1 --nnodes 2 --master 10.0.0.1:29500 -- true");
+  EXPECT_EQ(d.exit_code, 2) << d.output;
+  EXPECT_NE(d.output.find("needs ZINF_STORE_SECRET"), std::string::npos) << d.output;
+}
+
+TEST(ZinfRunTest, GraceOutOfRangeIsNamed) {
+  for (const char* grace : {"1e300", "-1", "nan", "inf"}) {
+    ZinfRun r = RunZinf(std::string("run --grace ") + grace + " -- true");
+    EXPECT_EQ(r.exit_code, 2) << grace << ": " << r.output;
+    EXPECT_NE(r.output.find("--grace must be in [0, 86400] seconds, got"), std::string::npos)
+        << r.output;
+  }
+  ZinfRun big = RunZinf("run --grace 1e300 -- true");
+  EXPECT_NE(big.output.find("got 1e+300"), std::string::npos) << big.output;
+  EXPECT_EQ(RunZinf("run --grace 0.5 -- true").exit_code, 0);
+}
 
 TEST(ZinfRunTest, SetsTorchrunEnvironmentAndPrefixesOutput) {
   ZinfRun r = RunZinf(
