@@ -39,17 +39,19 @@ using Clock = std::chrono::steady_clock;
 // - One copy engine per direction, as on a GPU: copies in one direction run one at a time,
 //   in the order their streams reach them (a ticket queue), while the other direction and
 //   compute, on their own stream threads, go on at the same time.
-// - A copy holds its engine for max(memcpy time, bytes / bandwidth): the memcpy is done at
-//   once, then the stream's thread sleeps until the modelled end. Sleeping, not spinning,
+// - A copy holds its engine for max(memcpy time, bytes / bandwidth): its memcpy is done at
+//   once, then its stream's thread sleeps until the modelled end. Sleeping, not spinning,
 //   keeps the cores free for the compute the copy is meant to overlap with.
-// - Time is kept against absolute deadlines so that it does not drift with the scheduler:
-//   a copy begins at max(when it could have begun, when the engine became free), where
-//   "could have begun" is the later of its enqueue and the end of the previous task on its
-//   stream (the modelled end, when that was a copy too). A thread wakes tens of
-//   microseconds after its deadline; without this, every copy in a back-to-back chain would
-//   add that latency, and `zinf bench pcie --host` would print less than the modelled rate
-//   for small transfers. A copy is never credited time before it existed, so the link
-//   is never faster than modelled.
+// - Time is kept on the engine's own schedule of absolute deadlines, not on the stream
+//   thread's, as a DMA engine does not wait for a CPU: a copy begins at max(when it could
+//   have begun, when the engine became free) and ends max(memcpy time, bytes / bandwidth)
+//   later. "Could have begun" is the later of its enqueue and the end of the previous task on
+//   its stream (the modelled end, when that was a copy too). So the thread's wake-up latency
+//   after each deadline (tens of microseconds, milliseconds on a loaded machine) is not
+//   counted as link time: a back-to-back chain of copies keeps the modelled rate as long as
+//   the threads keep up on average, and `zinf bench pcie --host` prints what was modelled. A
+//   copy is never credited time before it was enqueued and never completes before its
+//   modelled end, so the link is never faster than modelled.
 // - The direction comes from the pointers (which one lies in one of this device's
 //   allocations), not from the caller's CopyKind: CudaDevice uses cudaMemcpyDefault and
 //   ignores the kind too, so a wrong kind must not change the timing here either.
@@ -75,10 +77,12 @@ class LinkModel {
     engine.cv.wait(lock, [&] { return engine.serving == ticket; });
     const Clock::time_point begin = std::max(ready_at, engine.free_at);
     lock.unlock();
+    const Clock::time_point copy_start = Clock::now();
     copy();
-    const auto modelled = std::chrono::duration_cast<Clock::duration>(
+    const Clock::duration copy_took = Clock::now() - copy_start;
+    const auto on_link = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(static_cast<double>(size_bytes) / bytes_per_second_));
-    const Clock::time_point end = std::max(begin + modelled, Clock::now());
+    const Clock::time_point end = begin + std::max(on_link, copy_took);
     std::this_thread::sleep_until(end);
     lock.lock();
     engine.free_at = end;
