@@ -373,9 +373,9 @@ TEST(HostDeviceLinkTest, OneCopyEnginePerDirection) {
 class HostDeviceOverlapTest : public ::testing::Test {
  protected:
   static constexpr int kModules = 8;
-  static constexpr double kModuleSeconds = 0.030;  // X: one upload, and one compute
+  static constexpr double kModuleSeconds = 0.040;  // X: one upload, and one compute
   static constexpr uint64_t kLink = 200'000'000;   // 200 MB/s
-  static constexpr size_t kModuleBytes = static_cast<size_t>(kLink * kModuleSeconds);  // 6 MB
+  static constexpr size_t kModuleBytes = static_cast<size_t>(kLink * kModuleSeconds);  // 8 MB
 
   void SetUp() override {
     d_ = std::make_unique<LinkedDevice>(kLink, kModuleBytes, /*device_buffers=*/2, kModules);
