@@ -165,7 +165,9 @@ struct HostDeviceOptions {
   // other, while a host-to-device copy, a device-to-host copy and compute on other streams
   // run at the same time. Device-to-device and host-to-host copies stay plain memcpys. The
   // direction comes from where the pointers live (the device knows its allocations), not
-  // from the CopyKind, as with CudaDevice. The time is slept, not spun: it costs no core.
+  // from the CopyKind, as with CudaDevice. The time is slept, not spun: it costs no core. A
+  // link cannot be faster than the host's memcpy: choose a rate well below it
+  // (`zinf bench pcie --host --link-gbps 0` measures memcpy through the device).
   uint64_t link_bytes_per_second = 0;
 
   // Reads the environment variable ZINF_HOST_LINK_GBPS, when it is set and not empty, into
