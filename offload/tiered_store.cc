@@ -523,6 +523,9 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
   if (options.device == "host") {
     HostDeviceOptions d;
     d.memory_budget_bytes = options.device_budget_bytes;
+    // ZINF_HOST_LINK_GBPS puts the device tier behind a modelled PCIe link, so that prefetch
+    // and eviction overlap can be seen without a GPU.
+    ZINF_RETURN_IF_ERROR(d.ApplyEnvironment());
     ZINF_ASSIGN_OR_RETURN(impl->device, CreateHostDevice(d));
   } else if (!options.device.empty()) {
     CudaDeviceOptions d;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -29,25 +30,28 @@ namespace {
 struct PcieArgs {
   std::vector<std::string> sizes = {"1MiB", "16MiB", "256MiB"};
   int device = 0;
+  bool host = false;
+  double link_gbps = -1;  // --host only; < 0: from ZINF_HOST_LINK_GBPS
   int reps = 5;
   bool json = false;
 };
 
-Status RunPcie(const PcieArgs& args) {
-  CudaDeviceOptions options;
-  options.ordinal = args.device;
-  StatusOr<std::unique_ptr<Device>> device_or = CreateCudaDevice(options);
-  if (!device_or.ok()) {
-    if (args.json) {
-      nlohmann::json out = {{"gpu", false}, {"reason", device_or.status().message()}};
-      fmt::print("{}\n", out.dump());
-    } else {
-      fmt::print("zinf bench pcie: no GPU to measure ({}); nothing to do\n",
-                 device_or.status().message());
-    }
-    return OkStatus();
+// The HostDevice to measure, with room for two device buffers of `largest` bytes; stores its
+// modelled link rate (0: none) in *link_bytes_per_second.
+StatusOr<std::unique_ptr<Device>> OpenHostDevice(const PcieArgs& args, uint64_t largest,
+                                                 uint64_t* link_bytes_per_second) {
+  HostDeviceOptions options;
+  options.memory_budget_bytes = 2 * largest;
+  if (args.link_gbps < 0) {
+    ZINF_RETURN_IF_ERROR(options.ApplyEnvironment());
+  } else {  // in [0, 1e6]: checked by the command line parser
+    options.link_bytes_per_second = static_cast<uint64_t>(std::llround(args.link_gbps * 1e9));
   }
-  Device& device = **device_or;
+  *link_bytes_per_second = options.link_bytes_per_second;
+  return CreateHostDevice(options);
+}
+
+Status RunPcie(const PcieArgs& args) {
   std::vector<uint64_t> sizes;
   for (const std::string& s : args.sizes) {
     ZINF_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes(s));
@@ -55,29 +59,67 @@ Status RunPcie(const PcieArgs& args) {
     sizes.push_back(bytes);
   }
   const uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  uint64_t link_bytes_per_second = 0;
+  std::unique_ptr<Device> owned_device;
+  if (args.host) {
+    ZINF_ASSIGN_OR_RETURN(owned_device, OpenHostDevice(args, largest, &link_bytes_per_second));
+  } else {
+    CudaDeviceOptions options;
+    options.ordinal = args.device;
+    StatusOr<std::unique_ptr<Device>> device_or = CreateCudaDevice(options);
+    if (!device_or.ok()) {
+      if (args.json) {
+        nlohmann::json out = {{"gpu", false}, {"reason", device_or.status().message()}};
+        fmt::print("{}\n", out.dump());
+      } else {
+        fmt::print(
+            "zinf bench pcie: no GPU to measure ({}); nothing to do (--host measures "
+            "the host device)\n",
+            device_or.status().message());
+      }
+      return OkStatus();
+    }
+    owned_device = std::move(*device_or);
+  }
+  Device& device = *owned_device;
+  const double link_gbps = static_cast<double>(link_bytes_per_second) / 1e9;
   ZINF_ASSIGN_OR_RETURN(HostBuffer pinned_up, device.AllocateHost(largest));
   ZINF_ASSIGN_OR_RETURN(HostBuffer pinned_down, device.AllocateHost(largest));
   ZINF_ASSIGN_OR_RETURN(HostBuffer pageable_up, HostBuffer::Allocate(largest));
   ZINF_ASSIGN_OR_RETURN(HostBuffer pageable_down, HostBuffer::Allocate(largest));
+  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_up, device.Allocate(largest));
+  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_down, device.Allocate(largest));
   for (HostBuffer* b : {&pinned_up, &pinned_down, &pageable_up, &pageable_down}) {
     std::memset(b->data(), 1, largest);  // fault the pages in before timing
   }
-  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_up, device.Allocate(largest));
-  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_down, device.Allocate(largest));
+  if (args.host) {  // device memory is host memory here: fault it in too
+    std::memset(dev_up.data(), 1, largest);
+    std::memset(dev_down.data(), 1, largest);
+  }
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stream> h2d, device.CreateStream());
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stream> d2h, device.CreateStream());
+  // On the host device every host buffer is alike: one row per size, its limit the model.
+  const std::vector<bool> memories =
+      args.host ? std::vector<bool>{true} : std::vector<bool>{true, false};
+  auto memory_name = [&](bool pinned) {
+    return args.host ? "host" : pinned ? "pinned" : "pageable";
+  };
+  // A batch moves 1 GiB, or a quarter second's worth behind a modelled link.
+  const uint64_t batch_bytes =
+      link_bytes_per_second > 0 ? std::min<uint64_t>(kGiB, link_bytes_per_second / 4) : kGiB;
 
   if (!args.json) {
     fmt::print("pcie: {}; sizes", device.name());
     for (uint64_t s : sizes) fmt::print(" {}", FormatBytes(s));
     fmt::print("; median of {} batches; GB/s = 10^9 bytes/s\n", args.reps);
-    fmt::print("{:>10}  {:>9}  {:>9}  {:>9}  {:>12}\n", "size", "memory", "H2D", "D2H",
-               "both (sum)");
+    fmt::print("{:>10}  {:>9}  {:>9}  {:>9}  {:>12}", "size", "memory", "H2D", "D2H", "both (sum)");
+    if (link_gbps > 0) fmt::print("  {:>18}", "model (one, both)");
+    fmt::print("\n");
   }
   nlohmann::json rows = nlohmann::json::array();
   for (uint64_t size : sizes) {
-    const int copies = static_cast<int>(std::max<uint64_t>(8, kGiB / size));
-    for (bool pinned : {true, false}) {
+    const int copies = static_cast<int>(std::max<uint64_t>(8, batch_bytes / size));
+    for (bool pinned : memories) {
       void* up = pinned ? pinned_up.data() : pageable_up.data();
       void* down = pinned ? pinned_down.data() : pageable_down.data();
       // mode 0: H2D only, 1: D2H only, 2: both at once.
@@ -101,20 +143,27 @@ Status RunPcie(const PcieArgs& args) {
         }
         gbps[mode] = Median(runs);
       }
-      rows.push_back({{"size_bytes", size},
-                      {"memory", pinned ? "pinned" : "pageable"},
-                      {"h2d_GBps", gbps[0]},
-                      {"d2h_GBps", gbps[1]},
-                      {"bidirectional_GBps", gbps[2]}});
+      nlohmann::json row = {{"size_bytes", size},
+                            {"memory", memory_name(pinned)},
+                            {"h2d_GBps", gbps[0]},
+                            {"d2h_GBps", gbps[1]},
+                            {"bidirectional_GBps", gbps[2]}};
+      if (link_gbps > 0) row["model_GBps"] = link_gbps;
+      rows.push_back(std::move(row));
       if (!args.json) {
-        fmt::print("{:>10}  {:>9}  {:>9.2f}  {:>9.2f}  {:>12.2f}\n", FormatBytes(size),
-                   pinned ? "pinned" : "pageable", gbps[0], gbps[1], gbps[2]);
+        fmt::print("{:>10}  {:>9}  {:>9.2f}  {:>9.2f}  {:>12.2f}", FormatBytes(size),
+                   memory_name(pinned), gbps[0], gbps[1], gbps[2]);
+        if (link_gbps > 0) {
+          fmt::print("  {:>18}", fmt::format("{:.2f}, {:.2f}", link_gbps, 2 * link_gbps));
+        }
+        fmt::print("\n");
       }
     }
   }
   if (args.json) {
     nlohmann::json out = {
-        {"gpu", true}, {"device", device.name()}, {"reps", args.reps}, {"rows", rows}};
+        {"gpu", !args.host}, {"device", device.name()}, {"reps", args.reps}, {"rows", rows}};
+    if (args.host) out["link_GBps"] = link_gbps;  // 0: no link model, memcpy
     fmt::print("{}\n", out.dump());
   }
   return OkStatus();
@@ -125,9 +174,18 @@ Status RunPcie(const PcieArgs& args) {
 void AddBenchPcieCommand(CLI::App& bench) {
   auto args = std::make_shared<PcieArgs>();
   CLI::App* cmd = bench.add_subcommand(
-      "pcie", "Host<->GPU copy bandwidth: pinned and pageable, one way and both ways, by size");
+      "pcie",
+      "Host<->GPU copy bandwidth (or the host device's modelled link with --host): pinned and "
+      "pageable, one way and both ways, by size");
   cmd->add_option("--size", args->sizes, "Transfer sizes (repeat; default 1MiB 16MiB 256MiB)");
   cmd->add_option("--device", args->device, "CUDA device ordinal")->capture_default_str();
+  cmd->add_flag("--host", args->host,
+                "Measure the host device (HostDevice) instead of a GPU, behind its modelled link");
+  cmd->add_option("--link-gbps", args->link_gbps,
+                  "With --host: the modelled link in GB/s (0: none, memcpy); default "
+                  "ZINF_HOST_LINK_GBPS")
+      ->check(CLI::Range(0.0, 1e6))
+      ->needs("--host");
   cmd->add_option("--reps", args->reps, "Timed batches per figure (median reported)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object");

@@ -157,6 +157,27 @@ struct HostDeviceOptions {
   // Bytes of "device memory"; must be > 0.
   uint64_t memory_budget_bytes = 0;
   int ordinal = 0;  // distinguishes devices in names ("host:1")
+  // A modelled host<->device link, a stand-in for PCIe so that overlap of transfers with
+  // compute can be measured and tested without a GPU. 0 (the default): off, every copy is a
+  // plain memcpy. Otherwise a copy between host memory and this device's memory takes
+  // max(memcpy time, size_bytes / link_bytes_per_second), and runs on one copy engine per
+  // direction, as on a GPU: two host-to-device copies on different streams run one after the
+  // other, while a host-to-device copy, a device-to-host copy and compute on other streams
+  // run at the same time. Device-to-device and host-to-host copies stay plain memcpys. The
+  // direction comes from where the pointers live (the device knows its allocations), not
+  // from the CopyKind, as with CudaDevice. The time is slept, not spun: it costs no core. A
+  // link cannot be faster than the host's memcpy: choose a rate well below it
+  // (`zinf bench pcie --host --link-gbps 0` measures memcpy through the device).
+  uint64_t link_bytes_per_second = 0;
+
+  // Reads the environment variable ZINF_HOST_LINK_GBPS, when it is set and not empty, into
+  // link_bytes_per_second: a decimal number of GB/s (10^9 bytes per second; "12.5" for
+  // about a PCIe 4.0 x16 link), 0 turning the model off. It overrides the field. Whoever
+  // builds the options calls this (TieredStore, the GPT's CPU backend, `zinf bench pcie
+  // --host`), so a whole run can be put behind a modelled link without code changes.
+  // InvalidArgument naming the variable and its value when it is not a number in
+  // [0, 1000000]; the options are then unchanged.
+  [[nodiscard]] Status ApplyEnvironment();
 };
 StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
 

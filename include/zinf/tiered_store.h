@@ -47,8 +47,9 @@ std::string_view TierName(Tier tier);  // "device", "host", "nvme"
 enum class Access { kRead, kWrite };
 
 struct TieredStoreOptions {
-  // The device tier: "host" (the CPU as a device: host memory under device_budget_bytes),
-  // "cuda:N", or "" for none.
+  // The device tier: "host" (the CPU as a device: host memory under device_budget_bytes;
+  // behind a modelled link when ZINF_HOST_LINK_GBPS is set, see
+  // HostDeviceOptions::ApplyEnvironment), "cuda:N", or "" for none.
   std::string device = "host";
   uint64_t device_budget_bytes = 0;  // must be > 0 when there is a device
   // Pinned host tier (homes and cached copies); must be > 0.

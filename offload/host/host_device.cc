@@ -1,18 +1,24 @@
 // HostDevice: the CPU as a device. "Device memory" is host memory under a byte budget; each
 // stream is an ordered queue served by its own worker thread (so two streams overlap, as a
 // GPU's copy engines do); events complete in stream order. It is a real device: zinf trains
-// on it on CPU-only machines, and it runs every scheduling path in CI.
+// on it on CPU-only machines, and it runs every scheduling path in CI. Optionally, copies
+// between host and device memory go over a modelled link (Note [Host link model]).
 //
 // Thread-safety: as in offload/device.h.
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
-#include <unordered_map>
 
 #include "core/log.h"
 #include "core/memory_budget.h"
@@ -24,10 +30,88 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Note [Host link model]
+// With HostDeviceOptions::link_bytes_per_second set, a copy between host memory and device
+// memory is a transfer over a modelled link, PCIe's stand-in, so that the overlap of
+// transfers with compute that the tiered store and the ZeRO engine depend on can be
+// measured and tested on a machine without a GPU.
+//
+// - One copy engine per direction, as on a GPU: copies in one direction run one at a time,
+//   in the order their streams reach them (a ticket queue), while the other direction and
+//   compute, on their own stream threads, go on at the same time.
+// - A copy holds its engine for max(memcpy time, bytes / bandwidth): its memcpy is done at
+//   once, then its stream's thread sleeps until the modelled end. Sleeping, not spinning,
+//   keeps the cores free for the compute the copy is meant to overlap with.
+// - Time is kept on the engine's own schedule of absolute deadlines, not on the stream
+//   thread's, as a DMA engine does not wait for a CPU: a copy begins at max(when it could
+//   have begun, when the engine became free) and ends max(memcpy time, bytes / bandwidth)
+//   later. "Could have begun" is the later of its enqueue and the end of the previous task on
+//   its stream (the modelled end, when that was a copy too). So the thread's wake-up latency
+//   after each deadline (tens of microseconds, milliseconds on a loaded machine) is not
+//   counted as link time: a back-to-back chain of copies keeps the modelled rate as long as
+//   the threads keep up on average, and `zinf bench pcie --host` prints what was modelled. A
+//   copy is never credited time before it was enqueued and never completes before its
+//   modelled end, so the link is never faster than modelled.
+// - The direction comes from the pointers (which one lies in one of this device's
+//   allocations), not from the caller's CopyKind: CudaDevice uses cudaMemcpyDefault and
+//   ignores the kind too, so a wrong kind must not change the timing here either.
+//   Device-to-device and host-to-host copies are not on the link.
+// - No latency per transfer is modelled, only bandwidth.
+enum class LinkDirection { kHostToDevice = 0, kDeviceToHost = 1 };
+
+class LinkModel {
+ public:
+  explicit LinkModel(uint64_t bytes_per_second) : bytes_per_second_(bytes_per_second) {}
+
+  uint64_t bytes_per_second() const { return bytes_per_second_; }
+
+  // Runs `copy` (which moves `size_bytes`) on the engine of `direction` and returns when the
+  // modelled transfer is over, with its modelled end. `ready_at`: when the copy could have
+  // begun (see the Note).
+  template <typename CopyFn>
+  Clock::time_point Transfer(LinkDirection direction, size_t size_bytes, Clock::time_point ready_at,
+                             CopyFn copy) {
+    Engine& engine = engines_[static_cast<int>(direction)];
+    std::unique_lock lock(engine.mu);
+    const uint64_t ticket = engine.next_ticket++;
+    engine.cv.wait(lock, [&] { return engine.serving == ticket; });
+    const Clock::time_point begin = std::max(ready_at, engine.free_at);
+    lock.unlock();
+    const Clock::time_point copy_start = Clock::now();
+    copy();
+    const Clock::duration copy_took = Clock::now() - copy_start;
+    const auto on_link = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(static_cast<double>(size_bytes) / bytes_per_second_));
+    const Clock::time_point end = begin + std::max(on_link, copy_took);
+    std::this_thread::sleep_until(end);
+    lock.lock();
+    engine.free_at = end;
+    ++engine.serving;
+    lock.unlock();
+    engine.cv.notify_all();
+    return end;
+  }
+
+ private:
+  struct Engine {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t next_ticket = 0;   // handed to the next copy that reaches the engine
+    uint64_t serving = 0;       // the ticket whose copy may run now
+    Clock::time_point free_at;  // the modelled end of the last copy
+  };
+
+  const uint64_t bytes_per_second_;
+  Engine engines_[2];
+};
+
 // What the device, its streams, events and buffers share; outlives the HostDevice object.
 struct DeviceState {
-  DeviceState(std::string device_name, uint64_t budget_bytes)
-      : name(std::move(device_name)), budget(name + " memory", budget_bytes) {}
+  DeviceState(std::string device_name, uint64_t budget_bytes, uint64_t link_bytes_per_second)
+      : name(std::move(device_name)),
+        budget(name + " memory", budget_bytes),
+        link(link_bytes_per_second == 0 ? nullptr
+                                        : std::make_unique<LinkModel>(link_bytes_per_second)) {}
 
   Status CheckOpen() const {
     if (closed.load(std::memory_order_acquire)) {
@@ -38,6 +122,7 @@ struct DeviceState {
 
   const std::string name;
   MemoryBudget budget;
+  const std::unique_ptr<LinkModel> link;  // null: no link model, copies are plain memcpys
   std::atomic<bool> closed{false};
 };
 
@@ -75,10 +160,22 @@ class HostAllocator final : public internal::DeviceAllocator {
     state_->budget.Release(size_bytes);
   }
 
+  // True when `p` points into one of this device's live allocations (at any offset: pools
+  // hand out pieces of larger allocations).
+  bool Owns(const void* p) {
+    std::lock_guard lock(mu_);
+    auto it = buffers_.upper_bound(p);  // the first allocation that starts after p
+    if (it == buffers_.begin()) return false;
+    --it;
+    return std::less<const void*>()(p, it->second.as<const char>() + it->second.size_bytes());
+  }
+
  private:
   std::shared_ptr<DeviceState> state_;
   std::mutex mu_;
-  std::unordered_map<void*, HostBuffer> buffers_;
+  // Ordered by address (std::less<> also compares const void* keys), so Owns() can find the
+  // allocation around any pointer.
+  std::map<const void*, HostBuffer, std::less<>> buffers_;
 };
 
 // The state behind an Event; streams hold it while a Record or Wait is queued.
@@ -142,8 +239,10 @@ class HostEvent final : public Event {
 
 class HostStream final : public Stream {
  public:
-  explicit HostStream(std::shared_ptr<DeviceState> device)
-      : device_(std::move(device)), worker_([this] { Serve(); }) {}
+  HostStream(std::shared_ptr<DeviceState> device, std::shared_ptr<HostAllocator> allocator)
+      : device_(std::move(device)),
+        allocator_(std::move(allocator)),
+        worker_([this] { Serve(); }) {}
 
   ~HostStream() override {
     {
@@ -161,8 +260,16 @@ class HostStream final : public Stream {
       return InvalidArgument(fmt::format("Copy of {} bytes: {} pointer is null", size_bytes,
                                          dst == nullptr ? "dst" : "src"));
     }
-    return Enqueue([=] {
-      std::memcpy(dst, src, size_bytes);
+    const std::optional<LinkDirection> direction = LinkDirectionOf(dst, src);
+    if (!direction.has_value()) {
+      return Enqueue([=] {
+        std::memcpy(dst, src, size_bytes);
+        return OkStatus();
+      });
+    }
+    return Enqueue([this, dst, src, size_bytes, direction = *direction] {
+      modelled_end_ = device_->link->Transfer(direction, size_bytes, ready_at_,
+                                              [&] { std::memcpy(dst, src, size_bytes); });
       return OkStatus();
     });
   }
@@ -203,7 +310,9 @@ class HostStream final : public Stream {
                               {
                                 std::lock_guard event_lock(state->mu);
                                 state->completed = std::max(state->completed, target);
-                                state->time = Clock::now();
+                                // When the work before it ended (a link copy's
+                                // modelled end), not when this thread got here.
+                                state->time = ready_at_;
                                 state->error = error_;
                               }
                               state->cv.notify_all();
@@ -248,7 +357,18 @@ class HostStream final : public Stream {
   struct Task {
     std::function<Status()> fn;
     bool run_after_error;
+    Clock::time_point enqueued_at = Clock::now();
   };
+
+  // The link a copy from `src` to `dst` goes over, or nullopt when it is a plain memcpy (no
+  // link model, or both sides on the same side of the link). See Note [Host link model].
+  std::optional<LinkDirection> LinkDirectionOf(const void* dst, const void* src) const {
+    if (device_->link == nullptr) return std::nullopt;
+    const bool dst_on_device = allocator_->Owns(dst);
+    const bool src_on_device = allocator_->Owns(src);
+    if (dst_on_device == src_on_device) return std::nullopt;
+    return dst_on_device ? LinkDirection::kHostToDevice : LinkDirection::kDeviceToHost;
+  }
 
   Status Enqueue(std::function<Status()> fn) {
     ZINF_RETURN_IF_ERROR(device_->CheckOpen());
@@ -271,7 +391,10 @@ class HostStream final : public Stream {
       const bool skip = !error_.ok() && !task.run_after_error;
       busy_ = true;
       lock.unlock();
+      ready_at_ = std::max(task.enqueued_at, previous_end_);
+      modelled_end_.reset();
       Status status = skip ? OkStatus() : task.fn();
+      previous_end_ = modelled_end_.value_or(Clock::now());
       lock.lock();
       busy_ = false;
       if (!status.ok() && error_.ok()) error_ = std::move(status);
@@ -280,6 +403,7 @@ class HostStream final : public Stream {
   }
 
   std::shared_ptr<DeviceState> device_;
+  std::shared_ptr<HostAllocator> allocator_;
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
@@ -289,21 +413,33 @@ class HostStream final : public Stream {
   // Sticky. Written only by the worker thread (under mu_), so the worker may read it
   // without the lock (Record tasks do); other threads read it under mu_.
   Status error_;
-  std::thread worker_;
+  // The worker thread's own, for the link model (Note [Host link model]): when the running
+  // task could have begun, when the previous one ended, and the modelled end a link copy
+  // reports (its thread wakes a little after it).
+  Clock::time_point ready_at_;
+  Clock::time_point previous_end_;
+  std::optional<Clock::time_point> modelled_end_;
+  std::thread worker_;  // last: it starts in the constructor and uses the members above
 };
 
 class HostDevice final : public Device {
  public:
   explicit HostDevice(const HostDeviceOptions& options)
       : state_(std::make_shared<DeviceState>(fmt::format("host:{}", options.ordinal),
-                                             options.memory_budget_bytes)),
+                                             options.memory_budget_bytes,
+                                             options.link_bytes_per_second)),
         allocator_(std::make_shared<HostAllocator>(state_)) {}
 
   ~HostDevice() override { state_->closed.store(true, std::memory_order_release); }
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
   std::string name() const override {
-    return fmt::format("{} (budget {})", state_->name, FormatBytes(state_->budget.limit_bytes()));
+    std::string link;
+    if (state_->link != nullptr) {
+      link = fmt::format(", link {:.2f} GB/s", state_->link->bytes_per_second() / 1e9);
+    }
+    return fmt::format("{} (budget {}{})", state_->name, FormatBytes(state_->budget.limit_bytes()),
+                       link);
   }
 
   StatusOr<DeviceBuffer> Allocate(size_t size_bytes) override {
@@ -312,7 +448,7 @@ class HostDevice final : public Device {
 
   StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     ZINF_RETURN_IF_ERROR(state_->CheckOpen());
-    return std::unique_ptr<Stream>(std::make_unique<HostStream>(state_));
+    return std::unique_ptr<Stream>(std::make_unique<HostStream>(state_, allocator_));
   }
 
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing) override {
@@ -336,6 +472,26 @@ class HostDevice final : public Device {
 };
 
 }  // namespace
+
+Status HostDeviceOptions::ApplyEnvironment() {
+  static constexpr const char* kVariable = "ZINF_HOST_LINK_GBPS";
+  static constexpr double kMaxGbps = 1e6;
+  const char* text = std::getenv(kVariable);
+  if (text == nullptr || *text == '\0') return OkStatus();
+  char* end = nullptr;
+  const double gbps = std::strtod(text, &end);
+  // !(a <= b) rather than a > b, so that NaN is refused too.
+  if (end == text || *end != '\0' || !(gbps >= 0) || !(gbps <= kMaxGbps)) {
+    return InvalidArgument(fmt::format(
+        "environment variable {} must be a link bandwidth in GB/s (10^9 bytes/s) in [0, {}], "
+        "got '{}'",
+        kVariable, kMaxGbps, text));
+  }
+  // A positive rate too small to count in bytes/s still means "a link", not "off".
+  const auto bytes_per_second = static_cast<uint64_t>(std::llround(gbps * 1e9));
+  link_bytes_per_second = gbps > 0 ? std::max<uint64_t>(bytes_per_second, 1) : 0;
+  return OkStatus();
+}
 
 StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options) {
   if (options.memory_budget_bytes == 0) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -239,6 +240,45 @@ TEST(TieredStoreTest, TensorLargerThanStagingAndHostBudgetMovesInPieces) {
   auto h = (*store)->Acquire(*id, Tier::kHost, Access::kRead);
   EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(h.status().message(), HasSubstr("host tier"));
+}
+
+TEST(TieredStoreTest, HostLinkFromTheEnvironment) {
+  // ZINF_HOST_LINK_GBPS puts the host device tier behind a modelled link
+  // (Note [Host link model] in offload/host/host_device.cc); a bad value is refused up front.
+  constexpr const char* kVariable = "ZINF_HOST_LINK_GBPS";
+  const char* saved = std::getenv(kVariable);
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.nvme_paths.clear();
+  setenv(kVariable, "fast", 1);
+  auto refused = TieredStore::Create(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr(kVariable));
+  setenv(kVariable, "0.5", 1);  // 500 MB/s: 4 MiB in 8.4 ms
+  auto store = TieredStore::Create(options);
+  if (saved != nullptr) {
+    setenv(kVariable, saved_value.c_str(), 1);
+  } else {
+    unsetenv(kVariable);
+  }
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_THAT((*store)->device_name(), HasSubstr("link 0.50 GB/s"));
+  constexpr uint64_t kSize = 4 * kMiB;
+  auto id = (*store)->Create("w", kSize, Tier::kHost);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto home = (*store)->Acquire(*id, Tier::kHost, Access::kWrite);
+  ASSERT_TRUE(home.ok()) << home.status();
+  Fill(*home, kSize, 1, 1);  // a never-written tensor is zeros and would not be copied
+  ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+  auto p = (*store)->Acquire(*id, Tier::kDevice, Access::kRead);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Check(*p, kSize, 1, 1), -1);
+  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
+  const LinkStats up = (*store)->stats().host_to_device;
+  EXPECT_EQ(up.bytes, kSize);
+  EXPECT_GT(up.GBps(), 0.0);
+  EXPECT_LE(up.GBps(), 0.5 / 0.9) << "the upload went over the modelled link";
 }
 
 TEST(TieredStoreTest, EvictionFollowsNextUseHintsThenLru) {
