@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,50 @@
 #include "zinf/status.h"
 
 namespace zinf {
+
+// DeepSpeed's "scheduler": {"type": ..., "params": {...}}, with DeepSpeed's parameter names
+// and defaults. The engine sets the optimizer's learning rate (and, for OneCycle, its betas)
+// from it after every applied step, as DeepSpeed's engine calls scheduler.step() after
+// optimizer.step(); the formulas and that ordering are in src/zero/lr_schedule.h.
+struct SchedulerConfig {
+  // "" (no scheduler: optimizer.params.lr throughout, or what SetLearningRate sets), WarmupLR,
+  // WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest.
+  std::string type;
+  // WarmupLR, WarmupDecayLR: from warmup_min_lr to warmup_max_lr over warmup_num_steps (at
+  // least 2), log or linear in the step; WarmupDecayLR then falls linearly to 0 at
+  // total_num_steps. Unset warmup_max_lr: WarmupLR takes optimizer.params.lr, WarmupDecayLR
+  // 0.001 (DeepSpeed's defaults).
+  double warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr;
+  int64_t warmup_num_steps = 1000;  // also WarmupCosineLR's
+  std::string warmup_type = "log";  // log | linear; also WarmupCosineLR's
+  int64_t total_num_steps = 0;      // WarmupDecayLR and WarmupCosineLR: required
+  // WarmupCosineLR: optimizer.params.lr times a ratio that warms up from warmup_min_ratio to
+  // 1, then follows a cosine down to cos_min_ratio at total_num_steps.
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.0001;
+  // OneCycle: up from cycle_min_lr to cycle_max_lr over cycle_first_step_size steps, down
+  // over cycle_second_step_size (unset: the first), then cycle_min_lr divided by
+  // (1 + decay_lr_rate * steps past the cycle / decay_step_size). With cycle_momentum, beta1
+  // moves the other way between cycle_max_mom and cycle_min_mom and beta2 is 0.99, as in
+  // DeepSpeed (off, with a warning, for Adagrad, which has no betas).
+  double cycle_min_lr = 0.0;  // required
+  double cycle_max_lr = 0.0;  // required
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  std::optional<int64_t> cycle_second_step_size;
+  int64_t decay_step_size = 0;  // 0: no decay after the cycle
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8;
+  double cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+  // LRRangeTest: lr_range_test_min_lr * (1 + step_rate * steps / step_size), the quotient
+  // rounded down with staircase.
+  double lr_range_test_min_lr = 1e-3;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+};
 
 // The parts of a DeepSpeed config the engine implements, with DeepSpeed's key names. Unknown
 // keys are errors. Defaults are DeepSpeed's.
