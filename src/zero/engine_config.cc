@@ -363,10 +363,10 @@ void Parser::Optimizer(ConfigReader& o) {
     // (cpu_optimizer.h), so either value gives the same numbers.
     bool torch_adam = false;
     p.Bool("torch_adam", &torch_adam);
-    if (p.Has("adam_w_mode") && c_.optimizer_type == "adam" && adam_w_mode) {
-      c_.optimizer_type = "adamw";  // DeepSpeed's Adam with adam_w_mode is AdamW
-    }
   });
+  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (adam_w_mode defaults to true in
+  // its engine); "AdamW" stays AdamW either way.
+  if (c_.optimizer_type == "adam" && adam_w_mode) c_.optimizer_type = "adamw";
 }
 
 void Parser::Scheduler(ConfigReader& s) {

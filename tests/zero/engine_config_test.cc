@@ -398,6 +398,20 @@ TEST(EngineConfigTest, OffloadOptimizerRatioHasDeepSpeedsMeaning) {
              "'zinf.optimizer_nvme_ratio' must be in [0, 1], got 2");
 }
 
+// DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (its engine's
+// effective_adam_w_mode); "AdamW" is AdamW either way.
+TEST(EngineConfigTest, AdamIsAdamWUnlessAdamWModeIsFalse) {
+  auto type = [](const char* json) {
+    auto c = EngineConfig::FromJson(json);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->optimizer_type : std::string();
+  };
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam"}})"), "adamw");
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam");
+  EXPECT_EQ(type(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})"), "adamw");
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Lion"}})"), "lion");
+}
+
 // ---- the engine applies the schedule ----
 
 // Lion with zero weight decay moves each parameter by exactly lr * sign(update): with a
@@ -515,6 +529,7 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroInfinityNvme) {
   EXPECT_EQ(c->NvmePaths(), std::vector<std::string>{"/local_nvme"});
   EXPECT_EQ(c->reduce_bucket_size, 10000000u);
   EXPECT_EQ(c->stage3_prefetch_bucket_size, 10000000u);
+  EXPECT_EQ(c->optimizer_type, "adamw");  // DeepSpeed's "Adam" without adam_w_mode: false
   EXPECT_TRUE(c->fp16);
   EXPECT_TRUE(c->pin_memory);
   EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
