@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,8 +39,75 @@
 
 namespace zinf {
 
+// DeepSpeed's "scheduler": {"type": ..., "params": {...}}, with DeepSpeed's parameter names
+// and defaults. The engine sets the optimizer's learning rate (and, for OneCycle, its betas)
+// from it after every applied step, as DeepSpeed's engine calls scheduler.step() after
+// optimizer.step(); the formulas and that ordering are in src/zero/lr_schedule.h.
+struct SchedulerConfig {
+  // "" (no scheduler: optimizer.params.lr throughout, or what SetLearningRate sets), WarmupLR,
+  // WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest.
+  std::string type;
+  // WarmupLR, WarmupDecayLR: from warmup_min_lr to warmup_max_lr over warmup_num_steps (at
+  // least 2), log or linear in the step; WarmupDecayLR then falls linearly to 0 at
+  // total_num_steps. Unset warmup_max_lr: WarmupLR takes optimizer.params.lr, WarmupDecayLR
+  // 0.001 (DeepSpeed's defaults).
+  double warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr;
+  int64_t warmup_num_steps = 1000;  // also WarmupCosineLR's
+  std::string warmup_type = "log";  // log | linear; also WarmupCosineLR's
+  int64_t total_num_steps = 0;      // WarmupDecayLR and WarmupCosineLR: required
+  // WarmupCosineLR: optimizer.params.lr times a ratio that warms up from warmup_min_ratio to
+  // 1, then follows a cosine down to cos_min_ratio at total_num_steps.
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.0001;
+  // OneCycle: up from cycle_min_lr to cycle_max_lr over cycle_first_step_size steps, down
+  // over cycle_second_step_size (unset: the first), then cycle_min_lr divided by
+  // (1 + decay_lr_rate * steps past the cycle / decay_step_size). With cycle_momentum, beta1
+  // moves the other way between cycle_max_mom and cycle_min_mom and beta2 is 0.99, as in
+  // DeepSpeed (off, with a warning, for Adagrad, which has no betas).
+  double cycle_min_lr = 0.0;  // required
+  double cycle_max_lr = 0.0;  // required
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  std::optional<int64_t> cycle_second_step_size;
+  int64_t decay_step_size = 0;  // 0: no decay after the cycle
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8;
+  double cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+  // LRRangeTest: lr_range_test_min_lr * (1 + step_rate * steps / step_size), the quotient
+  // rounded down with staircase.
+  double lr_range_test_min_lr = 1e-3;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+};
+
+// What a trainer knows for the keys a config leaves as "auto", as Hugging Face's DeepSpeed
+// integration fills them (its TrainingArguments in brackets). An "auto" with no value here
+// gets the documented default of its key, and FromJson logs what each "auto" became. A value
+// here that differs from one the config spells out is InvalidArgument naming both, as in
+// Hugging Face.
+struct TrainerValues {
+  std::optional<int> micro_batch_size;             // [per_device_train_batch_size]
+  std::optional<int> gradient_accumulation_steps;  // [gradient_accumulation_steps]
+  std::optional<double> gradient_clipping;         // [max_grad_norm]
+  std::optional<double> lr;  // [learning_rate]: optimizer.params.lr, scheduler warmup_max_lr
+  std::optional<double> beta1, beta2;       // [adam_beta1, adam_beta2]
+  std::optional<double> eps;                // [adam_epsilon]
+  std::optional<double> weight_decay;       // [weight_decay]
+  std::optional<int64_t> total_num_steps;   // scheduler.params.total_num_steps [the run's steps]
+  std::optional<int64_t> warmup_num_steps;  // scheduler.params.warmup_num_steps [warmup_steps]
+  std::optional<bool> fp16, bf16;           // fp16.enabled, bf16.enabled [fp16, bf16]
+  // The model's hidden size: "auto" bucket sizes become hidden^2 (reduce_bucket_size),
+  // 0.9 hidden^2 (stage3_prefetch_bucket_size) and 10 hidden
+  // (stage3_param_persistence_threshold), Hugging Face's choices.
+  std::optional<int64_t> hidden_size;
+};
+
 // The parts of a DeepSpeed config the engine implements, with DeepSpeed's key names. Unknown
-// keys are errors. Defaults are DeepSpeed's.
+// keys are errors; keys zinf accepts but does not act on are warnings (see `warnings`).
+// Defaults are DeepSpeed's.
 struct EngineConfig {
   int zero_stage = 3;  // zero_optimization.stage: 1, 2 or 3
   // Gradients are reduce-scattered in buckets of this many elements, each while backward goes
@@ -51,17 +119,37 @@ struct EngineConfig {
   // stage3_max_live_parameters elements.
   uint64_t stage3_prefetch_bucket_size = 50000000;
   uint64_t stage3_max_live_parameters = 1000000000;
+  // zero_optimization.sub_group_size (elements): read and checked, but zinf's NVMe optimizer
+  // step sizes its chunks from zinf.host_budget instead (a warning says so).
+  uint64_t sub_group_size = 1000000000;
   std::string offload_param_device = "none";      // none | cpu | nvme
   std::string offload_optimizer_device = "none";  // none | cpu | nvme
-  // offload_optimizer.ratio: with device nvme, the fraction of the optimizer state (and fp32
-  // master) whose home is NVMe; the rest stays in host memory and is stepped in the same
-  // pipeline. In [0, 1].
-  double offload_optimizer_ratio = 1.0;
-  std::vector<std::string> nvme_path;  // offload_*.nvme_path
+  // offload_optimizer.ratio, DeepSpeed's meaning: the fraction of the optimizer state kept on
+  // the CPU and stepped there, the rest on the GPU ("partial offload", stage 3). zinf has no
+  // GPU optimizer: it steps all of it on the CPU, and a ratio below 1 is a warning saying so.
+  double offload_optimizer_cpu_ratio = 1.0;
+  // zinf.optimizer_nvme_ratio: with offload_optimizer.device nvme, the fraction of the
+  // optimizer state (and fp32 master) whose home is NVMe; the rest stays in host memory and
+  // is stepped in the same pipeline. In [0, 1].
+  double optimizer_nvme_ratio = 1.0;
+  // offload_param.nvme_path and offload_optimizer.nvme_path (one path or a list each); a
+  // device nvme needs its own. The engine keeps one swap store striped over NvmePaths().
+  std::vector<std::string> offload_param_nvme_path;
+  std::vector<std::string> offload_optimizer_nvme_path;
+  // offload_optimizer.pin_memory: page-locked staging buffers for the NVMe optimizer step.
+  // (offload_param.pin_memory is a warning: gathered parameters live in ordinary host memory.)
   bool pin_memory = false;
   int gradient_accumulation_steps = 1;
-  int micro_batch_size = 1;        // train_micro_batch_size_per_gpu: for the trainer; the engine
-                                   // sees only gradients
+  int micro_batch_size = 1;  // train_micro_batch_size_per_gpu: for the trainer; the engine
+                             // sees only gradients
+  // train_batch_size: micro_batch_size x gradient_accumulation_steps x data-parallel ranks.
+  // 0: not given, or "auto" with nothing to resolve it from. ResolveBatchSize checks it once
+  // the number of ranks is known, deriving the factors the config left out as DeepSpeed does.
+  int64_t train_batch_size = 0;
+  // Whether the config set train_micro_batch_size_per_gpu and gradient_accumulation_steps
+  // (or an "auto" the trainer resolved); those left unset are what ResolveBatchSize derives.
+  bool micro_batch_size_set = false;
+  bool gradient_accumulation_steps_set = false;
   double gradient_clipping = 0.0;  // 0: off
   // bf16 or fp16: the compute precision. Parameters are stored on their tier and gathered in
   // it (half the bytes of fp32), and Fetch hands out those 16-bit values widened to fp32; the
@@ -81,6 +169,7 @@ struct EngineConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool bias_correction = true;
+  SchedulerConfig scheduler;
   uint64_t seed = 42;  // zinf's own: parameters are a function of (seed, name, index)
   // The "aio" object as given (already validated); applied to the NVMe swap files.
   std::string aio_json = "{}";
@@ -91,10 +180,29 @@ struct EngineConfig {
   // (zinf.nvme_checksum; its cost is in bench/RESULTS.md).
   bool nvme_checksum = true;
 
-  // Parses DeepSpeed JSON. InvalidArgument names the key path, the value and what is allowed.
-  static StatusOr<EngineConfig> FromJson(std::string_view json_text);
-  static StatusOr<EngineConfig> FromJsonFile(const std::string& path);
+  // One line per key the config sets that zinf accepts but does not act on as DeepSpeed
+  // would, naming the key, its value and why (e.g. "config key 'zero_optimization.
+  // overlap_comm' is false; zinf always overlaps ..."). FromJson fills it and logs each line
+  // once as a warning.
+  std::vector<std::string> warnings;
+
+  // Parses DeepSpeed JSON; "auto" values are taken from `trainer`, else from their documented
+  // defaults (each logged). InvalidArgument names the key path, the value and what is
+  // allowed. Never throws.
+  static StatusOr<EngineConfig> FromJson(std::string_view json_text,
+                                         const TrainerValues& trainer = {});
+  static StatusOr<EngineConfig> FromJsonFile(const std::string& path,
+                                             const TrainerValues& trainer = {});
   Status Validate() const;
+  // Settles train_batch_size = micro_batch_size x gradient_accumulation_steps x world_size
+  // for `world_size` data-parallel ranks: a factor the config left unset is derived (the
+  // accumulation steps first, as DeepSpeed does; both unset: accumulation 1), then the
+  // product is checked. InvalidArgument naming the three numbers and the world size when
+  // they disagree or do not divide. Engine::Create calls it on its copy of the config.
+  Status ResolveBatchSize(int world_size);
+  // The union of offload_param_nvme_path and offload_optimizer_nvme_path, each path once, in
+  // order of appearance.
+  std::vector<std::string> NvmePaths() const;
 };
 
 // Where this process sits; by default read from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
@@ -192,6 +300,17 @@ class Engine {
 
   // The factor the trainer multiplies its loss by before backward (1 without fp16).
   double loss_scale() const;
+  // The config as Create resolved it (ResolveBatchSize for this world size): a trainer reads
+  // micro_batch_size and gradient_accumulation_steps here.
+  const EngineConfig& config() const;
+  // The learning rate the next Step() applies: optimizer.params.lr, the config's scheduler's
+  // value for the steps taken so far, or what SetLearningRate set.
+  double learning_rate() const;
+  // Sets the learning rate of the following steps, for a trainer that runs its own schedule.
+  // InvalidArgument for a negative or non-finite lr; FailedPrecondition when the config has a
+  // scheduler (it would overwrite the value after the next step). Not a collective, but every
+  // rank must set the same value.
+  Status SetLearningRate(double lr);
   // The mean of `value` over all ranks (a collective), e.g. the loss of the global batch.
   StatusOr<double> MeanOverRanks(double value);
   // The full fp32 master value of a parameter (a collective: every rank must call it).

@@ -210,6 +210,42 @@ ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t 
   return *this;
 }
 
+ConfigReader& ConfigReader::Elements(std::string_view key, uint64_t* out, uint64_t min,
+                                     uint64_t max) {
+  const nlohmann::json* v = Find(key);
+  if (v == nullptr) return *this;
+  uint64_t value = 0;
+  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<int64_t>() >= 0)) {
+    value = v->get<uint64_t>();
+  } else if (v->is_number_float() && v->get<double>() >= 0 &&
+             std::floor(v->get<double>()) == v->get<double>() && v->get<double>() < 1.8e19) {
+    value = static_cast<uint64_t>(v->get<double>());  // 5e8, as DeepSpeed configs write it
+  } else if (v->is_string()) {
+    Fail(InvalidArgument(fmt::format(
+        "config key '{}' counts elements (parameters), not bytes: give a number such as 5e8, "
+        "got {}",
+        KeyPath(key), DescribeJson(*v))));
+    return *this;
+  } else {
+    Fail(InvalidArgument(fmt::format(
+        "config key '{}' must be a non-negative whole number of elements (such as 5e8), got {}",
+        KeyPath(key), DescribeJson(*v))));
+    return *this;
+  }
+  if (value < min || value > max) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}] elements, got {}",
+                                     KeyPath(key), min, max, value)));
+    return *this;
+  }
+  *out = value;
+  return *this;
+}
+
+bool ConfigReader::IsAuto(std::string_view key) {
+  const nlohmann::json* v = Find(key);
+  return v != nullptr && v->is_string() && v->get_ref<const std::string&>() == "auto";
+}
+
 ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* out, size_t count) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;

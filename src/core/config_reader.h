@@ -80,6 +80,14 @@ class ConfigReader {
   // A byte count: an integer, or a string such as "64MiB" (see ParseBytes).
   ConfigReader& Bytes(std::string_view key, uint64_t* out, uint64_t min = 0,
                       uint64_t max = std::numeric_limits<uint64_t>::max());
+  // An element count (reduce_bucket_size, stage3_prefetch_bucket_size, ...): an integer, or a
+  // number with an integral value such as 5e8. Strings are refused, "500MB" included, because
+  // the key counts elements, not bytes; the message says so.
+  ConfigReader& Elements(std::string_view key, uint64_t* out, uint64_t min = 0,
+                         uint64_t max = std::numeric_limits<uint64_t>::max());
+  // True when the key holds the string "auto" (DeepSpeed's "fill this in from the trainer"),
+  // and marks the key as read: the caller resolves it. False when absent or anything else.
+  bool IsAuto(std::string_view key);
   // A list of exactly `count` numbers (count 0: any length).
   ConfigReader& Doubles(std::string_view key, std::vector<double>* out, size_t count);
   ConfigReader& Strings(std::string_view key, std::vector<std::string>* out);
@@ -87,6 +95,9 @@ class ConfigReader {
   ConfigReader& Object(std::string_view key, const std::function<void(ConfigReader&)>& read);
   // A key zinf accepts and does not use (it has no effect here); logged once at debug level.
   ConfigReader& Ignore(std::string_view key);
+  // The value as given (nullptr when absent, or after an error), for checks the typed readers
+  // do not cover; marks the key as read.
+  const nlohmann::json* Raw(std::string_view key) { return Find(key); }
 
   bool Has(std::string_view key) const;
   // Records an error found by the caller (e.g. a cross-field check), keyed to this object.

@@ -80,6 +80,7 @@
 #include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
+#include "zero/lr_schedule.h"
 #include "zinf/cpu_info.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
@@ -662,7 +663,7 @@ struct Engine::Impl {
   // One swap store for everything this rank keeps on NVMe.
   Status OpenSwap() {
     SwapStoreOptions options;
-    options.paths = config.nvme_path;
+    options.paths = config.NvmePaths();
     options.rank = global_rank;  // groups of other processes may share the nvme_path
     options.checksum = config.nvme_checksum;
     ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
@@ -689,7 +690,7 @@ struct Engine::Impl {
         config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
                                               PipelinedOptimizerOptions::kStagingBytesPerElement);
     options.pinned = config.pin_memory;
-    options.nvme_ratio = config.offload_optimizer_ratio;
+    options.nvme_ratio = config.optimizer_nvme_ratio;
     ZINF_ASSIGN_OR_RETURN(pipelined,
                           PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
     ExtentWriter tier(swap.get(), buffers.get(), 256ull << 20);
@@ -1020,6 +1021,22 @@ struct Engine::Impl {
     }
     ++iteration;
   }
+
+  // Sets the optimizer's learning rate (and OneCycle's betas) for the step after `steps`
+  // applied ones, from the config's scheduler; nothing without one. See Note [LR schedule
+  // ordering] in src/zero/lr_schedule.h.
+  Status ApplySchedule() {
+    if (config.scheduler.type.empty()) return OkStatus();
+    ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer->group(group));
+    const ScheduledHyperParams next = ScheduleAt(config.scheduler, config.lr, steps);
+    state.hyper_params.lr = next.lr;
+    if (next.beta1) state.hyper_params.beta1 = *next.beta1;
+    if (next.beta2) state.hyper_params.beta2 = *next.beta2;
+    Status set = optimizer->SetHyperParams(group, state.hyper_params);
+    if (set.ok()) return set;
+    return set.WithContext(
+        fmt::format("scheduler {} after {} step(s)", config.scheduler.type, steps));
+  }
 };
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1029,6 +1046,29 @@ int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
 int Engine::local_rank() const { return impl_->local_rank; }
 double Engine::loss_scale() const { return impl_->loss_scale; }
+const EngineConfig& Engine::config() const { return impl_->config; }
+
+double Engine::learning_rate() const {
+  StatusOr<ParamGroupState> state = impl_->optimizer->group(impl_->group);
+  return state.ok() ? state->hyper_params.lr : std::nan("");
+}
+
+Status Engine::SetLearningRate(double lr) {
+  Impl& m = *impl_;
+  if (!std::isfinite(lr) || lr < 0) {
+    return InvalidArgument(
+        fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
+  }
+  if (!m.config.scheduler.type.empty()) {
+    return FailedPrecondition(fmt::format(
+        "SetLearningRate: the config's scheduler ({}) sets the learning rate after every step; "
+        "remove \"scheduler\" from the config to drive it from the trainer",
+        m.config.scheduler.type));
+  }
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, m.optimizer->group(m.group));
+  state.hyper_params.lr = lr;
+  return m.optimizer->SetHyperParams(m.group, state.hyper_params);
+}
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                  const EngineOptions& options) {
@@ -1052,6 +1092,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                         ResolveGroup(options.data_parallel_ranks, rank, world));
   impl->global_rank = rank;
   impl->local_rank = env.local_rank;
+  // train_batch_size counts the data-parallel ranks, known only now.
+  ZINF_RETURN_IF_ERROR(impl->config.ResolveBatchSize(dp.size));
   // Rank 0 serves the store for every group, its own may be a group of one.
   if (world > 1 && (dp.size > 1 || rank == 0)) {
     ZINF_ASSIGN_OR_RETURN(impl->store, TcpStore::Create({.host = addr,
@@ -1079,6 +1121,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   hp.weight_decay = config.weight_decay;
   hp.bias_correction = config.bias_correction;
   ZINF_ASSIGN_OR_RETURN(impl->group, impl->optimizer->AddParamGroup(hp));
+  ZINF_RETURN_IF_ERROR(impl->ApplySchedule());  // the first step's lr is the schedule's
   if (config.fp16) {
     impl->loss_scale = std::pow(2.0, config.initial_scale_power);
     impl->hysteresis_left = config.hysteresis;
@@ -1316,6 +1359,7 @@ StatusOr<StepSummary> Engine::Step() {
       m.Context(m.comm->AllReduce(global, 2, CommDataType::kFloat64, ReduceOp::kSum),
                 "all-reducing the gradient norm"));
   const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
+  Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
   // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
   const double mean_scale =
       1.0 / (static_cast<double>(m.world()) * m.config.gradient_accumulation_steps * m.loss_scale);
@@ -1348,6 +1392,7 @@ StatusOr<StepSummary> Engine::Step() {
       }
     }
     ++m.steps;
+    scheduled = m.ApplySchedule();  // as DeepSpeed's scheduler.step(), after the step
     for (Param& p : m.params) p.full_current = false;
     // Stages 1 and 2 keep the whole model gathered: refresh it now.
     if (m.config.zero_stage < 3) {
@@ -1365,6 +1410,7 @@ StatusOr<StepSummary> Engine::Step() {
   summary.loss_scale = m.loss_scale;
   summary.seconds_optimizer = Seconds(t0);
   m.MeasureTiers(&summary);
+  ZINF_RETURN_IF_ERROR(scheduled);
   return summary;
 }
 

@@ -1,112 +1,528 @@
-// EngineConfig from DeepSpeed JSON: DeepSpeed's key names and defaults, unknown keys refused.
+// EngineConfig from DeepSpeed JSON: DeepSpeed's key names and defaults, unknown keys refused,
+// keys zinf accepts without acting on them warned about by name, and "auto" values resolved
+// from the trainer as Hugging Face's integration resolves them.
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+#include <utility>
 
 #include "core/config_reader.h"
+#include "core/log.h"
 #include "nvme/aio_options.h"
 #include "zinf/engine.h"
 
 namespace zinf {
 namespace {
 
-// `ratio` is read for offload_optimizer only (DeepSpeed's offload_param has none).
-void ReadOffload(ConfigReader& r, std::string* device, double* ratio, EngineConfig* c) {
-  r.Enum("device", device, {"none", "cpu", "nvme"})
-      .Strings("nvme_path", &c->nvme_path)
-      .Bool("pin_memory", &c->pin_memory);
-  if (ratio != nullptr) r.Double("ratio", ratio, 0.0, 1.0);
+std::string Shown(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+
+std::string KeyPath(const ConfigReader& r, std::string_view key) {
+  return r.path().empty() ? std::string(key) : fmt::format("{}.{}", r.path(), key);
+}
+
+// One FromJson: the config being filled, the trainer's values, and the warnings.
+class Parser {
+ public:
+  Parser(const TrainerValues& trainer, EngineConfig* c) : t_(trainer), c_(*c) {}
+
+  // A key whose value zinf does not act on: a warning naming it, unless the value is one
+  // that asks for what zinf does anyway (`harmless`).
+  void Unused(ConfigReader& r, std::string_view key, std::string_view why,
+              const std::optional<nlohmann::json>& harmless = std::nullopt) {
+    const nlohmann::json* v = r.Raw(key);
+    if (v == nullptr || (harmless && *v == *harmless)) return;
+    Warn(fmt::format("config key '{}' = {} has no effect in zinf: {}", KeyPath(r, key), Shown(*v),
+                     why));
+  }
+  // As Unused, for a key that must be true or false.
+  void UnusedBool(ConfigReader& r, std::string_view key, std::optional<bool> harmless,
+                  std::string_view why) {
+    bool value = false;
+    r.Bool(key, &value);
+    if (!r.Has(key) || (harmless && value == *harmless)) return;
+    Unused(r, key, why);
+  }
+  // As Unused, for an element count (checked, "auto" allowed).
+  void UnusedElements(ConfigReader& r, std::string_view key, std::string_view why,
+                      uint64_t* out = nullptr) {
+    uint64_t ignored = 0;
+    if (!r.IsAuto(key)) r.Elements(key, out != nullptr ? out : &ignored);
+    Unused(r, key, why);
+  }
+
+  void Warn(std::string text) { c_.warnings.push_back(std::move(text)); }
+
+  // For a key that may be "auto": the trainer's value when it has one, else `fallback`
+  // (described by `fallback_what`). Returns whether the key was "auto".
+  template <typename T>
+  bool Auto(ConfigReader& r, std::string_view key, const std::optional<T>& trainer, T fallback,
+            std::string_view fallback_what, T* out) {
+    if (!r.IsAuto(key)) return false;
+    *out = trainer.has_value() ? *trainer : fallback;
+    log::Info("config key '{}' is \"auto\": {} ({})", KeyPath(r, key), *out,
+              trainer.has_value() ? "from the trainer" : fallback_what);
+    return true;
+  }
+  // For a key the config spells out: the trainer's value, when given, must agree (Hugging
+  // Face refuses the mismatch too: one of the two is not what the user meant).
+  template <typename T>
+  void Match(ConfigReader& r, std::string_view key, const std::optional<T>& trainer, T value) {
+    if (!trainer.has_value() || !r.Has(key) || *trainer == value) return;
+    r.Fail(InvalidArgument(
+        fmt::format("config key '{}' is {} but the trainer's value is {}; make them agree or set "
+                    "the key to \"auto\"",
+                    KeyPath(r, key), value, *trainer)));
+  }
+
+  void Root(ConfigReader& root);
+  void Zero(ConfigReader& z);
+  void OffloadParam(ConfigReader& o);
+  void OffloadOptimizer(ConfigReader& o);
+  void Fp16(ConfigReader& f);
+  void Optimizer(ConfigReader& o);
+  void Scheduler(ConfigReader& s);
+  void SchedulerParams(ConfigReader& p);
+
+ private:
+  const TrainerValues& t_;
+  EngineConfig& c_;
+};
+
+void Parser::Root(ConfigReader& root) {
+  if (!Auto(root, "train_micro_batch_size_per_gpu", t_.micro_batch_size, 1,
+            "the default; ResolveBatchSize derives it from train_batch_size if that is set",
+            &c_.micro_batch_size)) {
+    root.Int("train_micro_batch_size_per_gpu", &c_.micro_batch_size, 1, 1 << 30);
+    Match(root, "train_micro_batch_size_per_gpu", t_.micro_batch_size, c_.micro_batch_size);
+  }
+  c_.micro_batch_size_set =
+      root.Has("train_micro_batch_size_per_gpu") &&
+      (!root.IsAuto("train_micro_batch_size_per_gpu") || t_.micro_batch_size.has_value());
+  if (!Auto(root, "gradient_accumulation_steps", t_.gradient_accumulation_steps, 1,
+            "the default; ResolveBatchSize derives it from train_batch_size if that is set",
+            &c_.gradient_accumulation_steps)) {
+    root.Int("gradient_accumulation_steps", &c_.gradient_accumulation_steps, 1, 1 << 20);
+    Match(root, "gradient_accumulation_steps", t_.gradient_accumulation_steps,
+          c_.gradient_accumulation_steps);
+  }
+  c_.gradient_accumulation_steps_set =
+      root.Has("gradient_accumulation_steps") &&
+      (!root.IsAuto("gradient_accumulation_steps") || t_.gradient_accumulation_steps.has_value());
+  if (root.IsAuto("train_batch_size")) {
+    log::Info(
+        "config key 'train_batch_size' is \"auto\": micro-batch x accumulation x data-parallel "
+        "ranks, settled when the engine knows the number of ranks");
+  } else {
+    root.Int("train_batch_size", &c_.train_batch_size, 1, int64_t{1} << 50);
+  }
+  if (!Auto(root, "gradient_clipping", t_.gradient_clipping, 0.0, "the default: no clipping",
+            &c_.gradient_clipping)) {
+    root.Double("gradient_clipping", &c_.gradient_clipping, 0.0);
+    Match(root, "gradient_clipping", t_.gradient_clipping, c_.gradient_clipping);
+  }
+  Unused(root, "steps_per_print",
+         "it prints nothing per step; Engine::Step returns a StepSummary for the trainer to log");
+  UnusedBool(root, "wall_clock_breakdown", false,
+             "it prints no timers; StepSummary has seconds_gather, seconds_reduce and "
+             "seconds_optimizer for every step");
+  UnusedBool(root, "memory_breakdown", false,
+             "it prints no memory report; StepSummary has host_bytes and nvme_bytes");
+  UnusedBool(root, "dump_state", false, "it prints no state dump");
+  // Permission to run an optimizer DeepSpeed has not tested with ZeRO: every optimizer zinf
+  // offers is its own and tested, so either value means the same here.
+  bool allow_untested = false;
+  root.Bool("zero_allow_untested_optimizer", &allow_untested);
+  UnusedBool(root, "zero_force_ds_cpu_optimizer", true,
+             "zinf always steps offloaded state with its own CPU optimizer");
+  UnusedBool(root, "prescale_gradients", false,
+             "zinf sums gradients in fp32 and divides once, after the reduction");
+  Unused(root, "gradient_predivide_factor",
+         "zinf sums gradients in fp32 and divides once, after the reduction", 1.0);
+  Unused(root, "communication_data_type", "zinf reduce-scatters gradients in fp32",
+         nlohmann::json("fp32"));
+  Unused(root, "activation_checkpointing",
+         "activation checkpointing is the trainer's; zinf sees parameters and gradients only");
+  Unused(root, "checkpoint",
+         "zinf's checkpoints are its own (Engine::SaveCheckpoint, `zinf ckpt export`)");
+  for (const char* monitor :
+       {"tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler"}) {
+    const nlohmann::json* v = root.Raw(monitor);
+    if (v == nullptr) continue;
+    const auto enabled = v->is_object() ? v->find("enabled") : v->end();
+    const bool off =
+        v->is_object() && enabled != v->end() && enabled->is_boolean() && !enabled->get<bool>();
+    if (!off) {
+      Warn(
+          fmt::format("config key '{}' = {} has no effect in zinf: it has no built-in monitors; "
+                      "StepSummary carries each step's figures for the trainer to log",
+                      monitor, Shown(*v)));
+    }
+  }
+}
+
+void Parser::OffloadParam(ConfigReader& o) {
+  o.Enum("device", &c_.offload_param_device, {"none", "cpu", "nvme"})
+      .Strings("nvme_path", &c_.offload_param_nvme_path);
+  UnusedBool(o, "pin_memory", false,
+             "gathered parameters live in ordinary host memory (the engine does not run on "
+             "GPUs yet)");
   // Sizing hints for DeepSpeed's own buffer scheme; zinf sizes its pools from budgets.
-  r.Ignore("buffer_count")
-      .Ignore("buffer_size")
-      .Ignore("max_in_cpu")
-      .Ignore("fast_init")
-      .Ignore("pipeline_read")
-      .Ignore("pipeline_write");
+  int64_t count = 0;
+  o.Int("buffer_count", &count, 0, 1 << 20);
+  Unused(o, "buffer_count",
+         "zinf reads parameters ahead within stage3_prefetch_bucket_size and "
+         "stage3_max_live_parameters, not into a fixed buffer pool");
+  UnusedElements(o, "buffer_size",
+                 "zinf reads each parameter whole, not through fixed-size buffers");
+  UnusedElements(o, "max_in_cpu",
+                 "zinf keeps no host cache of NVMe-resident parameters beyond the gathered and "
+                 "prefetched ones (stage3_max_live_parameters bounds those)");
+}
+
+void Parser::OffloadOptimizer(ConfigReader& o) {
+  o.Enum("device", &c_.offload_optimizer_device, {"none", "cpu", "nvme"})
+      .Strings("nvme_path", &c_.offload_optimizer_nvme_path)
+      .Bool("pin_memory", &c_.pin_memory)
+      .Double("ratio", &c_.offload_optimizer_cpu_ratio, 0.0, 1.0);
+  if (o.Has("ratio") && c_.offload_optimizer_cpu_ratio < 1.0) {
+    Warn(fmt::format(
+        "config key '{}' = {} has no effect in zinf: DeepSpeed would keep {:.3g}% of the optimizer "
+        "state on the GPU and step it there; zinf has no GPU optimizer and steps all of it on "
+        "the CPU, as with ratio 1.0 (zinf's split of offloaded state between NVMe and host "
+        "memory is zinf.optimizer_nvme_ratio)",
+        KeyPath(o, "ratio"), c_.offload_optimizer_cpu_ratio,
+        100.0 * (1.0 - c_.offload_optimizer_cpu_ratio)));
+  }
+  int64_t count = 0;
+  o.Int("buffer_count", &count, 0, 1 << 20);
+  Unused(o, "buffer_count",
+         "zinf's NVMe optimizer step sizes its staging buffers from zinf.host_budget");
+  UnusedBool(o, "pipeline_read", true,
+             "zinf always reads the next chunk of optimizer state while stepping this one");
+  UnusedBool(o, "pipeline_write", true,
+             "zinf always writes the previous chunk of optimizer state while stepping this one");
+  UnusedBool(o, "fast_init", false, "zinf initializes NVMe optimizer state in one pass anyway");
+}
+
+void Parser::Zero(ConfigReader& z) {
+  z.Int("stage", &c_.zero_stage, 0, 3);
+  // Element counts; "auto" as Hugging Face fills them from the model's hidden size.
+  const std::optional<int64_t> h = t_.hidden_size;
+  const std::optional<uint64_t> h2 =
+      h ? std::optional<uint64_t>(static_cast<uint64_t>(*h) * static_cast<uint64_t>(*h))
+        : std::nullopt;
+  if (!Auto(z, "reduce_bucket_size", h2, c_.reduce_bucket_size,
+            "DeepSpeed's default; the trainer's hidden_size^2 when given",
+            &c_.reduce_bucket_size)) {
+    z.Elements("reduce_bucket_size", &c_.reduce_bucket_size, 1);
+  }
+  if (!Auto(z, "stage3_prefetch_bucket_size",
+            h2 ? std::optional<uint64_t>(static_cast<uint64_t>(0.9 * static_cast<double>(*h2)))
+               : std::nullopt,
+            c_.stage3_prefetch_bucket_size,
+            "DeepSpeed's default; 0.9 x the trainer's hidden_size^2 when given",
+            &c_.stage3_prefetch_bucket_size)) {
+    z.Elements("stage3_prefetch_bucket_size", &c_.stage3_prefetch_bucket_size);
+  }
+  if (!Auto(z, "stage3_param_persistence_threshold",
+            h ? std::optional<uint64_t>(10 * static_cast<uint64_t>(*h)) : std::nullopt,
+            c_.stage3_param_persistence_threshold,
+            "DeepSpeed's default; 10 x the trainer's hidden_size when given",
+            &c_.stage3_param_persistence_threshold)) {
+    z.Elements("stage3_param_persistence_threshold", &c_.stage3_param_persistence_threshold);
+  }
+  if (!Auto(z, "stage3_max_live_parameters", std::optional<uint64_t>(),
+            c_.stage3_max_live_parameters, "DeepSpeed's default", &c_.stage3_max_live_parameters)) {
+    z.Elements("stage3_max_live_parameters", &c_.stage3_max_live_parameters);
+  }
+  UnusedElements(z, "stage3_max_reuse_distance",
+                 "zinf releases a gathered parameter after its module unless it is under "
+                 "stage3_param_persistence_threshold; it keeps no reuse window");
+  UnusedElements(z, "sub_group_size",
+                 "zinf's NVMe optimizer step works in chunks sized from zinf.host_budget, not "
+                 "in sub-groups",
+                 &c_.sub_group_size);
+  UnusedElements(z, "allgather_bucket_size",
+                 "zinf all-gathers each parameter whole; stage3_prefetch_bucket_size bounds "
+                 "what is in flight");
+  z.Object("offload_param", [&](ConfigReader& o) {
+     OffloadParam(o);
+   }).Object("offload_optimizer", [&](ConfigReader& o) { OffloadOptimizer(o); });
+  // DeepSpeed's deprecated spellings of the offload objects.
+  bool cpu_offload = false, cpu_offload_param = false, pin = false;
+  z.Bool("cpu_offload", &cpu_offload)
+      .Bool("cpu_offload_param", &cpu_offload_param)
+      .Bool("cpu_offload_use_pin_memory", &pin);
+  if (cpu_offload && !z.Has("offload_optimizer")) c_.offload_optimizer_device = "cpu";
+  if (cpu_offload_param && !z.Has("offload_param")) c_.offload_param_device = "cpu";
+  if (pin) c_.pin_memory = true;
+  // Hugging Face's documentation once showed "aio" here; DeepSpeed reads it at the top level.
+  Unused(z, "aio", "DeepSpeed and zinf read \"aio\" at the top level of the config");
+  // DeepSpeed's switches for what zinf always does; the other value is a warning.
+  UnusedBool(z, "overlap_comm", true,
+             "zinf always overlaps the gradient reduce-scatter with backward");
+  UnusedBool(z, "contiguous_gradients", true,
+             "zinf always accumulates gradients into one contiguous shard");
+  UnusedBool(z, "reduce_scatter", true, "zinf always reduce-scatters gradients");
+  UnusedBool(z, "allgather_partitions", true, "zinf always all-gathers parameters");
+  UnusedBool(z, "load_from_fp32_weights", true,
+             "zinf's checkpoints hold the fp32 master weights and always load from them");
+  UnusedBool(z, "round_robin_gradients", false,
+             "a stage 1 and 2 copy-order optimization of DeepSpeed's that zinf does not have");
+  UnusedBool(z, "ignore_unused_parameters", false,
+             "zinf needs every registered module's gradients reduced each micro-batch (Step "
+             "names a module that was not)");
+  UnusedBool(z, "elastic_checkpoint", false,
+             "`zinf ckpt export` consolidates a checkpoint for any world size instead");
+  for (const char* key :
+       {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"}) {
+    UnusedBool(z, key, false,
+               "zinf checkpoints fp32 shards; `zinf ckpt export --dtype bf16` (or fp16) writes "
+               "the consolidated 16-bit model");
+  }
+}
+
+void Parser::Fp16(ConfigReader& f) {
+  if (!Auto(f, "enabled", t_.fp16, false, "the default: off", &c_.fp16)) {
+    f.Bool("enabled", &c_.fp16);
+    Match(f, "enabled", t_.fp16, c_.fp16);
+  }
+  double fixed_scale = 0;
+  f.Double("loss_scale", &fixed_scale, 0.0)
+      .Double("initial_scale_power", &c_.initial_scale_power, 0.0, 64.0)
+      .Int("loss_scale_window", &c_.loss_scale_window, 1, 1 << 30)
+      .Int("hysteresis", &c_.hysteresis, 1, 1 << 20)
+      .Double("min_loss_scale", &c_.min_loss_scale, 0.0);
+  if (fixed_scale != 0) {
+    f.Fail(
+        InvalidArgument("config key 'fp16.loss_scale' (a fixed scale) is not supported; "
+                        "use 0 for dynamic loss scaling"));
+  }
+  UnusedBool(f, "consecutive_hysteresis", false,
+             "zinf refills the hysteresis only when the scale grows (DeepSpeed's default)");
+  UnusedBool(f, "auto_cast", false, "casting the model's inputs is the trainer's");
+  UnusedBool(f, "fp16_master_weights_and_grads", false,
+             "zinf keeps fp32 master weights and gradients");
+}
+
+void Parser::Optimizer(ConfigReader& o) {
+  std::string type = "AdamW";
+  o.String("type", &type);
+  std::string lower = type;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char ch) { return std::tolower(ch); });
+  if (lower != "adamw" && lower != "adam" && lower != "adagrad" && lower != "lion") {
+    o.Fail(InvalidArgument(fmt::format(
+        "config key 'optimizer.type' must be one of AdamW, Adam, Adagrad, Lion; got \"{}\"",
+        type)));
+  }
+  c_.optimizer_type = lower;
+  bool adam_w_mode = true;
+  o.Object("params", [&](ConfigReader& p) {
+    if (!Auto(p, "lr", t_.lr, c_.lr, "zinf's default", &c_.lr)) {
+      p.Double("lr", &c_.lr, 0.0);
+      Match(p, "lr", t_.lr, c_.lr);
+    }
+    if (p.IsAuto("betas")) {
+      c_.beta1 = t_.beta1.value_or(c_.beta1);
+      c_.beta2 = t_.beta2.value_or(c_.beta2);
+      log::Info("config key 'optimizer.params.betas' is \"auto\": [{}, {}] ({})", c_.beta1,
+                c_.beta2, t_.beta1 || t_.beta2 ? "from the trainer" : "the defaults");
+    } else {
+      std::vector<double> betas = {c_.beta1, c_.beta2};
+      p.Doubles("betas", &betas, 2);
+      c_.beta1 = betas[0];
+      c_.beta2 = betas[1];
+      if (p.Has("betas") &&
+          ((t_.beta1 && *t_.beta1 != c_.beta1) || (t_.beta2 && *t_.beta2 != c_.beta2))) {
+        p.Fail(InvalidArgument(fmt::format(
+            "config key 'optimizer.params.betas' is [{}, {}] but the trainer's betas are [{}, {}]; "
+            "make them agree or set the key to \"auto\"",
+            c_.beta1, c_.beta2, t_.beta1.value_or(c_.beta1), t_.beta2.value_or(c_.beta2))));
+      }
+    }
+    if (!Auto(p, "eps", t_.eps, c_.eps, "the default", &c_.eps)) {
+      p.Double("eps", &c_.eps, 0.0);
+      Match(p, "eps", t_.eps, c_.eps);
+    }
+    if (!Auto(p, "weight_decay", t_.weight_decay, c_.weight_decay, "the default",
+              &c_.weight_decay)) {
+      p.Double("weight_decay", &c_.weight_decay, 0.0);
+      Match(p, "weight_decay", t_.weight_decay, c_.weight_decay);
+    }
+    p.Bool("bias_correction", &c_.bias_correction).Bool("adam_w_mode", &adam_w_mode);
+    // torch_adam asks for torch's implementation; zinf's kernels compute torch's formulas
+    // (cpu_optimizer.h), so either value gives the same numbers.
+    bool torch_adam = false;
+    p.Bool("torch_adam", &torch_adam);
+  });
+  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (adam_w_mode defaults to true in
+  // its engine); "AdamW" stays AdamW either way.
+  if (c_.optimizer_type == "adam" && adam_w_mode) c_.optimizer_type = "adamw";
+}
+
+void Parser::Scheduler(ConfigReader& s) {
+  s.Enum("type", &c_.scheduler.type,
+         {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
+  if (!s.Has("type") && s.Has("params")) {
+    s.Fail(InvalidArgument(
+        "config key 'scheduler.type' is missing; it must be one of WarmupLR, WarmupDecayLR, "
+        "WarmupCosineLR, OneCycle, LRRangeTest"));
+  }
+  s.Object("params", [&](ConfigReader& p) { SchedulerParams(p); });
+}
+
+void Parser::SchedulerParams(ConfigReader& p) {
+  SchedulerConfig& s = c_.scheduler;
+  const std::string& type = s.type;
+  const bool warmup = type == "WarmupLR" || type == "WarmupDecayLR";
+  const bool cosine = type == "WarmupCosineLR";
+  // Only the parameters of this type are read: another type's is "not recognized", as
+  // DeepSpeed's constructor refuses an unexpected argument.
+  if (warmup) {
+    if (!Auto(p, "warmup_min_lr", std::optional<double>(), 0.0,
+              "Hugging Face's value, not a trainer argument", &s.warmup_min_lr)) {
+      p.Double("warmup_min_lr", &s.warmup_min_lr, 0.0);
+    }
+    double max_lr = 0;
+    if (Auto(p, "warmup_max_lr", t_.lr, c_.lr, "optimizer.params.lr", &max_lr)) {
+      s.warmup_max_lr = max_lr;
+    } else if (p.Has("warmup_max_lr")) {
+      p.Double("warmup_max_lr", &max_lr, 0.0);
+      s.warmup_max_lr = max_lr;
+      Match(p, "warmup_max_lr", t_.lr, max_lr);
+    }
+  }
+  if (warmup || cosine) {
+    if (!Auto(p, "warmup_num_steps", t_.warmup_num_steps, s.warmup_num_steps, "DeepSpeed's default",
+              &s.warmup_num_steps)) {
+      p.Int("warmup_num_steps", &s.warmup_num_steps, 0, INT64_MAX / 2);
+      Match(p, "warmup_num_steps", t_.warmup_num_steps, s.warmup_num_steps);
+    }
+    p.Enum("warmup_type", &s.warmup_type, {"log", "linear"});
+  }
+  if (type == "WarmupDecayLR" || cosine) {
+    if (p.IsAuto("total_num_steps")) {
+      if (t_.total_num_steps.has_value()) {
+        s.total_num_steps = *t_.total_num_steps;
+        log::Info(
+            "config key 'scheduler.params.total_num_steps' is \"auto\": {} (from the "
+            "trainer)",
+            s.total_num_steps);
+      } else {
+        p.Fail(InvalidArgument(
+            "config key 'scheduler.params.total_num_steps' is \"auto\" and the trainer gave no "
+            "total_num_steps (TrainerValues); set the number of optimizer steps"));
+      }
+    } else {
+      p.Int("total_num_steps", &s.total_num_steps, 1, INT64_MAX / 2);
+      Match(p, "total_num_steps", t_.total_num_steps, s.total_num_steps);
+    }
+  }
+  if (cosine) {
+    p.Double("warmup_min_ratio", &s.warmup_min_ratio, 0.0, 1.0)
+        .Double("cos_min_ratio", &s.cos_min_ratio, 0.0, 1.0);
+  }
+  if (type == "OneCycle") {
+    for (const char* required : {"cycle_min_lr", "cycle_max_lr"}) {
+      if (!p.Has(required)) {
+        p.Fail(InvalidArgument(fmt::format(
+            "config key 'scheduler.params.{}' is missing; OneCycle needs cycle_min_lr and "
+            "cycle_max_lr",
+            required)));
+      }
+    }
+    int64_t second = 0;
+    p.Double("cycle_min_lr", &s.cycle_min_lr, 0.0)
+        .Double("cycle_max_lr", &s.cycle_max_lr, 0.0)
+        .Double("decay_lr_rate", &s.decay_lr_rate, 0.0)
+        .Int("cycle_first_step_size", &s.cycle_first_step_size, 1, INT64_MAX / 4)
+        .Int("cycle_second_step_size", &second, 0, INT64_MAX / 4)
+        .Int("decay_step_size", &s.decay_step_size, 0, INT64_MAX / 4)
+        .Bool("cycle_momentum", &s.cycle_momentum)
+        .Double("cycle_min_mom", &s.cycle_min_mom, 0.0)
+        .Double("cycle_max_mom", &s.cycle_max_mom, 0.0)
+        .Double("decay_mom_rate", &s.decay_mom_rate, 0.0);
+    if (p.Has("cycle_second_step_size")) s.cycle_second_step_size = second;
+    for (const char* stairs : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
+      int64_t count = 0;
+      p.Int(stairs, &count, 0, INT64_MAX / 4);
+      if (p.Has(stairs) && count != 0) {
+        Unused(p, stairs,
+               "DeepSpeed's OneCycle stores it but computes no stairs from it, and zinf "
+               "computes the same learning rates");
+      }
+    }
+    if (s.cycle_momentum && c_.optimizer_type == "adagrad") {
+      s.cycle_momentum = false;
+      Warn(
+          "config key 'scheduler.params.cycle_momentum' has no effect with optimizer Adagrad, "
+          "which has no betas (DeepSpeed turns it off too)");
+    } else if (s.cycle_momentum && c_.beta2 != 0.99) {
+      Warn(
+          fmt::format("config key 'scheduler.params.cycle_momentum' = true replaces "
+                      "optimizer.params.betas[1] ({}) with 0.99, as DeepSpeed's OneCycle does",
+                      c_.beta2));
+    }
+  }
+  if (type == "LRRangeTest") {
+    p.Double("lr_range_test_min_lr", &s.lr_range_test_min_lr, 0.0)
+        .Int("lr_range_test_step_size", &s.lr_range_test_step_size, 1, INT64_MAX / 2)
+        .Double("lr_range_test_step_rate", &s.lr_range_test_step_rate, 0.0)
+        .Bool("lr_range_test_staircase", &s.lr_range_test_staircase);
+  }
+  if (!type.empty()) {
+    int64_t last = -1;
+    p.Int("last_batch_iteration", &last);
+    if (last != -1) {
+      p.Fail(InvalidArgument(fmt::format(
+          "config key 'scheduler.params.last_batch_iteration' must be -1, got {}; zinf resumes a "
+          "schedule from the step count its checkpoints keep",
+          last)));
+    }
+  }
+  if (type == "WarmupDecayLR" && s.total_num_steps > 0 &&
+      s.total_num_steps < std::max<int64_t>(2, s.warmup_num_steps)) {
+    Warn(fmt::format(
+        "config key 'scheduler.params.total_num_steps' = {} is less than warmup_num_steps ({}): "
+        "the learning rate decays from the end of warmup and is 0 past {} steps",
+        s.total_num_steps, s.warmup_num_steps, s.total_num_steps));
+  }
 }
 
 }  // namespace
 
-StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text) {
+StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
+                                              const TrainerValues& trainer) {
   ZINF_ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(json_text, "config"));
+  if (trainer.hidden_size.has_value() &&
+      (*trainer.hidden_size <= 0 || *trainer.hidden_size > (int64_t{1} << 31))) {
+    return InvalidArgument(fmt::format("TrainerValues::hidden_size must be in [1, 2^31], got {}",
+                                       *trainer.hidden_size));
+  }
   EngineConfig c;
+  Parser parser(trainer, &c);
   ConfigReader root(json, "");
-  root.Int("train_micro_batch_size_per_gpu", &c.micro_batch_size, 1, 1 << 30)
-      .Ignore("train_batch_size")
-      .Int("gradient_accumulation_steps", &c.gradient_accumulation_steps, 1, 1 << 20)
-      .Double("gradient_clipping", &c.gradient_clipping, 0.0)
-      .Ignore("steps_per_print")
-      .Ignore("wall_clock_breakdown")
-      .Ignore("zero_allow_untested_optimizer");
-  root.Object("zero_optimization", [&](ConfigReader& z) {
-    z.Int("stage", &c.zero_stage, 0, 3)
-        .Bytes("reduce_bucket_size", &c.reduce_bucket_size, 1)
-        .Bytes("stage3_param_persistence_threshold", &c.stage3_param_persistence_threshold)
-        .Bytes("stage3_prefetch_bucket_size", &c.stage3_prefetch_bucket_size)
-        .Bytes("stage3_max_live_parameters", &c.stage3_max_live_parameters)
-        .Object("offload_param",
-                [&](ConfigReader& o) { ReadOffload(o, &c.offload_param_device, nullptr, &c); })
-        .Object("offload_optimizer",
-                [&](ConfigReader& o) {
-                  ReadOffload(o, &c.offload_optimizer_device, &c.offload_optimizer_ratio, &c);
-                })
-        // DeepSpeed's scheduling switches; zinf always overlaps and buckets.
-        .Ignore("overlap_comm")
-        .Ignore("contiguous_gradients")
-        .Ignore("reduce_scatter")
-        .Ignore("allgather_partitions")
-        .Ignore("allgather_bucket_size")
-        .Ignore("round_robin_gradients")
-        .Ignore("sub_group_size")
-        .Ignore("stage3_max_reuse_distance")
-        .Ignore("stage3_gather_16bit_weights_on_model_save");
-  });
-  root.Object("fp16", [&](ConfigReader& f) {
-    double fixed_scale = 0;
-    f.Bool("enabled", &c.fp16)
-        .Double("loss_scale", &fixed_scale, 0.0)
-        .Double("initial_scale_power", &c.initial_scale_power, 0.0, 64.0)
-        .Int("loss_scale_window", &c.loss_scale_window, 1, 1 << 30)
-        .Int("hysteresis", &c.hysteresis, 1, 1 << 20)
-        .Double("min_loss_scale", &c.min_loss_scale, 0.0);
-    if (fixed_scale != 0) {
-      f.Fail(
-          InvalidArgument("config key 'fp16.loss_scale' (a fixed scale) is not supported; "
-                          "use 0 for dynamic loss scaling"));
+  parser.Root(root);
+  root.Object("zero_optimization", [&](ConfigReader& z) { parser.Zero(z); });
+  root.Object("fp16", [&](ConfigReader& f) { parser.Fp16(f); });
+  root.Object("bf16", [&](ConfigReader& b) {
+    if (!parser.Auto(b, "enabled", trainer.bf16, false, "the default: off", &c.bf16)) {
+      b.Bool("enabled", &c.bf16);
+      parser.Match(b, "enabled", trainer.bf16, c.bf16);
     }
   });
-  root.Object("bf16", [&](ConfigReader& b) { b.Bool("enabled", &c.bf16); });
-  root.Object("optimizer", [&](ConfigReader& o) {
-    std::string type = "AdamW";
-    o.String("type", &type);
-    std::string lower = type;
-    std::transform(lower.begin(), lower.end(), lower.begin(),
-                   [](unsigned char ch) { return std::tolower(ch); });
-    if (lower != "adamw" && lower != "adam" && lower != "adagrad" && lower != "lion") {
-      o.Fail(InvalidArgument(fmt::format(
-          "config key 'optimizer.type' must be one of AdamW, Adam, Adagrad, Lion; got \"{}\"",
-          type)));
-    }
-    c.optimizer_type = lower;
-    o.Object("params", [&](ConfigReader& p) {
-      std::vector<double> betas = {c.beta1, c.beta2};
-      bool adam_w_mode = true;
-      p.Double("lr", &c.lr, 0.0)
-          .Doubles("betas", &betas, 2)
-          .Double("eps", &c.eps, 0.0)
-          .Double("weight_decay", &c.weight_decay, 0.0)
-          .Bool("bias_correction", &c.bias_correction)
-          .Bool("adam_w_mode", &adam_w_mode)
-          .Ignore("torch_adam");
-      c.beta1 = betas[0];
-      c.beta2 = betas[1];
-      if (p.Has("adam_w_mode") && c.optimizer_type == "adam" && adam_w_mode) {
-        c.optimizer_type = "adamw";  // DeepSpeed's Adam with adam_w_mode is AdamW
-      }
-    });
-  });
+  // The optimizer before the scheduler: warmup_max_lr "auto" and WarmupCosineLR use its lr.
+  root.Object("optimizer", [&](ConfigReader& o) { parser.Optimizer(o); });
+  root.Object("scheduler", [&](ConfigReader& s) { parser.Scheduler(s); });
   root.Ignore("aio");  // checked in full by the NVMe layer's own reader:
   if (json.is_object() && json.contains("aio")) {
     AioOptions aio;
@@ -116,19 +532,108 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text) {
   root.Object("zinf", [&](ConfigReader& z) {
     z.Int("seed", &c.seed, 0, INT64_MAX)
         .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)
-        .Bool("nvme_checksum", &c.nvme_checksum);
+        .Bool("nvme_checksum", &c.nvme_checksum)
+        .Double("optimizer_nvme_ratio", &c.optimizer_nvme_ratio, 0.0, 1.0);
   });
   ZINF_RETURN_IF_ERROR(root.Finish());
   ZINF_RETURN_IF_ERROR(c.Validate());
+  for (const std::string& warning : c.warnings) log::Warn("{}", warning);
   return c;
 }
 
-StatusOr<EngineConfig> EngineConfig::FromJsonFile(const std::string& path) {
+StatusOr<EngineConfig> EngineConfig::FromJsonFile(const std::string& path,
+                                                  const TrainerValues& trainer) {
   ZINF_ASSIGN_OR_RETURN(nlohmann::json json, ReadJsonFile(path));
-  StatusOr<EngineConfig> c = FromJson(json.dump());
+  StatusOr<EngineConfig> c = FromJson(json.dump(), trainer);
   if (!c.ok()) return c.status().WithContext(path);
   return c;
 }
+
+namespace {
+
+Status ValidateScheduler(const SchedulerConfig& s) {
+  const std::string& t = s.type;
+  if (t.empty()) return OkStatus();
+  if (t != "WarmupLR" && t != "WarmupDecayLR" && t != "WarmupCosineLR" && t != "OneCycle" &&
+      t != "LRRangeTest") {
+    return InvalidArgument(fmt::format(
+        "scheduler.type must be one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "
+        "LRRangeTest; got \"{}\"",
+        t));
+  }
+  auto rate = [](const char* key, double v) -> Status {
+    if (std::isfinite(v) && v >= 0) return OkStatus();
+    return InvalidArgument(
+        fmt::format("scheduler.params.{} must be a finite number >= 0, got {}", key, v));
+  };
+  if (s.warmup_type != "log" && s.warmup_type != "linear") {
+    return InvalidArgument(fmt::format(
+        "scheduler.params.warmup_type must be \"log\" or \"linear\", got \"{}\"", s.warmup_type));
+  }
+  if (s.warmup_num_steps < 0) {
+    return InvalidArgument(
+        fmt::format("scheduler.params.warmup_num_steps must be >= 0, got {}", s.warmup_num_steps));
+  }
+  const int64_t warmup = std::max<int64_t>(2, s.warmup_num_steps);
+  if (t == "WarmupLR" || t == "WarmupDecayLR") {
+    ZINF_RETURN_IF_ERROR(rate("warmup_min_lr", s.warmup_min_lr));
+    if (s.warmup_max_lr) ZINF_RETURN_IF_ERROR(rate("warmup_max_lr", *s.warmup_max_lr));
+  }
+  if ((t == "WarmupDecayLR" || t == "WarmupCosineLR") && s.total_num_steps <= 0) {
+    return InvalidArgument(fmt::format(
+        "scheduler.params.total_num_steps must be > 0 for {} (DeepSpeed requires it), got {}", t,
+        s.total_num_steps));
+  }
+  if (t == "WarmupCosineLR") {
+    // The cosine divides by the steps after warmup.
+    if (s.total_num_steps <= warmup) {
+      return InvalidArgument(fmt::format(
+          "scheduler.params.total_num_steps must be more than warmup_num_steps (at least 2) for "
+          "WarmupCosineLR, got {} and {}",
+          s.total_num_steps, s.warmup_num_steps));
+    }
+    for (auto [key, v] : {std::pair{"warmup_min_ratio", s.warmup_min_ratio},
+                          std::pair{"cos_min_ratio", s.cos_min_ratio}}) {
+      if (!(v >= 0 && v <= 1)) {
+        return InvalidArgument(
+            fmt::format("scheduler.params.{} must be in [0, 1], got {}", key, v));
+      }
+    }
+  }
+  if (t == "OneCycle") {
+    ZINF_RETURN_IF_ERROR(rate("cycle_min_lr", s.cycle_min_lr));
+    ZINF_RETURN_IF_ERROR(rate("cycle_max_lr", s.cycle_max_lr));
+    ZINF_RETURN_IF_ERROR(rate("decay_lr_rate", s.decay_lr_rate));
+    ZINF_RETURN_IF_ERROR(rate("decay_mom_rate", s.decay_mom_rate));
+    if (s.cycle_first_step_size < 1 || s.cycle_second_step_size.value_or(1) < 0 ||
+        s.decay_step_size < 0) {
+      return InvalidArgument(fmt::format(
+          "scheduler.params.cycle_first_step_size must be >= 1 and cycle_second_step_size and "
+          "decay_step_size >= 0, got {}, {} and {}",
+          s.cycle_first_step_size, s.cycle_second_step_size.value_or(s.cycle_first_step_size),
+          s.decay_step_size));
+    }
+    for (auto [key, v] : {std::pair{"cycle_min_mom", s.cycle_min_mom},
+                          std::pair{"cycle_max_mom", s.cycle_max_mom}}) {
+      if (!(v >= 0 && v < 1)) {
+        return InvalidArgument(fmt::format(
+            "scheduler.params.{} must be in [0, 1) (it becomes beta1), got {}", key, v));
+      }
+    }
+  }
+  if (t == "LRRangeTest") {
+    ZINF_RETURN_IF_ERROR(rate("lr_range_test_min_lr", s.lr_range_test_min_lr));
+    ZINF_RETURN_IF_ERROR(rate("lr_range_test_step_rate", s.lr_range_test_step_rate));
+    if (s.lr_range_test_step_size < 1) {
+      return InvalidArgument(
+          fmt::format("scheduler.params.lr_range_test_step_size must be >= 1, got {}",
+                      s.lr_range_test_step_size));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
 
 Status EngineConfig::Validate() const {
   if (zero_stage < 1 || zero_stage > 3) {
@@ -136,13 +641,39 @@ Status EngineConfig::Validate() const {
         fmt::format("zero_optimization.stage must be 1, 2 or 3, got {}", zero_stage));
   }
   if (fp16 && bf16) return InvalidArgument("fp16.enabled and bf16.enabled are both true");
+  if (micro_batch_size < 1 || gradient_accumulation_steps < 1 || train_batch_size < 0) {
+    return InvalidArgument(fmt::format(
+        "train_micro_batch_size_per_gpu and gradient_accumulation_steps must be >= 1 and "
+        "train_batch_size >= 0, got {}, {} and {}",
+        micro_batch_size, gradient_accumulation_steps, train_batch_size));
+  }
+  for (auto [key, v] :
+       {std::pair{"optimizer.params.lr", lr}, std::pair{"optimizer.params.eps", eps},
+        std::pair{"optimizer.params.weight_decay", weight_decay},
+        std::pair{"gradient_clipping", gradient_clipping}}) {
+    if (!(std::isfinite(v) && v >= 0)) {
+      return InvalidArgument(fmt::format("{} must be a finite number >= 0, got {}", key, v));
+    }
+  }
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
     return InvalidArgument(
         fmt::format("optimizer.params.betas must be in [0, 1), got [{}, {}]", beta1, beta2));
   }
-  for (const std::string* device : {&offload_param_device, &offload_optimizer_device}) {
-    if (*device == "nvme" && nvme_path.empty()) {
-      return InvalidArgument("offload device nvme needs nvme_path");
+  if (offload_param_device == "nvme" && offload_param_nvme_path.empty()) {
+    return InvalidArgument(
+        "zero_optimization.offload_param.device is \"nvme\" but "
+        "zero_optimization.offload_param.nvme_path is not set");
+  }
+  if (offload_optimizer_device == "nvme" && offload_optimizer_nvme_path.empty()) {
+    return InvalidArgument(
+        "zero_optimization.offload_optimizer.device is \"nvme\" but "
+        "zero_optimization.offload_optimizer.nvme_path is not set");
+  }
+  for (auto [key, v] :
+       {std::pair{"zero_optimization.offload_optimizer.ratio", offload_optimizer_cpu_ratio},
+        std::pair{"zinf.optimizer_nvme_ratio", optimizer_nvme_ratio}}) {
+    if (!(v >= 0 && v <= 1)) {
+      return InvalidArgument(fmt::format("{} must be in [0, 1], got {}", key, v));
     }
   }
   if (offload_param_device != "none" && zero_stage != 3) {
@@ -151,7 +682,59 @@ Status EngineConfig::Validate() const {
         "in stage {})",
         zero_stage));
   }
+  return ValidateScheduler(scheduler);
+}
+
+Status EngineConfig::ResolveBatchSize(int world_size) {
+  if (world_size < 1) {
+    return InvalidArgument(fmt::format("world size must be >= 1, got {}", world_size));
+  }
+  const int64_t world = world_size;
+  const int64_t tbs = train_batch_size;
+  auto mismatch = [&](std::string_view what) {
+    return InvalidArgument(fmt::format(
+        "train_batch_size {} must equal train_micro_batch_size_per_gpu x "
+        "gradient_accumulation_steps x {} data-parallel rank(s){}; got micro-batch {} and "
+        "accumulation {}",
+        tbs, world, what, micro_batch_size, gradient_accumulation_steps));
+  };
+  if (tbs == 0) {  // not given, or "auto": the product is the batch
+    train_batch_size = int64_t{micro_batch_size} * gradient_accumulation_steps * world;
+    micro_batch_size_set = gradient_accumulation_steps_set = true;  // settled: a second call checks
+    return OkStatus();
+  }
+  // DeepSpeed's order: given the batch and the micro-batch, derive the accumulation; given the
+  // batch and the accumulation, the micro-batch; given the batch alone, accumulation 1.
+  if (!gradient_accumulation_steps_set) {
+    const int64_t micro = micro_batch_size_set ? micro_batch_size : tbs / world;
+    if (micro < 1 || tbs % (micro * world) != 0 || tbs / (micro * world) > (1 << 20)) {
+      return mismatch(" (gradient_accumulation_steps, not set, cannot be derived)");
+    }
+    gradient_accumulation_steps = static_cast<int>(tbs / (micro * world));
+    if (!micro_batch_size_set) {
+      if (micro > (1 << 30)) return mismatch("");
+      micro_batch_size = static_cast<int>(micro);
+    }
+  } else if (!micro_batch_size_set) {
+    const int64_t per_micro = int64_t{gradient_accumulation_steps} * world;
+    if (tbs % per_micro != 0 || tbs / per_micro > (1 << 30)) {
+      return mismatch(" (train_micro_batch_size_per_gpu, not set, cannot be derived)");
+    }
+    micro_batch_size = static_cast<int>(tbs / per_micro);
+  }
+  if (int64_t{micro_batch_size} * gradient_accumulation_steps * world != tbs) return mismatch("");
+  micro_batch_size_set = gradient_accumulation_steps_set = true;
   return OkStatus();
+}
+
+std::vector<std::string> EngineConfig::NvmePaths() const {
+  std::vector<std::string> paths;
+  for (const auto* list : {&offload_param_nvme_path, &offload_optimizer_nvme_path}) {
+    for (const std::string& p : *list) {
+      if (std::find(paths.begin(), paths.end(), p) == paths.end()) paths.push_back(p);
+    }
+  }
+  return paths;
 }
 
 }  // namespace zinf

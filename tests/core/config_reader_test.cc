@@ -145,6 +145,51 @@ TEST(ConfigReaderTest, DeepNestingIsRefusedNotACrash) {
   EXPECT_EQ((*s)["k"].get<std::string>(), "\"" + std::string(1000, '['));
 }
 
+// Element counts take integers and 5e8 but refuse unit strings: "500MB" would be read as
+// bytes by a user and as elements by the engine.
+TEST(ConfigReaderTest, ElementsRefuseByteStrings) {
+  json j = {{"a", 5e8}, {"b", 200}, {"c", "500MB"}, {"d", 1.5}, {"e", -1}};
+  uint64_t a = 0, b = 0, c = 7, d = 0;
+  ConfigReader ok(j, "zero_optimization");
+  ok.Elements("a", &a).Elements("b", &b, 1, 1000).Ignore("c").Ignore("d").Ignore("e");
+  ASSERT_TRUE(ok.Finish().ok());
+  EXPECT_EQ(a, 500000000u);
+  EXPECT_EQ(b, 200u);
+
+  ConfigReader strings(j, "zero_optimization");
+  strings.Elements("c", &c);
+  Status s = strings.Finish();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'zero_optimization.c' counts elements (parameters), not bytes"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("\"500MB\" (string)"), std::string::npos) << s;
+  EXPECT_EQ(c, 7u) << "left unchanged on error";
+
+  for (const char* key : {"d", "e"}) {
+    ConfigReader bad(j, "z");
+    bad.Elements(key, &d);
+    EXPECT_NE(bad.Finish().message().find("non-negative whole number of elements"),
+              std::string::npos)
+        << key;
+  }
+  ConfigReader range(j, "z");
+  range.Elements("b", &b, 1, 100);
+  EXPECT_NE(range.Finish().message().find("must be in [1, 100] elements, got 200"),
+            std::string::npos);
+}
+
+// "auto" is left to the caller, and counts as read so that Finish does not call it unknown.
+TEST(ConfigReaderTest, IsAutoMarksTheKeyRead) {
+  json j = {{"lr", "auto"}, {"eps", "Auto"}, {"wd", 0}};
+  ConfigReader r(j, "optimizer.params");
+  EXPECT_TRUE(r.IsAuto("lr"));
+  EXPECT_FALSE(r.IsAuto("eps"));  // DeepSpeed and Hugging Face match "auto" exactly
+  EXPECT_FALSE(r.IsAuto("wd"));
+  EXPECT_FALSE(r.IsAuto("absent"));
+  EXPECT_TRUE(r.Finish().ok());
+}
+
 // What a fuzzer feeds ParseJson: any bytes give a value or an error, never an exception.
 TEST(ConfigReaderTest, ParseJsonNeverThrows) {
   for (std::string_view text :

@@ -364,9 +364,8 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
     const std::string dir = root + "/" + placement;
     std::filesystem::create_directories(dir);
     const std::string nvme = R"({"device": "nvme", "nvme_path": ")" + dir + "\"}";
-    // Half the optimizer's chunks on NVMe, half in host memory (offload_optimizer.ratio).
-    const std::string half_nvme =
-        R"({"device": "nvme", "ratio": 0.5, "nvme_path": ")" + dir + "\"}";
+    // Half the optimizer's chunks on NVMe, half in host memory (zinf.optimizer_nvme_ratio).
+    const std::string half_nvme = R"({"device": "nvme", "nvme_path": ")" + dir + "\"}";
     const bool params_nvme = placement == "params_nvme" || placement == "all_nvme";
     const bool optimizer_nvme = placement == "optimizer_nvme" || placement == "all_nvme";
     auto config = EngineConfig::FromJson(
@@ -376,7 +375,9 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
                                             : R"({"device": "cpu"})") +
         R"(, "offload_param": )" + (params_nvme ? nvme : R"({"device": "none"})") +
         R"(}, "bf16": {"enabled": )" + (precision == ElementType::kBf16 ? "true" : "false") +
-        R"(}, "fp16": {"enabled": )" + (precision == ElementType::kFp16 ? "true" : "false") + "}}");
+        R"(}, "fp16": {"enabled": )" + (precision == ElementType::kFp16 ? "true" : "false") +
+        R"(}, "zinf": {"optimizer_nvme_ratio": )" +
+        (placement == "optimizer_half_nvme" ? "0.5" : "1") + "}}");
     EXPECT_TRUE(config.ok()) << config.status();
     auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();

@@ -545,11 +545,12 @@ TEST(EngineConfigTest, DeepSpeedKeysAndErrors) {
                 .message()
                 .find("both true"),
             std::string::npos);
-  // offload_optimizer.ratio is a fraction; offload_param has no ratio (as in DeepSpeed).
+  // offload_optimizer.ratio is a fraction (its meaning: tests/zero/engine_config_test.cc);
+  // offload_param has no ratio (as in DeepSpeed).
   auto ratio = EngineConfig::FromJson(
       R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.25}}})");
   ASSERT_TRUE(ratio.ok()) << ratio.status();
-  EXPECT_DOUBLE_EQ(ratio->offload_optimizer_ratio, 0.25);
+  EXPECT_DOUBLE_EQ(ratio->offload_optimizer_cpu_ratio, 0.25);
   EXPECT_NE(EngineConfig::FromJson(
                 R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 1.5}}})")
                 .status()

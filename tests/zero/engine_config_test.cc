@@ -1,0 +1,619 @@
+// EngineConfig from DeepSpeed JSON as users write it: schedulers, "auto" values resolved from
+// the trainer, train_batch_size against the world size, keys zinf accepts but does not act on
+// (warnings, by name), element counts, the two nvme_paths and offload_optimizer.ratio; the
+// engine applying the scheduler at each step; and published DeepSpeed configs
+// (tests/data/deepspeed_configs/) accepted with the warnings they should give.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "zinf/engine.h"
+
+namespace zinf {
+namespace {
+
+// The key each warning names ("config key 'a.b' = ..."), sorted.
+std::vector<std::string> WarnedKeys(const EngineConfig& c) {
+  std::vector<std::string> keys;
+  for (const std::string& w : c.warnings) {
+    const size_t begin = w.find('\'') + 1, end = w.find('\'', begin);
+    keys.push_back(w.substr(begin, end - begin));
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::string ErrorOf(std::string_view json, const TrainerValues& trainer = {}) {
+  StatusOr<EngineConfig> c = EngineConfig::FromJson(json, trainer);
+  EXPECT_FALSE(c.ok()) << json;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status();
+  return std::string(c.status().message());
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+// ---- scheduler ----
+
+TEST(EngineConfigTest, SchedulersTakeDeepSpeedsNamesAndDefaults) {
+  auto c = EngineConfig::FromJson(R"({"scheduler": {"type": "WarmupDecayLR", "params": {
+      "warmup_min_lr": 1e-6, "warmup_max_lr": 3e-4, "warmup_num_steps": 100,
+      "warmup_type": "linear", "total_num_steps": 5000, "last_batch_iteration": -1}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(c->scheduler.warmup_min_lr, 1e-6);
+  EXPECT_EQ(c->scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(c->scheduler.warmup_num_steps, 100);
+  EXPECT_EQ(c->scheduler.warmup_type, "linear");
+  EXPECT_EQ(c->scheduler.total_num_steps, 5000);
+  EXPECT_TRUE(c->warnings.empty());
+
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "WarmupLR"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(c->scheduler.warmup_type, "log");
+  EXPECT_FALSE(c->scheduler.warmup_max_lr.has_value());  // the optimizer's lr
+
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "WarmupCosineLR", "params": {
+      "total_num_steps": 2000, "warmup_min_ratio": 0.1, "warmup_num_steps": 50,
+      "cos_min_ratio": 0.01, "warmup_type": "log"}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.cos_min_ratio, 0.01);
+  EXPECT_EQ(c->scheduler.warmup_min_ratio, 0.1);
+
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3, "decay_lr_rate": 0.1,
+      "cycle_first_step_size": 300, "cycle_second_step_size": 700, "decay_step_size": 50,
+      "cycle_momentum": true, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95,
+      "decay_mom_rate": 0.0}}, "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.99]}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.cycle_second_step_size, 700);
+  EXPECT_EQ(c->scheduler.cycle_min_mom, 0.85);
+  EXPECT_TRUE(c->warnings.empty()) << c->warnings[0];  // beta2 already 0.99
+
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "LRRangeTest", "params": {
+      "lr_range_test_min_lr": 1e-4, "lr_range_test_step_size": 100,
+      "lr_range_test_step_rate": 5, "lr_range_test_staircase": true}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->scheduler.lr_range_test_staircase);
+}
+
+TEST(EngineConfigTest, SchedulerErrorsNameTheKey) {
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "CosineAnnealing"}})"),
+             "'scheduler.type' must be one of WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle");
+  // Another type's parameter is refused, as DeepSpeed's constructor refuses it.
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 10}}})"),
+             "'scheduler.params.total_num_steps' is not recognized");
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "WarmupDecayLR"}})"),
+             "scheduler.params.total_num_steps must be > 0 for WarmupDecayLR");
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "WarmupCosineLR", "params": {
+                 "total_num_steps": 100, "warmup_num_steps": 100}}})"),
+             "total_num_steps must be more than warmup_num_steps");
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1}}})"),
+             "'scheduler.params.cycle_max_lr' is missing");
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})"),
+             "'scheduler.params.warmup_type' must be one of log, linear; got \"exp\"");
+  EXPECT_HAS(
+      ErrorOf(R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 99}}})"),
+      "'scheduler.params.last_batch_iteration' must be -1, got 99");
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"params": {"warmup_min_lr": 0}}})"),
+             "'scheduler.type' is missing");
+  EXPECT_HAS(ErrorOf(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1,
+                 "cycle_max_lr": 1, "cycle_max_mom": 1.0}}})"),
+             "scheduler.params.cycle_max_mom must be in [0, 1)");
+}
+
+TEST(EngineConfigTest, OneCycleWarnsWhereItDiffersFromTheConfig) {
+  // Stair counts: stored by DeepSpeed, never used.
+  auto c = EngineConfig::FromJson(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_stair_count": 4,
+      "cycle_momentum": false}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(WarnedKeys(*c), std::vector<std::string>{"scheduler.params.cycle_first_stair_count"});
+  // Momentum cycling replaces beta2 with 0.99, as DeepSpeed's does; the warning says so.
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.01}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_HAS(c->warnings[0], "replaces optimizer.params.betas[1] (0.999) with 0.99");
+  // Adagrad has no betas: momentum cycling is off, as in DeepSpeed.
+  c = EngineConfig::FromJson(R"({"optimizer": {"type": "Adagrad"}, "scheduler": {"type":
+      "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->scheduler.cycle_momentum);
+  EXPECT_EQ(WarnedKeys(*c), std::vector<std::string>{"scheduler.params.cycle_momentum"});
+  // WarmupDecayLR with fewer total steps than warmup steps: DeepSpeed warns, so does zinf.
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "WarmupDecayLR", "params": {
+      "total_num_steps": 10, "warmup_num_steps": 100}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(WarnedKeys(*c), std::vector<std::string>{"scheduler.params.total_num_steps"});
+}
+
+// ---- "auto" ----
+
+constexpr const char* kAutoConfig = R"({
+  "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+  "train_batch_size": "auto", "gradient_clipping": "auto",
+  "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+    "weight_decay": "auto"}},
+  "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto",
+    "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+  "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+    "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+    "stage3_max_live_parameters": "auto"}})";
+
+TEST(EngineConfigTest, AutoTakesTheTrainersValues) {
+  const TrainerValues trainer = {.micro_batch_size = 4,
+                                 .gradient_accumulation_steps = 2,
+                                 .gradient_clipping = 1.0,
+                                 .lr = 3e-5,
+                                 .beta1 = 0.9,
+                                 .beta2 = 0.95,
+                                 .eps = 1e-6,
+                                 .weight_decay = 0.1,
+                                 .total_num_steps = 1000,
+                                 .warmup_num_steps = 30,
+                                 .fp16 = false,
+                                 .bf16 = true,
+                                 .hidden_size = 1024};
+  auto c = EngineConfig::FromJson(kAutoConfig, trainer);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->micro_batch_size, 4);
+  EXPECT_EQ(c->gradient_accumulation_steps, 2);
+  EXPECT_TRUE(c->micro_batch_size_set && c->gradient_accumulation_steps_set);
+  EXPECT_EQ(c->train_batch_size, 0);  // settled by ResolveBatchSize
+  EXPECT_EQ(c->gradient_clipping, 1.0);
+  EXPECT_TRUE(c->bf16);
+  EXPECT_FALSE(c->fp16);
+  EXPECT_EQ(c->lr, 3e-5);
+  EXPECT_EQ(c->beta2, 0.95);
+  EXPECT_EQ(c->eps, 1e-6);
+  EXPECT_EQ(c->weight_decay, 0.1);
+  EXPECT_EQ(c->scheduler.warmup_min_lr, 0.0);  // Hugging Face's fixed choice
+  EXPECT_EQ(c->scheduler.warmup_max_lr, 3e-5);
+  EXPECT_EQ(c->scheduler.warmup_num_steps, 30);
+  EXPECT_EQ(c->scheduler.total_num_steps, 1000);
+  EXPECT_EQ(c->reduce_bucket_size, 1024u * 1024u);                // hidden^2
+  EXPECT_EQ(c->stage3_prefetch_bucket_size, 943718u);             // int(0.9 * hidden^2)
+  EXPECT_EQ(c->stage3_param_persistence_threshold, 10u * 1024u);  // 10 * hidden
+  EXPECT_EQ(c->stage3_max_live_parameters, 1000000000u);          // DeepSpeed's default
+  ASSERT_TRUE(c->ResolveBatchSize(4).ok());
+  EXPECT_EQ(c->train_batch_size, 32);  // 4 x 2 x 4 ranks
+}
+
+TEST(EngineConfigTest, AutoWithoutTheTrainerTakesTheDefaults) {
+  // Everything but total_num_steps has a default; that one has nothing to come from.
+  EXPECT_HAS(ErrorOf(kAutoConfig),
+             "'scheduler.params.total_num_steps' is \"auto\" and the "
+             "trainer gave no total_num_steps");
+  auto c = EngineConfig::FromJson(kAutoConfig, {.total_num_steps = 500});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const EngineConfig d;
+  EXPECT_EQ(c->micro_batch_size, 1);
+  EXPECT_FALSE(c->micro_batch_size_set);  // left for ResolveBatchSize to derive
+  EXPECT_EQ(c->gradient_clipping, 0.0);
+  EXPECT_FALSE(c->fp16 || c->bf16);
+  EXPECT_EQ(c->lr, d.lr);
+  EXPECT_EQ(c->beta1, d.beta1);
+  EXPECT_EQ(c->beta2, d.beta2);
+  EXPECT_EQ(c->scheduler.warmup_max_lr, d.lr);  // the optimizer's (resolved) lr
+  EXPECT_EQ(c->scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(c->reduce_bucket_size, d.reduce_bucket_size);
+  EXPECT_EQ(c->stage3_prefetch_bucket_size, d.stage3_prefetch_bucket_size);
+  EXPECT_EQ(c->stage3_param_persistence_threshold, d.stage3_param_persistence_threshold);
+}
+
+TEST(EngineConfigTest, TrainerValuesMustAgreeWithSpelledOutKeys) {
+  EXPECT_HAS(ErrorOf(R"({"optimizer": {"params": {"lr": 0.001}}})", {.lr = 0.002}),
+             "'optimizer.params.lr' is 0.001 but the trainer's value is 0.002");
+  EXPECT_HAS(ErrorOf(R"({"gradient_accumulation_steps": 4})", {.gradient_accumulation_steps = 2}),
+             "'gradient_accumulation_steps' is 4 but the trainer's value is 2");
+  EXPECT_HAS(ErrorOf(R"({"optimizer": {"params": {"betas": [0.9, 0.999]}}})", {.beta2 = 0.95}),
+             "'optimizer.params.betas' is [0.9, 0.999] but the trainer's betas are [0.9, 0.95]");
+  EXPECT_TRUE(
+      EngineConfig::FromJson(R"({"optimizer": {"params": {"lr": 0.001}}})", {.lr = 0.001}).ok());
+  // "auto" is only a string DeepSpeed and Hugging Face match exactly; a key that cannot be
+  // "auto" says what it must be.
+  EXPECT_HAS(ErrorOf(R"({"aio": {"queue_depth": "auto"}})"), "aio.queue_depth");
+  EXPECT_HAS(ErrorOf("{}", {.hidden_size = 0}), "TrainerValues::hidden_size must be in [1, 2^31]");
+}
+
+// ---- train_batch_size ----
+
+TEST(EngineConfigTest, TrainBatchSizeIsCheckedAgainstTheWorldSize) {
+  auto parse = [](const char* json) {
+    auto c = EngineConfig::FromJson(json);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *c;
+  };
+  // All three given: checked.
+  EngineConfig c = parse(
+      R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2})");
+  EXPECT_TRUE(c.ResolveBatchSize(2).ok());
+  Status s = c.ResolveBatchSize(1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(s.message()),
+             "train_batch_size 16 must equal train_micro_batch_size_per_gpu x "
+             "gradient_accumulation_steps x 1 data-parallel rank(s); got micro-batch 4 and "
+             "accumulation 2");
+  // Accumulation left out: derived, as DeepSpeed does.
+  c = parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})");
+  ASSERT_TRUE(c.ResolveBatchSize(2).ok());
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})");
+  EXPECT_HAS(std::string(c.ResolveBatchSize(3).message()), "cannot be derived");
+  // Micro-batch left out: derived from the accumulation.
+  c = parse(R"({"train_batch_size": 10, "gradient_accumulation_steps": 1})");
+  ASSERT_TRUE(c.ResolveBatchSize(2).ok());
+  EXPECT_EQ(c.micro_batch_size, 5);
+  // Only the batch: accumulation 1.
+  c = parse(R"({"train_batch_size": 12})");
+  ASSERT_TRUE(c.ResolveBatchSize(3).ok());
+  EXPECT_EQ(c.micro_batch_size, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  // No batch (or "auto"): the product.
+  c = parse(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2})");
+  ASSERT_TRUE(c.ResolveBatchSize(8).ok());
+  EXPECT_EQ(c.train_batch_size, 16);
+}
+
+TEST(EngineConfigTest, EngineCreateChecksTheBatchForItsRanks) {
+  auto bad = EngineConfig::FromJson(
+      R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 2})");
+  ASSERT_TRUE(bad.ok());
+  auto engine = Engine::Create(*bad, {.rank = 0, .world_size = 1});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_HAS(std::string(engine.status().message()), "train_batch_size 16");
+
+  auto derived = EngineConfig::FromJson(R"({"train_batch_size": 12,
+      "train_micro_batch_size_per_gpu": 3})");
+  ASSERT_TRUE(derived.ok());
+  auto ok = Engine::Create(*derived, {.rank = 0, .world_size = 1});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->config().gradient_accumulation_steps, 4);  // what the trainer must run
+}
+
+// ---- keys zinf accepts without acting on them ----
+
+TEST(EngineConfigTest, UnimplementedKeysAreWarnedAboutByName) {
+  auto c = EngineConfig::FromJson(R"({
+    "steps_per_print": 10, "wall_clock_breakdown": true, "memory_breakdown": false,
+    "prescale_gradients": false, "gradient_predivide_factor": 1.0,
+    "communication_data_type": "fp16", "zero_allow_untested_optimizer": true,
+    "tensorboard": {"enabled": false, "output_path": "log/"}, "wandb": {"enabled": true},
+    "activation_checkpointing": {"partition_activations": true},
+    "zero_optimization": {"stage": 3, "overlap_comm": false, "contiguous_gradients": true,
+      "reduce_scatter": true, "allgather_partitions": true, "allgather_bucket_size": 5e8,
+      "round_robin_gradients": false, "sub_group_size": 1e9, "stage3_max_reuse_distance": 1e9,
+      "stage3_gather_16bit_weights_on_model_save": true, "load_from_fp32_weights": true,
+      "aio": {"block_size": 1048576},
+      "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 5,
+        "buffer_size": 1e8, "max_in_cpu": 1e9},
+      "offload_optimizer": {"device": "cpu", "pin_memory": true, "buffer_count": 4,
+        "fast_init": false, "pipeline_read": false, "pipeline_write": true}},
+    "fp16": {"enabled": true, "auto_cast": false, "consecutive_hysteresis": true}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
+                                "activation_checkpointing",
+                                "communication_data_type",
+                                "fp16.consecutive_hysteresis",
+                                "steps_per_print",
+                                "wall_clock_breakdown",
+                                "wandb",
+                                "zero_optimization.aio",
+                                "zero_optimization.allgather_bucket_size",
+                                "zero_optimization.offload_optimizer.buffer_count",
+                                "zero_optimization.offload_optimizer.pipeline_read",
+                                "zero_optimization.offload_param.buffer_count",
+                                "zero_optimization.offload_param.buffer_size",
+                                "zero_optimization.offload_param.max_in_cpu",
+                                "zero_optimization.offload_param.pin_memory",
+                                "zero_optimization.overlap_comm",
+                                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                "zero_optimization.stage3_max_reuse_distance",
+                                "zero_optimization.sub_group_size",
+                            }));
+  // Each names the value and why zinf ignores it.
+  for (const std::string& w : c->warnings) {
+    if (w.find("overlap_comm") != std::string::npos) {
+      EXPECT_EQ(w,
+                "config key 'zero_optimization.overlap_comm' = false has no effect in zinf: "
+                "zinf always overlaps the gradient reduce-scatter with backward");
+    }
+  }
+  EXPECT_EQ(c->sub_group_size, 1000000000u);  // read and checked all the same
+  EXPECT_TRUE(c->pin_memory);                 // offload_optimizer's
+  // Wrong types are still errors.
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"overlap_comm": "yes"}})"),
+             "'zero_optimization.overlap_comm' must be true or false");
+}
+
+TEST(EngineConfigTest, ElementCountsRefuseByteStrings) {
+  for (const char* key : {"reduce_bucket_size", "stage3_prefetch_bucket_size",
+                          "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+                          "stage3_max_reuse_distance", "sub_group_size", "allgather_bucket_size"}) {
+    const std::string json = std::string(R"({"zero_optimization": {")") + key + R"(": "500MB"}})";
+    const std::string error = ErrorOf(json);
+    EXPECT_HAS(error, std::string("'zero_optimization.") + key +
+                          "' counts elements (parameters), not bytes");
+    EXPECT_HAS(error, "\"500MB\"");
+  }
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"offload_param": {"buffer_size": "1GiB"}}})"),
+             "counts elements");
+  auto c = EngineConfig::FromJson(R"({"zero_optimization": {"reduce_bucket_size": 2e8,
+      "stage3_prefetch_bucket_size": 50000000}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->reduce_bucket_size, 200000000u);
+  EXPECT_EQ(c->stage3_prefetch_bucket_size, 50000000u);
+}
+
+// ---- offload ----
+
+TEST(EngineConfigTest, EachOffloadHasItsOwnNvmePath) {
+  auto c = EngineConfig::FromJson(R"({"zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": ["/nvme0", "/nvme1"]},
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme1"}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->offload_param_nvme_path, (std::vector<std::string>{"/nvme0", "/nvme1"}));
+  EXPECT_EQ(c->offload_optimizer_nvme_path, std::vector<std::string>{"/nvme1"});
+  EXPECT_EQ(c->NvmePaths(), (std::vector<std::string>{"/nvme0", "/nvme1"}));
+  // A device nvme without its own path is an error naming it, even when the other has one.
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"stage": 3,
+                 "offload_param": {"device": "nvme", "nvme_path": "/nvme0"},
+                 "offload_optimizer": {"device": "nvme"}}})"),
+             "zero_optimization.offload_optimizer.nvme_path is not set");
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"stage": 3,
+                 "offload_param": {"device": "nvme"}}})"),
+             "zero_optimization.offload_param.nvme_path is not set");
+}
+
+TEST(EngineConfigTest, OffloadOptimizerRatioHasDeepSpeedsMeaning) {
+  // DeepSpeed's ratio: the CPU's share of the optimizer; zinf steps all of it on the CPU.
+  auto c = EngineConfig::FromJson(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->offload_optimizer_cpu_ratio, 0.3);
+  EXPECT_EQ(c->optimizer_nvme_ratio, 1.0);
+  ASSERT_EQ(WarnedKeys(*c), std::vector<std::string>{"zero_optimization.offload_optimizer.ratio"});
+  EXPECT_HAS(c->warnings[0], "keep 70% of the optimizer state on the GPU");
+  EXPECT_HAS(c->warnings[0], "steps all of it on the CPU, as with ratio 1.0");
+  EXPECT_HAS(c->warnings[0], "zinf.optimizer_nvme_ratio");
+  c = EngineConfig::FromJson(R"({"zero_optimization": {"offload_optimizer": {"ratio": 1.0}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warnings.empty());
+  // zinf's own NVMe/host split of the offloaded state.
+  c = EngineConfig::FromJson(R"({"zinf": {"optimizer_nvme_ratio": 0.25}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer_nvme_ratio, 0.25);
+  EXPECT_HAS(ErrorOf(R"({"zinf": {"optimizer_nvme_ratio": 2}})"),
+             "'zinf.optimizer_nvme_ratio' must be in [0, 1], got 2");
+}
+
+// DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (its engine's
+// effective_adam_w_mode); "AdamW" is AdamW either way.
+TEST(EngineConfigTest, AdamIsAdamWUnlessAdamWModeIsFalse) {
+  auto type = [](const char* json) {
+    auto c = EngineConfig::FromJson(json);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->optimizer_type : std::string();
+  };
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam"}})"), "adamw");
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam");
+  EXPECT_EQ(type(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})"), "adamw");
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Lion"}})"), "lion");
+}
+
+// ---- the engine applies the schedule ----
+
+// Lion with zero weight decay moves each parameter by exactly lr * sign(update): with a
+// positive gradient on zero-initialized weights, w after a step is w before minus the lr that
+// step used.
+class ScheduledEngine {
+ public:
+  explicit ScheduledEngine(const std::string& json) {
+    auto config = EngineConfig::FromJson(json);
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    EXPECT_TRUE(engine_->RegisterModule("m", {{"w", {4}, ParamInit::kZeros}}).ok());
+    EXPECT_TRUE(engine_->Initialize().ok());
+  }
+  Engine& operator*() { return *engine_; }
+  Engine* operator->() { return engine_.get(); }
+
+  StatusOr<StepSummary> Step(float gradient) {
+    EXPECT_TRUE(engine_->Fetch(0).ok());
+    EXPECT_TRUE(engine_->Release(0).ok());
+    EXPECT_TRUE(engine_->Fetch(0).ok());
+    auto grads = engine_->Gradients(0);
+    EXPECT_TRUE(grads.ok());
+    for (int i = 0; i < 4; ++i)
+      (*grads)[0][i] = gradient * static_cast<float>(engine_->loss_scale());
+    EXPECT_TRUE(engine_->ReduceGradients(0).ok());
+    EXPECT_TRUE(engine_->Release(0).ok());
+    return engine_->Step();
+  }
+  float Weight() {
+    std::vector<float> w;
+    EXPECT_TRUE(engine_->GatherParameter("w", &w).ok());
+    return w.at(0);
+  }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST(EngineScheduleTest, EachStepUsesTheSchedulesValue) {
+  // Linear warmup from 0.001 to 0.01 over 10 steps: DeepSpeed's first two steps both use
+  // warmup_min_lr (the constructor's value, then it = 0), the third 0.001 + 0.009 / 10.
+  ScheduledEngine e(R"({"optimizer": {"type": "Lion", "params": {"lr": 0.5}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.001,
+        "warmup_max_lr": 0.01, "warmup_num_steps": 10, "warmup_type": "linear"}}})");
+  const std::vector<double> expected = {0.001,  0.001,  0.0019, 0.0028, 0.0037, 0.0046, 0.0055,
+                                        0.0064, 0.0073, 0.0082, 0.0091, 0.01,   0.01};
+  float w = 0.0f;
+  for (size_t step = 0; step < expected.size(); ++step) {
+    EXPECT_NEAR(e->learning_rate(), expected[step], 1e-15) << "before step " << step + 1;
+    auto summary = e.Step(1.0f);
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    w -= static_cast<float>(expected[step]);
+    EXPECT_NEAR(e.Weight(), w, 1e-6) << "step " << step + 1 << " used another lr";
+  }
+  // The schedule owns the lr.
+  EXPECT_EQ(e->SetLearningRate(0.1).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineScheduleTest, SkippedStepsDoNotAdvanceTheSchedule) {
+  // fp16: an overflow skips the step, and DeepSpeed then skips scheduler.step() too.
+  ScheduledEngine e(R"({"fp16": {"enabled": true, "initial_scale_power": 4},
+      "optimizer": {"type": "Lion", "params": {"lr": 0.5}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0,
+        "warmup_max_lr": 0.1, "warmup_num_steps": 10, "warmup_type": "linear"}}})");
+  ASSERT_TRUE(e.Step(1.0f).ok());  // lr 0
+  ASSERT_TRUE(e.Step(1.0f).ok());  // lr 0 (it = 0)
+  EXPECT_NEAR(e->learning_rate(), 0.01, 1e-15);
+  auto skipped = e.Step(INFINITY);
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_TRUE(skipped->skipped);
+  EXPECT_NEAR(e->learning_rate(), 0.01, 1e-15);
+  ASSERT_TRUE(e.Step(1.0f).ok());
+  EXPECT_NEAR(e->learning_rate(), 0.02, 1e-15);
+  EXPECT_NEAR(e.Weight(), -0.01f, 1e-4);  // fp16 parameter tier; the master moved by 0.01
+}
+
+TEST(EngineScheduleTest, WithoutASchedulerTheTrainerSetsTheLr) {
+  ScheduledEngine e(R"({"optimizer": {"type": "Lion", "params": {"lr": 0.5}}})");
+  EXPECT_EQ(e->learning_rate(), 0.5);
+  ASSERT_TRUE(e.Step(1.0f).ok());
+  EXPECT_NEAR(e.Weight(), -0.5f, 1e-7);
+  ASSERT_TRUE(e->SetLearningRate(0.125).ok());
+  EXPECT_EQ(e->learning_rate(), 0.125);
+  ASSERT_TRUE(e.Step(1.0f).ok());
+  EXPECT_NEAR(e.Weight(), -0.625f, 1e-7);
+  EXPECT_EQ(e->SetLearningRate(-1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->SetLearningRate(NAN).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- published configs ----
+
+std::string ReadConfig(const char* name) {
+  const std::filesystem::path path =
+      std::filesystem::path(ZINF_SOURCE_DIR) / "tests/data/deepspeed_configs" / name;
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void ExpectNoDuplicateWarnings(const EngineConfig& c) {
+  std::vector<std::string> keys = WarnedKeys(c);
+  EXPECT_EQ(std::adjacent_find(keys.begin(), keys.end()), keys.end()) << "warned twice";
+}
+
+// DeepSpeed's ZeRO-Infinity tutorial: parameters and optimizer on NVMe, aio tuned.
+TEST(PublishedDeepSpeedConfigsTest, ZeroInfinityNvme) {
+  auto c = EngineConfig::FromJson(ReadConfig("zero_infinity_nvme.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero_stage, 3);
+  EXPECT_EQ(c->offload_param_device, "nvme");
+  EXPECT_EQ(c->offload_optimizer_device, "nvme");
+  EXPECT_EQ(c->NvmePaths(), std::vector<std::string>{"/local_nvme"});
+  EXPECT_EQ(c->reduce_bucket_size, 10000000u);
+  EXPECT_EQ(c->stage3_prefetch_bucket_size, 10000000u);
+  EXPECT_EQ(c->optimizer_type, "adamw");  // DeepSpeed's "Adam" without adam_w_mode: false
+  EXPECT_TRUE(c->fp16);
+  EXPECT_TRUE(c->pin_memory);
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
+                                "steps_per_print",
+                                "zero_optimization.offload_optimizer.buffer_count",
+                                "zero_optimization.offload_param.buffer_count",
+                                "zero_optimization.offload_param.buffer_size",
+                                "zero_optimization.offload_param.max_in_cpu",
+                                "zero_optimization.offload_param.pin_memory",
+                                "zero_optimization.stage3_max_reuse_distance",
+                                "zero_optimization.sub_group_size",
+                            }));
+  ExpectNoDuplicateWarnings(*c);
+  // train_batch_size 8 with micro-batch 1: the accumulation follows from the ranks.
+  ASSERT_TRUE(c->ResolveBatchSize(2).ok());
+  EXPECT_EQ(c->gradient_accumulation_steps, 4);
+}
+
+// Hugging Face's ZeRO-3 config: "auto" everywhere, AdamW and WarmupDecayLR.
+TEST(PublishedDeepSpeedConfigsTest, HuggingFaceZero3Auto) {
+  const TrainerValues trainer = {.micro_batch_size = 8,
+                                 .gradient_accumulation_steps = 4,
+                                 .gradient_clipping = 1.0,
+                                 .lr = 5e-5,
+                                 .beta1 = 0.9,
+                                 .beta2 = 0.999,
+                                 .eps = 1e-8,
+                                 .weight_decay = 0.0,
+                                 .total_num_steps = 3000,
+                                 .warmup_num_steps = 300,
+                                 .fp16 = false,
+                                 .bf16 = true,
+                                 .hidden_size = 768};
+  auto c = EngineConfig::FromJson(ReadConfig("hf_zero3_auto.json"), trainer);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer_type, "adamw");
+  EXPECT_EQ(c->lr, 5e-5);
+  EXPECT_TRUE(c->bf16);
+  EXPECT_EQ(c->scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(c->scheduler.total_num_steps, 3000);
+  EXPECT_EQ(c->scheduler.warmup_num_steps, 300);
+  EXPECT_EQ(c->scheduler.warmup_max_lr, 5e-5);
+  EXPECT_EQ(c->reduce_bucket_size, 768u * 768u);
+  EXPECT_EQ(c->offload_param_device, "cpu");
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
+                                "steps_per_print",
+                                "zero_optimization.offload_param.pin_memory",
+                                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                "zero_optimization.stage3_max_reuse_distance",
+                                "zero_optimization.sub_group_size",
+                            }));
+  ExpectNoDuplicateWarnings(*c);
+  ASSERT_TRUE(c->ResolveBatchSize(2).ok());
+  EXPECT_EQ(c->train_batch_size, 64);
+  // Without the trainer, total_num_steps has nothing to come from.
+  EXPECT_HAS(ErrorOf(ReadConfig("hf_zero3_auto.json")), "total_num_steps");
+}
+
+// DeepSpeed's ZeRO-Offload tutorial: stage 2, optimizer on the CPU, fp16, WarmupLR.
+TEST(PublishedDeepSpeedConfigsTest, ZeroOffloadCpuFp16) {
+  auto c = EngineConfig::FromJson(ReadConfig("zero_offload_cpu_fp16.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero_stage, 2);
+  EXPECT_EQ(c->offload_optimizer_device, "cpu");
+  EXPECT_TRUE(c->fp16);
+  EXPECT_EQ(c->scheduler.type, "WarmupLR");
+  EXPECT_EQ(c->scheduler.warmup_max_lr, 0.00015);
+  EXPECT_EQ(c->reduce_bucket_size, 200000000u);
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
+                                "steps_per_print",
+                                "wall_clock_breakdown",
+                                "zero_optimization.allgather_bucket_size",
+                            }));
+  ExpectNoDuplicateWarnings(*c);
+  EngineConfig two = *c;
+  ASSERT_TRUE(two.ResolveBatchSize(2).ok());
+  EXPECT_EQ(two.micro_batch_size, 5);  // train_batch_size 10 over 2 ranks, accumulation 1
+  EXPECT_HAS(std::string(c->ResolveBatchSize(3).message()), "train_batch_size 10");
+  // And the engine runs it.
+  auto engine = Engine::Create(*c, {.rank = 0, .world_size = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->config().micro_batch_size, 10);
+  EXPECT_EQ((*engine)->learning_rate(), 0.0);  // warmup_min_lr
+}
+
+}  // namespace
+}  // namespace zinf
