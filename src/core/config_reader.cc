@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/log.h"
@@ -179,66 +180,67 @@ ConfigReader& ConfigReader::Enum(std::string_view key, std::string* out,
   return *this;
 }
 
-ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t min, uint64_t max) {
+namespace {
+
+// A JSON number that is a whole, non-negative count that fits uint64_t (5e8 as DeepSpeed
+// configs write it counts too); nullopt for anything else.
+std::optional<uint64_t> WholeCount(const nlohmann::json& v) {
+  if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
+    return v.get<uint64_t>();
+  }
+  if (v.is_number_float() && v.get<double>() >= 0 &&
+      std::floor(v.get<double>()) == v.get<double>() && v.get<double>() < 1.8e19) {
+    return static_cast<uint64_t>(v.get<double>());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ConfigReader& ConfigReader::Count(std::string_view key, uint64_t* out, uint64_t min, uint64_t max,
+                                  bool bytes) {
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
-  uint64_t value = 0;
-  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<int64_t>() >= 0)) {
-    value = v->get<uint64_t>();
-  } else if (v->is_number_float() && v->get<double>() >= 0 &&
-             std::floor(v->get<double>()) == v->get<double>() && v->get<double>() < 1.8e19) {
-    value = static_cast<uint64_t>(v->get<double>());
-  } else if (v->is_string()) {
+  std::optional<uint64_t> value = WholeCount(*v);
+  if (!value.has_value() && bytes && v->is_string()) {
     StatusOr<uint64_t> parsed = ParseBytes(v->get<std::string>());
     if (!parsed.ok()) {
       Fail(std::move(parsed).status().WithContext(fmt::format("config key '{}'", KeyPath(key))));
       return *this;
     }
     value = *parsed;
-  } else {
-    Fail(InvalidArgument(fmt::format(
-        "config key '{}' must be a byte count (integer or a string like \"64MiB\"), got {}",
-        KeyPath(key), DescribeJson(*v))));
+  }
+  if (!value.has_value()) {
+    Fail(InvalidArgument(
+        bytes ? fmt::format(
+                    "config key '{}' must be a byte count (integer or a string like \"64MiB\"), "
+                    "got {}",
+                    KeyPath(key), DescribeJson(*v))
+        : v->is_string()
+            ? fmt::format("config key '{}' counts elements (parameters), not bytes: give a "
+                          "number such as 5e8, got {}",
+                          KeyPath(key), DescribeJson(*v))
+            : fmt::format("config key '{}' must be a non-negative whole number of elements (such "
+                          "as 5e8), got {}",
+                          KeyPath(key), DescribeJson(*v))));
     return *this;
   }
-  if (value < min || value > max) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}] bytes, got {}",
-                                     KeyPath(key), min, max, value)));
+  if (*value < min || *value > max) {
+    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}] {}, got {}", KeyPath(key),
+                                     min, max, bytes ? "bytes" : "elements", *value)));
     return *this;
   }
-  *out = value;
+  *out = *value;
   return *this;
+}
+
+ConfigReader& ConfigReader::Bytes(std::string_view key, uint64_t* out, uint64_t min, uint64_t max) {
+  return Count(key, out, min, max, /*bytes=*/true);
 }
 
 ConfigReader& ConfigReader::Elements(std::string_view key, uint64_t* out, uint64_t min,
                                      uint64_t max) {
-  const nlohmann::json* v = Find(key);
-  if (v == nullptr) return *this;
-  uint64_t value = 0;
-  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<int64_t>() >= 0)) {
-    value = v->get<uint64_t>();
-  } else if (v->is_number_float() && v->get<double>() >= 0 &&
-             std::floor(v->get<double>()) == v->get<double>() && v->get<double>() < 1.8e19) {
-    value = static_cast<uint64_t>(v->get<double>());  // 5e8, as DeepSpeed configs write it
-  } else if (v->is_string()) {
-    Fail(InvalidArgument(fmt::format(
-        "config key '{}' counts elements (parameters), not bytes: give a number such as 5e8, "
-        "got {}",
-        KeyPath(key), DescribeJson(*v))));
-    return *this;
-  } else {
-    Fail(InvalidArgument(fmt::format(
-        "config key '{}' must be a non-negative whole number of elements (such as 5e8), got {}",
-        KeyPath(key), DescribeJson(*v))));
-    return *this;
-  }
-  if (value < min || value > max) {
-    Fail(InvalidArgument(fmt::format("config key '{}' must be in [{}, {}] elements, got {}",
-                                     KeyPath(key), min, max, value)));
-    return *this;
-  }
-  *out = value;
-  return *this;
+  return Count(key, out, min, max, /*bytes=*/false);
 }
 
 bool ConfigReader::IsAuto(std::string_view key) {

@@ -110,6 +110,8 @@ class ConfigReader {
  private:
   const nlohmann::json* Find(std::string_view key);  // marks the key as known
   std::string KeyPath(std::string_view key) const;
+  // Bytes (strings with units allowed) or Elements (numbers only).
+  ConfigReader& Count(std::string_view key, uint64_t* out, uint64_t min, uint64_t max, bool bytes);
 
   const nlohmann::json& object_;
   std::string path_;

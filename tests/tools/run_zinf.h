@@ -3,10 +3,12 @@
 #ifndef ZINF_TESTS_TOOLS_RUN_ZINF_H_
 #define ZINF_TESTS_TOOLS_RUN_ZINF_H_
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace zinf::testing {
@@ -28,6 +30,18 @@ inline ZinfRun RunZinf(const std::string& args) {
   const int status = pclose(pipe);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+// The JSON object a `--json` command printed after any log lines; null, with a test failure,
+// when the command failed or printed none.
+inline nlohmann::json JsonOutput(const ZinfRun& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const size_t brace = r.output.find('{');
+  if (brace == std::string::npos) {
+    ADD_FAILURE() << "no JSON in: " << r.output;
+    return nullptr;
+  }
+  return nlohmann::json::parse(r.output.substr(brace), nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace zinf::testing

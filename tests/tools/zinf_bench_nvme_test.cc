@@ -25,13 +25,7 @@ nlohmann::json ParseOrSkip(const ZinfRun& r) {
   if (r.exit_code != 0 && r.output.find("O_DIRECT") != std::string::npos) {
     return nullptr;
   }
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  const size_t brace = r.output.find('{');
-  if (brace == std::string::npos) {
-    ADD_FAILURE() << "no JSON in: " << r.output;
-    return nullptr;
-  }
-  return nlohmann::json::parse(r.output.substr(brace));
+  return zinf::testing::JsonOutput(r);
 }
 
 double Median(std::vector<double> v) {

@@ -15,19 +15,11 @@ namespace {
 using zinf::testing::RunZinf;
 using zinf::testing::ZinfRun;
 
-nlohmann::json Parse(const ZinfRun& r) {
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  const size_t brace = r.output.find('{');
-  if (brace == std::string::npos) {
-    ADD_FAILURE() << "no JSON in: " << r.output;
-    return nullptr;
-  }
-  return nlohmann::json::parse(r.output.substr(brace));
-}
+using zinf::testing::JsonOutput;
 
 TEST(ZinfBenchPcieTest, HostFiguresMatchTheModelledLink) {
   const nlohmann::json j =
-      Parse(RunZinf("bench pcie --host --link-gbps 1 --size 4MiB --reps 1 --json"));
+      JsonOutput(RunZinf("bench pcie --host --link-gbps 1 --size 4MiB --reps 1 --json"));
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["gpu"], false);
   EXPECT_DOUBLE_EQ(j["link_GBps"].get<double>(), 1.0);
@@ -57,7 +49,7 @@ TEST(ZinfBenchPcieTest, LinkFromTheEnvironment) {
   } else {
     unsetenv("ZINF_HOST_LINK_GBPS");
   }
-  const nlohmann::json j = Parse(ok);
+  const nlohmann::json j = JsonOutput(ok);
   ASSERT_FALSE(j.is_null());
   EXPECT_DOUBLE_EQ(j["link_GBps"].get<double>(), 2.5);
   EXPECT_NE(j["device"].get<std::string>().find("link 2.50 GB/s"), std::string::npos);
