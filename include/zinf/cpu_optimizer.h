@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/dtype.h"
 #include "zinf/status.h"
 
 namespace zinf {
@@ -48,10 +49,6 @@ namespace zinf {
 enum class OptimizerType : int { kAdamW = 0, kAdam = 1, kAdagrad = 2, kLion = 3 };
 std::string_view OptimizerTypeName(OptimizerType type);  // "adamw", "adam", "adagrad", "lion"
 
-// Element formats of gradients and of the low-precision parameter copy.
-enum class ElementType : int { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
-std::string_view ElementTypeName(ElementType type);  // "fp32", "bf16", "fp16"
-size_t ElementSize(ElementType type);
 // `count` fp32 values into `type` (round to nearest even, NaN stays NaN, as the kernels'
 // parameter copies do), and back. kFp32 copies.
 void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);

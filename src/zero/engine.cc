@@ -1,14 +1,6 @@
 // The ZeRO engine. See include/zinf/engine.h for the contract and
-// Note [ZeRO partitioning] for the layout.
-//
-// Note [ZeRO partitioning]
-// Each parameter is flattened and padded to a multiple of the world size; rank r owns
-// elements [r * s, (r + 1) * s) of it, s = padded / world. This rank's pieces of all
-// parameters sit back to back in one flat shard, so that the master copy, the gradient
-// accumulator and the optimizer state are each one array and one optimizer call updates
-// them all. Padding elements have zero value, zero gradient and zero state, so every
-// optimizer leaves them at zero. Parameter values are a function of (seed, name, index), so
-// any world size builds the same model.
+// Partitioning: Note [ZeRO partitioning] in src/zero/partition.h. Parameters, gathered copies
+// and gradient buffers live in the tiered store: Note [Parameter tier] in src/zero/param_tier.h.
 //
 // Stages: all three keep optimizer state and the fp32 master copy sharded. Stage 3 gathers a
 // parameter at Fetch and frees it at Release (unless it is smaller than
@@ -20,12 +12,10 @@
 // and are stepped by the PipelinedOptimizer; the accumulated gradients are written into the
 // swap space before the step (see NvmeStep).
 //
-// offload_param.device = nvme: each parameter's shard is an extent of the swap store, the
-// parameter tier the gathers read. Fetch reads it (prefetched along the module order the
-// first step recorded, See Note [Prefetch]); Step writes it with the new values. With the
-// optimizer on NVMe too, no fp32 copy of the shard stays in host memory: the new values come
-// from the pipelined step chunk by chunk (ParamTierWriter). Otherwise `master` is the
-// parameter tier and gathers read it directly.
+// offload_param.device = nvme: each parameter's shard is a tensor of the tiered store whose
+// home is NVMe (Note [Parameter tier]); Step writes it with the new values. With the optimizer
+// on NVMe too, no fp32 copy of the shard stays in host memory: the new values come from the
+// pipelined step chunk by chunk (AssembleParamTier).
 //
 // Gradients are reduce-scattered in buckets of reduce_bucket_size elements while backward
 // goes on (Note [Gradient buckets] in gradient_buckets.h); Step and GatherGradient wait for
@@ -34,24 +24,13 @@
 // Note [Compute precision]
 // With bf16 or fp16 enabled, the parameter tier holds each shard in that precision (rounded
 // to nearest even from the fp32 master at every update) and gathers move it so: half the
-// NVMe reads and all-gather bytes of fp32. Fetch hands out the gathered values widened to
-// fp32, so the trainer computes with the 16-bit weights, as DeepSpeed's bf16 and fp16 modes
-// do, in whatever precision its kernels use. Parameters kept in host memory are rounded the
-// same way when gathered, so every placement computes with the same values. The master copy,
-// gradients and optimizer state stay fp32; GatherParameter and checkpoints read the master.
+// NVMe reads, link and all-gather bytes of fp32. Fetch hands out the gathered 16-bit tensors
+// in device memory, and (for trainers that compute in fp32 on the host device) the same values
+// widened to fp32, so the trainer computes with the 16-bit weights, as DeepSpeed's bf16 and
+// fp16 modes do. Every placement computes with the same values. The master copy, gradients
+// and optimizer state stay fp32; GatherParameter and checkpoints read the master.
 //
-// Note [Prefetch]
-// The first step records the order in which modules are fetched. Later steps follow it: each
-// Fetch starts the NVMe reads of the modules after it, up to stage3_prefetch_bucket_size
-// elements (at least the next module) and as long as the parameters gathered or being read
-// stay within stage3_max_live_parameters elements, so the disk works while the current
-// module computes. With several ranks each Fetch also starts the all-gathers of the next
-// module, which run on the communicator's thread meanwhile (PrefetchGathers); every rank
-// decides alike from the same order and sizes, so the collectives stay in step. Anything
-// that replaces the values a prefetch reads (Step, SetParameter, loading a checkpoint) first
-// waits for it and drops it (DropPrefetch).
-// A fetch that leaves the recorded order stops prefetching (with a warning); reads and
-// gathers then happen on demand, which is always correct, only slower.
+// Prefetching: Note [Prefetch] in src/zero/param_tier.h.
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -73,18 +52,21 @@
 #include "comm/environment.h"
 #include "comm/tcp_store.h"
 #include "core/config_reader.h"
-#include "core/host_buffer_cache.h"
 #include "core/log.h"
 #include "nvme/aio_options.h"
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
+#include "offload/tiered_store_internal.h"
 #include "zero/gradient_buckets.h"
 #include "zero/lr_schedule.h"
+#include "zero/param_tier.h"
+#include "zero/partition.h"
 #include "zinf/cpu_info.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 #include "zinf/host_memory.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf {
 namespace {
@@ -95,38 +77,6 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t HashName(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull ^ SplitMix64(seed);
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-  return SplitMix64(h);
-}
-
-// Element `index` of parameter `name`: N(0, std^2) from a counter-based generator, so any
-// rank computes any element without the others.
-float InitialValue(uint64_t key, uint64_t index, const ParamSpec& spec) {
-  switch (spec.init) {
-    case ParamInit::kZeros:
-      return 0.0f;
-    case ParamInit::kOnes:
-      return 1.0f;
-    case ParamInit::kNormal:
-      break;
-  }
-  const uint64_t a = SplitMix64(key + 2 * index);
-  const uint64_t b = SplitMix64(key + 2 * index + 1);
-  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
-  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  return static_cast<float>(z * spec.init_std);
-}
-
 OptimizerType ToOptimizerType(const std::string& name) {
   if (name == "adam") return OptimizerType::kAdam;
   if (name == "adagrad") return OptimizerType::kAdagrad;
@@ -134,87 +84,12 @@ OptimizerType ToOptimizerType(const std::string& name) {
   return OptimizerType::kAdamW;
 }
 
-// Writes parameter shards to their swap extents in the background, each from a buffer of
-// its own that goes back to `buffers` when the disk acknowledges it; Write blocks while more
-// than `limit` bytes are in flight, so the host memory this takes stays bounded.
-class ExtentWriter {
- public:
-  ExtentWriter(SwapStore* swap, HostBufferCache* buffers, uint64_t limit)
-      : swap_(swap), buffers_(buffers), limit_(limit) {}
-  ~ExtentWriter() { (void)Wait(); }
-
-  void Write(SwapExtent extent, HostBuffer buffer) {
-    const uint64_t bytes = buffer.size_bytes();
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return in_flight_ == 0 || in_flight_ + bytes <= limit_; });
-      in_flight_ += bytes;
-    }
-    auto held = std::make_shared<HostBuffer>(std::move(buffer));
-    swap_->WriteAsync(extent, held->data(), [this, held, bytes](Status s) mutable {
-      buffers_->Give(std::move(*held));
-      held.reset();
-      std::lock_guard<std::mutex> lock(mu_);
-      if (first_error_.ok() && !s.ok()) first_error_ = std::move(s);
-      in_flight_ -= bytes;
-      cv_.notify_all();
-    });
-  }
-  // Waits for every write; returns the first error.
-  Status Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return in_flight_ == 0; });
-    return first_error_;
-  }
-
- private:
-  SwapStore* swap_;
-  HostBufferCache* buffers_;
-  const uint64_t limit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t in_flight_ = 0;
-  Status first_error_;
+// A gradient buffer backward writes, between Gradients and ReduceGradients: a tensor of the
+// device tier, or with one rank in a batch's first micro-batch the (zero) accumulator itself.
+struct GradBuffer {
+  TensorId tensor = 0;
+  float* data = nullptr;
 };
-
-struct Param {
-  ParamSpec spec;
-  int module = 0;
-  uint64_t numel = 0;
-  uint64_t shard_size = 0;    // padded / world
-  uint64_t flat_offset = 0;   // where this rank's shard sits in the flat arrays
-  bool persistent = false;    // stays gathered between Fetch/Release
-  HostBuffer full;            // gathered parameter (padded), while fetched or persistent
-  bool full_current = false;  // `full` holds the current master values
-  // The full gradient (padded) backward writes, between Gradients and ReduceGradients: `grad`,
-  // or with one rank in a batch's first micro-batch the (zero) accumulator itself.
-  float* grad_out = nullptr;
-  HostBuffer grad;
-  // offload_param.device = nvme: the shard's extent, and a read of it in flight or done.
-  SwapExtent extent;
-  HostBuffer staged;
-  std::unique_ptr<IoWaiter> staging;
-  // An all-gather in flight (Note [Prefetch]): what it sends (p.staged, `master`, or `send`,
-  // the shard rounded to the compute precision) and, below fp32, where it receives.
-  std::shared_ptr<CommWork> gathering;
-  HostBuffer send, received;
-};
-
-struct Module {
-  std::string name;
-  std::vector<int> params;
-  bool fetched = false;
-  int reductions = 0;  // ReduceGradients calls since the last Step
-};
-
-// The elements [first, last) of the flat shard that [begin, begin + count) shares with
-// parameter `p`'s shard; first >= last when none.
-struct Span {
-  uint64_t first, last;
-};
-Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
-  return {std::max(begin, p.flat_offset), std::min(begin + count, p.flat_offset + p.shard_size)};
-}
 
 // This process's place in its data-parallel group.
 struct DataParallelGroup {
@@ -260,6 +135,7 @@ struct Engine::Impl {
   int group = 0;        // the optimizer's parameter group
   int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
   int local_rank = 0;   // among the processes of this node
+  std::string device;   // EngineOptions::device
 
   std::vector<Module> modules;
   std::vector<Param> params;
@@ -270,21 +146,23 @@ struct Engine::Impl {
 
   uint64_t shard_elements = 0;
   HostBuffer master, grad_acc, state0, state1;  // master is empty when !host_master
-  std::unique_ptr<SwapStore> swap;              // when anything is on NVMe
   std::unique_ptr<GradientBuckets> buckets;     // world > 1
-  // offload_optimizer.device = nvme.
-  std::unique_ptr<PipelinedOptimizer> pipelined;
-  int nvme_shard = -1;
-  // offload_param.device = nvme, and the module order for prefetching (Note [Prefetch]).
+  // offload_param.device = nvme, and whether the fp32 master stays in host memory.
   bool params_on_nvme = false;
   bool host_master = true;
   // The compute precision (Note [Compute precision]): what the parameter tier holds and
   // gathers move.
   ElementType param_type = ElementType::kFp32;
-  std::vector<int> fetch_order;  // recorded during the first step
-  bool recording = true;
-  bool prefetching = false;
-  size_t fetch_cursor = 0;  // position in fetch_order this step
+  // Where every parameter shard, gathered copy and gradient buffer lives and moves, on the
+  // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
+  // declared before its clients so that it outlives them.
+  std::unique_ptr<TieredStore> tiers;
+  SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
+  std::unique_ptr<ParamTier> param_tier;
+  std::vector<GradBuffer> grads;  // by parameter
+  // offload_optimizer.device = nvme.
+  std::unique_ptr<PipelinedOptimizer> pipelined;
+  int nvme_shard = -1;
 
   // fp16 dynamic loss scaling, as DeepSpeed's DynamicLossScaler.
   double loss_scale = 1.0;
@@ -292,10 +170,9 @@ struct Engine::Impl {
   int64_t iteration = 0;
   int64_t last_overflow_iteration = -1;
   int64_t steps = 0;
-  StepSummary pending;  // traffic and time since the last Step
-  // The staged shards, gathered parameters and gradients each fetch and release allocates and
-  // frees again (Note [Buffer reuse] in core/host_buffer_cache.h). Made by Initialize.
-  std::unique_ptr<HostBufferCache> buffers;
+  StepSummary pending;     // traffic and time since the last Step
+  LinkStats nvme_read_at;  // the store's NVMe traffic at the last Step
+  LinkStats nvme_written_at;
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->world_size(); }
@@ -315,12 +192,6 @@ struct Engine::Impl {
 
   float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
 
-  // Hands `buffer`'s memory to the cache for the next buffer of its size; leaves it empty.
-  void Recycle(HostBuffer& buffer) {
-    HostBuffer freed = std::exchange(buffer, HostBuffer());
-    if (buffers != nullptr) buffers->Give(std::move(freed));
-  }
-
   // This rank's whole flat shard with its in-memory optimizer state.
   OptimizerSpan WholeShard() {
     return {.params = master.as<float>(),
@@ -332,71 +203,20 @@ struct Engine::Impl {
 
   // Initial values of the flat shard's elements [begin, begin + count) into `out`.
   void FillInitial(uint64_t begin, uint64_t count, float* out) const {
-    auto it = std::upper_bound(params.begin(), params.end(), begin,
-                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-    for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
-      const Param& p = *it;
-      const uint64_t key = HashName(config.seed, p.spec.name);
-      const auto [first, last] = Overlap(begin, count, p);
-      const uint64_t element0 = rank() * p.shard_size;  // this rank's first element of p
-      for (uint64_t f = first; f < last; ++f) {
-        const uint64_t index = element0 + (f - p.flat_offset);
-        out[f - begin] = index < p.numel ? InitialValue(key, index, p.spec) : 0.0f;
-      }
-    }
+    zinf::FillInitial(params, config.seed, rank(), begin, count, out);
   }
 
   size_t param_bytes() const { return ElementSize(param_type); }
-  uint64_t TierBytes(const Param& p) const { return p.shard_size * param_bytes(); }
-
-  // Starts reading a parameter's shard from its NVMe extent into p.staged.
-  Status StartShardRead(Param& p) {
-    // p.staged is the send buffer of a gather in flight: it must stay as it is.
-    if (p.staging != nullptr || p.gathering != nullptr) return OkStatus();
-    ZINF_ASSIGN_OR_RETURN(p.staged, buffers->Take(TierBytes(p)));
-    p.staging = std::make_unique<IoWaiter>();
-    p.staging->Add(1);
-    swap->ReadAsync(p.extent, p.staged.data(), p.staging->Callback());
-    pending.bytes_nvme_read += TierBytes(p);
-    return OkStatus();
-  }
-
-  // This rank's current shard of `p` in the compute precision: read from the NVMe parameter
-  // tier into p.staged (valid until DropStaged), or from `master`, rounded into `scratch`
-  // unless the precision is fp32.
-  StatusOr<const void*> LocalShard(Param& p, HostBuffer* scratch) {
-    if (!params_on_nvme) {
-      if (param_type == ElementType::kFp32) return Master(p);
-      ZINF_ASSIGN_OR_RETURN(*scratch, buffers->Take(TierBytes(p)));
-      ConvertFromFp32(Master(p), param_type, scratch->data(), p.shard_size);
-      return scratch->data();
-    }
-    ZINF_RETURN_IF_ERROR(StartShardRead(p));
-    Status read = p.staging->Wait();
-    p.staging.reset();
-    if (!read.ok()) {
-      Recycle(p.staged);
-      return read;
-    }
-    return p.staged.data();
-  }
 
   // This rank's fp32 master shard of `p` into `out` (shard_size values): from `master`, or
-  // with no host master, from the NVMe tier when it is fp32 and else from the optimizer's
-  // state (a pass over it).
+  // with no host master, from the parameter tier when it is fp32 and else from the
+  // optimizer's state (a pass over it).
   Status ReadMasterShard(Param& p, float* out) {
-    DropPrefetch(p);  // its buffers are the tier's: read afresh
     if (host_master) {
       std::memcpy(out, Master(p), p.shard_size * 4);
       return OkStatus();
     }
-    if (param_type == ElementType::kFp32) {
-      HostBuffer unused;
-      ZINF_ASSIGN_OR_RETURN(const void* tier, LocalShard(p, &unused));
-      std::memcpy(out, tier, p.shard_size * 4);
-      DropStaged(p);
-      return OkStatus();
-    }
+    if (param_type == ElementType::kFp32) return param_tier->ReadShard(p, out);
     return pipelined->Visit(
         nvme_shard,
         [&](const ChunkView& c) {
@@ -410,145 +230,6 @@ struct Engine::Impl {
         /*write_back=*/false);
   }
 
-  // A shard's fp32 values in the tier's precision, ready to write to its extent.
-  StatusOr<HostBuffer> TierValues(const Param& p, const float* values) const {
-    ZINF_ASSIGN_OR_RETURN(HostBuffer out, buffers->Take(TierBytes(p)));
-    ConvertFromFp32(values, param_type, out.data(), p.shard_size);
-    return out;
-  }
-
-  // Waits for a prefetch that will not be used and frees its buffer.
-  void DropStaged(Param& p) {
-    if (p.staging != nullptr) (void)p.staging->Wait();
-    p.staging.reset();
-    Recycle(p.staged);
-  }
-
-  // Starts gathering `p`: its all-gather runs on the communicator's thread until Gather
-  // waits for it. With one rank there is nothing to wait for and it completes here.
-  Status StartGather(Param& p) {
-    if (p.full_current || p.gathering != nullptr) return OkStatus();
-    const auto t0 = Clock::now();
-    ZINF_ASSIGN_OR_RETURN(const void* local, LocalShard(p, &p.send));
-    const uint64_t full_size = p.shard_size * world();
-    pending.bytes_gathered += full_size * param_bytes();
-    if (world() == 1 && params_on_nvme && param_type == ElementType::kFp32) {
-      p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
-    } else if (p.full.empty()) {
-      ZINF_ASSIGN_OR_RETURN(p.full, buffers->Take(full_size * 4));
-    }
-    if (world() == 1) {
-      if (local != p.full.data()) ConvertToFp32(local, param_type, p.full.as<float>(), full_size);
-      Recycle(p.send);
-      DropStaged(p);
-      p.full_current = true;
-    } else if (param_type == ElementType::kFp32) {
-      p.gathering =
-          comm->AllGatherAsync(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
-    } else {
-      ZINF_ASSIGN_OR_RETURN(p.received, buffers->Take(full_size * param_bytes()));
-      p.gathering = comm->AllGatherAsync(
-          local, p.received.data(), p.shard_size,
-          param_type == ElementType::kBf16 ? CommDataType::kBfloat16 : CommDataType::kFloat16);
-    }
-    pending.seconds_gather += Seconds(t0);
-    return OkStatus();
-  }
-
-  // Waits for `p`'s all-gather (starting it first if need be) and widens it to fp32.
-  Status Gather(Param& p) {
-    ZINF_RETURN_IF_ERROR(StartGather(p));
-    if (p.full_current) return OkStatus();
-    const auto t0 = Clock::now();
-    Status gathered = std::exchange(p.gathering, nullptr)->Wait();
-    if (gathered.ok() && param_type != ElementType::kFp32) {
-      ConvertToFp32(p.received.data(), param_type, p.full.as<float>(), p.shard_size * world());
-    }
-    Recycle(p.received);
-    Recycle(p.send);
-    DropStaged(p);
-    pending.seconds_gather += Seconds(t0);
-    ZINF_RETURN_IF_ERROR(gathered);
-    p.full_current = true;
-    return OkStatus();
-  }
-
-  // Waits for a prefetched read or gather that will not be used and frees its buffers.
-  void DropPrefetch(Param& p) {
-    if (p.gathering != nullptr) (void)std::exchange(p.gathering, nullptr)->Wait();
-    Recycle(p.received);
-    Recycle(p.send);
-    DropStaged(p);
-  }
-
-  // Note [Prefetch]: starts the all-gathers of the next module in the recorded order, so that
-  // they run on the communicator's thread while the module just fetched computes. Every rank
-  // makes the same decision, so the collectives stay in step.
-  void PrefetchGathers() {
-    if (!prefetching || world() == 1 || fetch_cursor >= fetch_order.size()) return;
-    const Module& next = modules[fetch_order[fetch_cursor]];
-    uint64_t needed = 0;
-    for (int pi : next.params) {
-      const Param& p = params[pi];
-      if (!p.full_current && p.gathering == nullptr && !p.persistent) needed += p.numel;
-    }
-    if (LiveElements(-1) + needed > config.stage3_max_live_parameters) return;
-    for (int pi : next.params) {
-      if (!StartGather(params[pi]).ok()) return;  // its Fetch gathers it and reports the error
-    }
-  }
-
-  // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
-  // being read ahead: what stage3_max_live_parameters bounds.
-  uint64_t LiveElements(int fetching) const {
-    uint64_t live = 0;
-    for (const Param& p : params) {
-      if (!p.persistent && (modules[p.module].fetched || p.module == fetching ||
-                            p.staging != nullptr || p.gathering != nullptr)) {
-        live += p.numel;
-      }
-    }
-    return live;
-  }
-
-  // Note [Prefetch]: follows the recorded order from the module just fetched.
-  void TraceFetch(int module) {
-    if (recording) {
-      fetch_order.push_back(module);
-      return;
-    }
-    if (!prefetching) return;
-    if (fetch_cursor >= fetch_order.size() || fetch_order[fetch_cursor] != module) {
-      log::Warn(
-          "rank {}: module '{}' was fetched out of the order the first step recorded; "
-          "prefetching stops and parameters are read and gathered when fetched",
-          rank(), modules[module].name);
-      prefetching = false;
-      return;
-    }
-    ++fetch_cursor;
-    if (!params_on_nvme) return;
-    uint64_t live = LiveElements(module);
-    uint64_t ahead = 0;
-    for (size_t i = fetch_cursor; i < fetch_order.size(); ++i) {
-      const Module& next = modules[fetch_order[i]];
-      if (i > fetch_cursor && ahead >= config.stage3_prefetch_bucket_size) break;
-      uint64_t needed = 0;
-      for (int pi : next.params) {
-        const Param& p = params[pi];
-        if (!p.full_current && p.staging == nullptr && !p.persistent) needed += p.numel;
-      }
-      if (live + needed > config.stage3_max_live_parameters) break;
-      live += needed;
-      for (int pi : next.params) {
-        Param& p = params[pi];
-        if (p.full_current) continue;
-        ahead += p.numel;  // reads already in flight count towards the window too
-        if (!StartShardRead(p).ok()) return;  // the fetch will read it and report the error
-      }
-    }
-  }
-
   // Waits until every reduced gradient is in grad_acc.
   Status FinishReductions() {
     if (buckets == nullptr) return OkStatus();
@@ -559,17 +240,13 @@ struct Engine::Impl {
   }
 
   // Writes every shard of the parameter tier from `master`, in the compute precision.
-  Status WriteParamTierFromMaster(StepSummary* summary) {
-    ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
+  Status WriteParamTierFromMaster() {
     Status converted;
     for (Param& p : params) {
-      StatusOr<HostBuffer> values = TierValues(p, Master(p));
-      converted = values.status();
+      converted = param_tier->WriteFp32(p, Master(p));
       if (!converted.ok()) break;
-      writer.Write(p.extent, std::move(*values));
-      summary->bytes_nvme_written += TierBytes(p);
     }
-    Status written = writer.Wait();
+    Status written = param_tier->FinishWrites();
     return converted.ok() ? written : converted;
   }
 
@@ -610,21 +287,6 @@ struct Engine::Impl {
     return OkStatus();
   }
 
-  // What the buffer cache may hold: what one fetch, backward and release of the largest
-  // module frees before the next one allocates (its parameters and their gradients), twice,
-  // and the prefetch window's staged shards.
-  uint64_t BufferCacheLimit() const {
-    uint64_t largest = 0;
-    for (const Module& module : modules) {
-      uint64_t bytes = 0;
-      for (int pi : module.params) {
-        if (!params[pi].persistent) bytes += params[pi].shard_size * world() * 4;
-      }
-      largest = std::max(largest, bytes);
-    }
-    return 2 * (2 * largest) + config.stage3_prefetch_bucket_size * 4;
-  }
-
   // Refuses, before anything is allocated, a placement whose resident host state alone is
   // larger than this machine's memory, saying what each part needs.
   Status CheckHostMemory() const {
@@ -640,16 +302,18 @@ struct Engine::Impl {
     }
     const uint64_t buckets =
         world() > 1 ? 2 * std::min(config.reduce_bucket_size, shard_elements * world()) * 4 : 0;
-    const uint64_t need = shard + master + states + persistent + buckets;
+    // The parameter tier, where the host device's memory or pinned memory holds it.
+    const uint64_t tier = params_on_nvme ? 0 : shard_elements * param_bytes();
+    const uint64_t need = shard + master + states + persistent + buckets + tier;
     if (need <= total) return OkStatus();
     return ResourceExhausted(fmt::format(
         "{} parameter elements ({} per rank) need {:.1f} GiB of host memory on this rank, and "
         "this machine has {:.1f} GiB: gradient accumulators {:.1f}, fp32 master {:.1f}, "
-        "optimizer state {:.1f}, persistent parameters {:.1f}, reduce buckets {:.1f} GiB. "
-        "Offload the optimizer and parameters to NVMe, shard over more ranks, or shrink the "
-        "model",
+        "optimizer state {:.1f}, persistent parameters {:.1f}, reduce buckets {:.1f}, "
+        "parameter tier {:.1f} GiB. Offload the optimizer and parameters to NVMe, shard over "
+        "more ranks, or shrink the model",
         registered_elements, shard_elements, need / kGiBf, total / kGiBf, shard / kGiBf,
-        master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf));
+        master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf, tier / kGiBf));
   }
 
   // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
@@ -660,27 +324,77 @@ struct Engine::Impl {
                                 PipelinedOptimizerOptions().chunk_elements);
   }
 
-  // One swap store for everything this rank keeps on NVMe.
-  Status OpenSwap() {
-    SwapStoreOptions options;
-    options.paths = config.NvmePaths();
-    options.rank = global_rank;  // groups of other processes may share the nvme_path
-    options.checksum = config.nvme_checksum;
-    ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
-    ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &options.aio));
-    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
-    const uint64_t slack = options.aio.block_size;
-    if (config.offload_optimizer_device == "nvme") {
-      // Per element: fp32 params and two state arrays (the gradients stay in host memory).
-      const uint64_t chunk = OptimizerChunkElements();
-      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      options.capacity_bytes += chunks * (chunk * 12 + slack);
+  // The tiered store on the compute device: the parameter tier's home (Note [Parameter
+  // tier]), a device tier large enough for the gathered working set, and one swap store for
+  // everything this rank keeps on NVMe.
+  Status OpenTiers(const std::string& device) {
+    const uint64_t element = param_bytes();
+    uint64_t tier_bytes = 0, largest_tier = 0, persistent = 0, working_set = 0;
+    for (const Module& module : modules) {
+      uint64_t bytes = 0;
+      for (int pi : module.params) {
+        const Param& p = params[pi];
+        // The gathered copy, its fp32 widening or gradient, the gradient, the shard's copy.
+        const uint64_t full = p.shard_size * world();
+        const uint64_t gathered = full * (element + 4 + 4) + p.shard_size * element;
+        (p.persistent ? persistent : bytes) += gathered;
+      }
+      working_set = std::max(working_set, bytes);
     }
-    if (params_on_nvme) {
-      for (const Param& p : params) options.capacity_bytes += TierBytes(p) + slack;
+    for (const Param& p : params) {
+      tier_bytes += p.shard_size * element;
+      largest_tier = std::max(largest_tier, p.shard_size * element);
     }
-    ZINF_ASSIGN_OR_RETURN(swap, SwapStore::Open(options));
-    return OkStatus();
+    const Tier home = params_on_nvme                         ? Tier::kNvme
+                      : config.offload_param_device == "cpu" ? Tier::kHost
+                                                             : Tier::kDevice;
+    TieredStoreOptions options;
+    options.device = device;
+    // The fetched module, the next one being gathered, and backward's gradients, with room to
+    // spare, plus the read-ahead window; cached shard copies fill the rest and are evicted.
+    options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
+                                  4 * working_set +
+                                  2 * config.stage3_prefetch_bucket_size * element + (64 << 20);
+    options.host_budget_bytes =
+        (home == Tier::kHost ? tier_bytes : 0) + std::max<uint64_t>(256 << 20, 4 * largest_tier);
+    options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
+    options.piece_bytes =
+        std::clamp<uint64_t>((largest_tier + 4095) / 4096 * 4096, 1 << 20, 64 << 20);
+    options.staging_buffers = 4;
+    options.transfer_threads = 4;
+    SwapStoreOptions swap_options;
+    if (params_on_nvme || config.offload_optimizer_device == "nvme") {
+      swap_options.paths = config.NvmePaths();
+      swap_options.rank = global_rank;  // groups of other processes may share the nvme_path
+      swap_options.checksum = config.nvme_checksum;
+      ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
+      ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &swap_options.aio));
+      // Each extent is rounded up to the allocator's alignment: allow a block per extent.
+      const uint64_t slack = swap_options.aio.block_size;
+      if (config.offload_optimizer_device == "nvme") {
+        // Per element: fp32 params and two state arrays (the gradients stay in host memory).
+        const uint64_t chunk = OptimizerChunkElements();
+        const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
+        swap_options.capacity_bytes += chunks * (chunk * 12 + slack);
+      }
+      if (params_on_nvme) {
+        for (const Param& p : params) {
+          const uint64_t bytes = p.shard_size * element;
+          const uint64_t pieces = (bytes + options.piece_bytes - 1) / options.piece_bytes;
+          swap_options.capacity_bytes += bytes + pieces * slack;
+        }
+      }
+    }
+    ZINF_ASSIGN_OR_RETURN(tiers, internal::TieredStoreAccess::Create(options, swap_options));
+    swap = internal::TieredStoreAccess::Swap(*tiers);
+    param_tier = std::make_unique<ParamTier>(
+        tiers.get(), comm.get(), &params, &modules,
+        ParamTierOptions{.param_type = param_type,
+                         .shard_home = home,
+                         .prefetch_bucket_elements = config.stage3_prefetch_bucket_size,
+                         .max_live_elements = config.stage3_max_live_parameters});
+    grads.assign(params.size(), GradBuffer());
+    return param_tier->Create();
   }
 
   Status OpenNvmeOptimizer() {
@@ -691,9 +405,8 @@ struct Engine::Impl {
                                               PipelinedOptimizerOptions::kStagingBytesPerElement);
     options.pinned = config.pin_memory;
     options.nvme_ratio = config.optimizer_nvme_ratio;
-    ZINF_ASSIGN_OR_RETURN(pipelined,
-                          PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
-    ExtentWriter tier(swap.get(), buffers.get(), 256ull << 20);
+    ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), swap, options));
+    std::vector<char*> open(params.size());
     StatusOr<int> shard = pipelined->AddShard(
         // The gradient accumulators are in host memory already: the step reads them there.
         {.name = fmt::format("rank {} shard", rank()),
@@ -706,10 +419,9 @@ struct Engine::Impl {
             return OkStatus();
           }
           FillInitial(c.offset, c.count, c.params);
-          return params_on_nvme ? AssembleParamTier(c, &tier) : OkStatus();
+          return params_on_nvme ? AssembleParamTier(c, open) : OkStatus();
         });
-    Status written = tier.Wait();
-    for (Param& p : params) p.staged = HostBuffer();  // after a failed initialization
+    Status written = CloseParamTierWrites(open);
     ZINF_RETURN_IF_ERROR(shard.status());
     ZINF_RETURN_IF_ERROR(written);
     nvme_shard = *shard;
@@ -717,50 +429,60 @@ struct Engine::Impl {
   }
 
   // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,
-  // c.offset + c.count)) into the parameters' tier buffers, and writes each parameter to its
-  // extent once complete. Chunks arrive in order, so a parameter is complete when its last
-  // element is.
-  Status AssembleParamTier(const ChunkView& c, ExtentWriter* writer) {
+  // c.offset + c.count)) into the parameter tier, in its precision; `open` holds, per
+  // parameter, the tier memory being written. Chunks arrive in order, so a parameter is
+  // complete, and its write ends, with its last element.
+  Status AssembleParamTier(const ChunkView& c, std::vector<char*>& open) {
     auto it = std::upper_bound(params.begin(), params.end(), c.offset,
                                [](uint64_t b, const Param& p) { return b < p.flat_offset; });
     for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-      Param& p = *it;
-      if (p.staged.empty()) {
-        ZINF_ASSIGN_OR_RETURN(p.staged, buffers->Take(TierBytes(p)));
+      const Param& p = *it;
+      char*& tier = open[&p - params.data()];
+      if (tier == nullptr) {
+        ZINF_ASSIGN_OR_RETURN(void* memory, param_tier->BeginWrite(p));
+        tier = static_cast<char*>(memory);
       }
       const auto [first, last] = Overlap(c.offset, c.count, p);
       ConvertFromFp32(c.params + (first - c.offset), param_type,
-                      p.staged.as<char>() + (first - p.flat_offset) * param_bytes(), last - first);
-      if (last == p.flat_offset + p.shard_size) writer->Write(p.extent, std::move(p.staged));
+                      tier + (first - p.flat_offset) * param_bytes(), last - first);
+      if (last == p.flat_offset + p.shard_size) {
+        tier = nullptr;
+        ZINF_RETURN_IF_ERROR(param_tier->EndWrite(p));
+      }
     }
     return OkStatus();
   }
 
-  Status AllocateParamTier() {
-    for (Param& p : params) {
-      ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(TierBytes(p), p.spec.name));
+  // Ends the writes AssembleParamTier left open (after a failure) and waits for the
+  // write-backs.
+  Status CloseParamTierWrites(std::vector<char*>& open) {
+    Status first;
+    for (size_t i = 0; i < open.size(); ++i) {
+      if (open[i] == nullptr) continue;
+      Status s = param_tier->EndWrite(params[i]);
+      if (first.ok()) first = std::move(s);
     }
-    return OkStatus();
+    Status written = param_tier->FinishWrites();
+    return first.ok() ? written : first;
   }
 
   // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
-  // new parameters brought to the parameter tier: the host master (read back from the swap space)
-  // or the NVMe extents (written from the step's chunks as they are updated, no read-back).
+  // new parameters brought to the parameter tier: the host master (read back from the swap
+  // space) or the tier itself (written from the step's chunks as they are updated, no
+  // read-back).
   Status NvmeStep(float grad_scale, StepSummary* summary) {
     if (host_master) {
       ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
       ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
-      const uint64_t states = optimizer->group(group)->hyper_params.state_count();
-      summary->bytes_nvme_read += shard_elements * (1 + states) * 4;
+      summary->bytes_nvme_read += shard_elements * (1 + state_count()) * 4;
+      ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
     } else {
-      ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
-      auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, &writer); };
+      std::vector<char*> open(params.size());
+      auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, open); };
       Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
-      Status written = writer.Wait();
-      for (Param& p : params) p.staged = HostBuffer();  // after a failed step
+      Status written = CloseParamTierWrites(open);
       ZINF_RETURN_IF_ERROR(stepped);
       ZINF_RETURN_IF_ERROR(written);
-      summary->bytes_nvme_written += shard_elements * param_bytes();
     }
     summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
     summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
@@ -944,8 +666,8 @@ struct Engine::Impl {
     }));
     for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
 
-    // Verified: replace the state, once no prefetch reads it.
-    for (Param& p : params) DropPrefetch(p);
+    // Verified: replace the state, once no gather reads it.
+    param_tier->DropAll();
     ZINF_RETURN_IF_ERROR(optimizer->LoadState(blob));
     if (pipelined != nullptr) {
       auto load = [&](const ChunkView& c) -> Status {
@@ -965,17 +687,17 @@ struct Engine::Impl {
     if (host_master && pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(reader.Read("params", 0, master.data(), shard_elements * 4));
     }
-    if (params_on_nvme) {
-      ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
+    if (host_master) {
+      ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
+    } else {
+      std::vector<float> values;
       for (Param& p : params) {
-        DropStaged(p);
-        ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
+        values.resize(p.shard_size);
         ZINF_RETURN_IF_ERROR(
             reader.Read("params", p.flat_offset * 4, values.data(), p.shard_size * 4));
-        ZINF_ASSIGN_OR_RETURN(HostBuffer tier, TierValues(p, values.as<float>()));
-        writer.Write(p.extent, std::move(tier));
+        ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
       }
-      ZINF_RETURN_IF_ERROR(writer.Wait());
+      ZINF_RETURN_IF_ERROR(param_tier->FinishWrites());
     }
     steps = scalars.steps;
     loss_scale = scalars.loss_scale;
@@ -984,26 +706,39 @@ struct Engine::Impl {
     last_overflow_iteration = scalars.last_overflow_iteration;
     ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
     std::memset(grad_acc.data(), 0, shard_elements * 4);
-    for (Param& p : params) {
-      p.full_current = false;
-      p.grad = HostBuffer();
-      p.grad_out = nullptr;
-    }
+    for (size_t i = 0; i < params.size(); ++i) FreeGradient(static_cast<int>(i));
     for (Module& module : modules) module.reductions = 0;
     return manifest.client_state;
   }
 
-  void MeasureTiers(StepSummary* summary) const {
-    uint64_t host =
-        master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() + state1.size_bytes();
-    for (const Param& p : params) host += p.full.size_bytes() + p.grad.size_bytes();
-    if (buffers != nullptr) host += buffers->cached_bytes();
+  // Frees parameter `pi`'s gradient buffer, if any.
+  void FreeGradient(int pi) {
+    GradBuffer& g = grads[pi];
+    if (g.tensor != 0) {
+      tiers->Release(g.tensor, Tier::kDevice).IgnoreError();
+      tiers->Free(g.tensor).IgnoreError();
+    }
+    g = GradBuffer();
+  }
+
+  void MeasureTiers(StepSummary* summary) {
+    const TieredStoreStats stats = tiers->stats();
+    // The host device's memory is host memory too.
+    uint64_t host = master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() +
+                    state1.size_bytes() + stats.tiers[int(Tier::kHost)].in_use_bytes +
+                    stats.tiers[int(Tier::kDevice)].in_use_bytes;
     if (pipelined != nullptr) {
       host += pipelined->staging_pool().stats().arena_bytes +
               pipelined->host_state_pool().stats().arena_bytes;
     }
     summary->host_bytes = host;
     summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
+    // The parameter tier's NVMe traffic since the last step (the optimizer's is counted by
+    // the pipelined step).
+    summary->bytes_nvme_read += stats.nvme_to_host.bytes - nvme_read_at.bytes;
+    summary->bytes_nvme_written += stats.host_to_nvme.bytes - nvme_written_at.bytes;
+    nvme_read_at = stats.nvme_to_host;
+    nvme_written_at = stats.host_to_nvme;
   }
 
   void UpdateLossScale(bool overflow) {
@@ -1075,6 +810,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   ZINF_RETURN_IF_ERROR(config.Validate());
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  impl->device = options.device;
+  if (options.device != "host") {
+    return Unavailable(
+        fmt::format("compute device \"{}\": the engine runs on the host device only for now (its "
+                    "collectives and gradient path are host-side); use \"host\"",
+                    options.device));
+  }
   impl->params_on_nvme = config.offload_param_device == "nvme";
   impl->host_master = !(impl->params_on_nvme && config.offload_optimizer_device == "nvme");
   impl->param_type = config.bf16   ? ElementType::kBf16
@@ -1190,14 +932,9 @@ Status Engine::Initialize() {
   if (m.initialized) return FailedPrecondition("Initialize called twice");
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckRanksAgree(), "checking that ranks agree"));
   const uint64_t world = m.world();
-  for (Param& p : m.params) {
-    p.shard_size = (p.numel + world - 1) / world;
-    p.flat_offset = m.shard_elements;
-    m.shard_elements += p.shard_size;
-    p.persistent = m.config.zero_stage < 3 || p.numel < m.config.stage3_param_persistence_threshold;
-  }
+  m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
+                               m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
-  m.buffers = std::make_unique<HostBufferCache>(m.BufferCacheLimit());
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
   if (world > 1) {
@@ -1209,12 +946,10 @@ Status Engine::Initialize() {
     ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
   }
-  if (m.params_on_nvme || m.config.offload_optimizer_device == "nvme") {
-    ZINF_RETURN_IF_ERROR(m.Context(m.OpenSwap(), "opening the NVMe swap space"));
-  }
-  if (m.params_on_nvme) {
-    ZINF_RETURN_IF_ERROR(m.Context(m.AllocateParamTier(), "allocating the NVMe parameter tier"));
-  }
+  ZINF_RETURN_IF_ERROR(m.Context(m.OpenTiers(m.device),
+                                 m.params_on_nvme || m.config.offload_optimizer_device == "nvme"
+                                     ? "opening the tiered store and its NVMe swap space"
+                                     : "opening the tiered store"));
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
   if (m.config.offload_optimizer_device == "nvme") {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
@@ -1226,11 +961,12 @@ Status Engine::Initialize() {
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
   }
-  if (m.params_on_nvme && m.host_master) {
-    StepSummary traffic;
-    ZINF_RETURN_IF_ERROR(
-        m.Context(m.WriteParamTierFromMaster(&traffic), "writing the parameters to NVMe"));
+  if (m.host_master) {
+    ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
   }
+  // Initialization's traffic is not the first step's.
+  m.nvme_read_at = m.tiers->stats().nvme_to_host;
+  m.nvme_written_at = m.tiers->stats().host_to_nvme;
   m.initialized = true;
   return OkStatus();
 }
@@ -1239,30 +975,8 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   FetchedModule out;
-  if (m.params_on_nvme) {
-    // This module's reads first, then the prefetches behind them.
-    for (int pi : module->params) {
-      Param& p = m.params[pi];
-      if (!p.full_current) {
-        ZINF_RETURN_IF_ERROR(
-            m.Context(m.StartShardRead(p), fmt::format("reading '{}'", p.spec.name)));
-      }
-    }
-  }
-  m.TraceFetch(id);
-  m.pending.peak_live_parameters = std::max(m.pending.peak_live_parameters, m.LiveElements(id));
-  // All of the module's gathers in flight at once, then each waited for.
-  for (int pi : module->params) {
-    Param& p = m.params[pi];
-    ZINF_RETURN_IF_ERROR(m.Context(m.StartGather(p), fmt::format("gathering '{}'", p.spec.name)));
-  }
-  for (int pi : module->params) {
-    Param& p = m.params[pi];
-    ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), fmt::format("gathering '{}'", p.spec.name)));
-    out.params.push_back(p.full.as<float>());
-  }
-  module->fetched = true;
-  m.PrefetchGathers();
+  ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params),
+                                 fmt::format("fetching module '{}'", module->name)));
   return out;
 }
 
@@ -1273,13 +987,7 @@ Status Engine::Release(int id) {
     return FailedPrecondition(
         fmt::format("Release of module '{}', which is not fetched", module->name));
   }
-  for (int pi : module->params) {
-    Param& p = m.params[pi];
-    if (!p.persistent) {
-      m.Recycle(p.full);
-      p.full_current = false;
-    }
-  }
+  m.param_tier->Release(id);
   module->fetched = false;
   return OkStatus();
 }
@@ -1289,17 +997,25 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   std::vector<float*> out;
   for (int pi : module->params) {
-    Param& p = m.params[pi];
-    if (p.grad_out == nullptr && m.world() == 1 && module->reductions == 0) {
+    const Param& p = m.params[pi];
+    GradBuffer& g = m.grads[pi];
+    if (g.data == nullptr && m.world() == 1 && module->reductions == 0) {
       // The accumulator is zero until the module's first reduction: backward may write the
       // sum there directly, which saves a buffer and a pass (0 + g is g, bit for bit).
-      p.grad_out = m.grad_acc.as<float>() + p.flat_offset;
-    } else if (p.grad_out == nullptr) {
-      // Zero: the padding stays zero and backward may accumulate into it.
-      ZINF_ASSIGN_OR_RETURN(p.grad, m.buffers->TakeZeroed(p.shard_size * m.world() * 4));
-      p.grad_out = p.grad.as<float>();
+      g.data = m.grad_acc.as<float>() + p.flat_offset;
+    } else if (g.data == nullptr) {
+      // A device tensor reading as zeros: the padding stays zero and backward may accumulate
+      // into it.
+      ZINF_ASSIGN_OR_RETURN(g.tensor, m.tiers->Create(p.spec.name + " (gradient)",
+                                                      p.shard_size * m.world() * 4, Tier::kDevice));
+      StatusOr<void*> data = m.tiers->Acquire(g.tensor, Tier::kDevice, Access::kWrite);
+      if (!data.ok()) {
+        m.FreeGradient(pi);
+        return m.Context(data.status(), fmt::format("gradient of '{}'", p.spec.name));
+      }
+      g.data = static_cast<float*>(*data);
     }
-    out.push_back(p.grad_out);
+    out.push_back(g.data);
   }
   return out;
 }
@@ -1309,22 +1025,22 @@ Status Engine::ReduceGradients(int id) {
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = Clock::now();
   for (int pi : module->params) {
-    if (m.params[pi].grad_out == nullptr) {
+    if (m.grads[pi].data == nullptr) {
       return FailedPrecondition(fmt::format(
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
   }
   for (int pi : module->params) {
-    Param& p = m.params[pi];
+    const Param& p = m.params[pi];
+    const GradBuffer& g = m.grads[pi];
     if (m.buckets != nullptr) {
       ZINF_RETURN_IF_ERROR(
-          m.Context(m.buckets->Add(p.grad.as<float>(), p.shard_size, p.flat_offset, p.spec.name),
+          m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else if (!p.grad.empty()) {  // one rank: the gradient is its own shard
-      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, p.grad.as<float>(), p.shard_size);
+    } else if (g.tensor != 0) {  // one rank: the gradient is its own shard
+      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, g.data, p.shard_size);
     }
-    m.Recycle(p.grad);
-    p.grad_out = nullptr;
+    m.FreeGradient(pi);
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }
   ++module->reductions;
@@ -1347,8 +1063,11 @@ StatusOr<StepSummary> Engine::Step() {
   const auto t0 = Clock::now();
   StepSummary summary = m.pending;
   m.pending = StepSummary();
-  for (Param& p : m.params) m.DropPrefetch(p);  // prefetches past the batch's last fetch
-  m.buffers->Clear();  // the optimizer's pass needs none of them: give its memory back
+  const ParamTierCounters gathers = m.param_tier->TakeCounters();
+  summary.bytes_gathered = gathers.bytes_gathered;
+  summary.seconds_gather = gathers.seconds_gather;
+  summary.peak_live_parameters = gathers.peak_live_parameters;
+  m.param_tier->DropAll();  // prefetches past the batch's last fetch, and what the step replaces
 
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
@@ -1386,26 +1105,19 @@ StatusOr<StepSummary> Engine::Step() {
       ZINF_RETURN_IF_ERROR(
           m.optimizer->Step(m.group, m.WholeShard(), {.grad_scale = grad_scale}).status());
       summary.seconds_optimizer_compute = Seconds(update);
-      if (m.params_on_nvme) {
-        ZINF_RETURN_IF_ERROR(
-            m.Context(m.WriteParamTierFromMaster(&summary), "writing the parameters to NVMe"));
-      }
+      ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
     }
     ++m.steps;
     scheduled = m.ApplySchedule();  // as DeepSpeed's scheduler.step(), after the step
-    for (Param& p : m.params) p.full_current = false;
     // Stages 1 and 2 keep the whole model gathered: refresh it now.
     if (m.config.zero_stage < 3) {
-      for (Param& p : m.params) ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), "re-gathering"));
+      ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
     }
   }
   m.UpdateLossScale(overflow);
   std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
   for (Module& module : m.modules) module.reductions = 0;
-  // Note [Prefetch]: the first batch recorded the order; later ones follow it.
-  if (m.recording) m.prefetching = m.params_on_nvme || m.world() > 1;
-  m.recording = false;
-  m.fetch_cursor = 0;
+  m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order
   summary.step = m.steps;
   summary.loss_scale = m.loss_scale;
   summary.seconds_optimizer = Seconds(t0);
@@ -1452,7 +1164,6 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   for (uint64_t i = 0; i < p.shard_size; ++i) {
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
-  m.DropPrefetch(p);  // a gather in flight may be reading the values replaced here
   if (m.host_master) std::memcpy(m.Master(p), shard.data(), p.shard_size * 4);
   if (m.pipelined != nullptr) {
     // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
@@ -1467,13 +1178,10 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
     ZINF_RETURN_IF_ERROR(m.Context(m.pipelined->Visit(m.nvme_shard, store, /*write_back=*/true),
                                    fmt::format("storing parameter '{}'", name)));
   }
-  if (m.params_on_nvme) {
-    ZINF_ASSIGN_OR_RETURN(HostBuffer tier, m.TierValues(p, shard.data()));
-    ZINF_RETURN_IF_ERROR(m.Context(m.swap->Write(p.extent, tier.data()),
-                                   fmt::format("writing parameter '{}' to NVMe", name)));
-  }
-  p.full_current = false;  // the next Fetch gathers the new value
-  return OkStatus();
+  // The parameter tier; a gathered copy is dropped and the next Fetch gathers the new value.
+  Status written = m.param_tier->WriteFp32(p, shard.data());
+  if (written.ok()) written = m.param_tier->FinishWrites();
+  return m.Context(written, fmt::format("writing parameter '{}' to its tier", name));
 }
 
 Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) {
