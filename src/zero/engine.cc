@@ -995,6 +995,7 @@ Status Engine::Release(int id) {
 StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  m.param_tier->NoteBackward();
   std::vector<float*> out;
   for (int pi : module->params) {
     const Param& p = m.params[pi];

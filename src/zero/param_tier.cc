@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "comm/communicator.h"
@@ -204,36 +205,73 @@ uint64_t ParamTier::LiveElements(int fetching) const {
 }
 
 void ParamTier::EndBatch() {
-  // Prefetching pays where a shard must come from another tier or from other ranks.
-  if (recording_) {
-    prefetching_ = options_.shard_home != Tier::kDevice || comm_->world_size() > 1;
-  }
-  recording_ = false;
+  if (recording_) FinishRecording(/*cyclic=*/false);
   fetch_cursor_ = 0;
+  ReadAhead(LiveElements(-1));  // the next batch's first modules, while the trainer loads data
 }
+
+void ParamTier::FinishRecording(bool cyclic) {
+  recording_ = false;
+  cyclic_ = cyclic;
+  fetch_cursor_ = 0;
+  // Prefetching pays where a shard must come from another tier or from other ranks.
+  prefetching_ = options_.shard_home != Tier::kDevice || comm_->world_size() > 1;
+}
+
+void ParamTier::Record(int module) {
+  const size_t i = fetch_order_.size();
+  fetch_order_.push_back(module);
+  if (backward_seen_) return;  // a training batch: its order ends at the step
+  // A forward-only loop (evaluation, inference) never steps: its order is the period of the
+  // fetches, found when the recorded sequence is one period repeated twice.
+  if (period_ > 0 && fetch_order_[i - period_] != module) period_ = 0;
+  if (period_ == 0 && i > 0 && module == fetch_order_[0]) period_ = i;
+  if (period_ > 0 && i + 1 == 2 * period_) {
+    fetch_order_.resize(period_);
+    FinishRecording(/*cyclic=*/true);
+  }
+}
+
+void ParamTier::NoteBackward() { backward_seen_ = true; }
 
 // Note [Prefetch]: follows the recorded order from the module just fetched.
 void ParamTier::TraceFetch(int module) {
   if (recording_) {
-    fetch_order_.push_back(module);
+    Record(module);
     return;
   }
-  if (!prefetching_) return;
+  if (cyclic_ && fetch_cursor_ == fetch_order_.size()) fetch_cursor_ = 0;
   if (fetch_cursor_ >= fetch_order_.size() || fetch_order_[fetch_cursor_] != module) {
-    log::Warn(
-        "rank {}: module '{}' was fetched out of the order the first step recorded; "
-        "prefetching stops and parameters are read and gathered when fetched",
-        comm_->rank(), (*modules_)[module].name);
+    if (!warned_) {
+      log::Warn(
+          "rank {}: module '{}' was fetched out of the recorded order; the order is recorded "
+          "again from here, and parameters are read and gathered when fetched meanwhile (said "
+          "once)",
+          comm_->rank(), (*modules_)[module].name);
+      warned_ = true;
+    }
+    fetch_order_.clear();
+    recording_ = true;
     prefetching_ = false;
+    cyclic_ = false;
+    backward_seen_ = false;
+    period_ = 0;
+    Record(module);
     return;
   }
   ++fetch_cursor_;
-  if (options_.shard_home == Tier::kDevice) return;  // nothing to bring in
-  uint64_t live = LiveElements(module);
+  ReadAhead(LiveElements(module));
+}
+
+void ParamTier::ReadAhead(uint64_t live) {
+  if (!prefetching_ || options_.shard_home == Tier::kDevice) return;  // nothing to bring in
   uint64_t ahead = 0;
-  for (size_t i = fetch_cursor_; i < fetch_order_.size(); ++i) {
-    const Module& next = (*modules_)[fetch_order_[i]];
-    if (i > fetch_cursor_ && ahead >= options_.prefetch_bucket_elements) break;
+  const size_t n = fetch_order_.size();
+  for (size_t k = 0; k < n; ++k) {
+    size_t i = fetch_cursor_ + k;
+    if (i >= n && !cyclic_) break;
+    const Module& next = (*modules_)[fetch_order_[i % n]];
+    if (k > 0 && ahead >= options_.prefetch_bucket_elements) break;
     uint64_t needed = 0;
     for (int pi : next.params) {
       const Param& p = (*params_)[pi];
@@ -258,8 +296,11 @@ void ParamTier::TraceFetch(int module) {
 // they run on the communicator's thread while the module just fetched computes. Every rank
 // makes the same decision, so the collectives stay in step.
 void ParamTier::PrefetchGathers() {
-  if (!prefetching_ || comm_->world_size() == 1 || fetch_cursor_ >= fetch_order_.size()) return;
-  const Module& next = (*modules_)[fetch_order_[fetch_cursor_]];
+  if (!prefetching_ || comm_->world_size() == 1) return;
+  size_t cursor = fetch_cursor_;
+  if (cyclic_ && cursor == fetch_order_.size()) cursor = 0;
+  if (cursor >= fetch_order_.size()) return;
+  const Module& next = (*modules_)[fetch_order_[cursor]];
   uint64_t needed = 0;
   for (int pi : next.params) {
     const State& s = state_[pi];
@@ -312,6 +353,8 @@ Status ParamTier::ReadShard(const Param& p, void* out) {
   if (options_.shard_home != Tier::kHost) return store_->Evict(s.shard, Tier::kHost);
   return OkStatus();
 }
+
+TensorId ParamTier::shard(int param) const { return state_[param].shard; }
 
 ParamTierCounters ParamTier::TakeCounters() { return std::exchange(counters_, {}); }
 

@@ -24,8 +24,11 @@
 // the disk and the link work while the current module computes. With several ranks each Fetch
 // also starts the all-gathers of the next module, which run on the communicator's thread
 // meanwhile; every rank decides alike from the same order and sizes, so the collectives stay
-// in step. A fetch that leaves the recorded order stops prefetching (with a warning); shards
-// are then brought in and gathered when fetched, which is always correct, only slower.
+// in step. A loop that never steps (evaluation, inference) has its order found as the period
+// of its fetches, once the recorded sequence is one period repeated twice (no gradient asked
+// for meanwhile), and followed cyclically. A fetch that leaves the recorded order starts the
+// recording again (with a warning, once); shards are then brought in and gathered when fetched,
+// which is always correct, only slower.
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_PARAM_TIER_H_
@@ -85,9 +88,13 @@ class ParamTier {
   // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
   // being brought in: what stage3_max_live_parameters bounds.
   uint64_t LiveElements(int fetching) const;
-  // Ends a batch: the first one's fetches are the recorded order; prefetching follows it from
-  // the next (when there is anything to prefetch).
+  // Ends a batch (after the step has written the tier): the first one's fetches are the
+  // recorded order; prefetching follows it from the next (when there is anything to prefetch),
+  // starting with the next batch's first modules now.
   void EndBatch();
+  // Backward has begun (a gradient was asked for): this batch's order ends at its step, not
+  // at a repetition (Note [Prefetch]).
+  void NoteBackward();
 
   // Overwrites parameter `p`'s shard: BeginWrite returns host-addressable memory for its
   // TierBytes, EndWrite stores it (starting the write-back when the home is NVMe). Drops
@@ -106,6 +113,8 @@ class ParamTier {
     return p.shard_size * ElementSize(options_.param_type);
   }
   ParamTierCounters TakeCounters();
+  // Parameter `param`'s shard in the store (for tests and tools).
+  TensorId shard(int param) const;
 
  private:
   struct State;
@@ -113,6 +122,11 @@ class ParamTier {
   Status Gather(int param);
   void Drop(int param);
   void TraceFetch(int module);
+  void Record(int module);
+  // Brings the shards of the modules from fetch_cursor_ on to the device tier, within the
+  // window and the live bound (`live`: what is live now).
+  void ReadAhead(uint64_t live);
+  void FinishRecording(bool cyclic);
   void PrefetchGathers();
   Tier WriteTier() const;
 
@@ -123,9 +137,13 @@ class ParamTier {
   const ParamTierOptions options_;
   std::vector<State> state_;
   std::vector<std::shared_future<Status>> write_backs_;
-  std::vector<int> fetch_order_;  // recorded during the first batch
+  std::vector<int> fetch_order_;  // recorded during the first batch or pass
   bool recording_ = true;
   bool prefetching_ = false;
+  bool cyclic_ = false;         // a forward-only loop's order: it repeats without steps
+  bool backward_seen_ = false;  // since recording began
+  size_t period_ = 0;           // while recording: the repetition being checked, 0 for none
+  bool warned_ = false;
   size_t fetch_cursor_ = 0;  // position in fetch_order_ this batch
   ParamTierCounters counters_;
 };
