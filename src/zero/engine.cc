@@ -84,6 +84,57 @@ OptimizerType ToOptimizerType(const std::string& name) {
   return OptimizerType::kAdamW;
 }
 
+// An array the engine keeps in the tiered store's host tier for its whole life (acquired
+// there): the flat shard's fp32 master, gradient accumulators and optimizer state.
+class HostArray {
+ public:
+  HostArray() = default;
+  HostArray(HostArray&& other) noexcept { *this = std::move(other); }
+  HostArray& operator=(HostArray&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      store_ = std::exchange(other.store_, nullptr);
+      id_ = std::exchange(other.id_, 0);
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~HostArray() { Reset(); }
+
+  // `bytes` of zeros in `store`'s host tier, named `name` in its errors.
+  static StatusOr<HostArray> Create(TieredStore* store, const std::string& name, uint64_t bytes) {
+    HostArray a;
+    ZINF_ASSIGN_OR_RETURN(a.id_, store->Create(name, bytes, Tier::kHost));
+    a.store_ = store;
+    ZINF_ASSIGN_OR_RETURN(a.data_, store->Acquire(a.id_, Tier::kHost, Access::kWrite));
+    a.bytes_ = bytes;
+    return a;
+  }
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  uint64_t size_bytes() const { return bytes_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void Reset() {
+    if (store_ == nullptr) return;
+    if (data_ != nullptr) store_->Release(id_, Tier::kHost).IgnoreError();
+    store_->Free(id_).IgnoreError();
+    store_ = nullptr;
+    data_ = nullptr;
+  }
+
+  TieredStore* store_ = nullptr;
+  TensorId id_ = 0;
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
 // A gradient buffer backward writes, between Gradients and ReduceGradients: a tensor of the
 // device tier, or with one rank in a batch's first micro-batch the (zero) accumulator itself.
 struct GradBuffer {
@@ -145,8 +196,6 @@ struct Engine::Impl {
   bool initialized = false;
 
   uint64_t shard_elements = 0;
-  HostBuffer master, grad_acc, state0, state1;  // master is empty when !host_master
-  std::unique_ptr<GradientBuckets> buckets;     // world > 1
   // offload_param.device = nvme, and whether the fp32 master stays in host memory.
   bool params_on_nvme = false;
   bool host_master = true;
@@ -157,7 +206,9 @@ struct Engine::Impl {
   // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
   // declared before its clients so that it outlives them.
   std::unique_ptr<TieredStore> tiers;
-  SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
+  SwapStore* swap = nullptr;                   // the store's, when anything is on NVMe
+  HostArray master, grad_acc, state0, state1;  // master is empty when !host_master
+  std::unique_ptr<GradientBuckets> buckets;    // world > 1
   std::unique_ptr<ParamTier> param_tier;
   std::vector<GradBuffer> grads;  // by parameter
   // offload_optimizer.device = nvme.
@@ -355,8 +406,13 @@ struct Engine::Impl {
     options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
                                   4 * working_set +
                                   2 * config.stage3_prefetch_bucket_size * element + (64 << 20);
-    options.host_budget_bytes =
-        (home == Tier::kHost ? tier_bytes : 0) + std::max<uint64_t>(256 << 20, 4 * largest_tier);
+    // The flat shard's arrays (HostArray), page-aligned; the parameter tier when it lives
+    // here; room for the NVMe tier's host copies while they are written.
+    const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
+    const bool states_here = config.offload_optimizer_device != "nvme";
+    const uint64_t arrays = array * (1 + (host_master ? 1 : 0) + (states_here ? state_count() : 0));
+    options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) +
+                                std::max<uint64_t>(256 << 20, 4 * largest_tier);
     options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
     options.piece_bytes =
         std::clamp<uint64_t>((largest_tier + 4095) / 4096 * 4096, 1 << 20, 64 << 20);
@@ -594,7 +650,7 @@ struct Engine::Impl {
       };
       ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, save, /*write_back=*/false));
     } else {
-      const HostBuffer* arrays[] = {&master, &state0, &state1};
+      const HostArray* arrays[] = {&master, &state0, &state1};
       for (int i = 0; i < sections; ++i) {
         ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i]->data(), bytes));
       }
@@ -679,7 +735,7 @@ struct Engine::Impl {
       };
       ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
     } else {
-      HostBuffer* arrays[] = {&master, &state0, &state1};
+      HostArray* arrays[] = {&master, &state0, &state1};
       for (int i = 0; i < sections; ++i) {
         ZINF_RETURN_IF_ERROR(reader.Read(names[i], 0, arrays[i]->data(), shard_elements * 4));
       }
@@ -724,9 +780,8 @@ struct Engine::Impl {
   void MeasureTiers(StepSummary* summary) {
     const TieredStoreStats stats = tiers->stats();
     // The host device's memory is host memory too.
-    uint64_t host = master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() +
-                    state1.size_bytes() + stats.tiers[int(Tier::kHost)].in_use_bytes +
-                    stats.tiers[int(Tier::kDevice)].in_use_bytes;
+    uint64_t host =
+        stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
     if (pipelined != nullptr) {
       host += pipelined->staging_pool().stats().arena_bytes +
               pipelined->host_state_pool().stats().arena_bytes;
@@ -935,29 +990,30 @@ Status Engine::Initialize() {
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
                                m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
+  ZINF_RETURN_IF_ERROR(m.Context(m.OpenTiers(m.device),
+                                 m.params_on_nvme || m.config.offload_optimizer_device == "nvme"
+                                     ? "opening the tiered store and its NVMe swap space"
+                                     : "opening the tiered store"));
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
-  ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
+  ZINF_ASSIGN_OR_RETURN(m.grad_acc,
+                        HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
   if (world > 1) {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
     m.buckets = std::make_unique<GradientBuckets>(m.comm.get(), bucket, m.grad_acc.as<float>());
   }
   if (m.host_master) {
-    ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
+    ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
   }
-  ZINF_RETURN_IF_ERROR(m.Context(m.OpenTiers(m.device),
-                                 m.params_on_nvme || m.config.offload_optimizer_device == "nvme"
-                                     ? "opening the tiered store and its NVMe swap space"
-                                     : "opening the tiered store"));
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
   if (m.config.offload_optimizer_device == "nvme") {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
   } else {
     // The optimizer state lives in host memory only when it is not on NVMe.
-    ZINF_ASSIGN_OR_RETURN(m.state0, HostBuffer::Allocate(bytes));
-    if (m.optimizer->group(m.group)->hyper_params.state_count() > 1) {
-      ZINF_ASSIGN_OR_RETURN(m.state1, HostBuffer::Allocate(bytes));
+    ZINF_ASSIGN_OR_RETURN(m.state0, HostArray::Create(m.tiers.get(), "optimizer state 0", bytes));
+    if (m.state_count() > 1) {
+      ZINF_ASSIGN_OR_RETURN(m.state1, HostArray::Create(m.tiers.get(), "optimizer state 1", bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
   }
