@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/aio.h"
 #include "zinf/dtype.h"
 #include "zinf/status.h"
 
@@ -172,8 +173,8 @@ struct EngineConfig {
   bool bias_correction = true;
   SchedulerConfig scheduler;
   uint64_t seed = 42;  // zinf's own: parameters are a function of (seed, name, index)
-  // The "aio" object as given (already validated); applied to the NVMe swap files.
-  std::string aio_json = "{}";
+  // The "aio" object: how the NVMe swap files are read and written.
+  AioOptions aio;
   // Host memory for the NVMe step's staging buffers (zinf's own key: zinf.host_budget).
   uint64_t nvme_staging_budget_bytes = 512ull << 20;
   // CRC32C of every swap-file piece, taken on write and verified on read, so that a flipped

@@ -523,12 +523,9 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
   // The optimizer before the scheduler: warmup_max_lr "auto" and WarmupCosineLR use its lr.
   root.Object("optimizer", [&](ConfigReader& o) { parser.Optimizer(o); });
   root.Object("scheduler", [&](ConfigReader& s) { parser.Scheduler(s); });
-  root.Ignore("aio");  // checked in full by the NVMe layer's own reader:
-  if (json.is_object() && json.contains("aio")) {
-    AioOptions aio;
-    root.Fail(ReadAioOptions(json["aio"], "aio", &aio));
-    c.aio_json = json["aio"].dump();
-  }
+  root.Ignore("aio");  // read and checked in full by the NVMe layer's own reader:
+  if (json.is_object() && json.contains("aio"))
+    root.Fail(ReadAioOptions(json["aio"], "aio", &c.aio));
   root.Object("zinf", [&](ConfigReader& z) {
     z.Int("seed", &c.seed, 0, INT64_MAX)
         .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/config_reader.h"
-#include "nvme/aio_options.h"
 #include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zinf/cpu_info.h"
@@ -125,8 +123,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     swap_options.paths = config.NvmePaths();
     swap_options.rank = global_rank;  // groups of other processes may share the nvme_path
     swap_options.checksum = config.nvme_checksum;
-    ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
-    ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &swap_options.aio));
+    swap_options.aio = config.aio;
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
     const uint64_t slack = swap_options.aio.block_size;
     if (config.offload_optimizer_device == "nvme") {
