@@ -106,6 +106,10 @@ char* MallocString(const std::string& s) noexcept;
 
 // ---- Arguments ----
 
+// How C reaches a member of the argument `arg` in messages: "->" for a pointer ("options"),
+// "." for an array element ("params[1]").
+const char* MemberOf(const char* arg);
+
 // InvalidArgument "<arg> is NULL" unless `pointer` is set.
 Status CheckNotNull(const void* pointer, const char* arg);
 
@@ -146,9 +150,9 @@ Status WriteStruct(T value, const char* arg, const char* type_name, T* out,
   ZINF_RETURN_IF_ERROR(CheckNotNull(out, arg));
   const size_t struct_size = out->struct_size;
   if (struct_size < min_size || struct_size > sizeof(T) + kMaxStructGrowth) {
-    return InvalidArgument(std::string(arg) + "->struct_size is " + std::to_string(struct_size) +
-                           "; set it to sizeof(" + type_name + ") (" + std::to_string(sizeof(T)) +
-                           " in this library)");
+    return InvalidArgument(std::string(arg) + MemberOf(arg) + "struct_size is " +
+                           std::to_string(struct_size) + "; set it to sizeof(" + type_name + ") (" +
+                           std::to_string(sizeof(T)) + " in this library)");
   }
   value.struct_size = struct_size;
   std::memcpy(static_cast<void*>(out), &value, std::min(struct_size, sizeof(T)));

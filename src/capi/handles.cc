@@ -153,6 +153,11 @@ zinf_code_t Report(const char* function, const Status& status, char** errptr) no
   return code;
 }
 
+const char* MemberOf(const char* arg) {
+  const size_t n = std::strlen(arg);
+  return n > 0 && arg[n - 1] == ']' ? "." : "->";
+}
+
 Status CheckNotNull(const void* pointer, const char* arg) {
   if (pointer == nullptr) return InvalidArgument(std::string(arg) + " is NULL");
   return OkStatus();
@@ -161,9 +166,10 @@ Status CheckNotNull(const void* pointer, const char* arg) {
 Status CheckStructSize(size_t struct_size, size_t min_size, size_t known_size, const void* base,
                        const char* arg, const char* type_name, const char* init_function) {
   if (struct_size < min_size || struct_size > known_size + kMaxStructGrowth) {
-    return InvalidArgument(std::string(arg) + "->struct_size is " + std::to_string(struct_size) +
-                           "; expected sizeof(" + type_name + ") (" + std::to_string(known_size) +
-                           " in this library): initialise it with " + init_function);
+    return InvalidArgument(std::string(arg) + MemberOf(arg) + "struct_size is " +
+                           std::to_string(struct_size) + "; expected sizeof(" + type_name + ") (" +
+                           std::to_string(known_size) + " in this library): initialise it with " +
+                           init_function);
   }
   const auto* bytes = static_cast<const unsigned char*>(base);
   for (size_t i = known_size; i < struct_size; ++i) {

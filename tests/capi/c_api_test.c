@@ -776,6 +776,13 @@ static void TestEngine(const char* dir) {
               zinf_engine_register_module(engine, "fc", specs, 2, &fc, &err));
   EXPECT_ERR_HAS("params[1].struct_size is 16");
   specs[1].struct_size = sizeof(specs[1]);
+  specs[0].struct_size = 8;
+  specs[1].struct_size = 8;
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT,
+              zinf_engine_register_module(engine, "fc", specs, 2, &fc, &err));
+  EXPECT_ERR_HAS("params[0].struct_size is 8");
+  specs[0].struct_size = sizeof(specs[0]);
+  specs[1].struct_size = sizeof(specs[1]);
   specs[1].name = NULL;
   EXPECT_CODE(ZINF_INVALID_ARGUMENT,
               zinf_engine_register_module(engine, "fc", specs, 2, &fc, &err));
