@@ -143,10 +143,10 @@ Status ReadStruct(const T* in, const char* arg, const char* type_name, const cha
   return OkStatus();
 }
 
-// Writes `value` into the caller's *out, up to out->struct_size bytes.
+// Checks the caller's output struct *out (not null, a plausible struct_size) without writing.
 template <typename T>
-Status WriteStruct(T value, const char* arg, const char* type_name, T* out,
-                   size_t min_size = sizeof(T)) {
+Status CheckOutputStruct(const T* out, const char* arg, const char* type_name,
+                         size_t min_size = sizeof(T)) {
   ZINF_RETURN_IF_ERROR(CheckNotNull(out, arg));
   const size_t struct_size = out->struct_size;
   if (struct_size < min_size || struct_size > sizeof(T) + kMaxStructGrowth) {
@@ -154,8 +154,16 @@ Status WriteStruct(T value, const char* arg, const char* type_name, T* out,
                            std::to_string(struct_size) + "; set it to sizeof(" + type_name + ") (" +
                            std::to_string(sizeof(T)) + " in this library)");
   }
-  value.struct_size = struct_size;
-  std::memcpy(static_cast<void*>(out), &value, std::min(struct_size, sizeof(T)));
+  return OkStatus();
+}
+
+// Writes `value` into the caller's *out, up to out->struct_size bytes.
+template <typename T>
+Status WriteStruct(T value, const char* arg, const char* type_name, T* out,
+                   size_t min_size = sizeof(T)) {
+  ZINF_RETURN_IF_ERROR(CheckOutputStruct(out, arg, type_name, min_size));
+  value.struct_size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &value, std::min(out->struct_size, sizeof(T)));
   return OkStatus();
 }
 

@@ -232,8 +232,8 @@ zinf_code_t zinf_cpu_optimizer_step(zinf_cpu_optimizer_t* optimizer, int group,
     ZINF_ASSIGN_OR_RETURN(auto s, ToSpan(span, "span"));
     // Checked before stepping: a bad result struct must not leave a step half reported.
     if (result != nullptr) {
-      ZINF_RETURN_IF_ERROR(zinf::capi::WriteStruct(zinf_optimizer_step_result_t{}, "result",
-                                                   "zinf_optimizer_step_result_t", result));
+      ZINF_RETURN_IF_ERROR(
+          zinf::capi::CheckOutputStruct(result, "result", "zinf_optimizer_step_result_t"));
     }
     zinf::StepOptions options;
     options.grad_scale = grad_scale;

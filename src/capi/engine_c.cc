@@ -296,8 +296,8 @@ zinf_code_t zinf_engine_step(zinf_engine_t* engine, zinf_step_summary_t* summary
     ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
     // Checked before the step (a collective) so that a bad struct fails on this rank early.
     if (summary != nullptr) {
-      ZINF_RETURN_IF_ERROR(zinf::capi::WriteStruct(zinf_step_summary_t{}, "summary",
-                                                   "zinf_step_summary_t", summary));
+      ZINF_RETURN_IF_ERROR(
+          zinf::capi::CheckOutputStruct(summary, "summary", "zinf_step_summary_t"));
     }
     ZINF_ASSIGN_OR_RETURN(zinf::StepSummary s, e->engine->Step());
     if (summary == nullptr) return OkStatus();
