@@ -34,9 +34,12 @@
  * - Enumerations are plain ints with the values below; the numbers never change.
  *
  * Thread-safety: as the C++ object behind each handle (see its header). The tiered store,
- * the pinned pool, the swap store and completions may be used from any thread; a CPU optimizer
- * takes concurrent zinf_cpu_optimizer_update calls on disjoint spans and nothing else
- * concurrent; one thread drives an engine. Creating and destroying handles is thread-safe. */
+ * the pinned pool, the swap store and completions may be used from any thread (a swap extent
+ * must not be written while it is read, written or freed elsewhere); on a CPU optimizer,
+ * update, init_state and grad_stats may run concurrently on disjoint spans, and the calls that
+ * change groups (add_param_group, set_hyper_params, set_step, begin_step, step, load_state)
+ * must not race with any other; one thread drives an engine. Creating and destroying handles
+ * is thread-safe. */
 #ifndef ZINF_C_API_H_
 #define ZINF_C_API_H_
 
@@ -52,11 +55,21 @@ extern "C" {
 /* The version of this ABI; a later library accepts callers built against any earlier one. */
 #define ZINF_C_API_VERSION 1
 
+/* In C++ the enumerations below have int32_t as their underlying type, so that every value a C
+ * caller may pass (say 7 for a zinf_tier_t) is a value of the type: without one, C++ holds only
+ * the values of the enumerators' bit width, and reading any other is undefined behaviour. In C
+ * they are 32-bit integers as well. */
+#ifdef __cplusplus
+#define ZINF_ENUM_BASE : int32_t
+#else
+#define ZINF_ENUM_BASE
+#endif
+
 /* ------------------------------------------------------------------------------------------
  * Codes, errors, memory. */
 
 /* The codes of zinf::StatusCode, with the same numbers. */
-typedef enum zinf_code_t {
+typedef enum zinf_code_t ZINF_ENUM_BASE {
   ZINF_OK = 0,
   ZINF_INVALID_ARGUMENT = 1,    /* the caller passed something wrong */
   ZINF_FAILED_PRECONDITION = 2, /* wrong in the current state (destroyed handle, freed tensor) */
@@ -78,14 +91,14 @@ ZINF_EXPORT int zinf_c_api_version(void);
 ZINF_EXPORT void zinf_free(void* ptr);
 
 /* Element formats (zinf::ElementType). */
-typedef enum zinf_dtype_t {
+typedef enum zinf_dtype_t ZINF_ENUM_BASE {
   ZINF_DTYPE_FP32 = 0,
   ZINF_DTYPE_BF16 = 1,
   ZINF_DTYPE_FP16 = 2
 } zinf_dtype_t;
 
 /* Where a zinf_tensor_t's memory is. */
-typedef enum zinf_device_kind_t {
+typedef enum zinf_device_kind_t ZINF_ENUM_BASE {
   ZINF_DEVICE_KIND_HOST = 0, /* ordinary host memory */
   ZINF_DEVICE_KIND_CUDA = 1  /* memory of GPU device_index */
 } zinf_device_kind_t;
@@ -123,12 +136,15 @@ ZINF_EXPORT void zinf_completion_destroy(zinf_completion_t* completion);
  * Tiered store (zinf/tiered_store.h): tensors, byte ranges with a home tier, cached in faster
  * tiers and moved ahead of use under a byte budget per tier. */
 
-typedef enum zinf_tier_t {
+typedef enum zinf_tier_t ZINF_ENUM_BASE {
   ZINF_TIER_DEVICE = 0,
   ZINF_TIER_HOST = 1,
   ZINF_TIER_NVME = 2
 } zinf_tier_t;
-typedef enum zinf_access_t { ZINF_ACCESS_READ = 0, ZINF_ACCESS_WRITE = 1 } zinf_access_t;
+typedef enum zinf_access_t ZINF_ENUM_BASE {
+  ZINF_ACCESS_READ = 0,
+  ZINF_ACCESS_WRITE = 1
+} zinf_access_t;
 
 typedef struct zinf_tiered_store_t zinf_tiered_store_t;
 
@@ -365,21 +381,21 @@ ZINF_EXPORT zinf_code_t zinf_swap_store_info(zinf_swap_store_t* store, zinf_swap
  * vectorized and threaded, optionally writing a bf16 or fp16 copy of the new parameters.
  * PyTorch's formulas; results are bitwise the same for any thread count. */
 
-typedef enum zinf_optimizer_type_t {
+typedef enum zinf_optimizer_type_t ZINF_ENUM_BASE {
   ZINF_OPTIMIZER_ADAMW = 0,
   ZINF_OPTIMIZER_ADAM = 1,
   ZINF_OPTIMIZER_ADAGRAD = 2,
   ZINF_OPTIMIZER_LION = 3
 } zinf_optimizer_type_t;
 
-typedef enum zinf_cpu_isa_t {
+typedef enum zinf_cpu_isa_t ZINF_ENUM_BASE {
   ZINF_CPU_ISA_AUTO = 0,
   ZINF_CPU_ISA_SCALAR = 1,
   ZINF_CPU_ISA_AVX2 = 2,
   ZINF_CPU_ISA_AVX512 = 3
 } zinf_cpu_isa_t;
 
-typedef enum zinf_store_mode_t {
+typedef enum zinf_store_mode_t ZINF_ENUM_BASE {
   ZINF_STORE_MODE_AUTO = 0,
   ZINF_STORE_MODE_CACHED = 1,
   ZINF_STORE_MODE_NON_TEMPORAL = 2
@@ -518,7 +534,7 @@ ZINF_EXPORT zinf_code_t zinf_convert_to_fp32(const void* src, zinf_dtype_t dtype
 
 typedef struct zinf_engine_t zinf_engine_t;
 
-typedef enum zinf_param_init_t {
+typedef enum zinf_param_init_t ZINF_ENUM_BASE {
   ZINF_PARAM_INIT_NORMAL = 0, /* N(0, init_std^2), a function of (seed, name, index) */
   ZINF_PARAM_INIT_ZEROS = 1,
   ZINF_PARAM_INIT_ONES = 2
