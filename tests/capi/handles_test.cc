@@ -3,11 +3,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "capi/capi_internal.h"
 
@@ -55,6 +59,41 @@ TEST(HandlesTest, LiveDestroyedAndForeignHandlesAreToldApart) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(LookupHandle(nullptr, HandleKind::kPinnedPool, "pool").status().message(),
             "pool is NULL");
+}
+
+TEST(HandlesTest, DestroyingWhileOtherThreadsLookUpIsSafe) {
+  // Readers hold the object across their "call" while the main thread destroys handles: every
+  // lookup either gets a live object or a clean error, and no object dies under a reader.
+  constexpr int kHandles = 200;
+  std::vector<void*> handles;
+  for (int i = 0; i < kHandles; ++i) {
+    handles.push_back(RegisterHandle(HandleKind::kSwapStore, std::make_shared<Widget>(Widget{i})));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> hits{0}, misses{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, t] {
+      for (uint64_t n = t; !stop.load(); ++n) {
+        const int i = static_cast<int>(n % kHandles);
+        auto object = LookupHandle(handles[i], HandleKind::kSwapStore, "store");
+        if (object.ok()) {
+          EXPECT_EQ(std::static_pointer_cast<Widget>(*object)->value, i);
+          ++hits;
+        } else {
+          EXPECT_EQ(object.status().code(), StatusCode::kFailedPrecondition);
+          ++misses;
+        }
+      }
+    });
+  }
+  for (int i = 0; i < kHandles; ++i) {
+    EXPECT_NE(UnregisterHandle(handles[i], HandleKind::kSwapStore), nullptr);
+    if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  for (auto& r : readers) r.join();
+  EXPECT_GT(hits.load() + misses.load(), 0);
 }
 
 TEST(HandlesTest, NoExceptionLeavesRun) {
