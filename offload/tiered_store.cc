@@ -274,6 +274,10 @@ struct TieredStore::Impl {
       }
       if (block.status().code() != StatusCode::kResourceExhausted) return block.status();
       Tensor* victim = PickVictim(tier, &t);
+      if (victim == nullptr && MovingIn(tier, &t)) {
+        cv.wait(lock);  // a transfer in flight will leave a copy to evict, or free one
+        return OkStatus();
+      }
       if (victim == nullptr) {
         uint64_t pinned = 0;
         for (const auto& [id, x] : tensors) {
@@ -289,6 +293,16 @@ struct TieredStore::Impl {
       }
       return EvictLocked(lock, *victim, tier);
     }
+  }
+
+  // Whether a tensor other than `requester` has a copy in `tier` that a transfer is using
+  // (its end makes that copy evictable or frees it). mu held.
+  bool MovingIn(Tier tier, const Tensor* requester) const {
+    for (const auto& [id, x] : tensors) {
+      if (x.get() != requester && x->busy && x->home != tier && x->copies[Index(tier)].present)
+        return true;
+    }
+    return false;
   }
 
   // See Note [TieredStore eviction order]. mu held.
@@ -340,7 +354,9 @@ struct TieredStore::Impl {
   }
 
   // Makes a current copy of t resident in `tier`. mu held on entry and exit.
-  Status MakeValid(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier, bool for_write) {
+  // `overwrite`: the caller writes every byte, so memory is enough; no current bytes are copied.
+  Status MakeValid(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier, bool for_write,
+                   bool overwrite = false) {
     const TensorId id = t.id;
     while (true) {
       if (!tensors.contains(id)) return Find(id).status();
@@ -354,6 +370,7 @@ struct TieredStore::Impl {
         ZINF_RETURN_IF_ERROR(TryAllocate(lock, t, tier));
         continue;  // the lock may have been released: look again
       }
+      if (overwrite) return OkStatus();
       // The source: a current copy, the host one when there is a choice (every link touches it).
       Tier src = Tier::kHost;
       if (!t.copies[Index(Tier::kHost)].valid) {
@@ -376,6 +393,50 @@ struct TieredStore::Impl {
       c.zero = false;
       return OkStatus();
     }
+  }
+
+  // TieredStore::Evict.
+  Status Evict(TensorId id, Tier tier) {
+    Impl& m = *this;
+    std::unique_lock lock(m.mu);
+    while (true) {
+      ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
+      if (tier == t->home) {
+        return InvalidArgument(fmt::format("tensor {} ('{}'): cannot evict from its home tier ({})",
+                                           id, t->name, TierName(tier)));
+      }
+      if (t->copies[Index(tier)].pins > 0) {
+        return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired in the {} tier", id,
+                                              t->name, TierName(tier)));
+      }
+      if (t->busy || t->writer) {
+        m.cv.wait(lock);
+        continue;
+      }
+      if (!t->copies[Index(tier)].present) return OkStatus();
+      return m.EvictLocked(lock, *t, tier);
+    }
+  }
+
+  // A home copy that was never written reads as zeros but its memory was never cleared (Create
+  // leaves that to the first Acquire, so that tensors the caller overwrites cost nothing):
+  // clears it. mu held on entry and exit.
+  Status ClearNeverWritten(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier) {
+    Copy& c = t.copies[Index(tier)];
+    t.busy = true;
+    lock.unlock();
+    Status s;
+    if (tier == Tier::kDevice) {
+      s = up_stream->Memset(c.block.data(), 0, t.size);
+      if (s.ok()) s = up_stream->Synchronize();
+    } else {
+      std::memset(c.block.data(), 0, t.size);
+    }
+    lock.lock();
+    t.busy = false;
+    cv.notify_all();
+    if (s.ok()) c.zero = false;
+    return s;
   }
 
   // Copies t's bytes from copy `src` to copy `dst`; t is busy, mu not held.
@@ -517,7 +578,19 @@ TieredStore::TieredStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TieredStore::~TieredStore() = default;
 
 StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOptions& options) {
+  SwapStoreOptions swap;
+  swap.paths = options.nvme_paths;
+  swap.capacity_bytes = options.nvme_capacity_bytes;
+  swap.checksum = options.nvme_checksum;
+  return internal::TieredStoreAccess::Create(options, swap);
+}
+
+SwapStore* internal::TieredStoreAccess::Swap(TieredStore& store) { return store.impl_->swap.get(); }
+
+StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
+    const TieredStoreOptions& options, const SwapStoreOptions& swap) {
   ZINF_RETURN_IF_ERROR(options.Validate());
+  using Impl = TieredStore::Impl;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (options.device == "host") {
@@ -559,11 +632,8 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
           : nullptr;
   if (hp.device != nullptr) hp.numa_node = -1;
   ZINF_ASSIGN_OR_RETURN(impl->host_pool, MemoryPool::CreatePinned(hp));
-  if (!options.nvme_paths.empty()) {
-    SwapStoreOptions so;
-    so.paths = options.nvme_paths;
-    so.capacity_bytes = options.nvme_capacity_bytes;
-    so.checksum = options.nvme_checksum;
+  if (!swap.paths.empty()) {
+    const SwapStoreOptions& so = swap;
     std::unique_ptr<IoEngine> engine;
     if (internal::EngineFactory()) {
       ZINF_ASSIGN_OR_RETURN(engine, internal::EngineFactory()(so.aio));
@@ -689,16 +759,19 @@ StatusOr<void*> TieredStore::Acquire(TensorId id, Tier tier, Access access) {
   }
   std::unique_lock lock(m.mu);
   ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
-  Status s = m.MakeValid(lock, *t, tier, access == Access::kWrite);
+  const bool overwrite = access == Access::kOverwrite;
+  Status s = m.MakeValid(lock, *t, tier, access != Access::kRead, overwrite);
+  Impl::Copy& c = t->copies[Index(tier)];
+  if (s.ok() && c.zero && !overwrite) s = m.ClearNeverWritten(lock, *t, tier);
   if (!s.ok())
     return std::move(s).WithContext(
         fmt::format("acquiring tensor {} in the {} tier", id, TierName(tier)));
-  Impl::Copy& c = t->copies[Index(tier)];
   ++c.pins;
   t->last_use = ++m.tick;
-  if (access == Access::kWrite) {
+  if (access != Access::kRead) {
     t->writer = true;
     c.zero = false;
+    c.valid = true;
     for (int i = 0; i < kTiers; ++i) {
       if (i != Index(tier)) t->copies[i].valid = false;
     }
@@ -721,26 +794,14 @@ Status TieredStore::Release(TensorId id, Tier tier) {
   return OkStatus();
 }
 
-Status TieredStore::Evict(TensorId id, Tier tier) {
+Status TieredStore::Evict(TensorId id, Tier tier) { return impl_->Evict(id, tier); }
+
+std::shared_future<Status> TieredStore::EvictAsync(TensorId id, Tier tier) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::shared_future<Status> done = promise->get_future().share();
   Impl& m = *impl_;
-  std::unique_lock lock(m.mu);
-  while (true) {
-    ZINF_ASSIGN_OR_RETURN(Impl::Tensor * t, m.Find(id));
-    if (tier == t->home) {
-      return InvalidArgument(fmt::format("tensor {} ('{}'): cannot evict from its home tier ({})",
-                                         id, t->name, TierName(tier)));
-    }
-    if (t->copies[Index(tier)].pins > 0) {
-      return FailedPrecondition(
-          fmt::format("tensor {} ('{}') is acquired in the {} tier", id, t->name, TierName(tier)));
-    }
-    if (t->busy || t->writer) {
-      m.cv.wait(lock);
-      continue;
-    }
-    if (!t->copies[Index(tier)].present) return OkStatus();
-    return m.EvictLocked(lock, *t, tier);
-  }
+  m.Enqueue([&m, id, tier, promise] { promise->set_value(m.Evict(id, tier)); });
+  return done;
 }
 
 Status TieredStore::Flush() {

@@ -1,7 +1,10 @@
-// Test hooks of TieredStore (private to zinf): lets tests put a fault-injecting IoEngine
-// (nvme/faulty_engine.h) under the store's NVMe tier.
+// TieredStore's private side (for zinf's own code): a store whose NVMe tier is a swap store
+// configured in full (aio settings, file naming per rank), access to that swap store for
+// clients that keep other state in the same swap files, and a test hook that puts a
+// fault-injecting IoEngine (nvme/faulty_engine.h) under the NVMe tier.
 //
 // Thread-safety: set the hook before creating stores, and clear it after; not synchronized.
+// The rest as TieredStore.
 #ifndef ZINF_OFFLOAD_TIERED_STORE_INTERNAL_H_
 #define ZINF_OFFLOAD_TIERED_STORE_INTERNAL_H_
 
@@ -9,7 +12,9 @@
 #include <memory>
 
 #include "nvme/io_engine.h"
+#include "nvme/swap_store.h"
 #include "zinf/status.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf::internal {
 
@@ -18,6 +23,16 @@ namespace zinf::internal {
 using TieredStoreEngineFactory =
     std::function<StatusOr<std::unique_ptr<IoEngine>>(const AioOptions& options)>;
 void SetTieredStoreEngineFactoryForTest(TieredStoreEngineFactory factory);
+
+struct TieredStoreAccess {
+  // TieredStore::Create, with the NVMe tier opened from `swap` (when swap.paths is not empty)
+  // instead of options.nvme_paths, nvme_capacity_bytes and nvme_checksum.
+  static StatusOr<std::unique_ptr<TieredStore>> Create(const TieredStoreOptions& options,
+                                                       const SwapStoreOptions& swap);
+  // The store's swap store, or null without an NVMe tier. It outlives nothing: valid while the
+  // store is. Extents allocated on it by others are theirs to free.
+  static SwapStore* Swap(TieredStore& store);
+};
 
 }  // namespace zinf::internal
 

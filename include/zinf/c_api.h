@@ -143,7 +143,9 @@ typedef enum zinf_tier_t ZINF_ENUM_BASE {
 } zinf_tier_t;
 typedef enum zinf_access_t ZINF_ENUM_BASE {
   ZINF_ACCESS_READ = 0,
-  ZINF_ACCESS_WRITE = 1
+  ZINF_ACCESS_WRITE = 1,
+  /* Write access for a caller that overwrites every byte: the current bytes are not read in. */
+  ZINF_ACCESS_OVERWRITE = 2
 } zinf_access_t;
 
 typedef struct zinf_tiered_store_t zinf_tiered_store_t;
@@ -227,6 +229,12 @@ ZINF_EXPORT zinf_code_t zinf_tiered_store_release(zinf_tiered_store_t* store, ui
  * INVALID_ARGUMENT for the home tier; FAILED_PRECONDITION while acquired there. */
 ZINF_EXPORT zinf_code_t zinf_tiered_store_evict(zinf_tiered_store_t* store, uint64_t tensor,
                                                 zinf_tier_t tier, char** errptr);
+/* Evict on a transfer thread: the caller goes on while a write-back runs. `completion` (may
+ * be NULL) receives the outcome; a failed write-back leaves the copy in place, as with evict. */
+ZINF_EXPORT zinf_code_t zinf_tiered_store_evict_async(zinf_tiered_store_t* store, uint64_t tensor,
+                                                      zinf_tier_t tier,
+                                                      zinf_completion_t** completion,
+                                                      char** errptr);
 /* Writes every cached copy newer than its home back, and waits for prefetches in flight. */
 ZINF_EXPORT zinf_code_t zinf_tiered_store_flush(zinf_tiered_store_t* store, char** errptr);
 /* Eviction hint: the tensor's next use in the caller's units, smaller is sooner; negative

@@ -41,19 +41,16 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/dtype.h"
 #include "zinf/export.h"
 #include "zinf/status.h"
 
 namespace zinf {
 
 enum class OptimizerType : int { kAdamW = 0, kAdam = 1, kAdagrad = 2, kLion = 3 };
-ZINF_EXPORT std::string_view OptimizerTypeName(
-    OptimizerType type);  // "adamw", "adam", "adagrad", "lion"
+// "adamw", "adam", "adagrad", "lion"
+ZINF_EXPORT std::string_view OptimizerTypeName(OptimizerType type);
 
-// Element formats of gradients and of the low-precision parameter copy.
-enum class ElementType : int { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
-ZINF_EXPORT std::string_view ElementTypeName(ElementType type);  // "fp32", "bf16", "fp16"
-ZINF_EXPORT size_t ElementSize(ElementType type);
 // `count` fp32 values into `type` (round to nearest even, NaN stays NaN, as the kernels'
 // parameter copies do), and back. kFp32 copies.
 ZINF_EXPORT void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);
@@ -104,8 +101,8 @@ struct GradStats {
 };
 
 enum class CpuKernelIsa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
-ZINF_EXPORT std::string_view CpuKernelIsaName(
-    CpuKernelIsa isa);  // "auto", "scalar", "avx2", "avx512"
+// "auto", "scalar", "avx2", "avx512"
+ZINF_EXPORT std::string_view CpuKernelIsaName(CpuKernelIsa isa);
 // Kernels this CPU can run, slowest first (always includes kScalar).
 ZINF_EXPORT std::vector<CpuKernelIsa> SupportedCpuKernelIsas();
 

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/dtype.h"
 #include "zinf/status.h"
 
 namespace zinf {
@@ -208,12 +209,17 @@ struct EngineConfig {
 // Where this process sits; by default read from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
 // (torchrun, `zinf run`), and a single process when they are unset.
 struct EngineOptions {
-  int rank = -1;            // -1: from the environment
-  int world_size = -1;      // -1: from the environment
+  // The compute device, where gathered parameters and gradients live: "host" (the CPU as a
+  // device, see include/zinf/device.h; behind a modelled PCIe link when ZINF_HOST_LINK_GBPS is
+  // set). Anything else is Unavailable for now: the engine's collectives and gradient path are
+  // host-side until its NCCL lane lands.
+  std::string device = "host";
+  int rank = -1;        // -1: from the environment
+  int world_size = -1;  // -1: from the environment
   // Empty: from the environment (default 127.0.0.1). An address other than loopback needs
   // the rendezvous secret in ZINF_STORE_SECRET, the same for every rank (`zinf run` sets it).
   std::string master_addr;
-  int master_port = 0;      // 0: from the environment (default 29500)
+  int master_port = 0;  // 0: from the environment (default 29500)
   // A collective or rendezvous that makes no progress this long fails (a dead rank).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Threads for the CPU optimizer (0: all CPUs this process may use).
@@ -235,10 +241,22 @@ struct ParamSpec {
   float init_std = 0.02f;  // for kNormal: N(0, init_std^2)
 };
 
-// A module's full parameters while it is fetched, in the compute precision (EngineConfig::bf16,
-// fp16) widened to fp32. Pointers stay valid until Release.
+// One gathered parameter in the engine's compute device memory (EngineOptions::device).
+struct ParamTensor {
+  void* data = nullptr;
+  ElementType dtype = ElementType::kFp32;
+  uint64_t numel = 0;
+};
+
+// A module's full parameters while it is fetched, in device memory of the compute device.
+// Pointers stay valid until Release.
 struct FetchedModule {
-  std::vector<float*> params;  // one per ParamSpec, numel elements each
+  // In the compute precision (EngineConfig::bf16, fp16, else fp32): what the device computes
+  // with. One per ParamSpec.
+  std::vector<ParamTensor> tensors;
+  // The same values widened to fp32 (the tensors themselves at fp32), one per ParamSpec,
+  // numel elements each: for trainers that compute in fp32 on the host device.
+  std::vector<float*> params;
 };
 
 struct StepSummary {

@@ -10,8 +10,10 @@
 // Budgets. Every tier has a byte budget (the NVMe tier: its swap capacity) that is never
 // exceeded: homes and cached copies both count. When a copy does not fit, unpinned cached copies
 // in that tier are evicted — the one whose next use (SetNextUse) is furthest away first; copies
-// with no hint go before hinted ones, least recently used first. If nothing can be evicted the
-// call fails with ResourceExhausted naming the tier, its budget and what is pinned.
+// with no hint go before hinted ones, least recently used first. While copies of that tier are
+// moving (a prefetch or a write-back in flight) the call waits for them; if nothing can be
+// evicted or waited for, it fails with ResourceExhausted naming the tier, its budget and what is
+// pinned.
 //
 // Large tensors. A tensor is stored on NVMe as pieces of at most `piece_bytes`, and moves
 // between the device and NVMe go through pinned staging buffers one piece at a time, so a
@@ -19,7 +21,9 @@
 //
 // Consistency. Acquire for writing is exclusive: it waits until no other pin and no transfer
 // is active on the tensor, and afterwards every other copy is stale until refreshed from the
-// written one. Acquire for reading is shared. Bytes read always equal the last bytes written.
+// written one (kOverwrite: the same, without first bringing the current bytes in, for a caller
+// that writes every byte). Acquire for reading is shared. Bytes read always equal the last
+// bytes written.
 // A thread must not acquire a tensor it has acquired for writing (it would wait for itself).
 //
 // Errors. An NVMe failure reaches the call that needed the transfer (or the Prefetch future)
@@ -45,7 +49,8 @@ namespace zinf {
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
 ZINF_EXPORT std::string_view TierName(Tier tier);  // "device", "host", "nvme"
 
-enum class Access { kRead, kWrite };
+// kOverwrite is kWrite for a caller that overwrites every byte: no current copy is read in.
+enum class Access { kRead, kWrite, kOverwrite };
 
 struct ZINF_EXPORT TieredStoreOptions {
   // The device tier: "host" (the CPU as a device: host memory under device_budget_bytes;
@@ -71,6 +76,10 @@ struct ZINF_EXPORT TieredStoreOptions {
 };
 
 using TensorId = uint64_t;
+
+namespace internal {
+struct TieredStoreAccess;  // zinf's own clients: offload/tiered_store_internal.h
+}
 
 struct LinkStats {
   uint64_t bytes = 0;
@@ -120,6 +129,9 @@ class ZINF_EXPORT TieredStore {
   // Drops the cached copy in `tier`, writing it back home first when it is the only current
   // one. InvalidArgument for the home tier; FailedPrecondition while acquired there.
   Status Evict(TensorId id, Tier tier);
+  // Evict on a transfer thread: the caller goes on while a write-back runs. The future holds
+  // the outcome; a failed write-back leaves the copy in place, as with Evict.
+  std::shared_future<Status> EvictAsync(TensorId id, Tier tier);
   // Writes every cached copy that is newer than its home back to the home, and waits for
   // prefetches in flight.
   Status Flush();
@@ -133,6 +145,7 @@ class ZINF_EXPORT TieredStore {
   std::string device_name() const;
 
  private:
+  friend struct internal::TieredStoreAccess;
   struct Impl;
   explicit TieredStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

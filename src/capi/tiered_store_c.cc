@@ -57,6 +57,26 @@ StatusOr<TieredStoreOptions> ToOptions(const zinf_tiered_store_options_t* in) {
   return o;
 }
 
+StatusOr<Access> ToAccess(int access) {
+  switch (access) {
+    case ZINF_ACCESS_READ:
+      return Access::kRead;
+    case ZINF_ACCESS_WRITE:
+      return Access::kWrite;
+    case ZINF_ACCESS_OVERWRITE:
+      return Access::kOverwrite;
+  }
+  return InvalidArgument(
+      "access must be ZINF_ACCESS_READ (0), ZINF_ACCESS_WRITE (1) or ZINF_ACCESS_OVERWRITE (2), "
+      "got " +
+      std::to_string(access));
+}
+
+// A completion handle for a store operation's future.
+zinf_completion_t* CompletionFor(std::shared_future<Status> future) {
+  return NewHandle<zinf_completion_t>(std::make_shared<Completion>(std::move(future)));
+}
+
 zinf_link_stats_t ToC(const LinkStats& s) { return {s.bytes, s.busy_seconds}; }
 
 }  // namespace
@@ -139,9 +159,7 @@ zinf_code_t zinf_tiered_store_prefetch(zinf_tiered_store_t* store, uint64_t tens
     ZINF_CAPI_GET(auto s, zinf_tiered_store_t, store);
     ZINF_ASSIGN_OR_RETURN(auto t, ToTier(tier, "tier"));
     std::shared_future<Status> future = s->Prefetch(tensor, t);
-    if (completion != nullptr) {
-      *completion = NewHandle<zinf_completion_t>(std::make_shared<Completion>(std::move(future)));
-    }
+    if (completion != nullptr) *completion = zinf::capi::CompletionFor(std::move(future));
     return OkStatus();
   });
 }
@@ -152,14 +170,8 @@ zinf_code_t zinf_tiered_store_acquire(zinf_tiered_store_t* store, uint64_t tenso
     ZINF_CAPI_GET(auto s, zinf_tiered_store_t, store);
     ZINF_RETURN_IF_ERROR(CheckNotNull(data, "data"));
     ZINF_ASSIGN_OR_RETURN(auto t, ToTier(tier, "tier"));
-    if (access != ZINF_ACCESS_READ && access != ZINF_ACCESS_WRITE) {
-      return zinf::InvalidArgument(
-          "access must be ZINF_ACCESS_READ (0) or ZINF_ACCESS_WRITE (1), got " +
-          std::to_string(static_cast<int>(access)));
-    }
-    ZINF_ASSIGN_OR_RETURN(*data, s->Acquire(tensor, t,
-                                            access == ZINF_ACCESS_WRITE ? zinf::Access::kWrite
-                                                                        : zinf::Access::kRead));
+    ZINF_ASSIGN_OR_RETURN(auto a, zinf::capi::ToAccess(access));
+    ZINF_ASSIGN_OR_RETURN(*data, s->Acquire(tensor, t, a));
     return OkStatus();
   });
 }
@@ -179,6 +191,19 @@ zinf_code_t zinf_tiered_store_evict(zinf_tiered_store_t* store, uint64_t tensor,
     ZINF_CAPI_GET(auto s, zinf_tiered_store_t, store);
     ZINF_ASSIGN_OR_RETURN(auto t, ToTier(tier, "tier"));
     return s->Evict(tensor, t);
+  });
+}
+
+zinf_code_t zinf_tiered_store_evict_async(zinf_tiered_store_t* store, uint64_t tensor,
+                                          zinf_tier_t tier, zinf_completion_t** completion,
+                                          char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    if (completion != nullptr) *completion = nullptr;
+    ZINF_CAPI_GET(auto s, zinf_tiered_store_t, store);
+    ZINF_ASSIGN_OR_RETURN(auto t, ToTier(tier, "tier"));
+    std::shared_future<Status> future = s->EvictAsync(tensor, t);
+    if (completion != nullptr) *completion = zinf::capi::CompletionFor(std::move(future));
+    return OkStatus();
   });
 }
 

@@ -1,14 +1,8 @@
-// The ZeRO engine. See include/zinf/engine.h for the contract and
-// Note [ZeRO partitioning] for the layout.
-//
-// Note [ZeRO partitioning]
-// Each parameter is flattened and padded to a multiple of the world size; rank r owns
-// elements [r * s, (r + 1) * s) of it, s = padded / world. This rank's pieces of all
-// parameters sit back to back in one flat shard, so that the master copy, the gradient
-// accumulator and the optimizer state are each one array and one optimizer call updates
-// them all. Padding elements have zero value, zero gradient and zero state, so every
-// optimizer leaves them at zero. Parameter values are a function of (seed, name, index), so
-// any world size builds the same model.
+// The ZeRO engine's facade: creation, registration, fetch and release, gradients, and the
+// parameter accessors. The contract is include/zinf/engine.h; the rest of the engine is laid
+// out in src/zero/engine_impl.h. Partitioning: Note [ZeRO partitioning] in
+// src/zero/partition.h. Parameters, gathered copies and gradient buffers live in the tiered
+// store: Note [Parameter tier] in src/zero/param_tier.h.
 //
 // Stages: all three keep optimizer state and the fp32 master copy sharded. Stage 3 gathers a
 // parameter at Fetch and frees it at Release (unless it is smaller than
@@ -17,15 +11,13 @@
 // ReduceGradients in every stage.
 //
 // offload_optimizer.device = nvme: the fp32 master copy and the optimizer state live on NVMe
-// and are stepped by the PipelinedOptimizer; the accumulated gradients are written into the
-// swap space before the step (see NvmeStep).
+// and are stepped by the PipelinedOptimizer, which reads the gradient accumulators where they
+// are, in host memory (see NvmeStep in engine_step.cc).
 //
-// offload_param.device = nvme: each parameter's shard is an extent of the swap store, the
-// parameter tier the gathers read. Fetch reads it (prefetched along the module order the
-// first step recorded, See Note [Prefetch]); Step writes it with the new values. With the
-// optimizer on NVMe too, no fp32 copy of the shard stays in host memory: the new values come
-// from the pipelined step chunk by chunk (ParamTierWriter). Otherwise `master` is the
-// parameter tier and gathers read it directly.
+// offload_param.device = nvme: each parameter's shard is a tensor of the tiered store whose
+// home is NVMe (Note [Parameter tier]); Step writes it with the new values. With the optimizer
+// on NVMe too, no fp32 copy of the shard stays in host memory: the new values come from the
+// pipelined step chunk by chunk (AssembleParamTier).
 //
 // Gradients are reduce-scattered in buckets of reduce_bucket_size elements while backward
 // goes on (Note [Gradient buckets] in gradient_buckets.h); Step and GatherGradient wait for
@@ -34,98 +26,36 @@
 // Note [Compute precision]
 // With bf16 or fp16 enabled, the parameter tier holds each shard in that precision (rounded
 // to nearest even from the fp32 master at every update) and gathers move it so: half the
-// NVMe reads and all-gather bytes of fp32. Fetch hands out the gathered values widened to
-// fp32, so the trainer computes with the 16-bit weights, as DeepSpeed's bf16 and fp16 modes
-// do, in whatever precision its kernels use. Parameters kept in host memory are rounded the
-// same way when gathered, so every placement computes with the same values. The master copy,
-// gradients and optimizer state stay fp32; GatherParameter and checkpoints read the master.
+// NVMe reads, link and all-gather bytes of fp32. Fetch hands out the gathered 16-bit tensors
+// in device memory, and (for trainers that compute in fp32 on the host device) the same values
+// widened to fp32, so the trainer computes with the 16-bit weights, as DeepSpeed's bf16 and
+// fp16 modes do. Every placement computes with the same values. The master copy, gradients
+// and optimizer state stay fp32; GatherParameter and checkpoints read the master.
 //
-// Note [Prefetch]
-// The first step records the order in which modules are fetched. Later steps follow it: each
-// Fetch starts the NVMe reads of the modules after it, up to stage3_prefetch_bucket_size
-// elements (at least the next module) and as long as the parameters gathered or being read
-// stay within stage3_max_live_parameters elements, so the disk works while the current
-// module computes. With several ranks each Fetch also starts the all-gathers of the next
-// module, which run on the communicator's thread meanwhile (PrefetchGathers); every rank
-// decides alike from the same order and sizes, so the collectives stay in step. Anything
-// that replaces the values a prefetch reads (Step, SetParameter, loading a checkpoint) first
-// waits for it and drops it (DropPrefetch).
-// A fetch that leaves the recorded order stops prefetching (with a warning); reads and
-// gathers then happen on demand, which is always correct, only slower.
+// Prefetching: Note [Prefetch] in src/zero/param_tier.h.
 #include <fmt/core.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
-#include <filesystem>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <numbers>
 #include <set>
 #include <utility>
 
-#include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
-#include "comm/environment.h"
-#include "comm/tcp_store.h"
-#include "core/config_reader.h"
-#include "core/host_buffer_cache.h"
-#include "core/log.h"
-#include "nvme/aio_options.h"
-#include "nvme/io_engine.h"
-#include "nvme/swap_store.h"
-#include "offload/pipelined_optimizer.h"
-#include "zero/gradient_buckets.h"
+#include "zero/engine_impl.h"
 #include "zero/lr_schedule.h"
-#include "zinf/cpu_info.h"
+#include "zero/partition.h"
+#include "zero/process_group.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
-#include "zinf/host_memory.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t HashName(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull ^ SplitMix64(seed);
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-  return SplitMix64(h);
-}
-
-// Element `index` of parameter `name`: N(0, std^2) from a counter-based generator, so any
-// rank computes any element without the others.
-float InitialValue(uint64_t key, uint64_t index, const ParamSpec& spec) {
-  switch (spec.init) {
-    case ParamInit::kZeros:
-      return 0.0f;
-    case ParamInit::kOnes:
-      return 1.0f;
-    case ParamInit::kNormal:
-      break;
-  }
-  const uint64_t a = SplitMix64(key + 2 * index);
-  const uint64_t b = SplitMix64(key + 2 * index + 1);
-  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
-  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  return static_cast<float>(z * spec.init_std);
-}
 
 OptimizerType ToOptimizerType(const std::string& name) {
   if (name == "adam") return OptimizerType::kAdam;
@@ -134,910 +64,59 @@ OptimizerType ToOptimizerType(const std::string& name) {
   return OptimizerType::kAdamW;
 }
 
-// Writes parameter shards to their swap extents in the background, each from a buffer of
-// its own that goes back to `buffers` when the disk acknowledges it; Write blocks while more
-// than `limit` bytes are in flight, so the host memory this takes stays bounded.
-class ExtentWriter {
- public:
-  ExtentWriter(SwapStore* swap, HostBufferCache* buffers, uint64_t limit)
-      : swap_(swap), buffers_(buffers), limit_(limit) {}
-  ~ExtentWriter() { (void)Wait(); }
-
-  void Write(SwapExtent extent, HostBuffer buffer) {
-    const uint64_t bytes = buffer.size_bytes();
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return in_flight_ == 0 || in_flight_ + bytes <= limit_; });
-      in_flight_ += bytes;
-    }
-    auto held = std::make_shared<HostBuffer>(std::move(buffer));
-    swap_->WriteAsync(extent, held->data(), [this, held, bytes](Status s) mutable {
-      buffers_->Give(std::move(*held));
-      held.reset();
-      std::lock_guard<std::mutex> lock(mu_);
-      if (first_error_.ok() && !s.ok()) first_error_ = std::move(s);
-      in_flight_ -= bytes;
-      cv_.notify_all();
-    });
-  }
-  // Waits for every write; returns the first error.
-  Status Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return in_flight_ == 0; });
-    return first_error_;
-  }
-
- private:
-  SwapStore* swap_;
-  HostBufferCache* buffers_;
-  const uint64_t limit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t in_flight_ = 0;
-  Status first_error_;
-};
-
-struct Param {
-  ParamSpec spec;
-  int module = 0;
-  uint64_t numel = 0;
-  uint64_t shard_size = 0;    // padded / world
-  uint64_t flat_offset = 0;   // where this rank's shard sits in the flat arrays
-  bool persistent = false;    // stays gathered between Fetch/Release
-  HostBuffer full;            // gathered parameter (padded), while fetched or persistent
-  bool full_current = false;  // `full` holds the current master values
-  // The full gradient (padded) backward writes, between Gradients and ReduceGradients: `grad`,
-  // or with one rank in a batch's first micro-batch the (zero) accumulator itself.
-  float* grad_out = nullptr;
-  HostBuffer grad;
-  // offload_param.device = nvme: the shard's extent, and a read of it in flight or done.
-  SwapExtent extent;
-  HostBuffer staged;
-  std::unique_ptr<IoWaiter> staging;
-  // An all-gather in flight (Note [Prefetch]): what it sends (p.staged, `master`, or `send`,
-  // the shard rounded to the compute precision) and, below fp32, where it receives.
-  std::shared_ptr<CommWork> gathering;
-  HostBuffer send, received;
-};
-
-struct Module {
-  std::string name;
-  std::vector<int> params;
-  bool fetched = false;
-  int reductions = 0;  // ReduceGradients calls since the last Step
-};
-
-// The elements [first, last) of the flat shard that [begin, begin + count) shares with
-// parameter `p`'s shard; first >= last when none.
-struct Span {
-  uint64_t first, last;
-};
-Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
-  return {std::max(begin, p.flat_offset), std::min(begin + count, p.flat_offset + p.shard_size)};
-}
-
-// This process's place in its data-parallel group.
-struct DataParallelGroup {
-  int rank = 0;
-  int size = 1;
-  std::string name = "world";  // distinguishes the groups' rendezvous in the store
-};
-
-StatusOr<DataParallelGroup> ResolveGroup(const std::vector<int>& ranks, int rank, int world) {
-  if (ranks.empty()) return DataParallelGroup{rank, world, "world"};
-  DataParallelGroup group{-1, static_cast<int>(ranks.size()), "dp"};
-  std::vector<bool> seen(world);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const int r = ranks[i];
-    if (r < 0 || r >= world || seen[r]) {
-      return InvalidArgument(
-          fmt::format("data_parallel_ranks {}: each must be a distinct rank in [0, world_size={})",
-                      nlohmann::json(ranks).dump(), world));
-    }
-    seen[r] = true;
-    if (r == rank) group.rank = static_cast<int>(i);
-    group.name += "-" + std::to_string(r);
-  }
-  if (group.rank < 0) {
-    return InvalidArgument(fmt::format("data_parallel_ranks {} does not hold this rank ({})",
-                                       nlohmann::json(ranks).dump(), rank));
-  }
-  return group;
-}
-
 }  // namespace
 
 // More elements than any machine holds (4 PiB of fp32): a shape beyond this is a mistake, and
 // refusing it at registration keeps the size arithmetic below far from overflow.
 constexpr uint64_t kMaxElements = uint64_t{1} << 50;
-constexpr double kGiBf = double(uint64_t{1} << 30);
 
-struct Engine::Impl {
-  EngineConfig config;
-  std::unique_ptr<TcpStore> store;
-  std::unique_ptr<Communicator> comm;
-  std::unique_ptr<CpuOptimizer> optimizer;
-  int group = 0;        // the optimizer's parameter group
-  int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
-  int local_rank = 0;   // among the processes of this node
-
-  std::vector<Module> modules;
-  std::vector<Param> params;
-  std::map<std::string, int, std::less<>> param_by_name;
-  std::map<std::string, int, std::less<>> module_by_name;
-  uint64_t registered_elements = 0;  // over all parameters, unsharded
-  bool initialized = false;
-
-  uint64_t shard_elements = 0;
-  HostBuffer master, grad_acc, state0, state1;  // master is empty when !host_master
-  std::unique_ptr<SwapStore> swap;              // when anything is on NVMe
-  std::unique_ptr<GradientBuckets> buckets;     // world > 1
-  // offload_optimizer.device = nvme.
-  std::unique_ptr<PipelinedOptimizer> pipelined;
-  int nvme_shard = -1;
-  // offload_param.device = nvme, and the module order for prefetching (Note [Prefetch]).
-  bool params_on_nvme = false;
-  bool host_master = true;
-  // The compute precision (Note [Compute precision]): what the parameter tier holds and
-  // gathers move.
-  ElementType param_type = ElementType::kFp32;
-  std::vector<int> fetch_order;  // recorded during the first step
-  bool recording = true;
-  bool prefetching = false;
-  size_t fetch_cursor = 0;  // position in fetch_order this step
-
-  // fp16 dynamic loss scaling, as DeepSpeed's DynamicLossScaler.
-  double loss_scale = 1.0;
-  int hysteresis_left = 1;
-  int64_t iteration = 0;
-  int64_t last_overflow_iteration = -1;
-  int64_t steps = 0;
-  StepSummary pending;  // traffic and time since the last Step
-  // The staged shards, gathered parameters and gradients each fetch and release allocates and
-  // frees again (Note [Buffer reuse] in core/host_buffer_cache.h). Made by Initialize.
-  std::unique_ptr<HostBufferCache> buffers;
-
-  int rank() const { return comm->rank(); }
-  int world() const { return comm->world_size(); }
-
-  Status Context(Status s, const std::string& what) const {
-    return s.ok() ? s : std::move(s).WithContext(fmt::format("rank {}: {}", rank(), what));
-  }
-
-  StatusOr<Module*> FindModule(int id) {
-    if (!initialized) return FailedPrecondition("the engine is not initialized");
-    if (id < 0 || id >= static_cast<int>(modules.size())) {
-      return InvalidArgument(
-          fmt::format("module id {} is not registered (have {})", id, modules.size()));
-    }
-    return &modules[id];
-  }
-
-  float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
-
-  // Hands `buffer`'s memory to the cache for the next buffer of its size; leaves it empty.
-  void Recycle(HostBuffer& buffer) {
-    HostBuffer freed = std::exchange(buffer, HostBuffer());
-    if (buffers != nullptr) buffers->Give(std::move(freed));
-  }
-
-  // This rank's whole flat shard with its in-memory optimizer state.
-  OptimizerSpan WholeShard() {
-    return {.params = master.as<float>(),
-            .grads = grad_acc.data(),
-            .state0 = state0.as<float>(),
-            .state1 = state1.empty() ? nullptr : state1.as<float>(),
-            .count = shard_elements};
-  }
-
-  // Initial values of the flat shard's elements [begin, begin + count) into `out`.
-  void FillInitial(uint64_t begin, uint64_t count, float* out) const {
-    auto it = std::upper_bound(params.begin(), params.end(), begin,
-                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-    for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
-      const Param& p = *it;
-      const uint64_t key = HashName(config.seed, p.spec.name);
-      const auto [first, last] = Overlap(begin, count, p);
-      const uint64_t element0 = rank() * p.shard_size;  // this rank's first element of p
-      for (uint64_t f = first; f < last; ++f) {
-        const uint64_t index = element0 + (f - p.flat_offset);
-        out[f - begin] = index < p.numel ? InitialValue(key, index, p.spec) : 0.0f;
-      }
-    }
-  }
-
-  size_t param_bytes() const { return ElementSize(param_type); }
-  uint64_t TierBytes(const Param& p) const { return p.shard_size * param_bytes(); }
-
-  // Starts reading a parameter's shard from its NVMe extent into p.staged.
-  Status StartShardRead(Param& p) {
-    // p.staged is the send buffer of a gather in flight: it must stay as it is.
-    if (p.staging != nullptr || p.gathering != nullptr) return OkStatus();
-    ZINF_ASSIGN_OR_RETURN(p.staged, buffers->Take(TierBytes(p)));
-    p.staging = std::make_unique<IoWaiter>();
-    p.staging->Add(1);
-    swap->ReadAsync(p.extent, p.staged.data(), p.staging->Callback());
-    pending.bytes_nvme_read += TierBytes(p);
-    return OkStatus();
-  }
-
-  // This rank's current shard of `p` in the compute precision: read from the NVMe parameter
-  // tier into p.staged (valid until DropStaged), or from `master`, rounded into `scratch`
-  // unless the precision is fp32.
-  StatusOr<const void*> LocalShard(Param& p, HostBuffer* scratch) {
-    if (!params_on_nvme) {
-      if (param_type == ElementType::kFp32) return Master(p);
-      ZINF_ASSIGN_OR_RETURN(*scratch, buffers->Take(TierBytes(p)));
-      ConvertFromFp32(Master(p), param_type, scratch->data(), p.shard_size);
-      return scratch->data();
-    }
-    ZINF_RETURN_IF_ERROR(StartShardRead(p));
-    Status read = p.staging->Wait();
-    p.staging.reset();
-    if (!read.ok()) {
-      Recycle(p.staged);
-      return read;
-    }
-    return p.staged.data();
-  }
-
-  // This rank's fp32 master shard of `p` into `out` (shard_size values): from `master`, or
-  // with no host master, from the NVMe tier when it is fp32 and else from the optimizer's
-  // state (a pass over it).
-  Status ReadMasterShard(Param& p, float* out) {
-    DropPrefetch(p);  // its buffers are the tier's: read afresh
-    if (host_master) {
-      std::memcpy(out, Master(p), p.shard_size * 4);
-      return OkStatus();
-    }
-    if (param_type == ElementType::kFp32) {
-      HostBuffer unused;
-      ZINF_ASSIGN_OR_RETURN(const void* tier, LocalShard(p, &unused));
-      std::memcpy(out, tier, p.shard_size * 4);
-      DropStaged(p);
-      return OkStatus();
-    }
-    return pipelined->Visit(
-        nvme_shard,
-        [&](const ChunkView& c) {
-          const auto [first, last] = Overlap(c.offset, c.count, p);
-          if (first < last) {
-            std::memcpy(out + (first - p.flat_offset), c.params + (first - c.offset),
-                        (last - first) * 4);
-          }
-          return OkStatus();
-        },
-        /*write_back=*/false);
-  }
-
-  // A shard's fp32 values in the tier's precision, ready to write to its extent.
-  StatusOr<HostBuffer> TierValues(const Param& p, const float* values) const {
-    ZINF_ASSIGN_OR_RETURN(HostBuffer out, buffers->Take(TierBytes(p)));
-    ConvertFromFp32(values, param_type, out.data(), p.shard_size);
-    return out;
-  }
-
-  // Waits for a prefetch that will not be used and frees its buffer.
-  void DropStaged(Param& p) {
-    if (p.staging != nullptr) (void)p.staging->Wait();
-    p.staging.reset();
-    Recycle(p.staged);
-  }
-
-  // Starts gathering `p`: its all-gather runs on the communicator's thread until Gather
-  // waits for it. With one rank there is nothing to wait for and it completes here.
-  Status StartGather(Param& p) {
-    if (p.full_current || p.gathering != nullptr) return OkStatus();
-    const auto t0 = Clock::now();
-    ZINF_ASSIGN_OR_RETURN(const void* local, LocalShard(p, &p.send));
-    const uint64_t full_size = p.shard_size * world();
-    pending.bytes_gathered += full_size * param_bytes();
-    if (world() == 1 && params_on_nvme && param_type == ElementType::kFp32) {
-      p.full = std::move(p.staged);  // one rank's shard is the whole parameter: no copy
-    } else if (p.full.empty()) {
-      ZINF_ASSIGN_OR_RETURN(p.full, buffers->Take(full_size * 4));
-    }
-    if (world() == 1) {
-      if (local != p.full.data()) ConvertToFp32(local, param_type, p.full.as<float>(), full_size);
-      Recycle(p.send);
-      DropStaged(p);
-      p.full_current = true;
-    } else if (param_type == ElementType::kFp32) {
-      p.gathering =
-          comm->AllGatherAsync(local, p.full.data(), p.shard_size, CommDataType::kFloat32);
-    } else {
-      ZINF_ASSIGN_OR_RETURN(p.received, buffers->Take(full_size * param_bytes()));
-      p.gathering = comm->AllGatherAsync(
-          local, p.received.data(), p.shard_size,
-          param_type == ElementType::kBf16 ? CommDataType::kBfloat16 : CommDataType::kFloat16);
-    }
-    pending.seconds_gather += Seconds(t0);
-    return OkStatus();
-  }
-
-  // Waits for `p`'s all-gather (starting it first if need be) and widens it to fp32.
-  Status Gather(Param& p) {
-    ZINF_RETURN_IF_ERROR(StartGather(p));
-    if (p.full_current) return OkStatus();
-    const auto t0 = Clock::now();
-    Status gathered = std::exchange(p.gathering, nullptr)->Wait();
-    if (gathered.ok() && param_type != ElementType::kFp32) {
-      ConvertToFp32(p.received.data(), param_type, p.full.as<float>(), p.shard_size * world());
-    }
-    Recycle(p.received);
-    Recycle(p.send);
-    DropStaged(p);
-    pending.seconds_gather += Seconds(t0);
-    ZINF_RETURN_IF_ERROR(gathered);
-    p.full_current = true;
-    return OkStatus();
-  }
-
-  // Waits for a prefetched read or gather that will not be used and frees its buffers.
-  void DropPrefetch(Param& p) {
-    if (p.gathering != nullptr) (void)std::exchange(p.gathering, nullptr)->Wait();
-    Recycle(p.received);
-    Recycle(p.send);
-    DropStaged(p);
-  }
-
-  // Note [Prefetch]: starts the all-gathers of the next module in the recorded order, so that
-  // they run on the communicator's thread while the module just fetched computes. Every rank
-  // makes the same decision, so the collectives stay in step.
-  void PrefetchGathers() {
-    if (!prefetching || world() == 1 || fetch_cursor >= fetch_order.size()) return;
-    const Module& next = modules[fetch_order[fetch_cursor]];
-    uint64_t needed = 0;
-    for (int pi : next.params) {
-      const Param& p = params[pi];
-      if (!p.full_current && p.gathering == nullptr && !p.persistent) needed += p.numel;
-    }
-    if (LiveElements(-1) + needed > config.stage3_max_live_parameters) return;
-    for (int pi : next.params) {
-      if (!StartGather(params[pi]).ok()) return;  // its Fetch gathers it and reports the error
-    }
-  }
-
-  // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
-  // being read ahead: what stage3_max_live_parameters bounds.
-  uint64_t LiveElements(int fetching) const {
-    uint64_t live = 0;
-    for (const Param& p : params) {
-      if (!p.persistent && (modules[p.module].fetched || p.module == fetching ||
-                            p.staging != nullptr || p.gathering != nullptr)) {
-        live += p.numel;
-      }
-    }
-    return live;
-  }
-
-  // Note [Prefetch]: follows the recorded order from the module just fetched.
-  void TraceFetch(int module) {
-    if (recording) {
-      fetch_order.push_back(module);
-      return;
-    }
-    if (!prefetching) return;
-    if (fetch_cursor >= fetch_order.size() || fetch_order[fetch_cursor] != module) {
-      log::Warn(
-          "rank {}: module '{}' was fetched out of the order the first step recorded; "
-          "prefetching stops and parameters are read and gathered when fetched",
-          rank(), modules[module].name);
-      prefetching = false;
-      return;
-    }
-    ++fetch_cursor;
-    if (!params_on_nvme) return;
-    uint64_t live = LiveElements(module);
-    uint64_t ahead = 0;
-    for (size_t i = fetch_cursor; i < fetch_order.size(); ++i) {
-      const Module& next = modules[fetch_order[i]];
-      if (i > fetch_cursor && ahead >= config.stage3_prefetch_bucket_size) break;
-      uint64_t needed = 0;
-      for (int pi : next.params) {
-        const Param& p = params[pi];
-        if (!p.full_current && p.staging == nullptr && !p.persistent) needed += p.numel;
-      }
-      if (live + needed > config.stage3_max_live_parameters) break;
-      live += needed;
-      for (int pi : next.params) {
-        Param& p = params[pi];
-        if (p.full_current) continue;
-        ahead += p.numel;  // reads already in flight count towards the window too
-        if (!StartShardRead(p).ok()) return;  // the fetch will read it and report the error
-      }
-    }
-  }
-
-  // Waits until every reduced gradient is in grad_acc.
-  Status FinishReductions() {
-    if (buckets == nullptr) return OkStatus();
-    const auto t0 = Clock::now();
-    Status finished = Context(buckets->Finish(), "reducing gradients");
-    pending.seconds_reduce += Seconds(t0);
-    return finished;
-  }
-
-  // Writes every shard of the parameter tier from `master`, in the compute precision.
-  Status WriteParamTierFromMaster(StepSummary* summary) {
-    ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
-    Status converted;
-    for (Param& p : params) {
-      StatusOr<HostBuffer> values = TierValues(p, Master(p));
-      converted = values.status();
-      if (!converted.ok()) break;
-      writer.Write(p.extent, std::move(*values));
-      summary->bytes_nvme_written += TierBytes(p);
-    }
-    Status written = writer.Wait();
-    return converted.ok() ? written : converted;
-  }
-
-  // Checks that every rank registered the same model with the same config.
-  Status CheckRanksAgree() {
-    nlohmann::json model = nlohmann::json::array();
-    for (const Param& p : params) model.push_back({p.spec.name, p.spec.shape, p.module});
-    const nlohmann::json cfg = {config.zero_stage,
-                                config.offload_param_device,
-                                config.offload_optimizer_device,
-                                config.gradient_accumulation_steps,
-                                config.gradient_clipping,
-                                config.fp16,
-                                config.bf16,
-                                config.optimizer_type,
-                                config.lr,
-                                config.beta1,
-                                config.beta2,
-                                config.eps,
-                                config.weight_decay,
-                                config.seed};
-    const int64_t mine[2] = {static_cast<int64_t>(HashName(0, model.dump())),
-                             static_cast<int64_t>(HashName(0, cfg.dump()))};
-    std::vector<int64_t> all(2 * world());
-    ZINF_RETURN_IF_ERROR(comm->AllGather(mine, all.data(), 2, CommDataType::kInt64));
-    for (int r = 0; r < world(); ++r) {
-      if (all[2 * r + 1] != all[1]) {
-        return FailedPrecondition(fmt::format(
-            "rank {} was started with a different config than rank 0 (stage, offload, "
-            "optimizer, precision, accumulation or seed differ); every rank needs the same one",
-            r));
-      }
-      if (all[2 * r] != all[0]) {
-        return FailedPrecondition(
-            fmt::format("rank {} registered different modules or parameter shapes than rank 0", r));
-      }
-    }
-    return OkStatus();
-  }
-
-  // What the buffer cache may hold: what one fetch, backward and release of the largest
-  // module frees before the next one allocates (its parameters and their gradients), twice,
-  // and the prefetch window's staged shards.
-  uint64_t BufferCacheLimit() const {
-    uint64_t largest = 0;
-    for (const Module& module : modules) {
-      uint64_t bytes = 0;
-      for (int pi : module.params) {
-        if (!params[pi].persistent) bytes += params[pi].shard_size * world() * 4;
-      }
-      largest = std::max(largest, bytes);
-    }
-    return 2 * (2 * largest) + config.stage3_prefetch_bucket_size * 4;
-  }
-
-  // Refuses, before anything is allocated, a placement whose resident host state alone is
-  // larger than this machine's memory, saying what each part needs.
-  Status CheckHostMemory() const {
-    const uint64_t total = GetCpuInfo().total_memory_bytes;
-    if (total == 0) return OkStatus();  // unknown: let the allocations tell
-    const uint64_t shard = shard_elements * 4;
-    const bool optimizer_on_nvme = config.offload_optimizer_device == "nvme";
-    const uint64_t states = optimizer_on_nvme ? 0 : shard * state_count();
-    const uint64_t master = host_master ? shard : 0;
-    uint64_t persistent = 0;
-    for (const Param& p : params) {
-      if (p.persistent) persistent += p.numel * 4;
-    }
-    const uint64_t buckets =
-        world() > 1 ? 2 * std::min(config.reduce_bucket_size, shard_elements * world()) * 4 : 0;
-    const uint64_t need = shard + master + states + persistent + buckets;
-    if (need <= total) return OkStatus();
-    return ResourceExhausted(fmt::format(
-        "{} parameter elements ({} per rank) need {:.1f} GiB of host memory on this rank, and "
-        "this machine has {:.1f} GiB: gradient accumulators {:.1f}, fp32 master {:.1f}, "
-        "optimizer state {:.1f}, persistent parameters {:.1f}, reduce buckets {:.1f} GiB. "
-        "Offload the optimizer and parameters to NVMe, shard over more ranks, or shrink the "
-        "model",
-        registered_elements, shard_elements, need / kGiBf, total / kGiBf, shard / kGiBf,
-        master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf));
-  }
-
-  // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
-  uint64_t OptimizerChunkElements() const {
-    constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
-    return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
-                                PipelinedOptimizerOptions::kMinChunkElements,
-                                PipelinedOptimizerOptions().chunk_elements);
-  }
-
-  // One swap store for everything this rank keeps on NVMe.
-  Status OpenSwap() {
-    SwapStoreOptions options;
-    options.paths = config.NvmePaths();
-    options.rank = global_rank;  // groups of other processes may share the nvme_path
-    options.checksum = config.nvme_checksum;
-    ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
-    ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &options.aio));
-    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
-    const uint64_t slack = options.aio.block_size;
-    if (config.offload_optimizer_device == "nvme") {
-      // Per element: fp32 params and two state arrays (the gradients stay in host memory).
-      const uint64_t chunk = OptimizerChunkElements();
-      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      options.capacity_bytes += chunks * (chunk * 12 + slack);
-    }
-    if (params_on_nvme) {
-      for (const Param& p : params) options.capacity_bytes += TierBytes(p) + slack;
-    }
-    ZINF_ASSIGN_OR_RETURN(swap, SwapStore::Open(options));
-    return OkStatus();
-  }
-
-  Status OpenNvmeOptimizer() {
-    PipelinedOptimizerOptions options;
-    options.chunk_elements = OptimizerChunkElements();
-    options.host_budget_bytes = std::max<uint64_t>(
-        config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
-                                              PipelinedOptimizerOptions::kStagingBytesPerElement);
-    options.pinned = config.pin_memory;
-    options.nvme_ratio = config.optimizer_nvme_ratio;
-    ZINF_ASSIGN_OR_RETURN(pipelined,
-                          PipelinedOptimizer::Create(optimizer.get(), swap.get(), options));
-    ExtentWriter tier(swap.get(), buffers.get(), 256ull << 20);
-    StatusOr<int> shard = pipelined->AddShard(
-        // The gradient accumulators are in host memory already: the step reads them there.
-        {.name = fmt::format("rank {} shard", rank()),
-         .group = group,
-         .count = shard_elements,
-         .host_grads = grad_acc.data()},
-        [&](const ChunkView& c) {
-          if (host_master) {
-            std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
-            return OkStatus();
-          }
-          FillInitial(c.offset, c.count, c.params);
-          return params_on_nvme ? AssembleParamTier(c, &tier) : OkStatus();
-        });
-    Status written = tier.Wait();
-    for (Param& p : params) p.staged = HostBuffer();  // after a failed initialization
-    ZINF_RETURN_IF_ERROR(shard.status());
-    ZINF_RETURN_IF_ERROR(written);
-    nvme_shard = *shard;
-    return OkStatus();
-  }
-
-  // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,
-  // c.offset + c.count)) into the parameters' tier buffers, and writes each parameter to its
-  // extent once complete. Chunks arrive in order, so a parameter is complete when its last
-  // element is.
-  Status AssembleParamTier(const ChunkView& c, ExtentWriter* writer) {
-    auto it = std::upper_bound(params.begin(), params.end(), c.offset,
-                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-    for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-      Param& p = *it;
-      if (p.staged.empty()) {
-        ZINF_ASSIGN_OR_RETURN(p.staged, buffers->Take(TierBytes(p)));
-      }
-      const auto [first, last] = Overlap(c.offset, c.count, p);
-      ConvertFromFp32(c.params + (first - c.offset), param_type,
-                      p.staged.as<char>() + (first - p.flat_offset) * param_bytes(), last - first);
-      if (last == p.flat_offset + p.shard_size) writer->Write(p.extent, std::move(p.staged));
-    }
-    return OkStatus();
-  }
-
-  Status AllocateParamTier() {
-    for (Param& p : params) {
-      ZINF_ASSIGN_OR_RETURN(p.extent, swap->Allocate(TierBytes(p), p.spec.name));
-    }
-    return OkStatus();
-  }
-
-  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
-  // new parameters brought to the parameter tier: the host master (read back from the swap space)
-  // or the NVMe extents (written from the step's chunks as they are updated, no read-back).
-  Status NvmeStep(float grad_scale, StepSummary* summary) {
-    if (host_master) {
-      ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
-      ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
-      const uint64_t states = optimizer->group(group)->hyper_params.state_count();
-      summary->bytes_nvme_read += shard_elements * (1 + states) * 4;
-    } else {
-      ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
-      auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, &writer); };
-      Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
-      Status written = writer.Wait();
-      for (Param& p : params) p.staged = HostBuffer();  // after a failed step
-      ZINF_RETURN_IF_ERROR(stepped);
-      ZINF_RETURN_IF_ERROR(written);
-      summary->bytes_nvme_written += shard_elements * param_bytes();
-    }
-    summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
-    summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
-    summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
-    return OkStatus();
-  }
-
-  int state_count() const { return optimizer->group(group)->hyper_params.state_count(); }
-
-  // Every rank learns whether any failed: `mine` where this rank failed, else an error naming
-  // the first rank that did.
-  Status AgreeAll(Status mine, const std::string& what) {
-    const int64_t failed = mine.ok() ? 0 : 1;
-    std::vector<int64_t> all(world());
-    Status agreed = comm->AllGather(&failed, all.data(), 1, CommDataType::kInt64);
-    if (!mine.ok()) return Context(std::move(mine), what);
-    ZINF_RETURN_IF_ERROR(Context(std::move(agreed), what));
-    for (int r = 0; r < world(); ++r) {
-      if (all[r] != 0) return FailedPrecondition(fmt::format("{} failed on rank {}", what, r));
-    }
-    return OkStatus();
-  }
-
-  nlohmann::json ScalarState() const {
-    return {{"steps", steps},
-            {"loss_scale", loss_scale},
-            {"hysteresis_left", hysteresis_left},
-            {"iteration", iteration},
-            {"last_overflow_iteration", last_overflow_iteration},
-            {"optimizer", config.optimizer_type},
-            {"state_count", state_count()}};
-  }
-
-  struct SavedScalars {
-    int64_t steps = 0, iteration = 0, last_overflow_iteration = -1;
-    double loss_scale = 1;
-    int hysteresis_left = 1, state_count = 0;
-    std::string optimizer;
-  };
-
-  // ScalarState() back, each field checked before anything is replaced.
-  static StatusOr<SavedScalars> ParseScalarState(const std::string& text, const std::string& dir) {
-    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    auto bad = [&](const char* key, const char* expected) {
-      return DataLoss(fmt::format("{}: manifest engine_state.{} must be {}", dir, key, expected));
-    };
-    if (!j.is_object()) {
-      return DataLoss(fmt::format("{}: manifest engine_state must be a JSON object", dir));
-    }
-    SavedScalars s;
-    auto integer = [&](const char* key, int64_t low, int64_t high, auto* out) -> Status {
-      auto it = j.find(key);
-      if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < low ||
-          it->get<int64_t>() > high) {
-        return bad(key, "an integer in range");
-      }
-      *out = static_cast<std::remove_pointer_t<decltype(out)>>(it->get<int64_t>());
-      return OkStatus();
-    };
-    constexpr int64_t kMax = INT64_MAX / 2;
-    ZINF_RETURN_IF_ERROR(integer("steps", 0, kMax, &s.steps));
-    ZINF_RETURN_IF_ERROR(integer("iteration", 0, kMax, &s.iteration));
-    ZINF_RETURN_IF_ERROR(integer("last_overflow_iteration", -1, kMax, &s.last_overflow_iteration));
-    ZINF_RETURN_IF_ERROR(integer("hysteresis_left", 0, INT32_MAX, &s.hysteresis_left));
-    ZINF_RETURN_IF_ERROR(integer("state_count", 0, 2, &s.state_count));
-    auto scale = j.find("loss_scale");
-    if (scale == j.end() || !scale->is_number() || !(scale->get<double>() > 0) ||
-        !std::isfinite(scale->get<double>())) {
-      return bad("loss_scale", "a positive finite number");
-    }
-    s.loss_scale = scale->get<double>();
-    auto opt = j.find("optimizer");
-    if (opt == j.end() || !opt->is_string()) return bad("optimizer", "a string");
-    s.optimizer = opt->get<std::string>();
-    return s;
-  }
-
-  ckpt::Manifest MakeManifest(const std::string& tag, const std::string& client_state) const {
-    ckpt::Manifest manifest;
-    manifest.tag = tag;
-    manifest.world_size = world();
-    manifest.step = steps;
-    manifest.shard_elements = shard_elements;
-    for (const Param& p : params) {
-      manifest.params.push_back({p.spec.name, p.spec.shape, p.numel, p.shard_size, p.flat_offset});
-    }
-    manifest.engine_state = ScalarState().dump();
-    manifest.client_state = client_state;
-    return manifest;
-  }
-
-  // This rank's file: "params" (the fp32 master shard), "state0"/"state1" (the optimizer
-  // state arrays) and "optimizer" (hyper-parameters and step counts).
-  Status WriteShardFile(const std::string& tag_dir, const std::string& tag) {
-    ZINF_ASSIGN_OR_RETURN(
-        ckpt::ShardWriter w,
-        ckpt::ShardWriter::Create(tag_dir + "/" + ckpt::ShardFileName(rank()), tag, rank()));
-    const uint64_t bytes = shard_elements * 4;
-    const char* names[] = {"params", "state0", "state1"};
-    const int sections = 1 + state_count();
-    for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(w.Add(names[i], bytes));
-    if (pipelined != nullptr) {
-      auto save = [&](const ChunkView& c) -> Status {
-        const float* arrays[] = {c.params, c.state0, c.state1};
-        for (int i = 0; i < sections; ++i) {
-          ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i], c.count * 4));
-        }
-        return OkStatus();
-      };
-      ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, save, /*write_back=*/false));
-    } else {
-      const HostBuffer* arrays[] = {&master, &state0, &state1};
-      for (int i = 0; i < sections; ++i) {
-        ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i]->data(), bytes));
-      }
-    }
-    const std::string blob = optimizer->SaveState();
-    ZINF_RETURN_IF_ERROR(w.Append("optimizer", blob.data(), blob.size()));
-    return w.Commit();
-  }
-
-  // Checks the checkpoint against this engine and verifies every section of this rank's
-  // file; only then replaces the state. Returns the client state.
-  StatusOr<std::string> LoadShardFile(const std::string& path) {
-    ZINF_ASSIGN_OR_RETURN(const std::string dir, ckpt::ResolveCheckpoint(path));
-    ZINF_ASSIGN_OR_RETURN(const ckpt::Manifest manifest, ckpt::ReadManifest(dir));
-    if (manifest.world_size != world()) {
+Status Engine::Impl::CheckRanksAgree() {
+  nlohmann::json model = nlohmann::json::array();
+  for (const Param& p : params) model.push_back({p.spec.name, p.spec.shape, p.module});
+  const nlohmann::json cfg = {config.zero_stage,
+                              config.offload_param_device,
+                              config.offload_optimizer_device,
+                              config.gradient_accumulation_steps,
+                              config.gradient_clipping,
+                              config.fp16,
+                              config.bf16,
+                              config.optimizer_type,
+                              config.lr,
+                              config.beta1,
+                              config.beta2,
+                              config.eps,
+                              config.weight_decay,
+                              config.seed};
+  const int64_t mine[2] = {static_cast<int64_t>(HashName(0, model.dump())),
+                           static_cast<int64_t>(HashName(0, cfg.dump()))};
+  std::vector<int64_t> all(2 * world());
+  ZINF_RETURN_IF_ERROR(comm->AllGather(mine, all.data(), 2, CommDataType::kInt64));
+  for (int r = 0; r < world(); ++r) {
+    if (all[2 * r + 1] != all[1]) {
       return FailedPrecondition(fmt::format(
-          "{} was saved by {} rank(s), this run has {}; `zinf ckpt export` consolidates it for "
-          "any world size",
-          dir, manifest.world_size, world()));
+          "rank {} was started with a different config than rank 0 (stage, offload, "
+          "optimizer, precision, accumulation or seed differ); every rank needs the same one",
+          r));
     }
-    if (manifest.params.size() != params.size()) {
+    if (all[2 * r] != all[0]) {
       return FailedPrecondition(
-          fmt::format("{} holds a different model: {} parameters, this one has {}", dir,
-                      manifest.params.size(), params.size()));
+          fmt::format("rank {} registered different modules or parameter shapes than rank 0", r));
     }
-    if (manifest.shard_elements != shard_elements) {
-      return FailedPrecondition(
-          fmt::format("{} holds a different model: {} elements per rank, this one has {}", dir,
-                      manifest.shard_elements, shard_elements));
-    }
-    for (size_t i = 0; i < params.size(); ++i) {
-      const ckpt::ManifestParam& saved = manifest.params[i];
-      const Param& p = params[i];
-      if (saved.name != p.spec.name || saved.shape != p.spec.shape) {
-        return FailedPrecondition(fmt::format(
-            "{} holds a different model: parameter {} is '{}' {}, this model's is '{}' {}", dir, i,
-            saved.name, nlohmann::json(saved.shape).dump(), p.spec.name,
-            nlohmann::json(p.spec.shape).dump()));
-      }
-      if (saved.flat_offset != p.flat_offset || saved.shard_size != p.shard_size) {
-        return FailedPrecondition(fmt::format(
-            "{} lays parameter '{}' out differently: {} elements per rank at shard offset {} "
-            "there, {} at {} here",
-            dir, p.spec.name, saved.shard_size, saved.flat_offset, p.shard_size, p.flat_offset));
-      }
-    }
-    ZINF_ASSIGN_OR_RETURN(const SavedScalars scalars, ParseScalarState(manifest.engine_state, dir));
-    if (scalars.optimizer != config.optimizer_type || scalars.state_count != state_count()) {
-      return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
-                                            dir, scalars.optimizer, config.optimizer_type));
-    }
-    ZINF_ASSIGN_OR_RETURN(
-        const ckpt::ShardReader reader,
-        ckpt::ShardReader::Open(dir + "/" + ckpt::ShardFileName(rank()), manifest.tag, rank()));
-    const char* names[] = {"params", "state0", "state1"};
-    const int sections = 1 + state_count();
-    for (int i = 0; i < sections; ++i) {
-      ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, reader.SectionBytes(names[i]));
-      if (bytes != shard_elements * 4) {
-        return DataLoss(fmt::format("{}/{}: section '{}' has {} bytes, expected {}", dir,
-                                    ckpt::ShardFileName(rank()), names[i], bytes,
-                                    shard_elements * 4));
-      }
-    }
-    std::string blob;
-    ZINF_RETURN_IF_ERROR(reader.Verify("optimizer", [&](const char* data, uint64_t n) {
-      blob.append(data, n);
-      return OkStatus();
-    }));
-    for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
-
-    // Verified: replace the state, once no prefetch reads it.
-    for (Param& p : params) DropPrefetch(p);
-    ZINF_RETURN_IF_ERROR(optimizer->LoadState(blob));
-    if (pipelined != nullptr) {
-      auto load = [&](const ChunkView& c) -> Status {
-        float* arrays[] = {c.params, c.state0, c.state1};
-        for (int i = 0; i < sections; ++i) {
-          ZINF_RETURN_IF_ERROR(reader.Read(names[i], c.offset * 4, arrays[i], c.count * 4));
-        }
-        return OkStatus();
-      };
-      ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
-    } else {
-      HostBuffer* arrays[] = {&master, &state0, &state1};
-      for (int i = 0; i < sections; ++i) {
-        ZINF_RETURN_IF_ERROR(reader.Read(names[i], 0, arrays[i]->data(), shard_elements * 4));
-      }
-    }
-    if (host_master && pipelined != nullptr) {
-      ZINF_RETURN_IF_ERROR(reader.Read("params", 0, master.data(), shard_elements * 4));
-    }
-    if (params_on_nvme) {
-      ExtentWriter writer(swap.get(), buffers.get(), 256ull << 20);
-      for (Param& p : params) {
-        DropStaged(p);
-        ZINF_ASSIGN_OR_RETURN(HostBuffer values, HostBuffer::Allocate(p.shard_size * 4));
-        ZINF_RETURN_IF_ERROR(
-            reader.Read("params", p.flat_offset * 4, values.data(), p.shard_size * 4));
-        ZINF_ASSIGN_OR_RETURN(HostBuffer tier, TierValues(p, values.as<float>()));
-        writer.Write(p.extent, std::move(tier));
-      }
-      ZINF_RETURN_IF_ERROR(writer.Wait());
-    }
-    steps = scalars.steps;
-    loss_scale = scalars.loss_scale;
-    hysteresis_left = scalars.hysteresis_left;
-    iteration = scalars.iteration;
-    last_overflow_iteration = scalars.last_overflow_iteration;
-    ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
-    std::memset(grad_acc.data(), 0, shard_elements * 4);
-    for (Param& p : params) {
-      p.full_current = false;
-      p.grad = HostBuffer();
-      p.grad_out = nullptr;
-    }
-    for (Module& module : modules) module.reductions = 0;
-    return manifest.client_state;
   }
+  return OkStatus();
+}
 
-  void MeasureTiers(StepSummary* summary) const {
-    uint64_t host =
-        master.size_bytes() + grad_acc.size_bytes() + state0.size_bytes() + state1.size_bytes();
-    for (const Param& p : params) host += p.full.size_bytes() + p.grad.size_bytes();
-    if (buffers != nullptr) host += buffers->cached_bytes();
-    if (pipelined != nullptr) {
-      host += pipelined->staging_pool().stats().arena_bytes +
-              pipelined->host_state_pool().stats().arena_bytes;
-    }
-    summary->host_bytes = host;
-    summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
+Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {
+  const int64_t failed = mine.ok() ? 0 : 1;
+  std::vector<int64_t> all(world());
+  Status agreed = comm->AllGather(&failed, all.data(), 1, CommDataType::kInt64);
+  if (!mine.ok()) return Context(std::move(mine), what);
+  ZINF_RETURN_IF_ERROR(Context(std::move(agreed), what));
+  for (int r = 0; r < world(); ++r) {
+    if (all[r] != 0) return FailedPrecondition(fmt::format("{} failed on rank {}", what, r));
   }
-
-  void UpdateLossScale(bool overflow) {
-    if (!config.fp16) return;
-    if (overflow) {
-      if (hysteresis_left <= 1) {
-        loss_scale = std::max(loss_scale / 2, config.min_loss_scale);
-      } else {
-        --hysteresis_left;
-      }
-      last_overflow_iteration = iteration;
-    } else if ((iteration - last_overflow_iteration) % config.loss_scale_window == 0) {
-      loss_scale *= 2;
-      hysteresis_left = config.hysteresis;
-    }
-    ++iteration;
-  }
-
-  // Sets the optimizer's learning rate (and OneCycle's betas) for the step after `steps`
-  // applied ones, from the config's scheduler; nothing without one. See Note [LR schedule
-  // ordering] in src/zero/lr_schedule.h.
-  Status ApplySchedule() {
-    if (config.scheduler.type.empty()) return OkStatus();
-    ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer->group(group));
-    const ScheduledHyperParams next = ScheduleAt(config.scheduler, config.lr, steps);
-    state.hyper_params.lr = next.lr;
-    if (next.beta1) state.hyper_params.beta1 = *next.beta1;
-    if (next.beta2) state.hyper_params.beta2 = *next.beta2;
-    Status set = optimizer->SetHyperParams(group, state.hyper_params);
-    if (set.ok()) return set;
-    return set.WithContext(
-        fmt::format("scheduler {} after {} step(s)", config.scheduler.type, steps));
-  }
-};
+  return OkStatus();
+}
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -1045,7 +124,7 @@ Engine::~Engine() = default;
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
 int Engine::local_rank() const { return impl_->local_rank; }
-double Engine::loss_scale() const { return impl_->loss_scale; }
+double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
 
 double Engine::learning_rate() const {
@@ -1075,42 +154,26 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   ZINF_RETURN_IF_ERROR(config.Validate());
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  impl->device = options.device;
+  if (options.device != "host") {
+    return Unavailable(
+        fmt::format("compute device \"{}\": the engine runs on the host device only for now (its "
+                    "collectives and gradient path are host-side); use \"host\"",
+                    options.device));
+  }
   impl->params_on_nvme = config.offload_param_device == "nvme";
   impl->host_master = !(impl->params_on_nvme && config.offload_optimizer_device == "nvme");
   impl->param_type = config.bf16   ? ElementType::kBf16
                      : config.fp16 ? ElementType::kFp16
                                    : ElementType::kFp32;
-  ZINF_ASSIGN_OR_RETURN(DistEnvironment env, ReadDistEnvironment());
-  const int rank = options.rank >= 0 ? options.rank : env.rank;
-  const int world = options.world_size >= 0 ? options.world_size : env.world_size;
-  const std::string addr = options.master_addr.empty() ? env.master_addr : options.master_addr;
-  const int port = options.master_port > 0 ? options.master_port : env.master_port;
-  if (world < 1 || rank < 0 || rank >= world) {
-    return InvalidArgument(fmt::format("rank must be in [0, world_size={}), got {}", world, rank));
-  }
-  ZINF_ASSIGN_OR_RETURN(const DataParallelGroup dp,
-                        ResolveGroup(options.data_parallel_ranks, rank, world));
-  impl->global_rank = rank;
-  impl->local_rank = env.local_rank;
+  ZINF_ASSIGN_OR_RETURN(const ProcessPlace place, ResolveProcessPlace(options));
+  impl->global_rank = place.global_rank;
+  impl->local_rank = place.local_rank;
   // train_batch_size counts the data-parallel ranks, known only now.
-  ZINF_RETURN_IF_ERROR(impl->config.ResolveBatchSize(dp.size));
-  // Rank 0 serves the store for every group, its own may be a group of one.
-  if (world > 1 && (dp.size > 1 || rank == 0)) {
-    ZINF_ASSIGN_OR_RETURN(impl->store, TcpStore::Create({.host = addr,
-                                                         .port = static_cast<uint16_t>(port),
-                                                         .is_server = rank == 0,
-                                                         .timeout = options.timeout,
-                                                         .secret = env.store_secret}));
-  }
-  if (dp.size == 1) {
-    ZINF_ASSIGN_OR_RETURN(impl->comm, CreateLocalCommunicator());
-  } else {
-    ZINF_ASSIGN_OR_RETURN(impl->comm,
-                          CreateGlooCommunicator(*impl->store, {.rank = dp.rank,
-                                                                .world_size = dp.size,
-                                                                .timeout = options.timeout,
-                                                                .group_name = dp.name}));
-  }
+  ZINF_RETURN_IF_ERROR(impl->config.ResolveBatchSize(place.size));
+  ZINF_ASSIGN_OR_RETURN(ProcessGroup group, ConnectProcessGroup(place, options.timeout));
+  impl->store = std::move(group.store);
+  impl->comm = std::move(group.comm);
   ZINF_ASSIGN_OR_RETURN(impl->optimizer,
                         CpuOptimizer::Create({.threads = options.optimizer_threads}));
   OptimizerHyperParams hp = OptimizerHyperParams::Defaults(ToOptimizerType(config.optimizer_type));
@@ -1122,10 +185,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   hp.bias_correction = config.bias_correction;
   ZINF_ASSIGN_OR_RETURN(impl->group, impl->optimizer->AddParamGroup(hp));
   ZINF_RETURN_IF_ERROR(impl->ApplySchedule());  // the first step's lr is the schedule's
-  if (config.fp16) {
-    impl->loss_scale = std::pow(2.0, config.initial_scale_power);
-    impl->hysteresis_left = config.hysteresis;
-  }
+  impl->scaler = LossScaler::FromConfig(config);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -1190,47 +250,42 @@ Status Engine::Initialize() {
   if (m.initialized) return FailedPrecondition("Initialize called twice");
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckRanksAgree(), "checking that ranks agree"));
   const uint64_t world = m.world();
-  for (Param& p : m.params) {
-    p.shard_size = (p.numel + world - 1) / world;
-    p.flat_offset = m.shard_elements;
-    m.shard_elements += p.shard_size;
-    p.persistent = m.config.zero_stage < 3 || p.numel < m.config.stage3_param_persistence_threshold;
-  }
+  m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
+                               m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
-  m.buffers = std::make_unique<HostBufferCache>(m.BufferCacheLimit());
+  ZINF_RETURN_IF_ERROR(m.Context(m.OpenTiers(m.device),
+                                 m.params_on_nvme || m.config.offload_optimizer_device == "nvme"
+                                     ? "opening the tiered store and its NVMe swap space"
+                                     : "opening the tiered store"));
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
-  ZINF_ASSIGN_OR_RETURN(m.grad_acc, HostBuffer::Allocate(bytes));
+  ZINF_ASSIGN_OR_RETURN(m.grad_acc,
+                        HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
   if (world > 1) {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
     m.buckets = std::make_unique<GradientBuckets>(m.comm.get(), bucket, m.grad_acc.as<float>());
   }
   if (m.host_master) {
-    ZINF_ASSIGN_OR_RETURN(m.master, HostBuffer::Allocate(bytes));
+    ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
-  }
-  if (m.params_on_nvme || m.config.offload_optimizer_device == "nvme") {
-    ZINF_RETURN_IF_ERROR(m.Context(m.OpenSwap(), "opening the NVMe swap space"));
-  }
-  if (m.params_on_nvme) {
-    ZINF_RETURN_IF_ERROR(m.Context(m.AllocateParamTier(), "allocating the NVMe parameter tier"));
   }
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
   if (m.config.offload_optimizer_device == "nvme") {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
   } else {
     // The optimizer state lives in host memory only when it is not on NVMe.
-    ZINF_ASSIGN_OR_RETURN(m.state0, HostBuffer::Allocate(bytes));
-    if (m.optimizer->group(m.group)->hyper_params.state_count() > 1) {
-      ZINF_ASSIGN_OR_RETURN(m.state1, HostBuffer::Allocate(bytes));
+    ZINF_ASSIGN_OR_RETURN(m.state0, HostArray::Create(m.tiers.get(), "optimizer state 0", bytes));
+    if (m.state_count() > 1) {
+      ZINF_ASSIGN_OR_RETURN(m.state1, HostArray::Create(m.tiers.get(), "optimizer state 1", bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
   }
-  if (m.params_on_nvme && m.host_master) {
-    StepSummary traffic;
-    ZINF_RETURN_IF_ERROR(
-        m.Context(m.WriteParamTierFromMaster(&traffic), "writing the parameters to NVMe"));
+  if (m.host_master) {
+    ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
   }
+  // Initialization's traffic is not the first step's.
+  m.nvme_read_at = m.tiers->stats().nvme_to_host;
+  m.nvme_written_at = m.tiers->stats().host_to_nvme;
   m.initialized = true;
   return OkStatus();
 }
@@ -1239,30 +294,8 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   FetchedModule out;
-  if (m.params_on_nvme) {
-    // This module's reads first, then the prefetches behind them.
-    for (int pi : module->params) {
-      Param& p = m.params[pi];
-      if (!p.full_current) {
-        ZINF_RETURN_IF_ERROR(
-            m.Context(m.StartShardRead(p), fmt::format("reading '{}'", p.spec.name)));
-      }
-    }
-  }
-  m.TraceFetch(id);
-  m.pending.peak_live_parameters = std::max(m.pending.peak_live_parameters, m.LiveElements(id));
-  // All of the module's gathers in flight at once, then each waited for.
-  for (int pi : module->params) {
-    Param& p = m.params[pi];
-    ZINF_RETURN_IF_ERROR(m.Context(m.StartGather(p), fmt::format("gathering '{}'", p.spec.name)));
-  }
-  for (int pi : module->params) {
-    Param& p = m.params[pi];
-    ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), fmt::format("gathering '{}'", p.spec.name)));
-    out.params.push_back(p.full.as<float>());
-  }
-  module->fetched = true;
-  m.PrefetchGathers();
+  ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params),
+                                 fmt::format("fetching module '{}'", module->name)));
   return out;
 }
 
@@ -1273,13 +306,7 @@ Status Engine::Release(int id) {
     return FailedPrecondition(
         fmt::format("Release of module '{}', which is not fetched", module->name));
   }
-  for (int pi : module->params) {
-    Param& p = m.params[pi];
-    if (!p.persistent) {
-      m.Recycle(p.full);
-      p.full_current = false;
-    }
-  }
+  m.param_tier->Release(id);
   module->fetched = false;
   return OkStatus();
 }
@@ -1287,19 +314,28 @@ Status Engine::Release(int id) {
 StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  m.param_tier->NoteBackward();
   std::vector<float*> out;
   for (int pi : module->params) {
-    Param& p = m.params[pi];
-    if (p.grad_out == nullptr && m.world() == 1 && module->reductions == 0) {
+    const Param& p = m.params[pi];
+    GradBuffer& g = m.grads[pi];
+    if (g.data == nullptr && m.world() == 1 && module->reductions == 0) {
       // The accumulator is zero until the module's first reduction: backward may write the
       // sum there directly, which saves a buffer and a pass (0 + g is g, bit for bit).
-      p.grad_out = m.grad_acc.as<float>() + p.flat_offset;
-    } else if (p.grad_out == nullptr) {
-      // Zero: the padding stays zero and backward may accumulate into it.
-      ZINF_ASSIGN_OR_RETURN(p.grad, m.buffers->TakeZeroed(p.shard_size * m.world() * 4));
-      p.grad_out = p.grad.as<float>();
+      g.data = m.grad_acc.as<float>() + p.flat_offset;
+    } else if (g.data == nullptr) {
+      // A device tensor reading as zeros: the padding stays zero and backward may accumulate
+      // into it.
+      ZINF_ASSIGN_OR_RETURN(g.tensor, m.tiers->Create(p.spec.name + " (gradient)",
+                                                      p.shard_size * m.world() * 4, Tier::kDevice));
+      StatusOr<void*> data = m.tiers->Acquire(g.tensor, Tier::kDevice, Access::kWrite);
+      if (!data.ok()) {
+        m.FreeGradient(pi);
+        return m.Context(data.status(), fmt::format("gradient of '{}'", p.spec.name));
+      }
+      g.data = static_cast<float*>(*data);
     }
-    out.push_back(p.grad_out);
+    out.push_back(g.data);
   }
   return out;
 }
@@ -1307,111 +343,29 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
 Status Engine::ReduceGradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
-  const auto t0 = Clock::now();
+  const auto t0 = EngineClock::now();
   for (int pi : module->params) {
-    if (m.params[pi].grad_out == nullptr) {
+    if (m.grads[pi].data == nullptr) {
       return FailedPrecondition(fmt::format(
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
   }
   for (int pi : module->params) {
-    Param& p = m.params[pi];
+    const Param& p = m.params[pi];
+    const GradBuffer& g = m.grads[pi];
     if (m.buckets != nullptr) {
       ZINF_RETURN_IF_ERROR(
-          m.Context(m.buckets->Add(p.grad.as<float>(), p.shard_size, p.flat_offset, p.spec.name),
+          m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else if (!p.grad.empty()) {  // one rank: the gradient is its own shard
-      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, p.grad.as<float>(), p.shard_size);
+    } else if (g.tensor != 0) {  // one rank: the gradient is its own shard
+      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, g.data, p.shard_size);
     }
-    m.Recycle(p.grad);
-    p.grad_out = nullptr;
+    m.FreeGradient(pi);
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }
   ++module->reductions;
-  m.pending.seconds_reduce += Seconds(t0);
+  m.pending.seconds_reduce += SecondsSince(t0);
   return OkStatus();
-}
-
-StatusOr<StepSummary> Engine::Step() {
-  Impl& m = *impl_;
-  if (!m.initialized) return FailedPrecondition("Step before Initialize");
-  for (const Module& module : m.modules) {
-    if (module.reductions != m.config.gradient_accumulation_steps) {
-      return FailedPrecondition(
-          fmt::format("Step: module '{}' reduced its gradients {} time(s) since the last step; "
-                      "gradient_accumulation_steps is {}",
-                      module.name, module.reductions, m.config.gradient_accumulation_steps));
-    }
-  }
-  ZINF_RETURN_IF_ERROR(m.FinishReductions());
-  const auto t0 = Clock::now();
-  StepSummary summary = m.pending;
-  m.pending = StepSummary();
-  for (Param& p : m.params) m.DropPrefetch(p);  // prefetches past the batch's last fetch
-  m.buffers->Clear();  // the optimizer's pass needs none of them: give its memory back
-
-  // Global norm and overflow over every rank's shard, in one all-reduce.
-  ZINF_ASSIGN_OR_RETURN(
-      GradStats stats,
-      m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
-  double global[2] = {stats.finite ? stats.sum_squares : 0.0, stats.finite ? 0.0 : 1.0};
-  ZINF_RETURN_IF_ERROR(
-      m.Context(m.comm->AllReduce(global, 2, CommDataType::kFloat64, ReduceOp::kSum),
-                "all-reducing the gradient norm"));
-  const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
-  Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
-  // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
-  const double mean_scale =
-      1.0 / (static_cast<double>(m.world()) * m.config.gradient_accumulation_steps * m.loss_scale);
-  summary.grad_norm = overflow ? INFINITY : std::sqrt(global[0]) * mean_scale;
-
-  if (overflow) {
-    if (!m.config.fp16) {
-      return DataLoss(
-          fmt::format("rank {}: non-finite gradients without fp16 loss scaling; "
-                      "the step was not applied",
-                      m.rank()));
-    }
-    summary.skipped = true;
-  } else {
-    if (m.config.gradient_clipping > 0 && summary.grad_norm > m.config.gradient_clipping) {
-      summary.clip_coefficient = m.config.gradient_clipping / (summary.grad_norm + 1e-6);
-    }
-    const float grad_scale = static_cast<float>(mean_scale * summary.clip_coefficient);
-    if (m.pipelined != nullptr) {
-      ZINF_RETURN_IF_ERROR(
-          m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
-    } else {
-      const auto update = Clock::now();
-      ZINF_RETURN_IF_ERROR(
-          m.optimizer->Step(m.group, m.WholeShard(), {.grad_scale = grad_scale}).status());
-      summary.seconds_optimizer_compute = Seconds(update);
-      if (m.params_on_nvme) {
-        ZINF_RETURN_IF_ERROR(
-            m.Context(m.WriteParamTierFromMaster(&summary), "writing the parameters to NVMe"));
-      }
-    }
-    ++m.steps;
-    scheduled = m.ApplySchedule();  // as DeepSpeed's scheduler.step(), after the step
-    for (Param& p : m.params) p.full_current = false;
-    // Stages 1 and 2 keep the whole model gathered: refresh it now.
-    if (m.config.zero_stage < 3) {
-      for (Param& p : m.params) ZINF_RETURN_IF_ERROR(m.Context(m.Gather(p), "re-gathering"));
-    }
-  }
-  m.UpdateLossScale(overflow);
-  std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
-  for (Module& module : m.modules) module.reductions = 0;
-  // Note [Prefetch]: the first batch recorded the order; later ones follow it.
-  if (m.recording) m.prefetching = m.params_on_nvme || m.world() > 1;
-  m.recording = false;
-  m.fetch_cursor = 0;
-  summary.step = m.steps;
-  summary.loss_scale = m.loss_scale;
-  summary.seconds_optimizer = Seconds(t0);
-  m.MeasureTiers(&summary);
-  ZINF_RETURN_IF_ERROR(scheduled);
-  return summary;
 }
 
 Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
@@ -1452,7 +406,6 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   for (uint64_t i = 0; i < p.shard_size; ++i) {
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
-  m.DropPrefetch(p);  // a gather in flight may be reading the values replaced here
   if (m.host_master) std::memcpy(m.Master(p), shard.data(), p.shard_size * 4);
   if (m.pipelined != nullptr) {
     // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
@@ -1467,13 +420,10 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
     ZINF_RETURN_IF_ERROR(m.Context(m.pipelined->Visit(m.nvme_shard, store, /*write_back=*/true),
                                    fmt::format("storing parameter '{}'", name)));
   }
-  if (m.params_on_nvme) {
-    ZINF_ASSIGN_OR_RETURN(HostBuffer tier, m.TierValues(p, shard.data()));
-    ZINF_RETURN_IF_ERROR(m.Context(m.swap->Write(p.extent, tier.data()),
-                                   fmt::format("writing parameter '{}' to NVMe", name)));
-  }
-  p.full_current = false;  // the next Fetch gathers the new value
-  return OkStatus();
+  // The parameter tier; a gathered copy is dropped and the next Fetch gathers the new value.
+  Status written = m.param_tier->WriteFp32(p, shard.data());
+  if (written.ok()) written = m.param_tier->FinishWrites();
+  return m.Context(written, fmt::format("writing parameter '{}' to its tier", name));
 }
 
 Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) {
@@ -1487,63 +437,11 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
                                          p.shard_size, CommDataType::kFloat32));
   full.resize(p.numel);
-  const double scale =
-      1.0 / (static_cast<double>(m.world()) * m.config.gradient_accumulation_steps * m.loss_scale);
+  const double scale = 1.0 / (static_cast<double>(m.world()) *
+                              m.config.gradient_accumulation_steps * m.scaler.scale);
   for (float& g : full) g = static_cast<float>(g * scale);
   *out = std::move(full);
   return OkStatus();
-}
-
-Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
-                              const std::string& client_state) {
-  Impl& m = *impl_;
-  if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
-  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
-    return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
-  }
-  const nlohmann::json client = nlohmann::json::parse(client_state, nullptr, false);
-  if (!client.is_object()) {
-    return InvalidArgument(
-        fmt::format("client_state must be a JSON object, got: {}", client_state));
-  }
-  for (const Module& module : m.modules) {
-    if (module.reductions != 0) {
-      return FailedPrecondition(fmt::format(
-          "SaveCheckpoint with gradients pending (module '{}' has {} micro-batch(es)); save "
-          "between steps",
-          module.name, module.reductions));
-    }
-  }
-  namespace fs = std::filesystem;
-  const std::string tag_dir = dir + "/" + tag;
-  auto latest = ckpt::ResolveCheckpoint(dir);
-  if (latest.ok() && fs::path(*latest).filename() == tag) {
-    return FailedPrecondition(fmt::format(
-        "checkpoint '{}' is the latest in {} already; save under another tag", tag, dir));
-  }
-  // Rank 0 clears what an interrupted save of this tag left, before anyone writes.
-  Status prepared;
-  std::error_code ec;
-  if (m.rank() == 0) fs::remove_all(tag_dir, ec);
-  fs::create_directories(tag_dir, ec);
-  if (ec) prepared = IoError(fmt::format("creating {}: {}", tag_dir, ec.message()));
-  ZINF_RETURN_IF_ERROR(m.AgreeAll(std::move(prepared), "preparing checkpoint " + tag_dir));
-  if (m.rank() != 0) fs::create_directories(tag_dir, ec);  // rank 0 may have just removed it
-  ZINF_RETURN_IF_ERROR(m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir));
-  Status committed;
-  if (m.rank() == 0) {
-    committed = ckpt::WriteManifest(tag_dir, m.MakeManifest(tag, client.dump()));
-    if (committed.ok()) committed = ckpt::CommitLatest(dir, tag);
-  }
-  return m.AgreeAll(std::move(committed), "committing checkpoint " + tag_dir);
-}
-
-StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
-  Impl& m = *impl_;
-  if (!m.initialized) return FailedPrecondition("LoadCheckpoint before Initialize");
-  StatusOr<std::string> client = m.LoadShardFile(dir);
-  ZINF_RETURN_IF_ERROR(m.AgreeAll(client.status(), "loading checkpoint " + dir));
-  return client;
 }
 
 StatusOr<Engine::ShardRange> Engine::Shard(const std::string& name) const {

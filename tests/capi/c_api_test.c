@@ -476,6 +476,27 @@ static void TestTieredStore(const char* dir) {
   EXPECT_OK(zinf_tiered_store_prefetch(store, t, ZINF_TIER_HOST, NULL, &err));
   EXPECT_OK(zinf_tiered_store_flush(store, &err));
 
+  /* Overwrite every byte without reading the old ones in, then evict in the background. */
+  REQUIRE_OK(
+      zinf_tiered_store_acquire(store, t, ZINF_TIER_HOST, ZINF_ACCESS_OVERWRITE, &host, &err));
+  FillPattern(host, size, 4);
+  EXPECT_OK(zinf_tiered_store_release(store, t, ZINF_TIER_HOST, &err));
+  REQUIRE_OK(zinf_tiered_store_evict_async(store, t, ZINF_TIER_HOST, &done, &err));
+  EXPECT_OK(zinf_completion_wait(done, &err));
+  zinf_completion_destroy(done);
+  EXPECT_OK(zinf_tiered_store_resident_tiers(store, t, &mask, &err));
+  CHECK(mask == (1u << ZINF_TIER_NVME));
+  REQUIRE_OK(zinf_tiered_store_acquire(store, t, ZINF_TIER_HOST, ZINF_ACCESS_READ, &host, &err));
+  expected = malloc(size);
+  FillPattern(expected, size, 4);
+  CHECK(memcmp(host, expected, size) == 0);
+  free(expected);
+  EXPECT_OK(zinf_tiered_store_release(store, t, ZINF_TIER_HOST, &err));
+  /* Evicting from the home tier: the completion's error. */
+  REQUIRE_OK(zinf_tiered_store_evict_async(store, t, ZINF_TIER_NVME, &done, &err));
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_completion_wait(done, &err));
+  zinf_completion_destroy(done);
+
   zinf_tiered_store_stats_t stats;
   stats.struct_size = sizeof(stats);
   EXPECT_OK(zinf_tiered_store_stats(store, &stats, &err));
@@ -492,7 +513,7 @@ static void TestTieredStore(const char* dir) {
               zinf_tiered_store_acquire(store, t, (zinf_tier_t)7, ZINF_ACCESS_READ, &host, &err));
   EXPECT_ERR_HAS("tier must be");
   EXPECT_CODE(ZINF_INVALID_ARGUMENT,
-              zinf_tiered_store_acquire(store, t, ZINF_TIER_HOST, (zinf_access_t)2, &host, &err));
+              zinf_tiered_store_acquire(store, t, ZINF_TIER_HOST, (zinf_access_t)3, &host, &err));
   EXPECT_ERR_HAS("access must be");
   EXPECT_CODE(ZINF_INVALID_ARGUMENT,
               zinf_tiered_store_acquire(store, t, ZINF_TIER_HOST, ZINF_ACCESS_READ, NULL, &err));

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -335,6 +336,81 @@ TEST(TieredStoreTest, PinnedCopiesAreNeverEvictedAndAFullTierSaysSo) {
   EXPECT_EQ((*store)->Release(*a, Tier::kHost).code(), StatusCode::kFailedPrecondition);
   pb = (*store)->Acquire(*b, Tier::kHost, Access::kRead);  // a is evicted (written back) now
   EXPECT_TRUE(pb.ok()) << pb.status();
+}
+
+// Pool memory is reused: a tensor created where another one's bytes were still reads as zeros
+// in its home tier, and kOverwrite hands out memory without reading the current bytes.
+TEST(TieredStoreTest, NeverWrittenReadsAsZerosAndOverwriteReadsNothing) {
+  ScratchDir dir;
+  auto store = TieredStore::Create(Options(dir));
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (Tier home : {Tier::kHost, Tier::kDevice}) {
+    auto first = (*store)->Create("first", 64 * kKiB, home);
+    ASSERT_TRUE(first.ok());
+    auto p = (*store)->Acquire(*first, home, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(*p, 64 * kKiB, 1, 1);
+    ASSERT_TRUE((*store)->Release(*first, home).ok());
+    ASSERT_TRUE((*store)->Free(*first).ok());
+    auto second = (*store)->Create("second", 64 * kKiB, home);  // the same pool memory
+    ASSERT_TRUE(second.ok());
+    p = (*store)->Acquire(*second, home, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    const auto* bytes = static_cast<const uint8_t*>(*p);
+    EXPECT_EQ(std::count(bytes, bytes + 64 * kKiB, 0), 64 * kKiB) << TierName(home);
+    ASSERT_TRUE((*store)->Release(*second, home).ok());
+    ASSERT_TRUE((*store)->Free(*second).ok());
+  }
+  auto id = (*store)->Create("on disk", 512 * kKiB, Tier::kNvme);
+  ASSERT_TRUE(id.ok());
+  auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+  ASSERT_TRUE(p.ok()) << p.status();
+  Fill(*p, 512 * kKiB, 2, 1);
+  ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+  auto done = (*store)->EvictAsync(*id, Tier::kHost);  // written back on a transfer thread
+  ASSERT_TRUE(done.get().ok());
+  p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+  TieredStoreStats s = (*store)->stats();
+  EXPECT_EQ(s.nvme_to_host.bytes, 0u);  // neither overwrite read the disk
+  EXPECT_EQ(s.host_to_nvme.bytes, 512 * kKiB);
+  ASSERT_TRUE((*store)->Evict(*id, Tier::kHost).ok());
+  p = (*store)->Acquire(*id, Tier::kHost, Access::kRead);  // the overwrite's bytes
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Check(*p, 512 * kKiB, 2, 1), -1);
+  ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+}
+
+// A writer streaming tensors through a host tier that holds two of them at a time: each
+// Acquire waits for the write-backs in flight instead of failing with a full tier.
+TEST(TieredStoreTest, FullTierWaitsForWriteBacksInFlight) {
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.host_budget_bytes = 2 * kMiB;
+  options.transfer_threads = 2;
+  auto store = TieredStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<TensorId> ids;
+  std::vector<std::shared_future<Status>> written;
+  for (int i = 0; i < 12; ++i) {
+    auto id = (*store)->Create("t" + std::to_string(i), kMiB, Tier::kNvme);
+    ASSERT_TRUE(id.ok());
+    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << "tensor " << i << ": " << p.status();
+    Fill(*p, kMiB, *id, 1);
+    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+    written.push_back((*store)->EvictAsync(*id, Tier::kHost));
+    ids.push_back(*id);
+  }
+  for (auto& w : written) EXPECT_TRUE(w.get().ok());
+  EXPECT_LE((*store)->stats().tiers[int(Tier::kHost)].peak_bytes, 2 * kMiB);
+  for (TensorId id : ids) {
+    auto p = (*store)->Acquire(id, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, kMiB, id, 1), -1);
+    ASSERT_TRUE((*store)->Release(id, Tier::kHost).ok());
+  }
 }
 
 TEST(TieredStoreTest, AcquireOfFreedTensorIsAClearError) {

@@ -1,0 +1,260 @@
+// The engine's checkpoints (format and protocol: src/ckpt/checkpoint.h): what a rank saves,
+// and a load that verifies everything before it replaces anything.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "zero/engine_impl.h"
+
+namespace zinf {
+
+nlohmann::json Engine::Impl::ScalarState() const {
+  return {{"steps", steps},
+          {"loss_scale", scaler.scale},
+          {"hysteresis_left", scaler.hysteresis_left},
+          {"iteration", scaler.iteration},
+          {"last_overflow_iteration", scaler.last_overflow_iteration},
+          {"optimizer", config.optimizer_type},
+          {"state_count", state_count()}};
+}
+
+StatusOr<Engine::Impl::SavedScalars> Engine::Impl::ParseScalarState(const std::string& text,
+                                                                    const std::string& dir) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const char* key, const char* expected) {
+    return DataLoss(fmt::format("{}: manifest engine_state.{} must be {}", dir, key, expected));
+  };
+  if (!j.is_object()) {
+    return DataLoss(fmt::format("{}: manifest engine_state must be a JSON object", dir));
+  }
+  SavedScalars s;
+  auto integer = [&](const char* key, int64_t low, int64_t high, auto* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < low ||
+        it->get<int64_t>() > high) {
+      return bad(key, "an integer in range");
+    }
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(it->get<int64_t>());
+    return OkStatus();
+  };
+  constexpr int64_t kMax = INT64_MAX / 2;
+  ZINF_RETURN_IF_ERROR(integer("steps", 0, kMax, &s.steps));
+  ZINF_RETURN_IF_ERROR(integer("iteration", 0, kMax, &s.iteration));
+  ZINF_RETURN_IF_ERROR(integer("last_overflow_iteration", -1, kMax, &s.last_overflow_iteration));
+  ZINF_RETURN_IF_ERROR(integer("hysteresis_left", 0, INT32_MAX, &s.hysteresis_left));
+  ZINF_RETURN_IF_ERROR(integer("state_count", 0, 2, &s.state_count));
+  auto scale = j.find("loss_scale");
+  if (scale == j.end() || !scale->is_number() || !(scale->get<double>() > 0) ||
+      !std::isfinite(scale->get<double>())) {
+    return bad("loss_scale", "a positive finite number");
+  }
+  s.loss_scale = scale->get<double>();
+  auto opt = j.find("optimizer");
+  if (opt == j.end() || !opt->is_string()) return bad("optimizer", "a string");
+  s.optimizer = opt->get<std::string>();
+  return s;
+}
+
+ckpt::Manifest Engine::Impl::MakeManifest(const std::string& tag,
+                                          const std::string& client_state) const {
+  ckpt::Manifest manifest;
+  manifest.tag = tag;
+  manifest.world_size = world();
+  manifest.step = steps;
+  manifest.shard_elements = shard_elements;
+  for (const Param& p : params) {
+    manifest.params.push_back({p.spec.name, p.spec.shape, p.numel, p.shard_size, p.flat_offset});
+  }
+  manifest.engine_state = ScalarState().dump();
+  manifest.client_state = client_state;
+  return manifest;
+}
+
+Status Engine::Impl::WriteShardFile(const std::string& tag_dir, const std::string& tag) {
+  ZINF_ASSIGN_OR_RETURN(
+      ckpt::ShardWriter w,
+      ckpt::ShardWriter::Create(tag_dir + "/" + ckpt::ShardFileName(rank()), tag, rank()));
+  const uint64_t bytes = shard_elements * 4;
+  const char* names[] = {"params", "state0", "state1"};
+  const int sections = 1 + state_count();
+  for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(w.Add(names[i], bytes));
+  if (pipelined != nullptr) {
+    auto save = [&](const ChunkView& c) -> Status {
+      const float* arrays[] = {c.params, c.state0, c.state1};
+      for (int i = 0; i < sections; ++i) {
+        ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i], c.count * 4));
+      }
+      return OkStatus();
+    };
+    ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, save, /*write_back=*/false));
+  } else {
+    const HostArray* arrays[] = {&master, &state0, &state1};
+    for (int i = 0; i < sections; ++i) {
+      ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i]->data(), bytes));
+    }
+  }
+  const std::string blob = optimizer->SaveState();
+  ZINF_RETURN_IF_ERROR(w.Append("optimizer", blob.data(), blob.size()));
+  return w.Commit();
+}
+
+StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
+  ZINF_ASSIGN_OR_RETURN(const std::string dir, ckpt::ResolveCheckpoint(path));
+  ZINF_ASSIGN_OR_RETURN(const ckpt::Manifest manifest, ckpt::ReadManifest(dir));
+  if (manifest.world_size != world()) {
+    return FailedPrecondition(fmt::format(
+        "{} was saved by {} rank(s), this run has {}; `zinf ckpt export` consolidates it for "
+        "any world size",
+        dir, manifest.world_size, world()));
+  }
+  if (manifest.params.size() != params.size()) {
+    return FailedPrecondition(
+        fmt::format("{} holds a different model: {} parameters, this one has {}", dir,
+                    manifest.params.size(), params.size()));
+  }
+  if (manifest.shard_elements != shard_elements) {
+    return FailedPrecondition(
+        fmt::format("{} holds a different model: {} elements per rank, this one has {}", dir,
+                    manifest.shard_elements, shard_elements));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ckpt::ManifestParam& saved = manifest.params[i];
+    const Param& p = params[i];
+    if (saved.name != p.spec.name || saved.shape != p.spec.shape) {
+      return FailedPrecondition(fmt::format(
+          "{} holds a different model: parameter {} is '{}' {}, this model's is '{}' {}", dir, i,
+          saved.name, nlohmann::json(saved.shape).dump(), p.spec.name,
+          nlohmann::json(p.spec.shape).dump()));
+    }
+    if (saved.flat_offset != p.flat_offset || saved.shard_size != p.shard_size) {
+      return FailedPrecondition(fmt::format(
+          "{} lays parameter '{}' out differently: {} elements per rank at shard offset {} "
+          "there, {} at {} here",
+          dir, p.spec.name, saved.shard_size, saved.flat_offset, p.shard_size, p.flat_offset));
+    }
+  }
+  ZINF_ASSIGN_OR_RETURN(const SavedScalars scalars, ParseScalarState(manifest.engine_state, dir));
+  if (scalars.optimizer != config.optimizer_type || scalars.state_count != state_count()) {
+    return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
+                                          dir, scalars.optimizer, config.optimizer_type));
+  }
+  ZINF_ASSIGN_OR_RETURN(
+      const ckpt::ShardReader reader,
+      ckpt::ShardReader::Open(dir + "/" + ckpt::ShardFileName(rank()), manifest.tag, rank()));
+  const char* names[] = {"params", "state0", "state1"};
+  const int sections = 1 + state_count();
+  for (int i = 0; i < sections; ++i) {
+    ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, reader.SectionBytes(names[i]));
+    if (bytes != shard_elements * 4) {
+      return DataLoss(fmt::format("{}/{}: section '{}' has {} bytes, expected {}", dir,
+                                  ckpt::ShardFileName(rank()), names[i], bytes,
+                                  shard_elements * 4));
+    }
+  }
+  std::string blob;
+  ZINF_RETURN_IF_ERROR(reader.Verify("optimizer", [&](const char* data, uint64_t n) {
+    blob.append(data, n);
+    return OkStatus();
+  }));
+  for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
+
+  // Verified: replace the state, once no gather reads it.
+  param_tier->DropAll();
+  ZINF_RETURN_IF_ERROR(optimizer->LoadState(blob));
+  if (pipelined != nullptr) {
+    auto load = [&](const ChunkView& c) -> Status {
+      float* arrays[] = {c.params, c.state0, c.state1};
+      for (int i = 0; i < sections; ++i) {
+        ZINF_RETURN_IF_ERROR(reader.Read(names[i], c.offset * 4, arrays[i], c.count * 4));
+      }
+      return OkStatus();
+    };
+    ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
+  } else {
+    HostArray* arrays[] = {&master, &state0, &state1};
+    for (int i = 0; i < sections; ++i) {
+      ZINF_RETURN_IF_ERROR(reader.Read(names[i], 0, arrays[i]->data(), shard_elements * 4));
+    }
+  }
+  if (host_master && pipelined != nullptr) {
+    ZINF_RETURN_IF_ERROR(reader.Read("params", 0, master.data(), shard_elements * 4));
+  }
+  if (host_master) {
+    ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
+  } else {
+    std::vector<float> values;
+    for (Param& p : params) {
+      values.resize(p.shard_size);
+      ZINF_RETURN_IF_ERROR(
+          reader.Read("params", p.flat_offset * 4, values.data(), p.shard_size * 4));
+      ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
+    }
+    ZINF_RETURN_IF_ERROR(param_tier->FinishWrites());
+  }
+  steps = scalars.steps;
+  scaler.scale = scalars.loss_scale;
+  scaler.hysteresis_left = scalars.hysteresis_left;
+  scaler.iteration = scalars.iteration;
+  scaler.last_overflow_iteration = scalars.last_overflow_iteration;
+  ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
+  std::memset(grad_acc.data(), 0, shard_elements * 4);
+  for (size_t i = 0; i < params.size(); ++i) FreeGradient(static_cast<int>(i));
+  for (Module& module : modules) module.reductions = 0;
+  return manifest.client_state;
+}
+
+Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
+                              const std::string& client_state) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
+  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
+    return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
+  }
+  const nlohmann::json client = nlohmann::json::parse(client_state, nullptr, false);
+  if (!client.is_object()) {
+    return InvalidArgument(
+        fmt::format("client_state must be a JSON object, got: {}", client_state));
+  }
+  for (const Module& module : m.modules) {
+    if (module.reductions != 0) {
+      return FailedPrecondition(fmt::format(
+          "SaveCheckpoint with gradients pending (module '{}' has {} micro-batch(es)); save "
+          "between steps",
+          module.name, module.reductions));
+    }
+  }
+  namespace fs = std::filesystem;
+  const std::string tag_dir = dir + "/" + tag;
+  auto latest = ckpt::ResolveCheckpoint(dir);
+  if (latest.ok() && fs::path(*latest).filename() == tag) {
+    return FailedPrecondition(fmt::format(
+        "checkpoint '{}' is the latest in {} already; save under another tag", tag, dir));
+  }
+  // Rank 0 clears what an interrupted save of this tag left, before anyone writes.
+  Status prepared;
+  std::error_code ec;
+  if (m.rank() == 0) fs::remove_all(tag_dir, ec);
+  fs::create_directories(tag_dir, ec);
+  if (ec) prepared = IoError(fmt::format("creating {}: {}", tag_dir, ec.message()));
+  ZINF_RETURN_IF_ERROR(m.AgreeAll(std::move(prepared), "preparing checkpoint " + tag_dir));
+  if (m.rank() != 0) fs::create_directories(tag_dir, ec);  // rank 0 may have just removed it
+  ZINF_RETURN_IF_ERROR(m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir));
+  Status committed;
+  if (m.rank() == 0) {
+    committed = ckpt::WriteManifest(tag_dir, m.MakeManifest(tag, client.dump()));
+    if (committed.ok()) committed = ckpt::CommitLatest(dir, tag);
+  }
+  return m.AgreeAll(std::move(committed), "committing checkpoint " + tag_dir);
+}
+
+StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("LoadCheckpoint before Initialize");
+  StatusOr<std::string> client = m.LoadShardFile(dir);
+  ZINF_RETURN_IF_ERROR(m.AgreeAll(client.status(), "loading checkpoint " + dir));
+  return client;
+}
+
+}  // namespace zinf

@@ -1,0 +1,263 @@
+// Engine::Impl: the ZeRO engine's state, shared by the files that implement it along its
+// seams: engine.cc (the facade: creation, registration, fetch, gradients, parameters),
+// engine_tiers.cc (placement on the tiered store), engine_step.cc (the optimizer step) and
+// engine_checkpoint.cc (checkpoints). The parts with state of their own are classes beside
+// it: partition.h, param_tier.h, gradient_buckets.h, loss_scaler.h, process_group.h.
+//
+// Thread-safety: one thread drives an Engine (include/zinf/engine.h).
+#ifndef ZINF_ZERO_ENGINE_IMPL_H_
+#define ZINF_ZERO_ENGINE_IMPL_H_
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "comm/communicator.h"
+#include "comm/tcp_store.h"
+#include "nvme/swap_store.h"
+#include "offload/pipelined_optimizer.h"
+#include "zero/gradient_buckets.h"
+#include "zero/loss_scaler.h"
+#include "zero/param_tier.h"
+#include "zero/partition.h"
+#include "zinf/cpu_optimizer.h"
+#include "zinf/engine.h"
+#include "zinf/tiered_store.h"
+
+namespace zinf {
+
+using EngineClock = std::chrono::steady_clock;
+
+inline double SecondsSince(EngineClock::time_point since) {
+  return std::chrono::duration<double>(EngineClock::now() - since).count();
+}
+
+// An array the engine keeps in the tiered store's host tier for its whole life (acquired
+// there): the flat shard's fp32 master, gradient accumulators and optimizer state.
+class HostArray {
+ public:
+  HostArray() = default;
+  HostArray(HostArray&& other) noexcept { *this = std::move(other); }
+  HostArray& operator=(HostArray&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      store_ = std::exchange(other.store_, nullptr);
+      id_ = std::exchange(other.id_, 0);
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~HostArray() { Reset(); }
+
+  // `bytes` of zeros in `store`'s host tier, named `name` in its errors.
+  static StatusOr<HostArray> Create(TieredStore* store, const std::string& name, uint64_t bytes) {
+    HostArray a;
+    ZINF_ASSIGN_OR_RETURN(a.id_, store->Create(name, bytes, Tier::kHost));
+    a.store_ = store;
+    ZINF_ASSIGN_OR_RETURN(a.data_, store->Acquire(a.id_, Tier::kHost, Access::kWrite));
+    a.bytes_ = bytes;
+    return a;
+  }
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  uint64_t size_bytes() const { return bytes_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void Reset() {
+    if (store_ == nullptr) return;
+    if (data_ != nullptr) store_->Release(id_, Tier::kHost).IgnoreError();
+    store_->Free(id_).IgnoreError();
+    store_ = nullptr;
+    data_ = nullptr;
+  }
+
+  TieredStore* store_ = nullptr;
+  TensorId id_ = 0;
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// A gradient buffer backward writes, between Gradients and ReduceGradients: a tensor of the
+// device tier, or with one rank in a batch's first micro-batch the (zero) accumulator itself.
+struct GradBuffer {
+  TensorId tensor = 0;
+  float* data = nullptr;
+};
+
+struct Engine::Impl {
+  EngineConfig config;
+  std::unique_ptr<TcpStore> store;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<CpuOptimizer> optimizer;
+  int group = 0;        // the optimizer's parameter group
+  int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
+  int local_rank = 0;   // among the processes of this node
+  std::string device;   // EngineOptions::device
+
+  std::vector<Module> modules;
+  std::vector<Param> params;
+  std::map<std::string, int, std::less<>> param_by_name;
+  std::map<std::string, int, std::less<>> module_by_name;
+  uint64_t registered_elements = 0;  // over all parameters, unsharded
+  bool initialized = false;
+
+  uint64_t shard_elements = 0;
+  // offload_param.device = nvme, and whether the fp32 master stays in host memory.
+  bool params_on_nvme = false;
+  bool host_master = true;
+  // The compute precision (Note [Compute precision]): what the parameter tier holds and
+  // gathers move.
+  ElementType param_type = ElementType::kFp32;
+  // Where every parameter shard, gathered copy and gradient buffer lives and moves, on the
+  // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
+  // declared before its clients so that it outlives them.
+  std::unique_ptr<TieredStore> tiers;
+  SwapStore* swap = nullptr;                   // the store's, when anything is on NVMe
+  HostArray master, grad_acc, state0, state1;  // master is empty when !host_master
+  std::unique_ptr<GradientBuckets> buckets;    // world > 1
+  std::unique_ptr<ParamTier> param_tier;
+  std::vector<GradBuffer> grads;  // by parameter
+  // offload_optimizer.device = nvme.
+  std::unique_ptr<PipelinedOptimizer> pipelined;
+  int nvme_shard = -1;
+
+  LossScaler scaler;  // fp16 dynamic loss scaling (a fixed 1 otherwise)
+  int64_t steps = 0;
+  StepSummary pending;     // traffic and time since the last Step
+  LinkStats nvme_read_at;  // the store's NVMe traffic at the last Step
+  LinkStats nvme_written_at;
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->world_size(); }
+
+  Status Context(Status s, const std::string& what) const {
+    return s.ok() ? s : std::move(s).WithContext(fmt::format("rank {}: {}", rank(), what));
+  }
+
+  StatusOr<Module*> FindModule(int id) {
+    if (!initialized) return FailedPrecondition("the engine is not initialized");
+    if (id < 0 || id >= static_cast<int>(modules.size())) {
+      return InvalidArgument(
+          fmt::format("module id {} is not registered (have {})", id, modules.size()));
+    }
+    return &modules[id];
+  }
+
+  float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
+
+  // This rank's whole flat shard with its in-memory optimizer state.
+  OptimizerSpan WholeShard() {
+    return {.params = master.as<float>(),
+            .grads = grad_acc.data(),
+            .state0 = state0.as<float>(),
+            .state1 = state1.empty() ? nullptr : state1.as<float>(),
+            .count = shard_elements};
+  }
+
+  // Initial values of the flat shard's elements [begin, begin + count) into `out`.
+  void FillInitial(uint64_t begin, uint64_t count, float* out) const {
+    zinf::FillInitial(params, config.seed, rank(), begin, count, out);
+  }
+
+  size_t param_bytes() const { return ElementSize(param_type); }
+
+  // This rank's fp32 master shard of `p` into `out` (shard_size values): from `master`, or
+  // with no host master, from the parameter tier when it is fp32 and else from the
+  // optimizer's state (a pass over it).
+  Status ReadMasterShard(Param& p, float* out);
+
+  // Waits until every reduced gradient is in grad_acc.
+  Status FinishReductions();
+
+  // Writes every shard of the parameter tier from `master`, in the compute precision.
+  Status WriteParamTierFromMaster();
+
+  // Checks that every rank registered the same model with the same config.
+  Status CheckRanksAgree();
+
+  // Refuses, before anything is allocated, a placement whose resident host state alone is
+  // larger than this machine's memory, saying what each part needs.
+  Status CheckHostMemory() const;
+
+  // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
+  uint64_t OptimizerChunkElements() const;
+
+  // The tiered store on the compute device: the parameter tier's home (Note [Parameter
+  // tier]), a device tier large enough for the gathered working set, and one swap store for
+  // everything this rank keeps on NVMe.
+  Status OpenTiers(const std::string& device);
+
+  Status OpenNvmeOptimizer();
+
+  // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,
+  // c.offset + c.count)) into the parameter tier, in its precision; `open` holds, per
+  // parameter, the tier memory being written. Chunks arrive in order, so a parameter is
+  // complete, and its write ends, with its last element.
+  Status AssembleParamTier(const ChunkView& c, std::vector<char*>& open);
+
+  // Ends the writes AssembleParamTier left open (after a failure) and waits for the
+  // write-backs.
+  Status CloseParamTierWrites(std::vector<char*>& open);
+
+  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
+  // new parameters brought to the parameter tier: the host master (read back from the swap
+  // space) or the tier itself (written from the step's chunks as they are updated, no
+  // read-back).
+  Status NvmeStep(float grad_scale, StepSummary* summary);
+
+  int state_count() const { return optimizer->group(group)->hyper_params.state_count(); }
+
+  // Every rank learns whether any failed: `mine` where this rank failed, else an error naming
+  // the first rank that did.
+  Status AgreeAll(Status mine, const std::string& what);
+
+  nlohmann::json ScalarState() const;
+
+  struct SavedScalars {
+    int64_t steps = 0, iteration = 0, last_overflow_iteration = -1;
+    double loss_scale = 1;
+    int hysteresis_left = 1, state_count = 0;
+    std::string optimizer;
+  };
+
+  // ScalarState() back, each field checked before anything is replaced.
+  static StatusOr<SavedScalars> ParseScalarState(const std::string& text, const std::string& dir);
+
+  ckpt::Manifest MakeManifest(const std::string& tag, const std::string& client_state) const;
+
+  // This rank's file: "params" (the fp32 master shard), "state0"/"state1" (the optimizer
+  // state arrays) and "optimizer" (hyper-parameters and step counts).
+  Status WriteShardFile(const std::string& tag_dir, const std::string& tag);
+
+  // Checks the checkpoint against this engine and verifies every section of this rank's
+  // file; only then replaces the state. Returns the client state.
+  StatusOr<std::string> LoadShardFile(const std::string& path);
+
+  // Frees parameter `pi`'s gradient buffer, if any.
+  void FreeGradient(int pi);
+
+  void MeasureTiers(StepSummary* summary);
+
+  // Sets the optimizer's learning rate (and OneCycle's betas) for the step after `steps`
+  // applied ones, from the config's scheduler; nothing without one. See Note [LR schedule
+  // ordering] in src/zero/lr_schedule.h.
+  Status ApplySchedule();
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_ZERO_ENGINE_IMPL_H_

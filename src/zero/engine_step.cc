@@ -1,0 +1,197 @@
+// The engine's optimizer step: Engine::Step (global norm, overflow, clipping, the update in
+// host memory or pipelined over NVMe, the parameter tier written from it, loss scaling, the
+// scheduler) and the NVMe optimizer's setup.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "zero/engine_impl.h"
+#include "zero/lr_schedule.h"
+
+namespace zinf {
+
+Status Engine::Impl::OpenNvmeOptimizer() {
+  PipelinedOptimizerOptions options;
+  options.chunk_elements = OptimizerChunkElements();
+  options.host_budget_bytes = std::max<uint64_t>(
+      config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
+                                            PipelinedOptimizerOptions::kStagingBytesPerElement);
+  options.pinned = config.pin_memory;
+  options.nvme_ratio = config.optimizer_nvme_ratio;
+  ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), swap, options));
+  std::vector<char*> open(params.size());
+  StatusOr<int> shard = pipelined->AddShard(
+      // The gradient accumulators are in host memory already: the step reads them there.
+      {.name = fmt::format("rank {} shard", rank()),
+       .group = group,
+       .count = shard_elements,
+       .host_grads = grad_acc.data()},
+      [&](const ChunkView& c) {
+        if (host_master) {
+          std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
+          return OkStatus();
+        }
+        FillInitial(c.offset, c.count, c.params);
+        return params_on_nvme ? AssembleParamTier(c, open) : OkStatus();
+      });
+  Status written = CloseParamTierWrites(open);
+  ZINF_RETURN_IF_ERROR(shard.status());
+  ZINF_RETURN_IF_ERROR(written);
+  nvme_shard = *shard;
+  return OkStatus();
+}
+
+Status Engine::Impl::AssembleParamTier(const ChunkView& c, std::vector<char*>& open) {
+  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+    const Param& p = *it;
+    char*& tier = open[&p - params.data()];
+    if (tier == nullptr) {
+      ZINF_ASSIGN_OR_RETURN(void* memory, param_tier->BeginWrite(p));
+      tier = static_cast<char*>(memory);
+    }
+    const auto [first, last] = Overlap(c.offset, c.count, p);
+    ConvertFromFp32(c.params + (first - c.offset), param_type,
+                    tier + (first - p.flat_offset) * param_bytes(), last - first);
+    if (last == p.flat_offset + p.shard_size) {
+      tier = nullptr;
+      ZINF_RETURN_IF_ERROR(param_tier->EndWrite(p));
+    }
+  }
+  return OkStatus();
+}
+
+Status Engine::Impl::CloseParamTierWrites(std::vector<char*>& open) {
+  Status first;
+  for (size_t i = 0; i < open.size(); ++i) {
+    if (open[i] == nullptr) continue;
+    Status s = param_tier->EndWrite(params[i]);
+    if (first.ok()) first = std::move(s);
+  }
+  Status written = param_tier->FinishWrites();
+  return first.ok() ? written : first;
+}
+
+Status Engine::Impl::NvmeStep(float grad_scale, StepSummary* summary) {
+  if (host_master) {
+    ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
+    ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
+    summary->bytes_nvme_read += shard_elements * (1 + state_count()) * 4;
+    ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
+  } else {
+    std::vector<char*> open(params.size());
+    auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, open); };
+    Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
+    Status written = CloseParamTierWrites(open);
+    ZINF_RETURN_IF_ERROR(stepped);
+    ZINF_RETURN_IF_ERROR(written);
+  }
+  summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
+  summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
+  summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
+  return OkStatus();
+}
+
+Status Engine::Impl::ApplySchedule() {
+  if (config.scheduler.type.empty()) return OkStatus();
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer->group(group));
+  const ScheduledHyperParams next = ScheduleAt(config.scheduler, config.lr, steps);
+  state.hyper_params.lr = next.lr;
+  if (next.beta1) state.hyper_params.beta1 = *next.beta1;
+  if (next.beta2) state.hyper_params.beta2 = *next.beta2;
+  Status set = optimizer->SetHyperParams(group, state.hyper_params);
+  if (set.ok()) return set;
+  return set.WithContext(
+      fmt::format("scheduler {} after {} step(s)", config.scheduler.type, steps));
+}
+
+Status Engine::Impl::FinishReductions() {
+  if (buckets == nullptr) return OkStatus();
+  const auto t0 = EngineClock::now();
+  Status finished = Context(buckets->Finish(), "reducing gradients");
+  pending.seconds_reduce += SecondsSince(t0);
+  return finished;
+}
+
+StatusOr<StepSummary> Engine::Step() {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("Step before Initialize");
+  for (const Module& module : m.modules) {
+    if (module.reductions != m.config.gradient_accumulation_steps) {
+      return FailedPrecondition(
+          fmt::format("Step: module '{}' reduced its gradients {} time(s) since the last step; "
+                      "gradient_accumulation_steps is {}",
+                      module.name, module.reductions, m.config.gradient_accumulation_steps));
+    }
+  }
+  ZINF_RETURN_IF_ERROR(m.FinishReductions());
+  const auto t0 = EngineClock::now();
+  StepSummary summary = m.pending;
+  m.pending = StepSummary();
+  const ParamTierCounters gathers = m.param_tier->TakeCounters();
+  summary.bytes_gathered = gathers.bytes_gathered;
+  summary.seconds_gather = gathers.seconds_gather;
+  summary.peak_live_parameters = gathers.peak_live_parameters;
+  m.param_tier->DropAll();  // prefetches past the batch's last fetch, and what the step replaces
+
+  // Global norm and overflow over every rank's shard, in one all-reduce.
+  ZINF_ASSIGN_OR_RETURN(
+      GradStats stats,
+      m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
+  double global[2] = {stats.finite ? stats.sum_squares : 0.0, stats.finite ? 0.0 : 1.0};
+  ZINF_RETURN_IF_ERROR(
+      m.Context(m.comm->AllReduce(global, 2, CommDataType::kFloat64, ReduceOp::kSum),
+                "all-reducing the gradient norm"));
+  const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
+  Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
+  // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
+  const double mean_scale = 1.0 / (static_cast<double>(m.world()) *
+                                   m.config.gradient_accumulation_steps * m.scaler.scale);
+  summary.grad_norm = overflow ? INFINITY : std::sqrt(global[0]) * mean_scale;
+
+  if (overflow) {
+    if (!m.config.fp16) {
+      return DataLoss(
+          fmt::format("rank {}: non-finite gradients without fp16 loss scaling; "
+                      "the step was not applied",
+                      m.rank()));
+    }
+    summary.skipped = true;
+  } else {
+    if (m.config.gradient_clipping > 0 && summary.grad_norm > m.config.gradient_clipping) {
+      summary.clip_coefficient = m.config.gradient_clipping / (summary.grad_norm + 1e-6);
+    }
+    const float grad_scale = static_cast<float>(mean_scale * summary.clip_coefficient);
+    if (m.pipelined != nullptr) {
+      ZINF_RETURN_IF_ERROR(
+          m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
+    } else {
+      const auto update = EngineClock::now();
+      ZINF_RETURN_IF_ERROR(
+          m.optimizer->Step(m.group, m.WholeShard(), {.grad_scale = grad_scale}).status());
+      summary.seconds_optimizer_compute = SecondsSince(update);
+      ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
+    }
+    ++m.steps;
+    scheduled = m.ApplySchedule();  // as DeepSpeed's scheduler.step(), after the step
+    // Stages 1 and 2 keep the whole model gathered: refresh it now.
+    if (m.config.zero_stage < 3) {
+      ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
+    }
+  }
+  m.scaler.Update(overflow);
+  std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  for (Module& module : m.modules) module.reductions = 0;
+  m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order
+  summary.step = m.steps;
+  summary.loss_scale = m.scaler.scale;
+  summary.seconds_optimizer = SecondsSince(t0);
+  m.MeasureTiers(&summary);
+  ZINF_RETURN_IF_ERROR(scheduled);
+  return summary;
+}
+
+}  // namespace zinf

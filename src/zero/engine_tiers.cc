@@ -1,0 +1,186 @@
+// The engine's placement on the tiered store: Engine::Impl's store, its budgets and what it
+// holds (Note [Parameter tier] in param_tier.h), the host-memory check, and the per-step
+// memory and NVMe figures.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/config_reader.h"
+#include "nvme/aio_options.h"
+#include "offload/tiered_store_internal.h"
+#include "zero/engine_impl.h"
+#include "zinf/cpu_info.h"
+
+namespace zinf {
+namespace {
+constexpr double kGiBf = double(uint64_t{1} << 30);
+}  // namespace
+
+Status Engine::Impl::ReadMasterShard(Param& p, float* out) {
+  if (host_master) {
+    std::memcpy(out, Master(p), p.shard_size * 4);
+    return OkStatus();
+  }
+  if (param_type == ElementType::kFp32) return param_tier->ReadShard(p, out);
+  return pipelined->Visit(
+      nvme_shard,
+      [&](const ChunkView& c) {
+        const auto [first, last] = Overlap(c.offset, c.count, p);
+        if (first < last) {
+          std::memcpy(out + (first - p.flat_offset), c.params + (first - c.offset),
+                      (last - first) * 4);
+        }
+        return OkStatus();
+      },
+      /*write_back=*/false);
+}
+
+Status Engine::Impl::WriteParamTierFromMaster() {
+  Status converted;
+  for (Param& p : params) {
+    converted = param_tier->WriteFp32(p, Master(p));
+    if (!converted.ok()) break;
+  }
+  Status written = param_tier->FinishWrites();
+  return converted.ok() ? written : converted;
+}
+
+Status Engine::Impl::CheckHostMemory() const {
+  const uint64_t total = GetCpuInfo().total_memory_bytes;
+  if (total == 0) return OkStatus();  // unknown: let the allocations tell
+  const uint64_t shard = shard_elements * 4;
+  const bool optimizer_on_nvme = config.offload_optimizer_device == "nvme";
+  const uint64_t states = optimizer_on_nvme ? 0 : shard * state_count();
+  const uint64_t master = host_master ? shard : 0;
+  uint64_t persistent = 0;
+  for (const Param& p : params) {
+    if (p.persistent) persistent += p.numel * 4;
+  }
+  const uint64_t buckets =
+      world() > 1 ? 2 * std::min(config.reduce_bucket_size, shard_elements * world()) * 4 : 0;
+  // The parameter tier, where the host device's memory or pinned memory holds it.
+  const uint64_t tier = params_on_nvme ? 0 : shard_elements * param_bytes();
+  const uint64_t need = shard + master + states + persistent + buckets + tier;
+  if (need <= total) return OkStatus();
+  return ResourceExhausted(fmt::format(
+      "{} parameter elements ({} per rank) need {:.1f} GiB of host memory on this rank, and "
+      "this machine has {:.1f} GiB: gradient accumulators {:.1f}, fp32 master {:.1f}, "
+      "optimizer state {:.1f}, persistent parameters {:.1f}, reduce buckets {:.1f}, "
+      "parameter tier {:.1f} GiB. Offload the optimizer and parameters to NVMe, shard over "
+      "more ranks, or shrink the model",
+      registered_elements, shard_elements, need / kGiBf, total / kGiBf, shard / kGiBf,
+      master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf, tier / kGiBf));
+}
+
+uint64_t Engine::Impl::OptimizerChunkElements() const {
+  constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
+  return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
+                              PipelinedOptimizerOptions::kMinChunkElements,
+                              PipelinedOptimizerOptions().chunk_elements);
+}
+
+Status Engine::Impl::OpenTiers(const std::string& device) {
+  const uint64_t element = param_bytes();
+  uint64_t tier_bytes = 0, largest_tier = 0, persistent = 0, working_set = 0;
+  for (const Module& module : modules) {
+    uint64_t bytes = 0;
+    for (int pi : module.params) {
+      const Param& p = params[pi];
+      // The gathered copy, its fp32 widening or gradient, the gradient, the shard's copy.
+      const uint64_t full = p.shard_size * world();
+      const uint64_t gathered = full * (element + 4 + 4) + p.shard_size * element;
+      (p.persistent ? persistent : bytes) += gathered;
+    }
+    working_set = std::max(working_set, bytes);
+  }
+  for (const Param& p : params) {
+    tier_bytes += p.shard_size * element;
+    largest_tier = std::max(largest_tier, p.shard_size * element);
+  }
+  const Tier home = params_on_nvme                         ? Tier::kNvme
+                    : config.offload_param_device == "cpu" ? Tier::kHost
+                                                           : Tier::kDevice;
+  TieredStoreOptions options;
+  options.device = device;
+  // The fetched module, the next one being gathered, and backward's gradients, with room to
+  // spare, plus the read-ahead window; cached shard copies fill the rest and are evicted.
+  options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
+                                4 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
+                                (64 << 20);
+  // The flat shard's arrays (HostArray), page-aligned; the parameter tier when it lives
+  // here; room for the NVMe tier's host copies while they are written.
+  const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
+  const bool states_here = config.offload_optimizer_device != "nvme";
+  const uint64_t arrays = array * (1 + (host_master ? 1 : 0) + (states_here ? state_count() : 0));
+  options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) +
+                              std::max<uint64_t>(256 << 20, 4 * largest_tier);
+  options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
+  options.piece_bytes =
+      std::clamp<uint64_t>((largest_tier + 4095) / 4096 * 4096, 1 << 20, 64 << 20);
+  options.staging_buffers = 4;
+  options.transfer_threads = 4;
+  SwapStoreOptions swap_options;
+  if (params_on_nvme || config.offload_optimizer_device == "nvme") {
+    swap_options.paths = config.NvmePaths();
+    swap_options.rank = global_rank;  // groups of other processes may share the nvme_path
+    swap_options.checksum = config.nvme_checksum;
+    ZINF_ASSIGN_OR_RETURN(nlohmann::json aio, ParseJson(config.aio_json, "aio"));
+    ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "aio", &swap_options.aio));
+    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
+    const uint64_t slack = swap_options.aio.block_size;
+    if (config.offload_optimizer_device == "nvme") {
+      // Per element: fp32 params and two state arrays (the gradients stay in host memory).
+      const uint64_t chunk = OptimizerChunkElements();
+      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
+      swap_options.capacity_bytes += chunks * (chunk * 12 + slack);
+    }
+    if (params_on_nvme) {
+      for (const Param& p : params) {
+        const uint64_t bytes = p.shard_size * element;
+        const uint64_t pieces = (bytes + options.piece_bytes - 1) / options.piece_bytes;
+        swap_options.capacity_bytes += bytes + pieces * slack;
+      }
+    }
+  }
+  ZINF_ASSIGN_OR_RETURN(tiers, internal::TieredStoreAccess::Create(options, swap_options));
+  swap = internal::TieredStoreAccess::Swap(*tiers);
+  param_tier = std::make_unique<ParamTier>(
+      tiers.get(), comm.get(), &params, &modules,
+      ParamTierOptions{.param_type = param_type,
+                       .shard_home = home,
+                       .prefetch_bucket_elements = config.stage3_prefetch_bucket_size,
+                       .max_live_elements = config.stage3_max_live_parameters});
+  grads.assign(params.size(), GradBuffer());
+  return param_tier->Create();
+}
+
+void Engine::Impl::MeasureTiers(StepSummary* summary) {
+  const TieredStoreStats stats = tiers->stats();
+  // The host device's memory is host memory too.
+  uint64_t host =
+      stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
+  if (pipelined != nullptr) {
+    host += pipelined->staging_pool().stats().arena_bytes +
+            pipelined->host_state_pool().stats().arena_bytes;
+  }
+  summary->host_bytes = host;
+  summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
+  // The parameter tier's NVMe traffic since the last step (the optimizer's is counted by
+  // the pipelined step).
+  summary->bytes_nvme_read += stats.nvme_to_host.bytes - nvme_read_at.bytes;
+  summary->bytes_nvme_written += stats.host_to_nvme.bytes - nvme_written_at.bytes;
+  nvme_read_at = stats.nvme_to_host;
+  nvme_written_at = stats.host_to_nvme;
+}
+
+void Engine::Impl::FreeGradient(int pi) {
+  GradBuffer& g = grads[pi];
+  if (g.tensor != 0) {
+    tiers->Release(g.tensor, Tier::kDevice).IgnoreError();
+    tiers->Free(g.tensor).IgnoreError();
+  }
+  g = GradBuffer();
+}
+
+}  // namespace zinf

@@ -1,0 +1,361 @@
+// See src/zero/param_tier.h, Note [Parameter tier] and Note [Prefetch].
+#include "zero/param_tier.h"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "comm/communicator.h"
+#include "core/log.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+CommDataType CommType(ElementType type) {
+  switch (type) {
+    case ElementType::kBf16:
+      return CommDataType::kBfloat16;
+    case ElementType::kFp16:
+      return CommDataType::kFloat16;
+    case ElementType::kFp32:
+      break;
+  }
+  return CommDataType::kFloat32;
+}
+
+}  // namespace
+
+struct ParamTier::State {
+  TensorId shard = 0;
+  TensorId gathered = 0;       // several ranks: the all-gather's destination
+  TensorId widened = 0;        // 16-bit: the fp32 copy
+  void* shard_data = nullptr;  // the shard, pinned in the device tier while set
+  void* full = nullptr;        // the gathered parameter, compute precision
+  float* fp32 = nullptr;       // the gathered parameter, fp32
+  bool current = false;        // full (and fp32) hold the current values
+  bool prefetched = false;     // brought in ahead and not yet gathered
+  std::shared_ptr<CommWork> gathering;
+};
+
+ParamTier::ParamTier(TieredStore* store, Communicator* comm, const std::vector<Param>* params,
+                     std::vector<Module>* modules, const ParamTierOptions& options)
+    : store_(store),
+      comm_(comm),
+      params_(params),
+      modules_(modules),
+      options_(options),
+      state_(params->size()) {}
+
+ParamTier::~ParamTier() {
+  DropAll();
+  (void)FinishWrites();
+  for (State& s : state_) {
+    if (s.shard != 0) store_->Free(s.shard).IgnoreError();
+  }
+}
+
+Status ParamTier::Create() {
+  for (size_t i = 0; i < params_->size(); ++i) {
+    const Param& p = (*params_)[i];
+    ZINF_ASSIGN_OR_RETURN(state_[i].shard,
+                          store_->Create(p.spec.name, TierBytes(p), options_.shard_home));
+  }
+  return OkStatus();
+}
+
+Tier ParamTier::WriteTier() const {
+  // NVMe is not addressable: a host copy is written and then written back.
+  return options_.shard_home == Tier::kNvme ? Tier::kHost : options_.shard_home;
+}
+
+Status ParamTier::StartGather(int param) {
+  const Param& p = (*params_)[param];
+  State& s = state_[param];
+  if (s.current || s.full != nullptr) return OkStatus();
+  const auto t0 = Clock::now();
+  const int world = comm_->world_size();
+  const uint64_t full_size = p.shard_size * world;
+  const size_t element = ElementSize(options_.param_type);
+  if (s.shard_data == nullptr) {
+    ZINF_ASSIGN_OR_RETURN(s.shard_data, store_->Acquire(s.shard, Tier::kDevice, Access::kRead));
+  }
+  s.prefetched = false;
+  counters_.bytes_gathered += full_size * element;
+  if (world == 1) {
+    s.full = s.shard_data;  // one rank's shard is the whole parameter
+  } else {
+    if (s.gathered == 0) {
+      ZINF_ASSIGN_OR_RETURN(s.gathered, store_->Create(p.spec.name + " (gathered)",
+                                                       full_size * element, Tier::kDevice));
+    }
+    ZINF_ASSIGN_OR_RETURN(s.full, store_->Acquire(s.gathered, Tier::kDevice, Access::kOverwrite));
+    s.gathering =
+        comm_->AllGatherAsync(s.shard_data, s.full, p.shard_size, CommType(options_.param_type));
+  }
+  counters_.seconds_gather += Seconds(t0);
+  return OkStatus();
+}
+
+Status ParamTier::Gather(int param) {
+  State& s = state_[param];
+  if (s.current) return OkStatus();
+  ZINF_RETURN_IF_ERROR(StartGather(param));
+  const auto t0 = Clock::now();
+  if (s.gathering != nullptr) {
+    Status gathered = std::exchange(s.gathering, nullptr)->Wait();
+    // The shard stays pinned only while it is the gathered parameter itself.
+    ZINF_RETURN_IF_ERROR(store_->Release(s.shard, Tier::kDevice));
+    s.shard_data = nullptr;
+    ZINF_RETURN_IF_ERROR(gathered);
+  }
+  const uint64_t full_size = (*params_)[param].shard_size * comm_->world_size();
+  if (options_.param_type == ElementType::kFp32) {
+    s.fp32 = static_cast<float*>(s.full);
+  } else {
+    if (s.widened == 0) {
+      ZINF_ASSIGN_OR_RETURN(s.widened, store_->Create((*params_)[param].spec.name + " (fp32)",
+                                                      full_size * 4, Tier::kDevice));
+    }
+    ZINF_ASSIGN_OR_RETURN(void* fp32,
+                          store_->Acquire(s.widened, Tier::kDevice, Access::kOverwrite));
+    s.fp32 = static_cast<float*>(fp32);
+    ConvertToFp32(s.full, options_.param_type, s.fp32, full_size);
+  }
+  s.current = true;
+  counters_.seconds_gather += Seconds(t0);
+  return OkStatus();
+}
+
+void ParamTier::Drop(int param) {
+  State& s = state_[param];
+  if (s.gathering != nullptr) (void)std::exchange(s.gathering, nullptr)->Wait();
+  auto unpin_and_free = [&](TensorId& id, bool pinned) {
+    if (id == 0) return;
+    if (pinned) store_->Release(id, Tier::kDevice).IgnoreError();
+    store_->Free(id).IgnoreError();
+    id = 0;
+  };
+  if (s.shard_data != nullptr) store_->Release(s.shard, Tier::kDevice).IgnoreError();
+  s.shard_data = nullptr;
+  unpin_and_free(s.gathered, s.full != nullptr && comm_->world_size() > 1);
+  unpin_and_free(s.widened, s.fp32 != nullptr && options_.param_type != ElementType::kFp32);
+  s.full = nullptr;
+  s.fp32 = nullptr;
+  s.current = false;
+  s.prefetched = false;
+}
+
+void ParamTier::DropAll() {
+  for (size_t i = 0; i < state_.size(); ++i) Drop(static_cast<int>(i));
+}
+
+Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32) {
+  Module& m = (*modules_)[module];
+  TraceFetch(module);
+  counters_.peak_live_parameters = std::max(counters_.peak_live_parameters, LiveElements(module));
+  // All of the module's gathers in flight at once, then each waited for.
+  for (int pi : m.params) {
+    Status s = StartGather(pi);
+    if (!s.ok()) return s.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
+  }
+  for (int pi : m.params) {
+    Status s = Gather(pi);
+    if (!s.ok()) return s.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
+    const State& st = state_[pi];
+    out->push_back({st.full, options_.param_type, (*params_)[pi].numel});
+    if (fp32 != nullptr) fp32->push_back(st.fp32);
+  }
+  m.fetched = true;
+  PrefetchGathers();
+  return OkStatus();
+}
+
+void ParamTier::Release(int module) {
+  for (int pi : (*modules_)[module].params) {
+    if (!(*params_)[pi].persistent) Drop(pi);
+  }
+}
+
+Status ParamTier::GatherPersistent() {
+  for (size_t i = 0; i < params_->size(); ++i) {
+    if ((*params_)[i].persistent) ZINF_RETURN_IF_ERROR(Gather(static_cast<int>(i)));
+  }
+  return OkStatus();
+}
+
+uint64_t ParamTier::LiveElements(int fetching) const {
+  uint64_t live = 0;
+  for (size_t i = 0; i < params_->size(); ++i) {
+    const Param& p = (*params_)[i];
+    const State& s = state_[i];
+    if (!p.persistent && ((*modules_)[p.module].fetched || p.module == fetching || s.prefetched ||
+                          s.gathering != nullptr)) {
+      live += p.numel;
+    }
+  }
+  return live;
+}
+
+void ParamTier::EndBatch() {
+  if (recording_) FinishRecording(/*cyclic=*/false);
+  fetch_cursor_ = 0;
+  ReadAhead(LiveElements(-1));  // the next batch's first modules, while the trainer loads data
+}
+
+void ParamTier::FinishRecording(bool cyclic) {
+  recording_ = false;
+  cyclic_ = cyclic;
+  fetch_cursor_ = 0;
+  // Prefetching pays where a shard must come from another tier or from other ranks.
+  prefetching_ = options_.shard_home != Tier::kDevice || comm_->world_size() > 1;
+}
+
+void ParamTier::Record(int module) {
+  const size_t i = fetch_order_.size();
+  fetch_order_.push_back(module);
+  if (backward_seen_) return;  // a training batch: its order ends at the step
+  // A forward-only loop (evaluation, inference) never steps: its order is the period of the
+  // fetches, found when the recorded sequence is one period repeated twice.
+  if (period_ > 0 && fetch_order_[i - period_] != module) period_ = 0;
+  if (period_ == 0 && i > 0 && module == fetch_order_[0]) period_ = i;
+  if (period_ > 0 && i + 1 == 2 * period_) {
+    fetch_order_.resize(period_);
+    FinishRecording(/*cyclic=*/true);
+  }
+}
+
+void ParamTier::NoteBackward() { backward_seen_ = true; }
+
+// Note [Prefetch]: follows the recorded order from the module just fetched.
+void ParamTier::TraceFetch(int module) {
+  if (recording_) {
+    Record(module);
+    return;
+  }
+  if (cyclic_ && fetch_cursor_ == fetch_order_.size()) fetch_cursor_ = 0;
+  if (fetch_cursor_ >= fetch_order_.size() || fetch_order_[fetch_cursor_] != module) {
+    if (!warned_) {
+      log::Warn(
+          "rank {}: module '{}' was fetched out of the recorded order; the order is recorded "
+          "again from here, and parameters are read and gathered when fetched meanwhile (said "
+          "once)",
+          comm_->rank(), (*modules_)[module].name);
+      warned_ = true;
+    }
+    fetch_order_.clear();
+    recording_ = true;
+    prefetching_ = false;
+    cyclic_ = false;
+    backward_seen_ = false;
+    period_ = 0;
+    Record(module);
+    return;
+  }
+  ++fetch_cursor_;
+  ReadAhead(LiveElements(module));
+}
+
+void ParamTier::ReadAhead(uint64_t live) {
+  if (!prefetching_ || options_.shard_home == Tier::kDevice) return;  // nothing to bring in
+  uint64_t ahead = 0;
+  const size_t n = fetch_order_.size();
+  for (size_t k = 0; k < n; ++k) {
+    size_t i = fetch_cursor_ + k;
+    if (i >= n && !cyclic_) break;
+    const Module& next = (*modules_)[fetch_order_[i % n]];
+    if (k > 0 && ahead >= options_.prefetch_bucket_elements) break;
+    uint64_t needed = 0;
+    for (int pi : next.params) {
+      const Param& p = (*params_)[pi];
+      if (!state_[pi].current && !state_[pi].prefetched && !p.persistent) needed += p.numel;
+    }
+    if (live + needed > options_.max_live_elements) break;
+    live += needed;
+    for (int pi : next.params) {
+      State& s = state_[pi];
+      if (s.current) continue;
+      ahead += (*params_)[pi].numel;  // reads already in flight count towards the window too
+      if (s.prefetched || s.gathering != nullptr) continue;
+      // Errors reach the fetch that acquires the shard.
+      store_->SetNextUse(s.shard, static_cast<int64_t>(i)).IgnoreError();
+      (void)store_->Prefetch(s.shard, Tier::kDevice);
+      s.prefetched = true;
+    }
+  }
+}
+
+// Note [Prefetch]: starts the all-gathers of the next module in the recorded order, so that
+// they run on the communicator's thread while the module just fetched computes. Every rank
+// makes the same decision, so the collectives stay in step.
+void ParamTier::PrefetchGathers() {
+  if (!prefetching_ || comm_->world_size() == 1) return;
+  size_t cursor = fetch_cursor_;
+  if (cyclic_ && cursor == fetch_order_.size()) cursor = 0;
+  if (cursor >= fetch_order_.size()) return;
+  const Module& next = (*modules_)[fetch_order_[cursor]];
+  uint64_t needed = 0;
+  for (int pi : next.params) {
+    const State& s = state_[pi];
+    if (!s.current && s.gathering == nullptr && !(*params_)[pi].persistent) {
+      needed += (*params_)[pi].numel;
+    }
+  }
+  if (LiveElements(-1) + needed > options_.max_live_elements) return;
+  for (int pi : next.params) {
+    if (!StartGather(pi).ok()) return;  // its Fetch gathers it and reports the error
+  }
+}
+
+StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
+  const int index = static_cast<int>(&p - params_->data());
+  Drop(index);
+  return store_->Acquire(state_[index].shard, WriteTier(), Access::kOverwrite);
+}
+
+Status ParamTier::EndWrite(const Param& p) {
+  const State& s = state_[&p - params_->data()];
+  ZINF_RETURN_IF_ERROR(store_->Release(s.shard, WriteTier()));
+  if (options_.shard_home == Tier::kNvme)
+    write_backs_.push_back(store_->EvictAsync(s.shard, Tier::kHost));
+  return OkStatus();
+}
+
+Status ParamTier::WriteFp32(const Param& p, const float* values) {
+  ZINF_ASSIGN_OR_RETURN(void* tier, BeginWrite(p));
+  ConvertFromFp32(values, options_.param_type, tier, p.shard_size);
+  return EndWrite(p);
+}
+
+Status ParamTier::FinishWrites() {
+  Status first;
+  for (auto& f : write_backs_) {
+    Status s = f.get();
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  write_backs_.clear();
+  return first;
+}
+
+Status ParamTier::ReadShard(const Param& p, void* out) {
+  const State& s = state_[&p - params_->data()];
+  ZINF_ASSIGN_OR_RETURN(void* tier, store_->Acquire(s.shard, Tier::kHost, Access::kRead));
+  std::memcpy(out, tier, TierBytes(p));
+  ZINF_RETURN_IF_ERROR(store_->Release(s.shard, Tier::kHost));
+  // A read for a checkpoint or a gather of the master: no reason to keep the host copy.
+  if (options_.shard_home != Tier::kHost) return store_->Evict(s.shard, Tier::kHost);
+  return OkStatus();
+}
+
+TensorId ParamTier::shard(int param) const { return state_[param].shard; }
+
+ParamTierCounters ParamTier::TakeCounters() { return std::exchange(counters_, {}); }
+
+}  // namespace zinf

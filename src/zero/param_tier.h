@@ -1,0 +1,153 @@
+// ParamTier: the ZeRO engine's parameters on the tiered store — this rank's shard of every
+// parameter in the compute precision (the parameter tier), the gathered full parameters in
+// the device tier, and the fetch, prefetch and release that move them.
+//
+// Note [Parameter tier]
+// Each parameter's shard is one tensor of the TieredStore, whose home is the tier the config
+// puts parameters in: the device (offload_param none), pinned host memory (cpu) or NVMe
+// (nvme). It holds the compute precision (bf16/fp16 when enabled, else fp32), rounded from the
+// fp32 master at every update (Note [Compute precision] in engine.cc). Fetch makes the shard
+// resident in the device tier (the store reads NVMe through its staging buffers and copies
+// host to device over its copy stream), all-gathers it there into a device tensor holding the
+// full parameter, and hands out device pointers; Release frees that tensor. With one rank the
+// shard is the whole parameter and is handed out itself. Cached device copies of shards stay
+// until the device budget needs their room; eviction follows the traced order (SetNextUse).
+// Writes overwrite the shard in its home tier (through a host copy written back
+// asynchronously for NVMe), which makes every cached copy stale. So every byte the engine
+// moves between tiers is moved by the store, under its budgets.
+//
+// Note [Prefetch]
+// The first step records the order in which modules are fetched. Later steps follow it: each
+// Fetch asks the store to bring the shards of the modules after it to the device tier, up to
+// stage3_prefetch_bucket_size elements (at least the next module) and as long as the
+// parameters gathered or being brought in stay within stage3_max_live_parameters elements, so
+// the disk and the link work while the current module computes. With several ranks each Fetch
+// also starts the all-gathers of the next module, which run on the communicator's thread
+// meanwhile; every rank decides alike from the same order and sizes, so the collectives stay
+// in step. A loop that never steps (evaluation, inference) has its order found as the period
+// of its fetches, once the recorded sequence is one period repeated twice (no gradient asked
+// for meanwhile), and followed cyclically. A fetch that leaves the recorded order starts the
+// recording again (with a warning, once); shards are then brought in and gathered when fetched,
+// which is always correct, only slower.
+//
+// Thread-safety: one thread drives it (the engine's).
+#ifndef ZINF_ZERO_PARAM_TIER_H_
+#define ZINF_ZERO_PARAM_TIER_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "zero/partition.h"
+#include "zinf/cpu_optimizer.h"
+#include "zinf/engine.h"
+#include "zinf/status.h"
+#include "zinf/tiered_store.h"
+
+namespace zinf {
+
+class Communicator;
+class CommWork;
+
+struct ParamTierOptions {
+  ElementType param_type = ElementType::kFp32;  // the compute precision
+  Tier shard_home = Tier::kDevice;
+  uint64_t prefetch_bucket_elements = 0;  // stage3_prefetch_bucket_size
+  uint64_t max_live_elements = 0;         // stage3_max_live_parameters
+};
+
+// What a fetch or a step adds to the engine's StepSummary.
+struct ParamTierCounters {
+  uint64_t bytes_gathered = 0;
+  uint64_t peak_live_parameters = 0;
+  double seconds_gather = 0;
+};
+
+class ParamTier {
+ public:
+  // `store`, `comm`, `params` and `modules` must outlive this object; `params` is laid out.
+  ParamTier(TieredStore* store, Communicator* comm, const std::vector<Param>* params,
+            std::vector<Module>* modules, const ParamTierOptions& options);
+  // Waits for gathers in flight, unpins and frees every tensor (best effort).
+  ~ParamTier();
+  ParamTier(const ParamTier&) = delete;
+  ParamTier& operator=(const ParamTier&) = delete;
+
+  // Creates the shard tensors (reading as zeros until written).
+  Status Create();
+
+  // Gathers the module's parameters into the device tier: `out` gets one tensor each, in the
+  // compute precision, and `fp32` (when not null) the same values widened to fp32 in device
+  // memory (the same pointers at fp32). Records or follows the fetch order (Note [Prefetch]).
+  Status Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32);
+  // Frees the gathered copies of the module's non-persistent parameters.
+  void Release(int module);
+  // Regathers every persistent parameter (stages 1 and 2 keep the model gathered).
+  Status GatherPersistent();
+  // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
+  // being brought in: what stage3_max_live_parameters bounds.
+  uint64_t LiveElements(int fetching) const;
+  // Ends a batch (after the step has written the tier): the first one's fetches are the
+  // recorded order; prefetching follows it from the next (when there is anything to prefetch),
+  // starting with the next batch's first modules now.
+  void EndBatch();
+  // Backward has begun (a gradient was asked for): this batch's order ends at its step, not
+  // at a repetition (Note [Prefetch]).
+  void NoteBackward();
+
+  // Overwrites parameter `p`'s shard: BeginWrite returns host-addressable memory for its
+  // TierBytes, EndWrite stores it (starting the write-back when the home is NVMe). Drops
+  // p's gathered copies first. WriteFp32 converts fp32 values in between.
+  StatusOr<void*> BeginWrite(const Param& p);
+  Status EndWrite(const Param& p);
+  Status WriteFp32(const Param& p, const float* values);
+  // Waits for the write-backs EndWrite started; the first error.
+  Status FinishWrites();
+  // Copies `p`'s shard (TierBytes) into `out`.
+  Status ReadShard(const Param& p, void* out);
+  // Drops every gathered copy and read-ahead (before the values they hold are replaced).
+  void DropAll();
+
+  uint64_t TierBytes(const Param& p) const {
+    return p.shard_size * ElementSize(options_.param_type);
+  }
+  ParamTierCounters TakeCounters();
+  // Parameter `param`'s shard in the store (for tests and tools).
+  TensorId shard(int param) const;
+
+ private:
+  struct State;
+  Status StartGather(int param);
+  Status Gather(int param);
+  void Drop(int param);
+  void TraceFetch(int module);
+  void Record(int module);
+  // Brings the shards of the modules from fetch_cursor_ on to the device tier, within the
+  // window and the live bound (`live`: what is live now).
+  void ReadAhead(uint64_t live);
+  void FinishRecording(bool cyclic);
+  void PrefetchGathers();
+  Tier WriteTier() const;
+
+  TieredStore* const store_;
+  Communicator* const comm_;
+  const std::vector<Param>* const params_;
+  std::vector<Module>* const modules_;
+  const ParamTierOptions options_;
+  std::vector<State> state_;
+  std::vector<std::shared_future<Status>> write_backs_;
+  std::vector<int> fetch_order_;  // recorded during the first batch or pass
+  bool recording_ = true;
+  bool prefetching_ = false;
+  bool cyclic_ = false;         // a forward-only loop's order: it repeats without steps
+  bool backward_seen_ = false;  // since recording began
+  size_t period_ = 0;           // while recording: the repetition being checked, 0 for none
+  bool warned_ = false;
+  size_t fetch_cursor_ = 0;  // position in fetch_order_ this batch
+  ParamTierCounters counters_;
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_ZERO_PARAM_TIER_H_

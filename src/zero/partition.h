@@ -1,0 +1,66 @@
+// The ZeRO partitioning of a model: which elements of each parameter this rank owns and where
+// they sit in its flat shard, and the initial values, which depend only on (seed, name,
+// index) so that every world size builds the same model.
+//
+// Note [ZeRO partitioning]
+// Each parameter is flattened and padded to a multiple of the world size; rank r owns
+// elements [r * s, (r + 1) * s) of it, s = padded / world. This rank's pieces of all
+// parameters sit back to back in one flat shard, so that the master copy, the gradient
+// accumulator and the optimizer state are each one array and one optimizer call updates
+// them all. Padding elements have zero value, zero gradient and zero state, so every
+// optimizer leaves them at zero.
+//
+// Thread-safety: plain data and pure functions.
+#ifndef ZINF_ZERO_PARTITION_H_
+#define ZINF_ZERO_PARTITION_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zinf/engine.h"
+
+namespace zinf {
+
+struct Param {
+  ParamSpec spec;
+  int module = 0;
+  uint64_t numel = 0;
+  uint64_t shard_size = 0;   // padded / world
+  uint64_t flat_offset = 0;  // where this rank's shard sits in the flat arrays
+  bool persistent = false;   // stays gathered between Fetch/Release
+};
+
+struct Module {
+  std::string name;
+  std::vector<int> params;
+  bool fetched = false;
+  int reductions = 0;  // ReduceGradients calls since the last Step
+};
+
+// The elements [first, last) of the flat shard that [begin, begin + count) shares with
+// parameter `p`'s shard; first >= last when none.
+struct Span {
+  uint64_t first, last;
+};
+inline Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
+  return {std::max(begin, p.flat_offset), std::min(begin + count, p.flat_offset + p.shard_size)};
+}
+
+// Lays out `params` for `world` ranks (shard_size, flat_offset, persistent) and returns the
+// flat shard's length.
+uint64_t Partition(std::vector<Param>& params, int world, int zero_stage,
+                   uint64_t persistence_threshold);
+
+// The initial values of the flat shard's elements [begin, begin + count) of rank `rank` into
+// `out`. `params` is laid out (Partition) and ordered by flat_offset.
+void FillInitial(const std::vector<Param>& params, uint64_t seed, int rank, uint64_t begin,
+                 uint64_t count, float* out);
+
+// A 64-bit hash of `name` under `seed` (FNV-1a mixed by SplitMix64): stable across builds.
+uint64_t HashName(uint64_t seed, const std::string& name);
+
+}  // namespace zinf
+
+#endif  // ZINF_ZERO_PARTITION_H_

@@ -1,0 +1,75 @@
+// See src/zero/process_group.h.
+#include "zero/process_group.h"
+
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/environment.h"
+
+namespace zinf {
+
+StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options) {
+  ZINF_ASSIGN_OR_RETURN(DistEnvironment env, ReadDistEnvironment());
+  ProcessPlace place;
+  place.global_rank = options.rank >= 0 ? options.rank : env.rank;
+  place.global_size = options.world_size >= 0 ? options.world_size : env.world_size;
+  place.local_rank = env.local_rank;
+  place.master_addr = options.master_addr.empty() ? env.master_addr : options.master_addr;
+  place.master_port = options.master_port > 0 ? options.master_port : env.master_port;
+  place.store_secret = env.store_secret;
+  const int rank = place.global_rank, world = place.global_size;
+  if (world < 1 || rank < 0 || rank >= world) {
+    return InvalidArgument(fmt::format("rank must be in [0, world_size={}), got {}", world, rank));
+  }
+  const std::vector<int>& ranks = options.data_parallel_ranks;
+  place.rank = rank;
+  place.size = world;
+  if (ranks.empty()) return place;
+  place.rank = -1;
+  place.size = static_cast<int>(ranks.size());
+  place.name = "dp";
+  std::vector<bool> seen(world);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= world || seen[r]) {
+      return InvalidArgument(
+          fmt::format("data_parallel_ranks {}: each must be a distinct rank in [0, world_size={})",
+                      nlohmann::json(ranks).dump(), world));
+    }
+    seen[r] = true;
+    if (r == rank) place.rank = static_cast<int>(i);
+    place.name += "-" + std::to_string(r);
+  }
+  if (place.rank < 0) {
+    return InvalidArgument(fmt::format("data_parallel_ranks {} does not hold this rank ({})",
+                                       nlohmann::json(ranks).dump(), rank));
+  }
+  return place;
+}
+
+StatusOr<ProcessGroup> ConnectProcessGroup(const ProcessPlace& place,
+                                           std::chrono::milliseconds timeout) {
+  ProcessGroup group;
+  // Rank 0 serves the store for every group, its own may be a group of one.
+  if (place.global_size > 1 && (place.size > 1 || place.global_rank == 0)) {
+    ZINF_ASSIGN_OR_RETURN(group.store,
+                          TcpStore::Create({.host = place.master_addr,
+                                            .port = static_cast<uint16_t>(place.master_port),
+                                            .is_server = place.global_rank == 0,
+                                            .timeout = timeout,
+                                            .secret = place.store_secret}));
+  }
+  if (place.size == 1) {
+    ZINF_ASSIGN_OR_RETURN(group.comm, CreateLocalCommunicator());
+  } else {
+    ZINF_ASSIGN_OR_RETURN(group.comm,
+                          CreateGlooCommunicator(*group.store, {.rank = place.rank,
+                                                                .world_size = place.size,
+                                                                .timeout = timeout,
+                                                                .group_name = place.name}));
+  }
+  return group;
+}
+
+}  // namespace zinf
