@@ -47,20 +47,6 @@ std::string_view OptimizerTypeName(OptimizerType type) {
   return "unknown";
 }
 
-std::string_view ElementTypeName(ElementType type) {
-  switch (type) {
-    case ElementType::kFp32:
-      return "fp32";
-    case ElementType::kBf16:
-      return "bf16";
-    case ElementType::kFp16:
-      return "fp16";
-  }
-  return "unknown";
-}
-
-size_t ElementSize(ElementType type) { return type == ElementType::kFp32 ? 4 : 2; }
-
 namespace {
 // The best kernels this CPU runs, for the conversions.
 const cpu_optim::KernelTable& BestKernels() {

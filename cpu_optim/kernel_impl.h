@@ -230,6 +230,9 @@ void StepGrad(const StepCoeffs& c, const StepArrays& a, bool nt, size_t pf) {
     case Elem::kFp16:
       StepCopy<K, Elem::kFp16, V>(c, a, nt, pf);
       break;
+    case Elem::kFp64:  // refused by the callers' checks
+    case Elem::kInt64:
+      break;
   }
 }
 
@@ -335,6 +338,9 @@ void LimitAny(const StepArrays& a, bool nt, size_t pf) {
     case Elem::kFp16:
       two ? LimitCopy<Elem::kFp16, true, V>(a, nt, pf)
           : LimitCopy<Elem::kFp16, false, V>(a, nt, pf);
+      break;
+    case Elem::kFp64:  // refused by the callers' checks
+    case Elem::kInt64:
       break;
   }
 }

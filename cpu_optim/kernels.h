@@ -14,10 +14,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zinf/dtype.h"
+
 namespace zinf::cpu_optim {
 
 // Element formats (values match zinf::ElementType).
-enum class Elem : int { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
+// The library's element types; the kernels take fp32, bf16 and fp16 (callers check).
+using Elem = ElementType;
 // The parameter copy a kernel writes.
 enum class CopyKind : int { kNone = 0, kBf16 = 1, kFp16 = 2 };
 // Optimizer formulas (values match zinf::OptimizerType).

@@ -124,6 +124,9 @@ double SumSquares(const void* g, Elem type, size_t n) {
       return SumSquaresT<Elem::kBf16>(g, n);
     case Elem::kFp16:
       return SumSquaresT<Elem::kFp16>(g, n);
+    case Elem::kFp64:  // refused by the callers' checks
+    case Elem::kInt64:
+      break;
   }
   return 0.0;
 }

@@ -81,6 +81,9 @@ double SumSquares(const void* g, Elem type, size_t n) {
       return SumSquaresScalar<Elem::kBf16>(g, 0, n);
     case Elem::kFp16:
       return SumSquaresScalar<Elem::kFp16>(g, 0, n);
+    case Elem::kFp64:  // refused by the callers' checks
+    case Elem::kInt64:
+      break;
   }
   return 0.0;
 }

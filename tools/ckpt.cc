@@ -36,9 +36,8 @@ void AddCkptCommands(CLI::App& app) {
     // ExportSafetensors returns every error as a Status; this is the boundary's last resort,
     // so that nothing escapes to abort the process.
     try {
-      s = ckpt::ExportSafetensors(
-          args->dir, args->out,
-          args->dtype == "bf16" ? ckpt::ExportDType::kBf16 : ckpt::ExportDType::kFp32);
+      s = ckpt::ExportSafetensors(args->dir, args->out,
+                                  args->dtype == "bf16" ? ElementType::kBf16 : ElementType::kFp32);
     } catch (const std::exception& e) {
       s = Internal(fmt::format("exporting {}: unexpected exception: {}", args->dir, e.what()));
     }

@@ -90,7 +90,7 @@ ZINF_EXPORT int zinf_c_api_version(void);
 /* Frees what zinf returned with malloc(): error messages, strings, optimizer state blobs. */
 ZINF_EXPORT void zinf_free(void* ptr);
 
-/* Element formats (zinf::ElementType). */
+/* Element formats: the values of zinf::ElementType that buffers handed to C use. */
 typedef enum zinf_dtype_t ZINF_ENUM_BASE {
   ZINF_DTYPE_FP32 = 0,
   ZINF_DTYPE_BF16 = 1,

@@ -1,5 +1,6 @@
-// ElementType: the element formats zinf stores and moves (parameters, gradients, the
-// low-precision parameter copy), one enum for the whole library.
+// ElementType: the element formats zinf stores, moves and reduces, one enum for the whole
+// library: parameters, gradients and the low-precision parameter copy are fp32, bf16 or fp16;
+// collectives also carry fp64 and int64 scalars (gradient norms, agreement flags).
 //
 // Thread-safety: pure functions.
 #ifndef ZINF_DTYPE_H_
@@ -12,9 +13,10 @@
 
 namespace zinf {
 
-enum class ElementType : int { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
-ZINF_EXPORT std::string_view ElementTypeName(ElementType type);  // "fp32", "bf16", "fp16"
-ZINF_EXPORT size_t ElementSize(ElementType type);
+enum class ElementType : int { kFp32 = 0, kBf16 = 1, kFp16 = 2, kFp64 = 3, kInt64 = 4 };
+// "fp32", "bf16", "fp16", "fp64", "int64"
+ZINF_EXPORT std::string_view ElementTypeName(ElementType type);
+ZINF_EXPORT size_t ElementSize(ElementType type);  // bytes; 0 for a value outside the enum
 
 }  // namespace zinf
 

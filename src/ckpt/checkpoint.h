@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/dtype.h"
 #include "zinf/status.h"
 
 namespace zinf::ckpt {
@@ -165,14 +166,13 @@ class ShardReader {
 
 // ---- Export ----
 
-enum class ExportDType { kFp32, kBf16 };
-
 // Consolidates the checkpoint at `path` (see ResolveCheckpoint), written by any world size,
 // into one safetensors file: one tensor per parameter with its full shape. Memory: one
 // parameter at a time. The manifest and every rank file's "params" section (size against
 // the manifest, checksum) are verified before `out_file` is created; on any error nothing is
-// left at `out_file` (an existing file there is kept as it was).
-Status ExportSafetensors(const std::string& path, const std::string& out_file, ExportDType dtype);
+// left at `out_file` (an existing file there is kept as it was). `dtype`: kFp32 or kBf16,
+// else InvalidArgument.
+Status ExportSafetensors(const std::string& path, const std::string& out_file, ElementType dtype);
 
 }  // namespace zinf::ckpt
 

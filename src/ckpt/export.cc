@@ -74,7 +74,7 @@ class TempOutput {
   bool created_ = false, committed_ = false;
 };
 
-Status Export(const std::string& path, const std::string& out_file, ExportDType dtype) {
+Status Export(const std::string& path, const std::string& out_file, ElementType dtype) {
   ZINF_ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
   ZINF_ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(dir));
   // ReadManifest has checked the manifest on its own; what follows checks it against the
@@ -93,7 +93,7 @@ Status Export(const std::string& path, const std::string& out_file, ExportDType 
     shards.push_back(std::move(reader));
   }
 
-  const uint64_t element_bytes = dtype == ExportDType::kBf16 ? 2 : 4;
+  const uint64_t element_bytes = dtype == ElementType::kBf16 ? 2 : 4;
   nlohmann::ordered_json header;
   header["__metadata__"] = {
       {"format", "pt"}, {"zinf_tag", manifest.tag}, {"zinf_step", std::to_string(manifest.step)}};
@@ -113,7 +113,7 @@ Status Export(const std::string& path, const std::string& out_file, ExportDType 
                       "file's offsets",
                       dir, p.name, p.numel));
     }
-    header[p.name] = {{"dtype", dtype == ExportDType::kBf16 ? "BF16" : "F32"},
+    header[p.name] = {{"dtype", dtype == ElementType::kBf16 ? "BF16" : "F32"},
                       {"shape", p.shape},
                       {"data_offsets", {offset, end}}};
     offset = end;
@@ -129,12 +129,12 @@ Status Export(const std::string& path, const std::string& out_file, ExportDType 
   std::vector<uint16_t> half;
   try {
     full.reserve(largest);
-    if (dtype == ExportDType::kBf16) half.reserve(largest);
+    if (dtype == ElementType::kBf16) half.reserve(largest);
   } catch (const std::bad_alloc&) {
     return ResourceExhausted(fmt::format(
         "exporting {}: the largest parameter has {} elements, {} bytes of buffers, which this "
         "process cannot allocate",
-        dir, largest, largest * (4 + (dtype == ExportDType::kBf16 ? 2 : 0))));
+        dir, largest, largest * (4 + (dtype == ElementType::kBf16 ? 2 : 0))));
   }
 
   TempOutput out(out_file);
@@ -150,7 +150,7 @@ Status Export(const std::string& path, const std::string& out_file, ExportDType 
       ZINF_RETURN_IF_ERROR(
           shards[r].Read("params", p.flat_offset * 4, full.data() + begin, count * 4));
     }
-    if (dtype == ExportDType::kBf16) {
+    if (dtype == ElementType::kBf16) {
       half.resize(p.numel);
       for (uint64_t i = 0; i < p.numel; ++i) half[i] = ToBf16(full[i]);
       ZINF_RETURN_IF_ERROR(out.Write(half.data(), half.size() * 2));
@@ -163,7 +163,11 @@ Status Export(const std::string& path, const std::string& out_file, ExportDType 
 
 }  // namespace
 
-Status ExportSafetensors(const std::string& path, const std::string& out_file, ExportDType dtype) {
+Status ExportSafetensors(const std::string& path, const std::string& out_file, ElementType dtype) {
+  if (dtype != ElementType::kFp32 && dtype != ElementType::kBf16) {
+    return InvalidArgument(
+        fmt::format("export dtype must be fp32 or bf16, got {}", ElementTypeName(dtype)));
+  }
   try {
     return Export(path, out_file, dtype);
   } catch (const std::bad_alloc&) {

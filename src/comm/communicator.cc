@@ -9,37 +9,6 @@
 
 namespace zinf {
 
-size_t CommDataTypeSize(CommDataType type) {
-  switch (type) {
-    case CommDataType::kFloat32:
-      return 4;
-    case CommDataType::kFloat64:
-      return 8;
-    case CommDataType::kInt64:
-      return 8;
-    case CommDataType::kBfloat16:
-    case CommDataType::kFloat16:
-      return 2;
-  }
-  return 0;
-}
-
-std::string_view CommDataTypeName(CommDataType type) {
-  switch (type) {
-    case CommDataType::kFloat32:
-      return "float32";
-    case CommDataType::kFloat64:
-      return "float64";
-    case CommDataType::kInt64:
-      return "int64";
-    case CommDataType::kBfloat16:
-      return "bfloat16";
-    case CommDataType::kFloat16:
-      return "float16";
-  }
-  return "unknown";
-}
-
 Status NcclOptions::Validate() const {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return InvalidArgument(
@@ -138,17 +107,17 @@ Status CheckBuffer(const void* p, size_t count, const char* name) {
 
 }  // namespace
 
-std::shared_ptr<CommWork> Communicator::AllReduceAsync(void* data, size_t count, CommDataType type,
+std::shared_ptr<CommWork> Communicator::AllReduceAsync(void* data, size_t count, ElementType type,
                                                        ReduceOp op) {
-  return Submit(fmt::format("all-reduce of {} {}", count, CommDataTypeName(type)), [=, this] {
+  return Submit(fmt::format("all-reduce of {} {}", count, ElementTypeName(type)), [=, this] {
     ZINF_RETURN_IF_ERROR(CheckBuffer(data, count, "data"));
     return count == 0 ? OkStatus() : DoAllReduce(data, count, type, op);
   });
 }
 
 std::shared_ptr<CommWork> Communicator::AllGatherAsync(const void* send, void* recv, size_t count,
-                                                       CommDataType type) {
-  return Submit(fmt::format("all-gather of {} {} per rank", count, CommDataTypeName(type)),
+                                                       ElementType type) {
+  return Submit(fmt::format("all-gather of {} {} per rank", count, ElementTypeName(type)),
                 [=, this] {
                   ZINF_RETURN_IF_ERROR(CheckBuffer(send, count, "send"));
                   ZINF_RETURN_IF_ERROR(CheckBuffer(recv, count, "recv"));
@@ -157,8 +126,8 @@ std::shared_ptr<CommWork> Communicator::AllGatherAsync(const void* send, void* r
 }
 
 std::shared_ptr<CommWork> Communicator::ReduceScatterAsync(void* send, void* recv, size_t count,
-                                                           CommDataType type, ReduceOp op) {
-  return Submit(fmt::format("reduce-scatter of {} {} per rank", count, CommDataTypeName(type)),
+                                                           ElementType type, ReduceOp op) {
+  return Submit(fmt::format("reduce-scatter of {} {} per rank", count, ElementTypeName(type)),
                 [=, this] {
                   ZINF_RETURN_IF_ERROR(CheckBuffer(send, count, "send"));
                   ZINF_RETURN_IF_ERROR(CheckBuffer(recv, count, "recv"));
@@ -166,21 +135,21 @@ std::shared_ptr<CommWork> Communicator::ReduceScatterAsync(void* send, void* rec
                 });
 }
 
-Status Communicator::AllReduce(void* data, size_t count, CommDataType type, ReduceOp op) {
+Status Communicator::AllReduce(void* data, size_t count, ElementType type, ReduceOp op) {
   return AllReduceAsync(data, count, type, op)->Wait();
 }
 
-Status Communicator::AllGather(const void* send, void* recv, size_t count, CommDataType type) {
+Status Communicator::AllGather(const void* send, void* recv, size_t count, ElementType type) {
   return AllGatherAsync(send, recv, count, type)->Wait();
 }
 
-Status Communicator::ReduceScatter(void* send, void* recv, size_t count, CommDataType type,
+Status Communicator::ReduceScatter(void* send, void* recv, size_t count, ElementType type,
                                    ReduceOp op) {
   return ReduceScatterAsync(send, recv, count, type, op)->Wait();
 }
 
-Status Communicator::Broadcast(void* data, size_t count, CommDataType type, int root) {
-  return Submit(fmt::format("broadcast of {} {} from rank {}", count, CommDataTypeName(type), root),
+Status Communicator::Broadcast(void* data, size_t count, ElementType type, int root) {
+  return Submit(fmt::format("broadcast of {} {} from rank {}", count, ElementTypeName(type), root),
                 [=, this] {
                   if (root < 0 || root >= world_size_) {
                     return InvalidArgument(fmt::format("broadcast root must be in [0, {}), got {}",
@@ -205,17 +174,17 @@ class LocalCommunicator final : public Communicator {
   std::string_view backend() const override { return "local"; }
 
  protected:
-  Status DoAllReduce(void*, size_t, CommDataType, ReduceOp) override { return OkStatus(); }
-  Status DoAllGather(const void* send, void* recv, size_t count, CommDataType type) override {
-    if (send != recv) std::memmove(recv, send, count * CommDataTypeSize(type));
+  Status DoAllReduce(void*, size_t, ElementType, ReduceOp) override { return OkStatus(); }
+  Status DoAllGather(const void* send, void* recv, size_t count, ElementType type) override {
+    if (send != recv) std::memmove(recv, send, count * ElementSize(type));
     return OkStatus();
   }
-  Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
+  Status DoReduceScatter(void* send, void* recv, size_t count, ElementType type,
                          ReduceOp) override {
-    if (send != recv) std::memmove(recv, send, count * CommDataTypeSize(type));
+    if (send != recv) std::memmove(recv, send, count * ElementSize(type));
     return OkStatus();
   }
-  Status DoBroadcast(void*, size_t, CommDataType, int) override { return OkStatus(); }
+  Status DoBroadcast(void*, size_t, ElementType, int) override { return OkStatus(); }
   Status DoBarrier() override { return OkStatus(); }
 };
 

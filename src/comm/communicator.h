@@ -30,17 +30,15 @@
 #include <thread>
 #include <vector>
 
+#include "zinf/dtype.h"
 #include "zinf/status.h"
 
 namespace zinf {
 
 class TcpStore;
 
-// bfloat16 and float16 move parameters in their compute precision; Gloo gathers and
-// broadcasts them but does not reduce them (NCCL does).
-enum class CommDataType { kFloat32, kFloat64, kInt64, kBfloat16, kFloat16 };
-size_t CommDataTypeSize(CommDataType type);
-std::string_view CommDataTypeName(CommDataType type);
+// Collectives take ElementType (zinf/dtype.h). bf16 and fp16 move parameters in their
+// compute precision; Gloo gathers and broadcasts them but does not reduce them (NCCL does).
 
 enum class ReduceOp { kSum, kMax, kMin };
 
@@ -70,24 +68,23 @@ class Communicator {
   virtual std::string_view backend() const = 0;
 
   // In place: every rank's `data` becomes the reduction over all ranks.
-  Status AllReduce(void* data, size_t count, CommDataType type, ReduceOp op);
+  Status AllReduce(void* data, size_t count, ElementType type, ReduceOp op);
   // `recv` (world_size * count elements) gets every rank's `send` (count elements) in rank
   // order.
-  Status AllGather(const void* send, void* recv, size_t count, CommDataType type);
+  Status AllGather(const void* send, void* recv, size_t count, ElementType type);
   // Every rank passes `send` of world_size * count elements; `recv` (count elements) gets
   // this rank's slice of the reduction. `send` may be modified (Gloo reduces in place).
-  Status ReduceScatter(void* send, void* recv, size_t count, CommDataType type, ReduceOp op);
+  Status ReduceScatter(void* send, void* recv, size_t count, ElementType type, ReduceOp op);
   // Every rank's `data` becomes root's.
-  Status Broadcast(void* data, size_t count, CommDataType type, int root);
+  Status Broadcast(void* data, size_t count, ElementType type, int root);
   Status Barrier();
 
   // Asynchronous forms: the buffers must stay valid and untouched until Wait() returns.
-  std::shared_ptr<CommWork> AllReduceAsync(void* data, size_t count, CommDataType type,
-                                           ReduceOp op);
+  std::shared_ptr<CommWork> AllReduceAsync(void* data, size_t count, ElementType type, ReduceOp op);
   std::shared_ptr<CommWork> AllGatherAsync(const void* send, void* recv, size_t count,
-                                           CommDataType type);
+                                           ElementType type);
   std::shared_ptr<CommWork> ReduceScatterAsync(void* send, void* recv, size_t count,
-                                               CommDataType type, ReduceOp op);
+                                               ElementType type, ReduceOp op);
 
   // The sticky error, or OK.
   Status status() const;
@@ -101,11 +98,11 @@ class Communicator {
 
   // The backend's blocking collectives, run only on the worker thread. Arguments are
   // already checked.
-  virtual Status DoAllReduce(void* data, size_t count, CommDataType type, ReduceOp op) = 0;
-  virtual Status DoAllGather(const void* send, void* recv, size_t count, CommDataType type) = 0;
-  virtual Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
+  virtual Status DoAllReduce(void* data, size_t count, ElementType type, ReduceOp op) = 0;
+  virtual Status DoAllGather(const void* send, void* recv, size_t count, ElementType type) = 0;
+  virtual Status DoReduceScatter(void* send, void* recv, size_t count, ElementType type,
                                  ReduceOp op) = 0;
-  virtual Status DoBroadcast(void* data, size_t count, CommDataType type, int root) = 0;
+  virtual Status DoBroadcast(void* data, size_t count, ElementType type, int root) = 0;
   virtual Status DoBarrier() = 0;
 
  private:

@@ -100,20 +100,20 @@ Status GlooCall(Fn&& fn, std::chrono::milliseconds timeout) {
 
 // Calls fn with a value of the C++ type a reduction over `type` adds in.
 template <typename Fn>
-Status WithType(CommDataType type, Fn&& fn) {
+Status WithType(ElementType type, Fn&& fn) {
   switch (type) {
-    case CommDataType::kFloat32:
+    case ElementType::kFp32:
       return fn(float{});
-    case CommDataType::kFloat64:
+    case ElementType::kFp64:
       return fn(double{});
-    case CommDataType::kInt64:
+    case ElementType::kInt64:
       return fn(int64_t{});
-    case CommDataType::kBfloat16:
-    case CommDataType::kFloat16:
+    case ElementType::kBf16:
+    case ElementType::kFp16:
       return InvalidArgument(fmt::format("the Gloo backend does not reduce {}; reduce in float32",
-                                         CommDataTypeName(type)));
+                                         ElementTypeName(type)));
   }
-  return InvalidArgument("unknown CommDataType");
+  return InvalidArgument("unknown ElementType");
 }
 
 template <typename T>
@@ -163,7 +163,7 @@ class GlooCommunicator final : public Communicator {
   std::string_view backend() const override { return "gloo"; }
 
  protected:
-  Status DoAllReduce(void* data, size_t count, CommDataType type, ReduceOp op) override {
+  Status DoAllReduce(void* data, size_t count, ElementType type, ReduceOp op) override {
     return WithType(type, [&](auto zero) {
       using T = decltype(zero);
       return GlooCall(
@@ -180,8 +180,8 @@ class GlooCommunicator final : public Communicator {
   }
 
   // Gathers and broadcasts move bytes: any element type.
-  Status DoAllGather(const void* send, void* recv, size_t count, CommDataType type) override {
-    const size_t bytes = count * CommDataTypeSize(type);
+  Status DoAllGather(const void* send, void* recv, size_t count, ElementType type) override {
+    const size_t bytes = count * ElementSize(type);
     return GlooCall(
         [&] {
           gloo::AllgatherOptions opts(context_);
@@ -194,7 +194,7 @@ class GlooCommunicator final : public Communicator {
         timeout_);
   }
 
-  Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
+  Status DoReduceScatter(void* send, void* recv, size_t count, ElementType type,
                          ReduceOp op) override {
     return WithType(type, [&](auto zero) {
       using T = decltype(zero);
@@ -234,11 +234,11 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  Status DoBroadcast(void* data, size_t count, CommDataType type, int root) override {
+  Status DoBroadcast(void* data, size_t count, ElementType type, int root) override {
     return GlooCall(
         [&] {
           gloo::BroadcastOptions opts(context_);
-          opts.setOutput(static_cast<uint8_t*>(data), count * CommDataTypeSize(type));
+          opts.setOutput(static_cast<uint8_t*>(data), count * ElementSize(type));
           opts.setRoot(root);
           opts.setTag(NextTag());
           opts.setTimeout(timeout_);

@@ -32,17 +32,17 @@ Status NcclError(ncclResult_t r, std::string_view what) {
   }
 }
 
-ncclDataType_t NcclType(CommDataType type) {
+ncclDataType_t NcclType(ElementType type) {
   switch (type) {
-    case CommDataType::kFloat32:
+    case ElementType::kFp32:
       return ncclFloat32;
-    case CommDataType::kFloat64:
+    case ElementType::kFp64:
       return ncclFloat64;
-    case CommDataType::kInt64:
+    case ElementType::kInt64:
       return ncclInt64;
-    case CommDataType::kBfloat16:
+    case ElementType::kBf16:
       return ncclBfloat16;
-    case CommDataType::kFloat16:
+    case ElementType::kFp16:
       return ncclFloat16;
   }
   return ncclFloat32;
@@ -112,22 +112,22 @@ class NcclCommunicator final : public Communicator {
   std::string_view backend() const override { return "nccl"; }
 
  protected:
-  Status DoAllReduce(void* data, size_t count, CommDataType type, ReduceOp op) override {
+  Status DoAllReduce(void* data, size_t count, ElementType type, ReduceOp op) override {
     return Run("ncclAllReduce", [&] {
       return ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), comm_, stream_);
     });
   }
-  Status DoAllGather(const void* send, void* recv, size_t count, CommDataType type) override {
+  Status DoAllGather(const void* send, void* recv, size_t count, ElementType type) override {
     return Run("ncclAllGather",
                [&] { return ncclAllGather(send, recv, count, NcclType(type), comm_, stream_); });
   }
-  Status DoReduceScatter(void* send, void* recv, size_t count, CommDataType type,
+  Status DoReduceScatter(void* send, void* recv, size_t count, ElementType type,
                          ReduceOp op) override {
     return Run("ncclReduceScatter", [&] {
       return ncclReduceScatter(send, recv, count, NcclType(type), NcclOp(op), comm_, stream_);
     });
   }
-  Status DoBroadcast(void* data, size_t count, CommDataType type, int root) override {
+  Status DoBroadcast(void* data, size_t count, ElementType type, int root) override {
     return Run("ncclBroadcast", [&] {
       return ncclBroadcast(data, data, count, NcclType(type), root, comm_, stream_);
     });

@@ -90,7 +90,7 @@ Status Engine::Impl::CheckRanksAgree() {
   const int64_t mine[2] = {static_cast<int64_t>(HashName(0, model.dump())),
                            static_cast<int64_t>(HashName(0, cfg.dump()))};
   std::vector<int64_t> all(2 * world());
-  ZINF_RETURN_IF_ERROR(comm->AllGather(mine, all.data(), 2, CommDataType::kInt64));
+  ZINF_RETURN_IF_ERROR(comm->AllGather(mine, all.data(), 2, ElementType::kInt64));
   for (int r = 0; r < world(); ++r) {
     if (all[2 * r + 1] != all[1]) {
       return FailedPrecondition(fmt::format(
@@ -109,7 +109,7 @@ Status Engine::Impl::CheckRanksAgree() {
 Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {
   const int64_t failed = mine.ok() ? 0 : 1;
   std::vector<int64_t> all(world());
-  Status agreed = comm->AllGather(&failed, all.data(), 1, CommDataType::kInt64);
+  Status agreed = comm->AllGather(&failed, all.data(), 1, ElementType::kInt64);
   if (!mine.ok()) return Context(std::move(mine), what);
   ZINF_RETURN_IF_ERROR(Context(std::move(agreed), what));
   for (int r = 0; r < world(); ++r) {
@@ -376,8 +376,7 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   std::vector<float> local(p.shard_size), full(p.shard_size * m.world());
   Status read = m.ReadMasterShard(p, local.data());
   // Every rank joins the gather, so that one rank's failure cannot leave the others waiting.
-  Status gathered =
-      m.comm->AllGather(local.data(), full.data(), p.shard_size, CommDataType::kFloat32);
+  Status gathered = m.comm->AllGather(local.data(), full.data(), p.shard_size, ElementType::kFp32);
   ZINF_RETURN_IF_ERROR(m.Context(read, fmt::format("reading parameter '{}'", name)));
   ZINF_RETURN_IF_ERROR(gathered);
   full.resize(p.numel);
@@ -387,7 +386,7 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
 
 StatusOr<double> Engine::MeanOverRanks(double value) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.comm->AllReduce(&value, 1, CommDataType::kFloat64, ReduceOp::kSum));
+  ZINF_RETURN_IF_ERROR(m.comm->AllReduce(&value, 1, ElementType::kFp64, ReduceOp::kSum));
   return value / m.world();
 }
 
@@ -435,7 +434,7 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
   ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
-                                         p.shard_size, CommDataType::kFloat32));
+                                         p.shard_size, ElementType::kFp32));
   full.resize(p.numel);
   const double scale = 1.0 / (static_cast<double>(m.world()) *
                               m.config.gradient_accumulation_steps * m.scaler.scale);

@@ -142,9 +142,8 @@ StatusOr<StepSummary> Engine::Step() {
       GradStats stats,
       m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
   double global[2] = {stats.finite ? stats.sum_squares : 0.0, stats.finite ? 0.0 : 1.0};
-  ZINF_RETURN_IF_ERROR(
-      m.Context(m.comm->AllReduce(global, 2, CommDataType::kFloat64, ReduceOp::kSum),
-                "all-reducing the gradient norm"));
+  ZINF_RETURN_IF_ERROR(m.Context(m.comm->AllReduce(global, 2, ElementType::kFp64, ReduceOp::kSum),
+                                 "all-reducing the gradient norm"));
   const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
   Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
   // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.

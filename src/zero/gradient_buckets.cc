@@ -66,7 +66,7 @@ Status GradientBuckets::Start(Bucket& bucket) {
     }
   }
   bucket.work = comm_->ReduceScatterAsync(send, bucket.received.data(), bucket.used,
-                                          CommDataType::kFloat32, ReduceOp::kSum);
+                                          ElementType::kFp32, ReduceOp::kSum);
   ++reductions_;
   return OkStatus();
 }

@@ -19,18 +19,6 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-CommDataType CommType(ElementType type) {
-  switch (type) {
-    case ElementType::kBf16:
-      return CommDataType::kBfloat16;
-    case ElementType::kFp16:
-      return CommDataType::kFloat16;
-    case ElementType::kFp32:
-      break;
-  }
-  return CommDataType::kFloat32;
-}
-
 }  // namespace
 
 struct ParamTier::State {
@@ -98,7 +86,7 @@ Status ParamTier::StartGather(int param) {
     }
     ZINF_ASSIGN_OR_RETURN(s.full, store_->Acquire(s.gathered, Tier::kDevice, Access::kOverwrite));
     s.gathering =
-        comm_->AllGatherAsync(s.shard_data, s.full, p.shard_size, CommType(options_.param_type));
+        comm_->AllGatherAsync(s.shard_data, s.full, p.shard_size, options_.param_type);
   }
   counters_.seconds_gather += Seconds(t0);
   return OkStatus();

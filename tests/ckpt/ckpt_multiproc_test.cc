@@ -105,8 +105,7 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
   EXPECT_EQ(ReadFloats(root_ + "/resumed.bin"), ReadFloats(root_ + "/expected.bin"));
 
   // The export of the two ranks' shards is the gathered model at the save.
-  ASSERT_TRUE(
-      ckpt::ExportSafetensors(ckpt, root_ + "/m.safetensors", ckpt::ExportDType::kFp32).ok());
+  ASSERT_TRUE(ckpt::ExportSafetensors(ckpt, root_ + "/m.safetensors", ElementType::kFp32).ok());
   std::ifstream in(root_ + "/m.safetensors", std::ios::binary);
   uint64_t header = 0;
   in.read(reinterpret_cast<char*>(&header), 8);

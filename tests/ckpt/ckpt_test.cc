@@ -172,10 +172,8 @@ TEST_F(CkptTest, ExportHoldsEveryParameterInFp32AndBf16) {
   auto e = Make("all_nvme");
   ASSERT_TRUE(TrainCkptEngine(*e, 0, 2).ok());
   ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-2").ok());
-  ASSERT_TRUE(
-      ckpt::ExportSafetensors(Ckpt(), root_ + "/m.safetensors", ckpt::ExportDType::kFp32).ok());
-  ASSERT_TRUE(
-      ckpt::ExportSafetensors(Ckpt(), root_ + "/h.safetensors", ckpt::ExportDType::kBf16).ok());
+  ASSERT_TRUE(ckpt::ExportSafetensors(Ckpt(), root_ + "/m.safetensors", ElementType::kFp32).ok());
+  ASSERT_TRUE(ckpt::ExportSafetensors(Ckpt(), root_ + "/h.safetensors", ElementType::kBf16).ok());
   EXPECT_EQ(testing::ReadSafeTensors(root_ + "/m.safetensors").header_bytes % 8, 0u)
       << "the data must be 8-byte aligned";
   const auto full = testing::ReadSafeTensors(root_ + "/m.safetensors").tensors;
@@ -204,7 +202,7 @@ TEST_F(CkptTest, ExportHoldsEveryParameterInFp32AndBf16) {
   f.seekp(10);
   f.put('\x7f');
   f.close();
-  Status s = ckpt::ExportSafetensors(Ckpt(), root_ + "/bad.safetensors", ckpt::ExportDType::kFp32);
+  Status s = ckpt::ExportSafetensors(Ckpt(), root_ + "/bad.safetensors", ElementType::kFp32);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
   EXPECT_FALSE(fs::exists(root_ + "/bad.safetensors"));
 }
@@ -254,7 +252,7 @@ class ManifestTest : public CkptTest {
   void ExpectExportRefused(StatusCode code, const std::string& message,
                            const std::string& from = "") {
     const std::string out = root_ + "/out.safetensors";
-    Status s = ckpt::ExportSafetensors(from.empty() ? Ckpt() : from, out, ckpt::ExportDType::kFp32);
+    Status s = ckpt::ExportSafetensors(from.empty() ? Ckpt() : from, out, ElementType::kFp32);
     EXPECT_EQ(s.code(), code) << s;
     EXPECT_THAT(s.message(), HasSubstr(message));
     EXPECT_FALSE(fs::exists(out)) << s;
@@ -268,8 +266,7 @@ TEST_F(ManifestTest, WrittenWithAChecksumThatAnyEditBreaks) {
   const nlohmann::json j = nlohmann::json::parse(good_);
   EXPECT_EQ(j.at("format_version"), 2);
   EXPECT_THAT(j.at("checksum").get<std::string>(), ::testing::StartsWith("crc32c:"));
-  ASSERT_TRUE(
-      ckpt::ExportSafetensors(Ckpt(), root_ + "/ok.safetensors", ckpt::ExportDType::kFp32).ok());
+  ASSERT_TRUE(ckpt::ExportSafetensors(Ckpt(), root_ + "/ok.safetensors", ElementType::kFp32).ok());
 
   Edit([](nlohmann::json& j) { j["step"] = 3; }, /*reseal=*/false);
   ExpectExportRefused(StatusCode::kDataLoss, manifest_ + " fails its checksum");
@@ -282,8 +279,7 @@ TEST_F(ManifestTest, WrittenWithAChecksumThatAnyEditBreaks) {
 
   // Reformatting is not an edit: the checksum is of the content.
   std::ofstream(manifest_, std::ios::trunc) << nlohmann::json::parse(good_).dump(4);
-  EXPECT_TRUE(
-      ckpt::ExportSafetensors(Ckpt(), root_ + "/b.safetensors", ckpt::ExportDType::kFp32).ok());
+  EXPECT_TRUE(ckpt::ExportSafetensors(Ckpt(), root_ + "/b.safetensors", ElementType::kFp32).ok());
 }
 
 TEST_F(ManifestTest, EditedButResealedManifestsAreRefusedByTheirContent) {
@@ -385,8 +381,7 @@ TEST_F(ManifestTest, VersionsOlderAreReadNewerAreRefused) {
         j.erase("checksum");
       },
       /*reseal=*/false);
-  EXPECT_TRUE(
-      ckpt::ExportSafetensors(Ckpt(), root_ + "/v1.safetensors", ckpt::ExportDType::kFp32).ok());
+  EXPECT_TRUE(ckpt::ExportSafetensors(Ckpt(), root_ + "/v1.safetensors", ElementType::kFp32).ok());
   Edit(
       [](nlohmann::json& j) {
         j["format_version"] = 1;

@@ -83,16 +83,16 @@ int Collectives(Communicator& comm) {
   // All-reduce (sum, max) of float32.
   std::vector<float> a(1003);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(r + 1) * (i % 7);
-  CHILD_OK(comm.AllReduce(a.data(), a.size(), CommDataType::kFloat32, ReduceOp::kSum));
+  CHILD_OK(comm.AllReduce(a.data(), a.size(), ElementType::kFp32, ReduceOp::kSum));
   const float rank_sum = w * (w + 1) / 2.0f;
   for (size_t i = 0; i < a.size(); ++i) CHILD_CHECK(a[i] == rank_sum * (i % 7));
   std::vector<int64_t> m = {r, -r};
-  CHILD_OK(comm.AllReduce(m.data(), 2, CommDataType::kInt64, ReduceOp::kMax));
+  CHILD_OK(comm.AllReduce(m.data(), 2, ElementType::kInt64, ReduceOp::kMax));
   CHILD_CHECK(m[0] == w - 1 && m[1] == 0);
 
   // All-gather of int64: rank order.
   std::vector<int64_t> mine(5, r * 10), all(5 * w, -1);
-  CHILD_OK(comm.AllGather(mine.data(), all.data(), 5, CommDataType::kInt64));
+  CHILD_OK(comm.AllGather(mine.data(), all.data(), 5, ElementType::kInt64));
   for (int q = 0; q < w; ++q)
     for (int i = 0; i < 5; ++i) CHILD_CHECK(all[q * 5 + i] == q * 10);
 
@@ -100,8 +100,8 @@ int Collectives(Communicator& comm) {
   const size_t per_rank = 257;
   std::vector<double> send(per_rank * w), recv(per_rank);
   for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<double>(i) + r;
-  CHILD_OK(comm.ReduceScatter(send.data(), recv.data(), per_rank, CommDataType::kFloat64,
-                              ReduceOp::kSum));
+  CHILD_OK(
+      comm.ReduceScatter(send.data(), recv.data(), per_rank, ElementType::kFp64, ReduceOp::kSum));
   for (size_t i = 0; i < per_rank; ++i) {
     const double index = static_cast<double>(r * per_rank + i);
     CHILD_CHECK(recv[i] == w * index + rank_sum - w);
@@ -109,27 +109,27 @@ int Collectives(Communicator& comm) {
 
   // Broadcast from the last rank.
   std::vector<float> b(64, static_cast<float>(r));
-  CHILD_OK(comm.Broadcast(b.data(), b.size(), CommDataType::kFloat32, w - 1));
+  CHILD_OK(comm.Broadcast(b.data(), b.size(), ElementType::kFp32, w - 1));
   for (float v : b) CHILD_CHECK(v == static_cast<float>(w - 1));
 
   // 16-bit parameters move as they are: all-gather of bfloat16, broadcast of float16.
   std::vector<uint16_t> half(33, static_cast<uint16_t>(0x3f80 + r)), halves(33 * w);
-  CHILD_OK(comm.AllGather(half.data(), halves.data(), half.size(), CommDataType::kBfloat16));
+  CHILD_OK(comm.AllGather(half.data(), halves.data(), half.size(), ElementType::kBf16));
   for (int q = 0; q < w; ++q) CHILD_CHECK(halves[q * 33 + 32] == 0x3f80 + q);
-  CHILD_OK(comm.Broadcast(half.data(), half.size(), CommDataType::kFloat16, 0));
+  CHILD_OK(comm.Broadcast(half.data(), half.size(), ElementType::kFp16, 0));
   CHILD_CHECK(half[0] == 0x3f80 && half[32] == 0x3f80);
 
   // Two asynchronous all-reduces in flight, then a barrier.
   std::vector<float> x(100, 1.0f), y(100, 2.0f);
-  auto wx = comm.AllReduceAsync(x.data(), x.size(), CommDataType::kFloat32, ReduceOp::kSum);
-  auto wy = comm.AllReduceAsync(y.data(), y.size(), CommDataType::kFloat32, ReduceOp::kSum);
+  auto wx = comm.AllReduceAsync(x.data(), x.size(), ElementType::kFp32, ReduceOp::kSum);
+  auto wy = comm.AllReduceAsync(y.data(), y.size(), ElementType::kFp32, ReduceOp::kSum);
   CHILD_OK(wy->Wait());
   CHILD_OK(wx->Wait());
   CHILD_CHECK(x[99] == w && y[0] == 2.0f * w);
   CHILD_OK(comm.Barrier());
 
   // Bad arguments are errors, not crashes.
-  CHILD_CHECK(comm.Broadcast(b.data(), 1, CommDataType::kFloat32, w).code() ==
+  CHILD_CHECK(comm.Broadcast(b.data(), 1, ElementType::kFp32, w).code() ==
               StatusCode::kInvalidArgument);
   return 0;
 }
@@ -140,17 +140,16 @@ TEST(GlooCommunicatorTest, CollectivesOnTwoRanks) {
 
 // Gloo has no bfloat16 arithmetic: a reduction of one is refused, by name.
 TEST(GlooCommunicatorTest, SixteenBitReductionsAreRefused) {
-  EXPECT_EQ(
-      RunRanks(2,
-               [](Communicator& comm) {
-                 std::vector<uint16_t> v(8, 0x3f80);
-                 const Status s =
-                     comm.AllReduce(v.data(), v.size(), CommDataType::kBfloat16, ReduceOp::kSum);
-                 CHILD_CHECK(s.code() == StatusCode::kInvalidArgument);
-                 CHILD_CHECK(s.message().find("does not reduce bfloat16") != std::string::npos);
-                 return 0;
-               }),
-      (std::vector<int>{0, 0}));
+  EXPECT_EQ(RunRanks(2,
+                     [](Communicator& comm) {
+                       std::vector<uint16_t> v(8, 0x3f80);
+                       const Status s =
+                           comm.AllReduce(v.data(), v.size(), ElementType::kBf16, ReduceOp::kSum);
+                       CHILD_CHECK(s.code() == StatusCode::kInvalidArgument);
+                       CHILD_CHECK(s.message().find("does not reduce bf16") != std::string::npos);
+                       return 0;
+                     }),
+            (std::vector<int>{0, 0}));
 }
 
 TEST(GlooCommunicatorTest, CollectivesOnFourRanks) {
@@ -196,8 +195,7 @@ int ReduceScatterIsExact(Communicator& comm) {
       // A late last rank finds its peers' data already queued in its sockets, so it finishes
       // receiving while its own sends are still draining: the moment the race needs.
       if (r == w - 1 && round % 2 == 1) std::this_thread::sleep_for(20ms);
-      if (!comm.ReduceScatter(send.data(), recv.data(), count, CommDataType::kFloat32,
-                              ReduceOp::kSum)
+      if (!comm.ReduceScatter(send.data(), recv.data(), count, ElementType::kFp32, ReduceOp::kSum)
                .ok() ||
           std::memcmp(recv.data(), expected.data(), count * sizeof(float)) != 0) {
         std::fprintf(stderr, "rank %d: reduce-scatter of %zu per rank wrong in round %d\n", r,
@@ -225,7 +223,7 @@ TEST(GlooCommunicatorTest, DeadRankIsReportedWithinTheTimeout) {
       [](Communicator& comm) {
         if (comm.Barrier().ok() && comm.rank() == 2) _exit(42);  // dies mid-run
         std::vector<float> v(1 << 16, 1.0f);
-        Status s = comm.AllReduce(v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum);
+        Status s = comm.AllReduce(v.data(), v.size(), ElementType::kFp32, ReduceOp::kSum);
         CHILD_CHECK(!s.ok());
         CHILD_CHECK(s.code() == StatusCode::kUnavailable ||
                     s.code() == StatusCode::kDeadlineExceeded);
@@ -275,7 +273,7 @@ TEST(GlooCommunicatorTest, RanksConnectAndAllReduceWhileTheStoreIsFlooded) {
     std::vector<float> v(4096, static_cast<float>(rank + 1));
     for (int step = 0; step < 20; ++step) {
       std::fill(v.begin(), v.end(), static_cast<float>(rank + 1));
-      CHILD_OK((*comm)->AllReduce(v.data(), v.size(), CommDataType::kFloat32, ReduceOp::kSum));
+      CHILD_OK((*comm)->AllReduce(v.data(), v.size(), ElementType::kFp32, ReduceOp::kSum));
       CHILD_CHECK(v[0] == 3.0f && v[4095] == 3.0f);
       // The store itself keeps serving, too.
       auto n = (*store)->Add("steps", 1);
@@ -310,19 +308,17 @@ TEST(LocalCommunicatorTest, CollectivesAreCopies) {
   auto comm = CreateLocalCommunicator();
   ASSERT_TRUE(comm.ok());
   std::vector<float> send = {1, 2, 3}, recv(3);
-  ASSERT_TRUE((*comm)->AllReduce(send.data(), 3, CommDataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_TRUE((*comm)->AllReduce(send.data(), 3, ElementType::kFp32, ReduceOp::kSum).ok());
   EXPECT_EQ(send, (std::vector<float>{1, 2, 3}));
-  ASSERT_TRUE((*comm)->AllGather(send.data(), recv.data(), 3, CommDataType::kFloat32).ok());
+  ASSERT_TRUE((*comm)->AllGather(send.data(), recv.data(), 3, ElementType::kFp32).ok());
   EXPECT_EQ(recv, send);
   ASSERT_TRUE(
-      (*comm)
-          ->ReduceScatter(send.data(), recv.data(), 3, CommDataType::kFloat32, ReduceOp::kSum)
-          .ok());
+      (*comm)->ReduceScatter(send.data(), recv.data(), 3, ElementType::kFp32, ReduceOp::kSum).ok());
   EXPECT_EQ(recv, send);
   EXPECT_TRUE((*comm)->Barrier().ok());
-  EXPECT_EQ((*comm)->Broadcast(send.data(), 3, CommDataType::kFloat32, 1).code(),
+  EXPECT_EQ((*comm)->Broadcast(send.data(), 3, ElementType::kFp32, 1).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ((*comm)->AllReduce(nullptr, 3, CommDataType::kFloat32, ReduceOp::kSum).code(),
+  EXPECT_EQ((*comm)->AllReduce(nullptr, 3, ElementType::kFp32, ReduceOp::kSum).code(),
             StatusCode::kInvalidArgument);
   EXPECT_FALSE((*comm)->status().ok()) << "a failed collective is sticky, whatever the cause";
 }

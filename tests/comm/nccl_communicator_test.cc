@@ -38,15 +38,14 @@ TEST(NcclCommunicatorTest, CollectivesOnOneGpuOrAClearRefusal) {
   ASSERT_TRUE((*stream)->Synchronize().ok());
   Communicator& c = **comm;
   EXPECT_EQ(c.backend(), "nccl");
-  ASSERT_TRUE(c.AllReduce(a->data(), 1024, CommDataType::kFloat32, ReduceOp::kSum).ok());
-  ASSERT_TRUE(c.AllGather(a->data(), b->data(), 1024, CommDataType::kFloat32).ok());
-  ASSERT_TRUE(c.Broadcast(b->data(), 1024, CommDataType::kFloat32, 0).ok());
+  ASSERT_TRUE(c.AllReduce(a->data(), 1024, ElementType::kFp32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(c.AllGather(a->data(), b->data(), 1024, ElementType::kFp32).ok());
+  ASSERT_TRUE(c.Broadcast(b->data(), 1024, ElementType::kFp32, 0).ok());
   ASSERT_TRUE(c.Barrier().ok());
   ASSERT_TRUE((*stream)->Copy(host->data(), b->data(), 4096, CopyKind::kDeviceToHost).ok());
   ASSERT_TRUE((*stream)->Synchronize().ok());
   EXPECT_EQ(std::memcmp(host->data(), values.data(), 4096), 0) << "one rank: sums are copies";
-  EXPECT_EQ(c.Broadcast(b->data(), 1, CommDataType::kFloat32, 1).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Broadcast(b->data(), 1, ElementType::kFp32, 1).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(NcclCommunicatorTest, BadRankIsInvalid) {

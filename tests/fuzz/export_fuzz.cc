@@ -72,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::ofstream(g_root + "/step-1/manifest.json", std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   const std::string out = g_root + "/out.safetensors";
-  const zinf::Status s = zinf::ckpt::ExportSafetensors(g_root, out, zinf::ckpt::ExportDType::kFp32);
+  const zinf::Status s = zinf::ckpt::ExportSafetensors(g_root, out, zinf::ElementType::kFp32);
   std::error_code ec;
   if (!s.ok() && std::filesystem::exists(out, ec)) std::abort();  // a refusal leaves nothing
   std::filesystem::remove(out, ec);
