@@ -7,7 +7,7 @@
 //
 // Backends: UringEngine (io_uring; nvme/uring_engine.h) and PosixEngine (pread/pwrite on a
 // thread pool; nvme/posix_engine.h). CreateIoEngine picks one from AioOptions::backend. Tests
-// and fault injection wrap an engine (nvme/faulty_engine.h).
+// and fault injection wrap an engine (tests/testing/faulty_engine.h).
 //
 // Direct I/O (See Note [Direct I/O alignment]): a file added with direct=true needs offsets
 // that are multiples of kDirectIoAlignment. The engine bounces an unaligned buffer address or

@@ -21,7 +21,7 @@
 
 #include "core/log.h"
 #include "core/units.h"
-#include "nvme/crc32c.h"
+#include "core/crc32c.h"
 
 namespace zinf {
 

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "nvme/aio_options.h"
-#include "nvme/extent_allocator.h"
+#include "core/extent_allocator.h"
 #include "nvme/io_engine.h"
 #include "zinf/status.h"
 

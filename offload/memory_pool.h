@@ -3,7 +3,7 @@
 //
 // Arenas are made on demand, each at least `arena_bytes` (a larger request gets an arena of
 // its own size), and never more in total than the budget. Inside an arena, blocks come from an
-// ExtentAllocator (nvme/extent_allocator.h): best fit with coalescing, rounded only to the
+// ExtentAllocator (src/core/extent_allocator.h): best fit with coalescing, rounded only to the
 // alignment, so a 1.1 GiB request costs 1.1 GiB and not the 2 GiB a power-of-two allocator
 // takes (See Note [Pool sizing]). The budget is a MemoryBudget on the bytes in blocks, so an
 // over-budget request gets the standard ResourceExhausted message naming the pool, what is in
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "core/memory_budget.h"
-#include "nvme/extent_allocator.h"
+#include "core/extent_allocator.h"
 #include "zinf/device.h"
 #include "zinf/host_memory.h"
 #include "zinf/status.h"

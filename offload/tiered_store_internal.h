@@ -1,7 +1,7 @@
 // TieredStore's private side (for zinf's own code): a store whose NVMe tier is a swap store
 // configured in full (aio settings, file naming per rank), access to that swap store for
 // clients that keep other state in the same swap files, and a test hook that puts a
-// fault-injecting IoEngine (nvme/faulty_engine.h) under the NVMe tier.
+// fault-injecting IoEngine (tests/testing/faulty_engine.h) under the NVMe tier.
 //
 // Thread-safety: set the hook before creating stores, and clear it after; not synchronized.
 // The rest as TieredStore.

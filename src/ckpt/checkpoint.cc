@@ -21,7 +21,7 @@
 #include <system_error>
 
 #include "core/config_reader.h"
-#include "nvme/crc32c.h"
+#include "core/crc32c.h"
 
 namespace zinf::ckpt {
 namespace {

@@ -17,7 +17,7 @@
 #include <random>
 
 #include "ckpt/checkpoint.h"
-#include "nvme/crc32c.h"
+#include "core/crc32c.h"
 #include "tests/ckpt/ckpt_testing.h"
 #include "tests/testing/safetensors.h"
 

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "core/units.h"
-#include "nvme/faulty_engine.h"
+#include "tests/testing/faulty_engine.h"
 #include "tests/nvme/nvme_test_util.h"
 
 namespace zinf {

@@ -14,7 +14,7 @@
 #include <random>
 #include <thread>
 
-#include "nvme/faulty_engine.h"
+#include "tests/testing/faulty_engine.h"
 #include "offload/tiered_store_internal.h"
 #include "tests/nvme/nvme_test_util.h"
 

@@ -1,5 +1,5 @@
 // CRC32C: known vectors, and the SSE4.2 engine against the table engine.
-#include "nvme/crc32c.h"
+#include "core/crc32c.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@ TEST(Crc32c, KnownVectors) {
   EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
   std::vector<uint8_t> ones(32, 0xFF);
   EXPECT_EQ(Crc32c(ones.data(), ones.size()), 0x62A8AB43u);
-  EXPECT_EQ(nvme_internal::Crc32cTable("123456789", 9, 0), 0xE3069283u);
+  EXPECT_EQ(crc32c_internal::Crc32cTable("123456789", 9, 0), 0xE3069283u);
 }
 
 TEST(Crc32c, ChainingEqualsOneShot) {
@@ -36,8 +36,8 @@ TEST(Crc32c, Sse42MatchesTable) {
     const size_t off = rng() % 64;
     const size_t len = rng() % (data.size() - off);
     const uint32_t seed = rng();
-    ASSERT_EQ(nvme_internal::Crc32cSse42(data.data() + off, len, seed),
-              nvme_internal::Crc32cTable(data.data() + off, len, seed))
+    ASSERT_EQ(crc32c_internal::Crc32cSse42(data.data() + off, len, seed),
+              crc32c_internal::Crc32cTable(data.data() + off, len, seed))
         << "offset " << off << " length " << len;
   }
 }

@@ -4,9 +4,9 @@
 
 #include <cstring>
 
-#include "nvme/crc32c.h"
+#include "core/crc32c.h"
 
-namespace zinf::nvme_internal {
+namespace zinf::crc32c_internal {
 
 uint32_t Crc32cSse42(const void* data, size_t size, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -23,4 +23,4 @@ uint32_t Crc32cSse42(const void* data, size_t size, uint32_t crc) {
   return ~c32;
 }
 
-}  // namespace zinf::nvme_internal
+}  // namespace zinf::crc32c_internal

@@ -2,7 +2,7 @@
 // and corrupt reads surface as errors naming the tensor, file and offset; a failed write
 // leaves a sticky error that later writes and allocations report; no acknowledged write is
 // lost.
-#include "nvme/faulty_engine.h"
+#include "tests/testing/faulty_engine.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // CRC32C: the portable table engine and the run-time choice. Thread-safe.
-#include "nvme/crc32c.h"
+#include "core/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include "zinf/cpu_info.h"
 
 namespace zinf {
-namespace nvme_internal {
+namespace crc32c_internal {
 namespace {
 
 constexpr uint32_t kPolyReflected = 0x82F63B78u;
@@ -48,14 +48,14 @@ uint32_t Crc32cTable(const void* data, size_t size, uint32_t crc) {
   return ~c;
 }
 
-}  // namespace nvme_internal
+}  // namespace crc32c_internal
 
 namespace {
 
 using Crc32cFn = uint32_t (*)(const void*, size_t, uint32_t);
 
 Crc32cFn Pick() {
-  return GetCpuInfo().isa.sse42 ? nvme_internal::Crc32cSse42 : nvme_internal::Crc32cTable;
+  return GetCpuInfo().isa.sse42 ? crc32c_internal::Crc32cSse42 : crc32c_internal::Crc32cTable;
 }
 
 }  // namespace

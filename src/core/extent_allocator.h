@@ -3,8 +3,8 @@
 //
 // Best fit over a free list ordered by offset; O(free ranges) per Allocate, O(log) per Free.
 // Not thread-safe: SwapStore holds its mutex around every call.
-#ifndef ZINF_NVME_EXTENT_ALLOCATOR_H_
-#define ZINF_NVME_EXTENT_ALLOCATOR_H_
+#ifndef ZINF_CORE_EXTENT_ALLOCATOR_H_
+#define ZINF_CORE_EXTENT_ALLOCATOR_H_
 
 #include <cstdint>
 #include <map>
@@ -41,4 +41,4 @@ class ExtentAllocator {
 
 }  // namespace zinf
 
-#endif  // ZINF_NVME_EXTENT_ALLOCATOR_H_
+#endif  // ZINF_CORE_EXTENT_ALLOCATOR_H_

@@ -5,8 +5,8 @@
 // so that tests run each against the other and against known vectors.
 //
 // Thread-safe (pure functions).
-#ifndef ZINF_NVME_CRC32C_H_
-#define ZINF_NVME_CRC32C_H_
+#ifndef ZINF_CORE_CRC32C_H_
+#define ZINF_CORE_CRC32C_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,12 +20,12 @@ uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
 // "sse4.2" or "table": what Crc32c uses on this CPU.
 std::string_view Crc32cEngineName();
 
-namespace nvme_internal {
+namespace crc32c_internal {
 uint32_t Crc32cTable(const void* data, size_t size, uint32_t crc);
 // Only call where GetCpuInfo().isa.sse42.
 uint32_t Crc32cSse42(const void* data, size_t size, uint32_t crc);
-}  // namespace nvme_internal
+}  // namespace crc32c_internal
 
 }  // namespace zinf
 
-#endif  // ZINF_NVME_CRC32C_H_
+#endif  // ZINF_CORE_CRC32C_H_

@@ -1,5 +1,5 @@
 // FaultyEngine: fault injection around a real IoEngine. Thread-safety: see faulty_engine.h.
-#include "nvme/faulty_engine.h"
+#include "tests/testing/faulty_engine.h"
 
 #include <fmt/core.h>
 

@@ -1,5 +1,5 @@
 // ExtentAllocator: alignment, reuse, coalescing and the errors.
-#include "nvme/extent_allocator.h"
+#include "core/extent_allocator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

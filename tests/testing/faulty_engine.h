@@ -10,8 +10,8 @@
 //   kCorruptRead   the read succeeds and one byte of the buffer is flipped
 //
 // Thread-safety: as IoEngine; Arm may be called concurrently with I/O.
-#ifndef ZINF_NVME_FAULTY_ENGINE_H_
-#define ZINF_NVME_FAULTY_ENGINE_H_
+#ifndef ZINF_TESTS_TESTING_FAULTY_ENGINE_H_
+#define ZINF_TESTS_TESTING_FAULTY_ENGINE_H_
 
 #include <memory>
 #include <mutex>
@@ -60,4 +60,4 @@ class FaultyEngine final : public IoEngine {
 
 }  // namespace zinf
 
-#endif  // ZINF_NVME_FAULTY_ENGINE_H_
+#endif  // ZINF_TESTS_TESTING_FAULTY_ENGINE_H_

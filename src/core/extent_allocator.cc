@@ -1,5 +1,5 @@
 // ExtentAllocator: best-fit allocation with coalescing frees. Not thread-safe.
-#include "nvme/extent_allocator.h"
+#include "core/extent_allocator.h"
 
 #include <fmt/core.h>
 
