@@ -8,9 +8,14 @@ endfunction()
 
 # zinf_library(NAME SOURCES... [DEPS ...]) — a static library whose private headers are
 # included from the repository root ("nvme/io_engine.h") or src/ ("core/log.h").
+# Its objects are also bundled into libzinf.so (src/capi), so they are compiled with hidden
+# visibility: only declarations marked ZINF_EXPORT (include/zinf/export.h) leave the library.
 function(zinf_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
+  set_target_properties(${name} PROPERTIES
+    C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
   target_include_directories(${name} PUBLIC
     ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})

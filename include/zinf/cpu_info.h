@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "zinf/export.h"
+
 namespace zinf {
 
 // Instruction sets that the CPU has *and* the operating system enables (XSAVE state).
@@ -42,10 +44,10 @@ struct CpuInfo {
   uint64_t available_memory_bytes = 0;  // MemAvailable at probe time
 };
 
-const CpuInfo& GetCpuInfo();
+ZINF_EXPORT const CpuInfo& GetCpuInfo();
 
 // "avx2 fma f16c avx512f avx512bw avx512_bf16 amx_bf16" — the ISA names present.
-std::string IsaSummary(const CpuIsa& isa);
+ZINF_EXPORT std::string IsaSummary(const CpuIsa& isa);
 
 }  // namespace zinf
 

@@ -42,23 +42,25 @@
 #include <vector>
 
 #include "zinf/dtype.h"
+#include "zinf/export.h"
 #include "zinf/status.h"
 
 namespace zinf {
 
 enum class OptimizerType : int { kAdamW = 0, kAdam = 1, kAdagrad = 2, kLion = 3 };
-std::string_view OptimizerTypeName(OptimizerType type);  // "adamw", "adam", "adagrad", "lion"
+// "adamw", "adam", "adagrad", "lion"
+ZINF_EXPORT std::string_view OptimizerTypeName(OptimizerType type);
 
 // `count` fp32 values into `type` (round to nearest even, NaN stays NaN, as the kernels'
 // parameter copies do), and back. kFp32 copies.
-void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);
-void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count);
+ZINF_EXPORT void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);
+ZINF_EXPORT void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count);
 // acc[i] += x[i] for `count` fp32 values, vectorized (the same bits as the plain loop).
-void AccumulateFp32(float* acc, const float* x, size_t count);
+ZINF_EXPORT void AccumulateFp32(float* acc, const float* x, size_t count);
 
 // Hyper-parameters of one parameter group. Defaults are torch's AdamW defaults;
 // Defaults(type) gives torch's defaults for each type (Lion: the paper's 1e-4, 0.9, 0.99).
-struct OptimizerHyperParams {
+struct ZINF_EXPORT OptimizerHyperParams {
   OptimizerType type = OptimizerType::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9;                      // Adam, AdamW, Lion
@@ -79,7 +81,7 @@ struct OptimizerHyperParams {
 
 // One shard, or a contiguous chunk of one. Pointers are not owned and may be unaligned
 // (aligned ones are faster: see CpuOptimizerOptions::store_mode).
-struct OptimizerSpan {
+struct ZINF_EXPORT OptimizerSpan {
   float* params = nullptr;      // fp32 master parameters, updated in place
   const void* grads = nullptr;  // `count` elements of grad_type; only read
   ElementType grad_type = ElementType::kFp32;
@@ -99,9 +101,10 @@ struct GradStats {
 };
 
 enum class CpuKernelIsa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
-std::string_view CpuKernelIsaName(CpuKernelIsa isa);  // "auto", "scalar", "avx2", "avx512"
+// "auto", "scalar", "avx2", "avx512"
+ZINF_EXPORT std::string_view CpuKernelIsaName(CpuKernelIsa isa);
 // Kernels this CPU can run, slowest first (always includes kScalar).
-std::vector<CpuKernelIsa> SupportedCpuKernelIsas();
+ZINF_EXPORT std::vector<CpuKernelIsa> SupportedCpuKernelIsas();
 
 enum class StoreMode : int {
   // Cached for calls writing less than nt_store_min_bytes. For larger calls the first few
@@ -112,7 +115,7 @@ enum class StoreMode : int {
   kNonTemporal = 2,  // streaming stores that bypass the caches
 };
 
-struct CpuOptimizerOptions {
+struct ZINF_EXPORT CpuOptimizerOptions {
   // Worker threads, the calling thread included; 0 uses every CPU in the affinity mask.
   int threads = 0;
   // Kernel instruction set; kAuto picks the best this CPU has. Forcing one the CPU lacks is
@@ -153,7 +156,7 @@ struct ParamGroupState {
   int64_t step = 0;  // steps taken; the next update uses step + 1 after BeginStep
 };
 
-class CpuOptimizer {
+class ZINF_EXPORT CpuOptimizer {
  public:
   // Errors: InvalidArgument for bad options, Unavailable for a forced ISA the CPU lacks,
   // Internal when the thread arena cannot be made.

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "zinf/export.h"
 #include "zinf/host_memory.h"
 #include "zinf/status.h"
 
@@ -48,7 +49,7 @@ struct DeviceMemoryStats {
 namespace internal {
 // Returns device memory; kept alive by every DeviceBuffer so freeing works after the device
 // is gone.
-class DeviceAllocator {
+class ZINF_EXPORT DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;
   virtual void Free(void* data, size_t size_bytes) noexcept = 0;
@@ -56,7 +57,7 @@ class DeviceAllocator {
 }  // namespace internal
 
 // Owns one device allocation. Move-only; frees on destruction (see the contract above).
-class DeviceBuffer {
+class ZINF_EXPORT DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(void* data, size_t size_bytes, std::shared_ptr<internal::DeviceAllocator> owner)
@@ -96,7 +97,7 @@ class DeviceBuffer {
   std::shared_ptr<internal::DeviceAllocator> owner_;
 };
 
-class Event {
+class ZINF_EXPORT Event {
  public:
   virtual ~Event() = default;
   // True when the work before the most recent Record() has run (true if never recorded).
@@ -108,7 +109,7 @@ class Event {
   virtual StatusOr<double> ElapsedMsSince(const Event& start) const = 0;
 };
 
-class Stream {
+class ZINF_EXPORT Stream {
  public:
   // Waits for the stream's queued work (best effort; errors are logged, never thrown).
   virtual ~Stream() = default;
@@ -132,7 +133,7 @@ class Stream {
   virtual void* native_handle() const = 0;
 };
 
-class Device {
+class ZINF_EXPORT Device {
  public:
   // Marks the device closed (see the contract above). Waiting for work queued on streams
   // that are still alive is the caller's job.
@@ -153,7 +154,7 @@ class Device {
 // ---------------------------------------------------------------------------------------
 // Factories.
 
-struct HostDeviceOptions {
+struct ZINF_EXPORT HostDeviceOptions {
   // Bytes of "device memory"; must be > 0.
   uint64_t memory_budget_bytes = 0;
   int ordinal = 0;  // distinguishes devices in names ("host:1")
@@ -179,7 +180,7 @@ struct HostDeviceOptions {
   // [0, 1000000]; the options are then unchanged.
   [[nodiscard]] Status ApplyEnvironment();
 };
-StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
+ZINF_EXPORT StatusOr<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
 
 struct CudaDeviceOptions {
   int ordinal = 0;
@@ -187,7 +188,7 @@ struct CudaDeviceOptions {
   uint64_t memory_budget_bytes = 0;
 };
 // Unavailable when zinf was built without CUDA or no GPU is usable (the message says why).
-StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options);
+ZINF_EXPORT StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options);
 
 struct GpuDescription {
   int ordinal = 0;
@@ -209,7 +210,7 @@ struct GpuReport {
   std::string error;  // why there are no GPUs ("CUDA driver version is insufficient...")
 };
 // Never fails: what cannot be found is reported in `error`.
-GpuReport ProbeGpus();
+ZINF_EXPORT GpuReport ProbeGpus();
 
 }  // namespace zinf
 

@@ -9,11 +9,14 @@
 #include <cstddef>
 #include <string_view>
 
+#include "zinf/export.h"
+
 namespace zinf {
 
 enum class ElementType : int { kFp32 = 0, kBf16 = 1, kFp16 = 2, kFp64 = 3, kInt64 = 4 };
-std::string_view ElementTypeName(ElementType type);  // "fp32", "bf16", "fp16", "fp64", "int64"
-size_t ElementSize(ElementType type);                // bytes; 0 for a value outside the enum
+// "fp32", "bf16", "fp16", "fp64", "int64"
+ZINF_EXPORT std::string_view ElementTypeName(ElementType type);
+ZINF_EXPORT size_t ElementSize(ElementType type);  // bytes; 0 for a value outside the enum
 
 }  // namespace zinf
 

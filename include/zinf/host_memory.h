@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "zinf/export.h"
 #include "zinf/status.h"
 
 namespace zinf {
@@ -34,7 +35,7 @@ struct HostAllocOptions {
 
 // Page-locks memory for DMA. The CUDA device installs one (cudaHostRegister); the default
 // uses mlock.
-class HostPinner {
+class ZINF_EXPORT HostPinner {
  public:
   virtual ~HostPinner() = default;
   virtual std::string_view name() const = 0;
@@ -44,9 +45,9 @@ class HostPinner {
 
 // Installs `pinner` (not owned; must outlive every pinned buffer made while it is installed).
 // nullptr restores mlock. Each buffer remembers the pinner that pinned it.
-void SetHostPinner(HostPinner* pinner);
+ZINF_EXPORT void SetHostPinner(HostPinner* pinner);
 
-class HostBuffer {
+class ZINF_EXPORT HostBuffer {
  public:
   // Allocates `size_bytes` (0 gives an empty buffer). Errors: InvalidArgument for a bad
   // alignment or NUMA node; ResourceExhausted when memory or pinning is refused.

@@ -16,6 +16,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "zinf/export.h"
+
 namespace zinf {
 
 enum class StatusCode : int {
@@ -32,9 +34,9 @@ enum class StatusCode : int {
 };
 
 // Name of the code, e.g. "InvalidArgument".
-std::string_view StatusCodeName(StatusCode code);
+ZINF_EXPORT std::string_view StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] ZINF_EXPORT Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message);
@@ -64,26 +66,26 @@ class [[nodiscard]] Status {
 };
 
 // Prints ToString(); lets tests and logs stream a Status.
-std::ostream& operator<<(std::ostream& os, const Status& status);
+ZINF_EXPORT std::ostream& operator<<(std::ostream& os, const Status& status);
 
 inline Status OkStatus() { return Status(); }
-Status InvalidArgument(std::string message);
-Status FailedPrecondition(std::string message);
-Status ResourceExhausted(std::string message);
-Status Unavailable(std::string message);
-Status IoError(std::string message);
-Status DataLoss(std::string message);
-Status Cancelled(std::string message);
-Status DeadlineExceeded(std::string message);
-Status Internal(std::string message);
+ZINF_EXPORT Status InvalidArgument(std::string message);
+ZINF_EXPORT Status FailedPrecondition(std::string message);
+ZINF_EXPORT Status ResourceExhausted(std::string message);
+ZINF_EXPORT Status Unavailable(std::string message);
+ZINF_EXPORT Status IoError(std::string message);
+ZINF_EXPORT Status DataLoss(std::string message);
+ZINF_EXPORT Status Cancelled(std::string message);
+ZINF_EXPORT Status DeadlineExceeded(std::string message);
+ZINF_EXPORT Status Internal(std::string message);
 
 // An IoError (or ResourceExhausted for ENOSPC/ENOMEM, InvalidArgument for EINVAL) for an errno
 // value: "<what>: <strerror(err)>".
-Status ErrnoStatus(int err, std::string_view what);
+ZINF_EXPORT Status ErrnoStatus(int err, std::string_view what);
 
 namespace internal {
 // Reports a broken internal invariant (a zinf bug, never user input) and aborts.
-[[noreturn]] void DieBadStatusAccess(const Status& status);
+[[noreturn]] ZINF_EXPORT void DieBadStatusAccess(const Status& status);
 }  // namespace internal
 
 // Either a T or the non-OK Status saying why there is none.

@@ -41,17 +41,18 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/export.h"
 #include "zinf/status.h"
 
 namespace zinf {
 
 enum class Tier : int { kDevice = 0, kHost = 1, kNvme = 2 };
-std::string_view TierName(Tier tier);  // "device", "host", "nvme"
+ZINF_EXPORT std::string_view TierName(Tier tier);  // "device", "host", "nvme"
 
 // kOverwrite is kWrite for a caller that overwrites every byte: no current copy is read in.
 enum class Access { kRead, kWrite, kOverwrite };
 
-struct TieredStoreOptions {
+struct ZINF_EXPORT TieredStoreOptions {
   // The device tier: "host" (the CPU as a device: host memory under device_budget_bytes;
   // behind a modelled link when ZINF_HOST_LINK_GBPS is set, see
   // HostDeviceOptions::ApplyEnvironment), "cuda:N", or "" for none.
@@ -99,7 +100,7 @@ struct TieredStoreStats {
   uint64_t write_backs = 0;
 };
 
-class TieredStore {
+class ZINF_EXPORT TieredStore {
  public:
   // Opens the device, the pools and the swap files. Errors: InvalidArgument (options),
   // Unavailable (no such device), the swap store's errors for the NVMe paths.

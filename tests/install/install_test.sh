@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs zinf from a build tree into a temporary prefix, then builds the out-of-tree programs
+# in consumer/ against that prefix alone, once through CMake (find_package(zinf CONFIG),
+# target zinf::zinf) and once through pkg-config (zinf.pc), and runs them. Registered with CTest
+# by tests/install/CMakeLists.txt; exits non-zero on any failure.
+# Usage: install_test.sh BUILD_DIR CONSUMER_DIR CMAKE GENERATOR CC CXX [CFLAGS] [LDFLAGS]
+# (CFLAGS and LDFLAGS: the build's own, so that a sanitizer build links its runtime first.)
+set -euo pipefail
+build=$1 consumer=$2 cmake=$3 generator=$4 cc=$5 cxx=$6
+flags=${7:-} ldflags=${8:-}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/zinf-install-test-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+mkdir -p "$tmp/scratch"
+
+echo "== cmake --install $build --prefix $prefix"
+"$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" || {
+  cat "$tmp/install.log"
+  exit 1
+}
+
+# The installed headers include nothing but <zinf/...> and the standard library.
+if grep -rn '#include "' "$prefix/include/zinf" | grep -v '#include "zinf/'; then
+  echo "installed headers include files outside zinf/ (above)" >&2
+  exit 1
+fi
+
+echo "== CMake: find_package(zinf CONFIG)"
+"$cmake" -S "$consumer" -B "$tmp/cmake-build" -G "$generator" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$ldflags" \
+  >"$tmp/configure.log" || {
+  cat "$tmp/configure.log"
+  exit 1
+}
+"$cmake" --build "$tmp/cmake-build"
+"$tmp/cmake-build/consumer_c" "$tmp/scratch"
+"$tmp/cmake-build/consumer_cxx"
+
+echo "== pkg-config zinf"
+pc=$(find "$prefix" -name zinf.pc -print -quit)
+[ -n "$pc" ] || { echo "no zinf.pc under $prefix" >&2; exit 1; }
+export PKG_CONFIG_PATH=$(dirname "$pc")
+echo "zinf $(pkg-config --modversion zinf): $(pkg-config --cflags --libs zinf)"
+read -r -a pc_cflags <<<"$(pkg-config --cflags zinf)"
+read -r -a pc_libs <<<"$(pkg-config --libs zinf)"
+libdir=$(pkg-config --variable=libdir zinf)
+read -r -a extra_flags <<<"$flags"
+read -r -a extra_ldflags <<<"$ldflags"
+"$cc" -std=c11 "${extra_flags[@]}" "${pc_cflags[@]}" "$consumer/consumer.c" -o "$tmp/pc_consumer_c" \
+  "${extra_ldflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$libdir"
+"$cxx" -std=c++20 "${extra_flags[@]}" "${pc_cflags[@]}" "$consumer/consumer.cc" \
+  -o "$tmp/pc_consumer_cxx" "${extra_ldflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$libdir"
+"$tmp/pc_consumer_c" "$tmp/scratch"
+"$tmp/pc_consumer_cxx"
+echo "install test: ok"
