@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "zinf/export.h"
 #include "zinf/status.h"
 
 namespace zinf {
@@ -26,7 +27,7 @@ enum class DirectIo {
 // The deepest queue AioOptions::queue_depth accepts.
 inline constexpr int kMaxAioQueueDepth = 4096;
 
-struct AioOptions {
+struct ZINF_EXPORT AioOptions {
   // Largest single I/O the engine issues; larger requests are split into pieces of this size.
   // Bigger pieces mean fewer system calls, smaller ones more parallelism for one request.
   // A multiple of 4096 in [4 KiB, 256 MiB]. DeepSpeed: aio.block_size.

@@ -37,6 +37,7 @@
 
 #include "zinf/aio.h"
 #include "zinf/dtype.h"
+#include "zinf/export.h"
 #include "zinf/status.h"
 
 namespace zinf {
@@ -110,7 +111,7 @@ struct TrainerValues {
 // The parts of a DeepSpeed config the engine implements, with DeepSpeed's key names. Unknown
 // keys are errors; keys zinf accepts but does not act on are warnings (see `warnings`).
 // Defaults are DeepSpeed's.
-struct EngineConfig {
+struct ZINF_EXPORT EngineConfig {
   int zero_stage = 3;  // zero_optimization.stage: 1, 2 or 3
   // Gradients are reduce-scattered in buckets of this many elements, each while backward goes
   // on; a bucket takes this many elements of host memory, twice (one filling, one in flight).
@@ -282,7 +283,7 @@ struct StepSummary {
   uint64_t nvme_bytes = 0;
 };
 
-class Engine {
+class ZINF_EXPORT Engine {
  public:
   static StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
                                                   const EngineOptions& options);
