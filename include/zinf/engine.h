@@ -353,10 +353,11 @@ class ZINF_EXPORT Engine {
   Status SaveCheckpoint(const std::string& dir, const std::string& tag,
                         const std::string& client_state = "{}");
   // Restores the checkpoint `dir`/latest (or `dir` itself, a tag directory) saved by the same
-  // model, world size and optimizer, and returns its client_state. Everything is verified
-  // before anything is replaced: a missing, truncated or corrupt file is DataLoss naming it
-  // and leaves the engine as it was; a different model, world size or optimizer is
-  // FailedPrecondition naming the difference.
+  // model and optimizer with any number of ranks (another world size is resharded on load:
+  // each rank reads its shard from the saved ranks that hold it, optimizer state included),
+  // and returns its client_state. Everything is verified before anything is replaced: a
+  // missing, truncated or corrupt file is DataLoss naming it and leaves the engine as it was;
+  // a different model or optimizer is FailedPrecondition naming the difference.
   StatusOr<std::string> LoadCheckpoint(const std::string& dir);
 
   // This rank's shard of a parameter: [offset, offset + size) of the flattened parameter.

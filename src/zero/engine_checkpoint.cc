@@ -2,6 +2,7 @@
 // and a load that verifies everything before it replaces anything.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -103,25 +104,27 @@ Status Engine::Impl::WriteShardFile(const std::string& tag_dir, const std::strin
 StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   ZINF_ASSIGN_OR_RETURN(const std::string dir, ckpt::ResolveCheckpoint(path));
   ZINF_ASSIGN_OR_RETURN(const ckpt::Manifest manifest, ckpt::ReadManifest(dir));
-  if (manifest.world_size != world()) {
-    return FailedPrecondition(fmt::format(
-        "{} was saved by {} rank(s), this run has {}; `zinf ckpt export` consolidates it for "
-        "any world size",
-        dir, manifest.world_size, world()));
-  }
   if (manifest.params.size() != params.size()) {
     return FailedPrecondition(
         fmt::format("{} holds a different model: {} parameters, this one has {}", dir,
                     manifest.params.size(), params.size()));
   }
-  if (manifest.shard_elements != shard_elements) {
-    return FailedPrecondition(
-        fmt::format("{} holds a different model: {} elements per rank, this one has {}", dir,
-                    manifest.shard_elements, shard_elements));
+  // Note [Resharding on load]: a checkpoint saved by another number of ranks is laid out as
+  // that world size partitions the model; each rank reads the elements of its own shard from
+  // whichever saved ranks hold them, so the state it gets is bitwise the consolidated state.
+  const int saved_world = manifest.world_size;
+  std::vector<Param> saved_layout = params;
+  const uint64_t saved_shard_elements = Partition(saved_layout, saved_world, config.zero_stage,
+                                                  config.stage3_param_persistence_threshold);
+  if (manifest.shard_elements != saved_shard_elements) {
+    return FailedPrecondition(fmt::format(
+        "{} holds a different model: {} elements per rank of {}, this model has {} at that "
+        "world size",
+        dir, manifest.shard_elements, saved_world, saved_shard_elements));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const ckpt::ManifestParam& saved = manifest.params[i];
-    const Param& p = params[i];
+    const Param& p = saved_layout[i];
     if (saved.name != p.spec.name || saved.shape != p.spec.shape) {
       return FailedPrecondition(fmt::format(
           "{} holds a different model: parameter {} is '{}' {}, this model's is '{}' {}", dir, i,
@@ -131,8 +134,9 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     if (saved.flat_offset != p.flat_offset || saved.shard_size != p.shard_size) {
       return FailedPrecondition(fmt::format(
           "{} lays parameter '{}' out differently: {} elements per rank at shard offset {} "
-          "there, {} at {} here",
-          dir, p.spec.name, saved.shard_size, saved.flat_offset, p.shard_size, p.flat_offset));
+          "there, {} at {} for {} rank(s) here",
+          dir, p.spec.name, saved.shard_size, saved.flat_offset, p.shard_size, p.flat_offset,
+          saved_world));
     }
   }
   ZINF_ASSIGN_OR_RETURN(const SavedScalars scalars, ParseScalarState(manifest.engine_state, dir));
@@ -140,25 +144,63 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
                                           dir, scalars.optimizer, config.optimizer_type));
   }
-  ZINF_ASSIGN_OR_RETURN(
-      const ckpt::ShardReader reader,
-      ckpt::ShardReader::Open(dir + "/" + ckpt::ShardFileName(rank()), manifest.tag, rank()));
+  // The same world size reads this rank's file; another reads every saved rank's.
+  const bool reshard = saved_world != world();
+  std::vector<ckpt::ShardReader> readers;
+  for (int r = reshard ? 0 : rank(); r < (reshard ? saved_world : rank() + 1); ++r) {
+    ZINF_ASSIGN_OR_RETURN(
+        ckpt::ShardReader reader,
+        ckpt::ShardReader::Open(dir + "/" + ckpt::ShardFileName(r), manifest.tag, r));
+    readers.push_back(std::move(reader));
+  }
   const char* names[] = {"params", "state0", "state1"};
   const int sections = 1 + state_count();
-  for (int i = 0; i < sections; ++i) {
-    ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, reader.SectionBytes(names[i]));
-    if (bytes != shard_elements * 4) {
-      return DataLoss(fmt::format("{}/{}: section '{}' has {} bytes, expected {}", dir,
-                                  ckpt::ShardFileName(rank()), names[i], bytes,
-                                  shard_elements * 4));
+  for (size_t k = 0; k < readers.size(); ++k) {
+    const int r = reshard ? static_cast<int>(k) : rank();
+    for (int i = 0; i < sections; ++i) {
+      ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, readers[k].SectionBytes(names[i]));
+      if (bytes != manifest.shard_elements * 4) {
+        return DataLoss(fmt::format("{}/{}: section '{}' has {} bytes, expected {}", dir,
+                                    ckpt::ShardFileName(r), names[i], bytes,
+                                    manifest.shard_elements * 4));
+      }
     }
   }
   std::string blob;
-  ZINF_RETURN_IF_ERROR(reader.Verify("optimizer", [&](const char* data, uint64_t n) {
+  ZINF_RETURN_IF_ERROR(readers[0].Verify("optimizer", [&](const char* data, uint64_t n) {
     blob.append(data, n);
     return OkStatus();
   }));
-  for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
+  for (const ckpt::ShardReader& reader : readers) {
+    for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(reader.Verify(names[i]));
+  }
+  // Elements [begin, begin + count) of this rank's flat shard of section `name` into `out`.
+  auto read = [&](const char* name, uint64_t begin, uint64_t count, float* out) -> Status {
+    if (!reshard) return readers[0].Read(name, begin * 4, out, count * 4);
+    std::fill(out, out + count, 0.0f);  // padding
+    auto it = std::upper_bound(params.begin(), params.end(), begin,
+                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+    for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
+      const Param& p = *it;
+      const ckpt::ManifestParam& saved = manifest.params[&p - params.data()];
+      const auto [first, last] = Overlap(begin, count, p);
+      if (first >= last) continue;
+      // This rank's elements of the whole parameter, [x, end), and where they go.
+      const uint64_t mine = static_cast<uint64_t>(rank()) * p.shard_size;
+      uint64_t x = mine + (first - p.flat_offset);
+      const uint64_t end = std::min<uint64_t>(mine + (last - p.flat_offset), p.numel);
+      float* to = out + (first - begin);
+      while (x < end) {
+        const uint64_t r = x / saved.shard_size;
+        const uint64_t run = std::min(end, (r + 1) * saved.shard_size) - x;
+        ZINF_RETURN_IF_ERROR(
+            readers[r].Read(name, (saved.flat_offset + x - r * saved.shard_size) * 4, to, run * 4));
+        x += run;
+        to += run;
+      }
+    }
+    return OkStatus();
+  };
 
   // Verified: replace the state, once no gather reads it.
   param_tier->DropAll();
@@ -167,7 +209,7 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     auto load = [&](const ChunkView& c) -> Status {
       float* arrays[] = {c.params, c.state0, c.state1};
       for (int i = 0; i < sections; ++i) {
-        ZINF_RETURN_IF_ERROR(reader.Read(names[i], c.offset * 4, arrays[i], c.count * 4));
+        ZINF_RETURN_IF_ERROR(read(names[i], c.offset, c.count, arrays[i]));
       }
       return OkStatus();
     };
@@ -175,11 +217,11 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   } else {
     HostArray* arrays[] = {&master, &state0, &state1};
     for (int i = 0; i < sections; ++i) {
-      ZINF_RETURN_IF_ERROR(reader.Read(names[i], 0, arrays[i]->data(), shard_elements * 4));
+      ZINF_RETURN_IF_ERROR(read(names[i], 0, shard_elements, arrays[i]->as<float>()));
     }
   }
   if (host_master && pipelined != nullptr) {
-    ZINF_RETURN_IF_ERROR(reader.Read("params", 0, master.data(), shard_elements * 4));
+    ZINF_RETURN_IF_ERROR(read("params", 0, shard_elements, master.as<float>()));
   }
   if (host_master) {
     ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
@@ -187,8 +229,7 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     std::vector<float> values;
     for (Param& p : params) {
       values.resize(p.shard_size);
-      ZINF_RETURN_IF_ERROR(
-          reader.Read("params", p.flat_offset * 4, values.data(), p.shard_size * 4));
+      ZINF_RETURN_IF_ERROR(read("params", p.flat_offset, p.shard_size, values.data()));
       ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
     }
     ZINF_RETURN_IF_ERROR(param_tier->FinishWrites());
