@@ -508,5 +508,28 @@ TEST(EngineEnvironmentTest, LocalRankComesFromTheEnvironment) {
   EXPECT_EQ((*launched)->local_rank(), 1);
 }
 
+// The compute device: the host device works, anything else is refused at Create with a
+// message naming it; and Fetch hands out the compute-precision tensors beside the fp32 view.
+TEST(EngineDeviceTest, HostDeviceTensorsAndOtherDevicesRefused) {
+  auto config = EngineConfig::FromJson(R"({"bf16": {"enabled": true}})");
+  ASSERT_TRUE(config.ok());
+  auto cuda = Engine::Create(*config, {.device = "cuda:0", .rank = 0, .world_size = 1});
+  EXPECT_EQ(cuda.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(cuda.status().message().find("\"cuda:0\""), std::string::npos) << cuda.status();
+  auto engine = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->RegisterModule("m", {{"w", {3, 5}}}).ok());
+  ASSERT_TRUE((*engine)->Initialize().ok());
+  auto fetched = (*engine)->Fetch(0);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  ASSERT_EQ(fetched->tensors.size(), 1u);
+  EXPECT_EQ(fetched->tensors[0].dtype, ElementType::kBf16);
+  EXPECT_EQ(fetched->tensors[0].numel, 15u);
+  std::vector<float> widened(15);
+  ConvertToFp32(fetched->tensors[0].data, ElementType::kBf16, widened.data(), 15);
+  EXPECT_EQ(widened, std::vector<float>(fetched->params[0], fetched->params[0] + 15));
+  EXPECT_TRUE((*engine)->Release(0).ok());
+}
+
 }  // namespace
 }  // namespace zinf
