@@ -496,8 +496,10 @@ int Main(int argc, char** argv) {
         "  data: %s (%zu bytes)\n",
         mc.parameter_count() / 1e6, mc.d_model, mc.n_layer, mc.n_head, mc.seq_len, mc.vocab_size,
         mc.activation_checkpointing ? "on" : "off", args.device.c_str(), world, threads, batch, gas,
-        tokens_per_step, config->engine.zero_stage, config->engine.offload_param_device.c_str(),
-        config->engine.optimizer_type.c_str(), config->engine.offload_optimizer_device.c_str(),
+        tokens_per_step, config->engine.zero_stage,
+        std::string(zinf::OffloadDeviceName(config->engine.offload_param_device)).c_str(),
+        std::string(zinf::OptimizerTypeName(config->engine.optimizer_type)).c_str(),
+        std::string(zinf::OffloadDeviceName(config->engine.offload_optimizer_device)).c_str(),
         args.data.empty() ? "generated corpus" : args.data.c_str(), corpus->size());
     std::fflush(stdout);
     if (!args.metrics.empty()) {

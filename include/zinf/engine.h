@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "zinf/aio.h"
+#include "zinf/cpu_optimizer.h"
 #include "zinf/dtype.h"
 #include "zinf/export.h"
 #include "zinf/status.h"
@@ -108,6 +109,10 @@ struct TrainerValues {
   std::optional<int64_t> hidden_size;
 };
 
+// Where offload_param / offload_optimizer put their state (DeepSpeed's "device" key).
+enum class OffloadDevice { kNone, kCpu, kNvme };
+ZINF_EXPORT std::string_view OffloadDeviceName(OffloadDevice device);  // "none", "cpu", "nvme"
+
 // The parts of a DeepSpeed config the engine implements, with DeepSpeed's key names. Unknown
 // keys are errors; keys zinf accepts but does not act on are warnings (see `warnings`).
 // Defaults are DeepSpeed's.
@@ -125,8 +130,8 @@ struct ZINF_EXPORT EngineConfig {
   // zero_optimization.sub_group_size (elements): read and checked, but zinf's NVMe optimizer
   // step sizes its chunks from zinf.host_budget instead (a warning says so).
   uint64_t sub_group_size = 1000000000;
-  std::string offload_param_device = "none";      // none | cpu | nvme
-  std::string offload_optimizer_device = "none";  // none | cpu | nvme
+  OffloadDevice offload_param_device = OffloadDevice::kNone;
+  OffloadDevice offload_optimizer_device = OffloadDevice::kNone;
   // offload_optimizer.ratio, DeepSpeed's meaning: the fraction of the optimizer state kept on
   // the CPU and stepped there, the rest on the GPU ("partial offload", stage 3). zinf has no
   // GPU optimizer: it steps all of it on the CPU, and a ratio below 1 is a warning saying so.
@@ -166,7 +171,8 @@ struct ZINF_EXPORT EngineConfig {
   int hysteresis = 2;
   double min_loss_scale = 1;
   // optimizer: {"type": "AdamW", "params": {...}}
-  std::string optimizer_type = "adamw";  // adamw | adam | adagrad | lion
+  // "Adam" is AdamW unless adam_w_mode is false, as in DeepSpeed.
+  OptimizerType optimizer_type = OptimizerType::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;

@@ -55,16 +55,7 @@
 #include "zinf/tiered_store.h"
 
 namespace zinf {
-namespace {
-
-OptimizerType ToOptimizerType(const std::string& name) {
-  if (name == "adam") return OptimizerType::kAdam;
-  if (name == "adagrad") return OptimizerType::kAdagrad;
-  if (name == "lion") return OptimizerType::kLion;
-  return OptimizerType::kAdamW;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 // More elements than any machine holds (4 PiB of fp32): a shape beyond this is a mistake, and
 // refusing it at registration keeps the size arithmetic below far from overflow.
@@ -74,13 +65,13 @@ Status Engine::Impl::CheckRanksAgree() {
   nlohmann::json model = nlohmann::json::array();
   for (const Param& p : params) model.push_back({p.spec.name, p.spec.shape, p.module});
   const nlohmann::json cfg = {config.zero_stage,
-                              config.offload_param_device,
-                              config.offload_optimizer_device,
+                              OffloadDeviceName(config.offload_param_device),
+                              OffloadDeviceName(config.offload_optimizer_device),
                               config.gradient_accumulation_steps,
                               config.gradient_clipping,
                               config.fp16,
                               config.bf16,
-                              config.optimizer_type,
+                              OptimizerTypeName(config.optimizer_type),
                               config.lr,
                               config.beta1,
                               config.beta2,
@@ -161,8 +152,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                     "collectives and gradient path are host-side); use \"host\"",
                     options.device));
   }
-  impl->params_on_nvme = config.offload_param_device == "nvme";
-  impl->host_master = !(impl->params_on_nvme && config.offload_optimizer_device == "nvme");
+  impl->params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
+  impl->host_master =
+      !(impl->params_on_nvme && config.offload_optimizer_device == OffloadDevice::kNvme);
   impl->param_type = config.bf16   ? ElementType::kBf16
                      : config.fp16 ? ElementType::kFp16
                                    : ElementType::kFp32;
@@ -176,7 +168,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   impl->comm = std::move(group.comm);
   ZINF_ASSIGN_OR_RETURN(impl->optimizer,
                         CpuOptimizer::Create({.threads = options.optimizer_threads}));
-  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(ToOptimizerType(config.optimizer_type));
+  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(config.optimizer_type);
   hp.lr = config.lr;
   hp.beta1 = config.beta1;
   hp.beta2 = config.beta2;
@@ -253,10 +245,11 @@ Status Engine::Initialize() {
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
                                m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
-  ZINF_RETURN_IF_ERROR(m.Context(m.OpenTiers(m.device),
-                                 m.params_on_nvme || m.config.offload_optimizer_device == "nvme"
-                                     ? "opening the tiered store and its NVMe swap space"
-                                     : "opening the tiered store"));
+  ZINF_RETURN_IF_ERROR(
+      m.Context(m.OpenTiers(m.device),
+                m.params_on_nvme || m.config.offload_optimizer_device == OffloadDevice::kNvme
+                    ? "opening the tiered store and its NVMe swap space"
+                    : "opening the tiered store"));
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   ZINF_ASSIGN_OR_RETURN(m.grad_acc,
                         HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
@@ -270,7 +263,7 @@ Status Engine::Initialize() {
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
   }
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
-  if (m.config.offload_optimizer_device == "nvme") {
+  if (m.config.offload_optimizer_device == OffloadDevice::kNvme) {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
   } else {
     // The optimizer state lives in host memory only when it is not on NVMe.

@@ -17,7 +17,7 @@ nlohmann::json Engine::Impl::ScalarState() const {
           {"hysteresis_left", scaler.hysteresis_left},
           {"iteration", scaler.iteration},
           {"last_overflow_iteration", scaler.last_overflow_iteration},
-          {"optimizer", config.optimizer_type},
+          {"optimizer", OptimizerTypeName(config.optimizer_type)},
           {"state_count", state_count()}};
 }
 
@@ -140,9 +140,11 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     }
   }
   ZINF_ASSIGN_OR_RETURN(const SavedScalars scalars, ParseScalarState(manifest.engine_state, dir));
-  if (scalars.optimizer != config.optimizer_type || scalars.state_count != state_count()) {
+  if (scalars.optimizer != OptimizerTypeName(config.optimizer_type) ||
+      scalars.state_count != state_count()) {
     return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
-                                          dir, scalars.optimizer, config.optimizer_type));
+                                          dir, scalars.optimizer,
+                                          OptimizerTypeName(config.optimizer_type)));
   }
   // The same world size reads this rank's file; another reads every saved rank's.
   const bool reshard = saved_world != world();

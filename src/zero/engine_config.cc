@@ -168,9 +168,18 @@ void Parser::Root(ConfigReader& root) {
   }
 }
 
+// "none" | "cpu" | "nvme" (ConfigReader::Enum has checked it) as an OffloadDevice.
+OffloadDevice ToOffloadDevice(const std::string& name) {
+  return name == "nvme"  ? OffloadDevice::kNvme
+         : name == "cpu" ? OffloadDevice::kCpu
+                         : OffloadDevice::kNone;
+}
+
 void Parser::OffloadParam(ConfigReader& o) {
-  o.Enum("device", &c_.offload_param_device, {"none", "cpu", "nvme"})
+  std::string device(OffloadDeviceName(c_.offload_param_device));
+  o.Enum("device", &device, {"none", "cpu", "nvme"})
       .Strings("nvme_path", &c_.offload_param_nvme_path);
+  c_.offload_param_device = ToOffloadDevice(device);
   UnusedBool(o, "pin_memory", false,
              "gathered parameters live in ordinary host memory (the engine does not run on "
              "GPUs yet)");
@@ -188,8 +197,10 @@ void Parser::OffloadParam(ConfigReader& o) {
 }
 
 void Parser::OffloadOptimizer(ConfigReader& o) {
-  o.Enum("device", &c_.offload_optimizer_device, {"none", "cpu", "nvme"})
-      .Strings("nvme_path", &c_.offload_optimizer_nvme_path)
+  std::string device(OffloadDeviceName(c_.offload_optimizer_device));
+  o.Enum("device", &device, {"none", "cpu", "nvme"});
+  c_.offload_optimizer_device = ToOffloadDevice(device);
+  o.Strings("nvme_path", &c_.offload_optimizer_nvme_path)
       .Bool("pin_memory", &c_.pin_memory)
       .Double("ratio", &c_.offload_optimizer_cpu_ratio, 0.0, 1.0);
   if (o.Has("ratio") && c_.offload_optimizer_cpu_ratio < 1.0) {
@@ -261,8 +272,8 @@ void Parser::Zero(ConfigReader& z) {
   z.Bool("cpu_offload", &cpu_offload)
       .Bool("cpu_offload_param", &cpu_offload_param)
       .Bool("cpu_offload_use_pin_memory", &pin);
-  if (cpu_offload && !z.Has("offload_optimizer")) c_.offload_optimizer_device = "cpu";
-  if (cpu_offload_param && !z.Has("offload_param")) c_.offload_param_device = "cpu";
+  if (cpu_offload && !z.Has("offload_optimizer")) c_.offload_optimizer_device = OffloadDevice::kCpu;
+  if (cpu_offload_param && !z.Has("offload_param")) c_.offload_param_device = OffloadDevice::kCpu;
   if (pin) c_.pin_memory = true;
   // Hugging Face's documentation once showed "aio" here; DeepSpeed reads it at the top level.
   Unused(z, "aio", "DeepSpeed and zinf read \"aio\" at the top level of the config");
@@ -324,7 +335,10 @@ void Parser::Optimizer(ConfigReader& o) {
         "config key 'optimizer.type' must be one of AdamW, Adam, Adagrad, Lion; got \"{}\"",
         type)));
   }
-  c_.optimizer_type = lower;
+  c_.optimizer_type = lower == "adam"      ? OptimizerType::kAdam
+                      : lower == "adagrad" ? OptimizerType::kAdagrad
+                      : lower == "lion"    ? OptimizerType::kLion
+                                           : OptimizerType::kAdamW;
   bool adam_w_mode = true;
   o.Object("params", [&](ConfigReader& p) {
     if (!Auto(p, "lr", t_.lr, c_.lr, "zinf's default", &c_.lr)) {
@@ -366,7 +380,9 @@ void Parser::Optimizer(ConfigReader& o) {
   });
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (adam_w_mode defaults to true in
   // its engine); "AdamW" stays AdamW either way.
-  if (c_.optimizer_type == "adam" && adam_w_mode) c_.optimizer_type = "adamw";
+  if (c_.optimizer_type == OptimizerType::kAdam && adam_w_mode) {
+    c_.optimizer_type = OptimizerType::kAdamW;
+  }
 }
 
 void Parser::Scheduler(ConfigReader& s) {
@@ -461,7 +477,7 @@ void Parser::SchedulerParams(ConfigReader& p) {
                "computes the same learning rates");
       }
     }
-    if (s.cycle_momentum && c_.optimizer_type == "adagrad") {
+    if (s.cycle_momentum && c_.optimizer_type == OptimizerType::kAdagrad) {
       s.cycle_momentum = false;
       Warn(
           "config key 'scheduler.params.cycle_momentum' has no effect with optimizer Adagrad, "
@@ -499,6 +515,18 @@ void Parser::SchedulerParams(ConfigReader& p) {
 }
 
 }  // namespace
+
+std::string_view OffloadDeviceName(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "unknown";
+}
 
 StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
                                               const TrainerValues& trainer) {
@@ -656,12 +684,12 @@ Status EngineConfig::Validate() const {
     return InvalidArgument(
         fmt::format("optimizer.params.betas must be in [0, 1), got [{}, {}]", beta1, beta2));
   }
-  if (offload_param_device == "nvme" && offload_param_nvme_path.empty()) {
+  if (offload_param_device == OffloadDevice::kNvme && offload_param_nvme_path.empty()) {
     return InvalidArgument(
         "zero_optimization.offload_param.device is \"nvme\" but "
         "zero_optimization.offload_param.nvme_path is not set");
   }
-  if (offload_optimizer_device == "nvme" && offload_optimizer_nvme_path.empty()) {
+  if (offload_optimizer_device == OffloadDevice::kNvme && offload_optimizer_nvme_path.empty()) {
     return InvalidArgument(
         "zero_optimization.offload_optimizer.device is \"nvme\" but "
         "zero_optimization.offload_optimizer.nvme_path is not set");
@@ -673,7 +701,7 @@ Status EngineConfig::Validate() const {
       return InvalidArgument(fmt::format("{} must be in [0, 1], got {}", key, v));
     }
   }
-  if (offload_param_device != "none" && zero_stage != 3) {
+  if (offload_param_device != OffloadDevice::kNone && zero_stage != 3) {
     return InvalidArgument(fmt::format(
         "zero_optimization.offload_param needs stage 3 (parameters are whole on every rank "
         "in stage {})",

@@ -48,7 +48,7 @@ Status Engine::Impl::CheckHostMemory() const {
   const uint64_t total = GetCpuInfo().total_memory_bytes;
   if (total == 0) return OkStatus();  // unknown: let the allocations tell
   const uint64_t shard = shard_elements * 4;
-  const bool optimizer_on_nvme = config.offload_optimizer_device == "nvme";
+  const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
   const uint64_t states = optimizer_on_nvme ? 0 : shard * state_count();
   const uint64_t master = host_master ? shard : 0;
   uint64_t persistent = 0;
@@ -96,9 +96,9 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     tier_bytes += p.shard_size * element;
     largest_tier = std::max(largest_tier, p.shard_size * element);
   }
-  const Tier home = params_on_nvme                         ? Tier::kNvme
-                    : config.offload_param_device == "cpu" ? Tier::kHost
-                                                           : Tier::kDevice;
+  const Tier home = params_on_nvme                                       ? Tier::kNvme
+                    : config.offload_param_device == OffloadDevice::kCpu ? Tier::kHost
+                                                                         : Tier::kDevice;
   TieredStoreOptions options;
   options.device = device;
   // The fetched module, the next one being gathered, and backward's gradients, with room to
@@ -109,7 +109,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   // The flat shard's arrays (HostArray), page-aligned; the parameter tier when it lives
   // here; room for the NVMe tier's host copies while they are written.
   const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
-  const bool states_here = config.offload_optimizer_device != "nvme";
+  const bool states_here = config.offload_optimizer_device != OffloadDevice::kNvme;
   const uint64_t arrays = array * (1 + (host_master ? 1 : 0) + (states_here ? state_count() : 0));
   options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
@@ -119,14 +119,14 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   options.staging_buffers = 4;
   options.transfer_threads = 4;
   SwapStoreOptions swap_options;
-  if (params_on_nvme || config.offload_optimizer_device == "nvme") {
+  if (params_on_nvme || config.offload_optimizer_device == OffloadDevice::kNvme) {
     swap_options.paths = config.NvmePaths();
     swap_options.rank = global_rank;  // groups of other processes may share the nvme_path
     swap_options.checksum = config.nvme_checksum;
     swap_options.aio = config.aio;
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
     const uint64_t slack = swap_options.aio.block_size;
-    if (config.offload_optimizer_device == "nvme") {
+    if (config.offload_optimizer_device == OffloadDevice::kNvme) {
       // Per element: fp32 params and two state arrays (the gradients stay in host memory).
       const uint64_t chunk = OptimizerChunkElements();
       const uint64_t chunks = (shard_elements + chunk - 1) / chunk;

@@ -85,8 +85,7 @@ Status ParamTier::StartGather(int param) {
                                                        full_size * element, Tier::kDevice));
     }
     ZINF_ASSIGN_OR_RETURN(s.full, store_->Acquire(s.gathered, Tier::kDevice, Access::kOverwrite));
-    s.gathering =
-        comm_->AllGatherAsync(s.shard_data, s.full, p.shard_size, options_.param_type);
+    s.gathering = comm_->AllGatherAsync(s.shard_data, s.full, p.shard_size, options_.param_type);
   }
   counters_.seconds_gather += Seconds(t0);
   return OkStatus();

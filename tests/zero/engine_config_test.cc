@@ -404,7 +404,7 @@ TEST(EngineConfigTest, AdamIsAdamWUnlessAdamWModeIsFalse) {
   auto type = [](const char* json) {
     auto c = EngineConfig::FromJson(json);
     EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? c->optimizer_type : std::string();
+    return c.ok() ? std::string(OptimizerTypeName(c->optimizer_type)) : std::string();
   };
   EXPECT_EQ(type(R"({"optimizer": {"type": "Adam"}})"), "adamw");
   EXPECT_EQ(type(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam");
@@ -524,12 +524,13 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroInfinityNvme) {
   auto c = EngineConfig::FromJson(ReadConfig("zero_infinity_nvme.json"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->zero_stage, 3);
-  EXPECT_EQ(c->offload_param_device, "nvme");
-  EXPECT_EQ(c->offload_optimizer_device, "nvme");
+  EXPECT_EQ(c->offload_param_device, OffloadDevice::kNvme);
+  EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kNvme);
   EXPECT_EQ(c->NvmePaths(), std::vector<std::string>{"/local_nvme"});
   EXPECT_EQ(c->reduce_bucket_size, 10000000u);
   EXPECT_EQ(c->stage3_prefetch_bucket_size, 10000000u);
-  EXPECT_EQ(c->optimizer_type, "adamw");  // DeepSpeed's "Adam" without adam_w_mode: false
+  EXPECT_EQ(c->optimizer_type,
+            OptimizerType::kAdamW);  // DeepSpeed's "Adam" without adam_w_mode: false
   EXPECT_TRUE(c->fp16);
   EXPECT_TRUE(c->pin_memory);
   EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
@@ -565,7 +566,7 @@ TEST(PublishedDeepSpeedConfigsTest, HuggingFaceZero3Auto) {
                                  .hidden_size = 768};
   auto c = EngineConfig::FromJson(ReadConfig("hf_zero3_auto.json"), trainer);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->optimizer_type, "adamw");
+  EXPECT_EQ(c->optimizer_type, OptimizerType::kAdamW);
   EXPECT_EQ(c->lr, 5e-5);
   EXPECT_TRUE(c->bf16);
   EXPECT_EQ(c->scheduler.type, "WarmupDecayLR");
@@ -573,7 +574,7 @@ TEST(PublishedDeepSpeedConfigsTest, HuggingFaceZero3Auto) {
   EXPECT_EQ(c->scheduler.warmup_num_steps, 300);
   EXPECT_EQ(c->scheduler.warmup_max_lr, 5e-5);
   EXPECT_EQ(c->reduce_bucket_size, 768u * 768u);
-  EXPECT_EQ(c->offload_param_device, "cpu");
+  EXPECT_EQ(c->offload_param_device, OffloadDevice::kCpu);
   EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
                                 "steps_per_print",
                                 "zero_optimization.offload_param.pin_memory",
@@ -593,7 +594,7 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroOffloadCpuFp16) {
   auto c = EngineConfig::FromJson(ReadConfig("zero_offload_cpu_fp16.json"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->zero_stage, 2);
-  EXPECT_EQ(c->offload_optimizer_device, "cpu");
+  EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kCpu);
   EXPECT_TRUE(c->fp16);
   EXPECT_EQ(c->scheduler.type, "WarmupLR");
   EXPECT_EQ(c->scheduler.warmup_max_lr, 0.00015);

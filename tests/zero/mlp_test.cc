@@ -509,7 +509,7 @@ TEST(EngineConfigTest, DeepSpeedKeysAndErrors) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->zero_stage, 3);
   EXPECT_EQ(c->gradient_accumulation_steps, 2);
-  EXPECT_EQ(c->offload_optimizer_device, "cpu");
+  EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kCpu);
   EXPECT_TRUE(c->bf16);
   EXPECT_DOUBLE_EQ(c->beta1, 0.8);
   EXPECT_EQ(c->reduce_bucket_size, 500000000u);
