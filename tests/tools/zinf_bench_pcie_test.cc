@@ -27,6 +27,9 @@ TEST(ZinfBenchPcieTest, HostFiguresMatchTheModelledLink) {
   const nlohmann::json& row = j["rows"][0];
   EXPECT_EQ(row["memory"], "host");
   EXPECT_DOUBLE_EQ(row["model_GBps"].get<double>(), 1.0);
+#ifdef ZINF_SLOW_BUILD
+  GTEST_SKIP() << "a sanitizer build's memcpy is slower than the modelled link";
+#endif
   // One engine per direction: each way at the link's rate, both ways at twice it. Never
   // faster than modelled; the lower bound leaves room for a loaded machine.
   for (const char* key : {"h2d_GBps", "d2h_GBps"}) {

@@ -228,9 +228,12 @@ TEST(EngineLinkTest, UploadsHideBehindComputeOnAModelledLink) {
   // Asserted loosely, as the suite runs two tests at a time on two cores: prefetching must
   // hide at least half of the 8 X of uploads the serial run pays (unloaded, the step is about
   // 1.15x its limit: bench/RESULTS.md).
+  EXPECT_EQ(prefetched.weights, serial.weights);
+#ifdef ZINF_SLOW_BUILD
+  GTEST_SKIP() << "timing figures mean nothing in a sanitizer build";
+#endif
   EXPECT_LE(prefetched.step_seconds + 4 * 0.040, serial.step_seconds);
   EXPECT_GE(serial.step_seconds, compute + 6 * 0.040) << "the link model is not in the way";
-  EXPECT_EQ(prefetched.weights, serial.weights);
 }
 
 }  // namespace
