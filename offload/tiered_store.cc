@@ -37,6 +37,14 @@ namespace zinf {
 // caller that gives no hints at all): they go first, least recently used first, which is plain
 // LRU when no hints are given.
 
+// Note [Direct host device]
+// On the host device without a modelled link, device memory is host memory that nothing but
+// this store's own streams would order. Moving bytes through a stream there costs a thread
+// handoff per transfer and, for NVMe, a copy through a staging buffer, for nothing: the store
+// then copies with memcpy and reads and writes NVMe straight into the device tier's blocks
+// (aligned for O_DIRECT), as it does for the host tier. With a link modelled, every transfer
+// goes through the device's copy engines, so that the model sees it.
+
 std::string_view TierName(Tier tier) {
   switch (tier) {
     case Tier::kDevice:
@@ -160,6 +168,10 @@ struct TieredStore::Impl {
 
   TieredStoreOptions options;
   std::unique_ptr<Device> device;
+  // The device is the host device with no modelled link: its memory is plain host memory, so
+  // moves touch it directly (memcpy, NVMe I/O into it) instead of going through a stream and
+  // a staging buffer. See Note [Direct host device].
+  bool direct = false;
   std::unique_ptr<Stream> up_stream;    // host to device
   std::unique_ptr<Stream> down_stream;  // device to host
   std::unique_ptr<MemoryPool> device_pool;
@@ -426,7 +438,7 @@ struct TieredStore::Impl {
     t.busy = true;
     lock.unlock();
     Status s;
-    if (tier == Tier::kDevice) {
+    if (tier == Tier::kDevice && !direct) {
       s = up_stream->Memset(c.block.data(), 0, t.size);
       if (s.ok()) s = up_stream->Synchronize();
     } else {
@@ -444,7 +456,7 @@ struct TieredStore::Impl {
     Copy& from = t.copies[Index(src)];
     Copy& to = t.copies[Index(dst)];
     if (from.zero) {
-      if (dst == Tier::kHost) {
+      if (dst == Tier::kHost || (direct && dst == Tier::kDevice)) {
         std::memset(to.block.data(), 0, t.size);
         return OkStatus();
       }
@@ -454,6 +466,19 @@ struct TieredStore::Impl {
       }
       // NVMe from zeros: through a zeroed staging buffer.
       return WritePieces(t, to, nullptr);
+    }
+    if (direct && src != Tier::kNvme && dst != Tier::kNvme) {
+      LinkScope scope(src == Tier::kHost ? h2d : d2h, t.size);
+      std::memcpy(to.block.data(), from.block.data(), t.size);
+      return OkStatus();
+    }
+    if (direct && src == Tier::kNvme) {  // NVMe straight into the device's (host) memory
+      LinkScope scope(n2h, t.size);
+      return ReadPieces(from, to.block.as<char>());
+    }
+    if (direct && dst == Tier::kNvme) {
+      LinkScope scope(h2n, t.size);
+      return WritePiecesFrom(to, from.block.as<const char>());
     }
     if (src == Tier::kHost && dst == Tier::kDevice) {
       LinkScope scope(h2d, t.size);
@@ -467,23 +492,11 @@ struct TieredStore::Impl {
     }
     if (src == Tier::kNvme && dst == Tier::kHost) {
       LinkScope scope(n2h, t.size);
-      IoWaiter waiter;
-      for (size_t k = 0; k < from.extents.size(); ++k) {
-        waiter.Add();
-        swap->ReadAsync(from.extents[k], to.block.as<char>() + k * options.piece_bytes,
-                        waiter.Callback());
-      }
-      return waiter.Wait();
+      return ReadPieces(from, to.block.as<char>());
     }
     if (src == Tier::kHost && dst == Tier::kNvme) {
       LinkScope scope(h2n, t.size);
-      IoWaiter waiter;
-      for (size_t k = 0; k < to.extents.size(); ++k) {
-        waiter.Add();
-        swap->WriteAsync(to.extents[k], from.block.as<char>() + k * options.piece_bytes,
-                         waiter.Callback());
-      }
-      return waiter.Wait();
+      return WritePiecesFrom(to, from.block.as<const char>());
     }
     if (src == Tier::kNvme && dst == Tier::kDevice) {
       ZINF_ASSIGN_OR_RETURN(PoolBlock staging, TakeStaging());
@@ -507,6 +520,25 @@ struct TieredStore::Impl {
       return WritePieces(t, to, from.block.as<char>());
     }
     return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
+  }
+
+  // All of `from`'s NVMe pieces into host-addressable memory at `out`, in flight together.
+  Status ReadPieces(const Copy& from, char* out) {
+    IoWaiter waiter;
+    for (size_t k = 0; k < from.extents.size(); ++k) {
+      waiter.Add();
+      swap->ReadAsync(from.extents[k], out + k * options.piece_bytes, waiter.Callback());
+    }
+    return waiter.Wait();
+  }
+  // Host-addressable memory at `in` to all of `to`'s NVMe pieces, in flight together.
+  Status WritePiecesFrom(const Copy& to, const char* in) {
+    IoWaiter waiter;
+    for (size_t k = 0; k < to.extents.size(); ++k) {
+      waiter.Add();
+      swap->WriteAsync(to.extents[k], in + k * options.piece_bytes, waiter.Callback());
+    }
+    return waiter.Wait();
   }
 
   // Writes device memory `device_src` (or zeros when null) to the NVMe pieces of `to`, one
@@ -600,6 +632,7 @@ StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
     // and eviction overlap can be seen without a GPU.
     ZINF_RETURN_IF_ERROR(d.ApplyEnvironment());
     ZINF_ASSIGN_OR_RETURN(impl->device, CreateHostDevice(d));
+    impl->direct = d.link_bytes_per_second == 0;
   } else if (!options.device.empty()) {
     CudaDeviceOptions d;
     const std::string ordinal = options.device.substr(5);
@@ -616,6 +649,7 @@ StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
     DevicePoolOptions dp;
     dp.name = impl->device->name() + " tier";
     dp.budget_bytes = options.device_budget_bytes;
+    if (impl->direct) dp.alignment = 4096;  // NVMe reads land in it (O_DIRECT)
     ZINF_ASSIGN_OR_RETURN(impl->device_pool, MemoryPool::CreateOnDevice(*impl->device, dp));
     ZINF_ASSIGN_OR_RETURN(impl->up_stream, impl->device->CreateStream());
     ZINF_ASSIGN_OR_RETURN(impl->down_stream, impl->device->CreateStream());
