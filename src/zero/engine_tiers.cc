@@ -101,10 +101,12 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
                                                                          : Tier::kDevice;
   TieredStoreOptions options;
   options.device = device;
-  // The fetched module, the next one being gathered, and backward's gradients, with room to
-  // spare, plus the read-ahead window; cached shard copies fill the rest and are evicted.
+  // The fetched module with backward's gradients, the next one being gathered, and the
+  // read-ahead window; cached shard copies use what is left and are evicted first. On the
+  // host device this is host memory: no more than the working set needs (a cache of every
+  // shard would hold the model twice).
   options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
-                                4 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
+                                2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
                                 (64 << 20);
   // The flat shard's arrays (HostArray), page-aligned; the parameter tier when it lives
   // here; room for the NVMe tier's host copies while they are written.
