@@ -247,7 +247,23 @@ void ParamTier::TraceFetch(int module) {
     return;
   }
   ++fetch_cursor_;
+  HintNextUse(module);
   ReadAhead(LiveElements(module));
+}
+
+// The eviction hint of the module's shards (Note [TieredStore eviction order]): where the
+// recorded order needs them next, or none (first to go) when it does not this batch. Hints
+// left at a use already past would make spent copies look needed soonest.
+void ParamTier::HintNextUse(int module) {
+  int64_t next = -1;
+  for (size_t i = fetch_cursor_; i < fetch_order_.size(); ++i) {
+    if (fetch_order_[i] == module) {
+      next = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  for (int pi : (*modules_)[module].params)
+    store_->SetNextUse(state_[pi].shard, next).IgnoreError();
 }
 
 void ParamTier::ReadAhead(uint64_t live) {

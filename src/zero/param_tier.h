@@ -123,6 +123,7 @@ class ParamTier {
   void Drop(int param);
   void TraceFetch(int module);
   void Record(int module);
+  void HintNextUse(int module);
   // Brings the shards of the modules from fetch_cursor_ on to the device tier, within the
   // window and the live bound (`live`: what is live now).
   void ReadAhead(uint64_t live);
