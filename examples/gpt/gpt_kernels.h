@@ -80,6 +80,25 @@ inline View Transposed(View v) {
   return v;
 }
 
+// The view of a dense copy of v's elements (its data pointer left to the caller), of type
+// `dtype`: the batch outermost, then the matrix's two dimensions in v's memory order, so that
+// a transposed operand stays transposed (a copy reads and writes in order, and keeps the unit
+// stride BLAS needs) while the batch of attention heads, interleaved within rows in the
+// c_attn output, becomes contiguous matrices (the layout oneDNN's and cuBLAS's batched
+// kernels are fastest on). Sets *elements to the copy's size.
+inline View DenseCopy(const View& v, ElementType dtype, int64_t* elements) {
+  View out = v;
+  out.dtype = dtype;
+  const int r = v.ndims - 2, c = v.ndims - 1;
+  const bool row_major = v.strides[c] <= v.strides[r];
+  const int inner = row_major ? c : r, outer = row_major ? r : c;
+  out.strides[inner] = 1;
+  out.strides[outer] = v.dims[inner];
+  if (v.ndims == 3) out.strides[0] = v.dims[1] * v.dims[2];
+  *elements = v.batch() * v.dims[r] * v.dims[c];
+  return out;
+}
+
 // Which module's parameters or gradients a staging call is about: modules in different
 // slots may be held at the same time (the head needs "embed" and "ln_f" together).
 enum class Slot { kEmbed, kLnF, kBlock };

@@ -19,7 +19,7 @@
 // dot products (AVX512_BF16's vdpbf16ps, or AMX tiles). The model asks Parameters() for its
 // weight matrices in bf16, so that a module's weights are converted once per fetch (or not at
 // all when the engine hands out bf16); activations are converted by a oneDNN reorder into
-// scratch just before each matmul, keeping their memory order. LayerNorm, GELU, softmax,
+// scratch just before each matmul (laid out as DenseCopy says). LayerNorm, GELU, softmax,
 // cross-entropy, the residual stream, every gradient buffer and the optimizer stay fp32.
 // Rounding an input to bf16 moves it by at most 2^-9 of itself, so a product moves by at
 // most 2^-8 of |a||b| and a matmul element by at most 2^-8 * sum |a_ik b_kj| (plus fp32
@@ -392,22 +392,13 @@ class CpuKernels final : public GptKernels {
   }
 
   // `v` as matmul_type_: itself when it is already, else a copy in scratch buffer `which` (0
-  // or 1: a matmul's two operands), dense, with its dimensions in the same memory order as
-  // v's (a transposed operand stays transposed, so the copy reads and writes in order). On
-  // failure sets status_ and returns v.
+  // or 1: a matmul's two operands) laid out by DenseCopy. On failure sets status_ and
+  // returns v.
   View Converted(const View& v, int which) {
     if (v.dtype == matmul_type_) return v;
-    View out = v;
-    out.dtype = matmul_type_;
-    std::array<int, 3> order = {0, 1, 2};  // dimensions from the innermost out
-    std::stable_sort(order.begin(), order.begin() + v.ndims,
-                     [&](int x, int y) { return v.strides[x] < v.strides[y]; });
-    int64_t stride = 1;
-    for (int i = 0; i < v.ndims; ++i) {
-      out.strides[order[i]] = stride;
-      stride *= v.dims[order[i]];
-    }
-    const size_t bytes = static_cast<size_t>(stride) * zinf::ElementSize(matmul_type_);
+    int64_t elements = 0;
+    View out = DenseCopy(v, matmul_type_, &elements);
+    const size_t bytes = static_cast<size_t>(elements) * zinf::ElementSize(matmul_type_);
     zinf::DeviceBuffer& buffer = scratch_[which];
     if (buffer.size_bytes() < bytes) {
       buffer.Reset();

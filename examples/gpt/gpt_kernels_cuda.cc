@@ -98,22 +98,6 @@ Status CublasError(cublasStatus_t s, std::string_view op) {
 
 int64_t AlignUp(int64_t bytes) { return (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
 
-// A dense layout of v's elements with its dimensions in the same memory order as v's: a
-// transposed operand stays transposed, and keeps the unit stride cuBLAS needs.
-std::array<int64_t, 3> DenseStrides(const View& v, int64_t* total) {
-  std::array<int, 3> order = {0, 1, 2};  // dimensions from the innermost out
-  std::stable_sort(order.begin(), order.begin() + v.ndims,
-                   [&](int x, int y) { return v.strides[x] < v.strides[y]; });
-  std::array<int64_t, 3> strides{};
-  int64_t stride = 1;
-  for (int i = 0; i < v.ndims; ++i) {
-    strides[order[i]] = stride;
-    stride *= v.dims[order[i]];
-  }
-  *total = stride;
-  return strides;
-}
-
 // The [batch, rows, cols] shape of a copy from view `from` to the same elements in `to`.
 cuda::ConvertShape ShapeOf(const View& from, const View& to) {
   cuda::ConvertShape shape{{1, 1, 1}, {0, 0, 0}, {0, 0, 0}};
@@ -492,16 +476,15 @@ class CudaKernels final : public GptKernels {
     return status_;
   }
 
-  // `v` as matmul_type_: itself when it is already, else a dense copy in scratch buffer
-  // `which` (0 or 1: a matmul's two operands), enqueued on the stream. The next matmul may
-  // reuse the scratch: the stream runs them in order. On failure sets status_ and returns v.
+  // `v` as matmul_type_: itself when it is already, else a copy laid out by DenseCopy in
+  // scratch buffer `which` (0 or 1: a matmul's two operands), enqueued on the stream. The next
+  // matmul may reuse the scratch: the stream runs them in order. On failure sets status_ and
+  // returns v.
   View Converted(const View& v, int which) {
     if (v.dtype == matmul_type_) return v;
-    View out = v;
-    out.dtype = matmul_type_;
-    int64_t total = 0;
-    out.strides = DenseStrides(v, &total);
-    const size_t bytes = static_cast<size_t>(total) * zinf::ElementSize(matmul_type_);
+    int64_t elements = 0;
+    View out = DenseCopy(v, matmul_type_, &elements);
+    const size_t bytes = static_cast<size_t>(elements) * zinf::ElementSize(matmul_type_);
     if (!Ensure(&scratch_[which], bytes, "matmul operand conversion")) return v;
     out.data = scratch_[which].data();
     cuda::LaunchConvert(v.data, v.dtype == ElementType::kBf16, scratch_[which].data(),

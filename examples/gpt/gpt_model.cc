@@ -5,12 +5,12 @@
 // Note [GPT staging]
 // The model code is the same for every backend; only where the numbers live differs. On the
 // CPU the kernels read the engine's host parameter buffers (or, for bf16 matmuls, bf16 copies
-// of the weight matrices made once per fetch) and add into its host gradient buffers in place. On CUDA each fetched module's parameters are copied to device buffers
-// (Parameters() returns once the copy is done, so the module may be released right away), and
-// gradients are computed into zeroed device buffers and added into the engine's host buffers
-// just before ReduceGradients. The embedding gets gradient twice, from the tied head (before
-// the blocks' backward) and from the input embedding (after): both go into the same device
-// buffers, copied out once at the end.
+// of the weight matrices made once per fetch) and add into its host gradient buffers in place. On
+// CUDA each fetched module's parameters are copied to device buffers (Parameters() returns once the
+// copy is done, so the module may be released right away), and gradients are computed into zeroed
+// device buffers and added into the engine's host buffers just before ReduceGradients. The
+// embedding gets gradient twice, from the tied head (before the blocks' backward) and from the
+// input embedding (after): both go into the same device buffers, copied out once at the end.
 #include "examples/gpt/gpt_model.h"
 
 #include <fmt/core.h>
