@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """Training tokens/s of the GPT of tests/data/gpt_torch_ref.py in PyTorch (Debian's torch),
-all in memory, AdamW, for bench/gpt_vs_torch.sh.
+all in memory, AdamW, for bench/gpt_vs_torch.sh and bench/gpt_bf16.sh.
 
-Usage: gpt_torch_speed.py CONFIG.json STEPS THREADS
+Usage: gpt_torch_speed.py CONFIG.json STEPS THREADS [fp32|bf16]
+bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16): matmuls take
+bf16 inputs (oneDNN's kernels in Debian's build), parameters, gradients and AdamW stay fp32,
+the logits are widened to fp32 for the cross-entropy, as zinf's bf16 matmul path does.
 Prints one JSON line: {"tokens_per_s": median over the steps after the first five}.
 """
 import json
@@ -20,6 +23,9 @@ from gpt_torch_ref import Gpt  # noqa: E402  (the model the gradient check uses)
 
 def main():
     config_path, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    precision = sys.argv[4] if len(sys.argv) > 4 else "fp32"
+    if precision not in ("fp32", "bf16"):
+        sys.exit(f"precision must be fp32 or bf16, got {precision}")
     config = json.load(open(config_path))
     model_config = {"vocab_size": 256, **config["model"]}
     model_config.pop("activation_checkpointing", None)
@@ -36,8 +42,9 @@ def main():
     for _ in range(steps):
         rows = torch.randint(0, v, (batch, t + 1))
         start = time.perf_counter()
-        logits = model(rows[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, v), rows[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(rows[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, v), rows[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.get("gradient_clipping"):
