@@ -13,7 +13,8 @@
 # what the 16-bit parameter tier itself changes. Per arm the script also prints the median
 # compute seconds per step (forward, backward, recomputation: where the matmuls are).
 # Usage: bench/gpt_bf16.sh [config=examples/gpt/configs/memory.json] [reps=3] [steps=40]
-#                          [ranks=1] [torch=1]
+#                          [ranks=1] [torch=1] [shipped=1]
+# shipped=0 leaves the "as shipped" arm out (for the 1B config, whose runs take minutes).
 # Multi-rank configs (ranks > 1) run under `zinf run -n ranks`, each rank on an equal share of
 # the CPUs. @NVME_PATH@ in a config becomes a scratch directory under build/.
 set -euo pipefail
@@ -23,6 +24,7 @@ reps=${2:-3}
 steps=${3:-40}
 ranks=${4:-1}
 torch=${5:-1}
+shipped=${6:-1}
 threads=2
 skip=$((steps >= 20 ? 5 : 1))  # warm-up steps left out of each run's median
 if grep -q '@NVME_PATH@' "$config"; then torch=0; fi
@@ -66,12 +68,13 @@ torch_run() {  # arm precision
     field tokens_per_s >>"$out/$1.rate"
 }
 
-arms=(shipped fp32 bf16)
+arms=(fp32 bf16)
+((shipped)) && arms=(shipped "${arms[@]}")
 ((torch)) && arms+=(torch_fp32 torch_bf16)
 echo "config: $config ($(grep '"model"' "$config" | sed 's/^ *//'))"
 echo "$reps repetitions of $steps steps (median of steps $((skip + 1))-$steps), $ranks rank(s), $threads threads in all; $(date -u +%FT%TZ), $(git rev-parse --short HEAD)"
 for ((rep = 0; rep < reps; ++rep)); do
-  zinf_run shipped "$config"
+  if ((shipped)); then zinf_run shipped "$config"; fi
   zinf_run fp32 "$out/bf16.json" --matmul fp32
   zinf_run bf16 "$out/bf16.json" --matmul bf16
   if ((torch)); then
@@ -101,9 +104,11 @@ for arm in "${arms[@]}"; do
     "$(tr '\n' ' ' <"$out/$arm.rate" | awk '{for (i = 1; i <= NF; ++i) printf "%.0f ", $i}')"
 done
 m() { median <"$out/$1.rate"; }
-awk -v b="$(m bf16)" -v f="$(m fp32)" -v s="$(m shipped)" \
+awk -v b="$(m bf16)" -v f="$(m fp32)" -v s="$( ((shipped)) && m shipped || echo 0)" \
   -v cb="$(median <"$out/bf16.compute")" -v cf="$(median <"$out/fp32.compute")" 'BEGIN {
-  printf "bf16 / fp32 matmuls: %.3f in tokens/s, %.3f in compute time (fp32 / bf16); bf16 / as shipped: %.3f\n", b / f, cf / cb, b / s
+  printf "bf16 / fp32 matmuls: %.3f in tokens/s, %.3f in compute time (fp32 / bf16)", b / f, cf / cb
+  if (s > 0) printf "; bf16 / as shipped: %.3f", b / s
+  printf "\n"
 }'
 if ((torch)); then
   awk -v b="$(m bf16)" -v f="$(m fp32)" -v tb="$(m torch_bf16)" -v tf="$(m torch_fp32)" 'BEGIN {
