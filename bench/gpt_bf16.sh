@@ -1,117 +1,76 @@
 #!/usr/bin/env bash
 # GPT training tokens/s with bf16 matmuls (oneDNN on the CPU's bf16 dot products: bf16 inputs,
-# fp32 accumulation) against the fp32 path, and against PyTorch in fp32 and in bf16 autocast,
-# on the same model, batch, optimizer and thread count, in one run. The arms alternate within
-# each repetition (A B C ..., A B C ...), so that this shared machine's drift hits all alike;
-# each figure is the median over repetitions of a run's median step rate.
-#   as shipped  train_gpt --config CONFIG (fp32 parameter tier, fp32 matmuls)
-#   fp32 path   the config with "bf16": {"enabled": true}, train_gpt --matmul fp32
-#   bf16        the same config, train_gpt --matmul bf16 (what --matmul auto picks there)
-#   PyTorch     bench/gpt_torch_speed.py fp32 | bf16 (Debian's python3-torch; all in memory,
-#               no activation checkpointing), unless torch=0 or the config offloads to NVMe
-# The two zinf bf16-config arms differ only in the matmuls' input type; "as shipped" shows
-# what the 16-bit parameter tier itself changes. Per arm the script also prints the median
-# compute seconds per step (forward, backward, recomputation: where the matmuls are).
+# fp32 accumulation) against the fp32 path, and PyTorch in fp32 and in bf16 autocast, on the
+# same model, batch, optimizer and thread count, in one run.
+#   zinf     build/bin/gpt_bf16_bench: the arms "shipped" (the config as given), "fp32" (the
+#            config with bf16 enabled, fp32 matmuls: the fp32 path) and "bf16" (the same, bf16
+#            matmuls) as three engines in one process, a step of each in turn
+#   PyTorch  bench/gpt_torch_speed.py both: Debian's python3-torch, fp32 and bf16 autocast
+#            side by side in one process, a step of each in turn (all in memory, no
+#            activation checkpointing); left out for configs that offload to NVMe
+# Each repetition runs zinf, then PyTorch. Figures: the median over repetitions of each run's
+# median step rate; ratios within a process are medians of per-step ratios, so that this
+# shared machine's load, which moves a single run's rate several-fold, cancels in them.
+# zinf / PyTorch compares separate processes and carries that noise.
 # Usage: bench/gpt_bf16.sh [config=examples/gpt/configs/memory.json] [reps=3] [steps=40]
-#                          [ranks=1] [torch=1] [shipped=1]
-# shipped=0 leaves the "as shipped" arm out (for the 1B config, whose runs take minutes).
-# Multi-rank configs (ranks > 1) run under `zinf run -n ranks`, each rank on an equal share of
-# the CPUs. @NVME_PATH@ in a config becomes a scratch directory under build/.
+#                          [arms=shipped,fp32,bf16] [torch=1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${1:-examples/gpt/configs/memory.json}
 reps=${2:-3}
 steps=${3:-40}
-ranks=${4:-1}
+arms=${4:-shipped,fp32,bf16}
 torch=${5:-1}
-shipped=${6:-1}
 threads=2
-skip=$((steps >= 20 ? 5 : 1))  # warm-up steps left out of each run's median
+warmup=$((steps >= 20 ? 5 : 1))
 if grep -q '@NVME_PATH@' "$config"; then torch=0; fi
 if [ "$torch" = 1 ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  echo "no PyTorch under /usr/bin/python3 (apt-get install python3-torch): torch arms skipped" >&2
+  echo "no PyTorch under /usr/bin/python3 (apt-get install python3-torch): PyTorch left out" >&2
   torch=0
 fi
-scripts/build.sh zinf train_gpt >/dev/null
+scripts/build.sh gpt_bf16_bench >/dev/null
 out=$(mktemp -d)
 nvme=$PWD/build/bench-gpt-bf16-nvme
 trap 'rm -rf "$out" "$nvme"' EXIT
-sed 's/"gradient_clipping"/"bf16": {"enabled": true}, "gradient_clipping"/' "$config" >"$out/bf16.json"
-grep -q '"bf16": {"enabled": true}' "$out/bf16.json" || {
-  echo "cannot add bf16 to $config (it needs a gradient_clipping key)" >&2
-  exit 1
-}
 
-median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
-zinf_run() {  # arm config [train_gpt flags...]: appends the run's median tokens/s and compute s
-  local arm=$1 cfg=$2
-  shift 2
-  rm -rf "$nvme" && mkdir -p "$nvme"
-  local launch=(build/bin/train_gpt)
-  if ((ranks > 1)); then
-    launch=(build/bin/zinf run -n "$ranks" -- build/bin/train_gpt)
-  else
-    launch+=(--threads "$threads")
-  fi
-  "${launch[@]}" --config "$cfg" --nvme-path "$nvme" --steps "$steps" \
-    --metrics "$out/m.jsonl" "$@" >"$out/log.txt" 2>&1 || {
-    cat "$out/log.txt" >&2
-    exit 1
-  }
-  tail -n +$((skip + 1)) "$out/m.jsonl" | field tokens_per_s | median >>"$out/$arm.rate"
-  tail -n +$((skip + 1)) "$out/m.jsonl" | field compute_s | median >>"$out/$arm.compute"
-  grep -m1 "matmuls in" "$out/log.txt" | sed -E 's/.*matmuls in ([a-z0-9]+).*/\1/' >"$out/$arm.type"
-}
-torch_run() {  # arm precision
-  /usr/bin/python3 bench/gpt_torch_speed.py "$config" "$steps" "$threads" "$2" |
-    field tokens_per_s >>"$out/$1.rate"
-}
-
-arms=(fp32 bf16)
-((shipped)) && arms=(shipped "${arms[@]}")
-((torch)) && arms+=(torch_fp32 torch_bf16)
+median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 echo "config: $config ($(grep '"model"' "$config" | sed 's/^ *//'))"
-echo "$reps repetitions of $steps steps (median of steps $((skip + 1))-$steps), $ranks rank(s), $threads threads in all; $(date -u +%FT%TZ), $(git rev-parse --short HEAD)"
+echo "$reps repetitions of $steps steps per arm (median of steps $((warmup + 1))-$steps), $threads threads; $(date -u +%FT%TZ), $(git rev-parse --short HEAD)"
 for ((rep = 0; rep < reps; ++rep)); do
-  if ((shipped)); then zinf_run shipped "$config"; fi
-  zinf_run fp32 "$out/bf16.json" --matmul fp32
-  zinf_run bf16 "$out/bf16.json" --matmul bf16
+  build/bin/gpt_bf16_bench --config "$config" --steps "$steps" --warmup "$warmup" \
+    --threads "$threads" --arms "$arms" --nvme-path "$nvme" --json >"$out/zinf.txt"
+  ((rep == 0)) && grep -E "^gpt_bf16_bench|^  " "$out/zinf.txt"
+  json=$(tail -1 "$out/zinf.txt")
+  for arm in ${arms//,/ }; do
+    echo "$json" | python3 -c "import json,sys; a=json.load(sys.stdin)['arms']['$arm']; print(a['tokens_per_s'], a['compute_s'])" >>"$out/$arm"
+  done
+  if [[ $json == *bf16_over_fp32* ]]; then echo "$json" | field bf16_over_fp32 >>"$out/zinf_ratio"; fi
   if ((torch)); then
-    torch_run torch_fp32 fp32
-    torch_run torch_bf16 bf16
+    /usr/bin/python3 bench/gpt_torch_speed.py "$config" "$steps" "$threads" both >"$out/torch.txt"
+    field fp32 <"$out/torch.txt" >>"$out/torch_fp32"
+    field bf16 <"$out/torch.txt" >>"$out/torch_bf16"
+    field bf16_over_fp32 <"$out/torch.txt" >>"$out/torch_ratio"
   fi
 done
 
-[ "$(cat "$out/bf16.type")" = bf16 ] || {
-  echo "the bf16 arm did not multiply in bf16" >&2
-  exit 1
-}
-printf "%-44s %12s %14s  %s\n" arm "tokens/s" "compute s/step" runs
-label() {
-  case $1 in
-    shipped) echo "zinf, config as shipped (fp32)" ;;
-    fp32) echo "zinf, bf16 parameters, fp32 matmuls" ;;
-    bf16) echo "zinf, bf16 parameters, bf16 matmuls" ;;
-    torch_fp32) echo "PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') fp32" ;;
-    torch_bf16) echo "PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') bf16 autocast" ;;
-  esac
-}
-for arm in "${arms[@]}"; do
-  compute=-
-  [ -f "$out/$arm.compute" ] && compute=$(median <"$out/$arm.compute")
-  printf "%-44s %12.0f %14s  %s\n" "$(label "$arm")" "$(median <"$out/$arm.rate")" "$compute" \
-    "$(tr '\n' ' ' <"$out/$arm.rate" | awk '{for (i = 1; i <= NF; ++i) printf "%.0f ", $i}')"
+printf "%-40s %10s %15s  %s\n" "" "tokens/s" "compute s/step" "runs (tokens/s)"
+for arm in ${arms//,/ }; do
+  printf "%-40s %10.0f %15.4f  %s\n" "zinf $arm" "$(cut -d' ' -f1 "$out/$arm" | median)" \
+    "$(cut -d' ' -f2 "$out/$arm" | median)" "$(cut -d' ' -f1 "$out/$arm" | xargs printf '%.0f ')"
 done
-m() { median <"$out/$1.rate"; }
-awk -v b="$(m bf16)" -v f="$(m fp32)" -v s="$( ((shipped)) && m shipped || echo 0)" \
-  -v cb="$(median <"$out/bf16.compute")" -v cf="$(median <"$out/fp32.compute")" 'BEGIN {
-  printf "bf16 / fp32 matmuls: %.3f in tokens/s, %.3f in compute time (fp32 / bf16)", b / f, cf / cb
-  if (s > 0) printf "; bf16 / as shipped: %.3f", b / s
-  printf "\n"
-}'
 if ((torch)); then
-  awk -v b="$(m bf16)" -v f="$(m fp32)" -v tb="$(m torch_bf16)" -v tf="$(m torch_fp32)" 'BEGIN {
-    printf "zinf / PyTorch: %.2f in fp32, %.2f in bf16; PyTorch bf16 / fp32: %.2f\n", f / tf, b / tb, tb / tf
-  }'
+  version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
+  for arm in fp32 bf16; do
+    printf "%-40s %10.0f %15s  %s\n" "PyTorch $version $arm" "$(median <"$out/torch_$arm")" - \
+      "$(xargs printf '%.0f ' <"$out/torch_$arm")"
+  done
+fi
+[ -s "$out/zinf_ratio" ] &&
+  echo "zinf bf16 / fp32 matmuls (paired steps): $(median <"$out/zinf_ratio") (runs: $(xargs printf '%.3f ' <"$out/zinf_ratio"))"
+if ((torch)); then
+  echo "PyTorch bf16 / fp32 (paired steps): $(median <"$out/torch_ratio") (runs: $(xargs printf '%.3f ' <"$out/torch_ratio"))"
+  awk -v zf="$(cut -d' ' -f1 "$out/fp32" | median)" -v zb="$(cut -d' ' -f1 "$out/bf16" | median)" \
+    -v tf="$(median <"$out/torch_fp32")" -v tb="$(median <"$out/torch_bf16")" \
+    'BEGIN {printf "zinf / PyTorch (separate processes): %.2f in fp32, %.2f in bf16\n", zf / tf, zb / tb}'
 fi
