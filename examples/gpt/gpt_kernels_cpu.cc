@@ -28,6 +28,7 @@
 // The CUDA backend (gpt_kernels_cuda.cc) computes the same functions with cuBLAS and its own
 // kernels; it agrees to float rounding, not bitwise.
 #include <fmt/core.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -56,6 +57,16 @@ constexpr size_t kAlignBytes = 64;
 // Elements per task of a parallel conversion: large enough to amortize the task, small
 // enough to spread a block's weights over the threads.
 constexpr int64_t kConvertChunk = int64_t{1} << 16;
+// Note [Operand conversions on one thread]
+// A bf16 matmul converts its fp32 operands first, which would make one parallel region (and
+// one barrier) into three. The conversions are memory-bound and short (an activation of the
+// 1B model, 128 x 8192, converts in well under a millisecond), while a barrier on a machine
+// whose cores other processes share costs a scheduler time slice whenever one OpenMP thread
+// is descheduled. On the 2-core machine of bench/RESULTS.md, busy with other jobs, a d_model
+// 2048 model ran its bf16 path at 0.71x the fp32 one with OpenMP's default active waiting and
+// at 1.26x with OMP_WAIT_POLICY=passive: barriers, not arithmetic, decided. So conversions
+// up to this many elements run on the calling thread alone; larger ones use every thread.
+constexpr int64_t kSerialConvertElements = int64_t{1} << 20;
 
 memory::data_type DnnlType(ElementType t) {
   return t == ElementType::kBf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -423,7 +434,11 @@ class CpuKernels final : public GptKernels {
                                  dnnl::reorder::primitive_desc(engine_, Md(v), engine_, Md(out))))
                .first;
     }
+    // Small ones on this thread alone: see Note [Operand conversions on one thread].
+    const int threads = omp_get_max_threads();
+    if (elements <= kSerialConvertElements) omp_set_num_threads(1);
     it->second.execute(stream_, {{DNNL_ARG_FROM, Mem(v)}, {DNNL_ARG_TO, Mem(out)}});
+    omp_set_num_threads(threads);
     return out;
   }
 
