@@ -56,20 +56,20 @@ done
 
 printf "%-40s %10s %15s  %s\n" "" "tokens/s" "compute s/step" "runs (tokens/s)"
 for arm in ${arms//,/ }; do
-  printf "%-40s %10.0f %15.4f  %s\n" "zinf $arm" "$(cut -d' ' -f1 "$out/$arm" | median)" \
+  printf "%-40s %10.1f %15.4f  %s\n" "zinf $arm" "$(cut -d' ' -f1 "$out/$arm" | median)" \
     "$(cut -d' ' -f2 "$out/$arm" | median)" "$(cut -d' ' -f1 "$out/$arm" | xargs printf '%.0f ')"
 done
 if ((torch)); then
   version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
   for arm in fp32 bf16; do
-    printf "%-40s %10.0f %15s  %s\n" "PyTorch $version $arm" "$(median <"$out/torch_$arm")" - \
+    printf "%-40s %10.1f %15s  %s\n" "PyTorch $version $arm" "$(median <"$out/torch_$arm")" - \
       "$(xargs printf '%.0f ' <"$out/torch_$arm")"
   done
 fi
 [ -s "$out/zinf_ratio" ] &&
-  echo "zinf bf16 / fp32 matmuls (paired steps): $(median <"$out/zinf_ratio") (runs: $(xargs printf '%.3f ' <"$out/zinf_ratio"))"
+  echo "zinf bf16 / fp32 matmuls (paired steps): $(median <"$out/zinf_ratio" | xargs printf %.3f) (runs: $(xargs printf '%.3f ' <"$out/zinf_ratio"))"
 if ((torch)); then
-  echo "PyTorch bf16 / fp32 (paired steps): $(median <"$out/torch_ratio") (runs: $(xargs printf '%.3f ' <"$out/torch_ratio"))"
+  echo "PyTorch bf16 / fp32 (paired steps): $(median <"$out/torch_ratio" | xargs printf %.3f) (runs: $(xargs printf '%.3f ' <"$out/torch_ratio"))"
   awk -v zf="$(cut -d' ' -f1 "$out/fp32" | median)" -v zb="$(cut -d' ' -f1 "$out/bf16" | median)" \
     -v tf="$(median <"$out/torch_fp32")" -v tb="$(median <"$out/torch_bf16")" \
     'BEGIN {printf "zinf / PyTorch (separate processes): %.2f in fp32, %.2f in bf16\n", zf / tf, zb / tb}'
