@@ -1,9 +1,12 @@
-// The GPT example's CUDA backend: matmuls on cuBLAS (fp32, no TF32), everything else in the
-// small kernels of gpt_kernels_cuda.cu, all on one stream of a CudaDevice. See Note [GPT
-// staging] in gpt_model.cc for how parameters and gradients move, and gpt_kernels.h for the
-// contract. Results are deterministic from run to run on one GPU (cuBLAS picks the same
-// algorithm for the same shapes; the kernels use no atomics) but differ from the CPU
-// backend's in rounding.
+// The GPT example's CUDA backend: matmuls on cuBLAS, everything else in the small kernels of
+// gpt_kernels_cuda.cu, all on one stream of a CudaDevice. Matmuls are plain fp32 (no TF32), or
+// with matmul type bf16 bf16 x bf16 on tensor cores accumulating in fp32
+// (cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F), the CPU backend's numerics (Note [GPT
+// compute] in gpt_kernels_cpu.cc): weights arrive in bf16 from Parameters(), activations are
+// converted into scratch just before each matmul. See Note [GPT staging] in gpt_model.cc for
+// how parameters and gradients move, and gpt_kernels.h for the contract. Results are
+// deterministic from run to run on one GPU (cuBLAS picks the same algorithm for the same
+// shapes; the kernels use no atomics) but differ from the CPU backend's in rounding.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -27,8 +30,8 @@ using zinf::StatusOr;
 
 constexpr float kLayerNormEps = 1e-5f;
 // Parameters and gradients of a module are packed into one buffer, each starting on a
-// multiple of this many floats (256 bytes) so that cuBLAS sees aligned matrices.
-constexpr int64_t kAlignFloats = 64;
+// multiple of this many bytes so that cuBLAS sees aligned matrices.
+constexpr int64_t kAlignBytes = 256;
 
 Status CudaError(cudaError_t err, std::string_view op) {
   if (err == cudaSuccess) return zinf::OkStatus();
@@ -39,12 +42,21 @@ Status CudaError(cudaError_t err, std::string_view op) {
 // cuBLAS is opened when a CUDA backend is first created, not linked: loading its libraries
 // (their relocations alone) would cost every run of a CUDA build, CPU-only ones too, about
 // 150 MiB of RSS.
+// cublasGemmStridedBatchedEx as the library exports it (the header overloads the name with an
+// inline wrapper that takes a cudaDataType compute type).
+using GemmStridedBatchedExFn = cublasStatus_t (*)(
+    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+    cudaDataType, int, long long, const void*, cudaDataType, int, long long,  // NOLINT(runtime/int)
+    const void*, void*, cudaDataType, int, long long, int, cublasComputeType_t,  // NOLINT
+    cublasGemmAlgo_t);
+
 struct CublasApi {
   decltype(&cublasCreate) create = nullptr;
   decltype(&cublasDestroy) destroy = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   decltype(&cublasSetStream) set_stream = nullptr;
   decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  GemmStridedBatchedExFn gemm_strided_batched_ex = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
 };
 
@@ -65,6 +77,7 @@ StatusOr<const CublasApi*> LoadCublas() {
         !bind(&a.set_math_mode, "cublasSetMathMode") ||
         !bind(&a.set_stream, "cublasSetStream_v2") ||
         !bind(&a.sgemm_strided_batched, "cublasSgemmStridedBatched") ||
+        !bind(&a.gemm_strided_batched_ex, "cublasGemmStridedBatchedEx") ||
         !bind(&a.status_string, "cublasGetStatusString")) {
       return zinf::Unavailable(fmt::format("{} lacks a cuBLAS function: {}", name, dlerror()));
     }
@@ -83,7 +96,19 @@ Status CublasError(cublasStatus_t s, std::string_view op) {
       fmt::format("cuBLAS {}: {} ({})", op, Cublas().status_string(s), static_cast<int>(s)));
 }
 
-int64_t AlignUp(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+int64_t AlignUp(int64_t bytes) { return (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+
+// The [batch, rows, cols] shape of a copy from view `from` to the same elements in `to`.
+cuda::ConvertShape ShapeOf(const View& from, const View& to) {
+  cuda::ConvertShape shape{{1, 1, 1}, {0, 0, 0}, {0, 0, 0}};
+  const int skip = 3 - from.ndims;  // a 2-d view is one batch
+  for (int i = 0; i < from.ndims; ++i) {
+    shape.dims[skip + i] = from.dims[i];
+    shape.src_strides[skip + i] = from.strides[i];
+    shape.dst_strides[skip + i] = to.strides[i];
+  }
+  return shape;
+}
 
 // How cuBLAS (column-major) sees a row-major view [R, C]: the matrix op(stored) is the
 // view's transpose, [C, R] column-major, where the stored matrix has leading dimension ld.
@@ -107,12 +132,13 @@ bool AsColumnMajor(const View& v, Operand* out) {
 class CudaKernels final : public GptKernels {
  public:
   CudaKernels(std::unique_ptr<zinf::Device> device, std::unique_ptr<zinf::Stream> stream,
-              cublasHandle_t blas, int ordinal)
+              cublasHandle_t blas, int ordinal, ElementType matmul_type)
       : device_(std::move(device)),
         stream_(std::move(stream)),
         cu_stream_(stream_->native_handle()),
         blas_(blas),
-        ordinal_(ordinal) {}
+        ordinal_(ordinal),
+        matmul_type_(matmul_type) {}
 
   ~CudaKernels() override {
     (void)stream_->Synchronize();
@@ -121,18 +147,41 @@ class CudaKernels final : public GptKernels {
   }
 
   zinf::Device& device() override { return *device_; }
+  ElementType matmul_type() const override { return matmul_type_; }
 
-  StatusOr<std::vector<const float*>> Parameters(Slot slot, const std::vector<float*>& host,
-                                                 const std::vector<int64_t>& numel) override {
+  StatusOr<std::vector<Tensor>> Parameters(Slot slot, const std::vector<Tensor>& fetched,
+                                           const std::vector<int64_t>& numel,
+                                           const std::vector<ElementType>& want) override {
+    ZINF_RETURN_IF_ERROR(ValidateParameters(fetched, numel, want));
     SlotBuffers& s = slots_[static_cast<int>(slot)];
-    ZINF_RETURN_IF_ERROR(Pack(numel, &s.param_offsets, &s.params));
-    std::vector<const float*> out;
-    for (size_t i = 0; i < host.size(); ++i) {
-      float* dst = s.params.as<float>() + s.param_offsets[i];
+    std::vector<int64_t> bytes(fetched.size());
+    int64_t staging_bytes = 0;  // the largest tensor that is converted on the way
+    for (size_t i = 0; i < fetched.size(); ++i) {
+      bytes[i] = numel[i] * static_cast<int64_t>(zinf::ElementSize(want[i]));
+      if (fetched[i].dtype != want[i]) {
+        staging_bytes = std::max<int64_t>(
+            staging_bytes, numel[i] * static_cast<int64_t>(zinf::ElementSize(fetched[i].dtype)));
+      }
+    }
+    ZINF_RETURN_IF_ERROR(Pack(bytes, &s.param_offsets, &s.params));
+    if (staging_bytes > 0) Ensure(&param_staging_, staging_bytes, "parameter conversion buffer");
+    ZINF_RETURN_IF_ERROR(status_);
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < fetched.size(); ++i) {
+      void* dst = s.params.as<char>() + s.param_offsets[i];
+      const size_t fetched_bytes = numel[i] * zinf::ElementSize(fetched[i].dtype);
+      // Uploaded as fetched (bf16 from the engine halves the bytes), converted on the GPU.
+      void* upload = fetched[i].dtype == want[i] ? dst : param_staging_.data();
       ZINF_RETURN_IF_ERROR(Sticky(
-          stream_->Copy(dst, host[i], numel[i] * sizeof(float), zinf::CopyKind::kHostToDevice),
+          stream_->Copy(upload, fetched[i].data, fetched_bytes, zinf::CopyKind::kHostToDevice),
           "parameter upload"));
-      out.push_back(dst);
+      if (upload != dst) {
+        const cuda::ConvertShape shape{{1, 1, numel[i]}, {0, 0, 1}, {0, 0, 1}};
+        cuda::LaunchConvert(upload, fetched[i].dtype == ElementType::kBf16, dst,
+                            want[i] == ElementType::kBf16, shape, cu_stream_);
+        if (!CheckLaunch("parameter conversion")) return status_;
+      }
+      out.push_back({dst, want[i]});
     }
     // The engine may release (and reuse) the host buffers as soon as this returns.
     ZINF_RETURN_IF_ERROR(Synchronize());
@@ -142,12 +191,16 @@ class CudaKernels final : public GptKernels {
   StatusOr<std::vector<float*>> Gradients(Slot slot, const std::vector<float*>& host,
                                           const std::vector<int64_t>& numel) override {
     SlotBuffers& s = slots_[static_cast<int>(slot)];
-    ZINF_RETURN_IF_ERROR(Pack(numel, &s.grad_offsets, &s.grads));
+    std::vector<int64_t> bytes;
+    for (int64_t n : numel) bytes.push_back(n * static_cast<int64_t>(sizeof(float)));
+    ZINF_RETURN_IF_ERROR(Pack(bytes, &s.grad_offsets, &s.grads));
     s.grad_numel = numel;
     ZINF_RETURN_IF_ERROR(
         Sticky(stream_->Memset(s.grads.data(), 0, s.grads.size_bytes()), "gradient zeroing"));
     std::vector<float*> out;
-    for (size_t i = 0; i < host.size(); ++i) out.push_back(s.grads.as<float>() + s.grad_offsets[i]);
+    for (size_t i = 0; i < host.size(); ++i) {
+      out.push_back(reinterpret_cast<float*>(s.grads.as<char>() + s.grad_offsets[i]));
+    }
     return out;
   }
 
@@ -166,9 +219,9 @@ class CudaKernels final : public GptKernels {
                                               zinf::CopyKind::kDeviceToHost),
                                 "gradient download"));
     ZINF_RETURN_IF_ERROR(Synchronize());
-    const float* staged = static_cast<const float*>(staging_.data());
+    const char* staged = static_cast<const char*>(staging_.data());
     for (size_t i = 0; i < host.size(); ++i) {
-      const float* g = staged + s.grad_offsets[i];
+      const float* g = reinterpret_cast<const float*>(staged + s.grad_offsets[i]);
       float* out = host[i];
       for (int64_t j = 0; j < s.grad_numel[i]; ++j) out[j] += g[j];
     }
@@ -246,37 +299,56 @@ class CudaKernels final : public GptKernels {
   void Matmul(const View& a, const View& b, const View& c, const float* bias, float scale,
               bool accumulate) override {
     if (!status_.ok()) return;
+    if (c.dtype != ElementType::kFp32) {
+      status_ = zinf::Internal("matmul: the output must be fp32");
+      return;
+    }
+    // Operands not of the matmul type are converted into scratch first.
+    const View ca = Converted(a, 0), cb = Converted(b, 1);
+    if (!status_.ok()) return;
     // Row-major C = A·B is column-major C^T = B^T·A^T: B comes first.
     Operand oa{CUBLAS_OP_N, 0}, ob{CUBLAS_OP_N, 0};
-    const int64_t m = c.rows(), n = c.cols(), k = a.cols(), batch = c.batch();
-    const bool shapes_ok = a.rows() == m && b.rows() == k && b.cols() == n && a.batch() == batch &&
-                           b.batch() == batch && c.col_stride() == 1 && c.row_stride() >= n &&
-                           AsColumnMajor(a, &oa) && AsColumnMajor(b, &ob) &&
-                           (bias == nullptr || c.ndims == 2);
+    const int64_t m = c.rows(), n = c.cols(), k = ca.cols(), batch = c.batch();
+    const bool shapes_ok = ca.rows() == m && cb.rows() == k && cb.cols() == n &&
+                           ca.batch() == batch && cb.batch() == batch && c.col_stride() == 1 &&
+                           c.row_stride() >= n && AsColumnMajor(ca, &oa) &&
+                           AsColumnMajor(cb, &ob) && (bias == nullptr || c.ndims == 2);
     for (int64_t v : {m, n, k, batch, oa.ld, ob.ld, c.row_stride()}) {
       if (v > INT_MAX) status_ = zinf::Internal(fmt::format("matmul: dimension {} > INT_MAX", v));
     }
     if (!shapes_ok) {
       status_ = zinf::Internal(fmt::format(
-          "matmul: unsupported views a [{}, {}] b [{}, {}] c [{}, {}] (batch {}, {}, {})", a.rows(),
-          a.cols(), b.rows(), b.cols(), m, n, a.batch(), b.batch(), batch));
+          "matmul: unsupported views a [{}, {}] b [{}, {}] c [{}, {}] (batch {}, {}, {})",
+          ca.rows(), ca.cols(), cb.rows(), cb.cols(), m, n, ca.batch(), cb.batch(), batch));
     }
     if (!status_.ok()) return;
+    float* out = static_cast<float*>(const_cast<void*>(c.data));
     float beta = accumulate ? 1.0f : 0.0f;
     if (bias != nullptr) {
-      cuda::LaunchBroadcastBias(const_cast<float*>(c.data), bias, m, n, c.row_stride(), accumulate,
-                                cu_stream_);
+      cuda::LaunchBroadcastBias(out, bias, m, n, c.row_stride(), accumulate, cu_stream_);
       if (!CheckLaunch("matmul bias")) return;
       beta = 1.0f;
     }
     const float alpha = scale;
-    const cublasStatus_t s = Cublas().sgemm_strided_batched(
+    if (matmul_type_ == ElementType::kFp32) {
+      const cublasStatus_t s = Cublas().sgemm_strided_batched(
+          blas_, ob.op, oa.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+          &alpha, static_cast<const float*>(cb.data), static_cast<int>(ob.ld), cb.batch_stride(),
+          static_cast<const float*>(ca.data), static_cast<int>(oa.ld), ca.batch_stride(), &beta,
+          out, static_cast<int>(c.row_stride()), c.batch_stride(), static_cast<int>(batch));
+      status_ = CublasError(
+          s, fmt::format("cublasSgemmStridedBatched ({}x{}x{}, batch {})", m, n, k, batch));
+      return;
+    }
+    // bf16 inputs, fp32 output and accumulation; the default algorithm picks tensor cores.
+    const cublasStatus_t s = Cublas().gemm_strided_batched_ex(
         blas_, ob.op, oa.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
-        b.data, static_cast<int>(ob.ld), b.batch_stride(), a.data, static_cast<int>(oa.ld),
-        a.batch_stride(), &beta, const_cast<float*>(c.data), static_cast<int>(c.row_stride()),
-        c.batch_stride(), static_cast<int>(batch));
+        cb.data, CUDA_R_16BF, static_cast<int>(ob.ld), cb.batch_stride(), ca.data, CUDA_R_16BF,
+        static_cast<int>(oa.ld), ca.batch_stride(), &beta, out, CUDA_R_32F,
+        static_cast<int>(c.row_stride()), c.batch_stride(), static_cast<int>(batch),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     status_ = CublasError(
-        s, fmt::format("cublasSgemmStridedBatched ({}x{}x{}, batch {})", m, n, k, batch));
+        s, fmt::format("cublasGemmStridedBatchedEx bf16 ({}x{}x{}, batch {})", m, n, k, batch));
   }
 
   void LayerNormForward(const float* x, const float* gamma, const float* beta, float* y,
@@ -390,18 +462,35 @@ class CudaKernels final : public GptKernels {
     return true;
   }
 
-  // Lays out `numel` tensors in one aligned buffer.
-  Status Pack(const std::vector<int64_t>& numel, std::vector<int64_t>* offsets,
+  // Lays out tensors of `bytes` each in one aligned buffer; offsets in bytes.
+  Status Pack(const std::vector<int64_t>& bytes, std::vector<int64_t>* offsets,
               zinf::DeviceBuffer* buffer) {
     ZINF_RETURN_IF_ERROR(status_);
     offsets->clear();
     int64_t total = 0;
-    for (int64_t e : numel) {
+    for (int64_t b : bytes) {
       offsets->push_back(total);
-      total += AlignUp(e);
+      total += AlignUp(b);
     }
-    Ensure(buffer, static_cast<size_t>(total) * sizeof(float), "staging buffer");
+    Ensure(buffer, static_cast<size_t>(total), "staging buffer");
     return status_;
+  }
+
+  // `v` as matmul_type_: itself when it is already, else a copy laid out by DenseCopy in
+  // scratch buffer `which` (0 or 1: a matmul's two operands), enqueued on the stream. The next
+  // matmul may reuse the scratch: the stream runs them in order. On failure sets status_ and
+  // returns v.
+  View Converted(const View& v, int which) {
+    if (v.dtype == matmul_type_) return v;
+    int64_t elements = 0;
+    View out = DenseCopy(v, matmul_type_, &elements);
+    const size_t bytes = static_cast<size_t>(elements) * zinf::ElementSize(matmul_type_);
+    if (!Ensure(&scratch_[which], bytes, "matmul operand conversion")) return v;
+    out.data = scratch_[which].data();
+    cuda::LaunchConvert(v.data, v.dtype == ElementType::kBf16, scratch_[which].data(),
+                        matmul_type_ == ElementType::kBf16, ShapeOf(v, out), cu_stream_);
+    CheckLaunch("matmul operand conversion");
+    return out;
   }
 
   std::unique_ptr<zinf::Device> device_;
@@ -409,9 +498,12 @@ class CudaKernels final : public GptKernels {
   void* cu_stream_;
   cublasHandle_t blas_;
   const int ordinal_;
+  const ElementType matmul_type_;
   Status status_;  // the first error; sticky
   std::array<SlotBuffers, 3> slots_;
-  zinf::HostBuffer staging_;  // pinned: gradients on their way to the engine
+  zinf::DeviceBuffer param_staging_;           // a fetched tensor on its way to conversion
+  std::array<zinf::DeviceBuffer, 2> scratch_;  // converted matmul operands
+  zinf::HostBuffer staging_;                   // pinned: gradients on their way to the engine
   // The batch's tokens (see SetTokens), in ints_.
   std::vector<int32_t> host_ints_;
   zinf::DeviceBuffer ints_, row_loss_;
@@ -422,17 +514,40 @@ class CudaKernels final : public GptKernels {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t memory_budget_bytes) {
+StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t memory_budget_bytes,
+                                                        ElementType matmul_type) {
+  if (matmul_type == ElementType::kFp16) {
+    return zinf::InvalidArgument("the GPT's CUDA backend multiplies in fp32 or bf16, not fp16");
+  }
   ZINF_ASSIGN_OR_RETURN(
       std::unique_ptr<zinf::Device> device,
       zinf::CreateCudaDevice({.ordinal = ordinal, .memory_budget_bytes = memory_budget_bytes}));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<zinf::Stream> stream, device->CreateStream());
   ZINF_RETURN_IF_ERROR(CudaError(cudaSetDevice(ordinal), "cudaSetDevice"));
+  if (matmul_type == ElementType::kBf16) {
+    int major = 0, minor = 0;
+    ZINF_RETURN_IF_ERROR(
+        CudaError(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
+                  "cudaDeviceGetAttribute"));
+    ZINF_RETURN_IF_ERROR(
+        CudaError(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal),
+                  "cudaDeviceGetAttribute"));
+    if (major < 8) {
+      return zinf::Unavailable(fmt::format(
+          "bf16 matmuls need a GPU of compute capability 8.0 or later (bf16 tensor cores); "
+          "GPU {} is {}.{}",
+          ordinal, major, minor));
+    }
+  }
   ZINF_ASSIGN_OR_RETURN(const CublasApi* api, LoadCublas());
   cublasHandle_t blas = nullptr;
   ZINF_RETURN_IF_ERROR(CublasError(api->create(&blas), "cublasCreate"));
-  // Plain fp32: no TF32 tensor-core math even where the environment asks for it.
-  Status s = CublasError(api->set_math_mode(blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  // fp32: plain fp32, no TF32 tensor-core math even where the environment asks for it. bf16:
+  // the default mode, since pedantic math would turn CUBLAS_COMPUTE_32F into its pedantic
+  // variant and keep bf16 off the tensor cores; TF32 cannot enter, as no fp32 GEMM runs then.
+  const cublasMath_t math =
+      matmul_type == ElementType::kBf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH;
+  Status s = CublasError(api->set_math_mode(blas, math), "cublasSetMathMode");
   if (s.ok()) {
     s = CublasError(api->set_stream(blas, static_cast<cudaStream_t>(stream->native_handle())),
                     "cublasSetStream");
@@ -442,7 +557,7 @@ StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t me
     return s;
   }
   return std::unique_ptr<GptKernels>(
-      new CudaKernels(std::move(device), std::move(stream), blas, ordinal));
+      new CudaKernels(std::move(device), std::move(stream), blas, ordinal, matmul_type));
 }
 
 }  // namespace gpt

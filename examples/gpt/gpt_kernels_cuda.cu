@@ -1,8 +1,12 @@
 // The GPT example's custom CUDA kernels; see gpt_kernels_cuda.h. Row-wise reductions (LayerNorm,
 // softmax, cross-entropy) take one block per row and reduce in a fixed tree; column sums (bias,
 // LayerNorm parameter and embedding gradients) take one thread per column and add the rows in
-// order. fp32 throughout, with the same formulas as the CPU backend.
+// order. fp32 throughout, with the same formulas as the CPU backend; ConvertKernel makes the
+// bf16 operands of bf16 matmuls.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "examples/gpt/gpt_kernels_cuda.h"
 
@@ -32,6 +36,24 @@ __device__ float BlockReduce(float v, float* shared) {
     total = kMax ? fmaxf(total, shared[w]) : total + shared[w];
   }
   return total;
+}
+
+// One thread per element, in the logical [batch, rows, cols] order.
+template <typename In, typename Out>
+__global__ void ConvertKernel(const In* src, Out* dst, ConvertShape shape, int64_t total) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= total) return;
+  const int64_t c = i % shape.dims[2], r = i / shape.dims[2] % shape.dims[1],
+                b = i / (shape.dims[2] * shape.dims[1]);
+  const In v = src[b * shape.src_strides[0] + r * shape.src_strides[1] + c * shape.src_strides[2]];
+  Out& out = dst[b * shape.dst_strides[0] + r * shape.dst_strides[1] + c * shape.dst_strides[2]];
+  if constexpr (std::is_same_v<In, Out>) {
+    out = v;
+  } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+    out = __float2bfloat16_rn(v);
+  } else {
+    out = __bfloat162float(v);
+  }
 }
 
 __global__ void BroadcastBiasKernel(float* c, const float* bias, int64_t rows, int64_t cols,
@@ -219,6 +241,28 @@ __global__ void AddKernel(const float* a, const float* b, float* out, int64_t n)
 }
 
 }  // namespace
+
+void LaunchConvert(const void* src, bool src_bf16, void* dst, bool dst_bf16,
+                   const ConvertShape& shape, void* stream) {
+  const int64_t total = shape.dims[0] * shape.dims[1] * shape.dims[2];
+  if (total == 0) return;
+  const unsigned blocks = Blocks(total);
+  cudaStream_t s = AsStream(stream);
+  using Bf16 = __nv_bfloat16;
+  if (src_bf16 && dst_bf16) {
+    ConvertKernel<<<blocks, kThreads, 0, s>>>(static_cast<const Bf16*>(src),
+                                              static_cast<Bf16*>(dst), shape, total);
+  } else if (src_bf16) {
+    ConvertKernel<<<blocks, kThreads, 0, s>>>(static_cast<const Bf16*>(src),
+                                              static_cast<float*>(dst), shape, total);
+  } else if (dst_bf16) {
+    ConvertKernel<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(src),
+                                              static_cast<Bf16*>(dst), shape, total);
+  } else {
+    ConvertKernel<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(src),
+                                              static_cast<float*>(dst), shape, total);
+  }
+}
 
 void LaunchBroadcastBias(float* c, const float* bias, int64_t rows, int64_t cols, int64_t ldc,
                          bool accumulate, void* stream) {

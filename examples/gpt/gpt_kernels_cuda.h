@@ -11,6 +11,16 @@
 
 namespace gpt::cuda {
 
+// A [batch, rows, cols] array of elements, as strides (in elements) on each side of a copy.
+struct ConvertShape {
+  int64_t dims[3];
+  int64_t src_strides[3];
+  int64_t dst_strides[3];
+};
+// dst = src converted element by element between fp32 and bf16 (`*_bf16` says which each side
+// holds): fp32 to bf16 rounds to nearest even, bf16 to fp32 is exact.
+void LaunchConvert(const void* src, bool src_bf16, void* dst, bool dst_bf16,
+                   const ConvertShape& shape, void* stream);
 // c[r * ldc + j] = bias[j], plus c's old value when `accumulate`.
 void LaunchBroadcastBias(float* c, const float* bias, int64_t rows, int64_t cols, int64_t ldc,
                          bool accumulate, void* stream);

@@ -6,7 +6,8 @@
 namespace gpt {
 
 zinf::StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal,
-                                                              uint64_t memory_budget_bytes) {
+                                                              uint64_t memory_budget_bytes,
+                                                              ElementType) {
   auto device =
       zinf::CreateCudaDevice({.ordinal = ordinal, .memory_budget_bytes = memory_budget_bytes});
   if (!device.ok()) return device.status();

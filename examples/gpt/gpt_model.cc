@@ -4,13 +4,13 @@
 //
 // Note [GPT staging]
 // The model code is the same for every backend; only where the numbers live differs. On the
-// CPU the kernels read the engine's host parameter buffers and add into its host gradient
-// buffers in place. On CUDA each fetched module's parameters are copied to device buffers
-// (Parameters() returns once the copy is done, so the module may be released right away), and
-// gradients are computed into zeroed device buffers and added into the engine's host buffers
-// just before ReduceGradients. The embedding gets gradient twice, from the tied head (before
-// the blocks' backward) and from the input embedding (after): both go into the same device
-// buffers, copied out once at the end.
+// CPU the kernels read the engine's host parameter buffers (or, for bf16 matmuls, bf16 copies
+// of the weight matrices made once per fetch) and add into its host gradient buffers in place. On
+// CUDA each fetched module's parameters are copied to device buffers (Parameters() returns once the
+// copy is done, so the module may be released right away), and gradients are computed into zeroed
+// device buffers and added into the engine's host buffers just before ReduceGradients. The
+// embedding gets gradient twice, from the tied head (before the blocks' backward) and from the
+// input embedding (after): both go into the same device buffers, copied out once at the end.
 #include "examples/gpt/gpt_model.h"
 
 #include <fmt/core.h>
@@ -230,6 +230,9 @@ struct Gpt::Impl {
   std::vector<int> blocks;
   // Elements of each parameter of the embedding, of a block and of ln_f, in registration order.
   std::vector<int64_t> embed_numel, block_numel, ln_f_numel;
+  // The types the model asks Parameters() for: weight matrices in the matmul type, the rest
+  // (LayerNorm parameters, biases, and the embedding tables for the lookup) in fp32.
+  std::vector<ElementType> block_want, head_want, fp32_2;
   Timing timing;
 
   // Sized for `batch` sequences by Resize, in backend memory. N = batch * seq_len rows.
@@ -309,14 +312,18 @@ struct Gpt::Impl {
     return zinf::OkStatus();
   }
 
-  // Engine calls, timed. Fetch hands back the module's parameters in backend memory.
-  StatusOr<std::vector<const float*>> Fetch(int module, Slot slot,
-                                            const std::vector<int64_t>& numel) {
+  // Engine calls, timed. Fetch hands back the module's parameters in backend memory, each in
+  // the type `want` names.
+  StatusOr<std::vector<Tensor>> Fetch(int module, Slot slot, const std::vector<int64_t>& numel,
+                                      const std::vector<ElementType>& want) {
     const auto t0 = Clock::now();
     auto fetched = engine.Fetch(module);
     timing.param_wait_s += SecondsSince(t0);
     if (!fetched.ok()) return fetched.status();
-    return kernels->Parameters(slot, fetched->params, numel);
+    // The engine hands out fp32 (bf16 values widened, under EngineConfig::bf16).
+    std::vector<Tensor> tensors;
+    for (float* p : fetched->params) tensors.push_back({p, ElementType::kFp32});
+    return kernels->Parameters(slot, tensors, numel, want);
   }
   Status Release(int module) {
     const auto t0 = Clock::now();
@@ -347,14 +354,15 @@ struct Gpt::Impl {
 
   // The block from its input `in` into `out`, keeping its activations in `a`. A null `out`
   // stops before the last projection: recomputation for backward needs only `a`.
-  void BlockForward(const std::vector<const float*>& p, const float* in, float* out,
+  void BlockForward(const std::vector<Tensor>& p, const float* in, float* out,
                     BlockActivations& a) {
     GptKernels& k = *kernels;
     const int64_t n = N(), d = D(), t = T();
     const float scale = 1.0f / std::sqrt(static_cast<float>(d / H()));
-    k.LayerNormForward(in, p[kLn1Weight], p[kLn1Bias], a.ln1, a.ln1_mean, a.ln1_var, n, d);
+    k.LayerNormForward(in, p[kLn1Weight].f32(), p[kLn1Bias].f32(), a.ln1, a.ln1_mean, a.ln1_var, n,
+                       d);
     k.Matmul(Matrix(a.ln1, n, d), Transposed(Matrix(p[kAttnWeight], 3 * d, d)),
-             Matrix(a.qkv, n, 3 * d), p[kAttnBias]);
+             Matrix(a.qkv, n, 3 * d), p[kAttnBias].f32());
     for (int64_t b = 0; b < batch; ++b) {
       const float* qkv = a.qkv + b * t * 3 * d;
       k.Matmul(Heads(qkv), Transposed(Heads(qkv + d)), Scores(a.probs + b * H() * t * t), nullptr,
@@ -368,21 +376,22 @@ struct Gpt::Impl {
     }
     k.Copy(a.mid, in, n * d);
     k.Matmul(Matrix(a.attn, n, d), Transposed(Matrix(p[kAttnProjWeight], d, d)),
-             Matrix(a.mid, n, d), p[kAttnProjBias], 1.0f, /*accumulate=*/true);
-    k.LayerNormForward(a.mid, p[kLn2Weight], p[kLn2Bias], a.ln2, a.ln2_mean, a.ln2_var, n, d);
+             Matrix(a.mid, n, d), p[kAttnProjBias].f32(), 1.0f, /*accumulate=*/true);
+    k.LayerNormForward(a.mid, p[kLn2Weight].f32(), p[kLn2Bias].f32(), a.ln2, a.ln2_mean, a.ln2_var,
+                       n, d);
     k.Matmul(Matrix(a.ln2, n, d), Transposed(Matrix(p[kFcWeight], 4 * d, d)),
-             Matrix(a.fc, n, 4 * d), p[kFcBias]);
+             Matrix(a.fc, n, 4 * d), p[kFcBias].f32());
     k.GeluForward(a.fc, a.gelu, n * 4 * d);
     if (out == nullptr) return;
     k.Copy(out, a.mid, n * d);
     k.Matmul(Matrix(a.gelu, n, 4 * d), Transposed(Matrix(p[kMlpProjWeight], d, 4 * d)),
-             Matrix(out, n, d), p[kMlpProjBias], 1.0f, /*accumulate=*/true);
+             Matrix(out, n, d), p[kMlpProjBias].f32(), 1.0f, /*accumulate=*/true);
   }
 
   // From dout, the gradient of the block's output, the gradient of its input `in` into din;
   // parameter gradients are added into g.
-  void BlockBackward(const std::vector<const float*>& p, const std::vector<float*>& g,
-                     const float* in, const BlockActivations& a, const float* dout, float* din) {
+  void BlockBackward(const std::vector<Tensor>& p, const std::vector<float*>& g, const float* in,
+                     const BlockActivations& a, const float* dout, float* din) {
     GptKernels& k = *kernels;
     const int64_t n = N(), d = D(), t = T();
     const float scale = 1.0f / std::sqrt(static_cast<float>(d / H()));
@@ -396,8 +405,8 @@ struct Gpt::Impl {
              nullptr, 1.0f, /*accumulate=*/true);
     k.AddColumnSums(dfc, n, 4 * d, g[kFcBias]);
     k.Matmul(Matrix(dfc, n, 4 * d), Matrix(p[kFcWeight], 4 * d, d), Matrix(dln, n, d));
-    k.LayerNormBackward(a.mid, p[kLn2Weight], p[kLn2Bias], a.ln2_mean, a.ln2_var, dln, dnorm,
-                        g[kLn2Weight], g[kLn2Bias], n, d);
+    k.LayerNormBackward(a.mid, p[kLn2Weight].f32(), p[kLn2Bias].f32(), a.ln2_mean, a.ln2_var, dln,
+                        dnorm, g[kLn2Weight], g[kLn2Bias], n, d);
     k.Add(dout, dnorm, dmid, n * d);
 
     // mid = in + c_proj(attention(c_attn(ln_1(in))))
@@ -426,8 +435,8 @@ struct Gpt::Impl {
              Matrix(g[kAttnWeight], 3 * d, d), nullptr, 1.0f, /*accumulate=*/true);
     k.AddColumnSums(dqkv, n, 3 * d, g[kAttnBias]);
     k.Matmul(Matrix(dqkv, n, 3 * d), Matrix(p[kAttnWeight], 3 * d, d), Matrix(dln, n, d));
-    k.LayerNormBackward(in, p[kLn1Weight], p[kLn1Bias], a.ln1_mean, a.ln1_var, dln, dnorm,
-                        g[kLn1Weight], g[kLn1Bias], n, d);
+    k.LayerNormBackward(in, p[kLn1Weight].f32(), p[kLn1Bias].f32(), a.ln1_mean, a.ln1_var, dln,
+                        dnorm, g[kLn1Weight], g[kLn1Bias], n, d);
     k.Add(dmid, dnorm, din, n * d);
   }
 
@@ -462,19 +471,20 @@ struct Gpt::Impl {
   StatusOr<double> Compute(bool train, std::vector<float>* logits_out) {
     GptKernels& k = *kernels;
     const int64_t n = N(), d = D(), L = config.n_layer;
-    ZINF_ASSIGN_OR_RETURN(std::vector<const float*> e, Fetch(embed, Slot::kEmbed, embed_numel));
-    k.EmbeddingForward(e[0], e[1], x[0], n, T(), d);
+    ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> e, Fetch(embed, Slot::kEmbed, embed_numel, fp32_2));
+    k.EmbeddingForward(e[0].f32(), e[1].f32(), x[0], n, T(), d);
     ZINF_RETURN_IF_ERROR(Release(embed));
     for (int64_t l = 0; l < L; ++l) {
-      ZINF_ASSIGN_OR_RETURN(std::vector<const float*> p,
-                            Fetch(blocks[l], Slot::kBlock, block_numel));
+      ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> p,
+                            Fetch(blocks[l], Slot::kBlock, block_numel, block_want));
       BlockForward(p, x[l], x[l + 1], acts[config.activation_checkpointing ? 0 : l]);
       ZINF_RETURN_IF_ERROR(Release(blocks[l]));
     }
     // ln_f and the tied head (wte again), then their backward while both are fetched.
-    ZINF_ASSIGN_OR_RETURN(std::vector<const float*> f, Fetch(ln_f, Slot::kLnF, ln_f_numel));
-    k.LayerNormForward(x[L], f[0], f[1], xf, lnf_mean, lnf_var, n, d);
-    ZINF_ASSIGN_OR_RETURN(e, Fetch(embed, Slot::kEmbed, embed_numel));
+    ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> f, Fetch(ln_f, Slot::kLnF, ln_f_numel, fp32_2));
+    k.LayerNormForward(x[L], f[0].f32(), f[1].f32(), xf, lnf_mean, lnf_var, n, d);
+    // The head needs wte as a matmul weight; wpe goes along unused.
+    ZINF_ASSIGN_OR_RETURN(e, Fetch(embed, Slot::kEmbed, embed_numel, head_want));
     k.Matmul(Matrix(xf, n, d), Transposed(Matrix(e[0], V(), d)), Matrix(logits, n, V()));
     const float grad_scale = train ? static_cast<float>(engine.loss_scale() / n) : 0.0f;
     ZINF_ASSIGN_OR_RETURN(const double loss, k.CrossEntropy(logits, n, V(), grad_scale));
@@ -496,13 +506,14 @@ struct Gpt::Impl {
     ZINF_RETURN_IF_ERROR(Release(embed));
     ZINF_ASSIGN_OR_RETURN(std::vector<float*> gf_host, Gradients(ln_f));
     ZINF_ASSIGN_OR_RETURN(std::vector<float*> gf, k.Gradients(Slot::kLnF, gf_host, ln_f_numel));
-    k.LayerNormBackward(x[L], f[0], f[1], lnf_mean, lnf_var, dln, dx, gf[0], gf[1], n, d);
+    k.LayerNormBackward(x[L], f[0].f32(), f[1].f32(), lnf_mean, lnf_var, dln, dx, gf[0], gf[1], n,
+                        d);
     ZINF_RETURN_IF_ERROR(ReduceGradients(ln_f, Slot::kLnF, gf_host));
     ZINF_RETURN_IF_ERROR(Release(ln_f));
 
     for (int64_t l = L - 1; l >= 0; --l) {
-      ZINF_ASSIGN_OR_RETURN(std::vector<const float*> p,
-                            Fetch(blocks[l], Slot::kBlock, block_numel));
+      ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> p,
+                            Fetch(blocks[l], Slot::kBlock, block_numel, block_want));
       ZINF_ASSIGN_OR_RETURN(std::vector<float*> g_host, Gradients(blocks[l]));
       ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, k.Gradients(Slot::kBlock, g_host, block_numel));
       BlockActivations& a = acts[config.activation_checkpointing ? 0 : l];
@@ -543,24 +554,52 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(zinf::Engine& engine, const GptConfig
                                            const GptOptions& options) {
   ZINF_RETURN_IF_ERROR(config.Validate());
   // The backend first: a device that cannot be had leaves the engine untouched.
+  auto create = [&](ElementType matmul_type) -> StatusOr<std::unique_ptr<GptKernels>> {
+    switch (options.device) {
+      case zinf::DeviceKind::kHost:
+        return CreateCpuKernels(options.device_memory_bytes, matmul_type);
+      case zinf::DeviceKind::kCuda:
+        return CreateCudaKernels(options.device_ordinal, options.device_memory_bytes, matmul_type);
+    }
+    return InvalidArgument("GptOptions.device is not a known DeviceKind");
+  };
   std::unique_ptr<GptKernels> kernels;
-  switch (options.device) {
-    case zinf::DeviceKind::kHost: {
-      ZINF_ASSIGN_OR_RETURN(kernels, CreateCpuKernels(options.device_memory_bytes));
+  switch (options.matmul_precision) {
+    case MatmulPrecision::kFp32: {
+      ZINF_ASSIGN_OR_RETURN(kernels, create(ElementType::kFp32));
       break;
     }
-    case zinf::DeviceKind::kCuda: {
-      ZINF_ASSIGN_OR_RETURN(kernels,
-                            CreateCudaKernels(options.device_ordinal, options.device_memory_bytes));
+    case MatmulPrecision::kBf16: {
+      ZINF_ASSIGN_OR_RETURN(kernels, create(ElementType::kBf16));
+      break;
+    }
+    case MatmulPrecision::kAuto: {
+      auto bf16 = engine.config().bf16 ? create(ElementType::kBf16)
+                                       : StatusOr<std::unique_ptr<GptKernels>>(
+                                             zinf::Unavailable("the engine computes in fp32"));
+      // No native bf16 on this device (or no device: the fp32 attempt then says so).
+      if (bf16.ok()) {
+        kernels = std::move(bf16).value();
+      } else if (bf16.status().code() == zinf::StatusCode::kUnavailable) {
+        ZINF_ASSIGN_OR_RETURN(kernels, create(ElementType::kFp32));
+      } else {
+        return bf16.status();
+      }
       break;
     }
   }
-  if (kernels == nullptr) return InvalidArgument("GptOptions.device is not a known DeviceKind");
+  if (kernels == nullptr) {
+    return InvalidArgument("GptOptions.matmul_precision is not a known MatmulPrecision");
+  }
   auto impl = std::make_unique<Impl>(engine, config, std::move(kernels));
   const int64_t v = config.vocab_size, t = config.seq_len, d = config.d_model;
   impl->embed_numel = {v * d, t * d};
   impl->block_numel = {d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, d * 4 * d, d};
   impl->ln_f_numel = {d, d};
+  const ElementType mm = impl->kernels->matmul_type(), f32 = ElementType::kFp32;
+  impl->block_want = {f32, f32, mm, f32, mm, f32, f32, f32, mm, f32, mm, f32};
+  impl->head_want = {mm, f32};
+  impl->fp32_2 = {f32, f32};
   // GPT-2's initialization; the residual projections are scaled down by the depth so that
   // the residual stream's variance does not grow with the number of blocks.
   const float init_std = 0.02f;
@@ -596,6 +635,8 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(zinf::Engine& engine, const GptConfig
 }
 
 const GptConfig& Gpt::config() const { return impl_->config; }
+
+ElementType Gpt::matmul_type() const { return impl_->kernels->matmul_type(); }
 
 StatusOr<double> Gpt::TrainMicroBatch(const int32_t* tokens, const int32_t* targets, int batch) {
   return impl_->Run(tokens, targets, batch, /*train=*/true, nullptr);

@@ -1,10 +1,10 @@
 // A GPT-2-style language model whose parameters live in a zinf Engine: every module is
 // fetched just before it runs and released after, and its gradients are reduce-scattered as
-// soon as backward has produced them. Forward and backward are written by hand in fp32 on a
-// compute backend (examples/gpt/gpt_kernels.h) picked by GptOptions::device: on the CPU,
-// oneDNN on a HostDevice; on a GPU, cuBLAS and small custom kernels on a CudaDevice (built
-// where nvcc is). The model needs nothing but zinf's public headers, oneDNN and, for CUDA,
-// the CUDA toolkit.
+// soon as backward has produced them. Forward and backward are written by hand in fp32, with
+// the matmuls' inputs in bf16 where GptOptions::matmul_precision says so, on a compute backend
+// (examples/gpt/gpt_kernels.h) picked by GptOptions::device: on the CPU, oneDNN on a
+// HostDevice; on a GPU, cuBLAS and small custom kernels on a CudaDevice (built where nvcc is). The
+// model needs nothing but zinf's public headers, oneDNN and, for CUDA, the CUDA toolkit.
 //
 // The parameter names are those of Hugging Face's GPT-2 ("h.3.attn.c_attn.weight"), with
 // torch's nn.Linear layout [out, in], so that checkpoints and exports map one to one:
@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
 #include "zinf/status.h"
@@ -58,6 +59,19 @@ struct GptConfig {
   std::vector<std::string> parameter_names() const;
 };
 
+// The element type of every matmul's inputs (forward, both backward products, attention);
+// products accumulate in fp32 and everything else computes in fp32 either way (Note [GPT
+// compute] in gpt_kernels_cpu.cc).
+enum class MatmulPrecision {
+  // bf16 when the engine computes in bf16 (EngineConfig::bf16) and the device multiplies bf16
+  // natively (a CPU with AVX512_BF16 or AMX, a GPU of compute capability 8.0 or later); fp32
+  // otherwise.
+  kAuto,
+  kFp32,
+  // bf16 whatever the engine's precision; Unavailable where the device has no native bf16.
+  kBf16,
+};
+
 // Where the model computes. Parameters and gradients stay in the engine either way: on CUDA
 // each fetched module is copied to the GPU and its gradients are copied back.
 struct GptOptions {
@@ -67,6 +81,7 @@ struct GptOptions {
   // Budget of the device memory the activations and staging buffers may take. 0: the
   // machine's memory on the host, CudaDevice's default (90% of what is free) on CUDA.
   uint64_t device_memory_bytes = 0;
+  MatmulPrecision matmul_precision = MatmulPrecision::kAuto;
 };
 
 class Gpt {
@@ -74,7 +89,8 @@ class Gpt {
   // Registers the model's modules with `engine`, which must not be initialized yet; call
   // engine.Initialize() afterwards. `engine` must outlive the Gpt. InvalidArgument for a bad
   // config; Unavailable, saying why, for kCuda where zinf was built without CUDA or no GPU is
-  // usable (the engine is then left untouched); the engine's error if registration fails.
+  // usable, or for MatmulPrecision::kBf16 where the device has no native bf16 matmuls (the
+  // engine is then left untouched); the engine's error if registration fails.
   static zinf::StatusOr<std::unique_ptr<Gpt>> Create(zinf::Engine& engine, const GptConfig& config,
                                                      const GptOptions& options = {});
   ~Gpt();
@@ -82,6 +98,8 @@ class Gpt {
   Gpt& operator=(const Gpt&) = delete;
 
   const GptConfig& config() const;
+  // What the matmuls multiply in: kFp32, or kBf16 (bf16 inputs, fp32 accumulation).
+  zinf::ElementType matmul_type() const;
 
   // One micro-batch of next-token prediction: `tokens` and `targets` hold batch * seq_len
   // values in [0, vocab_size), row after row. Runs forward and backward, writes the gradients

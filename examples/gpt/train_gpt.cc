@@ -5,7 +5,7 @@
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
 //             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
 //             [--save DIR [--save-every K]] [--resume DIR] [--device cpu|cuda]
-//             [--comm-timeout-s S]
+//             [--matmul auto|fp32|bf16] [--comm-timeout-s S]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
@@ -26,6 +26,11 @@
 // LOCAL_RANK-th) while the engine keeps parameters, gradients and the optimizer where the
 // config puts them; it fails with Unavailable, saying why, where zinf was built without CUDA
 // or there is no GPU.
+//
+// --matmul picks the element type of the matmuls' inputs (fp32 accumulation either way; see
+// gpt::MatmulPrecision): auto (default) multiplies in bf16 when the config enables bf16 and
+// the device has native bf16 matmuls (AVX512_BF16 or AMX; a GPU of compute capability 8.0+),
+// fp32 forces the fp32 path, bf16 asks for bf16 whatever the config says.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -69,6 +74,7 @@ struct Args {
   int64_t save_every = 0;
   std::string resume;           // checkpoint directory to continue from
   std::string device = "cpu";   // where the model computes: cpu or cuda
+  std::string matmul = "auto";  // the matmuls' input type: auto, fp32 or bf16
   double comm_timeout_s = 300;  // EngineOptions::timeout: how long a dead peer takes to report
 };
 
@@ -426,6 +432,10 @@ int Main(int argc, char** argv) {
   app.add_option("--device", args.device,
                  "where the model computes: cpu (oneDNN) or cuda (cuBLAS, GPU LOCAL_RANK)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--matmul", args.matmul,
+                 "the matmuls' input type, accumulating in fp32: auto (bf16 when the config "
+                 "enables bf16 and the device multiplies bf16 natively), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   app.add_option("--comm-timeout-s", args.comm_timeout_s,
                  "seconds a collective or the rendezvous may make no progress before the run "
                  "fails naming the rank: how soon a stopped or dead peer is reported, in "
@@ -461,6 +471,9 @@ int Main(int argc, char** argv) {
     model_options.device = zinf::DeviceKind::kCuda;
     model_options.device_ordinal = engine.local_rank();
   }
+  model_options.matmul_precision = args.matmul == "fp32"   ? gpt::MatmulPrecision::kFp32
+                                   : args.matmul == "bf16" ? gpt::MatmulPrecision::kBf16
+                                                           : gpt::MatmulPrecision::kAuto;
   auto model = gpt::Gpt::Create(engine, mc, model_options);
   if (!model.ok()) return Fail(model.status());
   if (Status s = engine.Initialize(); !s.ok()) return Fail(s);
@@ -490,13 +503,14 @@ int Main(int argc, char** argv) {
   if (leader) {
     std::printf(
         "train_gpt: %.2fM parameters (d_model %d, %d layers, %d heads, seq_len %d, vocab %d, "
-        "activation checkpointing %s) on %s\n"
+        "activation checkpointing %s) on %s, matmuls in %s\n"
         "  %d rank(s) x %d thread(s); micro-batch %d x gradient accumulation %d = %.0f tokens "
         "per step; ZeRO stage %d, parameters on %s, optimizer (%s) on %s\n"
         "  data: %s (%zu bytes)\n",
         mc.parameter_count() / 1e6, mc.d_model, mc.n_layer, mc.n_head, mc.seq_len, mc.vocab_size,
-        mc.activation_checkpointing ? "on" : "off", args.device.c_str(), world, threads, batch, gas,
-        tokens_per_step, config->engine.zero_stage,
+        mc.activation_checkpointing ? "on" : "off", args.device.c_str(),
+        (*model)->matmul_type() == zinf::ElementType::kBf16 ? "bf16 (fp32 accumulation)" : "fp32",
+        world, threads, batch, gas, tokens_per_step, config->engine.zero_stage,
         std::string(zinf::OffloadDeviceName(config->engine.offload_param_device)).c_str(),
         std::string(zinf::OptimizerTypeName(config->engine.optimizer_type)).c_str(),
         std::string(zinf::OffloadDeviceName(config->engine.offload_optimizer_device)).c_str(),

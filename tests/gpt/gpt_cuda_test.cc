@@ -1,8 +1,11 @@
 // The GPT example's CUDA backend (examples/gpt/gpt_kernels_cuda.{cc,cu}) against its CPU
 // backend, which gpt_test checks against PyTorch: loss, logits and every parameter gradient of
-// one micro-batch, bitwise repeatability on the GPU, and a few AdamW steps through the engine.
-// Without a GPU (or without CUDA built) those skip with CreateCudaDevice's reason, and
-// asking for the CUDA backend must fail cleanly with Unavailable instead.
+// one micro-batch, bitwise repeatability on the GPU, and a few AdamW steps through the engine;
+// bf16 matmuls on tensor cores (the exact product of bf16-rounded inputs up to fp32
+// summation, the model against the CPU's fp32 path, a training run whose loss falls, bf16
+// parameters uploaded and converted). Without a GPU (or without CUDA built) those skip with
+// CreateCudaDevice's reason, and asking for the CUDA backend must fail cleanly with
+// Unavailable instead.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "examples/gpt/gpt_kernels.h"
 #include "examples/gpt/gpt_model.h"
+#include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
 
@@ -192,6 +197,229 @@ TEST(GptCudaTest, TrainsToTheWeightsTheCpuBackendDoes) {
     }
     EXPECT_LT(diff, 1e-4) << names[i];
   }
+}
+
+// ---- bf16 matmuls (cublasGemmStridedBatchedEx, bf16 in, fp32 accumulation).
+
+// The bf16 backend, or the reason there is none (no GPU, or one older than compute
+// capability 8.0).
+std::unique_ptr<GptKernels> Bf16Kernels(std::string* skip_reason) {
+  auto kernels = CreateCudaKernels(0, 0, zinf::ElementType::kBf16);
+  if (!kernels.ok()) {
+    EXPECT_EQ(kernels.status().code(), zinf::StatusCode::kUnavailable) << kernels.status();
+    *skip_reason = kernels.status().ToString();
+    return nullptr;
+  }
+  return std::move(kernels).value();
+}
+
+float RoundToBf16(float x) {
+  uint16_t h;
+  zinf::ConvertFromFp32(&x, zinf::ElementType::kBf16, &h, 1);
+  float y;
+  zinf::ConvertToFp32(&h, zinf::ElementType::kBf16, &y, 1);
+  return y;
+}
+
+std::vector<float> Values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& f : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    f = static_cast<float>(static_cast<double>(x >> 11) / (1ull << 53) * 2 - 1);
+  }
+  return v;
+}
+
+// Device memory holding `bytes` of `host`.
+zinf::DeviceBuffer Upload(GptKernels& k, const void* host, size_t bytes) {
+  auto buffer = k.device().Allocate(bytes);
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  if (!buffer.ok()) return {};
+  auto stream = k.device().CreateStream();
+  EXPECT_TRUE(stream.ok()) << stream.status();
+  EXPECT_TRUE((*stream)->Copy(buffer->data(), host, bytes, zinf::CopyKind::kHostToDevice).ok());
+  EXPECT_TRUE((*stream)->Synchronize().ok());
+  return std::move(buffer).value();
+}
+
+std::vector<char> Download(GptKernels& k, const void* device, size_t bytes) {
+  std::vector<char> out(bytes);
+  auto stream = k.device().CreateStream();
+  EXPECT_TRUE(stream.ok()) << stream.status();
+  EXPECT_TRUE((*stream)->Copy(out.data(), device, bytes, zinf::CopyKind::kDeviceToHost).ok());
+  EXPECT_TRUE((*stream)->Synchronize().ok());
+  return out;
+}
+
+// The forward form y = x W^T + bias and the batched attention form q k^T, with fp32 operands
+// converted on the GPU and a weight passed directly in bf16: each element must be the exact
+// product of the bf16-rounded inputs up to fp32 summation error. Tensor cores may truncate
+// where the CPU rounds, so the bound is twice the CPU test's (k + 3) units of fp32 roundoff of
+// sum |a b|; an unrounded operand would miss it by a hundred times that.
+TEST(GptCudaTest, Bf16MatmulIsTheExactProductOfRoundedInputs) {
+  SKIP_WITHOUT_GPU();
+  std::string skip;
+  std::unique_ptr<GptKernels> k = Bf16Kernels(&skip);
+  if (k == nullptr) GTEST_SKIP() << skip;
+  constexpr int64_t kRows = 37, kIn = 50, kOut = 29, kHeads = 3, kT = 11, kHeadDim = 8;
+  constexpr int64_t kD = kHeads * kHeadDim;
+  const std::vector<float> x = Values(kRows * kIn, 1), w = Values(kOut * kIn, 2),
+                           bias = Values(kOut, 3), qkv = Values(kT * 3 * kD, 4);
+  std::vector<uint16_t> w_bf16(w.size());
+  zinf::ConvertFromFp32(w.data(), zinf::ElementType::kBf16, w_bf16.data(), w.size());
+  zinf::DeviceBuffer dx = Upload(*k, x.data(), x.size() * 4),
+                     dw = Upload(*k, w_bf16.data(), w_bf16.size() * 2),
+                     db = Upload(*k, bias.data(), bias.size() * 4),
+                     dqkv = Upload(*k, qkv.data(), qkv.size() * 4);
+  auto y = k->device().Allocate(kRows * kOut * 4);
+  auto scores = k->device().Allocate(kHeads * kT * kT * 4);
+  ASSERT_TRUE(y.ok() && scores.ok());
+  k->Matmul(Matrix(dx.as<float>(), kRows, kIn),
+            Transposed(Matrix(Tensor{dw.data(), zinf::ElementType::kBf16}, kOut, kIn)),
+            Matrix(y->as<float>(), kRows, kOut), db.as<float>());
+  auto heads = [&](const float* at) { return Batched(at, kHeads, kT, kHeadDim, kHeadDim, 3 * kD); };
+  k->Matmul(heads(dqkv.as<float>()), Transposed(heads(dqkv.as<float>() + kD)),
+            Batched(scores->as<float>(), kHeads, kT, kT, kT * kT, kT), nullptr, 0.35f);
+  ASSERT_TRUE(k->Synchronize().ok());
+  const std::vector<char> y_bytes = Download(*k, y->data(), kRows * kOut * 4),
+                          s_bytes = Download(*k, scores->data(), kHeads * kT * kT * 4);
+  const float* got_y = reinterpret_cast<const float*>(y_bytes.data());
+  const float* got_s = reinterpret_cast<const float*>(s_bytes.data());
+  double worst = 0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t j = 0; j < kOut; ++j) {
+      double exact = bias[j], size = std::fabs(bias[j]);
+      for (int64_t i = 0; i < kIn; ++i) {
+        const double p = double(RoundToBf16(x[r * kIn + i])) * RoundToBf16(w[j * kIn + i]);
+        exact += p;
+        size += std::fabs(p);
+      }
+      worst = std::max(worst, std::fabs(got_y[r * kOut + j] - exact) / size / (kIn + 3));
+    }
+  }
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int64_t r = 0; r < kT; ++r) {
+      for (int64_t j = 0; j < kT; ++j) {
+        double exact = 0, size = 0;
+        for (int64_t i = 0; i < kHeadDim; ++i) {
+          const double p = double(RoundToBf16(qkv[r * 3 * kD + h * kHeadDim + i])) *
+                           RoundToBf16(qkv[j * 3 * kD + kD + h * kHeadDim + i]);
+          exact += p;
+          size += std::fabs(p);
+        }
+        const float got = got_s[(h * kT + r) * kT + j];
+        worst = std::max(worst, std::fabs(got - 0.35 * exact) / (0.35 * size) / (kHeadDim + 3));
+      }
+    }
+  }
+  EXPECT_LE(worst, 2.0 / (1 << 24)) << "in units of (k + 3) fp32 roundoffs of sum |a b|";
+}
+
+// Parameters() on the GPU: fp32 uploaded and rounded to bf16 there (nearest even, as the
+// engine rounds on the CPU), bf16 uploaded as it is and widened exactly.
+TEST(GptCudaTest, Bf16ParametersAreConvertedOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  std::string skip;
+  std::unique_ptr<GptKernels> k = Bf16Kernels(&skip);
+  if (k == nullptr) GTEST_SKIP() << skip;
+  const std::vector<float> w = Values(5000, 5), g = Values(70, 6);
+  std::vector<uint16_t> w_bf16(w.size()), g_bf16(g.size());
+  zinf::ConvertFromFp32(w.data(), zinf::ElementType::kBf16, w_bf16.data(), w.size());
+  zinf::ConvertFromFp32(g.data(), zinf::ElementType::kBf16, g_bf16.data(), g.size());
+  std::vector<float> g_widened(g.size());
+  zinf::ConvertToFp32(g_bf16.data(), zinf::ElementType::kBf16, g_widened.data(), g.size());
+  auto out =
+      k->Parameters(Slot::kBlock,
+                    {{w.data(), zinf::ElementType::kFp32},
+                     {g_bf16.data(), zinf::ElementType::kBf16},
+                     {g.data(), zinf::ElementType::kFp32}},
+                    {5000, 70, 70},
+                    {zinf::ElementType::kBf16, zinf::ElementType::kFp32, zinf::ElementType::kFp32});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].dtype, zinf::ElementType::kBf16);
+  const std::vector<char> w_got = Download(*k, (*out)[0].data, w.size() * 2);
+  EXPECT_EQ(std::memcmp(w_got.data(), w_bf16.data(), w.size() * 2), 0);
+  const std::vector<char> g_got = Download(*k, (*out)[1].data, g.size() * 4);
+  EXPECT_EQ(std::memcmp(g_got.data(), g_widened.data(), g.size() * 4), 0);
+  const std::vector<char> f_got = Download(*k, (*out)[2].data, g.size() * 4);
+  EXPECT_EQ(std::memcmp(f_got.data(), g.data(), g.size() * 4), 0);
+}
+
+std::unique_ptr<Engine> MakeBf16Engine(const std::string& extra = "") {
+  return MakeEngine(R"(, "bf16": {"enabled": true})" + extra);
+}
+
+// The model with bf16 matmuls on the GPU against the CPU's fp32 path from the same
+// bf16-representable parameters, within the tolerance gpt_test derives for the CPU's bf16
+// path (GptBf16Test.MatmulsFollowTheFp32Path): 5e-2 of each tensor's largest magnitude.
+TEST(GptCudaTest, Bf16MatmulsFollowTheCpuFp32Path) {
+  SKIP_WITHOUT_GPU();
+  std::string skip;
+  if (Bf16Kernels(&skip) == nullptr) GTEST_SKIP() << skip;
+  Result r[2];
+  const DeviceKind devices[2] = {DeviceKind::kHost, DeviceKind::kCuda};
+  const MatmulPrecision precisions[2] = {MatmulPrecision::kFp32, MatmulPrecision::kBf16};
+  for (int i = 0; i < 2; ++i) {
+    auto engine = MakeBf16Engine();
+    auto model =
+        Gpt::Create(*engine, kConfig, {.device = devices[i], .matmul_precision = precisions[i]});
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE(engine->Initialize().ok());
+    EXPECT_EQ((*model)->matmul_type(),
+              i == 0 ? zinf::ElementType::kFp32 : zinf::ElementType::kBf16);
+    std::vector<int32_t> tokens, targets;
+    MakeBatch(0, &tokens, &targets);
+    auto loss = (*model)->Loss(tokens.data(), targets.data(), kBatch, &r[i].logits);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    r[i].loss = *loss;
+    auto train_loss = (*model)->TrainMicroBatch(tokens.data(), targets.data(), kBatch);
+    ASSERT_TRUE(train_loss.ok()) << train_loss.status();
+    for (const std::string& name : kConfig.parameter_names()) {
+      r[i].grads.emplace_back();
+      ASSERT_TRUE(engine->GatherGradient(name, &r[i].grads.back()).ok()) << name;
+    }
+  }
+  constexpr double kBf16Tolerance = 5e-2;
+  EXPECT_NEAR(r[1].loss, r[0].loss, 1e-3 * r[0].loss);
+  EXPECT_LT(RelativeError(r[1].logits, r[0].logits), kBf16Tolerance);
+  const std::vector<std::string> names = kConfig.parameter_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    // (The c_attn bias's key part is rounding noise in both; see gpt_test.)
+    if (names[i].find("c_attn.bias") != std::string::npos) continue;
+    EXPECT_LT(RelativeError(r[1].grads[i], r[0].grads[i]), kBf16Tolerance) << names[i];
+  }
+}
+
+TEST(GptCudaTest, Bf16TrainingLossFalls) {
+  SKIP_WITHOUT_GPU();
+  std::string skip;
+  if (Bf16Kernels(&skip) == nullptr) GTEST_SKIP() << skip;
+  auto engine = MakeBf16Engine(
+      R"(, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}})");
+  auto model = Gpt::Create(
+      *engine, kConfig, {.device = DeviceKind::kCuda, .matmul_precision = MatmulPrecision::kAuto});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(engine->Initialize().ok());
+  EXPECT_EQ((*model)->matmul_type(), zinf::ElementType::kBf16) << "auto under bf16.enabled";
+  std::vector<int32_t> tokens(kBatch * kConfig.seq_len), targets(tokens.size());
+  std::vector<double> losses;
+  for (int step = 0; step < 40; ++step) {
+    // Period 8, as in gpt_test's GptBf16Test.TrainingLossFalls.
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>(((i + step) % 8) * 7 + 3);
+      targets[i] = static_cast<int32_t>(((i + step + 1) % 8) * 7 + 3);
+    }
+    auto loss = (*model)->TrainMicroBatch(tokens.data(), targets.data(), kBatch);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    losses.push_back(*loss);
+    ASSERT_TRUE(engine->Step().ok());
+  }
+  double tail = 0;
+  for (size_t i = losses.size() - 10; i < losses.size(); ++i) tail += losses[i] / 10;
+  EXPECT_GT(losses.front(), 0.8 * std::log(double(kConfig.vocab_size)));
+  EXPECT_LT(tail, 0.75 * std::log(8.0)) << "learnt the transitions, not only the 8 tokens";
 }
 
 // Where there is no GPU (always, in a build without CUDA), asking for one is a clean
