@@ -116,6 +116,26 @@ using zinf::Status;
 using zinf::capi::CheckNotNull;
 using zinf::capi::Run;
 
+namespace {
+
+// GatherParameter or GatherGradient of parameter `name` into the caller's `out`.
+zinf_code_t GatherInto(const char* func, zinf_engine_t* engine, const char* name, float* out,
+                       uint64_t capacity, char** errptr,
+                       zinf::Status (zinf::Engine::*gather)(const std::string&,
+                                                            std::vector<float>*)) {
+  return Run(func, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_ASSIGN_OR_RETURN(uint64_t numel, e->Numel(name));
+    ZINF_RETURN_IF_ERROR(zinf::capi::CheckOutput(out, capacity, numel, name));
+    std::vector<float> values;
+    ZINF_RETURN_IF_ERROR(((*e->engine).*gather)(name, &values));
+    std::copy(values.begin(), values.end(), out);
+    return OkStatus();
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 void zinf_engine_options_init(zinf_engine_options_t* options) {
@@ -368,15 +388,7 @@ zinf_code_t zinf_engine_param_numel(zinf_engine_t* engine, const char* name, uin
 
 zinf_code_t zinf_engine_gather_parameter(zinf_engine_t* engine, const char* name, float* out,
                                          uint64_t capacity, char** errptr) {
-  return Run(__func__, errptr, [&]() -> Status {
-    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
-    ZINF_ASSIGN_OR_RETURN(uint64_t numel, e->Numel(name));
-    ZINF_RETURN_IF_ERROR(zinf::capi::CheckOutput(out, capacity, numel, name));
-    std::vector<float> values;
-    ZINF_RETURN_IF_ERROR(e->engine->GatherParameter(name, &values));
-    std::copy(values.begin(), values.end(), out);
-    return OkStatus();
-  });
+  return GatherInto(__func__, engine, name, out, capacity, errptr, &zinf::Engine::GatherParameter);
 }
 
 zinf_code_t zinf_engine_set_parameter(zinf_engine_t* engine, const char* name, const float* values,
@@ -391,15 +403,7 @@ zinf_code_t zinf_engine_set_parameter(zinf_engine_t* engine, const char* name, c
 
 zinf_code_t zinf_engine_gather_gradient(zinf_engine_t* engine, const char* name, float* out,
                                         uint64_t capacity, char** errptr) {
-  return Run(__func__, errptr, [&]() -> Status {
-    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
-    ZINF_ASSIGN_OR_RETURN(uint64_t numel, e->Numel(name));
-    ZINF_RETURN_IF_ERROR(zinf::capi::CheckOutput(out, capacity, numel, name));
-    std::vector<float> values;
-    ZINF_RETURN_IF_ERROR(e->engine->GatherGradient(name, &values));
-    std::copy(values.begin(), values.end(), out);
-    return OkStatus();
-  });
+  return GatherInto(__func__, engine, name, out, capacity, errptr, &zinf::Engine::GatherGradient);
 }
 
 zinf_code_t zinf_engine_shard(zinf_engine_t* engine, const char* name, uint64_t* offset,
