@@ -66,6 +66,8 @@ constexpr int64_t kConvertChunk = int64_t{1} << 16;
 // 2048 model ran its bf16 path at 0.71x the fp32 one with OpenMP's default active waiting and
 // at 1.26x with OMP_WAIT_POLICY=passive: barriers, not arithmetic, decided. So conversions
 // up to this many elements run on the calling thread alone; larger ones use every thread.
+// (On the same machine at rest, interleaved, that model's bf16 / fp32 step ratio was 1.25,
+// 1.28, 1.31 this way against 1.22, 1.22, 1.24 with every conversion parallel.)
 constexpr int64_t kSerialConvertElements = int64_t{1} << 20;
 
 memory::data_type DnnlType(ElementType t) {
