@@ -344,6 +344,7 @@ nlohmann::json ToJson(const StepRecord& r) {
           {"grad_reduce_s", r.timing.grad_reduce_s},
           {"optimizer_s", r.summary.seconds_optimizer},
           {"optimizer_compute_s", r.summary.seconds_optimizer_compute},
+          {"optimizer_overlapped_s", r.summary.seconds_optimizer_overlapped},
           {"grad_norm", r.summary.grad_norm},
           {"loss_scale", r.summary.loss_scale},
           {"skipped", r.summary.skipped},

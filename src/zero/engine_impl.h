@@ -142,6 +142,9 @@ struct Engine::Impl {
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
   std::unique_ptr<OptimizerOverlap> overlap;
   std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
+  // Whether the next step speculates (Note [Overlapped step]): the last one was applied
+  // unclipped, so this one likely will be too.
+  bool speculate = true;
 
   LossScaler scaler;  // fp16 dynamic loss scaling (a fixed 1 otherwise)
   int64_t steps = 0;

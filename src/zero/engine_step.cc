@@ -27,9 +27,11 @@ Status Engine::Impl::OpenNvmeOptimizer() {
     std::memcpy(master.as<float>() + c.offset, c.params, c.count * 4);
     return OkStatus();
   };
+  std::function<Status()> restart;
   if (!host_master) {
     tier_writer = std::make_unique<ParamTier::ChunkWriter>(param_tier.get());
     updated = [w = tier_writer.get()](const ChunkView& c) { return w->Write(c); };
+    restart = [w = tier_writer.get()] { return w->Restart(); };
   }
   // Initialization writes the parameter tier like a step does.
   if (tier_writer != nullptr) tier_writer->Begin();
@@ -57,7 +59,7 @@ Status Engine::Impl::OpenNvmeOptimizer() {
                                                            .group = group,
                                                            .params = &params,
                                                            .enabled = config.overlap_optimizer},
-                                                          std::move(updated)));
+                                                          std::move(updated), std::move(restart)));
   return OkStatus();
 }
 
@@ -68,7 +70,7 @@ void Engine::Impl::GradientAdded(int pi) {
 }
 
 Status Engine::Impl::BeginOverlappedStep() {
-  if (overlap == nullptr || overlap->armed() || !config.overlap_optimizer) return OkStatus();
+  if (overlap == nullptr || overlap->armed() || !speculate) return OkStatus();
   if (tier_writer != nullptr) tier_writer->Begin();
   // The scale of a step neither clipped nor skipped (Step computes it alike).
   const double mean_scale = 1.0 / (static_cast<double>(world()) *
@@ -164,6 +166,7 @@ StatusOr<StepSummary> Engine::Step() {
     // What ran alongside backward is undone: the step is skipped or refused.
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(std::nullopt, &summary), "skipping the step"));
+      m.speculate = false;
     }
     if (!m.config.fp16) {
       return DataLoss(
@@ -194,6 +197,7 @@ StatusOr<StepSummary> Engine::Step() {
       ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
     }
   }
+  m.speculate = m.config.overlap_optimizer && !overflow && summary.clip_coefficient == 1.0;
   m.scaler.Update(overflow);
   std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
   std::fill(m.final_adds.begin(), m.final_adds.end(), 0);

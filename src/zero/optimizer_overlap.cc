@@ -10,12 +10,13 @@
 
 namespace zinf {
 
-StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(const OverlapOptions& options,
-                                                                     ChunkVisitor updated) {
+StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(
+    const OverlapOptions& options, ChunkVisitor updated, std::function<Status()> restart) {
   if (options.optimizer == nullptr || options.cpu == nullptr || options.params == nullptr) {
     return InvalidArgument("optimizer overlap: optimizer, cpu and params must be set");
   }
-  std::unique_ptr<OptimizerOverlap> self(new OptimizerOverlap(options, std::move(updated)));
+  std::unique_ptr<OptimizerOverlap> self(
+      new OptimizerOverlap(options, std::move(updated), std::move(restart)));
   ZINF_ASSIGN_OR_RETURN(self->chunks_, options.optimizer->Chunks(options.shard));
   const std::vector<Param>& params = *options.params;
   self->of_.resize(params.size());
@@ -35,8 +36,9 @@ StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(const Overl
   return self;
 }
 
-OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ChunkVisitor updated)
-    : options_(options), updated_(std::move(updated)) {}
+OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ChunkVisitor updated,
+                                   std::function<Status()> restart)
+    : options_(options), updated_(std::move(updated)), restart_(std::move(restart)) {}
 
 OptimizerOverlap::~OptimizerOverlap() {
   if (!armed_) return;
@@ -126,7 +128,8 @@ Status OptimizerOverlap::Abandon() {
   StatusOr<std::vector<size_t>> undone =
       options_.optimizer->ResolveSpeculation(options_.shard, /*commit=*/false);
   Status restored = undone.status();
-  if (undone.ok() && !undone->empty()) {
+  if (restored.ok() && restart_) restored = restart_();
+  if (restored.ok() && !undone->empty()) {
     // The old values again for every parameter an undone chunk touched, whole: a parameter
     // the worker began writing has other chunks, not stepped, whose part must be written too.
     std::vector<bool> visit(chunks_.size(), false);
@@ -167,6 +170,12 @@ Status OptimizerOverlap::Finish(std::optional<float> scale) {
   if (!undone.ok()) {
     Abandon().IgnoreError();
     return undone.status();
+  }
+  if (!keep && restart_) {
+    if (Status restarted = restart_(); !restarted.ok()) {
+      Abandon().IgnoreError();
+      return restarted;
+    }
   }
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (!keep || !stepped_[c]) rest.push_back(c);

@@ -17,7 +17,11 @@
 // with the clipped scale; or, for a skipped step, they get their old parameters back. Either
 // way every element receives the update the unoverlapped step gives it, with the same scale
 // and step count: the result is bitwise the same. What it costs: swap space for the new
-// state (the state once more, at most), and redone work on a clipped or skipped step.
+// state (the state once more, at most), and redone work on a clipped or skipped step. So the
+// engine speculates only after a step that was applied unclipped: while every step clips
+// (early training with gradient_clipping set, when the norm is far above it) the step runs
+// after backward, as it would without overlap, and one unclipped step brings speculation
+// back.
 // While the step is under way (armed), what would read or change what the worker writes is
 // refused: fetching a module already reduced for the last time, gathering or setting a
 // parameter, the learning rate, checkpoints.
@@ -28,6 +32,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -55,8 +60,11 @@ class OptimizerOverlap {
  public:
   // `updated` sees each chunk's new parameters (or its old ones again after a skipped
   // step), from the worker or the calling thread, one at a time.
-  static StatusOr<std::unique_ptr<OptimizerOverlap>> Create(const OverlapOptions& options,
-                                                            ChunkVisitor updated);
+  // `restart` (optional) is called when the speculation is dropped, before `updated` sees
+  // the chunks again: every chunk it saw will be shown again in whole.
+  static StatusOr<std::unique_ptr<OptimizerOverlap>> Create(
+      const OverlapOptions& options, ChunkVisitor updated,
+      std::function<Status()> restart = nullptr);
   // Stops the worker and drops a speculation still open (an abandoned batch), best effort.
   ~OptimizerOverlap();
   OptimizerOverlap(const OptimizerOverlap&) = delete;
@@ -78,7 +86,8 @@ class OptimizerOverlap {
   double overlapped_seconds() const { return overlapped_seconds_; }
 
  private:
-  OptimizerOverlap(const OverlapOptions& options, ChunkVisitor updated);
+  OptimizerOverlap(const OverlapOptions& options, ChunkVisitor updated,
+                   std::function<Status()> restart);
   void Work();
   // Stops the worker after the batch it is stepping; its error, if any.
   Status Stop();
@@ -88,6 +97,7 @@ class OptimizerOverlap {
 
   const OverlapOptions options_;
   const ChunkVisitor updated_;
+  const std::function<Status()> restart_;
   std::vector<ChunkInfo> chunks_;
   std::vector<uint64_t> remaining_;       // per chunk: elements whose gradient is not final
   std::vector<std::vector<size_t>> of_;   // per parameter: the chunks it touches

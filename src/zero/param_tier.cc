@@ -373,6 +373,18 @@ void ParamTier::ChunkWriter::Begin() {
   }
 }
 
+Status ParamTier::ChunkWriter::Restart() {
+  Status first;
+  for (size_t i = 0; i < open_.size(); ++i) {
+    if (open_[i].data == nullptr) continue;
+    Status s = tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier());
+    if (first.ok()) first = std::move(s);
+    open_[i].data = nullptr;
+  }
+  Begin();
+  return first;
+}
+
 Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
   const std::vector<Param>& params = *tier_->params_;
   TieredStore* store = tier_->store_;

@@ -169,6 +169,11 @@ class ParamTier::ChunkWriter {
 
   // Starts a step's writes: every parameter unwritten.
   void Begin();
+  // Drops the writes so far, to write every parameter touched again from the start (a
+  // speculative step dropped): what is open is released as it is, without a write-back,
+  // since all of it will be overwritten; then as Begin. The store's host tier must not stay
+  // held by a parameter half written meanwhile.
+  Status Restart();
   Status Write(const ChunkView& c);
   // Ends the writes left open (after a failure), writes the persistent parameters and waits
   // for every write-back; the first error.
