@@ -70,6 +70,18 @@ class ZeroTest(unittest.TestCase):
     def test_two_processes_parameters_on_nvme(self):
         self.run_two_processes("--offload", "nvme", "--nvme-path", self.dir)
 
+    def test_torch_gpt_example_learns_with_parameters_on_nvme(self):
+        example = os.path.join(SOURCE_DIR, "examples", "torch", "train_gpt.py")
+        done = subprocess.run([sys.executable, example, "--steps", "15", "--layers", "1",
+                               "--d-model", "64", "--seq", "32", "--nvme-path", self.dir],
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        losses = [float(line.split()[3]) for line in done.stdout.splitlines()
+                  if line.startswith("step")]
+        self.assertEqual(len(losses), 15, done.stdout)
+        self.assertLess(losses[-1], losses[0] - 0.25, done.stdout)  # about 0.45 here
+        self.assertIn("parameters on NVMe in " + self.dir, done.stdout)
+
     def test_parameters_are_released_after_forward(self):
         model = zero_train.make_model()
         engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0))
