@@ -255,5 +255,23 @@ ZINF_TORCH_API int zinf_torch_allocator_stats(int device, uint64_t* in_use_bytes
   return 0;
 }
 
+// Opens zinf's pool on `device` (what the first malloc there does) without allocating: 0 when
+// it can, -1 with the reason in last_error (no GPU, no such device, ...). Never throws.
+ZINF_TORCH_API int zinf_torch_allocator_probe(int device) {
+  try {
+    std::lock_guard<std::mutex> lock(mu);
+    DeviceGuard guard;
+    zinf::StatusOr<DevicePool*> pool = PoolFor(device);
+    if (!pool.ok()) {
+      last_error = pool.status().ToString();
+      return -1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
+}
+
 // The calling thread's last error message ("" when none); valid until its next call.
 ZINF_TORCH_API const char* zinf_torch_allocator_last_error(void) { return last_error.c_str(); }
