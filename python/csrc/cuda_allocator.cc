@@ -74,7 +74,7 @@ struct DevicePool {
 };
 
 struct Config {
-  uint64_t budget_bytes = 0;         // 0: CudaDevice's budget (90% of free memory at open)
+  uint64_t budget_bytes = 0;          // 0: CudaDevice's budget (90% of free memory at open)
   uint64_t arena_bytes = 1ull << 30;  // arenas are made as needed, this size or the request's
 };
 
@@ -140,8 +140,7 @@ void* Malloc(size_t size, int device) {
   Status reaped = Reap(p, /*wait=*/false);
   if (!reaped.ok()) throw std::runtime_error(reaped.ToString());
   StatusOr<PoolBlock> block = p.pool->Allocate(size);
-  if (!block.ok() && block.status().code() == StatusCode::kResourceExhausted &&
-      !p.parked.empty()) {
+  if (!block.ok() && block.status().code() == StatusCode::kResourceExhausted && !p.parked.empty()) {
     // Memory freed on streams that are still running: wait for it, then try again.
     reaped = Reap(p, /*wait=*/true);
     if (!reaped.ok()) throw std::runtime_error(reaped.ToString());

@@ -75,7 +75,9 @@ class PyEngine {
     return id;
   }
 
-  void Initialize() { ThrowIfError(WithoutGil([&] { return engine_->Initialize(); })); }
+  void Initialize() {
+    ThrowIfError(WithoutGil([&] { return engine_->Initialize(); }));
+  }
 
   py::list Fetch(int module) {
     FetchedModule fetched = ValueOrThrow(WithoutGil([&] { return engine_->Fetch(module); }));

@@ -41,7 +41,8 @@ ElementType ElementTypeFromName(const std::string& name, const char* what) {
   if (name == "float32") return ElementType::kFp32;
   if (name == "bfloat16") return ElementType::kBf16;
   if (name == "float16") return ElementType::kFp16;
-  throw StatusError(InvalidArgument(std::string(what) + " must be float32, bfloat16 or float16, got " + name));
+  throw StatusError(
+      InvalidArgument(std::string(what) + " must be float32, bfloat16 or float16, got " + name));
 }
 
 namespace {

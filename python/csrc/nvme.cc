@@ -91,7 +91,8 @@ class SwapStore {
   std::pair<uint64_t, uint64_t> Allocate(uint64_t size_bytes, const std::string& name) {
     zinf_swap_extent_t extent;
     char* err = nullptr;
-    ThrowIfError(FromC(zinf_swap_store_allocate(Open(), size_bytes, name.c_str(), &extent, &err), err));
+    ThrowIfError(
+        FromC(zinf_swap_store_allocate(Open(), size_bytes, name.c_str(), &extent, &err), err));
     return {extent.id, extent.size_bytes};
   }
   void Free(uint64_t id, uint64_t size_bytes) {

@@ -29,16 +29,16 @@ OptimizerType TypeFromName(const std::string& name) {
 }
 
 CpuKernelIsa IsaFromName(const std::string& name) {
-  for (CpuKernelIsa isa : {CpuKernelIsa::kAuto, CpuKernelIsa::kScalar, CpuKernelIsa::kAvx2,
-                           CpuKernelIsa::kAvx512}) {
+  for (CpuKernelIsa isa :
+       {CpuKernelIsa::kAuto, CpuKernelIsa::kScalar, CpuKernelIsa::kAvx2, CpuKernelIsa::kAvx512}) {
     if (CpuKernelIsaName(isa) == name) return isa;
   }
   throw StatusError(InvalidArgument("isa must be auto, scalar, avx2 or avx512, got " + name));
 }
 
 // (step, params, grads, grad_dtype, state0, state1, copy, copy_dtype, count)
-using Item = std::tuple<int64_t, uintptr_t, uintptr_t, std::string, uintptr_t, uintptr_t,
-                        uintptr_t, std::string, uint64_t>;
+using Item = std::tuple<int64_t, uintptr_t, uintptr_t, std::string, uintptr_t, uintptr_t, uintptr_t,
+                        std::string, uint64_t>;
 
 class PyCpuOptimizer {
  public:
@@ -76,7 +76,8 @@ class PyCpuOptimizer {
       span.grads = Pointer(grads, "grads");
       span.grad_type = ElementTypeFromName(grad_dtype, "gradient dtype");
       span.state0 = static_cast<float*>(Pointer(state0, "optimizer state"));
-      if (hp.state_count() == 2) span.state1 = static_cast<float*>(Pointer(state1, "optimizer state"));
+      if (hp.state_count() == 2)
+        span.state1 = static_cast<float*>(Pointer(state1, "optimizer state"));
       if (copy != 0) {
         span.param_copy = reinterpret_cast<void*>(copy);
         span.param_copy_type = ElementTypeFromName(copy_dtype, "parameter copy dtype");
@@ -84,7 +85,8 @@ class PyCpuOptimizer {
           throw StatusError(InvalidArgument("the parameter copy must be bfloat16 or float16"));
         }
       }
-      if (step < 1) throw StatusError(InvalidArgument("step must be >= 1, got " + std::to_string(step)));
+      if (step < 1)
+        throw StatusError(InvalidArgument("step must be >= 1, got " + std::to_string(step)));
       spans.emplace_back(step, span);
     }
     Status status;
@@ -116,8 +118,8 @@ class PyCpuOptimizer {
 }  // namespace
 
 void BindOptim(py::module_& m) {
-  py::class_<PyCpuOptimizer>(m, "CpuOptimizer",
-                             "zinf's vectorized, threaded CPU optimizer kernels (zinf.optim uses it)")
+  py::class_<PyCpuOptimizer>(
+      m, "CpuOptimizer", "zinf's vectorized, threaded CPU optimizer kernels (zinf.optim uses it)")
       .def(py::init<int, const std::string&>(), py::arg("threads") = 0, py::arg("isa") = "auto")
       .def_property_readonly("isa", &PyCpuOptimizer::isa)
       .def_property_readonly("threads", &PyCpuOptimizer::threads)
