@@ -123,8 +123,7 @@ class ZeroEngine:
         self._grads_pending = {}  # module id -> slots whose gradient has not come yet
         self._reduced = set()     # module ids reduced this micro-batch
         self._in_backward = False
-        self._saved_hooks_depth = 0
-        self._saved_hooks = None
+        self._saved_hooks = None  # saved_tensors_hooks of the forward in progress
         self._register(model)
 
     # -- setup ------------------------------------------------------------------------------
@@ -168,8 +167,10 @@ class ZeroEngine:
                 continue
             self._hook_handles.append(sub.register_forward_pre_hook(self._make_pre_hook(mids)))
             self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
-        self._hook_handles.append(model.register_forward_pre_hook(self._enter_saved_hooks))
-        self._hook_handles.append(model.register_forward_hook(self._exit_saved_hooks))
+        # The root's hooks wrap the whole forward (registered last, so the pre-hook runs after
+        # the root's own fetch and the post-hook after its release).
+        self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))
+        self._hook_handles.append(model.register_forward_hook(self._root_post_hook))
 
     def _module_ids_of(self, sub):
         params = list(sub.parameters(recurse=False))
@@ -189,25 +190,38 @@ class ZeroEngine:
     # -- forward ----------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        self._enter_saved_hooks()
         try:
             return self.module(*args, **kwargs)
-        finally:
-            self._exit_saved_hooks()
+        except BaseException:
+            self._recover()
+            raise
 
     forward = __call__
 
-    def _enter_saved_hooks(self, *unused):
-        if self._saved_hooks_depth == 0:
-            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            self._saved_hooks.__enter__()
-        self._saved_hooks_depth += 1
+    def _root_pre_hook(self, *unused):
+        if self._saved_hooks is not None:
+            # A forward that raised when the model was called directly left its state behind.
+            self._recover()
+        self._in_backward = False
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
 
-    def _exit_saved_hooks(self, *unused):
-        self._saved_hooks_depth -= 1
-        if self._saved_hooks_depth == 0:
-            self._saved_hooks.__exit__(None, None, None)
-            self._saved_hooks = None
+    def _root_post_hook(self, *unused):
+        hooks, self._saved_hooks = self._saved_hooks, None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    def _recover(self):
+        """Undoes what a forward that raised left: the saved-tensor hooks, fetched modules."""
+        self._root_post_hook()
+        for mid in list(self._forward_refs):
+            for s in self._module_slots[mid]:
+                s.param.data = self._placeholder(s)
+            try:
+                self._engine.release(mid)
+            except _zinf.ZinfError:
+                pass  # the engine's own error is what the caller sees
+        self._forward_refs.clear()
 
     def _make_pre_hook(self, mids):
         def pre_hook(module, inputs):
@@ -252,10 +266,10 @@ class ZeroEngine:
 
     def _pack(self, tensor):
         if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
-            ptr = tensor.storage().data_ptr()
+            ptr = _storage_ptr(tensor)
             for mid in self._forward_refs:
                 for s in self._module_slots[mid]:
-                    if s.param.data.storage().data_ptr() == ptr:
+                    if _storage_ptr(s.param.data) == ptr:
                         return _SavedParam(s, tensor)
         return tensor
 
@@ -393,6 +407,13 @@ class ZeroEngine:
 
     def eval(self):
         return self.train(False)
+
+
+def _storage_ptr(tensor):
+    # untyped_storage from PyTorch 2.0 on (storage() then warns); storage() before.
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage().data_ptr()
+    return tensor.storage().data_ptr()
 
 
 def _join(prefix, name):

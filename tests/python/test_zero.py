@@ -177,6 +177,35 @@ class ZeroTest(unittest.TestCase):
             engine.backward(engine(torch.randn(2, 4)).square().mean())
             self.assertEqual(engine.step()["step"], step + 1)
 
+    def test_a_failed_forward_leaves_nothing_fetched(self):
+        class Flaky(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = torch.nn.Linear(4, 4)
+                self.b = torch.nn.Linear(4, 4)
+                self.fail = False
+
+            def forward(self, x):
+                x = self.a(x)
+                if self.fail:
+                    raise RuntimeError("data error")
+                return self.b(x)
+
+        for call_directly in (False, True):
+            model = Flaky()
+            engine = zinf.zero.initialize(model, small_config())
+            run = model if call_directly else engine
+            model.fail = True
+            with self.assertRaisesRegex(RuntimeError, "data error"):
+                run(torch.randn(2, 4))
+            model.fail = False
+            for step in range(2):  # fetches again, and the step reaches every parameter
+                engine.backward(run(torch.randn(2, 4)).square().mean())
+                self.assertEqual(engine.step()["step"], step + 1)
+            for name, p in model.named_parameters():
+                self.assertEqual(p.data.storage().size(), 1, name)
+            self.assertIsNone(engine._saved_hooks, "saved-tensor hooks left installed")
+
     def test_checkpoint_round_trip(self):
         model = zero_train.make_model()
         engine = zinf.zero.initialize(model, small_config())
