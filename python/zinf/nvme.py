@@ -37,6 +37,8 @@ class Request:
     """One asynchronous read or write; ``wait()`` blocks until it is done."""
 
     def __init__(self, completion, tensor, key, kind):
+        # Set first, so released first: dropping the completion waits for the I/O, and only
+        # then may the tensor's memory go.
         self._completion = completion
         self.tensor = tensor
         self.key = key
