@@ -392,6 +392,23 @@ class ZeroEngine:
                 out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
         return out
 
+    def consolidated_state_dict(self):
+        """The model's state_dict with every managed parameter's full fp32 value (a collective:
+        every rank calls it), e.g. to save for plain PyTorch or to evaluate elsewhere."""
+        gathered = self.gather_parameters()
+        state = self.module.state_dict(keep_vars=False)
+        for name in list(state):
+            if name in gathered:
+                state[name] = gathered[name]
+        # Tied parameters appear under each name that refers to them.
+        for mname, sub in self.module.named_modules():
+            for pname, p in sub.named_parameters(recurse=False):
+                s = self._slots.get(id(p))
+                full = _join(mname, pname)
+                if s is not None and full in state:
+                    state[full] = gathered[s.name]
+        return state
+
     def save_checkpoint(self, directory, tag, client_state=None):
         """Saves what resuming needs (a collective); client_state: a JSON-able dict."""
         self._engine.save_checkpoint(os.fspath(directory), str(tag),

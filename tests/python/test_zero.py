@@ -220,6 +220,11 @@ class ZeroTest(unittest.TestCase):
         after = engine.gather_parameters()
         for name in before:
             self.assertTrue(torch.equal(before[name], after[name]), name)
+        # The consolidated state dict loads into a plain copy of the model.
+        plain = zero_train.make_model()
+        plain.load_state_dict(engine.consolidated_state_dict())
+        for name, p in plain.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), after[name]), name)
 
     def test_bad_input_is_a_clear_error(self):
         with self.assertRaisesRegex(ValueError, "'0.weight' is torch.float64"):
