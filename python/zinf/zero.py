@@ -392,6 +392,17 @@ class ZeroEngine:
                 out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
         return out
 
+    def gather_gradients(self):
+        """{name: full fp32 gradient} that the next step() would apply, before clipping: the
+        mean over ranks and micro-batches, loss scale removed (a collective; call it after the
+        batch's last backward)."""
+        out = {}
+        for slots in self._module_slots:
+            for s in slots:
+                raw = self._engine.gather_gradient(s.name)
+                out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
+        return out
+
     def consolidated_state_dict(self):
         """The model's state_dict with every managed parameter's full fp32 value (a collective:
         every rank calls it), e.g. to save for plain PyTorch or to evaluate elsewhere."""

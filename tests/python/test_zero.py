@@ -82,6 +82,23 @@ class ZeroTest(unittest.TestCase):
         self.assertLess(losses[-1], losses[0] - 0.25, done.stdout)  # about 0.45 here
         self.assertIn("parameters on NVMe in " + self.dir, done.stdout)
 
+    def test_gradients_reach_the_engine(self):
+        tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(5))
+        ref = zero_train.make_model()
+        zero_train.lm_loss(ref(tokens), tokens).backward()
+        # fp32: the engine holds torch's gradients; fp16: the same after the loss scale is
+        # taken out again, up to fp16 rounding of the parameters.
+        for precision, rtol, atol in (({}, 1e-5, 1e-7), ({"fp16": {"enabled": True}}, 2e-2, 2e-4)):
+            engine = zinf.zero.initialize(zero_train.make_model(),
+                                          {**small_config(), **precision})
+            engine.backward(zero_train.lm_loss(engine(tokens), tokens))
+            grads = engine.gather_gradients()
+            for name, p in ref.named_parameters():
+                torch.testing.assert_close(grads[name], p.grad, rtol=rtol, atol=atol,
+                                           msg=lambda m: f"{precision} {name}: {m}")
+            if precision:
+                self.assertGreater(engine.loss_scale, 1.0)
+
     def test_parameters_are_released_after_forward(self):
         model = zero_train.make_model()
         engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0))
