@@ -10,8 +10,6 @@ import sys
 import textwrap
 import unittest
 
-import torch
-
 import zinf
 import zinf.cuda
 

@@ -4,7 +4,6 @@ NVMe, with gradient accumulation; parameters are released after forward; tied we
 input."""
 
 import argparse
-import math
 import os
 import shutil
 import subprocess
