@@ -76,6 +76,7 @@ struct Args {
   std::string device = "cpu";   // where the model computes: cpu or cuda
   std::string matmul = "auto";  // the matmuls' input type: auto, fp32 or bf16
   double comm_timeout_s = 300;  // EngineOptions::timeout: how long a dead peer takes to report
+  std::vector<std::string> sets;  // "a.b.c=JSON": config keys replaced after reading the file
 };
 
 // printf into a std::string, for error messages.
@@ -98,7 +99,38 @@ struct TrainConfig {
 
 // Splits a DeepSpeed config: "model" is ours, the rest goes to EngineConfig (which refuses
 // keys it does not know, and reads train_micro_batch_size_per_gpu for the trainer).
-StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path) {
+// Applies "a.b.c=VALUE" to `json`: VALUE is JSON (a bare word that is not JSON is a string),
+// and the objects on the path are created as needed.
+Status ApplySet(const std::string& set, nlohmann::json* json) {
+  const size_t eq = set.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return zinf::InvalidArgument("--set '" + set + "': expected KEY.PATH=VALUE");
+  }
+  const std::string value_text = set.substr(eq + 1);
+  nlohmann::json value = nlohmann::json::parse(value_text, nullptr, false);
+  if (value.is_discarded()) value = value_text;
+  nlohmann::json* at = json;
+  std::string path = set.substr(0, eq);
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot - start);
+    if (key.empty()) return zinf::InvalidArgument("--set '" + set + "': empty key in the path");
+    if (!at->is_object()) {
+      return zinf::InvalidArgument("--set '" + set + "': '" + path.substr(0, start - 1) +
+                                   "' is not an object in the config");
+    }
+    if (dot == std::string::npos) {
+      (*at)[key] = value;
+      return zinf::OkStatus();
+    }
+    at = &(*at)[key];
+    if (at->is_null()) *at = nlohmann::json::object();
+    start = dot + 1;
+  }
+}
+
+StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path,
+                                 const std::vector<std::string>& sets) {
   std::ifstream file(path);
   if (!file) return zinf::InvalidArgument("cannot read config " + path);
   std::stringstream text;
@@ -114,6 +146,9 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
   nlohmann::json json = nlohmann::json::parse(json_text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) {
     return zinf::InvalidArgument(path + ": not a JSON object");
+  }
+  for (const std::string& set : sets) {
+    if (Status s = ApplySet(set, &json); !s.ok()) return s;
   }
   TrainConfig c;
   if (json.contains("model")) {
@@ -412,6 +447,9 @@ int Main(int argc, char** argv) {
   app.add_option("--config", args.config, "DeepSpeed-style JSON config with a \"model\" object")
       ->required();
   app.add_option("--nvme-path", args.nvme_path, "replaces @NVME_PATH@ in the config");
+  app.add_option("--set", args.sets,
+                 "KEY.PATH=VALUE: replaces a config key after reading the file (repeatable; "
+                 "VALUE is JSON, e.g. --set gradient_clipping=0 --set zinf.overlap_optimizer=false)");
   app.add_option("--data", args.data, "file of bytes to train on (default: a generated corpus)");
   app.add_option("--steps", args.steps, "optimizer step at which training stops")
       ->check(CLI::PositiveNumber);
@@ -451,7 +489,7 @@ int Main(int argc, char** argv) {
     if (Status s = CheckSaveDirectory(args.save); !s.ok()) return Fail(s);
   }
 
-  auto config = LoadConfig(args.config, args.nvme_path);
+  auto config = LoadConfig(args.config, args.nvme_path, args.sets);
   if (!config.ok()) return Fail(config.status());
   const gpt::GptConfig& mc = config->model;
   if (Status s = CheckMicroBatchMemory(*config, args.device == "cpu"); !s.ok()) {

@@ -248,6 +248,21 @@ TEST_F(TrainGptTest, BadConfigIsRefusedNamingTheKey) {
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("give --nvme-path DIR"), std::string::npos) << run.output;
 
+  // --set replaces keys, and is checked like the file.
+  const std::string tiny = WriteConfig(R"({"model": {"d_model": 32, "n_head": 4}})");
+  run = Train(1, "--config " + tiny + " --set model.d_model=30");
+  EXPECT_NE(run.output.find("model.d_model (30) must be a multiple"), std::string::npos)
+      << run.output;
+  run = Train(1, "--config " + tiny + " --set zero_optimization.stage=7");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("stage"), std::string::npos) << run.output;
+  run = Train(1, "--config " + tiny + " --set model.d_model.x=1");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("'model.d_model' is not an object"), std::string::npos) << run.output;
+  run = Train(1, "--config " + tiny + " --set nokey");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("expected KEY.PATH=VALUE"), std::string::npos) << run.output;
+
   run = Train(1, "--config " + (dir_ / "missing.json").string());
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("cannot read config"), std::string::npos) << run.output;
