@@ -9,7 +9,7 @@ packages=(
   liburing-dev libtbb-dev libdnnl-dev libboost-dev libboost-system-dev libgloo-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  fio time
+  fio time gnuplot-nox
 )
 
 missing=()
