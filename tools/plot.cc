@@ -153,7 +153,10 @@ std::string GnuplotScript(const Figure& figure, const std::string& png_path) {
   }
   s << "set multiplot layout " << figure.panels.size() << ",1";
   if (!figure.title.empty()) s << " title " << Quote(figure.title) << " font ',12'";
-  s << "\nset grid\nset key top right box opaque\n";
+  // The legend right of the plot, and the same plot area in every panel whatever the
+  // legends' widths, so that the panels' x axes line up.
+  s << "\nset grid\nset key outside right top vertical\n"
+    << "set lmargin at screen 0.08\nset rmargin at screen 0.72\n";
   for (size_t i = 0; i < figure.panels.size(); ++i) {
     const PlotPanel& panel = figure.panels[i];
     s << "set title " << Quote(panel.title) << "\n";
@@ -174,7 +177,9 @@ std::string GnuplotScript(const Figure& figure, const std::string& png_path) {
     for (size_t j = 0; j < panel.series.size(); ++j) {
       const PlotSeries& series = panel.series[j];
       s << (j > 0 ? ", " : "") << "$d" << i << "_" << j << " using 1:2 with "
-        << (series.points ? "linespoints pt 7 ps 0.8" : "lines") << " lw 2 title "
+        << (series.points ? "linespoints pt 7 ps 0.8" : "lines") << " lw 2"
+        << (series.dashed ? " dashtype 2" : "")
+        << (series.color > 0 ? fmt::format(" linecolor {}", series.color) : "") << " title "
         << Quote(series.title);
     }
     for (const PlotLimit& limit : panel.limits) {
@@ -186,16 +191,46 @@ std::string GnuplotScript(const Figure& figure, const std::string& png_path) {
   return s.str();
 }
 
-Status WritePlot(const Figure& figure, const std::string& path, const std::string& gnuplot) {
-  ZINF_RETURN_IF_ERROR(ValidateFigure(figure));
+namespace {
+
+Status CannotRun(const std::string& gnuplot, int err, const std::string& path) {
+  return FailedPrecondition(fmt::format(
+      "cannot run gnuplot ('{}': {}), which draws the plot {}; install it (Debian: apt-get "
+      "install gnuplot-nox) or set ZINF_GNUPLOT to its path",
+      gnuplot, std::strerror(err), path));
+}
+
+// Creates the temporary output beside `path`, empty: what gnuplot will write.
+StatusOr<std::string> CreateTemporaryOutput(const std::string& path) {
   if (path.empty()) return InvalidArgument("plot output path is empty");
-  // gnuplot writes beside the target, so that the rename below is atomic and a failure
-  // leaves the old file; creating it here first turns an unwritable directory into our error
-  // rather than one of gnuplot's warnings.
   const std::string tmp_path = fmt::format("{}.tmp-{}", path, getpid());
   const int fd = open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, fmt::format("cannot write the plot {}", path));
   close(fd);
+  return tmp_path;
+}
+
+}  // namespace
+
+Status CheckPlotOutput(const std::string& path, const std::string& gnuplot) {
+  ZINF_ASSIGN_OR_RETURN(const std::string tmp_path, CreateTemporaryOutput(path));
+  ScopedFile tmp(tmp_path);
+  // An empty script: gnuplot starts, reads nothing and exits 0.
+  const int rc = RunGnuplot(gnuplot, "/dev/null", "/dev/null");
+  if (rc < 0) return CannotRun(gnuplot, -rc, path);
+  if (rc != 0) {
+    return FailedPrecondition(fmt::format("gnuplot ('{}') exits with status {} on an empty script",
+                                          gnuplot, rc));
+  }
+  return OkStatus();
+}
+
+Status WritePlot(const Figure& figure, const std::string& path, const std::string& gnuplot) {
+  ZINF_RETURN_IF_ERROR(ValidateFigure(figure));
+  // gnuplot writes beside the target, so that the rename below is atomic and a failure
+  // leaves the old file; creating it here first turns an unwritable directory into our error
+  // rather than one of gnuplot's warnings.
+  ZINF_ASSIGN_OR_RETURN(const std::string tmp_path, CreateTemporaryOutput(path));
   ScopedFile tmp(tmp_path);
 
   const char* tmpdir = std::getenv("TMPDIR");
@@ -221,12 +256,7 @@ Status WritePlot(const Figure& figure, const std::string& path, const std::strin
   close(script_fd);
 
   const int rc = RunGnuplot(gnuplot, script_path, log.path());
-  if (rc < 0) {
-    return FailedPrecondition(fmt::format(
-        "cannot run gnuplot ('{}': {}), which draws the plot {}; install it (Debian: apt-get "
-        "install gnuplot-nox) or set ZINF_GNUPLOT to its path",
-        gnuplot, std::strerror(-rc), path));
-  }
+  if (rc < 0) return CannotRun(gnuplot, -rc, path);
   const std::string messages = ReadAll(log.path(), 2000);
   if (rc != 0) {
     return Internal(fmt::format("gnuplot ('{}') failed with exit status {} drawing {}: {}", gnuplot,

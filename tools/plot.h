@@ -18,7 +18,9 @@ namespace zinf::tools {
 struct PlotSeries {
   std::string title;  // the legend's entry
   std::vector<double> x, y;
-  bool points = true;  // lines with points; false: lines only (long series)
+  bool points = true;   // lines with points; false: lines only (long series)
+  bool dashed = false;  // a dashed line, e.g. for a limit measured at each x
+  int color = 0;        // 0: the next of gnuplot's colors; k > 0: gnuplot's k-th (to pair curves)
 };
 
 // A horizontal line across a panel, such as a limit measured in the same run.
@@ -39,7 +41,7 @@ struct PlotPanel {
 struct Figure {
   std::string title;  // above all the panels; may be empty
   std::vector<PlotPanel> panels;
-  int width_px = 800;
+  int width_px = 1000;  // the legend sits right of each panel
   int panel_height_px = 420;
 };
 
@@ -55,6 +57,10 @@ Status ValidateFigure(const Figure& figure);
 // The gnuplot script that draws `figure` into `png_path` (pngcairo terminal), data inline.
 // `figure` must pass ValidateFigure.
 std::string GnuplotScript(const Figure& figure, const std::string& png_path);
+
+// Checks, before a long measurement, that WritePlot will be able to write `path` and run
+// `gnuplot`: the same errors as WritePlot's (IoError, FailedPrecondition), nothing written.
+Status CheckPlotOutput(const std::string& path, const std::string& gnuplot = GnuplotProgram());
 
 // Draws `figure` into the PNG file `path`, replacing it only when the new one is complete:
 // gnuplot writes a temporary file beside it, which is checked for the PNG signature and

@@ -79,7 +79,7 @@ TEST_F(PlotTest, WritesAPng) {
   in.read(reinterpret_cast<char*>(ihdr), 8);
   const uint32_t width = (ihdr[0] << 24) | (ihdr[1] << 16) | (ihdr[2] << 8) | ihdr[3];
   const uint32_t height = (ihdr[4] << 24) | (ihdr[5] << 16) | (ihdr[6] << 8) | ihdr[7];
-  EXPECT_EQ(width, 800u);
+  EXPECT_EQ(width, 1000u);
   EXPECT_EQ(height, 2u * 420u);
   EXPECT_GT(fs::file_size(path), 1000u);
   ExpectOnly("sweep.png");
@@ -160,6 +160,21 @@ TEST_F(PlotTest, MissingGnuplotSaysHowToInstallIt) {
   ExpectOnly("");  // not even the temporary output
 }
 
+TEST_F(PlotTest, CheckPlotOutputRefusesBeforeAnythingIsDrawn) {
+  const std::string path = (dir_ / "out.png").string();
+  Status s = CheckPlotOutput(path, (dir_ / "no-gnuplot-here").string());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("gnuplot-nox"), std::string::npos) << s;
+  const std::string missing = (dir_ / "no-such-dir" / "out.png").string();
+  s = CheckPlotOutput(missing);
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s;
+  EXPECT_NE(s.message().find(missing), std::string::npos) << s;
+  ExpectOnly("");
+  if (!HaveGnuplot()) GTEST_SKIP() << "gnuplot is not installed (Debian: gnuplot-nox)";
+  EXPECT_TRUE(CheckPlotOutput(path).ok());
+  ExpectOnly("");  // checked, nothing written
+}
+
 TEST_F(PlotTest, GnuplotFailureCarriesItsMessages) {
   // A "gnuplot" that fails as gnuplot does on a bad script: a message and exit status 1.
   const fs::path fake = dir_ / "fake-gnuplot";
@@ -185,7 +200,7 @@ TEST_F(PlotTest, OutputThatIsNotAPngIsAnError) {
 
 TEST(GnuplotScriptTest, DataInlineAndTitlesQuoted) {
   const std::string script = GnuplotScript(TwoPanels(), "/tmp/x.png");
-  EXPECT_NE(script.find("set terminal pngcairo size 800,840"), std::string::npos) << script;
+  EXPECT_NE(script.find("set terminal pngcairo size 1000,840"), std::string::npos) << script;
   EXPECT_NE(script.find("$d0_1 << EOD\n128 950\n1024 1850\n8192 2050\nEOD\n"), std::string::npos)
       << script;
   EXPECT_NE(script.find("'write, it''s O_DIRECT'"), std::string::npos) << script;
