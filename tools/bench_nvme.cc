@@ -442,10 +442,9 @@ Status RunBenchNvme(const NvmeArgs& args) {
     out["sweep"] = rows;
     if (args.json) fmt::print("{}\n", out.dump());
     if (!args.plot.empty()) {
-      const std::string what =
-          fmt::format("{} through {}{}, median of {}", FormatBytes(size),
-                      fmt::format("{}", fmt::join(args.paths, ",")),
-                      args.checksum ? " with CRC32C" : "", args.reps);
+      const std::string what = fmt::format("{} through {}{}, median of {}", FormatBytes(size),
+                                           fmt::format("{}", fmt::join(args.paths, ",")),
+                                           args.checksum ? " with CRC32C" : "", args.reps);
       ZINF_RETURN_IF_ERROR(WritePlot(SweepFigure(cells, !fio.empty(), what), args.plot));
       if (!args.json) fmt::print("wrote {}\n", args.plot);
     }

@@ -155,8 +155,8 @@ std::string GnuplotScript(const Figure& figure, const std::string& png_path) {
   if (!figure.title.empty()) s << " title " << Quote(figure.title) << " font ',12'";
   // The legend right of the plot, and the same plot area in every panel whatever the
   // legends' widths, so that the panels' x axes line up.
-  s << "\nset grid\nset key outside right top vertical\n"
-    << "set lmargin at screen 0.08\nset rmargin at screen 0.72\n";
+  s << "\nset grid\nset format x '%g'\nset format y '%g'\nset key outside right top vertical\n"
+    << "set lmargin 12\nset rmargin at screen 0.72\n";
   for (size_t i = 0; i < figure.panels.size(); ++i) {
     const PlotPanel& panel = figure.panels[i];
     s << "set title " << Quote(panel.title) << "\n";
@@ -219,8 +219,8 @@ Status CheckPlotOutput(const std::string& path, const std::string& gnuplot) {
   const int rc = RunGnuplot(gnuplot, "/dev/null", "/dev/null");
   if (rc < 0) return CannotRun(gnuplot, -rc, path);
   if (rc != 0) {
-    return FailedPrecondition(fmt::format("gnuplot ('{}') exits with status {} on an empty script",
-                                          gnuplot, rc));
+    return FailedPrecondition(
+        fmt::format("gnuplot ('{}') exits with status {} on an empty script", gnuplot, rc));
   }
   return OkStatus();
 }

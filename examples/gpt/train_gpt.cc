@@ -11,7 +11,8 @@
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
 // bytes each rank runs per micro-batch. Without --data the program trains on a corpus it
 // generates itself (GenerateCorpus). Rank 0 prints each step (a progress bar on a terminal),
-// writes --metrics as JSON lines, and closes with a summary.
+// writes --metrics as JSON lines (`zinf plot metrics FILE --plot OUT.png` draws the loss and
+// step time from them), and closes with a summary.
 //
 // Checkpoints: --save DIR writes one at the end (and every K steps with --save-every); --resume
 // DIR continues from DIR's latest. The data a step sees depends only on the step index and
