@@ -16,9 +16,12 @@ namespace zinf::testing {
 inline const std::vector<std::string> kCkptParams = {"a.w", "a.b", "b.w"};
 
 // `placement`: "memory", "params_nvme", "optimizer_nvme" or "all_nvme" (NVMe under nvme_dir).
+// `reversed`: the modules registered in the other order, b then a (the same model, laid out
+// differently).
 inline StatusOr<std::unique_ptr<Engine>> MakeCkptEngine(const std::string& placement,
                                                         const std::string& nvme_dir, int rank,
-                                                        int world, int port) {
+                                                        int world, int port,
+                                                        bool reversed = false) {
   auto offload = [&](bool nvme) {
     return nvme ? R"({"device": "nvme", "nvme_path": ")" + nvme_dir + "\"}"
                 : std::string(R"({"device": "cpu"})");
@@ -40,8 +43,9 @@ inline StatusOr<std::unique_ptr<Engine>> MakeCkptEngine(const std::string& place
                                                 .master_port = port,
                                                 .timeout = std::chrono::seconds(20),
                                                 .optimizer_threads = 1}));
+  if (reversed) ZINF_RETURN_IF_ERROR(engine->RegisterModule("b", {{"b.w", {5001}}}).status());
   ZINF_RETURN_IF_ERROR(engine->RegisterModule("a", {{"a.w", {37, 11}}, {"a.b", {37}}}).status());
-  ZINF_RETURN_IF_ERROR(engine->RegisterModule("b", {{"b.w", {5001}}}).status());
+  if (!reversed) ZINF_RETURN_IF_ERROR(engine->RegisterModule("b", {{"b.w", {5001}}}).status());
   ZINF_RETURN_IF_ERROR(engine->Initialize());
   return engine;
 }
