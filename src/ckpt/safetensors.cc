@@ -48,7 +48,10 @@ StatusOr<std::vector<SafetensorsTensor>> Parse(std::string_view json, uint64_t d
   if (!header.is_object())
     return DataLoss(fmt::format("{}: the header is not a JSON object", source));
   std::vector<SafetensorsTensor> tensors;
-  for (const auto& [name, entry] : header.items()) {
+  for (auto item = header.begin(); item != header.end(); ++item) {
+    // Not a structured binding: clang 14 (the fuzz build's) cannot capture one in a lambda.
+    const std::string& name = item.key();
+    const nlohmann::ordered_json& entry = item.value();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& what) {
       return DataLoss(fmt::format("{}: tensor '{}': {}", source, name, what));
