@@ -188,6 +188,12 @@ struct ZINF_EXPORT EngineConfig {
   // bit on disk is DataLoss naming the file and offset instead of silently diverged weights
   // (zinf.nvme_checksum; its cost is in bench/RESULTS.md).
   bool nvme_checksum = true;
+  // zinf.overlap_optimizer: with offload_optimizer.device nvme, the optimizer step runs while
+  // backward goes on, chunk by chunk as gradients become final, speculating that the step is
+  // neither clipped nor skipped and redoing it when it is, so the result is bitwise that of
+  // the step after backward (Note [Overlapped step] in src/zero/optimizer_overlap.h). Costs
+  // swap space for the optimizer state once more.
+  bool overlap_optimizer = true;
 
   // One line per key the config sets that zinf accepts but does not act on as DeepSpeed
   // would, naming the key, its value and why (e.g. "config key 'zero_optimization.
@@ -282,6 +288,9 @@ struct StepSummary {
   uint64_t peak_live_parameters = 0;
   double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
   double seconds_optimizer_compute = 0;  // of seconds_optimizer, in the CPU update itself
+  // The optimizer's NVMe pass run while backward went on (zinf.overlap_optimizer): wall time
+  // of the chunks stepped then, before Step was called (Note [Overlapped step]).
+  double seconds_optimizer_overlapped = 0;
   // Memory per tier after the step: the engine's host arrays (fp32 master, gradient
   // accumulators, optimizer state, staging buffers, gathered persistent parameters) and the
   // swap files it keeps on NVMe.

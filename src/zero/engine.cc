@@ -17,7 +17,8 @@
 // offload_param.device = nvme: each parameter's shard is a tensor of the tiered store whose
 // home is NVMe (Note [Parameter tier]); Step writes it with the new values. With the optimizer
 // on NVMe too, no fp32 copy of the shard stays in host memory: the new values come from the
-// pipelined step chunk by chunk (AssembleParamTier).
+// pipelined step chunk by chunk (ParamTier::ChunkWriter), alongside backward where it can
+// (Note [Overlapped step] in src/zero/optimizer_overlap.h).
 //
 // Gradients are reduce-scattered in buckets of reduce_bucket_size elements while backward
 // goes on (Note [Gradient buckets] in gradient_buckets.h); Step and GatherGradient wait for
@@ -125,6 +126,7 @@ double Engine::learning_rate() const {
 
 Status Engine::SetLearningRate(double lr) {
   Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("SetLearningRate"));
   if (!std::isfinite(lr) || lr < 0) {
     return InvalidArgument(
         fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
@@ -257,7 +259,13 @@ Status Engine::Initialize() {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
     m.buckets = std::make_unique<GradientBuckets>(m.comm.get(), bucket, m.grad_acc.as<float>());
+    m.buckets->OnAdded([&m](uint64_t flat_offset) {
+      auto it = std::upper_bound(m.params.begin(), m.params.end(), flat_offset,
+                                 [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+      m.GradientAdded(static_cast<int>(std::prev(it) - m.params.begin()));
+    });
   }
+  m.final_adds.assign(m.params.size(), 0);
   if (m.host_master) {
     ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
@@ -286,6 +294,10 @@ Status Engine::Initialize() {
 StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  if (module->reductions == m.config.gradient_accumulation_steps) {
+    ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay(fmt::format(
+        "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
+  }
   FetchedModule out;
   ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params),
                                  fmt::format("fetching module '{}'", module->name)));
@@ -337,6 +349,9 @@ Status Engine::ReduceGradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = EngineClock::now();
+  if (module->reductions + 1 == m.config.gradient_accumulation_steps) {
+    ZINF_RETURN_IF_ERROR(m.BeginOverlappedStep());  // the batch's last micro-batch
+  }
   for (int pi : module->params) {
     if (m.grads[pi].data == nullptr) {
       return FailedPrecondition(fmt::format(
@@ -350,8 +365,11 @@ Status Engine::ReduceGradients(int id) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else if (g.tensor != 0) {  // one rank: the gradient is its own shard
-      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, g.data, p.shard_size);
+    } else {  // one rank: the gradient is its own shard
+      if (g.tensor != 0) {
+        AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, g.data, p.shard_size);
+      }
+      m.GradientAdded(pi);
     }
     m.FreeGradient(pi);
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
@@ -363,6 +381,7 @@ Status Engine::ReduceGradients(int id) {
 
 Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
   Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("GatherParameter"));
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
@@ -385,6 +404,7 @@ StatusOr<double> Engine::MeanOverRanks(double value) {
 
 Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
   Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("SetParameter"));
   if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));

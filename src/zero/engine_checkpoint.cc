@@ -354,6 +354,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
                               const std::string& client_state) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
+  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("SaveCheckpoint"));
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
     return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
   }
@@ -397,6 +398,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
 StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("LoadCheckpoint before Initialize");
+  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("LoadCheckpoint"));
   StatusOr<std::string> client = m.LoadShardFile(dir);
   ZINF_RETURN_IF_ERROR(m.AgreeAll(client.status(), "loading checkpoint " + dir));
   return client;

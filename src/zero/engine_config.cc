@@ -558,6 +558,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
     z.Int("seed", &c.seed, 0, INT64_MAX)
         .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)
         .Bool("nvme_checksum", &c.nvme_checksum)
+        .Bool("overlap_optimizer", &c.overlap_optimizer)
         .Double("optimizer_nvme_ratio", &c.optimizer_nvme_ratio, 0.0, 1.0);
   });
   ZINF_RETURN_IF_ERROR(root.Finish());

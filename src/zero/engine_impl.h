@@ -15,7 +15,9 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -26,6 +28,7 @@
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/loss_scaler.h"
+#include "zero/optimizer_overlap.h"
 #include "zero/param_tier.h"
 #include "zero/partition.h"
 #include "zinf/cpu_optimizer.h"
@@ -134,6 +137,11 @@ struct Engine::Impl {
   // offload_optimizer.device = nvme.
   std::unique_ptr<PipelinedOptimizer> pipelined;
   int nvme_shard = -1;
+  // The NVMe step's writes of the parameter tier (when no host master), and the step run
+  // alongside backward (Note [Overlapped step]); declared after what they use.
+  std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
+  std::unique_ptr<OptimizerOverlap> overlap;
+  std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
 
   LossScaler scaler;  // fp16 dynamic loss scaling (a fixed 1 otherwise)
   int64_t steps = 0;
@@ -183,6 +191,14 @@ struct Engine::Impl {
   // Waits until every reduced gradient is in grad_acc.
   Status FinishReductions();
 
+  // Parameter `pi`'s reduced gradient is in grad_acc: in the batch's last micro-batch, it is
+  // final (Note [Overlapped step]).
+  void GradientAdded(int pi);
+  // The batch's last micro-batch begins its reductions: the overlapped step begins.
+  Status BeginOverlappedStep();
+  // FailedPrecondition naming `what` while the overlapped step is under way.
+  Status CheckNoStepUnderWay(std::string_view what) const;
+
   // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster();
 
@@ -203,21 +219,11 @@ struct Engine::Impl {
 
   Status OpenNvmeOptimizer();
 
-  // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,
-  // c.offset + c.count)) into the parameter tier, in its precision; `open` holds, per
-  // parameter, the tier memory being written. Chunks arrive in order, so a parameter is
-  // complete, and its write ends, with its last element.
-  Status AssembleParamTier(const ChunkView& c, std::vector<char*>& open);
-
-  // Ends the writes AssembleParamTier left open (after a failure) and waits for the
-  // write-backs.
-  Status CloseParamTierWrites(std::vector<char*>& open);
-
-  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
-  // new parameters brought to the parameter tier: the host master (read back from the swap
-  // space) or the tier itself (written from the step's chunks as they are updated, no
-  // read-back).
-  Status NvmeStep(float grad_scale, StepSummary* summary);
+  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), finishing
+  // what ran alongside backward, and the new parameters brought to the parameter tier: into
+  // the host master and from it, or into the tier itself, from the step's chunks as they are
+  // updated. `grad_scale` nullopt: a skipped step, which undoes what was speculated.
+  Status NvmeStep(std::optional<float> grad_scale, StepSummary* summary);
 
   int state_count() const { return optimizer->group(group)->hyper_params.state_count(); }
 

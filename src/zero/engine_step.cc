@@ -21,7 +21,18 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   options.pinned = config.pin_memory;
   options.nvme_ratio = config.optimizer_nvme_ratio;
   ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), swap, options));
-  std::vector<char*> open(params.size());
+  // The new parameters of each chunk the step updates go to the host master, or with none
+  // straight into the parameter tier.
+  ChunkVisitor updated = [this](const ChunkView& c) {
+    std::memcpy(master.as<float>() + c.offset, c.params, c.count * 4);
+    return OkStatus();
+  };
+  if (!host_master) {
+    tier_writer = std::make_unique<ParamTier::ChunkWriter>(param_tier.get());
+    updated = [w = tier_writer.get()](const ChunkView& c) { return w->Write(c); };
+  }
+  // Initialization writes the parameter tier like a step does.
+  if (tier_writer != nullptr) tier_writer->Begin();
   StatusOr<int> shard = pipelined->AddShard(
       // The gradient accumulators are in host memory already: the step reads them there.
       {.name = fmt::format("rank {} shard", rank()),
@@ -34,65 +45,63 @@ Status Engine::Impl::OpenNvmeOptimizer() {
           return OkStatus();
         }
         FillInitial(c.offset, c.count, c.params);
-        return params_on_nvme ? AssembleParamTier(c, open) : OkStatus();
+        return params_on_nvme ? tier_writer->Write(c) : OkStatus();
       });
-  Status written = CloseParamTierWrites(open);
+  Status written = tier_writer != nullptr ? tier_writer->Finish() : OkStatus();
   ZINF_RETURN_IF_ERROR(shard.status());
   ZINF_RETURN_IF_ERROR(written);
   nvme_shard = *shard;
+  ZINF_ASSIGN_OR_RETURN(overlap, OptimizerOverlap::Create({.optimizer = pipelined.get(),
+                                                           .cpu = optimizer.get(),
+                                                           .shard = nvme_shard,
+                                                           .group = group,
+                                                           .params = &params,
+                                                           .enabled = config.overlap_optimizer},
+                                                          std::move(updated)));
   return OkStatus();
 }
 
-Status Engine::Impl::AssembleParamTier(const ChunkView& c, std::vector<char*>& open) {
-  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
-                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-    const Param& p = *it;
-    char*& tier = open[&p - params.data()];
-    if (tier == nullptr) {
-      ZINF_ASSIGN_OR_RETURN(void* memory, param_tier->BeginWrite(p));
-      tier = static_cast<char*>(memory);
-    }
-    const auto [first, last] = Overlap(c.offset, c.count, p);
-    ConvertFromFp32(c.params + (first - c.offset), param_type,
-                    tier + (first - p.flat_offset) * param_bytes(), last - first);
-    if (last == p.flat_offset + p.shard_size) {
-      tier = nullptr;
-      ZINF_RETURN_IF_ERROR(param_tier->EndWrite(p));
-    }
+void Engine::Impl::GradientAdded(int pi) {
+  if (overlap != nullptr && ++final_adds[pi] == config.gradient_accumulation_steps) {
+    overlap->MarkFinal(pi);
   }
-  return OkStatus();
 }
 
-Status Engine::Impl::CloseParamTierWrites(std::vector<char*>& open) {
-  Status first;
-  for (size_t i = 0; i < open.size(); ++i) {
-    if (open[i] == nullptr) continue;
-    Status s = param_tier->EndWrite(params[i]);
-    if (first.ok()) first = std::move(s);
-  }
-  Status written = param_tier->FinishWrites();
-  return first.ok() ? written : first;
+Status Engine::Impl::BeginOverlappedStep() {
+  if (overlap == nullptr || overlap->armed() || !config.overlap_optimizer) return OkStatus();
+  if (tier_writer != nullptr) tier_writer->Begin();
+  // The scale of a step neither clipped nor skipped (Step computes it alike).
+  const double mean_scale = 1.0 / (static_cast<double>(world()) *
+                                   config.gradient_accumulation_steps * scaler.scale);
+  return Context(overlap->Arm(static_cast<float>(mean_scale)),
+                 "starting the optimizer step alongside backward");
 }
 
-Status Engine::Impl::NvmeStep(float grad_scale, StepSummary* summary) {
-  if (host_master) {
-    ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
-    ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
-    summary->bytes_nvme_read += shard_elements * (1 + state_count()) * 4;
-    ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
-  } else {
-    std::vector<char*> open(params.size());
-    auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, open); };
-    Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
-    Status written = CloseParamTierWrites(open);
-    ZINF_RETURN_IF_ERROR(stepped);
-    ZINF_RETURN_IF_ERROR(written);
+Status Engine::Impl::CheckNoStepUnderWay(std::string_view what) const {
+  if (overlap == nullptr || !overlap->armed()) return OkStatus();
+  return FailedPrecondition(fmt::format(
+      "rank {}: {} while the optimizer step is under way: the batch's last micro-batch has "
+      "begun reducing gradients, and the step runs alongside backward until Step "
+      "(zinf.overlap_optimizer); call it before that micro-batch's first ReduceGradients or "
+      "after Step",
+      rank(), what));
+}
+
+Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summary) {
+  if (tier_writer != nullptr && !overlap->armed()) tier_writer->Begin();
+  Status stepped = overlap->Finish(grad_scale);
+  summary->seconds_optimizer_overlapped = overlap->overlapped_seconds();
+  Status written;
+  if (tier_writer != nullptr) {
+    written = tier_writer->Finish();
+  } else if (grad_scale && stepped.ok()) {
+    written = WriteParamTierFromMaster();
   }
   summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
   summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
   summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
-  return OkStatus();
+  ZINF_RETURN_IF_ERROR(stepped);
+  return written;
 }
 
 Status Engine::Impl::ApplySchedule() {
@@ -152,6 +161,10 @@ StatusOr<StepSummary> Engine::Step() {
   summary.grad_norm = overflow ? INFINITY : std::sqrt(global[0]) * mean_scale;
 
   if (overflow) {
+    // What ran alongside backward is undone: the step is skipped or refused.
+    if (m.pipelined != nullptr) {
+      ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(std::nullopt, &summary), "skipping the step"));
+    }
     if (!m.config.fp16) {
       return DataLoss(
           fmt::format("rank {}: non-finite gradients without fp16 loss scaling; "
@@ -183,6 +196,7 @@ StatusOr<StepSummary> Engine::Step() {
   }
   m.scaler.Update(overflow);
   std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  std::fill(m.final_adds.begin(), m.final_adds.end(), 0);
   for (Module& module : m.modules) module.reductions = 0;
   m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order
   summary.step = m.steps;

@@ -129,10 +129,13 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
     const uint64_t slack = swap_options.aio.block_size;
     if (config.offload_optimizer_device == OffloadDevice::kNvme) {
-      // Per element: fp32 params and two state arrays (the gradients stay in host memory).
+      // Per element: fp32 params and two state arrays (the gradients stay in host memory);
+      // twice for the overlapped step, whose new state goes beside the old until the step
+      // is known to stand (Note [Overlapped step]).
       const uint64_t chunk = OptimizerChunkElements();
       const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      swap_options.capacity_bytes += chunks * (chunk * 12 + slack);
+      swap_options.capacity_bytes +=
+          chunks * (chunk * 12 + slack) * (config.overlap_optimizer ? 2 : 1);
     }
     if (params_on_nvme) {
       for (const Param& p : params) {

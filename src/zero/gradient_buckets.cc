@@ -86,6 +86,7 @@ Status GradientBuckets::Complete(Bucket& bucket) {
   const float* received = bucket.received.as<float>();
   for (const Piece& piece : bucket.pieces) {
     AccumulateFp32(accumulators_ + piece.flat_offset, received + piece.at, piece.size);
+    if (added_) added_(piece.flat_offset);
   }
   bucket.pieces.clear();
   bucket.used = 0;

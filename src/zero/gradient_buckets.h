@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ class GradientBuckets {
   Status Add(const float* grad, uint64_t shard_size, uint64_t flat_offset, const std::string& name);
   // Reduces what is queued and waits until every added gradient is in the accumulators.
   Status Finish();
+  // Called (on the thread that drives this object) with a parameter's flat_offset each time
+  // its reduced shard has been added into the accumulators.
+  void OnAdded(std::function<void(uint64_t flat_offset)> added) { added_ = std::move(added); }
   // Collectives started so far (each one bucket).
   uint64_t reductions() const { return reductions_; }
 
@@ -83,6 +87,7 @@ class GradientBuckets {
   std::array<Bucket, 2> buckets_;
   int filling_ = 0;  // the bucket Add copies into; the other may be in flight
   uint64_t reductions_ = 0;
+  std::function<void(uint64_t)> added_;
 };
 
 }  // namespace zinf
