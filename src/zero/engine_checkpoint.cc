@@ -347,6 +347,7 @@ Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
 Status Engine::LoadSafetensors(const std::string& path) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("LoadSafetensors before Initialize");
+  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("LoadSafetensors"));
   return m.AgreeAll(m.LoadSafetensorsFile(path), "loading weights from " + path);
 }
 

@@ -100,7 +100,24 @@ TEST_P(ImportPlacementTest, ExportThenLoadSafetensorsIsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Import, ImportPlacementTest,
-                         ::testing::Values("memory", "params_nvme", "optimizer_nvme", "all_nvme"));
+                         ::testing::Values("memory", "params_nvme", "optimizer_nvme", "all_nvme",
+                                           "all_nvme_overlap"));
+
+// With the optimizer step running alongside backward, weights cannot be replaced while it is
+// under way (from the batch's last micro-batch's first ReduceGradients until Step).
+TEST_F(ImportTest, LoadWhileTheOverlappedStepIsUnderWayIsRefused) {
+  auto e = Make("all_nvme_overlap");
+  ASSERT_TRUE(TrainCkptEngine(*e, 0, 1).ok());
+  const std::string file = FileOf(*e, testing::kCkptParams, "w.safetensors");
+  ASSERT_TRUE(e->Fetch(1).ok());
+  auto g = e->Gradients(1);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(e->ReduceGradients(1).ok());
+  const Status s = e->LoadSafetensors(file);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("LoadSafetensors while the optimizer step is under way"));
+  ASSERT_TRUE(e->Release(1).ok());
+}
 
 TEST_F(ImportTest, ImportedCheckpointLoadsByNameAndTrainsAsTheFileDoes) {
   auto original = Make("memory", 1);
@@ -118,7 +135,7 @@ TEST_F(ImportTest, ImportedCheckpointLoadsByNameAndTrainsAsTheFileDoes) {
   EXPECT_EQ(manifest->step, 0);
   EXPECT_EQ(manifest->params[0].name, "b.w");
 
-  for (const char* placement : {"memory", "all_nvme"}) {
+  for (const char* placement : {"memory", "all_nvme", "all_nvme_overlap"}) {
     SCOPED_TRACE(placement);
     auto from_checkpoint = Make(placement, 2);
     auto client = from_checkpoint->LoadCheckpoint(root_ + "/imported");
