@@ -8,8 +8,10 @@
 // The optimizer and loss scaling are the config's (DeepSpeed JSON; a top-level "model" object,
 // as train_gpt's configs carry, is skipped; its placement and batch size do not matter to a
 // checkpoint and are not used), else DeepSpeed's defaults (AdamW, no fp16): the checkpoint
-// names its optimizer, and a trainer with another refuses it. The import runs one engine
-// with everything in host memory: about 16 bytes per parameter.
+// names its optimizer, and a trainer with another refuses it. The import runs one engine,
+// with everything in host memory (about 16 bytes per parameter) or, with --nvme-path DIR,
+// with parameters and optimizer state in swap files there (host memory: the largest tensor
+// and the NVMe step's staging buffers).
 #include <fmt/core.h>
 
 #include <exception>
@@ -38,10 +40,10 @@ struct ImportArgs {
   std::string out;
   std::string config;
   std::string tag = "imported";
+  std::string nvme_path;  // empty: host memory
 };
 
-StatusOr<EngineConfig> ImportConfig(const std::string& path) {
-  if (path.empty()) return EngineConfig{};
+StatusOr<EngineConfig> ReadImportConfig(const std::string& path) {
   std::ifstream in(path);
   if (!in) return InvalidArgument("--config: cannot read " + path);
   std::stringstream text;
@@ -49,13 +51,25 @@ StatusOr<EngineConfig> ImportConfig(const std::string& path) {
   nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) return InvalidArgument("--config " + path + ": not a JSON object");
   json.erase("model");
-  ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(json.dump()));
-  // One process, everything in host memory: where a trainer keeps its state is its own
-  // business, and the checkpoint's layout does not depend on it.
-  config.offload_param_device = OffloadDevice::kNone;
-  config.offload_optimizer_device = OffloadDevice::kCpu;
+  return EngineConfig::FromJson(json.dump());
+}
+
+StatusOr<EngineConfig> ImportConfig(const std::string& path, const std::string& nvme_path) {
+  EngineConfig config;
+  if (!path.empty()) {
+    ZINF_ASSIGN_OR_RETURN(config, ReadImportConfig(path));
+  }
+  // One process, in host memory or on the given NVMe path: where a trainer keeps its state
+  // is its own business, and the checkpoint's layout does not depend on it.
+  const bool nvme = !nvme_path.empty();
+  config.offload_param_device = nvme ? OffloadDevice::kNvme : OffloadDevice::kNone;
+  config.offload_optimizer_device = nvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
   config.offload_param_nvme_path.clear();
   config.offload_optimizer_nvme_path.clear();
+  if (nvme) {
+    config.offload_param_nvme_path = {nvme_path};
+    config.offload_optimizer_nvme_path = {nvme_path};
+  }
   config.train_batch_size = 0;
   config.micro_batch_size_set = false;
   config.gradient_accumulation_steps_set = false;
@@ -64,7 +78,7 @@ StatusOr<EngineConfig> ImportConfig(const std::string& path) {
 
 Status Import(const ImportArgs& args) {
   ZINF_RETURN_IF_ERROR(ckpt::CheckTag(args.tag));
-  ZINF_ASSIGN_OR_RETURN(const EngineConfig config, ImportConfig(args.config));
+  ZINF_ASSIGN_OR_RETURN(const EngineConfig config, ImportConfig(args.config, args.nvme_path));
   ZINF_ASSIGN_OR_RETURN(const ckpt::SafetensorsReader file,
                         ckpt::SafetensorsReader::Open(args.file));
   if (file.tensors().empty()) return InvalidArgument(args.file + " holds no tensors");
@@ -120,6 +134,9 @@ void AddCkptCommands(CLI::App& app) {
   import->add_option("--config", import_args->config,
                      "The trainer's DeepSpeed config: its optimizer and fp16 settings go into the "
                      "checkpoint (default: AdamW, no fp16)");
+  import->add_option("--nvme-path", import_args->nvme_path,
+                     "Keep parameters and optimizer state in swap files in this directory while "
+                     "importing, instead of host memory (for models larger than it)");
   import->add_option("--tag", import_args->tag, "The checkpoint's tag in DIR")
       ->capture_default_str();
   import->callback([import_args] {

@@ -135,6 +135,22 @@ TEST_F(ImportTest, ImportedCheckpointLoadsByNameAndTrainsAsTheFileDoes) {
   EXPECT_EQ(manifest->step, 0);
   EXPECT_EQ(manifest->params[0].name, "b.w");
 
+  // Imported through swap files instead of host memory: the same checkpoint, no files left.
+  const ZinfRun on_nvme =
+      RunZinf("ckpt import " + file + " --out " + root_ + "/imported-nvme --config " + root_ +
+              "/config.json --nvme-path " + root_ + "/nvme1");
+  ASSERT_EQ(on_nvme.exit_code, 0) << on_nvme.output;
+  EXPECT_TRUE(fs::is_empty(root_ + "/nvme1")) << "swap files left behind";
+  {
+    auto e = Make("memory", 2);
+    ASSERT_TRUE(e->LoadCheckpoint(root_ + "/imported-nvme").ok());
+    EXPECT_EQ(*AllCkptParams(*e), expected);
+  }
+  const ZinfRun no_dir = RunZinf("ckpt import " + file + " --out " + root_ + "/x --nvme-path " +
+                                 root_ + "/no-such-dir");
+  EXPECT_EQ(no_dir.exit_code, 1) << no_dir.output;
+  EXPECT_THAT(no_dir.output, HasSubstr(root_ + "/no-such-dir"));
+
   for (const char* placement : {"memory", "all_nvme", "all_nvme_overlap"}) {
     SCOPED_TRACE(placement);
     auto from_checkpoint = Make(placement, 2);
