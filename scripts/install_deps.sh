@@ -10,7 +10,7 @@ packages=(
   liburing-dev libtbb-dev libdnnl-dev libboost-dev libboost-system-dev libgloo-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  fio time
+  fio time gnuplot-nox
   python3-dev pybind11-dev python3-torch python3-numpy
 )
 

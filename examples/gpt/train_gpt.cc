@@ -4,20 +4,29 @@
 // Build:  cmake --build build --target train_gpt zinf
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
 //             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
-//             [--save DIR [--save-every K]] [--resume DIR] [--device cpu|cuda]
+//             [--save DIR [--save-every K]] [--resume DIR | --init-from F.safetensors]
+//             [--device cpu|cuda]
 //             [--matmul auto|fp32|bf16] [--comm-timeout-s S]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
 // bytes each rank runs per micro-batch. Without --data the program trains on a corpus it
 // generates itself (GenerateCorpus). Rank 0 prints each step (a progress bar on a terminal),
-// writes --metrics as JSON lines, and closes with a summary.
+// writes --metrics as JSON lines (`zinf plot metrics FILE --plot OUT.png` draws the loss and
+// step time from them), and closes with a summary.
 //
 // Checkpoints: --save DIR writes one at the end (and every K steps with --save-every); --resume
 // DIR continues from DIR's latest. The data a step sees depends only on the step index and
 // the seed, which the checkpoint records, so a resumed run takes bitwise the steps the
 // uninterrupted one would have. DIR is checked (created, written to) before training, so that
 // a run is never lost to a checkpoint that cannot be written at its end.
+//
+// --init-from F.safetensors starts from the weights in F (`zinf ckpt export` writes such
+// files) instead of random ones, with fresh optimizer state at step 0. Every parameter needs
+// a tensor of its name and shape in F, and F may hold nothing else (Engine::LoadSafetensors):
+// the names and shapes are those listed at the top of examples/gpt/gpt_model.h, Hugging
+// Face's GPT-2 names in torch's nn.Linear layout [out, in] (Hugging Face's own GPT-2 files
+// store Conv1D weights as [in, out], which is refused as a shape mismatch naming the tensor).
 //
 // Errors: every failure, from the command line to the last save, ends the program with a
 // message naming the cause and exit code 1 (train_gpt: <Status>), never an uncaught exception.
@@ -73,6 +82,7 @@ struct Args {
   std::string save;  // checkpoint directory; empty: none
   int64_t save_every = 0;
   std::string resume;           // checkpoint directory to continue from
+  std::string init_from;        // safetensors file of initial weights
   std::string device = "cpu";   // where the model computes: cpu or cuda
   std::string matmul = "auto";  // the matmuls' input type: auto, fp32 or bf16
   double comm_timeout_s = 300;  // EngineOptions::timeout: how long a dead peer takes to report
@@ -467,7 +477,12 @@ int Main(int argc, char** argv) {
   app.add_option("--save-every", args.save_every, "also checkpoint every K steps")
       ->check(CLI::PositiveNumber)
       ->needs(app.get_option("--save"));
-  app.add_option("--resume", args.resume, "continue from this checkpoint directory's latest");
+  CLI::Option* resume =
+      app.add_option("--resume", args.resume, "continue from this checkpoint directory's latest");
+  app.add_option("--init-from", args.init_from,
+                 "start from the weights of this safetensors file (F32, BF16 or F16; names as "
+                 "train_gpt registers them, see the top of train_gpt.cc), at step 0")
+      ->excludes(resume);
   app.add_option("--device", args.device,
                  "where the model computes: cpu (oneDNN) or cuda (cuBLAS, GPU LOCAL_RANK)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -518,6 +533,10 @@ int Main(int argc, char** argv) {
   if (Status s = engine.Initialize(); !s.ok()) return Fail(s);
 
   int64_t first_step = 0;
+  if (!args.init_from.empty()) {
+    if (Status s = engine.LoadSafetensors(args.init_from); !s.ok()) return Fail(s);
+    if (engine.rank() == 0) std::printf("initialized from %s\n", args.init_from.c_str());
+  }
   if (!args.resume.empty()) {
     auto client = engine.LoadCheckpoint(args.resume);
     if (!client.ok()) return Fail(client.status());

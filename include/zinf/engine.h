@@ -354,6 +354,16 @@ class ZINF_EXPORT Engine {
   // keeps its shard), e.g. to load pretrained weights after Initialize. Not a collective.
   // InvalidArgument for an unknown name or a wrong element count.
   Status SetParameter(const std::string& name, const float* values, uint64_t count);
+  // Replaces every parameter's value with the tensor of the same name in the safetensors
+  // file `path` (F32, BF16 or F16, widened to fp32; `zinf ckpt export` writes such files),
+  // e.g. to start training from pretrained weights after Initialize. The optimizer state and
+  // step counts are left as they are. A collective: every rank reads the file and keeps its
+  // shards. Checked before anything is replaced: InvalidArgument naming the tensor when a
+  // parameter has no tensor of its name, a tensor's shape differs from the parameter's, the
+  // file holds tensors that are not parameters, or a dtype is not one of the three; DataLoss
+  // for a truncated or corrupt file (see src/ckpt/safetensors.h); IoError when it cannot be
+  // read. An I/O error while the values are written may leave some parameters replaced.
+  Status LoadSafetensors(const std::string& path);
   // The gradient the next Step() would apply to a parameter before clipping: the mean over
   // ranks and micro-batches, loss scale removed. A collective; call it after the last
   // ReduceGradients of the batch.

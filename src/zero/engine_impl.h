@@ -256,6 +256,10 @@ struct Engine::Impl {
   // file; only then replaces the state. Returns the client state.
   StatusOr<std::string> LoadShardFile(const std::string& path);
 
+  // Engine::LoadSafetensors on this rank: matches every parameter with the file's tensor of
+  // its name and shape before it replaces any, then writes this rank's shards.
+  Status LoadSafetensorsFile(const std::string& path);
+
   // Frees parameter `pi`'s gradient buffer, if any.
   void FreeGradient(int pi);
 
