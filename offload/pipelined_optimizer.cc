@@ -461,9 +461,9 @@ Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks,
                         shard->spec.param_copy_tier != ParamCopyTier::kNone)) {
       return InvalidArgument(fmt::format(
           "{} cannot be stepped speculatively: {}", shard->ChunkName(c),
-          !chunk.on_nvme        ? "its home is host memory, where nothing keeps the old state"
-          : chunk.undo.valid()  ? "it was already stepped speculatively in this step"
-                                : "the shard writes a parameter copy, which would not be undone"));
+          !chunk.on_nvme       ? "its home is host memory, where nothing keeps the old state"
+          : chunk.undo.valid() ? "it was already stepped speculatively in this step"
+                               : "the shard writes a parameter copy, which would not be undone"));
     }
     items.push_back({shard, c});
   }
@@ -487,8 +487,8 @@ StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, boo
       undone.push_back(c);
     }
   }
-  ZINF_RETURN_IF_ERROR_CTX(first, fmt::format("resolving the speculative step of shard '{}'",
-                                              shard->spec.name));
+  ZINF_RETURN_IF_ERROR_CTX(
+      first, fmt::format("resolving the speculative step of shard '{}'", shard->spec.name));
   return undone;
 }
 

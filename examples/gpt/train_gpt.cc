@@ -81,11 +81,11 @@ struct Args {
   uint64_t seed = 1234;
   std::string save;  // checkpoint directory; empty: none
   int64_t save_every = 0;
-  std::string resume;           // checkpoint directory to continue from
-  std::string init_from;        // safetensors file of initial weights
-  std::string device = "cpu";   // where the model computes: cpu or cuda
-  std::string matmul = "auto";  // the matmuls' input type: auto, fp32 or bf16
-  double comm_timeout_s = 300;  // EngineOptions::timeout: how long a dead peer takes to report
+  std::string resume;             // checkpoint directory to continue from
+  std::string init_from;          // safetensors file of initial weights
+  std::string device = "cpu";     // where the model computes: cpu or cuda
+  std::string matmul = "auto";    // the matmuls' input type: auto, fp32 or bf16
+  double comm_timeout_s = 300;    // EngineOptions::timeout: how long a dead peer takes to report
   std::vector<std::string> sets;  // "a.b.c=JSON": config keys replaced after reading the file
 };
 
@@ -457,9 +457,10 @@ int Main(int argc, char** argv) {
   app.add_option("--config", args.config, "DeepSpeed-style JSON config with a \"model\" object")
       ->required();
   app.add_option("--nvme-path", args.nvme_path, "replaces @NVME_PATH@ in the config");
-  app.add_option("--set", args.sets,
-                 "KEY.PATH=VALUE: replaces a config key after reading the file (repeatable; "
-                 "VALUE is JSON, e.g. --set gradient_clipping=0 --set zinf.overlap_optimizer=false)");
+  app.add_option(
+      "--set", args.sets,
+      "KEY.PATH=VALUE: replaces a config key after reading the file (repeatable; "
+      "VALUE is JSON, e.g. --set gradient_clipping=0 --set zinf.overlap_optimizer=false)");
   app.add_option("--data", args.data, "file of bytes to train on (default: a generated corpus)");
   app.add_option("--steps", args.steps, "optimizer step at which training stops")
       ->check(CLI::PositiveNumber);

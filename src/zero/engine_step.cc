@@ -73,8 +73,8 @@ Status Engine::Impl::BeginOverlappedStep() {
   if (overlap == nullptr || overlap->armed() || !speculate) return OkStatus();
   if (tier_writer != nullptr) tier_writer->Begin();
   // The scale of a step neither clipped nor skipped (Step computes it alike).
-  const double mean_scale = 1.0 / (static_cast<double>(world()) *
-                                   config.gradient_accumulation_steps * scaler.scale);
+  const double mean_scale =
+      1.0 / (static_cast<double>(world()) * config.gradient_accumulation_steps * scaler.scale);
   return Context(overlap->Arm(static_cast<float>(mean_scale)),
                  "starting the optimizer step alongside backward");
 }

@@ -27,9 +27,8 @@ StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(
            self->chunks_[c].offset + self->chunks_[c].count <= p.flat_offset) {
       ++c;
     }
-    for (size_t d = c; d < self->chunks_.size() &&
-                       self->chunks_[d].offset < p.flat_offset + p.shard_size;
-         ++d) {
+    for (size_t d = c;
+         d < self->chunks_.size() && self->chunks_[d].offset < p.flat_offset + p.shard_size; ++d) {
       self->of_[pi].push_back(d);
     }
   }

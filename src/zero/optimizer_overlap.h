@@ -48,10 +48,10 @@ namespace zinf {
 class CpuOptimizer;
 
 struct OverlapOptions {
-  PipelinedOptimizer* optimizer = nullptr;  // not owned
-  CpuOptimizer* cpu = nullptr;              // its optimizer, to set a skipped step's count back
-  int shard = 0;                            // the pipelined optimizer's shard
-  int group = 0;                            // its parameter group
+  PipelinedOptimizer* optimizer = nullptr;     // not owned
+  CpuOptimizer* cpu = nullptr;                 // its optimizer, to set a skipped step's count back
+  int shard = 0;                               // the pipelined optimizer's shard
+  int group = 0;                               // its parameter group
   const std::vector<Param>* params = nullptr;  // laid out over the shard
   bool enabled = true;  // false: Finish steps every chunk (the unoverlapped step)
 };
@@ -99,9 +99,9 @@ class OptimizerOverlap {
   const ChunkVisitor updated_;
   const std::function<Status()> restart_;
   std::vector<ChunkInfo> chunks_;
-  std::vector<uint64_t> remaining_;       // per chunk: elements whose gradient is not final
-  std::vector<std::vector<size_t>> of_;   // per parameter: the chunks it touches
-  std::vector<bool> stepped_;             // per chunk, this step (speculatively or not)
+  std::vector<uint64_t> remaining_;      // per chunk: elements whose gradient is not final
+  std::vector<std::vector<size_t>> of_;  // per parameter: the chunks it touches
+  std::vector<bool> stepped_;            // per chunk, this step (speculatively or not)
   bool armed_ = false;
   float scale_ = 1.0f;
   int64_t step_before_ = 0;

@@ -406,9 +406,9 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     }
     if (o.data == nullptr) {
       // The first opening overwrites; a later one (a chunk written again) keeps the rest.
-      ZINF_ASSIGN_OR_RETURN(
-          o.data, store->Acquire(tier_->state_[pi].shard, tier,
-                                 o.written ? Access::kWrite : Access::kOverwrite));
+      ZINF_ASSIGN_OR_RETURN(o.data,
+                            store->Acquire(tier_->state_[pi].shard, tier,
+                                           o.written ? Access::kWrite : Access::kOverwrite));
       o.written = true;
     }
     ConvertFromFp32(values, type,

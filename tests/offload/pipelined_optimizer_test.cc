@@ -11,8 +11,8 @@
 #include <random>
 
 #include "core/units.h"
-#include "tests/testing/faulty_engine.h"
 #include "tests/nvme/nvme_test_util.h"
+#include "tests/testing/faulty_engine.h"
 
 namespace zinf {
 namespace {

@@ -44,14 +44,16 @@ struct TrainRun {
 std::string Config(const TrainRun& r) {
   const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + r.dir + "\"}";
   return "{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 1000,"
-         " \"offload_optimizer\": " + nvme + ", \"offload_param\": " +
-         (r.params_nvme ? nvme : std::string("{\"device\": \"cpu\"}")) +
+         " \"offload_optimizer\": " +
+         nvme +
+         ", \"offload_param\": " + (r.params_nvme ? nvme : std::string("{\"device\": \"cpu\"}")) +
          "}, \"gradient_accumulation_steps\": " + std::to_string(r.accumulation) +
          ", \"gradient_clipping\": 1.0, \"fp16\": {\"enabled\": " + (r.fp16 ? "true" : "false") +
          ", \"hysteresis\": 1, \"initial_scale_power\": 8}, \"bf16\": {\"enabled\": " +
          (r.bf16 ? "true" : "false") +
          "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": "
-         "0.01}}, \"zinf\": {\"overlap_optimizer\": " + (r.overlap ? "true" : "false") +
+         "0.01}}, \"zinf\": {\"overlap_optimizer\": " +
+         (r.overlap ? "true" : "false") +
          ", \"optimizer_nvme_ratio\": " + std::to_string(r.nvme_ratio) + "}}";
 }
 
@@ -84,9 +86,9 @@ int TrainRank(int rank, int port, const TrainRun& r) {
   for (int m = 0; m < kModules; ++m) {
     const std::string w = "layer" + std::to_string(m) + ".weight";
     const std::string b = "layer" + std::to_string(m) + ".bias";
-    modules.push_back(*e.RegisterModule("layer" + std::to_string(m),
-                                        {{w, {kWeight}, ParamInit::kNormal, 0.5f},
-                                         {b, {kBias}, ParamInit::kOnes}}));
+    modules.push_back(*e.RegisterModule(
+        "layer" + std::to_string(m),
+        {{w, {kWeight}, ParamInit::kNormal, 0.5f}, {b, {kBias}, ParamInit::kOnes}}));
     names.push_back(w);
     names.push_back(b);
   }
@@ -110,8 +112,8 @@ int TrainRank(int rank, int port, const TrainRun& r) {
         if (!g.ok()) return 16;
         const double a = Amplitude(step) * e.loss_scale();
         for (int64_t i = 0; i < kWeight; ++i) {
-          (*g)[0][i] += static_cast<float>(
-              a * (seen[m][i] - std::sin(0.001 * i + m + 0.1 * (rank + micro))));
+          (*g)[0][i] +=
+              static_cast<float>(a * (seen[m][i] - std::sin(0.001 * i + m + 0.1 * (rank + micro))));
         }
         for (int64_t i = 0; i < kBias; ++i) (*g)[1][i] += static_cast<float>(a * (i - 20));
         if (step == r.bad_step && rank == r.world - 1 && m == kModules - 1) {
@@ -218,8 +220,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"two_ranks_params_nvme_fp16_overflow",
                            {.world = 2, .params_nvme = true, .fp16 = true, .bad_step = 0}},
                       Case{"fp16_overflow", {.world = 1, .fp16 = true, .bad_step = 0}},
-                      Case{"bf16_refused", {.world = 1, .params_nvme = true, .bf16 = true,
-                                            .bad_step = 3}}),
+                      Case{"bf16_refused",
+                           {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
 
 // What reads or changes what the overlapped step writes is refused while it runs, naming
