@@ -194,6 +194,16 @@ struct ZINF_EXPORT EngineConfig {
   // the step after backward (Note [Overlapped step] in src/zero/optimizer_overlap.h). Costs
   // swap space for the optimizer state once more.
   bool overlap_optimizer = true;
+  // zinf.delayed_param_update (DPU, from the ZeRO-Offload paper): with the optimizer state in
+  // host memory, step t's update runs on the CPU during batch t+1 and its parameters are used
+  // from batch t+2 on: each batch computes with parameters one step stale, and the update
+  // never waits for backward nor backward for it. Off by default; it changes the numbers (its
+  // effect on the demo's loss curve is in bench/RESULTS.md). GatherParameter, checkpoints and
+  // the like wait for the update in flight and see its result. Costs a second fp32 gradient
+  // array in host memory. The first zinf.delayed_param_update_warmup_steps steps are not
+  // delayed (40, as in the paper).
+  bool delayed_param_update = false;
+  int64_t delayed_param_update_warmup_steps = 40;
 
   // One line per key the config sets that zinf accepts but does not act on as DeepSpeed
   // would, naming the key, its value and why (e.g. "config key 'zero_optimization.

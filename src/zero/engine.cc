@@ -126,7 +126,7 @@ double Engine::learning_rate() const {
 
 Status Engine::SetLearningRate(double lr) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("SetLearningRate"));
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
   if (!std::isfinite(lr) || lr < 0) {
     return InvalidArgument(
         fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
@@ -281,6 +281,10 @@ Status Engine::Initialize() {
       ZINF_ASSIGN_OR_RETURN(m.state1, HostArray::Create(m.tiers.get(), "optimizer state 1", bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
+    if (m.config.delayed_param_update) {
+      ZINF_ASSIGN_OR_RETURN(
+          m.grad_step, HostArray::Create(m.tiers.get(), "gradients of the delayed update", bytes));
+    }
   }
   if (m.host_master) {
     ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
@@ -296,7 +300,7 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   if (module->reductions == m.config.gradient_accumulation_steps) {
-    ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay(fmt::format(
+    ZINF_RETURN_IF_ERROR(m.QuiesceStep(fmt::format(
         "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
   }
   FetchedModule out;
@@ -382,7 +386,7 @@ Status Engine::ReduceGradients(int id) {
 
 Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("GatherParameter"));
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("GatherParameter"));
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
@@ -405,7 +409,7 @@ StatusOr<double> Engine::MeanOverRanks(double value) {
 
 Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("SetParameter"));
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetParameter"));
   if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));

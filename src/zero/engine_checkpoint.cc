@@ -347,7 +347,7 @@ Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
 Status Engine::LoadSafetensors(const std::string& path) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("LoadSafetensors before Initialize");
-  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("LoadSafetensors"));
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("LoadSafetensors"));
   return m.AgreeAll(m.LoadSafetensorsFile(path), "loading weights from " + path);
 }
 
@@ -355,7 +355,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
                               const std::string& client_state) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
-  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("SaveCheckpoint"));
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SaveCheckpoint"));
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
     return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
   }
@@ -399,7 +399,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
 StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("LoadCheckpoint before Initialize");
-  ZINF_RETURN_IF_ERROR(m.CheckNoStepUnderWay("LoadCheckpoint"));
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("LoadCheckpoint"));
   StatusOr<std::string> client = m.LoadShardFile(dir);
   ZINF_RETURN_IF_ERROR(m.AgreeAll(client.status(), "loading checkpoint " + dir));
   return client;

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -142,6 +143,13 @@ struct Engine::Impl {
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
   std::unique_ptr<OptimizerOverlap> overlap;
   std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
+  // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
+  // the next batch accumulates into grad_acc; the update itself; whether its parameters
+  // still have to reach the parameter tier (at the next Step); its CPU time.
+  HostArray grad_step;
+  std::future<Status> delayed;
+  bool delayed_tier_write = false;
+  double delayed_seconds = 0;
   // Whether the next step speculates (Note [Overlapped step]): the last one was applied
   // unclipped, so this one likely will be too.
   bool speculate = true;
@@ -199,8 +207,11 @@ struct Engine::Impl {
   void GradientAdded(int pi);
   // The batch's last micro-batch begins its reductions: the overlapped step begins.
   Status BeginOverlappedStep();
-  // FailedPrecondition naming `what` while the overlapped step is under way.
-  Status CheckNoStepUnderWay(std::string_view what) const;
+  // Before `what` reads or changes the model's state: FailedPrecondition naming it while the
+  // overlapped step is under way; waits for a delayed update (and returns its error).
+  Status QuiesceStep(std::string_view what);
+  // Waits for the delayed update in flight, if any (Note [Delayed parameter update]).
+  Status WaitDelayedUpdate();
 
   // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster();

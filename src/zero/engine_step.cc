@@ -1,6 +1,18 @@
 // The engine's optimizer step: Engine::Step (global norm, overflow, clipping, the update in
 // host memory or pipelined over NVMe, the parameter tier written from it, loss scaling, the
 // scheduler) and the NVMe optimizer's setup.
+//
+// Note [Delayed parameter update]
+// With zinf.delayed_param_update, Step(t) computes the norm, clipping and overflow of batch
+// t's gradients as always, copies them aside (grad_step) and starts the update on a thread
+// of its own; batch t+1 then runs forward and backward on the parameter tier as Step(t-1)
+// left it (parameters one step stale) and accumulates into grad_acc meanwhile. Step(t+1)
+// waits for the update, writes the parameter tier from the new master, and applies the
+// scheduler, so the tier changes only between batches and every module of a batch sees the
+// same parameters. Each update is bitwise the one the same gradients would give without the
+// delay; what changes is which parameters those gradients were computed at. The first
+// delayed_param_update_warmup_steps steps are not delayed: early training moves fast, and
+// stale gradients hurt most there (the ZeRO-Offload paper turns DPU on after 40 steps).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -79,7 +91,13 @@ Status Engine::Impl::BeginOverlappedStep() {
                  "starting the optimizer step alongside backward");
 }
 
-Status Engine::Impl::CheckNoStepUnderWay(std::string_view what) const {
+Status Engine::Impl::WaitDelayedUpdate() {
+  if (!delayed.valid()) return OkStatus();
+  return Context(delayed.get(), "the delayed parameter update");
+}
+
+Status Engine::Impl::QuiesceStep(std::string_view what) {
+  ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
   if (overlap == nullptr || !overlap->armed()) return OkStatus();
   return FailedPrecondition(fmt::format(
       "rank {}: {} while the optimizer step is under way: the batch's last micro-batch has "
@@ -147,6 +165,19 @@ StatusOr<StepSummary> Engine::Step() {
   summary.seconds_gather = gathers.seconds_gather;
   summary.peak_live_parameters = gathers.peak_live_parameters;
   m.param_tier->DropAll();  // prefetches past the batch's last fetch, and what the step replaces
+  {
+    // Note [Delayed parameter update]: the previous step's update lands now, between batches.
+    ZINF_RETURN_IF_ERROR(m.WaitDelayedUpdate());
+    if (std::exchange(m.delayed_tier_write, false)) {
+      summary.seconds_optimizer_compute = m.delayed_seconds;
+      summary.seconds_optimizer_overlapped = m.delayed_seconds;
+      ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
+      if (m.config.zero_stage < 3) {
+        ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
+      }
+      ZINF_RETURN_IF_ERROR(m.ApplySchedule());
+    }
+  }
 
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
@@ -156,6 +187,8 @@ StatusOr<StepSummary> Engine::Step() {
   ZINF_RETURN_IF_ERROR(m.Context(m.comm->AllReduce(global, 2, ElementType::kFp64, ReduceOp::kSum),
                                  "all-reducing the gradient norm"));
   const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
+  const bool delay =
+      m.config.delayed_param_update && m.steps >= m.config.delayed_param_update_warmup_steps;
   Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
   // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
   const double mean_scale = 1.0 / (static_cast<double>(m.world()) *
@@ -183,6 +216,18 @@ StatusOr<StepSummary> Engine::Step() {
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
+    } else if (delay) {
+      // The update runs during the next batch, from a copy of these gradients.
+      std::memcpy(m.grad_step.data(), m.grad_acc.data(), m.shard_elements * 4);
+      OptimizerSpan span = m.WholeShard();
+      span.grads = m.grad_step.data();
+      m.delayed = std::async(std::launch::async, [&m, span, grad_scale] {
+        const auto t0 = EngineClock::now();
+        Status s = m.optimizer->Step(m.group, span, {.grad_scale = grad_scale}).status();
+        m.delayed_seconds = SecondsSince(t0);
+        return s;
+      });
+      m.delayed_tier_write = true;
     } else {
       const auto update = EngineClock::now();
       ZINF_RETURN_IF_ERROR(
@@ -191,9 +236,10 @@ StatusOr<StepSummary> Engine::Step() {
       ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
     }
     ++m.steps;
-    scheduled = m.ApplySchedule();  // as DeepSpeed's scheduler.step(), after the step
+    // As DeepSpeed's scheduler.step(), after the step (a delayed one: once it has run).
+    if (!delay) scheduled = m.ApplySchedule();
     // Stages 1 and 2 keep the whole model gathered: refresh it now.
-    if (m.config.zero_stage < 3) {
+    if (m.config.zero_stage < 3 && !delay) {
       ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
     }
   }

@@ -112,7 +112,8 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   // here; room for the NVMe tier's host copies while they are written.
   const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
   const bool states_here = config.offload_optimizer_device != OffloadDevice::kNvme;
-  const uint64_t arrays = array * (1 + (host_master ? 1 : 0) + (states_here ? state_count() : 0));
+  const uint64_t arrays = array * (1 + (host_master ? 1 : 0) + (states_here ? state_count() : 0) +
+                                   (config.delayed_param_update ? 1 : 0));
   options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
   options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing

@@ -270,5 +270,83 @@ TEST(OverlapGuardTest, FetchAfterTheLastReductionAndParameterAccessAreRefused) {
   }
 }
 
+// Note [Delayed parameter update]: batch t+1 computes with the parameters batch t did; from
+// batch t+2 on it sees step t's update, which is bitwise the update without the delay (the
+// same gradients at the same parameters), so the delayed run's parameters at batch 2 are the
+// plain run's at batch 1, and from then on the runs differ.
+std::vector<std::vector<float>> FetchedPerStep(bool delayed, std::vector<float>* gathered,
+                                               int warmup = 0) {
+  const std::string config =
+      std::string(
+          "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": "
+          "\"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}, "
+          "\"gradient_clipping\": 1.0, \"optimizer\": {\"type\": \"AdamW\", "
+          "\"params\": {\"lr\": 0.01}}, \"zinf\": {\"delayed_param_update_warmup_steps\": ") +
+      std::to_string(warmup) + ", \"delayed_param_update\": " + (delayed ? "true" : "false") + "}}";
+  auto parsed = EngineConfig::FromJson(config);
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  auto engine = Engine::Create(*parsed, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  constexpr int64_t n = 5000;
+  const int a = *e.RegisterModule("a", {{"a.weight", {n}, ParamInit::kNormal, 0.5f}});
+  const int b = *e.RegisterModule("b", {{"b.weight", {n}, ParamInit::kNormal, 0.5f}});
+  EXPECT_TRUE(e.Initialize().ok());
+  std::vector<std::vector<float>> fetched;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> seen;
+    for (int m : {a, b}) {
+      auto f = e.Fetch(m);
+      EXPECT_TRUE(f.ok());
+      seen.insert(seen.end(), f->params[0], f->params[0] + n);
+      EXPECT_TRUE(e.Release(m).ok());
+    }
+    for (int m : {b, a}) {
+      EXPECT_TRUE(e.Fetch(m).ok());
+      auto g = e.Gradients(m);
+      EXPECT_TRUE(g.ok());
+      const float* w = seen.data() + (m == a ? 0 : n);
+      for (int64_t i = 0; i < n; ++i) (*g)[0][i] = 1e-3f * (w[i] - std::sin(0.01f * i));
+      EXPECT_TRUE(e.ReduceGradients(m).ok() && e.Release(m).ok());
+    }
+    auto summary = e.Step();
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    fetched.push_back(std::move(seen));
+  }
+  EXPECT_TRUE(e.GatherParameter("a.weight", gathered).ok());
+  return fetched;
+}
+
+TEST(DelayedUpdateTest, BatchesComputeWithParametersOneStepStale) {
+  std::vector<float> gathered_plain, gathered_delayed;
+  const auto plain = FetchedPerStep(false, &gathered_plain);
+  const auto delayed = FetchedPerStep(true, &gathered_delayed);
+  EXPECT_EQ(delayed[0], plain[0]);
+  EXPECT_EQ(delayed[1], plain[0]) << "batch 1 computes with the initial parameters";
+  EXPECT_NE(plain[1], plain[0]);
+  EXPECT_EQ(delayed[2], plain[1]) << "step 0's update, bitwise as without the delay";
+  EXPECT_NE(delayed[3], plain[2]) << "later updates use gradients at stale parameters";
+  EXPECT_NE(delayed[3], delayed[2]);
+  // GatherParameter waits for the last update in flight and reads its result, which the
+  // next batch's forward would see.
+  EXPECT_NE(std::vector<float>(gathered_delayed.begin(), gathered_delayed.end()),
+            std::vector<float>(delayed[3].begin(), delayed[3].begin() + 5000));
+  // With two warm-up steps the delay starts at step 2: batches 0-2 as without it, batch 3
+  // still with step 2's parameters.
+  std::vector<float> ignored;
+  const auto warm = FetchedPerStep(true, &ignored, /*warmup=*/2);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(warm[s], plain[s]) << "batch " << s;
+  EXPECT_EQ(warm[3], plain[2]);
+}
+
+TEST(DelayedUpdateTest, RefusedWithTheOptimizerOnNvme) {
+  auto config = EngineConfig::FromJson(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+          "nvme_path": "/tmp"}}, "zinf": {"delayed_param_update": true}})");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("zinf.delayed_param_update"));
+}
+
 }  // namespace
 }  // namespace zinf
