@@ -376,6 +376,38 @@ Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
   return OkStatus();
 }
 
+Status PipelinedOptimizer::WriteChunkGradients(int id, size_t c, const float* grads) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, {c}));
+  const Shard::Chunk& chunk = shard->chunks[c];
+  if (shard->spec.grad_type != ElementType::kFp32 || grads == nullptr) {
+    return InvalidArgument("WriteChunkGradients: fp32 gradients of a non-null array only");
+  }
+  void* dst = shard->View(chunk, chunk.on_nvme ? slots_[0]->base() : chunk.host.as<char>()).grads;
+  if (dst != grads) std::memcpy(dst, grads, chunk.count * 4);
+  if (!chunk.grads.valid()) return OkStatus();  // a host block or the caller's own array
+  // The extent is padded to the alignment, past the chunk's data: written from the staging.
+  ZINF_RETURN_IF_ERROR_CTX(swap_->Write(chunk.grads, dst),
+                           fmt::format("writing the gradients of {}", shard->ChunkName(c)));
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::ReadChunkGradients(int id, size_t c, float* out) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, {c}));
+  const Shard::Chunk& chunk = shard->chunks[c];
+  if (shard->spec.grad_type != ElementType::kFp32 || out == nullptr) {
+    return InvalidArgument("ReadChunkGradients: fp32 gradients into a non-null array only");
+  }
+  void* src = shard->View(chunk, chunk.on_nvme ? slots_[0]->base() : chunk.host.as<char>()).grads;
+  if (chunk.grads.valid()) {
+    ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.grads, src),
+                             fmt::format("reading the gradients of {}", shard->ChunkName(c)));
+  }
+  if (src != out) std::memcpy(out, src, chunk.count * 4);
+  return OkStatus();
+}
+
 Status PipelinedOptimizer::ReadParams(int id, float* out) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   if (out == nullptr) return InvalidArgument("ReadParams: out is null");

@@ -223,6 +223,11 @@ class PipelinedOptimizer {
   // writing only the gradient part of each chunk: the engine's path for deposit after the
   // reduce-scatter, without the read and rewrite of parameters and state a visit costs.
   Status WriteGradients(int shard, const void* grads);
+  // One chunk's gradients (a shard with its own gradient storage, kFp32): write `count`
+  // floats, or read them into `out`. Through a staging buffer: not while a step runs.
+  Status WriteChunkGradients(int shard, size_t chunk, const float* grads);
+  Status ReadChunkGradients(int shard, size_t chunk, float* out);
+
   // Copies the shard's fp32 parameters into `out` (`count` floats), reading only the
   // parameter-and-state part of each NVMe chunk.
   Status ReadParams(int shard, float* out);

@@ -203,6 +203,11 @@ struct ZINF_EXPORT EngineConfig {
   // array in host memory. The first zinf.delayed_param_update_warmup_steps steps are not
   // delayed (40, as in the paper).
   bool delayed_param_update = false;
+  // zinf.gradients_on_nvme: with offload_optimizer.device nvme, the fp32 gradient accumulators
+  // live on NVMe beside the optimizer state instead of in host memory (4 bytes a parameter),
+  // so host memory no longer grows with the model (Note [Gradients on NVMe] in
+  // src/zero/nvme_gradients.h). The overlapped step is off with it.
+  bool gradients_on_nvme = false;
   int64_t delayed_param_update_warmup_steps = 40;
 
   // One line per key the config sets that zinf accepts but does not act on as DeepSpeed

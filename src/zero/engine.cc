@@ -253,20 +253,20 @@ Status Engine::Initialize() {
                     ? "opening the tiered store and its NVMe swap space"
                     : "opening the tiered store"));
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
-  ZINF_ASSIGN_OR_RETURN(m.grad_acc,
-                        HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
+  if (!m.config.gradients_on_nvme) {
+    ZINF_ASSIGN_OR_RETURN(m.grad_acc,
+                          HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
+  }
   if (world > 1) {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
-    m.buckets = std::make_unique<GradientBuckets>(m.comm.get(), bucket, m.grad_acc.as<float>());
-    m.buckets->OnAdded([&m](uint64_t flat_offset) {
-      auto it = std::upper_bound(m.params.begin(), m.params.end(), flat_offset,
-                                 [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-      m.GradientAdded(static_cast<int>(std::prev(it) - m.params.begin()));
-    });
+    m.buckets = std::make_unique<GradientBuckets>(
+        m.comm.get(), bucket, [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
+          return m.AddReducedGradient(flat_offset, reduced, size);
+        });
   }
   m.final_adds.assign(m.params.size(), 0);
-  m.speculate = m.config.overlap_optimizer;
+  m.speculate = m.config.overlap_optimizer && !m.config.gradients_on_nvme;
   if (m.host_master) {
     ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
@@ -329,7 +329,7 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   for (int pi : module->params) {
     const Param& p = m.params[pi];
     GradBuffer& g = m.grads[pi];
-    if (g.data == nullptr && m.world() == 1 && module->reductions == 0) {
+    if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && !m.grad_acc.empty()) {
       // The accumulator is zero until the module's first reduction: backward may write the
       // sum there directly, which saves a buffer and a pass (0 + g is g, bit for bit).
       g.data = m.grad_acc.as<float>() + p.flat_offset;
@@ -370,10 +370,11 @@ Status Engine::ReduceGradients(int id) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else {  // one rank: the gradient is its own shard
-      if (g.tensor != 0) {
-        AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, g.data, p.shard_size);
-      }
+    } else if (g.tensor != 0) {  // one rank: the gradient is its own shard
+      ZINF_RETURN_IF_ERROR(
+          m.Context(m.AddReducedGradient(p.flat_offset, g.data, p.shard_size),
+                    fmt::format("accumulating the gradient of '{}'", p.spec.name)));
+    } else {  // written into the accumulator itself
       m.GradientAdded(pi);
     }
     m.FreeGradient(pi);
@@ -451,8 +452,25 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   Param& p = m.params[it->second];
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
-  ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
-                                         p.shard_size, ElementType::kFp32));
+  std::vector<float> from_nvme;
+  const float* shard = m.grad_acc.empty() ? nullptr : m.grad_acc.as<float>() + p.flat_offset;
+  if (shard == nullptr) {  // the accumulated micro-batches, read back from their chunks
+    from_nvme.resize(p.shard_size);
+    ZINF_RETURN_IF_ERROR(m.pipelined->Visit(
+        m.nvme_shard,
+        [&](const ChunkView& c) {
+          const auto [first, last] = Overlap(c.offset, c.count, p);
+          if (first < last) {
+            std::memcpy(from_nvme.data() + (first - p.flat_offset),
+                        static_cast<const float*>(c.grads) + (first - c.offset),
+                        (last - first) * 4);
+          }
+          return OkStatus();
+        },
+        /*write_back=*/false));
+    shard = from_nvme.data();
+  }
+  ZINF_RETURN_IF_ERROR(m.comm->AllGather(shard, full.data(), p.shard_size, ElementType::kFp32));
   full.resize(p.numel);
   const double scale = 1.0 / (static_cast<double>(m.world()) *
                               m.config.gradient_accumulation_steps * m.scaler.scale);

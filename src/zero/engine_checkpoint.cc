@@ -260,7 +260,11 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   scaler.iteration = scalars.iteration;
   scaler.last_overflow_iteration = scalars.last_overflow_iteration;
   ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
-  std::memset(grad_acc.data(), 0, shard_elements * 4);
+  if (nvme_grads != nullptr) {
+    nvme_grads->EndBatch();
+  } else {
+    std::memset(grad_acc.data(), 0, shard_elements * 4);
+  }
   for (size_t i = 0; i < params.size(); ++i) FreeGradient(static_cast<int>(i));
   for (Module& module : modules) module.reductions = 0;
   return manifest.client_state;

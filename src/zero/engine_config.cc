@@ -560,6 +560,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
         .Bool("nvme_checksum", &c.nvme_checksum)
         .Bool("overlap_optimizer", &c.overlap_optimizer)
         .Bool("delayed_param_update", &c.delayed_param_update)
+        .Bool("gradients_on_nvme", &c.gradients_on_nvme)
         .Int("delayed_param_update_warmup_steps", &c.delayed_param_update_warmup_steps, 0,
              INT64_MAX)
         .Double("optimizer_nvme_ratio", &c.optimizer_nvme_ratio, 0.0, 1.0);
@@ -670,6 +671,11 @@ Status EngineConfig::Validate() const {
         fmt::format("zero_optimization.stage must be 1, 2 or 3, got {}", zero_stage));
   }
   if (fp16 && bf16) return InvalidArgument("fp16.enabled and bf16.enabled are both true");
+  if (gradients_on_nvme && offload_optimizer_device != OffloadDevice::kNvme) {
+    return InvalidArgument(
+        "zinf.gradients_on_nvme needs offload_optimizer.device nvme: the gradients live beside "
+        "the optimizer state there");
+  }
   if (delayed_param_update && offload_optimizer_device == OffloadDevice::kNvme) {
     return InvalidArgument(
         "zinf.delayed_param_update needs offload_optimizer.device cpu or none: with the "

@@ -29,6 +29,7 @@
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/loss_scaler.h"
+#include "zero/nvme_gradients.h"
 #include "zero/optimizer_overlap.h"
 #include "zero/param_tier.h"
 #include "zero/partition.h"
@@ -130,9 +131,10 @@ struct Engine::Impl {
   // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
   // declared before its clients so that it outlives them.
   std::unique_ptr<TieredStore> tiers;
-  SwapStore* swap = nullptr;                   // the store's, when anything is on NVMe
-  HostArray master, grad_acc, state0, state1;  // master is empty when !host_master
-  std::unique_ptr<GradientBuckets> buckets;    // world > 1
+  SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
+  // master is empty when !host_master, grad_acc with the gradients on NVMe (nvme_grads).
+  HostArray master, grad_acc, state0, state1;
+  std::unique_ptr<GradientBuckets> buckets;  // world > 1
   std::unique_ptr<ParamTier> param_tier;
   std::vector<GradBuffer> grads;  // by parameter
   // offload_optimizer.device = nvme.
@@ -141,6 +143,7 @@ struct Engine::Impl {
   // The NVMe step's writes of the parameter tier (when no host master), and the step run
   // alongside backward (Note [Overlapped step]); declared after what they use.
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
+  std::unique_ptr<NvmeGradients> nvme_grads;  // zinf.gradients_on_nvme
   std::unique_ptr<OptimizerOverlap> overlap;
   std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
   // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
@@ -201,6 +204,10 @@ struct Engine::Impl {
 
   // Waits until every reduced gradient is in grad_acc.
   Status FinishReductions();
+
+  // Adds this rank's reduced gradient of the parameter at `flat_offset` into the
+  // accumulators, in host memory or on NVMe.
+  Status AddReducedGradient(uint64_t flat_offset, const float* reduced, uint64_t size);
 
   // Parameter `pi`'s reduced gradient is in grad_acc: in the batch's last micro-batch, it is
   // final (Note [Overlapped step]).

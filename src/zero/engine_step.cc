@@ -48,11 +48,12 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   // Initialization writes the parameter tier like a step does.
   if (tier_writer != nullptr) tier_writer->Begin();
   StatusOr<int> shard = pipelined->AddShard(
-      // The gradient accumulators are in host memory already: the step reads them there.
+      // Host accumulators are read where they are; with gradients on NVMe the shard keeps
+      // them in its chunk extents (Note [Gradients on NVMe]).
       {.name = fmt::format("rank {} shard", rank()),
        .group = group,
        .count = shard_elements,
-       .host_grads = grad_acc.data()},
+       .host_grads = grad_acc.empty() ? nullptr : grad_acc.data()},
       [&](const ChunkView& c) {
         if (host_master) {
           std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
@@ -65,13 +66,28 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   ZINF_RETURN_IF_ERROR(shard.status());
   ZINF_RETURN_IF_ERROR(written);
   nvme_shard = *shard;
+  if (config.gradients_on_nvme) {
+    ZINF_ASSIGN_OR_RETURN(nvme_grads,
+                          NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(),
+                                                config.gradient_accumulation_steps));
+  }
   ZINF_ASSIGN_OR_RETURN(overlap, OptimizerOverlap::Create({.optimizer = pipelined.get(),
                                                            .cpu = optimizer.get(),
                                                            .shard = nvme_shard,
                                                            .group = group,
                                                            .params = &params,
-                                                           .enabled = config.overlap_optimizer},
+                                                           .enabled = config.overlap_optimizer &&
+                                                                      !config.gradients_on_nvme},
                                                           std::move(updated), std::move(restart)));
+  return OkStatus();
+}
+
+Status Engine::Impl::AddReducedGradient(uint64_t flat_offset, const float* reduced, uint64_t size) {
+  if (nvme_grads != nullptr) return nvme_grads->Add(flat_offset, reduced, size);
+  AccumulateFp32(grad_acc.as<float>() + flat_offset, reduced, size);
+  auto it = std::upper_bound(params.begin(), params.end(), flat_offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  GradientAdded(static_cast<int>(std::prev(it) - params.begin()));
   return OkStatus();
 }
 
@@ -182,7 +198,9 @@ StatusOr<StepSummary> Engine::Step() {
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
       GradStats stats,
-      m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
+      m.nvme_grads != nullptr
+          ? m.nvme_grads->Stats()
+          : m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
   double global[2] = {stats.finite ? stats.sum_squares : 0.0, stats.finite ? 0.0 : 1.0};
   ZINF_RETURN_IF_ERROR(m.Context(m.comm->AllReduce(global, 2, ElementType::kFp64, ReduceOp::kSum),
                                  "all-reducing the gradient norm"));
@@ -245,7 +263,11 @@ StatusOr<StepSummary> Engine::Step() {
   }
   m.speculate = m.config.overlap_optimizer && !overflow && summary.clip_coefficient == 1.0;
   m.scaler.Update(overflow);
-  std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  if (m.nvme_grads != nullptr) {
+    m.nvme_grads->EndBatch();
+  } else {
+    std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  }
   std::fill(m.final_adds.begin(), m.final_adds.end(), 0);
   for (Module& module : m.modules) module.reductions = 0;
   m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order

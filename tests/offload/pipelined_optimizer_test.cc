@@ -462,6 +462,36 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
   EXPECT_EQ((*piped)->StepChunks(*parts, {9}, 1.0f, false).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(PipelinedOptimizerTest, ChunkGradientsRoundTripAndBadInput) {
+  ScratchDir dir;
+  auto store = SwapStore::Open(StoreOptions(dir.path()));
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto opt = CpuOptimizer::Create();
+  ASSERT_TRUE(opt.ok());
+  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
+  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(0.5));
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  ShardSpec spec;
+  spec.name = "grads";
+  spec.count = 2 * kChunk + 10;  // an NVMe chunk, a host chunk, and a short one
+  auto id = (*piped)->AddShard(spec);
+  ASSERT_TRUE(id.ok());
+  std::vector<float> g(kChunk), back(kChunk, -1.0f);
+  for (size_t c = 0; c < 3; ++c) {
+    const size_t n = c < 2 ? kChunk : 10;
+    for (size_t i = 0; i < n; ++i) g[i] = 0.5f * i + c;
+    ASSERT_TRUE((*piped)->WriteChunkGradients(*id, c, g.data()).ok());
+  }
+  for (size_t c = 0; c < 3; ++c) {
+    const size_t n = c < 2 ? kChunk : 10;
+    ASSERT_TRUE((*piped)->ReadChunkGradients(*id, c, back.data()).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 0.5f * i + c) << c << " " << i;
+  }
+  EXPECT_EQ((*piped)->WriteChunkGradients(*id, 3, g.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)->ReadChunkGradients(*id, 0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)->ReadChunkGradients(7, 0, back.data()).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {
   ScratchDir dir;
   auto store = SwapStore::Open(StoreOptions(dir.path()));

@@ -38,6 +38,7 @@ struct TrainRun {
   bool fp16 = false;
   bool bf16 = false;
   int bad_step = -1;  // a non-finite gradient on the last rank at this step
+  bool gradients_nvme = false;
   std::string dir;
 };
 
@@ -52,8 +53,9 @@ std::string Config(const TrainRun& r) {
          ", \"hysteresis\": 1, \"initial_scale_power\": 8}, \"bf16\": {\"enabled\": " +
          (r.bf16 ? "true" : "false") +
          "}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": "
-         "0.01}}, \"zinf\": {\"overlap_optimizer\": " +
-         (r.overlap ? "true" : "false") +
+         "0.01}}, \"zinf\": {\"gradients_on_nvme\": " +
+         (r.gradients_nvme ? "true" : "false") +
+         ", \"overlap_optimizer\": " + (r.overlap ? "true" : "false") +
          ", \"optimizer_nvme_ratio\": " + std::to_string(r.nvme_ratio) + "}}";
 }
 
@@ -131,7 +133,7 @@ int TrainRank(int rank, int port, const TrainRun& r) {
       break;
     }
     steps << summary->skipped << " " << summary->clip_coefficient << " "
-          << summary->seconds_optimizer_overlapped << "\n";
+          << summary->seconds_optimizer_overlapped << " " << summary->host_bytes << "\n";
   }
   std::vector<float> v;
   std::ofstream out(r.dir + "/out.bin", std::ios::binary);
@@ -223,6 +225,46 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_refused",
                            {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
+
+// Note [Gradients on NVMe]: the accumulators on NVMe train the model the host accumulators
+// do, over several optimizer chunks, ranks and micro-batches, with clipped and skipped steps.
+// The global norm is summed chunk by chunk there, so the clip coefficient may differ in its
+// last bits: equal to float rounding, not bitwise.
+TEST(GradientsOnNvmeTest, TrainLikeHostAccumulators) {
+  for (TrainRun run : {TrainRun{.world = 1, .accumulation = 2, .params_nvme = true},
+                       TrainRun{.world = 2, .fp16 = true, .bad_step = 0}}) {
+    run.overlap = false;
+    TrainRun nvme = run;
+    nvme.gradients_nvme = true;
+    const std::string label = "grads-w" + std::to_string(run.world);
+    const Outcome host = Train(run, label + "-host");
+    const Outcome disk = Train(nvme, label + "-nvme");
+    ASSERT_EQ(host.params.size(), disk.params.size());
+    ASSERT_GE(host.params.size(), kModules * (kWeight + kBias) * 4);
+    const float* a = reinterpret_cast<const float*>(host.params.data());
+    const float* b = reinterpret_cast<const float*>(disk.params.data());
+    double worst = 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < host.params.size() / 4; ++i) {
+      worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+      differ += a[i] != b[i];
+    }
+    EXPECT_LT(worst, 1e-6) << label;
+    EXPECT_EQ(host.steps.size(), disk.steps.size());
+    for (size_t s = 0; s < host.steps.size() && s < disk.steps.size(); ++s) {
+      EXPECT_EQ(host.steps[s].substr(0, 1), disk.steps[s].substr(0, 1)) << "skipped alike";
+    }
+    // Host memory no longer holds the accumulators (4 bytes an element of the rank's shard).
+    const uint64_t shard = kModules * (kWeight + kBias) / run.world;
+    unsigned long long host_bytes = 0, disk_bytes = 0;
+    ASSERT_EQ(std::sscanf(host.steps.back().c_str(), "%*d %*f %*f %llu", &host_bytes), 1);
+    ASSERT_EQ(std::sscanf(disk.steps.back().c_str(), "%*d %*f %*f %llu", &disk_bytes), 1);
+    EXPECT_GE(host_bytes, disk_bytes + shard * 4) << label;
+    std::printf("%s: %zu of %zu parameters differ, by %.3g at most; host bytes %llu -> %llu\n",
+                label.c_str(), differ, host.params.size() / 4, worst, host_bytes, disk_bytes);
+    std::fflush(stdout);
+  }
+}
 
 // What reads or changes what the overlapped step writes is refused while it runs, naming
 // itself; with the overlap off the same calls work.
@@ -346,6 +388,12 @@ TEST(DelayedUpdateTest, RefusedWithTheOptimizerOnNvme) {
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(config.status().message(), HasSubstr("zinf.delayed_param_update"));
+  // And the gradients go to NVMe only beside an optimizer state that is there.
+  config = EngineConfig::FromJson(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+          "zinf": {"gradients_on_nvme": true}})");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("zinf.gradients_on_nvme needs"));
 }
 
 }  // namespace
