@@ -41,6 +41,28 @@ PipelinedOptimizerOptions PipeOptions(double ratio) {
   return o;
 }
 
+// A swap store in a scratch directory, an optimizer with `groups` default AdamW groups, and
+// a pipelined optimizer over them at NVMe ratio `ratio`.
+struct Piped {
+  ScratchDir dir;
+  std::unique_ptr<SwapStore> store;
+  std::unique_ptr<CpuOptimizer> opt;
+  std::unique_ptr<PipelinedOptimizer> piped;
+
+  explicit Piped(double ratio, int groups = 1) {
+    auto s = SwapStore::Open(StoreOptions(dir.path()));
+    EXPECT_TRUE(s.ok()) << s.status();
+    store = std::move(*s);
+    auto o = CpuOptimizer::Create();
+    EXPECT_TRUE(o.ok());
+    opt = std::move(*o);
+    for (int g = 0; g < groups; ++g) EXPECT_TRUE(opt->AddParamGroup({}).ok());
+    auto p = PipelinedOptimizer::Create(opt.get(), store.get(), PipeOptions(ratio));
+    EXPECT_TRUE(p.ok()) << p.status();
+    piped = std::move(*p);
+  }
+};
+
 // One shard's arrays held in memory: the reference the pipelined step must match.
 struct Reference {
   std::vector<float> params, m, v;
@@ -377,15 +399,9 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
 // bits of the whole step; dropped, the old state comes back, to be stepped again with another
 // scale (clipping found late) or left alone (a skipped step).
 TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
-  ScratchDir dir;
-  SwapStoreOptions so = StoreOptions(dir.path());
-  auto store = SwapStore::Open(so);
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto opt = CpuOptimizer::Create();
-  ASSERT_TRUE(opt.ok());
-  for (int g = 0; g < 2; ++g) ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
-  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(1.0));
-  ASSERT_TRUE(piped.ok()) << piped.status();
+  Piped f(1.0, /*groups=*/2);
+  auto* piped = &f.piped;
+  auto* opt = &f.opt;
   const size_t n = 4 * kChunk + 300;
   std::vector<float> init(n), grads(n);
   for (size_t i = 0; i < n; ++i) {
@@ -463,14 +479,8 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
 }
 
 TEST(PipelinedOptimizerTest, ChunkGradientsRoundTripAndBadInput) {
-  ScratchDir dir;
-  auto store = SwapStore::Open(StoreOptions(dir.path()));
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto opt = CpuOptimizer::Create();
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
-  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(0.5));
-  ASSERT_TRUE(piped.ok()) << piped.status();
+  Piped f(0.5);
+  auto* piped = &f.piped;
   ShardSpec spec;
   spec.name = "grads";
   spec.count = 2 * kChunk + 10;  // an NVMe chunk, a host chunk, and a short one
@@ -493,14 +503,8 @@ TEST(PipelinedOptimizerTest, ChunkGradientsRoundTripAndBadInput) {
 }
 
 TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {
-  ScratchDir dir;
-  auto store = SwapStore::Open(StoreOptions(dir.path()));
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto opt = CpuOptimizer::Create();
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
-  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(0.5));
-  ASSERT_TRUE(piped.ok()) << piped.status();
+  Piped f(0.5);
+  auto* piped = &f.piped;
   ShardSpec spec;
   spec.name = "split";
   spec.count = 2 * kChunk;
