@@ -33,6 +33,7 @@ d1=$(disk)
   --nvme-path "$nvme_dir" --steps "$steps" --metrics "$out/metrics.jsonl" "$@" >"$out/train.txt" 2>"$out/time.txt"
 d2=$(disk)
 grep -E "^train_gpt|^  |^done" "$out/train.txt" || true
+echo "losses per step: $(sed -E 's/.*"loss": ?([0-9.eE+-]+|null).*/\1/' "$out/metrics.jsonl" | tr '\n' ' ')"
 
 fio_read=$(echo "$d1 $d2" | tr ' ' '\n' | field fio_read_MBps | awk '{s += $1} END {print s / NR}')
 fio_write=$(echo "$d1 $d2" | tr ' ' '\n' | field fio_write_MBps | awk '{s += $1} END {print s / NR}')
