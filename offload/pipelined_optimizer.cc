@@ -376,35 +376,44 @@ Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
   return OkStatus();
 }
 
-Status PipelinedOptimizer::WriteChunkGradients(int id, size_t c, const float* grads) {
+StatusOr<PipelinedOptimizer::Shard*> PipelinedOptimizer::FindGradientChunk(int id, size_t c,
+                                                                           const void* buffer) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   ZINF_RETURN_IF_ERROR(CheckChunks(*shard, {c}));
-  const Shard::Chunk& chunk = shard->chunks[c];
-  if (shard->spec.grad_type != ElementType::kFp32 || grads == nullptr) {
-    return InvalidArgument("WriteChunkGradients: fp32 gradients of a non-null array only");
+  if (shard->spec.grad_type != ElementType::kFp32 || shard->spec.host_grads != nullptr) {
+    return InvalidArgument(
+        fmt::format("shard '{}' keeps no fp32 gradients of its own", shard->spec.name));
   }
-  void* dst = shard->View(chunk, chunk.on_nvme ? slots_[0]->base() : chunk.host.as<char>()).grads;
-  if (dst != grads) std::memcpy(dst, grads, chunk.count * 4);
-  if (!chunk.grads.valid()) return OkStatus();  // a host block or the caller's own array
-  // The extent is padded to the alignment, past the chunk's data: written from the staging.
-  ZINF_RETURN_IF_ERROR_CTX(swap_->Write(chunk.grads, dst),
-                           fmt::format("writing the gradients of {}", shard->ChunkName(c)));
-  return OkStatus();
+  if (buffer == nullptr || reinterpret_cast<uintptr_t>(buffer) % 4096 != 0) {
+    return InvalidArgument("chunk gradients: the buffer must be page-aligned and not null");
+  }
+  return shard;
 }
 
-Status PipelinedOptimizer::ReadChunkGradients(int id, size_t c, float* out) {
-  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
-  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, {c}));
+void PipelinedOptimizer::WriteChunkGradientsAsync(int id, size_t c, const void* buffer,
+                                                  IoCallback done) {
+  StatusOr<Shard*> shard = FindGradientChunk(id, c, buffer);
+  if (!shard.ok()) return done(shard.status());
+  const Shard::Chunk& chunk = (*shard)->chunks[c];
+  if (!chunk.on_nvme) {
+    std::memcpy((*shard)->View(chunk, chunk.host.as<char>()).grads, buffer, chunk.count * 4);
+    return done(OkStatus());
+  }
+  const std::string name = (*shard)->ChunkName(c);
+  swap_->WriteAsync(chunk.grads, buffer, [done = std::move(done), name](Status s) {
+    done(s.ok() ? s : std::move(s).WithContext("writing the gradients of " + name));
+  });
+}
+
+Status PipelinedOptimizer::ReadChunkGradients(int id, size_t c, void* buffer) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, FindGradientChunk(id, c, buffer));
   const Shard::Chunk& chunk = shard->chunks[c];
-  if (shard->spec.grad_type != ElementType::kFp32 || out == nullptr) {
-    return InvalidArgument("ReadChunkGradients: fp32 gradients into a non-null array only");
+  if (!chunk.on_nvme) {
+    std::memcpy(buffer, shard->View(chunk, chunk.host.as<char>()).grads, chunk.count * 4);
+    return OkStatus();
   }
-  void* src = shard->View(chunk, chunk.on_nvme ? slots_[0]->base() : chunk.host.as<char>()).grads;
-  if (chunk.grads.valid()) {
-    ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.grads, src),
-                             fmt::format("reading the gradients of {}", shard->ChunkName(c)));
-  }
-  if (src != out) std::memcpy(out, src, chunk.count * 4);
+  ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.grads, buffer),
+                           fmt::format("reading the gradients of {}", shard->ChunkName(c)));
   return OkStatus();
 }
 

@@ -223,10 +223,13 @@ class PipelinedOptimizer {
   // writing only the gradient part of each chunk: the engine's path for deposit after the
   // reduce-scatter, without the read and rewrite of parameters and state a visit costs.
   Status WriteGradients(int shard, const void* grads);
-  // One chunk's gradients (a shard with its own gradient storage, kFp32): write `count`
-  // floats, or read them into `out`. Through a staging buffer: not while a step runs.
-  Status WriteChunkGradients(int shard, size_t chunk, const float* grads);
-  Status ReadChunkGradients(int shard, size_t chunk, float* out);
+  // One chunk's gradients, of a shard with its own fp32 gradient storage, moved straight
+  // between its home and the caller's page-aligned buffer of kGradientBufferBytes(count)
+  // (the chunk's floats first): safe while a step runs on other chunks. The write is
+  // asynchronous: `buffer` must stay unchanged until `done` runs (at once for a host chunk).
+  static uint64_t GradientBufferBytes(size_t count) { return (count * 4 + 4095) / 4096 * 4096; }
+  void WriteChunkGradientsAsync(int shard, size_t chunk, const void* buffer, IoCallback done);
+  Status ReadChunkGradients(int shard, size_t chunk, void* buffer);
 
   // Copies the shard's fp32 parameters into `out` (`count` floats), reading only the
   // parameter-and-state part of each NVMe chunk.
@@ -253,6 +256,7 @@ class PipelinedOptimizer {
   };
   StatusOr<Shard*> Find(int shard);
   static Status CheckChunks(const Shard& shard, const std::vector<size_t>& chunks);
+  StatusOr<Shard*> FindGradientChunk(int shard, size_t chunk, const void* buffer);
   Status VisitChunks(Shard* shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit,
                      bool write_back);
   // The pipeline over `items` (Note [Pipelined step]).

@@ -206,7 +206,8 @@ struct ZINF_EXPORT EngineConfig {
   // zinf.gradients_on_nvme: with offload_optimizer.device nvme, the fp32 gradient accumulators
   // live on NVMe beside the optimizer state instead of in host memory (4 bytes a parameter),
   // so host memory no longer grows with the model (Note [Gradients on NVMe] in
-  // src/zero/nvme_gradients.h). The overlapped step is off with it.
+  // src/zero/nvme_gradients.h). Their writes are asynchronous, and the overlapped step
+  // steps each chunk once its gradients are on disk.
   bool gradients_on_nvme = false;
   int64_t delayed_param_update_warmup_steps = 40;
 

@@ -266,7 +266,7 @@ Status Engine::Initialize() {
         });
   }
   m.final_adds.assign(m.params.size(), 0);
-  m.speculate = m.config.overlap_optimizer && !m.config.gradients_on_nvme;
+  m.speculate = m.config.overlap_optimizer;
   if (m.host_master) {
     ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());

@@ -143,8 +143,8 @@ struct Engine::Impl {
   // The NVMe step's writes of the parameter tier (when no host master), and the step run
   // alongside backward (Note [Overlapped step]); declared after what they use.
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
-  std::unique_ptr<NvmeGradients> nvme_grads;  // zinf.gradients_on_nvme
   std::unique_ptr<OptimizerOverlap> overlap;
+  std::unique_ptr<NvmeGradients> nvme_grads;  // zinf.gradients_on_nvme; tells `overlap`
   std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
   // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
   // the next batch accumulates into grad_acc; the update itself; whether its parameters

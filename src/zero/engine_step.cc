@@ -66,19 +66,20 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   ZINF_RETURN_IF_ERROR(shard.status());
   ZINF_RETURN_IF_ERROR(written);
   nvme_shard = *shard;
-  if (config.gradients_on_nvme) {
-    ZINF_ASSIGN_OR_RETURN(nvme_grads,
-                          NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(),
-                                                config.gradient_accumulation_steps));
-  }
   ZINF_ASSIGN_OR_RETURN(overlap, OptimizerOverlap::Create({.optimizer = pipelined.get(),
                                                            .cpu = optimizer.get(),
                                                            .shard = nvme_shard,
                                                            .group = group,
                                                            .params = &params,
-                                                           .enabled = config.overlap_optimizer &&
-                                                                      !config.gradients_on_nvme},
+                                                           .enabled = config.overlap_optimizer},
                                                           std::move(updated), std::move(restart)));
+  if (config.gradients_on_nvme) {
+    // A chunk's gradients are final when its last write of the batch is on disk.
+    ZINF_ASSIGN_OR_RETURN(
+        nvme_grads, NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(),
+                                          config.gradient_accumulation_steps,
+                                          [o = overlap.get()](size_t c) { o->MarkChunkFinal(c); }));
+  }
   return OkStatus();
 }
 

@@ -137,8 +137,8 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       // is known to stand (Note [Overlapped step]).
       const uint64_t chunk = OptimizerChunkElements();
       const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      const bool overlap = config.overlap_optimizer && !config.gradients_on_nvme;
-      swap_options.capacity_bytes += chunks * (chunk * 12 + slack) * (overlap ? 2 : 1);
+      swap_options.capacity_bytes +=
+          chunks * (chunk * 12 + slack) * (config.overlap_optimizer ? 2 : 1);
       if (config.gradients_on_nvme) swap_options.capacity_bytes += chunks * (chunk * 4 + slack);
     }
     if (params_on_nvme) {

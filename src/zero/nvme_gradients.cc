@@ -5,16 +5,47 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace zinf {
 
-StatusOr<std::unique_ptr<NvmeGradients>> NvmeGradients::Create(PipelinedOptimizer* optimizer,
-                                                               int shard, CpuOptimizer* cpu,
-                                                               int accumulation_steps) {
-  std::unique_ptr<NvmeGradients> self(new NvmeGradients(optimizer, shard, cpu, accumulation_steps));
+StatusOr<std::unique_ptr<NvmeGradients>> NvmeGradients::Create(
+    PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int accumulation_steps,
+    std::function<void(size_t chunk)> final) {
+  std::unique_ptr<NvmeGradients> self(
+      new NvmeGradients(optimizer, shard, cpu, accumulation_steps, std::move(final)));
   ZINF_ASSIGN_OR_RETURN(std::vector<ChunkInfo> chunks, optimizer->Chunks(shard));
-  for (const ChunkInfo& info : chunks) self->chunks_.push_back({.info = info});
+  self->chunks_.resize(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    self->chunks_[c].info = chunks[c];
+    self->buffer_bytes_ =
+        std::max(self->buffer_bytes_, PipelinedOptimizer::GradientBufferBytes(chunks[c].count));
+  }
   return self;
+}
+
+NvmeGradients::~NvmeGradients() {
+  for (Chunk& chunk : chunks_) Settle(chunk).IgnoreError();
+}
+
+StatusOr<HostBuffer> NvmeGradients::TakeBuffer() {
+  staging_bytes_ += buffer_bytes_;
+  peak_staging_bytes_ = std::max(peak_staging_bytes_, staging_bytes_);
+  if (!free_.empty()) {
+    HostBuffer b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  return HostBuffer::Allocate(buffer_bytes_);
+}
+
+Status NvmeGradients::Settle(Chunk& chunk) {
+  if (chunk.writing == nullptr) return OkStatus();
+  Status written = chunk.writing->Wait();
+  chunk.writing.reset();
+  free_.push_back(std::move(chunk.written));
+  staging_bytes_ -= buffer_bytes_;
+  return written;
 }
 
 Status NvmeGradients::Add(uint64_t flat_offset, const float* grads, uint64_t size) {
@@ -27,13 +58,11 @@ Status NvmeGradients::Add(uint64_t flat_offset, const float* grads, uint64_t siz
     const uint64_t first = std::max<uint64_t>(flat_offset, chunk.info.offset);
     const uint64_t last =
         std::min<uint64_t>(flat_offset + size, chunk.info.offset + chunk.info.count);
-    if (chunk.staging.empty()) {
-      chunk.staging.assign(chunk.info.count, 0.0f);
-      staging_bytes_ += chunk.info.count * 4;
-      peak_staging_bytes_ = std::max(peak_staging_bytes_, staging_bytes_);
+    if (chunk.staging.data() == nullptr) {
+      ZINF_ASSIGN_OR_RETURN(chunk.staging, TakeBuffer());
     }
-    std::memcpy(chunk.staging.data() + (first - chunk.info.offset), grads + (first - flat_offset),
-                (last - first) * 4);
+    std::memcpy(static_cast<float*>(chunk.staging.data()) + (first - chunk.info.offset),
+                grads + (first - flat_offset), (last - first) * 4);
     chunk.arrived += last - first;
     if (chunk.arrived == chunk.info.count) ZINF_RETURN_IF_ERROR(Flush(c));
   }
@@ -47,25 +76,43 @@ Status NvmeGradients::Flush(size_t c) {
         "gradients of elements {}..{} arrived for a micro-batch more than the {} of the batch",
         chunk.info.offset, chunk.info.offset + chunk.info.count, accumulation_steps_));
   }
-  float* sum = chunk.staging.data();
+  ZINF_RETURN_IF_ERROR(Settle(chunk));  // the previous micro-batch's write
+  float* g = static_cast<float*>(chunk.staging.data());
   if (chunk.flushes > 0) {  // acc + g, as AccumulateFp32 adds into host accumulators
-    previous_.resize(chunk.info.count);
-    ZINF_RETURN_IF_ERROR(optimizer_->ReadChunkGradients(shard_, c, previous_.data()));
-    AccumulateFp32(previous_.data(), chunk.staging.data(), chunk.info.count);
-    sum = previous_.data();
+    ZINF_ASSIGN_OR_RETURN(HostBuffer previous, TakeBuffer());
+    Status read = optimizer_->ReadChunkGradients(shard_, c, previous.data());
+    if (read.ok()) AccumulateFp32(static_cast<float*>(previous.data()), g, chunk.info.count);
+    free_.push_back(std::exchange(chunk.staging, std::move(previous)));
+    staging_bytes_ -= buffer_bytes_;
+    ZINF_RETURN_IF_ERROR(read);
   }
-  ZINF_RETURN_IF_ERROR(optimizer_->WriteChunkGradients(shard_, c, sum));
-  if (++chunk.flushes == accumulation_steps_) {
-    ZINF_ASSIGN_OR_RETURN(chunk.stats,
-                          cpu_->ComputeGradStats(sum, ElementType::kFp32, chunk.info.count));
+  const bool last = ++chunk.flushes == accumulation_steps_;
+  if (last) {
+    ZINF_ASSIGN_OR_RETURN(
+        chunk.stats,
+        cpu_->ComputeGradStats(chunk.staging.data(), ElementType::kFp32, chunk.info.count));
   }
-  staging_bytes_ -= chunk.info.count * 4;
-  std::vector<float>().swap(chunk.staging);
+  chunk.writing = std::make_unique<IoWaiter>();
+  chunk.writing->Add(1);
+  chunk.written = std::move(chunk.staging);
   chunk.arrived = 0;
+  optimizer_->WriteChunkGradientsAsync(
+      shard_, c, chunk.written.data(),
+      [waiter = chunk.writing.get(), final = last ? final_ : std::function<void(size_t)>(),
+       c](Status s) {
+        if (s.ok() && final) final(c);
+        waiter->Done(std::move(s));
+      });
   return OkStatus();
 }
 
-StatusOr<GradStats> NvmeGradients::Stats() const {
+StatusOr<GradStats> NvmeGradients::Stats() {
+  Status written;
+  for (Chunk& chunk : chunks_) {
+    Status s = Settle(chunk);
+    if (written.ok()) written = std::move(s);
+  }
+  ZINF_RETURN_IF_ERROR(written);
   GradStats total;
   for (const Chunk& chunk : chunks_) {
     if (chunk.flushes != accumulation_steps_) {
@@ -82,12 +129,15 @@ StatusOr<GradStats> NvmeGradients::Stats() const {
 
 void NvmeGradients::EndBatch() {
   for (Chunk& chunk : chunks_) {
+    Settle(chunk).IgnoreError();  // a batch abandoned after an error
     chunk.flushes = 0;
     chunk.arrived = 0;
     chunk.stats = GradStats();
-    std::vector<float>().swap(chunk.staging);
+    if (chunk.staging.data() != nullptr) {
+      free_.push_back(std::move(chunk.staging));
+      staging_bytes_ -= buffer_bytes_;
+    }
   }
-  staging_bytes_ = 0;
 }
 
 }  // namespace zinf

@@ -10,17 +10,24 @@
 // written back in the later ones. The last flush of a chunk also takes its squared norm and
 // finiteness, so that the step knows the global norm without reading the gradients again;
 // the pipelined step then reads them with the state. Host memory: the chunks being filled
-// (backward fills them in order, so a few, plus those of the largest parameter) instead of
-// four bytes per parameter. The flushes are synchronous on the engine's thread, and the
-// overlapped step is off with gradients on NVMe (both use the optimizer's staging buffers).
+// (backward fills them in order, so a few, plus those of the largest parameter, and those
+// whose write is still in flight) instead of four bytes per parameter. Writes are
+// asynchronous; a chunk's read-back in a later micro-batch waits for its write. When a
+// chunk's last write of the batch is on disk, `final` hears of it (from the I/O thread):
+// the overlapped step may update it from then on.
 //
 // Thread-safety: one thread (the engine's).
 #ifndef ZINF_ZERO_NVME_GRADIENTS_H_
 #define ZINF_ZERO_NVME_GRADIENTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
+
+#include "nvme/io_engine.h"
+#include "zinf/host_memory.h"
 
 #include "offload/pipelined_optimizer.h"
 #include "zinf/cpu_optimizer.h"
@@ -31,16 +38,22 @@ namespace zinf {
 class NvmeGradients {
  public:
   // `optimizer`'s shard `shard` keeps its own fp32 gradients (ShardSpec::host_grads null);
-  // `cpu` takes the norms. Both must outlive this object.
-  static StatusOr<std::unique_ptr<NvmeGradients>> Create(PipelinedOptimizer* optimizer, int shard,
-                                                         CpuOptimizer* cpu, int accumulation_steps);
+  // `cpu` takes the norms. Both must outlive this object. `final` (optional) is called with a
+  // chunk's index once its gradients for the batch are all on disk, on any thread.
+  static StatusOr<std::unique_ptr<NvmeGradients>> Create(
+      PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int accumulation_steps,
+      std::function<void(size_t chunk)> final = nullptr);
+  // Waits for the writes in flight.
+  ~NvmeGradients();
+  NvmeGradients(const NvmeGradients&) = delete;
+  NvmeGradients& operator=(const NvmeGradients&) = delete;
 
   // Adds `size` reduced gradient elements of the flat shard, at `flat_offset`: each element
   // once per micro-batch.
   Status Add(uint64_t flat_offset, const float* grads, uint64_t size);
-  // The accumulated gradients' squared norm and finiteness, once every chunk has received
-  // all of the batch's micro-batches (FailedPrecondition before).
-  StatusOr<GradStats> Stats() const;
+  // Waits for every write; then the accumulated gradients' squared norm and finiteness, once
+  // every chunk has received all of the batch's micro-batches (FailedPrecondition before).
+  StatusOr<GradStats> Stats();
   // The next batch starts from zero.
   void EndBatch();
   // Host bytes of the staging buffers at most (this batch and before).
@@ -49,21 +62,33 @@ class NvmeGradients {
  private:
   struct Chunk {
     ChunkInfo info;
-    std::vector<float> staging;  // empty while no gradient of this micro-batch has arrived
-    uint64_t arrived = 0;        // elements of this micro-batch
-    int flushes = 0;             // micro-batches written this batch
-    GradStats stats;             // after the batch's last flush
+    HostBuffer staging;                 // empty while no gradient of this micro-batch has arrived
+    uint64_t arrived = 0;               // elements of this micro-batch
+    int flushes = 0;                    // micro-batches written this batch
+    GradStats stats;                    // after the batch's last flush
+    std::unique_ptr<IoWaiter> writing;  // the write in flight, and its buffer
+    HostBuffer written;
   };
-  NvmeGradients(PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int steps)
-      : optimizer_(optimizer), shard_(shard), cpu_(cpu), accumulation_steps_(steps) {}
+  NvmeGradients(PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int steps,
+                std::function<void(size_t)> final)
+      : optimizer_(optimizer),
+        shard_(shard),
+        cpu_(cpu),
+        accumulation_steps_(steps),
+        final_(std::move(final)) {}
   Status Flush(size_t c);
+  // Waits for chunk c's write in flight and takes its buffer back.
+  Status Settle(Chunk& chunk);
+  StatusOr<HostBuffer> TakeBuffer();
 
   PipelinedOptimizer* const optimizer_;
   const int shard_;
   CpuOptimizer* const cpu_;
   const int accumulation_steps_;
+  const std::function<void(size_t)> final_;
   std::vector<Chunk> chunks_;
-  std::vector<float> previous_;  // a chunk's accumulator read back
+  std::vector<HostBuffer> free_;  // staging buffers for reuse, each of buffer_bytes_
+  uint64_t buffer_bytes_ = 0;
   uint64_t staging_bytes_ = 0, peak_staging_bytes_ = 0;
 };
 

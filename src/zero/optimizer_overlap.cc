@@ -90,6 +90,15 @@ void OptimizerOverlap::MarkFinal(int param) {
   wake_.notify_one();
 }
 
+void OptimizerOverlap::MarkChunkFinal(size_t chunk) {
+  if (!armed_ || chunk >= chunks_.size() || !chunks_[chunk].on_nvme) return;
+  {
+    std::lock_guard lock(mu_);
+    ready_.push_back(chunk);
+  }
+  wake_.notify_one();
+}
+
 void OptimizerOverlap::Work() {
   std::unique_lock lock(mu_);
   while (true) {

@@ -30,6 +30,7 @@
 #ifndef ZINF_ZERO_OPTIMIZER_OVERLAP_H_
 #define ZINF_ZERO_OPTIMIZER_OVERLAP_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -74,8 +75,11 @@ class OptimizerOverlap {
   // `scale` (the gradient scale of a step neither clipped nor skipped). No-op when disabled.
   Status Arm(float scale);
   bool armed() const { return armed_; }
-  // Parameter `param`'s gradient is final. Only while armed.
+  // Parameter `param`'s gradient is final. Only while armed; the engine's thread.
   void MarkFinal(int param);
+  // Chunk `chunk`'s gradients are all final (gradients kept per chunk, on NVMe); any thread,
+  // ignored while not armed.
+  void MarkChunkFinal(size_t chunk);
   // Ends the step: `scale` the gradient scale it takes, nullopt for a skipped step (its
   // step count is not advanced). Steps what the worker has not, redoes what it speculated
   // wrongly, and returns the first error; after an error no chunk keeps a speculative state
@@ -102,7 +106,7 @@ class OptimizerOverlap {
   std::vector<uint64_t> remaining_;      // per chunk: elements whose gradient is not final
   std::vector<std::vector<size_t>> of_;  // per parameter: the chunks it touches
   std::vector<bool> stepped_;            // per chunk, this step (speculatively or not)
-  bool armed_ = false;
+  std::atomic<bool> armed_{false};
   float scale_ = 1.0f;
   int64_t step_before_ = 0;
   double overlapped_seconds_ = 0;

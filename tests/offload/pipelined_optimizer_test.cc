@@ -486,20 +486,33 @@ TEST(PipelinedOptimizerTest, ChunkGradientsRoundTripAndBadInput) {
   spec.count = 2 * kChunk + 10;  // an NVMe chunk, a host chunk, and a short one
   auto id = (*piped)->AddShard(spec);
   ASSERT_TRUE(id.ok());
-  std::vector<float> g(kChunk), back(kChunk, -1.0f);
+  const uint64_t bytes = PipelinedOptimizer::GradientBufferBytes(kChunk);
+  auto g = HostBuffer::Allocate(bytes);
+  auto back = HostBuffer::Allocate(bytes);
+  ASSERT_TRUE(g.ok() && back.ok());
+  float* gf = static_cast<float*>(g->data());
+  float* bf = static_cast<float*>(back->data());
   for (size_t c = 0; c < 3; ++c) {
     const size_t n = c < 2 ? kChunk : 10;
-    for (size_t i = 0; i < n; ++i) g[i] = 0.5f * i + c;
-    ASSERT_TRUE((*piped)->WriteChunkGradients(*id, c, g.data()).ok());
+    for (size_t i = 0; i < n; ++i) gf[i] = 0.5f * i + c;
+    IoWaiter done;
+    done.Add(1);
+    (*piped)->WriteChunkGradientsAsync(*id, c, g->data(), done.Callback());
+    ASSERT_TRUE(done.Wait().ok());
   }
   for (size_t c = 0; c < 3; ++c) {
     const size_t n = c < 2 ? kChunk : 10;
-    ASSERT_TRUE((*piped)->ReadChunkGradients(*id, c, back.data()).ok());
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 0.5f * i + c) << c << " " << i;
+    ASSERT_TRUE((*piped)->ReadChunkGradients(*id, c, back->data()).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(bf[i], 0.5f * i + c) << c << " " << i;
   }
-  EXPECT_EQ((*piped)->WriteChunkGradients(*id, 3, g.data()).code(), StatusCode::kInvalidArgument);
+  IoWaiter refused;
+  refused.Add(1);
+  (*piped)->WriteChunkGradientsAsync(*id, 3, g->data(), refused.Callback());
+  EXPECT_EQ(refused.Wait().code(), StatusCode::kInvalidArgument) << "no chunk 3";
   EXPECT_EQ((*piped)->ReadChunkGradients(*id, 0, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*piped)->ReadChunkGradients(7, 0, back.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)->ReadChunkGradients(*id, 0, bf + 1).code(), StatusCode::kInvalidArgument)
+      << "not page-aligned";
+  EXPECT_EQ((*piped)->ReadChunkGradients(7, 0, back->data()).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {

@@ -45,6 +45,7 @@ struct TrainRun {
 std::string Config(const TrainRun& r) {
   const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + r.dir + "\"}";
   return "{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 1000,"
+         " \"reduce_bucket_size\": 800000,"
          " \"offload_optimizer\": " +
          nvme +
          ", \"offload_param\": " + (r.params_nvme ? nvme : std::string("{\"device\": \"cpu\"}")) +
@@ -214,16 +215,18 @@ TEST_P(OverlapTest, BitwiseEqualToTheStepAfterBackward) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, OverlapTest,
-    ::testing::Values(Case{"host_master", {.world = 1}},
-                      Case{"params_nvme", {.world = 1, .params_nvme = true}},
-                      Case{"split_ratio", {.world = 1, .nvme_ratio = 0.5}},
-                      Case{"params_nvme_bf16", {.world = 1, .params_nvme = true, .bf16 = true}},
-                      Case{"two_ranks_gas2", {.world = 2, .accumulation = 2}},
-                      Case{"two_ranks_params_nvme_fp16_overflow",
-                           {.world = 2, .params_nvme = true, .fp16 = true, .bad_step = 0}},
-                      Case{"fp16_overflow", {.world = 1, .fp16 = true, .bad_step = 0}},
-                      Case{"bf16_refused",
-                           {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
+    ::testing::Values(
+        Case{"host_master", {.world = 1}}, Case{"params_nvme", {.world = 1, .params_nvme = true}},
+        Case{"split_ratio", {.world = 1, .nvme_ratio = 0.5}},
+        Case{"params_nvme_bf16", {.world = 1, .params_nvme = true, .bf16 = true}},
+        Case{"two_ranks_gas2", {.world = 2, .accumulation = 2}},
+        Case{"two_ranks_params_nvme_fp16_overflow",
+             {.world = 2, .params_nvme = true, .fp16 = true, .bad_step = 0}},
+        Case{"fp16_overflow", {.world = 1, .fp16 = true, .bad_step = 0}},
+        Case{"gradients_nvme_gas2", {.world = 1, .accumulation = 2, .gradients_nvme = true}},
+        Case{"two_ranks_gradients_and_params_nvme",
+             {.world = 2, .params_nvme = true, .gradients_nvme = true}},
+        Case{"bf16_refused", {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
 
 // Note [Gradients on NVMe]: the accumulators on NVMe train the model the host accumulators
