@@ -177,6 +177,8 @@ struct Case {
   TrainRun run;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
+
 class OverlapTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OverlapTest, BitwiseEqualToTheStepAfterBackward) {
