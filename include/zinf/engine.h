@@ -194,6 +194,10 @@ struct ZINF_EXPORT EngineConfig {
   // the step after backward (Note [Overlapped step] in src/zero/optimizer_overlap.h). Costs
   // swap space for the optimizer state once more.
   bool overlap_optimizer = true;
+  // zinf.overlap_optimizer_swap_bytes: at most this much swap space for the overlapped step's
+  // new state (0: as much as the NVMe path has free, up to the whole state); chunks beyond
+  // it are stepped after backward.
+  uint64_t overlap_optimizer_swap_bytes = 0;
   // zinf.delayed_param_update (DPU, from the ZeRO-Offload paper): with the optimizer state in
   // host memory, step t's update runs on the CPU during batch t+1 and its parameters are used
   // from batch t+2 on: each batch computes with parameters one step stale, and the update

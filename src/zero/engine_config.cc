@@ -559,6 +559,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
         .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)
         .Bool("nvme_checksum", &c.nvme_checksum)
         .Bool("overlap_optimizer", &c.overlap_optimizer)
+        .Bytes("overlap_optimizer_swap_bytes", &c.overlap_optimizer_swap_bytes, 0)
         .Bool("delayed_param_update", &c.delayed_param_update)
         .Bool("gradients_on_nvme", &c.gradients_on_nvme)
         .Int("delayed_param_update_warmup_steps", &c.delayed_param_update_warmup_steps, 0,

@@ -145,7 +145,8 @@ struct Engine::Impl {
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
   std::unique_ptr<OptimizerOverlap> overlap;
   std::unique_ptr<NvmeGradients> nvme_grads;  // zinf.gradients_on_nvme; tells `overlap`
-  std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
+  std::vector<int> final_adds;      // per parameter: reductions added into grad_acc this batch
+  uint64_t speculative_chunks = 0;  // the overlapped step's room on NVMe, in chunks
   // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
   // the next batch accumulates into grad_acc; the update itself; whether its parameters
   // still have to reach the parameter tier (at the next Step); its CPU time.

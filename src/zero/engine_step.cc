@@ -71,7 +71,8 @@ Status Engine::Impl::OpenNvmeOptimizer() {
                                                            .shard = nvme_shard,
                                                            .group = group,
                                                            .params = &params,
-                                                           .enabled = config.overlap_optimizer},
+                                                           .enabled = config.overlap_optimizer,
+                                                           .speculation_limit = speculative_chunks},
                                                           std::move(updated), std::move(restart)));
   if (config.gradients_on_nvme) {
     // A chunk's gradients are final when its last write of the batch is on disk.

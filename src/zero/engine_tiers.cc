@@ -3,9 +3,13 @@
 // memory and NVMe figures.
 #include <fmt/core.h>
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cstring>
 
+#include "core/log.h"
+#include "core/units.h"
 #include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zinf/cpu_info.h"
@@ -79,6 +83,22 @@ uint64_t Engine::Impl::OptimizerChunkElements() const {
                               PipelinedOptimizerOptions().chunk_elements);
 }
 
+namespace {
+
+// Free bytes on the filesystems of `paths` for a store striped evenly over them: the
+// smallest, once per path (0 when one cannot be read).
+uint64_t FreeBytes(const std::vector<std::string>& paths) {
+  uint64_t least = UINT64_MAX;
+  for (const std::string& path : paths) {
+    struct statvfs vfs {};
+    if (statvfs(path.c_str(), &vfs) != 0) return 0;
+    least = std::min<uint64_t>(least, static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+  }
+  return paths.empty() ? 0 : least * paths.size();
+}
+
+}  // namespace
+
 Status Engine::Impl::OpenTiers(const std::string& device) {
   const uint64_t element = param_bytes();
   uint64_t tier_bytes = 0, largest_tier = 0, persistent = 0, working_set = 0;
@@ -131,14 +151,11 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     swap_options.aio = config.aio;
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
     const uint64_t slack = swap_options.aio.block_size;
+    const uint64_t chunk = OptimizerChunkElements();
+    const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
+    const uint64_t chunk_state = chunk * 12 + slack;  // fp32 params and two state arrays
     if (config.offload_optimizer_device == OffloadDevice::kNvme) {
-      // Per element: fp32 params and two state arrays (the gradients stay in host memory);
-      // twice for the overlapped step, whose new state goes beside the old until the step
-      // is known to stand (Note [Overlapped step]).
-      const uint64_t chunk = OptimizerChunkElements();
-      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      swap_options.capacity_bytes +=
-          chunks * (chunk * 12 + slack) * (config.overlap_optimizer ? 2 : 1);
+      swap_options.capacity_bytes += chunks * chunk_state;
       if (config.gradients_on_nvme) swap_options.capacity_bytes += chunks * (chunk * 4 + slack);
     }
     if (params_on_nvme) {
@@ -146,6 +163,31 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
         const uint64_t bytes = p.shard_size * element;
         const uint64_t pieces = (bytes + options.piece_bytes - 1) / options.piece_bytes;
         swap_options.capacity_bytes += bytes + pieces * slack;
+      }
+    }
+    speculative_chunks = 0;
+    if (config.offload_optimizer_device == OffloadDevice::kNvme && config.overlap_optimizer) {
+      // The overlapped step's new state goes beside the old until the step is known to stand
+      // (Note [Overlapped step]): room for all of it where the disk has it, else for as many
+      // chunks as fit beside everything else (this rank's share of the free space, less a
+      // margin); the chunks beyond are stepped after backward.
+      const uint64_t free = FreeBytes(swap_options.paths) / std::max(world(), 1);
+      const uint64_t margin = std::max<uint64_t>(free / 20, 1ull << 30);
+      uint64_t room = free > swap_options.capacity_bytes + margin
+                          ? free - swap_options.capacity_bytes - margin
+                          : 0;
+      if (config.overlap_optimizer_swap_bytes > 0) {
+        room = std::min(room, config.overlap_optimizer_swap_bytes);
+      }
+      speculative_chunks = std::min<uint64_t>(chunks, room / chunk_state);
+      swap_options.capacity_bytes += speculative_chunks * chunk_state;
+      if (speculative_chunks < chunks) {
+        log::Info(
+            "rank {}: zinf.overlap_optimizer: the NVMe path has room for the new state of {} of "
+            "the optimizer's {} chunks beside the old; the rest of each step runs after "
+            "backward ({} more would let all of it overlap)",
+            rank(), speculative_chunks, chunks,
+            FormatBytes((chunks - speculative_chunks) * chunk_state));
       }
     }
   }

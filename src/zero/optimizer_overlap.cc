@@ -64,6 +64,7 @@ Status OptimizerOverlap::Arm(float scale) {
   {
     std::lock_guard lock(mu_);
     ready_.clear();
+    speculated_ = 0;
     stop_ = false;
     worker_error_ = OkStatus();
   }
@@ -102,9 +103,14 @@ void OptimizerOverlap::MarkChunkFinal(size_t chunk) {
 void OptimizerOverlap::Work() {
   std::unique_lock lock(mu_);
   while (true) {
-    wake_.wait(lock, [&] { return stop_ || !ready_.empty(); });
+    const uint64_t limit = options_.speculation_limit;
+    wake_.wait(lock, [&] { return stop_ || (!ready_.empty() && speculated_ < limit); });
     if (stop_) return;
-    std::vector<size_t> batch = std::exchange(ready_, {});
+    // Up to the limit; chunks beyond it stay for Finish.
+    const size_t take = std::min<uint64_t>(ready_.size(), limit - speculated_);
+    std::vector<size_t> batch(ready_.begin(), ready_.begin() + take);
+    ready_.erase(ready_.begin(), ready_.begin() + take);
+    speculated_ += take;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     Status stepped = options_.optimizer->StepChunks(options_.shard, batch, scale_,

@@ -55,6 +55,9 @@ struct OverlapOptions {
   int group = 0;                               // its parameter group
   const std::vector<Param>* params = nullptr;  // laid out over the shard
   bool enabled = true;  // false: Finish steps every chunk (the unoverlapped step)
+  // At most this many chunks stepped speculatively a step (the swap space for their new
+  // state); Finish steps the others.
+  uint64_t speculation_limit = UINT64_MAX;
 };
 
 class OptimizerOverlap {
@@ -114,6 +117,7 @@ class OptimizerOverlap {
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<size_t> ready_;  // chunks for the worker
+  uint64_t speculated_ = 0;    // chunks taken by the worker this step
   bool stop_ = false;
   bool busy_ = false;
   Status worker_error_;

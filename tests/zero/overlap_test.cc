@@ -39,6 +39,7 @@ struct TrainRun {
   bool bf16 = false;
   int bad_step = -1;  // a non-finite gradient on the last rank at this step
   bool gradients_nvme = false;
+  uint64_t overlap_swap_bytes = 0;  // zinf.overlap_optimizer_swap_bytes
   std::string dir;
 };
 
@@ -57,6 +58,7 @@ std::string Config(const TrainRun& r) {
          "0.01}}, \"zinf\": {\"gradients_on_nvme\": " +
          (r.gradients_nvme ? "true" : "false") +
          ", \"overlap_optimizer\": " + (r.overlap ? "true" : "false") +
+         ", \"overlap_optimizer_swap_bytes\": " + std::to_string(r.overlap_swap_bytes) +
          ", \"optimizer_nvme_ratio\": " + std::to_string(r.nvme_ratio) + "}}";
 }
 
@@ -225,6 +227,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"two_ranks_params_nvme_fp16_overflow",
              {.world = 2, .params_nvme = true, .fp16 = true, .bad_step = 0}},
         Case{"fp16_overflow", {.world = 1, .fp16 = true, .bad_step = 0}},
+        // Swap room for one chunk's new state: one chunk speculated, two stepped after.
+        Case{"swap_room_for_one_chunk",
+             {.world = 1, .params_nvme = true, .overlap_swap_bytes = 14 << 20}},
         Case{"gradients_nvme_gas2", {.world = 1, .accumulation = 2, .gradients_nvme = true}},
         Case{"two_ranks_gradients_and_params_nvme",
              {.world = 2, .params_nvme = true, .gradients_nvme = true}},
