@@ -11,9 +11,9 @@ namespace zinf {
 
 StatusOr<std::unique_ptr<NvmeGradients>> NvmeGradients::Create(
     PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int accumulation_steps,
-    std::function<void(size_t chunk)> final) {
-  std::unique_ptr<NvmeGradients> self(
-      new NvmeGradients(optimizer, shard, cpu, accumulation_steps, std::move(final)));
+    std::function<void(size_t chunk)> final, uint64_t max_staging_bytes) {
+  std::unique_ptr<NvmeGradients> self(new NvmeGradients(optimizer, shard, cpu, accumulation_steps,
+                                                        std::move(final), max_staging_bytes));
   ZINF_ASSIGN_OR_RETURN(std::vector<ChunkInfo> chunks, optimizer->Chunks(shard));
   self->chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -29,6 +29,12 @@ NvmeGradients::~NvmeGradients() {
 }
 
 StatusOr<HostBuffer> NvmeGradients::TakeBuffer() {
+  // Writes slower than backward would pile buffers up: wait for the oldest instead.
+  while (staging_bytes_ + buffer_bytes_ > max_staging_bytes_ && !in_flight_.empty()) {
+    const size_t oldest = in_flight_.front();
+    in_flight_.pop_front();
+    ZINF_RETURN_IF_ERROR(Settle(chunks_[oldest]));
+  }
   staging_bytes_ += buffer_bytes_;
   peak_staging_bytes_ = std::max(peak_staging_bytes_, staging_bytes_);
   if (!free_.empty()) {
@@ -94,6 +100,7 @@ Status NvmeGradients::Flush(size_t c) {
   }
   chunk.writing = std::make_unique<IoWaiter>();
   chunk.writing->Add(1);
+  in_flight_.push_back(c);
   chunk.written = std::move(chunk.staging);
   chunk.arrived = 0;
   optimizer_->WriteChunkGradientsAsync(
@@ -112,6 +119,7 @@ StatusOr<GradStats> NvmeGradients::Stats() {
     Status s = Settle(chunk);
     if (written.ok()) written = std::move(s);
   }
+  in_flight_.clear();
   ZINF_RETURN_IF_ERROR(written);
   GradStats total;
   for (const Chunk& chunk : chunks_) {
@@ -128,6 +136,7 @@ StatusOr<GradStats> NvmeGradients::Stats() {
 }
 
 void NvmeGradients::EndBatch() {
+  in_flight_.clear();
   for (Chunk& chunk : chunks_) {
     Settle(chunk).IgnoreError();  // a batch abandoned after an error
     chunk.flushes = 0;

@@ -11,7 +11,8 @@
 // finiteness, so that the step knows the global norm without reading the gradients again;
 // the pipelined step then reads them with the state. Host memory: the chunks being filled
 // (backward fills them in order, so a few, plus those of the largest parameter, and those
-// whose write is still in flight) instead of four bytes per parameter. Writes are
+// whose write is still in flight, at most max_staging_bytes: past it, taking a buffer waits
+// for the oldest write) instead of four bytes per parameter. Writes are
 // asynchronous; a chunk's read-back in a later micro-batch waits for its write. When a
 // chunk's last write of the batch is on disk, `final` hears of it (from the I/O thread):
 // the overlapped step may update it from then on.
@@ -21,6 +22,7 @@
 #define ZINF_ZERO_NVME_GRADIENTS_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -42,7 +44,8 @@ class NvmeGradients {
   // chunk's index once its gradients for the batch are all on disk, on any thread.
   static StatusOr<std::unique_ptr<NvmeGradients>> Create(
       PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int accumulation_steps,
-      std::function<void(size_t chunk)> final = nullptr);
+      std::function<void(size_t chunk)> final = nullptr,
+      uint64_t max_staging_bytes = kMaxStagingBytes);
   // Waits for the writes in flight.
   ~NvmeGradients();
   NvmeGradients(const NvmeGradients&) = delete;
@@ -56,6 +59,7 @@ class NvmeGradients {
   StatusOr<GradStats> Stats();
   // The next batch starts from zero.
   void EndBatch();
+  static constexpr uint64_t kMaxStagingBytes = 256ull << 20;
   // Host bytes of the staging buffers at most (this batch and before).
   uint64_t peak_staging_bytes() const { return peak_staging_bytes_; }
 
@@ -70,12 +74,13 @@ class NvmeGradients {
     HostBuffer written;
   };
   NvmeGradients(PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int steps,
-                std::function<void(size_t)> final)
+                std::function<void(size_t)> final, uint64_t max_staging_bytes)
       : optimizer_(optimizer),
         shard_(shard),
         cpu_(cpu),
         accumulation_steps_(steps),
-        final_(std::move(final)) {}
+        final_(std::move(final)),
+        max_staging_bytes_(max_staging_bytes) {}
   Status Flush(size_t c);
   // Waits for chunk c's write in flight and takes its buffer back.
   Status Settle(Chunk& chunk);
@@ -86,8 +91,10 @@ class NvmeGradients {
   CpuOptimizer* const cpu_;
   const int accumulation_steps_;
   const std::function<void(size_t)> final_;
+  const uint64_t max_staging_bytes_;
   std::vector<Chunk> chunks_;
   std::vector<HostBuffer> free_;  // staging buffers for reuse, each of buffer_bytes_
+  std::deque<size_t> in_flight_;  // chunks whose write is in flight, oldest first
   uint64_t buffer_bytes_ = 0;
   uint64_t staging_bytes_ = 0, peak_staging_bytes_ = 0;
 };

@@ -167,6 +167,7 @@ Status OptimizerOverlap::Abandon() {
 Status OptimizerOverlap::Finish(std::optional<float> scale) {
   std::vector<size_t> rest;
   if (!armed_) {
+    overlapped_seconds_ = 0;
     if (!scale) return OkStatus();  // skipped: nothing was begun
     ZINF_RETURN_IF_ERROR(options_.optimizer->BeginPartialStep(options_.shard));
     for (size_t c = 0; c < chunks_.size(); ++c) rest.push_back(c);
