@@ -219,7 +219,6 @@ StatusOr<StepSummary> Engine::Step() {
     // What ran alongside backward is undone: the step is skipped or refused.
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(std::nullopt, &summary), "skipping the step"));
-      m.speculate = false;
     }
     if (!m.config.fp16) {
       return DataLoss(
