@@ -138,6 +138,11 @@ Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summ
   summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
   summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
   summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
+  if (nvme_grads != nullptr) {  // the accumulators' writes and read-backs during backward
+    const NvmeGradients::Traffic traffic = nvme_grads->TakeTraffic();
+    summary->bytes_nvme_read += traffic.read;
+    summary->bytes_nvme_written += traffic.written;
+  }
   ZINF_RETURN_IF_ERROR(stepped);
   return written;
 }

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "nvme/io_engine.h"
@@ -60,6 +61,11 @@ class NvmeGradients {
   // The next batch starts from zero.
   void EndBatch();
   static constexpr uint64_t kMaxStagingBytes = 256ull << 20;
+  // NVMe bytes the accumulators wrote and read back since the last call.
+  struct Traffic {
+    uint64_t read = 0, written = 0;
+  };
+  Traffic TakeTraffic() { return std::exchange(traffic_, {}); }
   // Host bytes of the staging buffers at most (this batch and before).
   uint64_t peak_staging_bytes() const { return peak_staging_bytes_; }
 
@@ -97,6 +103,7 @@ class NvmeGradients {
   std::deque<size_t> in_flight_;  // chunks whose write is in flight, oldest first
   uint64_t buffer_bytes_ = 0;
   uint64_t staging_bytes_ = 0, peak_staging_bytes_ = 0;
+  Traffic traffic_;
 };
 
 }  // namespace zinf
