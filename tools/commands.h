@@ -14,6 +14,7 @@ int& ExitCode();
 void AddInfoCommand(CLI::App& app);                  // tools/info.cc
 void AddRunCommand(CLI::App& app);                   // tools/run.cc: `zinf run -n N -- CMD`
 void AddCkptCommands(CLI::App& app);                 // tools/ckpt.cc: `zinf ckpt export`
+void AddPlanCommand(CLI::App& app);                  // tools/plan.cc: `zinf plan`
 void AddBenchCommands(CLI::App& bench);              // tools/bench.cc: `zinf bench <what>`
 void AddBenchNvmeCommand(CLI::App& bench);           // tools/bench_nvme.cc: `zinf bench nvme`
 void AddBenchAdamCommand(CLI::App& bench);           // tools/bench_adam.cc: `zinf bench adam`

@@ -1,0 +1,826 @@
+// See tools/plan_model.h, Note [Plan memory] and Note [Plan time].
+#include "tools/plan_model.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/units.h"
+#include "offload/pipelined_optimizer.h"
+
+namespace zinf::plan {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+uint64_t PageUp(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+
+uint64_t ElementBytes(const EngineConfig& c) { return c.bf16 || c.fp16 ? 2 : 4; }
+
+int StateCount(const EngineConfig& c) {
+  return OptimizerHyperParams::Defaults(c.optimizer_type).state_count();
+}
+
+// A parameter as Partition lays it out (src/zero/partition.cc).
+struct Laid {
+  uint64_t numel = 0, shard = 0;
+  bool persistent = false;
+};
+
+struct Layout {
+  std::vector<std::vector<Laid>> modules;
+  uint64_t shard_elements = 0;
+  uint64_t total = 0;
+};
+
+Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world) {
+  Layout l;
+  for (const ModuleShape& m : model.modules) {
+    std::vector<Laid> params;
+    for (uint64_t n : m.numels) {
+      Laid p{n, (n + world - 1) / world,
+             c.zero_stage < 3 || n < c.stage3_param_persistence_threshold};
+      l.shard_elements += p.shard;
+      l.total += n;
+      params.push_back(p);
+    }
+    l.modules.push_back(std::move(params));
+  }
+  return l;
+}
+
+// Engine::Impl::OptimizerChunkElements, then PipelinedOptimizer::Create's fit to the budget.
+uint64_t ChunkElements(const EngineConfig& c, uint64_t shard_elements) {
+  constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
+  const uint64_t chunk = std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
+                                              PipelinedOptimizerOptions::kMinChunkElements,
+                                              PipelinedOptimizerOptions().chunk_elements);
+  const uint64_t k = PipelinedOptimizerOptions().num_buffers;
+  const uint64_t budget = std::max<uint64_t>(
+      c.nvme_staging_budget_bytes, k * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement);
+  uint64_t fit = budget / (k * PipelinedOptimizerOptions::kStagingBytesPerElement);
+  fit -= fit % kAlign;
+  return std::min(chunk, fit);
+}
+
+// The bytes the device tier holds for one module while it is fetched, beyond the shard copies
+// (which the cache simulation counts): the gathered copy with several ranks, the fp32 widening
+// of a 16-bit tier, and backward's fp32 gradients.
+uint64_t LiveBeyondShards(const std::vector<Laid>& params, uint64_t element, int world) {
+  uint64_t bytes = 0;
+  for (const Laid& p : params) {
+    if (p.persistent) continue;
+    const uint64_t full = p.shard * world;
+    if (world > 1) bytes += full * element;
+    if (element != 4) bytes += full * 4;
+    bytes += full * 4;  // gradient buffer
+  }
+  return bytes;
+}
+
+uint64_t ShardBytes(const std::vector<Laid>& params, uint64_t element) {
+  uint64_t bytes = 0;
+  for (const Laid& p : params) {
+    if (!p.persistent) bytes += p.shard * element;
+  }
+  return bytes;
+}
+
+uint64_t CountNonPersistent(const std::vector<Laid>& params) {
+  return std::count_if(params.begin(), params.end(), [](const Laid& p) { return !p.persistent; });
+}
+
+double SafeDiv(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+}  // namespace
+
+uint64_t ModelSpec::parameter_count() const {
+  uint64_t n = 0;
+  for (const ModuleShape& m : modules)
+    for (uint64_t x : m.numels) n += x;
+  return n;
+}
+
+// ---- Models ----
+
+StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_layer, int n_head,
+                             int micro_batch, bool activation_checkpointing) {
+  for (auto [name, v] : {std::pair{"vocab_size", vocab_size},
+                         {"seq_len", seq_len},
+                         {"d_model", d_model},
+                         {"n_layer", n_layer},
+                         {"n_head", n_head},
+                         {"train_micro_batch_size_per_gpu", micro_batch}}) {
+    if (v < 1) return InvalidArgument(fmt::format("model.{} must be >= 1, got {}", name, v));
+  }
+  if (d_model % n_head != 0) {
+    return InvalidArgument(
+        fmt::format("model.n_head ({}) must divide model.d_model ({})", n_head, d_model));
+  }
+  const uint64_t V = vocab_size, T = seq_len, d = d_model, L = n_layer, B = micro_batch;
+  ModelSpec m;
+  m.description = fmt::format("GPT d_model {}, {} layers, {} heads, seq_len {}, vocab {}, micro-batch {}",
+                              d, L, n_head, T, V, B);
+  m.hidden_size = d;
+  m.modules.push_back({"embed", {V * d, T * d}});
+  for (uint64_t l = 0; l < L; ++l) {
+    m.modules.push_back({fmt::format("h.{}", l),
+                         {d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d}});
+  }
+  m.modules.push_back({"ln_f", {d, d}});
+  // gpt_model.cc's Compute: embed, blocks, ln_f, embed again (the tied head), then the blocks
+  // in reverse (the embedding's backward needs no parameters).
+  const int ln_f = static_cast<int>(L) + 1;
+  m.fetch_order.push_back(0);
+  for (int l = 1; l <= static_cast<int>(L); ++l) m.fetch_order.push_back(l);
+  m.fetch_order.push_back(ln_f);
+  m.fetch_order.push_back(0);
+  for (int l = static_cast<int>(L); l >= 1; --l) m.fetch_order.push_back(l);
+  // Matmul FLOPs per forward: 2 x (12 d^2) per token and block, attention 2 x 2 x T x d per
+  // token and block (scores and their product with V), the head 2 x V x d per token. Backward
+  // twice the forward; checkpointing recomputes the blocks' forward.
+  const double tokens = static_cast<double>(B * T);
+  const double block_fwd = tokens * (24.0 * d * d + 4.0 * T * d);
+  const double head_fwd = tokens * 2.0 * V * d;
+  m.fetch_flops.assign(m.fetch_order.size(), 0.0);
+  for (uint64_t l = 0; l < L; ++l) {
+    m.fetch_flops[1 + l] = block_fwd;
+    m.fetch_flops[L + 3 + l] = block_fwd * (activation_checkpointing ? 3 : 2);
+  }
+  m.fetch_flops[L + 2] = head_fwd * 3;  // the head's forward and both backward products
+  for (double f : m.fetch_flops) m.matmul_flops_per_micro_batch += f;
+  // GptConfig::ActivationBytes, its arrays each rounded to 64 floats.
+  auto r = [](uint64_t n) { return (n + 63) / 64 * 64; };
+  const uint64_t n = B * T, nd = n * d, probs = B * n_head * T * T;
+  const uint64_t sets = activation_checkpointing ? 1 : L;
+  const uint64_t floats = (L + 1) * r(nd) + sets * (4 * r(nd) + 4 * r(n) + r(3 * nd) + r(probs) +
+                                                    2 * r(4 * nd)) +
+                          7 * r(nd) + 2 * r(n) + r(n * V) + r(3 * nd) + r(probs) + r(4 * nd) +
+                          r(4 * nd);
+  m.activation_bytes = floats * 4;
+  return m;
+}
+
+StatusOr<ModelSpec> MlpModel(int layers, int width, int batch) {
+  if (layers < 1 || width < 1 || batch < 1) {
+    return InvalidArgument(fmt::format(
+        "the MLP needs layers, width and batch >= 1, got {}, {} and {}", layers, width, batch));
+  }
+  const uint64_t W = width;
+  ModelSpec m;
+  m.description = fmt::format("MLP {} layers of {}x{}, batch {}", layers, W, W, batch);
+  m.hidden_size = W;
+  m.plain_loop_compute = true;
+  for (int l = 0; l < layers; ++l) m.modules.push_back({fmt::format("layer{}", l), {W * W, W}});
+  // Forward 2 B W^2 per layer; backward 4 B W^2 (the weight's gradient and the input's).
+  const double forward = 2.0 * batch * static_cast<double>(W * W);
+  for (int l = 0; l < layers; ++l) m.fetch_order.push_back(l), m.fetch_flops.push_back(forward);
+  for (int l = layers - 1; l >= 0; --l) {
+    m.fetch_order.push_back(l), m.fetch_flops.push_back(2 * forward);
+  }
+  m.matmul_flops_per_micro_batch = 3 * forward * layers;
+  m.activation_bytes = (2 * static_cast<uint64_t>(layers) + 3) * batch * W * 4;
+  return m;
+}
+
+StatusOr<ModelSpec> UniformModel(uint64_t params, int layers, uint64_t tokens_per_micro_batch) {
+  if (params == 0) return InvalidArgument("--params must be > 0");
+  if (layers < 1) return InvalidArgument(fmt::format("--layers must be >= 1, got {}", layers));
+  if (tokens_per_micro_batch == 0) return InvalidArgument("--tokens must be > 0");
+  if (params < static_cast<uint64_t>(layers)) {
+    return InvalidArgument(
+        fmt::format("--params ({}) must be at least --layers ({})", params, layers));
+  }
+  ModelSpec m;
+  m.description = fmt::format("{} parameters in {} layers, {} tokens per micro-batch", params,
+                              layers, tokens_per_micro_batch);
+  const uint64_t per = params / layers;
+  m.hidden_size = static_cast<uint64_t>(std::sqrt(static_cast<double>(per) / 12.0));
+  for (int l = 0; l < layers; ++l) {
+    m.modules.push_back({fmt::format("layer{}", l), {per + (l == 0 ? params % layers : 0)}});
+  }
+  const double forward = 2.0 * static_cast<double>(per) * tokens_per_micro_batch;
+  for (int l = 0; l < layers; ++l) m.fetch_order.push_back(l), m.fetch_flops.push_back(forward);
+  for (int l = layers - 1; l >= 0; --l) {
+    m.fetch_order.push_back(l), m.fetch_flops.push_back(3 * forward);
+  }
+  m.matmul_flops_per_micro_batch = 8.0 * static_cast<double>(params) * tokens_per_micro_batch;
+  // About 16 floats of d per token and layer kept with recomputation, as the GPT's.
+  m.activation_bytes = tokens_per_micro_batch * m.hidden_size * 4 * (16 + layers);
+  return m;
+}
+
+StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::string& source,
+                                          int mlp_layers, int mlp_width) {
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return InvalidArgument(fmt::format("{}: not a JSON object", source));
+  }
+  nlohmann::json model = nlohmann::json::object();
+  const bool gpt = json.contains("model");
+  if (gpt) {
+    model = json["model"];
+    json.erase("model");
+    if (!model.is_object()) return InvalidArgument(fmt::format("{}: model must be an object", source));
+  }
+  // "@NVME_PATH@" placeholders of the shipped configs: any path will do for sizing.
+  std::string engine_text = json.dump();
+  for (size_t at; (at = engine_text.find("@NVME_PATH@")) != std::string::npos;) {
+    engine_text.replace(at, 11, "/tmp");
+  }
+  StatusOr<EngineConfig> config = EngineConfig::FromJson(engine_text);
+  if (!config.ok()) return config.status().WithContext(source);
+  ConfigModel out{ModelSpec{}, *config};
+  if (gpt) {
+    int v[5] = {256, 64, 128, 4, 4};
+    bool checkpointing = true;
+    const char* keys[5] = {"vocab_size", "seq_len", "d_model", "n_layer", "n_head"};
+    for (auto it = model.begin(); it != model.end(); ++it) {
+      const std::string& key = it.key();
+      if (key == "activation_checkpointing") {
+        if (!it->is_boolean()) {
+          return InvalidArgument(fmt::format("{}: model.{} must be true or false, got {}", source,
+                                             key, it->dump()));
+        }
+        checkpointing = it->get<bool>();
+        continue;
+      }
+      const auto k = std::find_if(std::begin(keys), std::end(keys),
+                                  [&](const char* n) { return key == n; });
+      if (k == std::end(keys)) {
+        return InvalidArgument(fmt::format(
+            "{}: model.{} is not a GPT model key (vocab_size, seq_len, d_model, n_layer, n_head, "
+            "activation_checkpointing)",
+            source, key));
+      }
+      if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 30)) {
+        return InvalidArgument(fmt::format("{}: model.{} must be an integer in [1, 2^30], got {}",
+                                           source, key, it->dump()));
+      }
+      v[k - std::begin(keys)] = it->get<int>();
+    }
+    StatusOr<ModelSpec> m =
+        GptModel(v[0], v[1], v[2], v[3], v[4], config->micro_batch_size, checkpointing);
+    if (!m.ok()) return m.status().WithContext(source);
+    out.model = std::move(*m);
+  } else {
+    StatusOr<ModelSpec> m = MlpModel(mlp_layers, mlp_width, config->micro_batch_size);
+    if (!m.ok()) return m.status().WithContext(source);
+    out.model = std::move(*m);
+  }
+  return out;
+}
+
+// ---- Profile ----
+
+StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
+                                                  const std::string& source) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgument(fmt::format("profile {}: not a JSON object", source));
+  }
+  if (!j.contains("zinf_profile") || j["zinf_profile"] != 1) {
+    return InvalidArgument(fmt::format(
+        "profile {}: no \"zinf_profile\": 1 (write one with `zinf bench profile --out FILE`)",
+        source));
+  }
+  MachineProfile p;
+  // A figure at `path` (dot-separated): a finite number >= 0; null or absent is 0 when
+  // `optional`.
+  auto number = [&](const nlohmann::json& at, const std::string& path, bool optional,
+                    double* out) -> Status {
+    const nlohmann::json* v = &at;
+    size_t start = 0;
+    while (start <= path.size()) {
+      size_t dot = path.find('.', start);
+      if (dot == std::string::npos) dot = path.size();
+      const std::string key = path.substr(start, dot - start);
+      if (!v->is_object() || !v->contains(key) || (*v)[key].is_null()) {
+        if (optional) {
+          *out = 0;
+          return OkStatus();
+        }
+        return InvalidArgument(fmt::format("profile {}: {} is missing", source, path));
+      }
+      v = &(*v)[key];
+      start = dot + 1;
+    }
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0) {
+      return InvalidArgument(
+          fmt::format("profile {}: {} must be a number >= 0, got {}", source, path, v->dump()));
+    }
+    *out = v->get<double>();
+    return OkStatus();
+  };
+  double x = 0;
+  ZINF_RETURN_IF_ERROR(number(j, "machine.cores", false, &x));
+  p.cores = std::max(1, static_cast<int>(x));
+  ZINF_RETURN_IF_ERROR(number(j, "machine.memory_bytes", false, &x));
+  p.memory_bytes = static_cast<uint64_t>(x);
+  ZINF_RETURN_IF_ERROR(number(j, "machine.gpu_memory_bytes", true, &x));
+  p.gpu_memory_bytes = static_cast<uint64_t>(x);
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.free_bytes", true, &x));
+  p.nvme_free_bytes = static_cast<uint64_t>(x);
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.read_MBps", true, &p.nvme_read_Bps));
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.write_MBps", true, &p.nvme_write_Bps));
+  p.nvme_read_Bps *= 1e6;
+  p.nvme_write_Bps *= 1e6;
+  if (j.contains("nvme") && j["nvme"].is_object() && j["nvme"].contains("paths")) {
+    for (const auto& path : j["nvme"]["paths"]) {
+      if (!path.is_string()) {
+        return InvalidArgument(fmt::format("profile {}: nvme.paths must be strings", source));
+      }
+      p.nvme_paths.push_back(path.get<std::string>());
+    }
+  }
+  ZINF_RETURN_IF_ERROR(number(j, "memory_GBps", false, &p.memory_Bps));
+  p.memory_Bps *= 1e9;
+  ZINF_RETURN_IF_ERROR(number(j, "link.h2d_GBps", true, &p.h2d_Bps));
+  ZINF_RETURN_IF_ERROR(number(j, "link.d2h_GBps", true, &p.d2h_Bps));
+  p.h2d_Bps *= 1e9;
+  p.d2h_Bps *= 1e9;
+  if (!j.contains("cpu_optimizer") || !j["cpu_optimizer"].is_array() ||
+      j["cpu_optimizer"].empty()) {
+    return InvalidArgument(
+        fmt::format("profile {}: cpu_optimizer must be a non-empty array", source));
+  }
+  for (const auto& row : j["cpu_optimizer"]) {
+    OptimizerRow r;
+    ZINF_RETURN_IF_ERROR(number(row, "threads", false, &x));
+    r.threads = static_cast<int>(x);
+    ZINF_RETURN_IF_ERROR(number(row, "params_per_s", false, &r.params_per_s));
+    p.optimizer.push_back(r);
+  }
+  if (!j.contains("matmul") || !j["matmul"].is_array() || j["matmul"].empty()) {
+    return InvalidArgument(fmt::format("profile {}: matmul must be a non-empty array", source));
+  }
+  for (const auto& row : j["matmul"]) {
+    MatmulRow r;
+    ZINF_RETURN_IF_ERROR(number(row, "threads", false, &x));
+    r.threads = static_cast<int>(x);
+    ZINF_RETURN_IF_ERROR(number(row, "fp32_GFLOPs", true, &r.fp32_flops));
+    ZINF_RETURN_IF_ERROR(number(row, "bf16_GFLOPs", true, &r.bf16_flops));
+    r.fp32_flops *= 1e9;
+    r.bf16_flops *= 1e9;
+    p.matmul.push_back(r);
+  }
+  ZINF_RETURN_IF_ERROR(number(j, "loop_fp32_GFLOPs", false, &p.loop_fp32_flops));
+  p.loop_fp32_flops *= 1e9;
+  ZINF_RETURN_IF_ERROR(number(j, "collective.latency_us", true, &p.collective_latency_s));
+  p.collective_latency_s *= 1e-6;
+  ZINF_RETURN_IF_ERROR(number(j, "collective.allgather_GBps", true, &p.allgather_Bps));
+  ZINF_RETURN_IF_ERROR(number(j, "collective.reduce_scatter_GBps", true, &p.reduce_scatter_Bps));
+  p.allgather_Bps *= 1e9;
+  p.reduce_scatter_Bps *= 1e9;
+  std::sort(p.optimizer.begin(), p.optimizer.end(),
+            [](const auto& a, const auto& b) { return a.threads < b.threads; });
+  std::sort(p.matmul.begin(), p.matmul.end(),
+            [](const auto& a, const auto& b) { return a.threads < b.threads; });
+  return p;
+}
+
+double MachineProfile::OptimizerRate(int threads) const {
+  double rate = optimizer.front().params_per_s;
+  for (const auto& r : optimizer) {
+    if (r.threads <= threads) rate = r.params_per_s;
+  }
+  return rate;
+}
+
+double MachineProfile::MatmulRate(int threads, bool bf16) const {
+  const MatmulRow* best = &matmul.front();
+  for (const auto& r : matmul) {
+    if (r.threads <= threads) best = &r;
+  }
+  return bf16 && best->bf16_flops > 0 ? best->bf16_flops : best->fp32_flops;
+}
+
+// ---- Memory ----
+
+MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int world) {
+  MemoryEstimate m;
+  const Layout l = LayOut(model, c, world);
+  const uint64_t e = ElementBytes(c);
+  const bool params_nvme = c.offload_param_device == OffloadDevice::kNvme;
+  const bool optim_nvme = c.offload_optimizer_device == OffloadDevice::kNvme;
+  const bool host_master = !(params_nvme && optim_nvme);
+  const int states = StateCount(c);
+  const uint64_t S = l.shard_elements;
+  // Engine::Initialize: gradient accumulators, master, in-memory state, page-rounded by the
+  // host tier's 4 KiB blocks.
+  const uint64_t array = PageUp(std::max<uint64_t>(S, 1) * 4);
+  m.host_arrays = array * (1 + (host_master ? 1 : 0) + (optim_nvme ? 0 : states));
+  uint64_t tier = 0, largest_tier = 0, persistent_budget = 0, working_set = 0;
+  for (const auto& params : l.modules) {
+    uint64_t bytes = 0;
+    for (const Laid& p : params) {
+      const uint64_t full = p.shard * world;
+      const uint64_t gathered = full * (e + 4 + 4) + p.shard * e;
+      (p.persistent ? persistent_budget : bytes) += gathered;
+      tier += PageUp(p.shard * e);
+      largest_tier = std::max(largest_tier, p.shard * e);
+    }
+    working_set = std::max(working_set, bytes);
+  }
+  if (!params_nvme) m.param_tier = tier;
+  // EndBatch reads the next batch's first modules ahead (ParamTier::ReadAhead), when the
+  // shards live off the device: at least one module, then up to the prefetch bucket.
+  if (c.offload_param_device != OffloadDevice::kNone && !model.fetch_order.empty()) {
+    uint64_t ahead = 0;
+    std::set<int> seen;
+    for (size_t k = 0; k < model.fetch_order.size(); ++k) {
+      const int mod = model.fetch_order[k];
+      if (k > 0 && ahead >= c.stage3_prefetch_bucket_size) break;
+      if (!seen.insert(mod).second) continue;
+      for (const Laid& p : l.modules[mod]) {
+        if (p.persistent) continue;
+        ahead += p.numel;
+        m.read_ahead += PageUp(p.shard * e);
+      }
+    }
+  }
+  if (optim_nvme) {
+    const uint64_t chunk = ChunkElements(c, S);
+    m.nvme_staging = PipelinedOptimizerOptions().num_buffers * chunk *
+                     PipelinedOptimizerOptions::kStagingBytesPerElement;
+    const uint64_t chunks = (S + chunk - 1) / chunk;
+    uint64_t host_chunks = 0, nvme_chunks = 0;
+    for (uint64_t i = 0; i < chunks; ++i) {
+      const bool on_nvme = std::floor((i + 1) * c.optimizer_nvme_ratio) >
+                           std::floor(i * c.optimizer_nvme_ratio);
+      (on_nvme ? nvme_chunks : host_chunks) += 1;
+    }
+    // Host-resident chunks (fp32 params and the states) come from 1 GiB arenas.
+    const uint64_t host_state = host_chunks * chunk * 4 * (1 + states);
+    m.host_state_pool = host_state == 0 ? 0 : (host_state + kGiB - 1) / kGiB * kGiB;
+    m.nvme += nvme_chunks * (chunk * 12 + c.aio.block_size);
+  }
+  if (params_nvme) {
+    const uint64_t piece = std::clamp<uint64_t>(PageUp(largest_tier), 1 << 20, 64 << 20);
+    for (const auto& params : l.modules) {
+      for (const Laid& p : params) {
+        const uint64_t bytes = p.shard * e;
+        m.nvme += bytes + (bytes + piece - 1) / piece * c.aio.block_size;
+      }
+    }
+  }
+  if (m.nvme > 0) {
+    // SwapStore: one file per path, each rounded up to the stripe (aio.block_size).
+    const uint64_t paths = std::max<size_t>(1, c.NvmePaths().size());
+    m.nvme = AlignUp((m.nvme + paths - 1) / paths, c.aio.block_size) * paths;
+  }
+  // Peak: the budgets OpenTiers gives the store.
+  m.device_budget = (c.offload_param_device == OffloadDevice::kNone ? tier : 0) +
+                    persistent_budget + 2 * working_set + 2 * c.stage3_prefetch_bucket_size * e +
+                    (64 << 20);
+  m.host_budget = m.host_arrays +
+                  (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
+                  std::max<uint64_t>(256 << 20, 4 * largest_tier);
+  m.activations = model.activation_bytes;
+  // In use at the peak: the device tier up to its budget (what it caches grows into it), the
+  // host arrays, the parameter tier in host memory, the NVMe optimizer's pools, and with
+  // several ranks the two reduce buckets.
+  const uint64_t buckets =
+      world > 1 ? 2 * std::min<uint64_t>(c.reduce_bucket_size, S * world) * 4 : 0;
+  m.peak_device = m.device_budget;
+  m.peak_host = m.host_arrays + (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
+                m.nvme_staging + m.host_state_pool + buckets;
+  return m;
+}
+
+// ---- Time ----
+
+StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig& c,
+                                     const MachineProfile& profile, const PlanOptions& options) {
+  if (options.world_size < 1) {
+    return InvalidArgument(fmt::format("--world-size must be >= 1, got {}", options.world_size));
+  }
+  if (model.fetch_flops.size() != model.fetch_order.size()) {
+    return Internal("plan: the model's fetch_flops and fetch_order differ in length");
+  }
+  const int world = options.world_size;
+  Estimate est;
+  est.memory = EstimateMemory(model, c, world);
+  MemoryEstimate& m = est.memory;
+  const Layout l = LayOut(model, c, world);
+  const uint64_t e = ElementBytes(c);
+  const uint64_t S = l.shard_elements;
+  const bool params_nvme = c.offload_param_device == OffloadDevice::kNvme;
+  const bool optim_nvme = c.offload_optimizer_device == OffloadDevice::kNvme;
+  const bool host_master = !(params_nvme && optim_nvme);
+  const bool uses_nvme = params_nvme || optim_nvme;
+  const int threads =
+      options.threads > 0 ? options.threads : std::max(1, profile.cores / world);
+
+  // Fits (Note [Plan memory]): the engine's device is the host device today, so without a GPU
+  // figure every byte is host memory.
+  const uint64_t memory = options.memory_bytes != 0 ? options.memory_bytes : profile.memory_bytes;
+  const uint64_t gpu =
+      options.gpu_memory_bytes != 0 ? options.gpu_memory_bytes : profile.gpu_memory_bytes;
+  const uint64_t nvme_free =
+      options.nvme_free_bytes != 0 ? options.nvme_free_bytes : profile.nvme_free_bytes;
+  const uint64_t ranks = static_cast<uint64_t>(world);  // all on this machine
+  std::vector<std::string> why;
+  if (gpu == 0) {
+    const uint64_t need = (m.peak_device + m.peak_host + m.activations) * ranks;
+    if (need > memory) {
+      why.push_back(fmt::format("memory: needs {} of {}", FormatBytes(need), FormatBytes(memory)));
+    }
+  } else {
+    if ((m.peak_device + m.activations) > gpu) {
+      why.push_back(fmt::format("GPU: needs {} of {}", FormatBytes(m.peak_device + m.activations),
+                                FormatBytes(gpu)));
+    }
+    if (m.peak_host * ranks > memory) {
+      why.push_back(fmt::format("memory: needs {} of {}", FormatBytes(m.peak_host * ranks),
+                                FormatBytes(memory)));
+    }
+  }
+  if (uses_nvme) {
+    if (m.nvme * ranks > nvme_free) {
+      why.push_back(fmt::format("NVMe: needs {} of {} free", FormatBytes(m.nvme * ranks),
+                                FormatBytes(nvme_free)));
+    }
+    if (profile.nvme_read_Bps <= 0 || profile.nvme_write_Bps <= 0) {
+      why.push_back("the profile has no NVMe bandwidth (profile with --path DIR)");
+    }
+  }
+  est.fits = why.empty();
+  for (size_t i = 0; i < why.size(); ++i) est.why += (i ? "; " : "") + why[i];
+
+  // Compute rate: the GPT's matmuls multiply in bf16 where the config enables it and the
+  // machine has native bf16 (the profile's bf16 figure); the MLP's plain loop is one thread.
+  const double rate = model.plain_loop_compute ? profile.loop_fp32_flops
+                                               : profile.MatmulRate(threads, c.bf16);
+  if (rate <= 0) {
+    return InvalidArgument(fmt::format("the profile has no {} compute rate",
+                                       model.plain_loop_compute ? "loop_fp32_GFLOPs" : "matmul"));
+  }
+  TimeEstimate& t = est.time;
+  const int gas = c.gradient_accumulation_steps;
+
+  // The device tier's room for shard copies (ParamTier keeps them cached until the budget needs
+  // their room; eviction follows the recorded order): the budget less the persistent
+  // parameters' copies and the largest module's gathered, widened and gradient buffers.
+  uint64_t persistent_live = 0, largest_live = 0;
+  std::vector<uint64_t> shard_bytes(l.modules.size()), gathered_bytes(l.modules.size());
+  std::vector<uint64_t> gathers(l.modules.size());
+  uint64_t persistent_gathered = 0, persistent_count = 0;
+  for (size_t i = 0; i < l.modules.size(); ++i) {
+    for (const Laid& p : l.modules[i]) {
+      if (!p.persistent) continue;
+      const uint64_t full = p.shard * world;
+      persistent_live += full * e + (world > 1 ? p.shard * e : 0) + (e != 4 ? full * 4 : 0);
+      persistent_gathered += full * e;
+      ++persistent_count;
+    }
+    largest_live = std::max(largest_live, LiveBeyondShards(l.modules[i], e, world));
+    shard_bytes[i] = 0;
+    for (const Laid& p : l.modules[i]) {
+      if (!p.persistent) shard_bytes[i] += PageUp(p.shard * e);
+    }
+    gathered_bytes[i] = ShardBytes(l.modules[i], e) * world;
+    gathers[i] = CountNonPersistent(l.modules[i]);
+  }
+  const bool shards_off_device = c.offload_param_device != OffloadDevice::kNone;
+  const int64_t room =
+      static_cast<int64_t>(m.device_budget) - static_cast<int64_t>(persistent_live + largest_live);
+
+  // One step's fetches.
+  std::vector<int> order;
+  std::vector<double> flops;
+  for (int k = 0; k < gas; ++k) {
+    order.insert(order.end(), model.fetch_order.begin(), model.fetch_order.end());
+    flops.insert(flops.end(), model.fetch_flops.begin(), model.fetch_flops.end());
+  }
+  const size_t n = order.size();
+  // Which fetches miss the device tier (Belady: the copy needed last goes first, as the
+  // recorded-order hints make the store do).
+  std::vector<uint64_t> miss(n, 0);
+  if (shards_off_device) {
+    std::vector<size_t> next(n, n);
+    std::map<int, size_t> seen;
+    for (size_t i = n; i-- > 0;) {
+      auto it = seen.find(order[i]);
+      next[i] = it == seen.end() ? n : it->second;
+      seen[order[i]] = i;
+    }
+    std::map<int, size_t> cached;  // module -> its next use
+    uint64_t used = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int mod = order[i];
+      if (shard_bytes[mod] == 0) continue;
+      if (cached.count(mod) == 0) {
+        miss[i] = shard_bytes[mod];
+        used += shard_bytes[mod];
+      }
+      cached[mod] = next[i];
+      while (static_cast<int64_t>(used) > std::max<int64_t>(room, 0) && cached.size() > 1) {
+        auto victim = cached.end();
+        for (auto it = cached.begin(); it != cached.end(); ++it) {
+          if (it->first == mod) continue;
+          if (victim == cached.end() || it->second > victim->second) victim = it;
+        }
+        used -= shard_bytes[victim->first];
+        cached.erase(victim);
+      }
+    }
+  }
+  // The read-ahead window (ParamTier::ReadAhead): fetch i's shards are asked for at fetch
+  // issue[i], the last fetch from which i is within stage3_prefetch_bucket_size elements.
+  std::vector<uint64_t> elements(l.modules.size(), 0);
+  for (size_t i = 0; i < l.modules.size(); ++i) {
+    for (const Laid& p : l.modules[i]) {
+      if (!p.persistent) elements[i] += p.numel;
+    }
+  }
+  // The link a miss crosses: NVMe reads (then the host-to-device copy, which on the host device
+  // is a memcpy), or the host-to-device copy alone.
+  const double copy_Bps = profile.h2d_Bps > 0 ? profile.h2d_Bps : profile.memory_Bps / 2;
+  const double miss_Bps = params_nvme ? profile.nvme_read_Bps : copy_Bps;
+  // Event simulation: compute is one serial lane, reads another, all-gathers a third.
+  double clock = 0, disk_free = 0, comm_free = 0;
+  std::vector<double> start(n, 0);
+  double wait_read = 0, wait_gather = 0;
+  // The persistent parameters are gathered again at the first fetch after each step.
+  if (world > 1 && persistent_count > 0) {
+    const double g = persistent_count * profile.collective_latency_s +
+                     SafeDiv(static_cast<double>(persistent_gathered), profile.allgather_Bps);
+    clock += g;
+    wait_gather += g;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int mod = order[i];
+    // Issued at the fetch that first has i inside its window (the step's first fetch: at the
+    // previous step, which is how EndBatch reads ahead; counted here as at time 0).
+    size_t from = i == 0 ? 0 : i - 1;
+    uint64_t ahead = 0;
+    while (from > 0) {
+      ahead += elements[order[from]];  // the modules between fetch from - 1 and fetch i
+      if (ahead >= c.stage3_prefetch_bucket_size) break;
+      --from;
+    }
+    const double issue = i == 0 ? 0.0 : start[from];
+    double have = issue;
+    if (miss[i] > 0 && miss_Bps > 0) {
+      const double begin = std::max(issue, disk_free);
+      disk_free = begin + miss[i] / miss_Bps;
+      have = disk_free;
+    }
+    double gathered = have;
+    if (world > 1 && gathers[mod] > 0) {
+      // The next module's all-gathers start at the fetch before (ParamTier::PrefetchGathers).
+      const double begin = std::max({have, comm_free, i == 0 ? 0.0 : start[i - 1]});
+      comm_free = begin + gathers[mod] * profile.collective_latency_s +
+                  SafeDiv(static_cast<double>(gathered_bytes[mod]), profile.allgather_Bps);
+      gathered = comm_free;
+    }
+    const double s = std::max(clock, gathered);
+    if (s > clock) {
+      // Blame the later of the two lanes.
+      if (gathered > have) {
+        wait_gather += s - std::max(clock, have);
+        wait_read += std::max(0.0, have - clock);
+      } else {
+        wait_read += s - clock;
+      }
+    }
+    start[i] = s;
+    clock = s + flops[i] / rate;
+    t.bytes_gathered += world > 1 ? gathered_bytes[mod] : 0;
+    if (params_nvme) t.nvme_read += miss[i];
+  }
+  t.compute = gas * model.matmul_flops_per_micro_batch / rate;
+  if (world == 1) {
+    // One rank's gathered parameter is its shard: StepSummary counts its bytes as gathered.
+    for (size_t i = 0; i < n; ++i) t.bytes_gathered += gathered_bytes[order[i]];
+  }
+  t.gather = wait_gather + (params_nvme ? 0.0 : wait_read);
+  double nvme_wait = params_nvme ? wait_read : 0.0;
+
+  // Gradients: zeroed buffers, the reduce-scatter in buckets (several ranks), and the
+  // accumulation into fp32 (one rank's first micro-batch accumulates in place).
+  const double total = static_cast<double>(l.total);
+  double memory_bytes = gas * total * 4;  // zeroing every gradient buffer
+  memory_bytes += (world == 1 ? (gas - 1) : gas) * static_cast<double>(S) * 12;
+  t.reduce = SafeDiv(memory_bytes, profile.memory_Bps);
+  if (world > 1) {
+    const double buckets =
+        std::ceil(total / static_cast<double>(std::max<uint64_t>(1, c.reduce_bucket_size)));
+    t.reduce += gas * (buckets * profile.collective_latency_s +
+                       SafeDiv(total * 4, profile.reduce_scatter_Bps));
+  }
+
+  // The optimizer step.
+  const double update = S / profile.OptimizerRate(threads);
+  double pass = 0, tier_write = 0;
+  if (optim_nvme) {
+    uint64_t nvme_chunks = 0;
+    const uint64_t chunk = ChunkElements(c, S);
+    const uint64_t chunks = (S + chunk - 1) / chunk;
+    for (uint64_t i = 0; i < chunks; ++i) {
+      if (std::floor((i + 1) * c.optimizer_nvme_ratio) > std::floor(i * c.optimizer_nvme_ratio))
+        ++nvme_chunks;
+    }
+    const double on_nvme = std::min<double>(S, nvme_chunks * chunk);
+    double read = on_nvme * 12, written = on_nvme * 12;
+    if (host_master) read += on_nvme * 12;  // the parameters read back (NvmeStep)
+    t.nvme_read += static_cast<uint64_t>(read);
+    t.nvme_written += static_cast<uint64_t>(written);
+    pass = SafeDiv(read, profile.nvme_read_Bps) + SafeDiv(written, profile.nvme_write_Bps);
+  }
+  if (host_master) tier_write += SafeDiv(S * (4.0 + e), profile.memory_Bps);
+  double tier_nvme = 0;
+  if (params_nvme) {
+    t.nvme_written += S * e;
+    tier_nvme = SafeDiv(S * static_cast<double>(e), profile.nvme_write_Bps);
+  }
+  t.optimizer = update + tier_write;
+  t.nvme = nvme_wait + std::max(0.0, pass - update) + tier_nvme;
+  t.step = t.compute + t.gather + t.reduce + t.optimizer + t.nvme;
+  return est;
+}
+
+// ---- Placements and configs ----
+
+std::vector<EngineConfig> Placements(const EngineConfig& base, const std::string& nvme_path) {
+  std::vector<EngineConfig> out;
+  const OffloadDevice devices[] = {OffloadDevice::kNone, OffloadDevice::kCpu,
+                                   OffloadDevice::kNvme};
+  for (int precision = 0; precision < 3; ++precision) {
+    for (OffloadDevice param : devices) {
+      for (int optim = 0; optim < 4; ++optim) {
+        EngineConfig c = base;
+        c.zero_stage = 3;
+        c.warnings.clear();
+        c.bf16 = precision == 1;
+        c.fp16 = precision == 2;
+        c.offload_param_device = param;
+        c.offload_optimizer_device = optim == 0   ? OffloadDevice::kNone
+                                     : optim == 1 ? OffloadDevice::kCpu
+                                                  : OffloadDevice::kNvme;
+        c.optimizer_nvme_ratio = optim == 3 ? 0.5 : 1.0;
+        c.offload_param_nvme_path.clear();
+        c.offload_optimizer_nvme_path.clear();
+        if (param == OffloadDevice::kNvme) c.offload_param_nvme_path = {nvme_path};
+        if (optim >= 2) c.offload_optimizer_nvme_path = {nvme_path};
+        out.push_back(std::move(c));
+      }
+    }
+  }
+  return out;
+}
+
+std::string PlacementName(const EngineConfig& c) {
+  std::string optim(OffloadDeviceName(c.offload_optimizer_device));
+  if (c.offload_optimizer_device == OffloadDevice::kNvme && c.optimizer_nvme_ratio < 1.0) {
+    optim += fmt::format(" {:g}", c.optimizer_nvme_ratio);
+  }
+  return fmt::format("param {}, optim {}, {}", OffloadDeviceName(c.offload_param_device), optim,
+                     c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32");
+}
+
+StatusOr<std::string> DeepSpeedJson(const EngineConfig& c, std::string_view base_json) {
+  nlohmann::json j = nlohmann::json::parse(base_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgument("the base config is not a JSON object");
+  }
+  j.erase("model");
+  nlohmann::json& zero = j["zero_optimization"];
+  if (!zero.is_object()) zero = nlohmann::json::object();
+  zero["stage"] = c.zero_stage;
+  auto offload = [&](const char* key, OffloadDevice device,
+                     const std::vector<std::string>& paths) {
+    nlohmann::json& o = zero[key];
+    if (!o.is_object()) o = nlohmann::json::object();
+    o["device"] = std::string(OffloadDeviceName(device));
+    if (device == OffloadDevice::kNvme) {
+      o["nvme_path"] = paths.size() == 1 ? nlohmann::json(paths[0]) : nlohmann::json(paths);
+    } else {
+      o.erase("nvme_path");
+    }
+  };
+  offload("offload_param", c.offload_param_device, c.offload_param_nvme_path);
+  offload("offload_optimizer", c.offload_optimizer_device, c.offload_optimizer_nvme_path);
+  j["bf16"] = {{"enabled", c.bf16}};
+  if (c.fp16) {
+    if (!j.contains("fp16") || !j["fp16"].is_object()) j["fp16"] = nlohmann::json::object();
+    j["fp16"]["enabled"] = true;
+  } else {
+    j.erase("fp16");
+  }
+  if (!j.contains("zinf") || !j["zinf"].is_object()) j["zinf"] = nlohmann::json::object();
+  if (c.offload_optimizer_device == OffloadDevice::kNvme) {
+    j["zinf"]["optimizer_nvme_ratio"] = c.optimizer_nvme_ratio;
+  } else {
+    j["zinf"].erase("optimizer_nvme_ratio");
+  }
+  if (j["zinf"].empty()) j.erase("zinf");
+  return j.dump(2) + "\n";
+}
+
+}  // namespace zinf::plan
