@@ -94,6 +94,89 @@ uint64_t CountNonPersistent(const std::vector<Laid>& params) {
   return std::count_if(params.begin(), params.end(), [](const Laid& p) { return !p.persistent; });
 }
 
+// The step's fetches against the device tier's cache of shard copies (ParamTier keeps them
+// until the budget needs their room; eviction follows the recorded order, which makes the
+// store drop the copy needed last: Belady's choice).
+struct CacheSim {
+  std::vector<int> order;       // one step's fetches
+  std::vector<uint64_t> miss;   // bytes each fetch brings to the device tier
+  uint64_t cached_at_end = 0;   // shard bytes cached after the last fetch
+};
+
+CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world, const Layout& l,
+                       uint64_t device_budget) {
+  CacheSim sim;
+  const uint64_t e = ElementBytes(c);
+  for (int k = 0; k < c.gradient_accumulation_steps; ++k) {
+    sim.order.insert(sim.order.end(), model.fetch_order.begin(), model.fetch_order.end());
+  }
+  const size_t n = sim.order.size();
+  sim.miss.assign(n, 0);
+  if (c.offload_param_device == OffloadDevice::kNone) return sim;
+  // The room: the budget less the persistent parameters' copies and the largest module's
+  // gathered, widened and gradient buffers.
+  uint64_t persistent_live = 0, largest_live = 0;
+  std::vector<uint64_t> shard_bytes(l.modules.size(), 0);
+  for (size_t i = 0; i < l.modules.size(); ++i) {
+    for (const Laid& p : l.modules[i]) {
+      const uint64_t full = p.shard * world;
+      if (p.persistent) {
+        persistent_live += full * e + (world > 1 ? p.shard * e : 0) + (e != 4 ? full * 4 : 0);
+      } else {
+        shard_bytes[i] += PageUp(p.shard * e);
+      }
+    }
+    largest_live = std::max(largest_live, LiveBeyondShards(l.modules[i], e, world));
+  }
+  const int64_t room = std::max<int64_t>(
+      0, static_cast<int64_t>(device_budget) - static_cast<int64_t>(persistent_live + largest_live));
+  std::vector<size_t> next(n, n);
+  std::map<int, size_t> seen;
+  for (size_t i = n; i-- > 0;) {
+    auto it = seen.find(sim.order[i]);
+    next[i] = it == seen.end() ? n : it->second;
+    seen[sim.order[i]] = i;
+  }
+  std::map<int, size_t> cached;  // module -> its next use
+  uint64_t used = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int mod = sim.order[i];
+    if (shard_bytes[mod] == 0) continue;
+    if (cached.count(mod) == 0) {
+      sim.miss[i] = shard_bytes[mod];
+      used += shard_bytes[mod];
+    }
+    cached[mod] = next[i];
+    while (static_cast<int64_t>(used) > room && cached.size() > 1) {
+      auto victim = cached.end();
+      for (auto it = cached.begin(); it != cached.end(); ++it) {
+        if (it->first == mod) continue;
+        if (victim == cached.end() || it->second > victim->second) victim = it;
+      }
+      used -= shard_bytes[victim->first];
+      cached.erase(victim);
+    }
+  }
+  sim.cached_at_end = used;
+  // EndBatch reads the next batch's first modules ahead (ParamTier::ReadAhead): at least one
+  // module, then up to stage3_prefetch_bucket_size elements, those not cached already.
+  uint64_t ahead = 0;
+  for (size_t k = 0; k < model.fetch_order.size(); ++k) {
+    const int mod = model.fetch_order[k];
+    if (k > 0 && ahead >= c.stage3_prefetch_bucket_size) break;
+    for (const Laid& p : l.modules[mod]) {
+      if (!p.persistent) ahead += p.numel;
+    }
+    if (cached.count(mod) == 0 && shard_bytes[mod] > 0 &&
+        static_cast<int64_t>(used + shard_bytes[mod]) <= std::max<int64_t>(room, shard_bytes[mod])) {
+      cached[mod] = n;
+      used += shard_bytes[mod];
+    }
+  }
+  sim.cached_at_end = used;
+  return sim;
+}
+
 double SafeDiv(double a, double b) { return b > 0 ? a / b : 0.0; }
 
 }  // namespace
@@ -427,37 +510,22 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     working_set = std::max(working_set, bytes);
   }
   if (!params_nvme) m.param_tier = tier;
-  // EndBatch reads the next batch's first modules ahead (ParamTier::ReadAhead), when the
-  // shards live off the device: at least one module, then up to the prefetch bucket.
-  if (c.offload_param_device != OffloadDevice::kNone && !model.fetch_order.empty()) {
-    uint64_t ahead = 0;
-    std::set<int> seen;
-    for (size_t k = 0; k < model.fetch_order.size(); ++k) {
-      const int mod = model.fetch_order[k];
-      if (k > 0 && ahead >= c.stage3_prefetch_bucket_size) break;
-      if (!seen.insert(mod).second) continue;
-      for (const Laid& p : l.modules[mod]) {
-        if (p.persistent) continue;
-        ahead += p.numel;
-        m.read_ahead += PageUp(p.shard * e);
-      }
-    }
-  }
   if (optim_nvme) {
     const uint64_t chunk = ChunkElements(c, S);
     m.nvme_staging = PipelinedOptimizerOptions().num_buffers * chunk *
                      PipelinedOptimizerOptions::kStagingBytesPerElement;
     const uint64_t chunks = (S + chunk - 1) / chunk;
-    uint64_t host_chunks = 0, nvme_chunks = 0;
+    uint64_t host_elements = 0;
     for (uint64_t i = 0; i < chunks; ++i) {
       const bool on_nvme = std::floor((i + 1) * c.optimizer_nvme_ratio) >
                            std::floor(i * c.optimizer_nvme_ratio);
-      (on_nvme ? nvme_chunks : host_chunks) += 1;
+      if (!on_nvme) host_elements += std::min(chunk, S - i * chunk);
     }
     // Host-resident chunks (fp32 params and the states) come from 1 GiB arenas.
-    const uint64_t host_state = host_chunks * chunk * 4 * (1 + states);
+    const uint64_t host_state = host_elements * 4 * (1 + states);
     m.host_state_pool = host_state == 0 ? 0 : (host_state + kGiB - 1) / kGiB * kGiB;
-    m.nvme += nvme_chunks * (chunk * 12 + c.aio.block_size);
+    // OpenTiers reserves swap space for every chunk, whatever the ratio.
+    m.nvme += chunks * (chunk * 12 + c.aio.block_size);
   }
   if (params_nvme) {
     const uint64_t piece = std::clamp<uint64_t>(PageUp(largest_tier), 1 << 20, 64 << 20);
@@ -477,6 +545,9 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   m.device_budget = (c.offload_param_device == OffloadDevice::kNone ? tier : 0) +
                     persistent_budget + 2 * working_set + 2 * c.stage3_prefetch_bucket_size * e +
                     (64 << 20);
+  if (!model.fetch_order.empty()) {
+    m.device_cache = SimulateCache(model, c, world, l, m.device_budget).cached_at_end;
+  }
   m.host_budget = m.host_arrays +
                   (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
                   std::max<uint64_t>(256 << 20, 4 * largest_tier);
@@ -563,72 +634,24 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   TimeEstimate& t = est.time;
   const int gas = c.gradient_accumulation_steps;
 
-  // The device tier's room for shard copies (ParamTier keeps them cached until the budget needs
-  // their room; eviction follows the recorded order): the budget less the persistent
-  // parameters' copies and the largest module's gathered, widened and gradient buffers.
-  uint64_t persistent_live = 0, largest_live = 0;
-  std::vector<uint64_t> shard_bytes(l.modules.size()), gathered_bytes(l.modules.size());
-  std::vector<uint64_t> gathers(l.modules.size());
+  const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
+  const std::vector<int>& order = sim.order;
+  const std::vector<uint64_t>& miss = sim.miss;
+  const size_t n = order.size();
+  std::vector<double> flops;
+  for (int k = 0; k < c.gradient_accumulation_steps; ++k) {
+    flops.insert(flops.end(), model.fetch_flops.begin(), model.fetch_flops.end());
+  }
+  std::vector<uint64_t> gathered_bytes(l.modules.size()), gathers(l.modules.size());
   uint64_t persistent_gathered = 0, persistent_count = 0;
   for (size_t i = 0; i < l.modules.size(); ++i) {
     for (const Laid& p : l.modules[i]) {
       if (!p.persistent) continue;
-      const uint64_t full = p.shard * world;
-      persistent_live += full * e + (world > 1 ? p.shard * e : 0) + (e != 4 ? full * 4 : 0);
-      persistent_gathered += full * e;
+      persistent_gathered += p.shard * world * e;
       ++persistent_count;
-    }
-    largest_live = std::max(largest_live, LiveBeyondShards(l.modules[i], e, world));
-    shard_bytes[i] = 0;
-    for (const Laid& p : l.modules[i]) {
-      if (!p.persistent) shard_bytes[i] += PageUp(p.shard * e);
     }
     gathered_bytes[i] = ShardBytes(l.modules[i], e) * world;
     gathers[i] = CountNonPersistent(l.modules[i]);
-  }
-  const bool shards_off_device = c.offload_param_device != OffloadDevice::kNone;
-  const int64_t room =
-      static_cast<int64_t>(m.device_budget) - static_cast<int64_t>(persistent_live + largest_live);
-
-  // One step's fetches.
-  std::vector<int> order;
-  std::vector<double> flops;
-  for (int k = 0; k < gas; ++k) {
-    order.insert(order.end(), model.fetch_order.begin(), model.fetch_order.end());
-    flops.insert(flops.end(), model.fetch_flops.begin(), model.fetch_flops.end());
-  }
-  const size_t n = order.size();
-  // Which fetches miss the device tier (Belady: the copy needed last goes first, as the
-  // recorded-order hints make the store do).
-  std::vector<uint64_t> miss(n, 0);
-  if (shards_off_device) {
-    std::vector<size_t> next(n, n);
-    std::map<int, size_t> seen;
-    for (size_t i = n; i-- > 0;) {
-      auto it = seen.find(order[i]);
-      next[i] = it == seen.end() ? n : it->second;
-      seen[order[i]] = i;
-    }
-    std::map<int, size_t> cached;  // module -> its next use
-    uint64_t used = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const int mod = order[i];
-      if (shard_bytes[mod] == 0) continue;
-      if (cached.count(mod) == 0) {
-        miss[i] = shard_bytes[mod];
-        used += shard_bytes[mod];
-      }
-      cached[mod] = next[i];
-      while (static_cast<int64_t>(used) > std::max<int64_t>(room, 0) && cached.size() > 1) {
-        auto victim = cached.end();
-        for (auto it = cached.begin(); it != cached.end(); ++it) {
-          if (it->first == mod) continue;
-          if (victim == cached.end() || it->second > victim->second) victim = it;
-        }
-        used -= shard_bytes[victim->first];
-        cached.erase(victim);
-      }
-    }
   }
   // The read-ahead window (ParamTier::ReadAhead): fetch i's shards are asked for at fetch
   // issue[i], the last fetch from which i is within stage3_prefetch_bucket_size elements.
@@ -719,14 +742,13 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const double update = S / profile.OptimizerRate(threads);
   double pass = 0, tier_write = 0;
   if (optim_nvme) {
-    uint64_t nvme_chunks = 0;
     const uint64_t chunk = ChunkElements(c, S);
     const uint64_t chunks = (S + chunk - 1) / chunk;
+    double on_nvme = 0;  // elements
     for (uint64_t i = 0; i < chunks; ++i) {
       if (std::floor((i + 1) * c.optimizer_nvme_ratio) > std::floor(i * c.optimizer_nvme_ratio))
-        ++nvme_chunks;
+        on_nvme += static_cast<double>(std::min(chunk, S - i * chunk));
     }
-    const double on_nvme = std::min<double>(S, nvme_chunks * chunk);
     double read = on_nvme * 12, written = on_nvme * 12;
     if (host_master) read += on_nvme * 12;  // the parameters read back (NvmeStep)
     t.nvme_read += static_cast<uint64_t>(read);

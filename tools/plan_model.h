@@ -139,12 +139,15 @@ struct MemoryEstimate {
   uint64_t host_arrays = 0;     // gradient accumulators, fp32 master, in-memory optimizer state
   uint64_t param_tier = 0;      // the compute-precision shards where they live in memory
   uint64_t persistent = 0;      // gathered persistent parameters
-  uint64_t read_ahead = 0;      // the next batch's first modules, read ahead at the step
+  // Shard copies in the device tier when the shards live off it: what the step's last
+  // fetches left cached (copies stay until the budget needs their room) and the next batch's
+  // first modules read ahead at the step.
+  uint64_t device_cache = 0;
   uint64_t nvme_staging = 0;    // the pipelined optimizer's staging arena
   uint64_t host_state_pool = 0; // optimizer chunks kept in memory (optimizer_nvme_ratio < 1)
   uint64_t nvme = 0;            // swap files
   uint64_t steady_host() const {  // = StepSummary::host_bytes
-    return host_arrays + param_tier + persistent + read_ahead + nvme_staging + host_state_pool;
+    return host_arrays + param_tier + persistent + device_cache + nvme_staging + host_state_pool;
   }
   // Peak.
   uint64_t device_budget = 0;  // the engine's device tier budget
