@@ -26,6 +26,7 @@
 #include "cpu_optim/dispatch.h"
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/parallel.h"
+#include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/cpu_info.h"
@@ -79,7 +80,20 @@ const char* StoreModeName(StoreMode mode) {
   return "?";
 }
 
-Status RunBenchAdam(const AdamArgs& args) {
+// What one `zinf bench adam` run measured.
+struct AdamResult {
+  uint64_t count = 0;
+  OptimizerType type = OptimizerType::kAdamW;
+  int threads = 0;
+  CpuKernelIsa isa = CpuKernelIsa::kAuto;
+  ElementType grad_type = ElementType::kFp32;
+  StoreMode store_in_use = StoreMode::kAuto;
+  uint64_t read_bytes = 0, write_bytes = 0, bytes_per_param = 0;
+  std::vector<double> step_s;
+  std::map<std::string, std::vector<double>> limit_s;  // by kLimitVariants name
+};
+
+StatusOr<AdamResult> MeasureAdam(const AdamArgs& args) {
   ZINF_ASSIGN_OR_RETURN(uint64_t count, ParseBytes(args.params));
   if (count == 0) return InvalidArgument("--params must be > 0");
   if (args.reps < 1)
@@ -183,17 +197,6 @@ Status RunBenchAdam(const AdamArgs& args) {
     return opt->Update(group, span, 1.0f / 1024.0f);
   };
 
-  const CpuInfo& cpu = GetCpuInfo();
-  if (!args.json) {
-    fmt::print(
-        "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
-        OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param), opt->threads(),
-        CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type), args.param_copy);
-    fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
-               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes, args.reps,
-               cpu.model_name);
-  }
-
   // Warm-up: page faults and first-use costs out of the timings, and with --store auto the
   // optimizer's store-mode tuning done (its first 2 x 3 large calls try both modes).
   for (int i = 0; i < 7; ++i) ZINF_RETURN_IF_ERROR(step_run());
@@ -208,6 +211,39 @@ Status RunBenchAdam(const AdamArgs& args) {
       ZINF_ASSIGN_OR_RETURN(double t, TimeIt([&] { return limit_run(lv); }));
       limit_s[lv.name].push_back(t);
     }
+  }
+
+  AdamResult result;
+  result.count = count;
+  result.type = hp.type;
+  result.threads = opt->threads();
+  result.isa = opt->isa();
+  result.grad_type = grad_type;
+  result.store_in_use = opt->store_mode_in_use();
+  result.read_bytes = read_bytes;
+  result.write_bytes = write_bytes;
+  result.bytes_per_param = bytes_per_param;
+  result.step_s = std::move(step_s);
+  result.limit_s = std::move(limit_s);
+  return result;
+}
+
+Status RunBenchAdam(const AdamArgs& args) {
+  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args));
+  const uint64_t count = r.count, bytes_per_param = r.bytes_per_param;
+  const uint64_t read_bytes = r.read_bytes, write_bytes = r.write_bytes;
+  const std::vector<double>& step_s = r.step_s;
+  std::map<std::string, std::vector<double>>& limit_s = r.limit_s;
+  const ElementType grad_type = r.grad_type;
+  const CpuInfo& cpu = GetCpuInfo();
+  if (!args.json) {
+    fmt::print(
+        "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
+        OptimizerTypeName(r.type), count, FormatBytes(count * bytes_per_param), r.threads,
+        CpuKernelIsaName(r.isa), ElementTypeName(grad_type), args.param_copy);
+    fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
+               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes, args.reps,
+               cpu.model_name);
   }
 
   const double bytes = static_cast<double>(count) * static_cast<double>(bytes_per_param);
@@ -232,14 +268,14 @@ Status RunBenchAdam(const AdamArgs& args) {
   if (args.json) {
     nlohmann::json out = {
         {"bench", "adam"},
-        {"optimizer", OptimizerTypeName(hp.type)},
+        {"optimizer", OptimizerTypeName(r.type)},
         {"params", count},
-        {"threads", opt->threads()},
-        {"isa", CpuKernelIsaName(opt->isa())},
+        {"threads", r.threads},
+        {"isa", CpuKernelIsaName(r.isa)},
         {"dtype", args.dtype},
         {"param_copy", args.param_copy},
         {"store", args.store},
-        {"store_in_use", StoreModeName(opt->store_mode_in_use())},
+        {"store_in_use", StoreModeName(r.store_in_use)},
         {"prefetch_bytes", args.prefetch_bytes},
         {"bytes_per_param", bytes_per_param},
         {"reps", args.reps},
@@ -262,12 +298,28 @@ Status RunBenchAdam(const AdamArgs& args) {
       fmt::print("  limit {:<22} {:.1f} GB/s\n", lv.name, limits[lv.name].get<double>());
     }
     fmt::print("  limit: {:.1f} GB/s ({})  efficiency: {:.3f}  (step stores: {})\n", limit_gbps,
-               limit_name, efficiency, StoreModeName(opt->store_mode_in_use()));
+               limit_name, efficiency, StoreModeName(r.store_in_use));
   }
   return OkStatus();
 }
 
 }  // namespace
+
+StatusOr<AdamFigures> MeasureAdamRate(uint64_t params, int threads, int reps) {
+  AdamArgs args;
+  args.params = std::to_string(params);
+  args.threads = threads;
+  args.reps = reps;
+  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args));
+  AdamFigures f;
+  f.threads = r.threads;
+  f.params_per_s = static_cast<double>(r.count) / Median(r.step_s);
+  const double bytes = static_cast<double>(r.count) * static_cast<double>(r.bytes_per_param);
+  for (const LimitVariant& lv : kLimitVariants) {
+    f.limit_GBps = std::max(f.limit_GBps, bytes / Median(r.limit_s[lv.name]) / 1e9);
+  }
+  return f;
+}
 
 void AddBenchAdamCommand(CLI::App& bench) {
   auto args = std::make_shared<AdamArgs>();

@@ -37,8 +37,10 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
+#include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
+#include "zinf/engine.h"
 #include "zinf/host_memory.h"
 
 namespace zinf::tools {
@@ -446,6 +448,34 @@ Status RunBenchNvme(const NvmeArgs& args) {
 }
 
 }  // namespace
+
+StatusOr<NvmeFigures> MeasureNvmeDefaults(const std::vector<std::string>& paths,
+                                          uint64_t size_bytes, int reps) {
+  if (paths.empty()) return InvalidArgument("no NVMe path to measure");
+  if (reps < 1) return InvalidArgument(fmt::format("reps must be >= 1, got {}", reps));
+  for (const std::string& p : paths) {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return InvalidArgument(fmt::format("--path {} is not an existing directory", p));
+    }
+  }
+  NvmeArgs args;  // the engine's defaults, as `zinf bench nvme` without flags
+  args.paths = paths;
+  args.checksum = EngineConfig().nvme_checksum;
+  AioOptions defaults;
+  Config c;
+  c.size = std::max<uint64_t>(size_bytes, defaults.block_size);
+  c.block = defaults.block_size;
+  c.qd = defaults.queue_depth;
+  c.threads = defaults.thread_count;
+  std::vector<double> w, r;
+  for (int i = 0; i < reps; ++i) {
+    ZINF_ASSIGN_OR_RETURN(Pair p, RunZinf(args, c));
+    w.push_back(p.write_MBps);
+    r.push_back(p.read_MBps);
+  }
+  return NvmeFigures{Median(w), Median(r)};
+}
 
 void AddBenchNvmeCommand(CLI::App& bench) {
   auto args = std::make_shared<NvmeArgs>();

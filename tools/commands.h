@@ -20,6 +20,7 @@ void AddBenchNvmeCommand(CLI::App& bench);           // tools/bench_nvme.cc: `zi
 void AddBenchAdamCommand(CLI::App& bench);           // tools/bench_adam.cc: `zinf bench adam`
 void AddBenchOptimizerStepCommand(CLI::App& bench);  // tools/bench_optimizer_step.cc
 void AddBenchPcieCommand(CLI::App& bench);           // tools/bench_pcie.cc: `zinf bench pcie`
+void AddBenchProfileCommand(CLI::App& bench);        // tools/bench_profile.cc
 
 }  // namespace zinf::tools
 
