@@ -194,13 +194,17 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
 
 // ---- Compute ----
 
-// The MLP example's Linear: y[b][j] = sum_k w[j][k] x[b][k] with eight partial sums, on one
-// thread. GFLOP/s.
+// The MLP example's layer (examples/mlp/train_mlp.cc) on one thread: forward
+// y[b][j] = sum_k w[j][k] x[b][k] with eight partial sums, backward gw[j][k] += dy x[k] and
+// gx[k] += dy w[j][k] row by row, as it writes them. GFLOP/s over the 6 B W^2 FLOPs of the
+// pair: what hand-written loops get, the backward's passes over the weight and its gradient
+// included.
 double PlainLoopGflops(bool quick) {
   const int batch = 16, in = quick ? 512 : 1024, out = in;
-  std::vector<float> x(static_cast<size_t>(batch) * in, 0.5f), w(static_cast<size_t>(in) * out, 0.25f),
-      y(static_cast<size_t>(batch) * out);
-  auto linear = [&] {
+  const size_t nx = static_cast<size_t>(batch) * in, nw = static_cast<size_t>(in) * out;
+  std::vector<float> x(nx, 0.5f), w(nw, 0.25f), y(static_cast<size_t>(batch) * out), gw(nw),
+      gx(nx), dy(static_cast<size_t>(batch) * out, 1e-3f);
+  auto layer = [&] {
     for (int b = 0; b < batch; ++b) {
       const float* xb = x.data() + static_cast<size_t>(b) * in;
       for (int j = 0; j < out; ++j) {
@@ -215,18 +219,32 @@ double PlainLoopGflops(bool quick) {
         y[static_cast<size_t>(b) * out + j] = total;
       }
     }
+    std::fill(gx.begin(), gx.end(), 0.0f);
+    for (int b = 0; b < batch; ++b) {
+      const float* xb = x.data() + static_cast<size_t>(b) * in;
+      float* gxb = gx.data() + static_cast<size_t>(b) * in;
+      for (int j = 0; j < out; ++j) {
+        const float d = dy[static_cast<size_t>(b) * out + j];
+        float* gwj = gw.data() + static_cast<size_t>(j) * in;
+        const float* wj = w.data() + static_cast<size_t>(j) * in;
+        for (int k = 0; k < in; ++k) {
+          gwj[k] += d * xb[k];
+          gxb[k] += d * wj[k];
+        }
+      }
+    }
   };
-  linear();
+  layer();
   std::vector<double> runs;
-  const int calls = quick ? 4 : 16;
+  const int calls = quick ? 2 : 8;
   for (int r = 0; r < (quick ? 3 : 5); ++r) {
     const auto t0 = Clock::now();
-    for (int c = 0; c < calls; ++c) linear();
+    for (int c = 0; c < calls; ++c) layer();
     runs.push_back(Since(t0) / calls);
   }
-  volatile float sink = y[0];
+  volatile float sink = y[0] + gw[0] + gx[0];
   (void)sink;
-  return 2.0 * batch * in * out / Median(runs) / 1e9;
+  return 6.0 * batch * in * out / Median(runs) / 1e9;
 }
 
 struct MatmulFigures {
@@ -381,7 +399,7 @@ Status RunProfile(const ProfileArgs& args) {
 #endif
     matmul.push_back(row);
   }
-  progress.Start("plain fp32 loop, 1 thread");
+  progress.Start("plain fp32 loops (the MLP example's layer), 1 thread");
   const double loop = PlainLoopGflops(args.quick);
   // Without oneDNN the GPT has no kernels here; the loop's rate stands in for fp32.
   for (auto& row : matmul) {

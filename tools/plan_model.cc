@@ -101,6 +101,10 @@ struct CacheSim {
   std::vector<int> order;       // one step's fetches
   std::vector<uint64_t> miss;   // bytes each fetch brings to the device tier
   uint64_t cached_at_end = 0;   // shard bytes cached after the last fetch
+  // The most the device tier holds at a fetch, the parameter tier itself not counted: cached
+  // shard copies, persistent parameters, the fetched module's gathered, widened and gradient
+  // buffers, and with several ranks the next module's gathers started ahead.
+  uint64_t peak = 0;
 };
 
 CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world, const Layout& l,
@@ -112,7 +116,6 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
   }
   const size_t n = sim.order.size();
   sim.miss.assign(n, 0);
-  if (c.offload_param_device == OffloadDevice::kNone) return sim;
   // The room: the budget less the persistent parameters' copies and the largest module's
   // gathered, widened and gradient buffers.
   uint64_t persistent_live = 0, largest_live = 0;
@@ -130,6 +133,15 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
   }
   const int64_t room = std::max<int64_t>(
       0, static_cast<int64_t>(device_budget) - static_cast<int64_t>(persistent_live + largest_live));
+  auto live_at = [&](size_t i) {
+    uint64_t live = persistent_live + LiveBeyondShards(l.modules[sim.order[i]], e, world);
+    if (world > 1 && i + 1 < n) live += ShardBytes(l.modules[sim.order[i + 1]], e) * world;
+    return live;
+  };
+  if (c.offload_param_device == OffloadDevice::kNone) {
+    for (size_t i = 0; i < n; ++i) sim.peak = std::max(sim.peak, live_at(i));
+    return sim;
+  }
   std::vector<size_t> next(n, n);
   std::map<int, size_t> seen;
   for (size_t i = n; i-- > 0;) {
@@ -147,6 +159,7 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
       used += shard_bytes[mod];
     }
     cached[mod] = next[i];
+    sim.peak = std::max(sim.peak, used + live_at(i));
     while (static_cast<int64_t>(used) > room && cached.size() > 1) {
       auto victim = cached.end();
       for (auto it = cached.begin(); it != cached.end(); ++it) {
@@ -546,20 +559,28 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
                     persistent_budget + 2 * working_set + 2 * c.stage3_prefetch_bucket_size * e +
                     (64 << 20);
   if (!model.fetch_order.empty()) {
-    m.device_cache = SimulateCache(model, c, world, l, m.device_budget).cached_at_end;
+    const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
+    m.device_cache = sim.cached_at_end;
+    m.peak_device =
+        std::min(m.device_budget,
+                 sim.peak + (c.offload_param_device == OffloadDevice::kNone ? tier : 0));
   }
   m.host_budget = m.host_arrays +
                   (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
                   std::max<uint64_t>(256 << 20, 4 * largest_tier);
   m.activations = model.activation_bytes;
-  // In use at the peak: the device tier up to its budget (what it caches grows into it), the
-  // host arrays, the parameter tier in host memory, the NVMe optimizer's pools, and with
-  // several ranks the two reduce buckets.
+  // In host memory at the peak: the host arrays, the parameter tier where it lives there, the
+  // NVMe optimizer's pools, with parameters on NVMe the host copies the step writes back
+  // (within the host tier's room), the store's staging buffers for NVMe, and with several
+  // ranks the two reduce buckets.
   const uint64_t buckets =
       world > 1 ? 2 * std::min<uint64_t>(c.reduce_bucket_size, S * world) * 4 : 0;
-  m.peak_device = m.device_budget;
+  const uint64_t write_backs =
+      params_nvme ? std::min<uint64_t>(tier, std::max<uint64_t>(256 << 20, 4 * largest_tier)) : 0;
+  const uint64_t piece = std::clamp<uint64_t>(PageUp(largest_tier), 1 << 20, 64 << 20);
+  const uint64_t store_staging = params_nvme || optim_nvme ? 4 * piece : 0;
   m.peak_host = m.host_arrays + (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
-                m.nvme_staging + m.host_state_pool + buckets;
+                m.nvme_staging + m.host_state_pool + write_backs + store_staging + buckets;
   return m;
 }
 
