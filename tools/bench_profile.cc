@@ -237,7 +237,7 @@ double PlainLoopGflops(bool quick) {
   layer();
   std::vector<double> runs;
   const int calls = quick ? 2 : 8;
-  for (int r = 0; r < (quick ? 3 : 5); ++r) {
+  for (int r = 0; r < (quick ? 7 : 9); ++r) {
     const auto t0 = Clock::now();
     for (int c = 0; c < calls; ++c) layer();
     runs.push_back(Since(t0) / calls);
@@ -247,17 +247,41 @@ double PlainLoopGflops(bool quick) {
   return 6.0 * batch * in * out / Median(runs) / 1e9;
 }
 
+// std::exp over a row, as the GPT's causal softmax and cross-entropy loops call it, on one
+// thread: evaluations per second.
+double ExpPerSecond(bool quick) {
+  std::vector<float> row(4096);
+  for (size_t i = 0; i < row.size(); ++i) row[i] = -static_cast<float>(i % 64) / 16.0f;
+  const int calls = quick ? 50 : 500;
+  std::vector<double> runs;
+  float sum = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    for (int c = 0; c < calls; ++c) {
+      for (float& v : row) {
+        v = std::exp(v - sum * 1e-30f) * 0.5f;
+        sum += v;
+      }
+    }
+    runs.push_back(Since(t0) / (static_cast<double>(calls) * row.size()));
+  }
+  volatile float sink = sum;
+  (void)sink;
+  return 1.0 / Median(runs);
+}
+
 struct MatmulFigures {
   double fp32_GFLOPs = 0, bf16_GFLOPs = 0;  // 0: not available
 };
 
 #ifdef ZINF_TOOLS_HAVE_DNNL
-// oneDNN matmuls of [m, k] x [k, n] as the GPT's linear layers run them (tokens x d_model by
+// oneDNN matmuls of [m, k] x [k, n] as the GPT's MLP layers run them (512 tokens x d_model by
 // d_model x 4 d_model), fp32 or bf16 inputs with fp32 output, on `threads` OpenMP threads.
-StatusOr<double> OneDnnGflops(bool bf16, int threads, bool quick) {
+// Small d_model runs far below the peak, hence a row per size.
+StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
   try {
     omp_set_num_threads(threads);
-    const int64_t m = quick ? 256 : 512, k = quick ? 512 : 1024, n = 4 * k;
+    const int64_t m = 512, k = d, n = 4 * d;
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
     using dt = dnnl::memory::data_type;
@@ -274,9 +298,11 @@ StatusOr<double> OneDnnGflops(bool bf16, int threads, bool quick) {
       stream.wait();
     };
     run();
-    const int calls = quick ? 3 : 10;
+    // About 50 ms a repetition, 5 ms with --quick.
+    const double flops = 2.0 * m * k * n;
+    const int calls = static_cast<int>(std::clamp((quick ? 5e8 : 5e9) / flops, 1.0, 1000.0));
     std::vector<double> runs;
-    for (int r = 0; r < (quick ? 3 : 5); ++r) {
+    for (int r = 0; r < (quick ? 7 : 9); ++r) {
       const auto t0 = Clock::now();
       for (int i = 0; i < calls; ++i) run();
       runs.push_back(Since(t0) / calls);
@@ -284,6 +310,65 @@ StatusOr<double> OneDnnGflops(bool bf16, int threads, bool quick) {
     return 2.0 * m * k * n / Median(runs) / 1e9;
   } catch (const dnnl::error& e) {
     return Unavailable(fmt::format("oneDNN {} matmul: {}", bf16 ? "bf16" : "fp32", e.what()));
+  }
+}
+
+// Attention's batched matmuls as the GPT runs them per sequence: H heads of
+// [T, d/H] x [d/H, T] (4 heads, T 64, d/H 32: the demo's), fp32. GFLOP/s; far below a large
+// matmul's.
+StatusOr<double> OneDnnAttentionGflops(int threads, bool quick) {
+  try {
+    omp_set_num_threads(threads);
+    const int64_t h = 4, t = 64, dh = 32;
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    using dt = dnnl::memory::data_type;
+    dnnl::memory::desc a_md({h, t, dh}, dt::f32, dnnl::memory::format_tag::abc);
+    dnnl::memory::desc b_md({h, dh, t}, dt::f32, dnnl::memory::format_tag::acb);  // K^T
+    dnnl::memory::desc c_md({h, t, t}, dt::f32, dnnl::memory::format_tag::abc);
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+    dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
+    std::memset(a.get_data_handle(), 0, a_md.get_size());
+    std::memset(b.get_data_handle(), 0, b_md.get_size());
+    const int calls = quick ? 200 : 2000;
+    std::vector<double> runs;
+    for (int r = 0; r < (quick ? 7 : 9); ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < calls; ++i) {
+        mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      }
+      stream.wait();
+      runs.push_back(Since(t0) / calls);
+    }
+    return 2.0 * h * t * t * dh / Median(runs) / 1e9;
+  } catch (const dnnl::error& e) {
+    return Unavailable(fmt::format("oneDNN attention matmul: {}", e.what()));
+  }
+}
+
+// The fixed cost of one oneDNN primitive call on `threads` threads (a 16 x 16 x 16 matmul,
+// whose arithmetic is nothing): what a model of small layers pays per kernel. Microseconds.
+StatusOr<double> OneDnnCallMicros(int threads) {
+  try {
+    omp_set_num_threads(threads);
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    using dt = dnnl::memory::data_type;
+    dnnl::memory::desc md({16, 16}, dt::f32, dnnl::memory::format_tag::ab);
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), engine));
+    dnnl::memory a(md, engine), b(md, engine), c(md, engine);
+    std::memset(a.get_data_handle(), 0, md.get_size());
+    std::memset(b.get_data_handle(), 0, md.get_size());
+    std::vector<double> runs;
+    for (int i = 0; i < 300; ++i) {
+      const auto t0 = Clock::now();
+      mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      stream.wait();
+      if (i >= 50) runs.push_back(Since(t0));
+    }
+    return Median(runs) * 1e6;
+  } catch (const dnnl::error& e) {
+    return Unavailable(fmt::format("oneDNN call: {}", e.what()));
   }
 }
 
@@ -388,19 +473,30 @@ Status RunProfile(const ProfileArgs& args) {
   }
 
   nlohmann::json matmul = nlohmann::json::array();
+  nlohmann::json call_overhead = nlohmann::json::array();
   for (int t : thread_counts) {
     progress.Start(fmt::format("oneDNN matmul fp32 and bf16, {} thread(s)", t));
-    nlohmann::json row = {{"threads", t}, {"fp32_GFLOPs", nullptr}, {"bf16_GFLOPs", nullptr}};
+    for (int64_t d : {128, 512, 2048}) {
+      nlohmann::json row = {
+          {"threads", t}, {"d", d}, {"fp32_GFLOPs", nullptr}, {"bf16_GFLOPs", nullptr}};
 #ifdef ZINF_TOOLS_HAVE_DNNL
-    ZINF_ASSIGN_OR_RETURN(row["fp32_GFLOPs"], OneDnnGflops(false, t, args.quick));
-    if (HasNativeBf16()) {
-      ZINF_ASSIGN_OR_RETURN(row["bf16_GFLOPs"], OneDnnGflops(true, t, args.quick));
-    }
+      ZINF_ASSIGN_OR_RETURN(row["fp32_GFLOPs"], OneDnnGflops(false, t, d, args.quick));
+      if (HasNativeBf16()) {
+        ZINF_ASSIGN_OR_RETURN(row["bf16_GFLOPs"], OneDnnGflops(true, t, d, args.quick));
+      }
 #endif
-    matmul.push_back(row);
+      matmul.push_back(row);
+    }
+#ifdef ZINF_TOOLS_HAVE_DNNL
+    ZINF_ASSIGN_OR_RETURN(const double call_us, OneDnnCallMicros(t));
+    ZINF_ASSIGN_OR_RETURN(const double attention, OneDnnAttentionGflops(t, args.quick));
+    call_overhead.push_back({{"threads", t}, {"us", call_us}, {"attention_GFLOPs", attention}});
+#endif
   }
-  progress.Start("plain fp32 loops (the MLP example's layer), 1 thread");
+  out["kernel_call"] = call_overhead;
+  progress.Start("plain fp32 loops (the MLP example's layer, std::exp), 1 thread");
   const double loop = PlainLoopGflops(args.quick);
+  out["exp_per_s"] = ExpPerSecond(args.quick);
   // Without oneDNN the GPT has no kernels here; the loop's rate stands in for fp32.
   for (auto& row : matmul) {
     if (row["fp32_GFLOPs"].is_null()) row["fp32_GFLOPs"] = loop;

@@ -124,7 +124,7 @@ Status RunPlan(const PlanArgs& args) {
     profile.cores = std::max(1, GetCpuInfo().usable_cpus);
     profile.memory_bytes = GetCpuInfo().total_memory_bytes;
     profile.optimizer.push_back({1, 1});
-    profile.matmul.push_back({1, 1, 0});
+    profile.matmul.push_back({.threads = 1, .d = 0, .fp32_flops = 1, .bf16_flops = 0});
     profile.loop_fp32_flops = 1;
   }
   plan::PlanOptions options;

@@ -242,6 +242,7 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
   const double tokens = static_cast<double>(B * T);
   const double block_fwd = tokens * (24.0 * d * d + 4.0 * T * d);
   const double head_fwd = tokens * 2.0 * V * d;
+  const double attention_fwd = tokens * 4.0 * T * d;
   m.fetch_flops.assign(m.fetch_order.size(), 0.0);
   for (uint64_t l = 0; l < L; ++l) {
     m.fetch_flops[1 + l] = block_fwd;
@@ -258,6 +259,22 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
                           7 * r(nd) + 2 * r(n) + r(n * V) + r(3 * nd) + r(probs) + r(4 * nd) +
                           r(4 * nd);
   m.activation_bytes = floats * 4;
+  // The non-matmul passes: each block's activations (layer norms, attention's softmax, GELU,
+  // residuals: about 15 n d floats and the probabilities) are written and read once in
+  // forward, again in the recomputation and twice in backward; the logits four times.
+  const double block_floats = 15.0 * nd + static_cast<double>(probs);
+  m.elementwise_bytes_per_micro_batch =
+      4.0 * (2 * L * block_floats * (activation_checkpointing ? 4 : 3) / 2 + 4.0 * n * V);
+  const int passes = activation_checkpointing ? 4 : 3;  // forward, recomputation, 2 x backward
+  m.attention_flops_per_micro_batch = L * attention_fwd * passes;
+  // The causal softmax: half of each T x T row per head, in forward and the recomputation; the
+  // loss: two passes over the logits.
+  m.exps_per_micro_batch =
+      L * (activation_checkpointing ? 2.0 : 1.0) * B * n_head * T * T / 2 + 2.0 * n * V;
+  // gpt_model.cc's kernel calls: a block's forward is 12 (two layer norms, four linear
+  // matmuls, two attention matmuls, the softmax, GELU, two residual adds), its backward about
+  // twice that; checkpointing runs the forward again; the embedding and the head about 10.
+  m.kernel_calls_per_micro_batch = L * (12.0 * (activation_checkpointing ? 2 : 1) + 24.0) + 10;
   return m;
 }
 
@@ -458,12 +475,31 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
     MatmulRow r;
     ZINF_RETURN_IF_ERROR(number(row, "threads", false, &x));
     r.threads = static_cast<int>(x);
+    ZINF_RETURN_IF_ERROR(number(row, "d", true, &r.d));
     ZINF_RETURN_IF_ERROR(number(row, "fp32_GFLOPs", true, &r.fp32_flops));
     ZINF_RETURN_IF_ERROR(number(row, "bf16_GFLOPs", true, &r.bf16_flops));
     r.fp32_flops *= 1e9;
     r.bf16_flops *= 1e9;
     p.matmul.push_back(r);
   }
+  if (j.contains("kernel_call")) {
+    if (!j["kernel_call"].is_array()) {
+      return InvalidArgument(fmt::format("profile {}: kernel_call must be an array", source));
+    }
+    for (const auto& row : j["kernel_call"]) {
+      CallRow r;
+      ZINF_RETURN_IF_ERROR(number(row, "threads", false, &x));
+      r.threads = static_cast<int>(x);
+      ZINF_RETURN_IF_ERROR(number(row, "us", false, &r.seconds));
+      ZINF_RETURN_IF_ERROR(number(row, "attention_GFLOPs", true, &r.attention_flops));
+      r.attention_flops *= 1e9;
+      r.seconds *= 1e-6;
+      p.kernel_call.push_back(r);
+    }
+    std::sort(p.kernel_call.begin(), p.kernel_call.end(),
+              [](const auto& a, const auto& b) { return a.threads < b.threads; });
+  }
+  ZINF_RETURN_IF_ERROR(number(j, "exp_per_s", true, &p.exp_per_s));
   ZINF_RETURN_IF_ERROR(number(j, "loop_fp32_GFLOPs", false, &p.loop_fp32_flops));
   p.loop_fp32_flops *= 1e9;
   ZINF_RETURN_IF_ERROR(number(j, "collective.latency_us", true, &p.collective_latency_s));
@@ -474,8 +510,9 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   p.reduce_scatter_Bps *= 1e9;
   std::sort(p.optimizer.begin(), p.optimizer.end(),
             [](const auto& a, const auto& b) { return a.threads < b.threads; });
-  std::sort(p.matmul.begin(), p.matmul.end(),
-            [](const auto& a, const auto& b) { return a.threads < b.threads; });
+  std::sort(p.matmul.begin(), p.matmul.end(), [](const auto& a, const auto& b) {
+    return a.threads != b.threads ? a.threads < b.threads : a.d < b.d;
+  });
   return p;
 }
 
@@ -487,12 +524,45 @@ double MachineProfile::OptimizerRate(int threads) const {
   return rate;
 }
 
-double MachineProfile::MatmulRate(int threads, bool bf16) const {
-  const MatmulRow* best = &matmul.front();
-  for (const auto& r : matmul) {
-    if (r.threads <= threads) best = &r;
+double MachineProfile::KernelCallSeconds(int threads) const {
+  double s = 0;
+  for (const auto& r : kernel_call) {
+    if (r.threads <= threads || s == 0) s = r.seconds;
   }
-  return bf16 && best->bf16_flops > 0 ? best->bf16_flops : best->fp32_flops;
+  return s;
+}
+
+double MachineProfile::AttentionRate(int threads) const {
+  double rate = 0;
+  for (const auto& r : kernel_call) {
+    if (r.threads <= threads || rate == 0) rate = r.attention_flops;
+  }
+  return rate;
+}
+
+double MachineProfile::MatmulRate(int threads, bool bf16, double d) const {
+  int use = matmul.front().threads;
+  for (const auto& r : matmul) {
+    if (r.threads <= threads) use = r.threads;
+  }
+  std::vector<std::pair<double, double>> by_d;  // (log d, rate) at `use` threads
+  for (const auto& r : matmul) {
+    if (r.threads != use) continue;
+    const double rate = bf16 && r.bf16_flops > 0 ? r.bf16_flops : r.fp32_flops;
+    by_d.emplace_back(r.d > 0 ? std::log(r.d) : 0.0, rate);
+  }
+  if (by_d.size() == 1 || d <= 0) return by_d.back().second;
+  const double x = std::log(d);
+  if (x <= by_d.front().first) return by_d.front().second;
+  if (x >= by_d.back().first) return by_d.back().second;
+  for (size_t i = 1; i < by_d.size(); ++i) {
+    if (x <= by_d[i].first) {
+      const auto [x0, y0] = by_d[i - 1];
+      const auto [x1, y1] = by_d[i];
+      return x1 > x0 ? y0 + (y1 - y0) * (x - x0) / (x1 - x0) : y1;
+    }
+  }
+  return by_d.back().second;
 }
 
 // ---- Memory ----
@@ -647,13 +717,24 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // Compute rate: the GPT's matmuls multiply in bf16 where the config enables it and the
   // machine has native bf16 (the profile's bf16 figure); the MLP's plain loop is one thread.
   const double rate = model.plain_loop_compute ? profile.loop_fp32_flops
-                                               : profile.MatmulRate(threads, c.bf16);
+                                               : profile.MatmulRate(threads, c.bf16,
+                                                                    model.hidden_size);
   if (rate <= 0) {
     return InvalidArgument(fmt::format("the profile has no {} compute rate",
                                        model.plain_loop_compute ? "loop_fp32_GFLOPs" : "matmul"));
   }
   TimeEstimate& t = est.time;
   const int gas = c.gradient_accumulation_steps;
+  // Attention's matmuls at their own rate where the profile has one; std::exp on one thread.
+  const double attention_rate = profile.AttentionRate(threads);
+  const double attention_extra =
+      attention_rate > 0 && !model.plain_loop_compute
+          ? model.attention_flops_per_micro_batch * (1 / attention_rate - 1 / rate)
+          : 0.0;
+  const double non_matmul =
+      SafeDiv(model.elementwise_bytes_per_micro_batch, profile.memory_Bps) +
+      model.kernel_calls_per_micro_batch * profile.KernelCallSeconds(threads) +
+      SafeDiv(model.exps_per_micro_batch, profile.exp_per_s) + std::max(0.0, attention_extra);
 
   const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
   const std::vector<int>& order = sim.order;
@@ -734,11 +815,12 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       }
     }
     start[i] = s;
-    clock = s + flops[i] / rate;
+    clock = s + flops[i] / rate +
+            non_matmul * SafeDiv(flops[i], model.matmul_flops_per_micro_batch);
     t.bytes_gathered += world > 1 ? gathered_bytes[mod] : 0;
     if (params_nvme) t.nvme_read += miss[i];
   }
-  t.compute = gas * model.matmul_flops_per_micro_batch / rate;
+  t.compute = gas * (model.matmul_flops_per_micro_batch / rate + non_matmul);
   if (world == 1) {
     // One rank's gathered parameter is its shard: StepSummary counts its bytes as gathered.
     for (size_t i = 0; i < n; ++i) t.bytes_gathered += gathered_bytes[order[i]];

@@ -71,6 +71,17 @@ struct ModelSpec {
   // The matmul FLOPs done while each fetch of fetch_order is held (same length).
   std::vector<double> fetch_flops;
   double matmul_flops_per_micro_batch = 0;  // their sum
+  // Of those, attention's small batched matmuls (at the profile's attention rate), and the
+  // std::exp calls of the softmax and the loss.
+  double attention_flops_per_micro_batch = 0;
+  double exps_per_micro_batch = 0;
+  // Bytes the non-matmul work (layer norms, softmax, GELU, the loss, embeddings) reads and
+  // writes per micro-batch: it runs at memory bandwidth.
+  double elementwise_bytes_per_micro_batch = 0;
+  // Compute kernels called per micro-batch (oneDNN primitives and the trainer's loops): each
+  // costs the profile's kernel_call time on top of its work, which at a small d_model is most
+  // of the step.
+  double kernel_calls_per_micro_batch = 0;
   // The matmuls are oneDNN's (GPT) or a plain single-threaded loop (the MLP example).
   bool plain_loop_compute = false;
   uint64_t activation_bytes = 0;  // the trainer's, per rank
@@ -120,17 +131,29 @@ struct MachineProfile {
   double h2d_Bps = 0, d2h_Bps = 0;  // 0: unlimited (the host device without a link model)
   struct MatmulRow {
     int threads = 0;
+    double d = 0;  // the inner dimension (d_model) measured; 0: any
     double fp32_flops = 0, bf16_flops = 0;
   };
   std::vector<MatmulRow> matmul;
   double loop_fp32_flops = 0;  // one thread, the plain loop
+  struct CallRow {
+    int threads = 0;
+    double seconds = 0;
+    double attention_flops = 0;  // attention's small batched matmuls
+  };
+  double exp_per_s = 0;  // std::exp, one thread; 0: not measured
+  double AttentionRate(int threads) const;
+  std::vector<CallRow> kernel_call;  // a oneDNN call's fixed cost; empty: not measured
+  double KernelCallSeconds(int threads) const;
   double collective_latency_s = 0;
   double allgather_Bps = 0, reduce_scatter_Bps = 0;  // 2 ranks; 0: not measured
 
   // InvalidArgument naming `source` and the key for a missing or malformed figure.
   static StatusOr<MachineProfile> FromJson(std::string_view text, const std::string& source);
   double OptimizerRate(int threads) const;  // nearest measured thread count at or below
-  double MatmulRate(int threads, bool bf16) const;
+  // The rate at the most threads measured up to `threads`, interpolated in log(d) between the
+  // sizes measured (the nearest outside them).
+  double MatmulRate(int threads, bool bf16, double d = 0) const;
 };
 
 // Bytes per rank, steady and peak (Note [Plan memory]).
