@@ -8,8 +8,7 @@ after a step (StepSummary) against the predicted steady bytes, and peak RSS agai
 predicted peak (engine and activations).
 
 Usage: bench/plan_vs_measured.py [--reps 3] [--nvme DIR] [--profile FILE] [CASE ...]
-Cases: mlp-memory mlp-cpu mlp-nvme mlp-infinity mlp-infinity-2 gpt-memory gpt-demo gpt-nvme
-       gpt-demo-1 gpt-large (default: all but gpt-large, which takes minutes a step).
+Cases: see CASES below (default: all but gpt-large*, which take minutes).
 Builds nothing: run `cmake --build build --target zinf train_gpt train_mlp` first.
 """
 import argparse
@@ -38,6 +37,12 @@ CASES = {
     "gpt-demo-1": ("gpt", "examples/gpt/configs/demo.json", 1, 30, []),
     "gpt-nvme": ("gpt", "examples/gpt/configs/nvme.json", 1, 30, []),
     "gpt-large": ("gpt", "examples/gpt/configs/large.json", 1, 3, []),
+    # One compute thread (train_gpt --threads 1, zinf plan --threads 1): on a machine whose
+    # other core is busy, two threads' speed swings by several times from one run to the next.
+    "gpt-memory-t1": ("gpt", "examples/gpt/configs/memory.json", 1, 30, ["--threads", "1"]),
+    "gpt-demo-1-t1": ("gpt", "examples/gpt/configs/demo.json", 1, 30, ["--threads", "1"]),
+    "gpt-nvme-t1": ("gpt", "examples/gpt/configs/nvme.json", 1, 30, ["--threads", "1"]),
+    "gpt-large-t1": ("gpt", "examples/gpt/configs/large.json", 1, 3, ["--threads", "1"]),
 }
 
 
@@ -89,9 +94,11 @@ def run_trainer(kind, config, ranks, steps, nvme, extra):
         return j["median_step_s"], j["host_bytes"], j["nvme_bytes"], rss
 
 
-def predict(kind, config, ranks, profile):
+def predict(kind, config, ranks, profile, extra):
     cmd = [ZINF, "plan", "--json", "--model", config, "--profile", profile, "--world-size",
            str(ranks)]
+    if "--threads" in extra:
+        cmd += ["--threads", extra[extra.index("--threads") + 1]]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("failed: %s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
@@ -116,7 +123,7 @@ def main():
     ap.add_argument("--quick-profile", action="store_true")
     ap.add_argument("cases", nargs="*")
     a = ap.parse_args()
-    cases = a.cases or [c for c in CASES if c != "gpt-large"]
+    cases = a.cases or [c for c in CASES if not c.startswith("gpt-large")]
     os.makedirs(a.nvme, exist_ok=True)
     profile = a.profile
 
@@ -138,7 +145,7 @@ def main():
         runs, preds = [], []
         for _ in range(a.reps):
             p = profile or reprofile()
-            preds.append(predict(kind, config, ranks, p))
+            preds.append(predict(kind, config, ranks, p, extra))
             runs.append(run_trainer(kind, config, ranks, steps, a.nvme, extra))
         r = sorted(preds, key=lambda x: x["step_s"])[len(preds) // 2]
         step = statistics.median(x[0] for x in runs)

@@ -23,8 +23,12 @@
 // Note [Plan time]
 // A step is gradient_accumulation_steps micro-batches of forward and backward, then the
 // optimizer step. Per rank:
-//  - compute: the micro-batches' matmul FLOPs at the profile's rate for the compute precision
-//    and the threads a rank gets (cores / ranks).
+//  - compute: the micro-batches' linear matmul FLOPs at the profile's oneDNN rate for the
+//    compute precision, the model's d_model and the threads a rank gets (cores / ranks);
+//    attention's small batched matmuls at their own measured rate; the softmax's and loss's
+//    std::exp calls at the measured scalar rate; layer norms, GELU and residuals as passes over
+//    the activations at memory bandwidth. The MLP example's hand-written loops run at the
+//    profile's rate for that loop.
 //  - gather: every fetch of a non-persistent parameter with several ranks is an all-gather of
 //    its compute-precision bytes (latency + bytes / bandwidth of the profile's 2-rank figure);
 //    with parameters off the device, the shards the device tier does not keep are read from
@@ -39,8 +43,8 @@
 //    written, plus the parameter read-back or the parameter tier's write), at the profile's
 //    read and write bandwidths one after the other (one disk), overlapped with the update.
 // The step is compute + exposed gather + reduce + max(optimizer update, nvme) + the
-// parameter tier's write. It ignores the trainer's own non-matmul work (layer norms, softmax,
-// the loss) and the machine's other load; bench/RESULTS.md compares it with measured steps.
+// parameter tier's write. It knows nothing of the machine's other load beyond what the
+// profile measured; bench/RESULTS.md compares it with measured steps.
 //
 // Thread-safety: plain functions over values.
 #ifndef ZINF_TOOLS_PLAN_MODEL_H_
