@@ -65,7 +65,8 @@ StatusOr<double> CopyGBps(Stream& h2d, Stream& d2h, void* up, void* down, void* 
     }
     ZINF_RETURN_IF_ERROR(h2d.Synchronize());
     ZINF_RETURN_IF_ERROR(d2h.Synchronize());
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double bytes = static_cast<double>(size) * copies * (mode == 2 ? 2 : 1);
     if (r > 0) runs.push_back(bytes / s / 1e9);
   }
@@ -146,9 +147,8 @@ Status RunPcie(const PcieArgs& args) {
       // mode 0: H2D only, 1: D2H only, 2: both at once.
       double gbps[3];
       for (int mode = 0; mode < 3; ++mode) {
-        ZINF_ASSIGN_OR_RETURN(gbps[mode],
-                              CopyGBps(*h2d, *d2h, up, down, dev_up.data(), dev_down.data(), size,
-                                       copies, mode, args.reps));
+        ZINF_ASSIGN_OR_RETURN(gbps[mode], CopyGBps(*h2d, *d2h, up, down, dev_up.data(),
+                                                   dev_down.data(), size, copies, mode, args.reps));
       }
       nlohmann::json row = {{"size_bytes", size},
                             {"memory", memory_name(pinned)},

@@ -78,8 +78,8 @@ class Progress {
     std::fflush(stderr);
   }
   void Finish() {
-    if (tty_) fmt::print(stderr, "\r[{}] {}/{} {:<48}\n", std::string(24, '#'), stages_, stages_,
-                         "done");
+    if (tty_)
+      fmt::print(stderr, "\r[{}] {}/{} {:<48}\n", std::string(24, '#'), stages_, stages_, "done");
   }
 
  private:
@@ -168,10 +168,9 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
     if (pids[rank] == 0) {
       close(fds[0]);
       StatusOr<CollectiveFigures> f = RunRank(rank, port, elements, reps);
-      std::string line =
-          f.ok() ? fmt::format("ok {} {} {}\n", f->latency_us, f->allgather_GBps,
-                               f->reduce_scatter_GBps)
-                 : "error " + f.status().ToString() + "\n";
+      std::string line = f.ok() ? fmt::format("ok {} {} {}\n", f->latency_us, f->allgather_GBps,
+                                              f->reduce_scatter_GBps)
+                                : "error " + f.status().ToString() + "\n";
       if (rank == 0 || !f.ok()) (void)!write(fds[1], line.data(), line.size());
       _exit(f.ok() ? 0 : 1);
     }
@@ -202,8 +201,8 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
 double PlainLoopGflops(bool quick) {
   const int batch = 16, in = quick ? 512 : 1024, out = in;
   const size_t nx = static_cast<size_t>(batch) * in, nw = static_cast<size_t>(in) * out;
-  std::vector<float> x(nx, 0.5f), w(nw, 0.25f), y(static_cast<size_t>(batch) * out), gw(nw),
-      gx(nx), dy(static_cast<size_t>(batch) * out, 1e-3f);
+  std::vector<float> x(nx, 0.5f), w(nw, 0.25f), y(static_cast<size_t>(batch) * out), gw(nw), gx(nx),
+      dy(static_cast<size_t>(batch) * out, 1e-3f);
   auto layer = [&] {
     for (int b = 0; b < batch; ++b) {
       const float* xb = x.data() + static_cast<size_t>(b) * in;
@@ -391,7 +390,8 @@ Status RunProfile(const ProfileArgs& args) {
   const std::vector<int> thread_counts = ThreadCounts(cpus);
   std::vector<std::string> paths = args.paths;
   if (paths.empty()) paths.push_back(".");
-  const int stages = 3 + 2 * static_cast<int>(thread_counts.size()) + (args.no_collective ? 0 : 1) + 1;
+  const int stages =
+      3 + 2 * static_cast<int>(thread_counts.size()) + (args.no_collective ? 0 : 1) + 1;
   Progress progress(stages);
   nlohmann::json out;
   out["zinf_profile"] = 1;
@@ -426,7 +426,8 @@ Status RunProfile(const ProfileArgs& args) {
 
   progress.Start("NVMe write and read at the engine's aio defaults");
   const uint64_t nvme_size = args.quick ? 64 * kMiB : 2 * kGiB;
-  ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme, MeasureNvmeDefaults(paths, nvme_size, args.quick ? 1 : 3));
+  ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme,
+                        MeasureNvmeDefaults(paths, nvme_size, args.quick ? 1 : 3));
   uint64_t free_bytes = 0;
   std::set<unsigned long> filesystems;
   for (const std::string& p : paths) {
@@ -447,9 +448,8 @@ Status RunProfile(const ProfileArgs& args) {
   for (int t : thread_counts) {
     progress.Start(fmt::format("CPU AdamW and memory bandwidth, {} thread(s)", t));
     ZINF_ASSIGN_OR_RETURN(AdamFigures a, MeasureAdamRate(adam_params, t, args.quick ? 2 : 5));
-    optimizer.push_back({{"threads", a.threads},
-                         {"params_per_s", a.params_per_s},
-                         {"limit_GBps", a.limit_GBps}});
+    optimizer.push_back(
+        {{"threads", a.threads}, {"params_per_s", a.params_per_s}, {"limit_GBps", a.limit_GBps}});
     memory_GBps = std::max(memory_GBps, a.limit_GBps);
   }
   out["cpu_optimizer"] = optimizer;
@@ -458,7 +458,7 @@ Status RunProfile(const ProfileArgs& args) {
   progress.Start("host/device link");
   ZINF_ASSIGN_OR_RETURN(LinkFigures link,
                         MeasureLink(args.quick ? 4 * kMiB : 64 * kMiB, args.quick ? 2 : 5));
-  out["link"] = {{"kind", link.gpu                 ? "pcie"
+  out["link"] = {{"kind", link.gpu              ? "pcie"
                           : link.model_GBps > 0 ? "host-model"
                                                 : "host-memcpy"},
                  {"device", link.device},

@@ -57,10 +57,14 @@ StatusOr<uint64_t> ParseCount(const std::string& text) {
   }
   std::string suffix(end);
   double scale = 1;
-  if (suffix == "K" || suffix == "k") scale = 1e3;
-  else if (suffix == "M") scale = 1e6;
-  else if (suffix == "B" || suffix == "G") scale = 1e9;
-  else if (suffix == "T") scale = 1e12;
+  if (suffix == "K" || suffix == "k")
+    scale = 1e3;
+  else if (suffix == "M")
+    scale = 1e6;
+  else if (suffix == "B" || suffix == "G")
+    scale = 1e9;
+  else if (suffix == "T")
+    scale = 1e12;
   else if (!suffix.empty()) {
     return InvalidArgument(
         fmt::format("--params: unknown suffix \"{}\" in \"{}\" (K, M, B/G, T)", suffix, text));
@@ -106,7 +110,8 @@ Status RunPlan(const PlanArgs& args) {
     base = std::move(cm.config);
   } else {
     ZINF_ASSIGN_OR_RETURN(uint64_t n, ParseCount(args.params));
-    if (args.tokens < 1) return InvalidArgument(fmt::format("--tokens must be >= 1, got {}", args.tokens));
+    if (args.tokens < 1)
+      return InvalidArgument(fmt::format("--tokens must be >= 1, got {}", args.tokens));
     ZINF_ASSIGN_OR_RETURN(model, plan::UniformModel(n, args.layers > 0 ? args.layers : 24,
                                                     static_cast<uint64_t>(args.tokens)));
   }
@@ -180,7 +185,9 @@ Status RunPlan(const PlanArgs& args) {
           {"offload_param", OffloadDeviceName(r.config.offload_param_device)},
           {"offload_optimizer", OffloadDeviceName(r.config.offload_optimizer_device)},
           {"optimizer_nvme_ratio", r.config.optimizer_nvme_ratio},
-          {"precision", r.config.bf16 ? "bf16" : r.config.fp16 ? "fp16" : "fp32"},
+          {"precision", r.config.bf16   ? "bf16"
+                        : r.config.fp16 ? "fp16"
+                                        : "fp32"},
           {"gradients", "host"},
           {"steady_host_bytes", m.steady_host()},
           {"peak_device_bytes", m.peak_device},
@@ -206,20 +213,22 @@ Status RunPlan(const PlanArgs& args) {
     out["best"] = best >= 0 ? nlohmann::json(plan::PlacementName(rows[best].config)) : nullptr;
     fmt::print("{}\n", out.dump());
   } else {
-    fmt::print("zinf plan: {} ({:.2f}M parameters), {} rank(s), stage 3, compute on the host "
-               "device\n",
-               model.description, model.parameter_count() / 1e6, args.world_size);
-    fmt::print("  profile {}; memory {}{}; NVMe free {}\n",
-               have_profile ? args.profile : "none (sizes only; `zinf bench profile` for times)",
-               FormatBytes(options.memory_bytes ? options.memory_bytes : profile.memory_bytes),
-               options.gpu_memory_bytes || profile.gpu_memory_bytes
-                   ? ", GPU " + FormatBytes(options.gpu_memory_bytes ? options.gpu_memory_bytes
-                                                                     : profile.gpu_memory_bytes)
-                   : "",
-               FormatBytes(options.nvme_free_bytes ? options.nvme_free_bytes
-                                                   : profile.nvme_free_bytes));
-    fmt::print("  bytes per rank: device = the device tier's budget, host = host arrays and "
-               "pools at the peak, + activations; gradients accumulate in host memory\n");
+    fmt::print(
+        "zinf plan: {} ({:.2f}M parameters), {} rank(s), stage 3, compute on the host "
+        "device\n",
+        model.description, model.parameter_count() / 1e6, args.world_size);
+    fmt::print(
+        "  profile {}; memory {}{}; NVMe free {}\n",
+        have_profile ? args.profile : "none (sizes only; `zinf bench profile` for times)",
+        FormatBytes(options.memory_bytes ? options.memory_bytes : profile.memory_bytes),
+        options.gpu_memory_bytes || profile.gpu_memory_bytes
+            ? ", GPU " + FormatBytes(options.gpu_memory_bytes ? options.gpu_memory_bytes
+                                                              : profile.gpu_memory_bytes)
+            : "",
+        FormatBytes(options.nvme_free_bytes ? options.nvme_free_bytes : profile.nvme_free_bytes));
+    fmt::print(
+        "  bytes per rank: device = the device tier's budget, host = host arrays and "
+        "pools at the peak, + activations; gradients accumulate in host memory\n");
     fmt::print("\n  {:<34} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
                "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute",
                "gather", "reduce", "optim", "nvme");
@@ -227,17 +236,15 @@ Status RunPlan(const PlanArgs& args) {
       const Row& r = rows[i];
       const plan::MemoryEstimate& m = r.estimate.memory;
       const plan::TimeEstimate& t = r.estimate.time;
-      std::string times = have_profile
-                              ? fmt::format("{:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", Seconds(t.step),
-                                            Seconds(t.compute), Seconds(t.gather),
-                                            Seconds(t.reduce), Seconds(t.optimizer),
-                                            Seconds(t.nvme))
-                              : "";
+      std::string times =
+          have_profile ? fmt::format("{:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", Seconds(t.step),
+                                     Seconds(t.compute), Seconds(t.gather), Seconds(t.reduce),
+                                     Seconds(t.optimizer), Seconds(t.nvme))
+                       : "";
       fmt::print("{} {:<34} {:>10} {:>10} {:>10} {:>10} {:>4} {}\n",
                  static_cast<int>(i) == best ? "*" : " ", plan::PlacementName(r.config),
-                 FormatBytes(m.peak_device), FormatBytes(m.peak_host),
-                 FormatBytes(m.activations), FormatBytes(m.nvme),
-                 r.estimate.fits ? "yes" : "no", times);
+                 FormatBytes(m.peak_device), FormatBytes(m.peak_host), FormatBytes(m.activations),
+                 FormatBytes(m.nvme), r.estimate.fits ? "yes" : "no", times);
     }
     for (const Row& r : rows) {
       if (!r.estimate.fits && !r.estimate.why.empty()) {

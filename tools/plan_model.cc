@@ -98,9 +98,9 @@ uint64_t CountNonPersistent(const std::vector<Laid>& params) {
 // until the budget needs their room; eviction follows the recorded order, which makes the
 // store drop the copy needed last: Belady's choice).
 struct CacheSim {
-  std::vector<int> order;       // one step's fetches
-  std::vector<uint64_t> miss;   // bytes each fetch brings to the device tier
-  uint64_t cached_at_end = 0;   // shard bytes cached after the last fetch
+  std::vector<int> order;      // one step's fetches
+  std::vector<uint64_t> miss;  // bytes each fetch brings to the device tier
+  uint64_t cached_at_end = 0;  // shard bytes cached after the last fetch
   // The most the device tier holds at a fetch, the parameter tier itself not counted: cached
   // shard copies, persistent parameters, the fetched module's gathered, widened and gradient
   // buffers, and with several ranks the next module's gathers started ahead.
@@ -131,8 +131,9 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
     }
     largest_live = std::max(largest_live, LiveBeyondShards(l.modules[i], e, world));
   }
-  const int64_t room = std::max<int64_t>(
-      0, static_cast<int64_t>(device_budget) - static_cast<int64_t>(persistent_live + largest_live));
+  const int64_t room =
+      std::max<int64_t>(0, static_cast<int64_t>(device_budget) -
+                               static_cast<int64_t>(persistent_live + largest_live));
   auto live_at = [&](size_t i) {
     uint64_t live = persistent_live + LiveBeyondShards(l.modules[sim.order[i]], e, world);
     if (world > 1 && i + 1 < n) live += ShardBytes(l.modules[sim.order[i + 1]], e) * world;
@@ -181,7 +182,8 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
       if (!p.persistent) ahead += p.numel;
     }
     if (cached.count(mod) == 0 && shard_bytes[mod] > 0 &&
-        static_cast<int64_t>(used + shard_bytes[mod]) <= std::max<int64_t>(room, shard_bytes[mod])) {
+        static_cast<int64_t>(used + shard_bytes[mod]) <=
+            std::max<int64_t>(room, shard_bytes[mod])) {
       cached[mod] = n;
       used += shard_bytes[mod];
     }
@@ -219,8 +221,9 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
   }
   const uint64_t V = vocab_size, T = seq_len, d = d_model, L = n_layer, B = micro_batch;
   ModelSpec m;
-  m.description = fmt::format("GPT d_model {}, {} layers, {} heads, seq_len {}, vocab {}, micro-batch {}",
-                              d, L, n_head, T, V, B);
+  m.description =
+      fmt::format("GPT d_model {}, {} layers, {} heads, seq_len {}, vocab {}, micro-batch {}", d, L,
+                  n_head, T, V, B);
   m.hidden_size = d;
   m.modules.push_back({"embed", {V * d, T * d}});
   for (uint64_t l = 0; l < L; ++l) {
@@ -254,10 +257,9 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
   auto r = [](uint64_t n) { return (n + 63) / 64 * 64; };
   const uint64_t n = B * T, nd = n * d, probs = B * n_head * T * T;
   const uint64_t sets = activation_checkpointing ? 1 : L;
-  const uint64_t floats = (L + 1) * r(nd) + sets * (4 * r(nd) + 4 * r(n) + r(3 * nd) + r(probs) +
-                                                    2 * r(4 * nd)) +
-                          7 * r(nd) + 2 * r(n) + r(n * V) + r(3 * nd) + r(probs) + r(4 * nd) +
-                          r(4 * nd);
+  const uint64_t floats =
+      (L + 1) * r(nd) + sets * (4 * r(nd) + 4 * r(n) + r(3 * nd) + r(probs) + 2 * r(4 * nd)) +
+      7 * r(nd) + 2 * r(n) + r(n * V) + r(3 * nd) + r(probs) + r(4 * nd) + r(4 * nd);
   m.activation_bytes = floats * 4;
   // The non-matmul passes: each block's activations (layer norms, attention's softmax, GELU,
   // residuals: about 15 n d floats and the probabilities) are written and read once in
@@ -338,7 +340,8 @@ StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::stri
   if (gpt) {
     model = json["model"];
     json.erase("model");
-    if (!model.is_object()) return InvalidArgument(fmt::format("{}: model must be an object", source));
+    if (!model.is_object())
+      return InvalidArgument(fmt::format("{}: model must be an object", source));
   }
   // "@NVME_PATH@" placeholders of the shipped configs: any path will do for sizing.
   std::string engine_text = json.dump();
@@ -356,14 +359,14 @@ StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::stri
       const std::string& key = it.key();
       if (key == "activation_checkpointing") {
         if (!it->is_boolean()) {
-          return InvalidArgument(fmt::format("{}: model.{} must be true or false, got {}", source,
-                                             key, it->dump()));
+          return InvalidArgument(
+              fmt::format("{}: model.{} must be true or false, got {}", source, key, it->dump()));
         }
         checkpointing = it->get<bool>();
         continue;
       }
-      const auto k = std::find_if(std::begin(keys), std::end(keys),
-                                  [&](const char* n) { return key == n; });
+      const auto k =
+          std::find_if(std::begin(keys), std::end(keys), [&](const char* n) { return key == n; });
       if (k == std::end(keys)) {
         return InvalidArgument(fmt::format(
             "{}: model.{} is not a GPT model key (vocab_size, seq_len, d_model, n_layer, n_head, "
@@ -600,8 +603,8 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     const uint64_t chunks = (S + chunk - 1) / chunk;
     uint64_t host_elements = 0;
     for (uint64_t i = 0; i < chunks; ++i) {
-      const bool on_nvme = std::floor((i + 1) * c.optimizer_nvme_ratio) >
-                           std::floor(i * c.optimizer_nvme_ratio);
+      const bool on_nvme =
+          std::floor((i + 1) * c.optimizer_nvme_ratio) > std::floor(i * c.optimizer_nvme_ratio);
       if (!on_nvme) host_elements += std::min(chunk, S - i * chunk);
     }
     // Host-resident chunks (fp32 params and the states) come from 1 GiB arenas.
@@ -631,12 +634,10 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   if (!model.fetch_order.empty()) {
     const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
     m.device_cache = sim.cached_at_end;
-    m.peak_device =
-        std::min(m.device_budget,
-                 sim.peak + (c.offload_param_device == OffloadDevice::kNone ? tier : 0));
+    m.peak_device = std::min(
+        m.device_budget, sim.peak + (c.offload_param_device == OffloadDevice::kNone ? tier : 0));
   }
-  m.host_budget = m.host_arrays +
-                  (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
+  m.host_budget = m.host_arrays + (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
                   std::max<uint64_t>(256 << 20, 4 * largest_tier);
   m.activations = model.activation_bytes;
   // In host memory at the peak: the host arrays, the parameter tier where it lives there, the
@@ -675,8 +676,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const bool optim_nvme = c.offload_optimizer_device == OffloadDevice::kNvme;
   const bool host_master = !(params_nvme && optim_nvme);
   const bool uses_nvme = params_nvme || optim_nvme;
-  const int threads =
-      options.threads > 0 ? options.threads : std::max(1, profile.cores / world);
+  const int threads = options.threads > 0 ? options.threads : std::max(1, profile.cores / world);
 
   // Fits (Note [Plan memory]): the engine's device is the host device today, so without a GPU
   // figure every byte is host memory.
@@ -716,9 +716,9 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
 
   // Compute rate: the GPT's matmuls multiply in bf16 where the config enables it and the
   // machine has native bf16 (the profile's bf16 figure); the MLP's plain loop is one thread.
-  const double rate = model.plain_loop_compute ? profile.loop_fp32_flops
-                                               : profile.MatmulRate(threads, c.bf16,
-                                                                    model.hidden_size);
+  const double rate = model.plain_loop_compute
+                          ? profile.loop_fp32_flops
+                          : profile.MatmulRate(threads, c.bf16, model.hidden_size);
   if (rate <= 0) {
     return InvalidArgument(fmt::format("the profile has no {} compute rate",
                                        model.plain_loop_compute ? "loop_fp32_GFLOPs" : "matmul"));
@@ -815,8 +815,8 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       }
     }
     start[i] = s;
-    clock = s + flops[i] / rate +
-            non_matmul * SafeDiv(flops[i], model.matmul_flops_per_micro_batch);
+    clock =
+        s + flops[i] / rate + non_matmul * SafeDiv(flops[i], model.matmul_flops_per_micro_batch);
     t.bytes_gathered += world > 1 ? gathered_bytes[mod] : 0;
     if (params_nvme) t.nvme_read += miss[i];
   }
@@ -874,8 +874,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
 
 std::vector<EngineConfig> Placements(const EngineConfig& base, const std::string& nvme_path) {
   std::vector<EngineConfig> out;
-  const OffloadDevice devices[] = {OffloadDevice::kNone, OffloadDevice::kCpu,
-                                   OffloadDevice::kNvme};
+  const OffloadDevice devices[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
   for (int precision = 0; precision < 3; ++precision) {
     for (OffloadDevice param : devices) {
       for (int optim = 0; optim < 4; ++optim) {
@@ -906,7 +905,9 @@ std::string PlacementName(const EngineConfig& c) {
     optim += fmt::format(" {:g}", c.optimizer_nvme_ratio);
   }
   return fmt::format("param {}, optim {}, {}", OffloadDeviceName(c.offload_param_device), optim,
-                     c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32");
+                     c.bf16   ? "bf16"
+                     : c.fp16 ? "fp16"
+                              : "fp32");
 }
 
 StatusOr<std::string> DeepSpeedJson(const EngineConfig& c, std::string_view base_json) {
@@ -918,8 +919,7 @@ StatusOr<std::string> DeepSpeedJson(const EngineConfig& c, std::string_view base
   nlohmann::json& zero = j["zero_optimization"];
   if (!zero.is_object()) zero = nlohmann::json::object();
   zero["stage"] = c.zero_stage;
-  auto offload = [&](const char* key, OffloadDevice device,
-                     const std::vector<std::string>& paths) {
+  auto offload = [&](const char* key, OffloadDevice device, const std::vector<std::string>& paths) {
     nlohmann::json& o = zero[key];
     if (!o.is_object()) o = nlohmann::json::object();
     o["device"] = std::string(OffloadDeviceName(device));

@@ -163,16 +163,16 @@ struct MachineProfile {
 // Bytes per rank, steady and peak (Note [Plan memory]).
 struct MemoryEstimate {
   // Steady state, as StepSummary reports it.
-  uint64_t host_arrays = 0;     // gradient accumulators, fp32 master, in-memory optimizer state
-  uint64_t param_tier = 0;      // the compute-precision shards where they live in memory
-  uint64_t persistent = 0;      // gathered persistent parameters
+  uint64_t host_arrays = 0;  // gradient accumulators, fp32 master, in-memory optimizer state
+  uint64_t param_tier = 0;   // the compute-precision shards where they live in memory
+  uint64_t persistent = 0;   // gathered persistent parameters
   // Shard copies in the device tier when the shards live off it: what the step's last
   // fetches left cached (copies stay until the budget needs their room) and the next batch's
   // first modules read ahead at the step.
   uint64_t device_cache = 0;
-  uint64_t nvme_staging = 0;    // the pipelined optimizer's staging arena
-  uint64_t host_state_pool = 0; // optimizer chunks kept in memory (optimizer_nvme_ratio < 1)
-  uint64_t nvme = 0;            // swap files
+  uint64_t nvme_staging = 0;      // the pipelined optimizer's staging arena
+  uint64_t host_state_pool = 0;   // optimizer chunks kept in memory (optimizer_nvme_ratio < 1)
+  uint64_t nvme = 0;              // swap files
   uint64_t steady_host() const {  // = StepSummary::host_bytes
     return host_arrays + param_tier + persistent + device_cache + nvme_staging + host_state_pool;
   }
@@ -200,8 +200,8 @@ struct Estimate {
 };
 
 struct PlanOptions {
-  int world_size = 1;      // data-parallel ranks (on this machine)
-  int threads = 0;         // per rank for compute and the optimizer; 0: cores / ranks
+  int world_size = 1;             // data-parallel ranks (on this machine)
+  int threads = 0;                // per rank for compute and the optimizer; 0: cores / ranks
   uint64_t memory_bytes = 0;      // overrides; 0: the profile's
   uint64_t gpu_memory_bytes = 0;  // overrides; 0: the profile's (none: the host device)
   uint64_t nvme_free_bytes = 0;   // overrides; 0: the profile's

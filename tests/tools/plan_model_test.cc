@@ -41,8 +41,8 @@ struct Measured {
 // along model.fetch_order, the first pass over a module being forward and the second backward
 // (gradients of 1e-3). Returns the last step's summary.
 StatusOr<StepSummary> Train(const ModelSpec& model, const EngineConfig& config, int steps) {
-  ZINF_ASSIGN_OR_RETURN(auto engine,
-                        Engine::Create(config, {.rank = 0, .world_size = 1, .optimizer_threads = 1}));
+  ZINF_ASSIGN_OR_RETURN(
+      auto engine, Engine::Create(config, {.rank = 0, .world_size = 1, .optimizer_threads = 1}));
   std::vector<int> ids;
   for (const ModuleShape& m : model.modules) {
     std::vector<ParamSpec> specs;
@@ -106,7 +106,7 @@ TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
   base.gradient_accumulation_steps = accumulation;
   base.nvme_checksum = false;
   for (const EngineConfig& c : Placements(base, dir_)) {
-    if (c.fp16) continue;  // the same bytes as bf16
+    if (c.fp16) continue;                                              // the same bytes as bf16
     if (c.offload_optimizer_device == OffloadDevice::kNone) continue;  // the same as cpu
     SCOPED_TRACE(PlacementName(c));
     StatusOr<StepSummary> measured = Train(*model, c, 2);
@@ -207,8 +207,8 @@ TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {
     EXPECT_EQ(back->optimizer_nvme_ratio, c.optimizer_nvme_ratio);
     EXPECT_EQ(back->bf16, c.bf16);
     EXPECT_EQ(back->fp16, c.fp16);
-    EXPECT_EQ(back->micro_batch_size, 8);    // kept from the base
-    EXPECT_EQ(back->aio.queue_depth, 16);    // kept from the base
+    EXPECT_EQ(back->micro_batch_size, 8);  // kept from the base
+    EXPECT_EQ(back->aio.queue_depth, 16);  // kept from the base
     EXPECT_EQ(PlacementName(*back), PlacementName(c));
   }
 }

@@ -33,7 +33,8 @@ testing::ZinfRun Shell(const std::string& command) {
   if (pipe == nullptr) return run;
   std::array<char, 4096> buffer;
   size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.output.append(buffer.data(), n);
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    run.output.append(buffer.data(), n);
   const int status = pclose(pipe);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
@@ -103,15 +104,15 @@ TEST_F(PlanValidationTest, MlpStepWithinTwentyPercent) {
 TEST_F(PlanValidationTest, GptStepWithinTwentyPercent) {
   // The GPT demo's model, in memory and with parameters on NVMe, one rank, one thread.
   const std::string source = std::string(ZINF_SOURCE_DIR) + "/examples/gpt/configs/";
-  for (const auto& [name, placement] :
-       {std::pair{"memory.json", "param none, optim none, fp32"},
-        std::pair{"demo.json", "param nvme, optim cpu, fp32"}}) {
+  for (const auto& [name, placement] : {std::pair{"memory.json", "param none, optim none, fp32"},
+                                        std::pair{"demo.json", "param nvme, optim cpu, fp32"}}) {
     SCOPED_TRACE(name);
     std::ifstream in(source + name);
     std::stringstream text;
     text << in.rdbuf();
     std::string json = text.str();
-    for (size_t at; (at = json.find("@NVME_PATH@")) != std::string::npos;) json.replace(at, 11, dir_);
+    for (size_t at; (at = json.find("@NVME_PATH@")) != std::string::npos;)
+      json.replace(at, 11, dir_);
     const std::string config = dir_ + "/" + name;
     std::ofstream(config) << json;
     std::vector<double> ratios;

@@ -95,8 +95,8 @@ TEST_F(ZinfPlanTest, PlanWritesAConfigTheEngineAccepts) {
   EXPECT_EQ(c->zero_stage, 3);
   EXPECT_EQ(c->micro_batch_size, 8);  // the demo's, kept
   const std::string name = plan::PlacementName(*c);
-  EXPECT_NE(r.output.find("fastest that fits: " + name), std::string::npos)
-      << name << "\n" << r.output;
+  EXPECT_NE(r.output.find("fastest that fits: " + name), std::string::npos) << name << "\n"
+                                                                            << r.output;
 }
 
 TEST_F(ZinfPlanTest, PlanJsonListsEveryPlacementWithItsSplit) {
@@ -117,9 +117,9 @@ TEST_F(ZinfPlanTest, PlanJsonListsEveryPlacementWithItsSplit) {
   // 4 layers of 512 x 512: 1.05M parameters.
   EXPECT_EQ(j["parameters"], 4u * 512 * 513);
   // With --memory too small for anything, nothing fits and no config is written.
-  testing::ZinfRun tiny = RunZinf("plan --model " + Config("mlp/configs/memory.json") +
-                                  " --profile " + profile_ + " --memory 1MiB --write-config " +
-                                  dir_ + "/none.json");
+  testing::ZinfRun tiny =
+      RunZinf("plan --model " + Config("mlp/configs/memory.json") + " --profile " + profile_ +
+              " --memory 1MiB --write-config " + dir_ + "/none.json");
   EXPECT_NE(tiny.exit_code, 0);
   EXPECT_NE(tiny.output.find("no placement fits"), std::string::npos) << tiny.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/none.json"));
@@ -127,8 +127,7 @@ TEST_F(ZinfPlanTest, PlanJsonListsEveryPlacementWithItsSplit) {
 
 TEST_F(ZinfPlanTest, BadInputIsRefusedByName) {
   // Missing profile.
-  testing::ZinfRun r =
-      RunZinf("plan --params 350M --profile " + dir_ + "/no-such-profile.json");
+  testing::ZinfRun r = RunZinf("plan --params 350M --profile " + dir_ + "/no-such-profile.json");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("no-such-profile.json: cannot read"), std::string::npos) << r.output;
   // Corrupt profile: not JSON, and a figure of the wrong type.
