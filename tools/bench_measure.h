@@ -21,6 +21,15 @@ struct NvmeFigures {
 StatusOr<NvmeFigures> MeasureNvmeDefaults(const std::vector<std::string>& paths,
                                           uint64_t size_bytes, int reps);
 
+// tools/bench_nvme.cc: one request of `request_bytes` at a time through SwapStore at the
+// engine's defaults, written then read back, `requests` times: the median time of each, in
+// microseconds. What every separately written or read tensor pays beyond its bytes.
+struct NvmeLatency {
+  double write_us = 0, read_us = 0;
+};
+StatusOr<NvmeLatency> MeasureNvmeLatency(const std::vector<std::string>& paths,
+                                         uint64_t request_bytes, int requests);
+
 // tools/bench_adam.cc: the fp32 AdamW step over `params` elements with `threads` threads (0:
 // all), and the in-place bandwidth limit over the same bytes (the best variant): medians of
 // `reps`.

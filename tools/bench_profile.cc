@@ -424,10 +424,12 @@ Status RunProfile(const ProfileArgs& args) {
     }
   }
 
-  progress.Start("NVMe write and read at the engine's aio defaults");
+  progress.Start("NVMe write and read at the engine's aio defaults, and one request's latency");
   const uint64_t nvme_size = args.quick ? 64 * kMiB : 2 * kGiB;
   ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme,
                         MeasureNvmeDefaults(paths, nvme_size, args.quick ? 1 : 3));
+  ZINF_ASSIGN_OR_RETURN(NvmeLatency latency,
+                        MeasureNvmeLatency(paths, 64 * kKiB, args.quick ? 10 : 50));
   uint64_t free_bytes = 0;
   std::set<unsigned long> filesystems;
   for (const std::string& p : paths) {
@@ -440,6 +442,8 @@ Status RunProfile(const ProfileArgs& args) {
                  {"size_bytes", nvme_size},
                  {"write_MBps", nvme.write_MBps},
                  {"read_MBps", nvme.read_MBps},
+                 {"write_latency_us", latency.write_us},
+                 {"read_latency_us", latency.read_us},
                  {"free_bytes", free_bytes}};
 
   double memory_GBps = 0;

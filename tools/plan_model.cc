@@ -17,6 +17,8 @@ namespace zinf::plan {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// The engine's tiered store moves this many tensors at once (OpenTiers' transfer_threads).
+constexpr double kTransferThreads = 4;
 uint64_t PageUp(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 uint64_t ElementBytes(const EngineConfig& c) { return c.bf16 || c.fp16 ? 2 : 4; }
@@ -445,6 +447,10 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   ZINF_RETURN_IF_ERROR(number(j, "nvme.write_MBps", true, &p.nvme_write_Bps));
   p.nvme_read_Bps *= 1e6;
   p.nvme_write_Bps *= 1e6;
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.read_latency_us", true, &p.nvme_read_latency_s));
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.write_latency_us", true, &p.nvme_write_latency_s));
+  p.nvme_read_latency_s *= 1e-6;
+  p.nvme_write_latency_s *= 1e-6;
   if (j.contains("nvme") && j["nvme"].is_object() && j["nvme"].contains("paths")) {
     for (const auto& path : j["nvme"]["paths"]) {
       if (!path.is_string()) {
@@ -793,7 +799,11 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     double have = issue;
     if (miss[i] > 0 && miss_Bps > 0) {
       const double begin = std::max(issue, disk_free);
-      disk_free = begin + miss[i] / miss_Bps;
+      // Each shard is its own request: NVMe's per-request latency, kTransferThreads at once.
+      disk_free =
+          begin + miss[i] / miss_Bps +
+          (params_nvme ? std::ceil(gathers[mod] / kTransferThreads) * profile.nvme_read_latency_s
+                       : 0.0);
       have = disk_free;
     }
     double gathered = have;
@@ -862,7 +872,12 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   double tier_nvme = 0;
   if (params_nvme) {
     t.nvme_written += S * e;
-    tier_nvme = SafeDiv(S * static_cast<double>(e), profile.nvme_write_Bps);
+    // Every shard written back on its own, and the persistent ones read again after the step.
+    uint64_t shards = 0;
+    for (const auto& params : l.modules) shards += params.size();
+    tier_nvme = SafeDiv(S * static_cast<double>(e), profile.nvme_write_Bps) +
+                std::ceil(shards / kTransferThreads) * profile.nvme_write_latency_s +
+                std::ceil(persistent_count / kTransferThreads) * profile.nvme_read_latency_s;
   }
   t.optimizer = update + tier_write;
   t.nvme = nvme_wait + std::max(0.0, pass - update) + tier_nvme;

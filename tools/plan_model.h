@@ -126,6 +126,7 @@ struct MachineProfile {
   uint64_t nvme_free_bytes = 0;
   std::vector<std::string> nvme_paths;
   double nvme_read_Bps = 0, nvme_write_Bps = 0;
+  double nvme_read_latency_s = 0, nvme_write_latency_s = 0;  // one request at a time
   struct OptimizerRow {
     int threads = 0;
     double params_per_s = 0;
