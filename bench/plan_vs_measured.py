@@ -3,7 +3,9 @@
 
 For each case, REPS times: profiles the machine (`zinf bench profile`), asks `zinf plan --json`
 for the config's own placement under that profile, and runs the trainer; prints a Markdown
-table: the median predicted step (its split; every prediction) against the median measured step, the engine's host and NVMe bytes
+table: the median predicted step (its split; every prediction) against the median measured step
+(the ratio of the medians, and the median of each run's ratio to the prediction taken just
+before it, which the machine's drift disturbs less), the engine's host and NVMe bytes
 after a step (StepSummary) against the predicted steady bytes, and peak RSS against the
 predicted peak (engine and activations).
 
@@ -134,7 +136,8 @@ def main():
                        stderr=subprocess.DEVNULL)
         return path
     print("| case | ranks | placement | predicted step (compute / gather / reduce / optimizer / "
-          "NVMe) | measured step (median; runs) | measured / predicted | host bytes predicted / "
+          "NVMe) | measured step (median; runs) | measured / predicted (medians; paired runs' "
+          "median) | host bytes predicted / "
           "StepSummary (MiB) | NVMe bytes predicted / StepSummary (MiB) | peak predicted / RSS "
           "(MiB) |")
     print("|" + "---|" * 9)
@@ -153,12 +156,13 @@ def main():
         nvme = runs[-1][2]
         rss = statistics.median(x[3] for x in runs) if runs[0][3] is not None else None
         peak = r["peak_device_bytes"] + r["peak_host_bytes"] + r["activation_bytes"]
-        print("| %s | %d | %s | %.3f s (%.3f / %.3f / %.3f / %.3f / %.3f); %s | %.3f s; %s | **%.2f** | "
+        paired = statistics.median(x[0] / p["step_s"] for x, p in zip(runs, preds))
+        print("| %s | %d | %s | %.3f s (%.3f / %.3f / %.3f / %.3f / %.3f); %s | %.3f s; %s | %.2f; **%.2f** | "
               "%s / %s | %s / %s | %s / %s |" %
               (name, ranks, r["placement"], r["step_s"], r["compute_s"], r["gather_s"],
                r["reduce_s"], r["optimizer_s"], r["nvme_s"],
                " ".join("%.3f" % x["step_s"] for x in preds), step,
-               " ".join("%.3f" % x[0] for x in runs), step / r["step_s"],
+               " ".join("%.3f" % x[0] for x in runs), step / r["step_s"], paired,
                mib(r["steady_host_bytes"]), mib(host), mib(r["nvme_bytes"]), mib(nvme), mib(peak),
                mib(rss)))
         sys.stdout.flush()
