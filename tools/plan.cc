@@ -8,6 +8,9 @@
 #include <fmt/core.h>
 #include <sys/statvfs.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -128,13 +131,11 @@ Status RunPlan(const PlanArgs& args) {
     // Memory only: this machine's sizes, no rates.
     profile.cores = std::max(1, GetCpuInfo().usable_cpus);
     profile.memory_bytes = GetCpuInfo().total_memory_bytes;
-    profile.optimizer.push_back({1, 1});
-    profile.matmul.push_back({.threads = 1, .d = 0, .fp32_flops = 1, .bf16_flops = 0});
-    profile.loop_fp32_flops = 1;
   }
   plan::PlanOptions options;
   options.world_size = args.world_size;
   options.threads = args.threads;
+  options.sizes_only = !have_profile;
   ZINF_ASSIGN_OR_RETURN(options.memory_bytes, OptionalBytes(args.memory, "--memory"));
   ZINF_ASSIGN_OR_RETURN(options.gpu_memory_bytes, OptionalBytes(args.gpu_memory, "--gpu-memory"));
   ZINF_ASSIGN_OR_RETURN(options.nvme_free_bytes, OptionalBytes(args.nvme_free, "--nvme-free"));
@@ -156,13 +157,6 @@ Status RunPlan(const PlanArgs& args) {
   int best = -1;
   for (EngineConfig& c : plan::Placements(base, nvme_path)) {
     ZINF_ASSIGN_OR_RETURN(plan::Estimate e, plan::EstimatePlacement(model, c, profile, options));
-    if (!have_profile) {
-      e.time = plan::TimeEstimate();
-      // Without rates only the sizes decide: drop the complaint about NVMe bandwidth.
-      if (e.why == "the profile has no NVMe bandwidth (profile with --path DIR)") {
-        e.fits = true, e.why.clear();
-      }
-    }
     rows.push_back({std::move(c), std::move(e)});
     const Row& r = rows.back();
     if (r.estimate.fits && have_profile &&

@@ -713,12 +713,13 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       why.push_back(fmt::format("NVMe: needs {} of {} free", FormatBytes(m.nvme * ranks),
                                 FormatBytes(nvme_free)));
     }
-    if (profile.nvme_read_Bps <= 0 || profile.nvme_write_Bps <= 0) {
+    if (!options.sizes_only && (profile.nvme_read_Bps <= 0 || profile.nvme_write_Bps <= 0)) {
       why.push_back("the profile has no NVMe bandwidth (profile with --path DIR)");
     }
   }
   est.fits = why.empty();
   for (size_t i = 0; i < why.size(); ++i) est.why += (i ? "; " : "") + why[i];
+  if (options.sizes_only) return est;
 
   // Compute rate: the GPT's matmuls multiply in bf16 where the config enables it and the
   // machine has native bf16 (the profile's bf16 figure); the MLP's plain loop is one thread.

@@ -206,6 +206,9 @@ struct PlanOptions {
   uint64_t memory_bytes = 0;      // overrides; 0: the profile's
   uint64_t gpu_memory_bytes = 0;  // overrides; 0: the profile's (none: the host device)
   uint64_t nvme_free_bytes = 0;   // overrides; 0: the profile's
+  // Sizes only (no profile): an NVMe placement needs no measured bandwidth to fit, and the
+  // times are left at 0.
+  bool sizes_only = false;
 };
 
 MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world);
