@@ -221,8 +221,8 @@ Status RunPlan(const PlanArgs& args) {
             : "",
         FormatBytes(options.nvme_free_bytes ? options.nvme_free_bytes : profile.nvme_free_bytes));
     fmt::print(
-        "  bytes per rank: device = the device tier's budget, host = host arrays and "
-        "pools at the peak, + activations; gradients accumulate in host memory\n");
+        "  bytes per rank at the peak of a step: device tier, host arrays and pools, the "
+        "trainer's activations; gradients accumulate in host memory\n");
     fmt::print("\n  {:<34} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
                "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute",
                "gather", "reduce", "optim", "nvme");
