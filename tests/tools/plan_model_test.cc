@@ -96,13 +96,13 @@ void ExpectNear(uint64_t predicted, uint64_t measured, double tolerance, const s
 TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
   const auto [model_kind, accumulation] = GetParam();
   // A model of a few modules large enough that rounding does not hide a missing array: an
-  // MLP of 1024-wide layers, or 6 modules of 1.5M elements (several NVMe optimizer chunks).
+  // MLP of 1024-wide layers, or 6 modules of 0.8M elements (several NVMe optimizer chunks).
   StatusOr<ModelSpec> model =
-      model_kind == 0 ? MlpModel(3, 1024, 4) : UniformModel(9'000'000, 6, 16);
+      model_kind == 0 ? MlpModel(3, 1024, 4) : UniformModel(4'800'000, 6, 16);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineConfig base;
   base.stage3_param_persistence_threshold = 2000;  // the MLP's biases persist
-  base.stage3_prefetch_bucket_size = 1'500'000;
+  base.stage3_prefetch_bucket_size = 1'000'000;
   base.gradient_accumulation_steps = accumulation;
   base.nvme_checksum = false;
   for (const EngineConfig& c : Placements(base, dir_)) {
@@ -135,6 +135,32 @@ INSTANTIATE_TEST_SUITE_P(Models, PlanMemoryTest,
                            return std::string(std::get<0>(info.param) == 0 ? "Mlp" : "Uniform") +
                                   "Accumulation" + std::to_string(std::get<1>(info.param));
                          });
+
+// A model four times the device tier's room, parameters on NVMe: the shards the device tier
+// keeps between forward and backward, and so the bytes read from NVMe, follow the simulated
+// eviction (the copy needed last goes first).
+TEST_F(PlanMemoryTest, DeviceTierEvictionMatchesTheEngine) {
+  StatusOr<ModelSpec> model = UniformModel(64 * 1'000'000, 64, 16);
+  ASSERT_TRUE(model.ok());
+  EngineConfig c;
+  c.stage3_prefetch_bucket_size = 1'000'000;
+  c.nvme_checksum = false;
+  c.offload_param_device = OffloadDevice::kNvme;
+  c.offload_param_nvme_path = {dir_};
+  c.offload_optimizer_device = OffloadDevice::kCpu;
+  StatusOr<Estimate> est = EstimatePlacement(*model, c, TestProfile(), {});
+  ASSERT_TRUE(est.ok()) << est.status();
+  const uint64_t tier = 64ull * 1'000'000 * 4;
+  ASSERT_LT(est->memory.device_budget, tier / 2) << "the test needs a tier larger than the room";
+  // Forward reads every shard; backward finds some of them still cached.
+  EXPECT_GT(est->time.nvme_read, tier);
+  EXPECT_LT(est->time.nvme_read, 2 * tier);
+  StatusOr<StepSummary> measured = Train(*model, c, 2);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, 0.10, "NVMe read");
+  ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
+  ExpectNear(est->memory.steady_host(), measured->host_bytes, 0.10, "host bytes");
+}
 
 TEST(PlanModelTest, GptShapesMatchTheExample) {
   // The demo config's model: 0.83M parameters (README, bench/RESULTS.md).
