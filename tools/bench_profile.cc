@@ -438,7 +438,18 @@ Status RunProfile(const ProfileArgs& args) {
       free_bytes += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
     }
   }
+  // Each path on its own too, where the swap files stripe over several.
+  nlohmann::json per_path = nlohmann::json::array();
+  if (paths.size() > 1) {
+    for (const std::string& p : paths) {
+      ZINF_ASSIGN_OR_RETURN(NvmeFigures one,
+                            MeasureNvmeDefaults({p}, nvme_size, args.quick ? 1 : 3));
+      per_path.push_back(
+          {{"path", p}, {"write_MBps", one.write_MBps}, {"read_MBps", one.read_MBps}});
+    }
+  }
   out["nvme"] = {{"paths", paths},
+                 {"per_path", per_path},
                  {"size_bytes", nvme_size},
                  {"write_MBps", nvme.write_MBps},
                  {"read_MBps", nvme.read_MBps},

@@ -65,6 +65,10 @@ TEST_F(ZinfPlanTest, ProfileHasEveryFigureThePlanReads) {
   const nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j["quick"], true);
   EXPECT_EQ(j["nvme"]["paths"][0], dir_ + "/nvme");
+  EXPECT_GT(j["nvme"]["read_latency_us"].get<double>(), 0);
+  EXPECT_GT(j["nvme"]["write_latency_us"].get<double>(), 0);
+  EXPECT_TRUE(j["nvme"]["per_path"].empty());  // one path: the striped figure is its own
+  EXPECT_GT(p->nvme_read_latency_s, 0);
   // The 2-rank collectives ran (or say why not).
   ASSERT_TRUE(j.contains("collective"));
   EXPECT_TRUE(j["collective"].contains("allgather_GBps") || j["collective"].contains("error"))
