@@ -10,13 +10,16 @@
 // host memory under a budget. Two figures per tier:
 //  - steady: what the engine holds between steps, i.e. what StepSummary::host_bytes and
 //    nvme_bytes report after Step() (the host arrays, the parameter tier where it lives in
-//    memory, gathered persistent parameters, the next batch's first modules read ahead, the NVMe
-//    optimizer's staging arena and the swap files). tests/tools/plan_model_test.cc checks it
-//    against a real engine.
-//  - peak: what a step may reach, the device tier's whole budget (the engine sizes it to two
-//    gathered working sets, the read-ahead window and the parameter tier when it lives there)
-//    plus the host tier's arrays and write-back room, plus the trainer's activations. "fits"
-//    is decided on the peak.
+//    memory, the shard copies the device tier still caches and the next batch's first modules
+//    read ahead, the NVMe optimizer's staging arena and host state, the swap files).
+//    tests/tools/plan_model_test.cc checks it, and the NVMe traffic, against a real engine.
+//  - peak: the most the device tier holds at any fetch of the simulated step (cached shard
+//    copies, persistent parameters, the fetched module's gathered, widened and gradient
+//    buffers, the next module's gathers; the parameter tier when it lives there), never more
+//    than the budget the engine gives it; the host memory's arrays, pools, write-back copies,
+//    staging buffers and reduce buckets; the trainer's activations. "fits" is decided on the
+//    peak (with a host device, their sum against the host memory). It leaves out the process's
+//    own code and libraries (tens of MiB: bench/RESULTS.md).
 // The gradient accumulators are fp32 host arrays in every placement (the engine accumulates
 // and steps them there), so the gradients' tier is always host memory.
 //
@@ -33,8 +36,10 @@
 //    its compute-precision bytes (latency + bytes / bandwidth of the profile's 2-rank figure);
 //    with parameters off the device, the shards the device tier does not keep are read from
 //    NVMe (a simulation of the fetch order against the device tier's room, evicting the copy
-//    needed last) or copied over the host link. Reads overlap compute except the first module
-//    of each micro-batch; what exceeds compute is exposed.
+//    needed last; each shard pays the disk's per-request latency, four at a time as the store
+//    moves them) or copied over the host link. A read starts at the fetch whose read-ahead
+//    window (stage3_prefetch_bucket_size) first covers it and overlaps the compute until then;
+//    what it does not hide is exposed.
 //  - reduce: the reduce-scatter of the fp32 gradients (several ranks) and their accumulation
 //    into the fp32 accumulators (memory bandwidth).
 //  - optimizer: the CPU update of the rank's shard at the profile's rate, plus writing the
