@@ -8,12 +8,14 @@
 #                 settings (1 MiB, QD 8), with 2 MiB pages as zinf's staging has (see
 #                 RESULTS.md, issue 3), measured before and after the training run; reads and
 #                 writes are charged separately
-# Usage: bench/gpt_large.sh [steps=4] [nvme_dir=build/bench-gpt-nvme] [config=examples/gpt/configs/large.json]
+# Usage: bench/gpt_large.sh [steps=4] [nvme_dir=build/bench-gpt-nvme] [config=examples/gpt/configs/large.json] [train_gpt args...]
+#   e.g. bench/gpt_large.sh 4 /work/nvme examples/gpt/configs/large.json --set gradient_clipping=0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-4}
 nvme_dir=${2:-$PWD/build/bench-gpt-nvme}
 config=${3:-examples/gpt/configs/large.json}
+shift $(($# < 3 ? $# : 3))
 scripts/build.sh zinf train_gpt >/dev/null
 rm -rf "$nvme_dir"
 mkdir -p "$nvme_dir"
@@ -28,9 +30,10 @@ disk() { build/bin/zinf bench nvme --path "$nvme_dir" --size 4GiB --reps 1 --fio
 
 d1=$(disk)
 /usr/bin/time -v build/bin/train_gpt --config "$config" \
-  --nvme-path "$nvme_dir" --steps "$steps" --metrics "$out/metrics.jsonl" >"$out/train.txt" 2>"$out/time.txt"
+  --nvme-path "$nvme_dir" --steps "$steps" --metrics "$out/metrics.jsonl" "$@" >"$out/train.txt" 2>"$out/time.txt"
 d2=$(disk)
 grep -E "^train_gpt|^  |^done" "$out/train.txt" || true
+echo "losses per step: $(sed -E 's/.*"loss": ?([0-9.eE+-]+|null).*/\1/' "$out/metrics.jsonl" | tr '\n' ' ')"
 
 fio_read=$(echo "$d1 $d2" | tr ' ' '\n' | field fio_read_MBps | awk '{s += $1} END {print s / NR}')
 fio_write=$(echo "$d1 $d2" | tr ' ' '\n' | field fio_write_MBps | awk '{s += $1} END {print s / NR}')
@@ -45,17 +48,19 @@ tail -n +2 "$out/metrics.jsonl" | while read -r line; do
     'BEGIN {print c + r + o}')
   io=$(awk -v r="$(echo "$line" | field nvme_read_bytes)" -v w="$(echo "$line" | field nvme_written_bytes)" \
     -v fr="$fio_read" -v fw="$fio_write" 'BEGIN {print r / (fr * 1e6) + w / (fw * 1e6)}')
-  echo "$step $compute $io $(echo "$line" | field nvme_read_bytes) $(echo "$line" | field nvme_written_bytes)"
+  echo "$step $compute $io $(echo "$line" | field nvme_read_bytes) $(echo "$line" | field nvme_written_bytes) $(echo "$line" | field optimizer_overlapped_s)"
 done >"$out/steps.txt"
 median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 step=$(cut -d' ' -f1 "$out/steps.txt" | median)
 compute=$(cut -d' ' -f2 "$out/steps.txt" | median)
 io=$(cut -d' ' -f3 "$out/steps.txt" | median)
 awk -v n="$(wc -l <"$out/steps.txt")" -v s="$step" -v c="$compute" -v i="$io" -v rss="$rss_kb" -v fr="$fio_read" -v fw="$fio_write" \
-  -v rb="$(cut -d' ' -f4 "$out/steps.txt" | median)" -v wb="$(cut -d' ' -f5 "$out/steps.txt" | median)" 'BEGIN {
+  -v rb="$(cut -d' ' -f4 "$out/steps.txt" | median)" -v wb="$(cut -d' ' -f5 "$out/steps.txt" | median)" \
+  -v ov="$(cut -d' ' -f6 "$out/steps.txt" | median)" 'BEGIN {
   limit = c > i ? c : i
   printf "fio (2 MiB pages, mean of before and after): read %.0f MB/s, write %.0f MB/s\n", fr, fw
   printf "per step (median of steps 2-%d): %.2f s; compute-only %.2f s; NVMe read %.2f GB + written %.2f GB = %.2f s at fio speed\n", n + 1, s, c, rb / 1e9, wb / 1e9, i
+  printf "optimizer stepped alongside backward: %.2f s of the step\n", ov
   printf "step / max(compute-only, io) = %.3f (target <= 1.25)\n", s / limit
   printf "peak RSS %.2f GiB (target <= 6 GiB)\n", rss / 1048576
 }'

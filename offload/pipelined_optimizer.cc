@@ -60,6 +60,7 @@ struct PipelinedOptimizer::Shard {
     SwapExtent state;  // on_nvme
     SwapExtent grads;  // on_nvme
     SwapExtent copy;   // ParamCopyTier::kNvme
+    SwapExtent undo;   // a speculative step's old state, until resolved
     PoolBlock host;    // !on_nvme
   };
   ShardSpec spec;
@@ -288,7 +289,7 @@ Status PipelinedOptimizer::RemoveShard(int id) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   Status first;
   for (Shard::Chunk& chunk : shard->chunks) {
-    for (SwapExtent* e : {&chunk.state, &chunk.grads, &chunk.copy}) {
+    for (SwapExtent* e : {&chunk.state, &chunk.grads, &chunk.copy, &chunk.undo}) {
       if (e->valid()) {
         Status status = swap_->Free(*e);
         if (first.ok() && !status.ok()) first = status;
@@ -303,8 +304,32 @@ Status PipelinedOptimizer::RemoveShard(int id) {
 
 Status PipelinedOptimizer::Visit(int id, const ChunkVisitor& visit, bool write_back) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  std::vector<size_t> all(shard->chunks.size());
+  for (size_t c = 0; c < all.size(); ++c) all[c] = c;
+  return VisitChunks(shard, all, visit, write_back);
+}
+
+Status PipelinedOptimizer::VisitChunks(int id, const std::vector<size_t>& chunks,
+                                       const ChunkVisitor& visit) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, chunks));
+  return VisitChunks(shard, chunks, visit, /*write_back=*/false);
+}
+
+Status PipelinedOptimizer::CheckChunks(const Shard& shard, const std::vector<size_t>& chunks) {
+  for (size_t c : chunks) {
+    if (c >= shard.chunks.size()) {
+      return InvalidArgument(fmt::format("shard '{}' has {} chunks, no chunk {}", shard.spec.name,
+                                         shard.chunks.size(), c));
+    }
+  }
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::VisitChunks(Shard* shard, const std::vector<size_t>& chunks,
+                                       const ChunkVisitor& visit, bool write_back) {
   Slot& slot = *slots_[0];
-  for (size_t c = 0; c < shard->chunks.size(); ++c) {
+  for (size_t c : chunks) {
     Shard::Chunk& chunk = shard->chunks[c];
     ChunkLayout layout = shard->Layout(chunk);
     char* base = chunk.on_nvme ? slot.base() : chunk.host.as<char>();
@@ -351,6 +376,38 @@ Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
   return OkStatus();
 }
 
+Status PipelinedOptimizer::WriteChunkGradients(int id, size_t c, const float* grads) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, {c}));
+  const Shard::Chunk& chunk = shard->chunks[c];
+  if (shard->spec.grad_type != ElementType::kFp32 || grads == nullptr) {
+    return InvalidArgument("WriteChunkGradients: fp32 gradients of a non-null array only");
+  }
+  void* dst = shard->View(chunk, chunk.on_nvme ? slots_[0]->base() : chunk.host.as<char>()).grads;
+  if (dst != grads) std::memcpy(dst, grads, chunk.count * 4);
+  if (!chunk.grads.valid()) return OkStatus();  // a host block or the caller's own array
+  // The extent is padded to the alignment, past the chunk's data: written from the staging.
+  ZINF_RETURN_IF_ERROR_CTX(swap_->Write(chunk.grads, dst),
+                           fmt::format("writing the gradients of {}", shard->ChunkName(c)));
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::ReadChunkGradients(int id, size_t c, float* out) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, {c}));
+  const Shard::Chunk& chunk = shard->chunks[c];
+  if (shard->spec.grad_type != ElementType::kFp32 || out == nullptr) {
+    return InvalidArgument("ReadChunkGradients: fp32 gradients into a non-null array only");
+  }
+  void* src = shard->View(chunk, chunk.on_nvme ? slots_[0]->base() : chunk.host.as<char>()).grads;
+  if (chunk.grads.valid()) {
+    ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.grads, src),
+                             fmt::format("reading the gradients of {}", shard->ChunkName(c)));
+  }
+  if (src != out) std::memcpy(out, src, chunk.count * 4);
+  return OkStatus();
+}
+
 Status PipelinedOptimizer::ReadParams(int id, float* out) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   if (out == nullptr) return InvalidArgument("ReadParams: out is null");
@@ -388,7 +445,6 @@ Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
 
 Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, StepMode mode,
                                 const ChunkVisitor& updated) {
-  const Clock::time_point start = Clock::now();
   stats_ = PipelinedStepStats();
   std::vector<Shard*> shards;
   if (ids.empty()) {
@@ -403,22 +459,82 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
   }
   std::set<int> groups;
   for (Shard* s : shards) groups.insert(s->spec.group);
-  // Benchmark modes apply the group's current step (at least 1) without advancing it.
-  std::map<int, ParamGroupState> bench_groups;
   for (int g : groups) {
-    if (mode == StepMode::kFull) {
-      ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(g).status());
-    } else {
-      ZINF_ASSIGN_OR_RETURN(bench_groups[g], optimizer_->group(g));
-    }
+    if (mode == StepMode::kFull) ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(g).status());
   }
-  struct Item {
-    Shard* shard;
-    size_t chunk;
-  };
   std::vector<Item> items;
   for (Shard* s : shards) {
     for (size_t c = 0; c < s->chunks.size(); ++c) items.push_back({s, c});
+  }
+  return Run(items, grad_scale, mode, updated, /*speculative=*/false);
+}
+
+StatusOr<std::vector<ChunkInfo>> PipelinedOptimizer::Chunks(int id) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  std::vector<ChunkInfo> out;
+  for (const Shard::Chunk& c : shard->chunks) out.push_back({c.offset, c.count, c.on_nvme});
+  return out;
+}
+
+Status PipelinedOptimizer::BeginPartialStep(int id) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  stats_ = PipelinedStepStats();
+  return optimizer_->BeginStep(shard->spec.group).status();
+}
+
+Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks, float grad_scale,
+                                      bool speculative, const ChunkVisitor& updated) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  ZINF_RETURN_IF_ERROR(CheckChunks(*shard, chunks));
+  std::vector<Item> items;
+  for (size_t c : chunks) {
+    const Shard::Chunk& chunk = shard->chunks[c];
+    if (speculative && (!chunk.on_nvme || chunk.undo.valid() ||
+                        shard->spec.param_copy_tier != ParamCopyTier::kNone)) {
+      return InvalidArgument(fmt::format(
+          "{} cannot be stepped speculatively: {}", shard->ChunkName(c),
+          !chunk.on_nvme       ? "its home is host memory, where nothing keeps the old state"
+          : chunk.undo.valid() ? "it was already stepped speculatively in this step"
+                               : "the shard writes a parameter copy, which would not be undone"));
+    }
+    items.push_back({shard, c});
+  }
+  return Run(items, grad_scale, StepMode::kFull, updated, speculative);
+}
+
+StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, bool commit) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  std::vector<size_t> undone;
+  Status first;
+  for (size_t c = 0; c < shard->chunks.size(); ++c) {
+    Shard::Chunk& chunk = shard->chunks[c];
+    if (!chunk.undo.valid()) continue;
+    if (commit) {
+      Status freed = swap_->Free(std::exchange(chunk.undo, SwapExtent()));
+      if (first.ok()) first = freed;
+    } else {
+      Status freed = swap_->Free(std::exchange(chunk.state, chunk.undo));
+      chunk.undo = SwapExtent();
+      if (first.ok()) first = freed;
+      undone.push_back(c);
+    }
+  }
+  ZINF_RETURN_IF_ERROR_CTX(
+      first, fmt::format("resolving the speculative step of shard '{}'", shard->spec.name));
+  return undone;
+}
+
+Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale, StepMode mode,
+                               const ChunkVisitor& updated, bool speculative) {
+  const Clock::time_point start = Clock::now();
+  std::set<int> groups;
+  for (const Item& item : items) groups.insert(item.shard->spec.group);
+  // Benchmark modes apply the group's current step (at least 1) without advancing it.
+  std::map<int, ParamGroupState> bench_groups;
+  if (mode != StepMode::kFull) {
+    for (int g : groups) {
+      ZINF_ASSIGN_OR_RETURN(bench_groups[g], optimizer_->group(g));
+    }
   }
   const size_t n = items.size();
   const size_t k = slots_.size();
@@ -512,6 +628,16 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
       if (!failure.ok()) break;
     }
     if (do_io) {
+      if (chunk.on_nvme && speculative) {  // the new state beside the old
+        Shard::Chunk& c = shard.chunks[item.chunk];
+        StatusOr<SwapExtent> fresh = swap_->Allocate(
+            layout.state_bytes, fmt::format("{} chunk {} state", spec.name, item.chunk));
+        if (!fresh.ok()) {
+          failure = std::move(fresh).status();
+          break;
+        }
+        c.undo = std::exchange(c.state, *fresh);
+      }
       if (chunk.on_nvme) {
         slot.writes.Add(1);
         swap_->WriteAsync(chunk.state, base, slot.writes.Callback());
@@ -551,7 +677,7 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
     }
     stats_.wait_seconds += SecondsSince(t);
   }
-  stats_.seconds = SecondsSince(start);
+  stats_.seconds += SecondsSince(start);
   if (!failure.ok()) {
     const Item& item = items[std::min(failed_item, n - 1)];
     return std::move(failure).WithContext(

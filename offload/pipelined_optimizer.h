@@ -53,6 +53,17 @@ namespace zinf {
 // update overlaps the I/O of NVMe-resident neighbours (the split given by nvme_ratio is
 // interleaved over the chunks for that reason).
 
+// Note [Speculative step]
+// A caller that wants the step to start before it knows whether it may (the global gradient
+// norm decides clipping and fp16 overflow, and needs every gradient) steps chunks as their
+// gradients become final with the scale it expects, speculatively: the new state of each goes
+// to a fresh extent and the old one stays. Once the norm is known the caller keeps the new
+// state (ResolveSpeculation(commit)) or drops it, which gives the chunks their old state
+// back to step again with the right scale, or not at all for a skipped step. The update is
+// element-wise, so the order and grouping of the chunks never changes a bit of the result.
+// Only the write target changes, so speculation costs no extra I/O, only swap space for the
+// chunks in flight (at most the shard's state once more).
+
 // Where the compute-precision parameter copy of a shard goes.
 enum class ParamCopyTier {
   kNone,    // not written
@@ -131,6 +142,13 @@ enum class StepMode {
   kComputeOnly,
 };
 
+// Where a chunk of a shard lies: elements [offset, offset + count) of the shard, and its home.
+struct ChunkInfo {
+  size_t offset = 0;
+  size_t count = 0;
+  bool on_nvme = false;
+};
+
 struct PipelinedStepStats {
   double seconds = 0;          // wall time of the step
   double compute_seconds = 0;  // in CpuOptimizer::Update
@@ -182,10 +200,34 @@ class PipelinedOptimizer {
   Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
               StepMode mode = StepMode::kFull, const ChunkVisitor& updated = nullptr);
 
+  // ---- One step taken in parts (Note [Speculative step]) ----
+  // The shard's chunks, in order.
+  StatusOr<std::vector<ChunkInfo>> Chunks(int shard);
+  // Begins a step of the shard that StepChunks then takes in parts: BeginStep of its group
+  // (the caller sets the group's step back if the step is abandoned) and the stats reset.
+  Status BeginPartialStep(int shard);
+  // Updates the given chunks (in that order) through the pipeline, as Step does every chunk;
+  // stats add up over the parts. With `speculative`, each chunk's new state is written to a
+  // new extent and the old one kept until ResolveSpeculation, which keeps one or the other:
+  // only NVMe chunks of a shard without a parameter copy, each once per step, can be stepped
+  // so (else InvalidArgument). The swap store needs room for the new extents.
+  Status StepChunks(int shard, const std::vector<size_t>& chunks, float grad_scale,
+                    bool speculative, const ChunkVisitor& updated = nullptr);
+  // Ends the speculation of the shard's chunks: `commit` frees their old state; otherwise
+  // their new state is freed and the old one is theirs again. Returns the chunks undone.
+  StatusOr<std::vector<size_t>> ResolveSpeculation(int shard, bool commit);
+  // Visits the given chunks with their current values, read-only.
+  Status VisitChunks(int shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit);
+
   // Stores the shard's gradients (`count` elements of its grad_type) for the next Step,
   // writing only the gradient part of each chunk: the engine's path for deposit after the
   // reduce-scatter, without the read and rewrite of parameters and state a visit costs.
   Status WriteGradients(int shard, const void* grads);
+  // One chunk's gradients (a shard with its own gradient storage, kFp32): write `count`
+  // floats, or read them into `out`. Through a staging buffer: not while a step runs.
+  Status WriteChunkGradients(int shard, size_t chunk, const float* grads);
+  Status ReadChunkGradients(int shard, size_t chunk, float* out);
+
   // Copies the shard's fp32 parameters into `out` (`count` floats), reading only the
   // parameter-and-state part of each NVMe chunk.
   Status ReadParams(int shard, float* out);
@@ -205,7 +247,17 @@ class PipelinedOptimizer {
   struct Slot;
   PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
                      const PipelinedOptimizerOptions& options);
+  struct Item {
+    Shard* shard;
+    size_t chunk;
+  };
   StatusOr<Shard*> Find(int shard);
+  static Status CheckChunks(const Shard& shard, const std::vector<size_t>& chunks);
+  Status VisitChunks(Shard* shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit,
+                     bool write_back);
+  // The pipeline over `items` (Note [Pipelined step]).
+  Status Run(const std::vector<Item>& items, float grad_scale, StepMode mode,
+             const ChunkVisitor& updated, bool speculative);
 
   CpuOptimizer* optimizer_;
   SwapStore* swap_;

@@ -29,6 +29,7 @@
 #include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
+#include "tools/plot.h"
 #include "zinf/cpu_info.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/host_memory.h"
@@ -37,8 +38,9 @@ namespace zinf::tools {
 namespace {
 
 struct AdamArgs {
-  std::string params = "64M";
-  int threads = 0;
+  // Several of each (comma-separated) run every combination, sizes outer.
+  std::vector<std::string> params = {"64M"};
+  std::vector<int> threads = {0};
   std::string dtype = "fp32";
   std::string param_copy = "none";
   std::string optimizer = "adamw";
@@ -47,6 +49,15 @@ struct AdamArgs {
   size_t prefetch_bytes = 1024;
   int reps = 7;
   bool json = false;
+  std::string plot;    // PNG file; empty: none
+  bool quiet = false;  // print nothing (MeasureAdamRate)
+};
+
+// One configuration's figures, for the plot.
+struct AdamResult {
+  uint64_t params = 0;
+  int threads = 0;
+  double gbps = 0, limit_gbps = 0, params_per_s = 0;
 };
 
 template <typename Fn>
@@ -80,27 +91,10 @@ const char* StoreModeName(StoreMode mode) {
   return "?";
 }
 
-// What one `zinf bench adam` run measured.
-struct AdamResult {
-  uint64_t count = 0;
-  OptimizerType type = OptimizerType::kAdamW;
-  int threads = 0;
-  CpuKernelIsa isa = CpuKernelIsa::kAuto;
-  ElementType grad_type = ElementType::kFp32;
-  StoreMode store_in_use = StoreMode::kAuto;
-  uint64_t read_bytes = 0, write_bytes = 0, bytes_per_param = 0;
-  std::vector<double> step_s;
-  std::map<std::string, std::vector<double>> limit_s;  // by kLimitVariants name
-};
-
-StatusOr<AdamResult> MeasureAdam(const AdamArgs& args) {
-  ZINF_ASSIGN_OR_RETURN(uint64_t count, ParseBytes(args.params));
-  if (count == 0) return InvalidArgument("--params must be > 0");
-  if (args.reps < 1)
-    return InvalidArgument("--reps must be >= 1, got " + std::to_string(args.reps));
-
+// Measures `count` parameters on `threads` threads (0: all) and prints the result.
+StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threads) {
   CpuOptimizerOptions options;
-  options.threads = args.threads;
+  options.threads = threads;
   options.prefetch_bytes = args.prefetch_bytes;
   options.isa = args.isa == "scalar"   ? CpuKernelIsa::kScalar
                 : args.isa == "avx2"   ? CpuKernelIsa::kAvx2
@@ -197,6 +191,17 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args) {
     return opt->Update(group, span, 1.0f / 1024.0f);
   };
 
+  const CpuInfo& cpu = GetCpuInfo();
+  if (!args.json && !args.quiet) {
+    fmt::print(
+        "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
+        OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param), opt->threads(),
+        CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type), args.param_copy);
+    fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
+               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes, args.reps,
+               cpu.model_name);
+  }
+
   // Warm-up: page faults and first-use costs out of the timings, and with --store auto the
   // optimizer's store-mode tuning done (its first 2 x 3 large calls try both modes).
   for (int i = 0; i < 7; ++i) ZINF_RETURN_IF_ERROR(step_run());
@@ -211,39 +216,6 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args) {
       ZINF_ASSIGN_OR_RETURN(double t, TimeIt([&] { return limit_run(lv); }));
       limit_s[lv.name].push_back(t);
     }
-  }
-
-  AdamResult result;
-  result.count = count;
-  result.type = hp.type;
-  result.threads = opt->threads();
-  result.isa = opt->isa();
-  result.grad_type = grad_type;
-  result.store_in_use = opt->store_mode_in_use();
-  result.read_bytes = read_bytes;
-  result.write_bytes = write_bytes;
-  result.bytes_per_param = bytes_per_param;
-  result.step_s = std::move(step_s);
-  result.limit_s = std::move(limit_s);
-  return result;
-}
-
-Status RunBenchAdam(const AdamArgs& args) {
-  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args));
-  const uint64_t count = r.count, bytes_per_param = r.bytes_per_param;
-  const uint64_t read_bytes = r.read_bytes, write_bytes = r.write_bytes;
-  const std::vector<double>& step_s = r.step_s;
-  std::map<std::string, std::vector<double>>& limit_s = r.limit_s;
-  const ElementType grad_type = r.grad_type;
-  const CpuInfo& cpu = GetCpuInfo();
-  if (!args.json) {
-    fmt::print(
-        "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
-        OptimizerTypeName(r.type), count, FormatBytes(count * bytes_per_param), r.threads,
-        CpuKernelIsaName(r.isa), ElementTypeName(grad_type), args.param_copy);
-    fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
-               bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes, args.reps,
-               cpu.model_name);
   }
 
   const double bytes = static_cast<double>(count) * static_cast<double>(bytes_per_param);
@@ -265,17 +237,19 @@ Status RunBenchAdam(const AdamArgs& args) {
   std::vector<double> step_gbps;
   for (double s : step_s) step_gbps.push_back(bytes / s / 1e9);
 
-  if (args.json) {
+  if (args.quiet) {
+    // The figures only.
+  } else if (args.json) {
     nlohmann::json out = {
         {"bench", "adam"},
-        {"optimizer", OptimizerTypeName(r.type)},
+        {"optimizer", OptimizerTypeName(hp.type)},
         {"params", count},
-        {"threads", r.threads},
-        {"isa", CpuKernelIsaName(r.isa)},
+        {"threads", opt->threads()},
+        {"isa", CpuKernelIsaName(opt->isa())},
         {"dtype", args.dtype},
         {"param_copy", args.param_copy},
         {"store", args.store},
-        {"store_in_use", StoreModeName(r.store_in_use)},
+        {"store_in_use", StoreModeName(opt->store_mode_in_use())},
         {"prefetch_bytes", args.prefetch_bytes},
         {"bytes_per_param", bytes_per_param},
         {"reps", args.reps},
@@ -298,8 +272,94 @@ Status RunBenchAdam(const AdamArgs& args) {
       fmt::print("  limit {:<22} {:.1f} GB/s\n", lv.name, limits[lv.name].get<double>());
     }
     fmt::print("  limit: {:.1f} GB/s ({})  efficiency: {:.3f}  (step stores: {})\n", limit_gbps,
-               limit_name, efficiency, StoreModeName(r.store_in_use));
+               limit_name, efficiency, StoreModeName(opt->store_mode_in_use()));
   }
+  return AdamResult{count, opt->threads(), gbps, limit_gbps, params_per_s};
+}
+
+// "64M" for 64 x 2^20, as --params takes it; the plain number otherwise.
+std::string FormatCount(uint64_t n) {
+  const char* units = "KMGT";
+  int u = -1;
+  while (n >= 1024 && n % 1024 == 0 && u < 3) {
+    n /= 1024;
+    ++u;
+  }
+  return u < 0 ? std::to_string(n) : fmt::format("{}{}", n, units[u]);
+}
+
+// Bandwidth against threads (one pair of curves, step and limit, per size) and against size
+// (at the most threads).
+Figure AdamFigure(const std::vector<AdamResult>& results, const std::string& what) {
+  Figure f;
+  f.title = fmt::format("zinf bench adam: {} step against the bandwidth limit", what);
+  PlotPanel by_threads{.title = "bandwidth by thread count",
+                       .x_label = "threads",
+                       .y_label = "GB/s moved",
+                       .log_x = true};
+  std::map<uint64_t, std::pair<PlotSeries, PlotSeries>> per_size;  // step and limit
+  int most_threads = 0;
+  for (const AdamResult& r : results) {
+    auto& [step, limit] = per_size[r.params];
+    step.title = fmt::format("step, {} params", FormatCount(r.params));
+    limit.title = fmt::format("limit, {} params", FormatCount(r.params));
+    limit.dashed = true;
+    step.color = limit.color = static_cast<int>(per_size.size());
+    step.x.push_back(r.threads);
+    step.y.push_back(r.gbps);
+    limit.x.push_back(r.threads);
+    limit.y.push_back(r.limit_gbps);
+    most_threads = std::max(most_threads, r.threads);
+  }
+  for (auto& [size, curves] : per_size) {
+    by_threads.series.push_back(curves.first);
+    by_threads.series.push_back(curves.second);
+  }
+  // A panel over one thread count (or one size) would be single points: left out, unless
+  // the run measured one configuration only.
+  if (by_threads.series[0].x.size() > 1 || per_size.size() == 1) f.panels.push_back(by_threads);
+  PlotPanel by_size{.title = fmt::format("bandwidth by size, {} thread(s)", most_threads),
+                    .x_label = "parameters (M = 2^20)",
+                    .y_label = "GB/s moved",
+                    .log_x = true};
+  PlotSeries step{.title = "step", .color = 1};
+  PlotSeries limit{.title = "limit (same bytes, in-place add)", .dashed = true, .color = 1};
+  for (const AdamResult& r : results) {
+    if (r.threads != most_threads) continue;
+    step.x.push_back(static_cast<double>(r.params) / (1 << 20));
+    step.y.push_back(r.gbps);
+    limit.x.push_back(static_cast<double>(r.params) / (1 << 20));
+    limit.y.push_back(r.limit_gbps);
+  }
+  by_size.series = {step, limit};
+  if (per_size.size() > 1) f.panels.push_back(by_size);
+  return f;
+}
+
+Status RunBenchAdam(const AdamArgs& args) {
+  if (args.reps < 1)
+    return InvalidArgument("--reps must be >= 1, got " + std::to_string(args.reps));
+  std::vector<uint64_t> counts;
+  for (const std::string& p : args.params) {
+    ZINF_ASSIGN_OR_RETURN(uint64_t count, ParseBytes(p));
+    if (count == 0) return InvalidArgument("--params must be > 0, got " + p);
+    counts.push_back(count);
+  }
+  for (int t : args.threads) {
+    if (t < 0) return InvalidArgument(fmt::format("--threads must be >= 0, got {}", t));
+  }
+  // An unwritable plot path or a missing gnuplot fails now, not after minutes of measuring.
+  if (!args.plot.empty()) ZINF_RETURN_IF_ERROR(CheckPlotOutput(args.plot));
+  std::vector<AdamResult> results;
+  for (uint64_t count : counts) {
+    for (int threads : args.threads) {
+      ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, count, threads));
+      results.push_back(r);
+    }
+  }
+  if (args.plot.empty()) return OkStatus();
+  ZINF_RETURN_IF_ERROR(WritePlot(AdamFigure(results, args.optimizer), args.plot));
+  if (!args.json) fmt::print("wrote {}\n", args.plot);
   return OkStatus();
 }
 
@@ -307,27 +367,25 @@ Status RunBenchAdam(const AdamArgs& args) {
 
 StatusOr<AdamFigures> MeasureAdamRate(uint64_t params, int threads, int reps) {
   AdamArgs args;
-  args.params = std::to_string(params);
-  args.threads = threads;
   args.reps = reps;
-  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args));
-  AdamFigures f;
-  f.threads = r.threads;
-  f.params_per_s = static_cast<double>(r.count) / Median(r.step_s);
-  const double bytes = static_cast<double>(r.count) * static_cast<double>(r.bytes_per_param);
-  for (const LimitVariant& lv : kLimitVariants) {
-    f.limit_GBps = std::max(f.limit_GBps, bytes / Median(r.limit_s[lv.name]) / 1e9);
-  }
-  return f;
+  args.quiet = true;
+  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, params, threads));
+  return AdamFigures{r.threads, r.params_per_s, r.limit_gbps};
 }
 
 void AddBenchAdamCommand(CLI::App& bench) {
   auto args = std::make_shared<AdamArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "adam", "CPU optimizer step against an in-place bandwidth kernel on the same bytes");
-  cmd->add_option("--params", args->params, "Parameters in the shard (K, M, G are powers of 1024)")
+  cmd->add_option("--params", args->params,
+                  "Parameters in the shard (K, M, G are powers of 1024); a comma-separated list "
+                  "measures each")
+      ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "Threads (0: every CPU in the affinity mask)")
+  cmd->add_option("--threads", args->threads,
+                  "Threads (0: every CPU in the affinity mask); a comma-separated list measures "
+                  "each")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "Gradient type: fp32 or bf16-grad")
       ->check(CLI::IsMember({"fp32", "bf16-grad"}))
@@ -348,7 +406,9 @@ void AddBenchAdamCommand(CLI::App& bench) {
                   "Software prefetch distance in bytes (0: off)")
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
-  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_flag("--json", args->json, "Print one JSON object (a line per configuration)");
+  cmd->add_option("--plot", args->plot,
+                  "Write a PNG of GB/s against threads and sizes, with the limit (gnuplot)");
   cmd->callback([args] {
     Status s = RunBenchAdam(*args);
     if (!s.ok()) {

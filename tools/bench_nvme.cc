@@ -40,6 +40,7 @@
 #include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
+#include "tools/plot.h"
 #include "zinf/engine.h"
 #include "zinf/host_memory.h"
 
@@ -63,6 +64,7 @@ struct NvmeArgs {
   bool fio_huge_pages = false;
   int single_submit = -1;  // -1: AioOptions default
   std::string staging;     // empty: See Note [Staging footprint]
+  std::string plot;        // with --sweep: PNG file; empty: none
 };
 
 struct Config {
@@ -287,6 +289,43 @@ nlohmann::json CellJson(const Runs& f) {
           {"read_MBps", f.read_MBps}};
 }
 
+// The sweep as two panels, write and read: MB/s against block size, one curve per queue
+// depth for zinf and (dashed, same color) for fio at the same settings.
+struct SweepCell {
+  uint64_t block = 0;
+  int qd = 0;
+  Pair zinf, fio;
+};
+
+Figure SweepFigure(const std::vector<SweepCell>& cells, bool have_fio, const std::string& what) {
+  Figure f;
+  f.title = "zinf bench nvme --sweep: " + what;
+  for (int direction = 0; direction < 2; ++direction) {
+    PlotPanel panel{.title = direction == 0 ? "sequential write" : "sequential read",
+                    .x_label = "block size (KiB)",
+                    .y_label = "MB/s",
+                    .log_x = true};
+    int color = 0;
+    for (int q : kGridDepths) {
+      ++color;
+      PlotSeries z{.title = fmt::format("zinf, queue depth {}", q), .color = color};
+      PlotSeries o{.title = fmt::format("fio, queue depth {}", q), .dashed = true, .color = color};
+      for (const SweepCell& c : cells) {
+        if (c.qd != q) continue;
+        const double x = static_cast<double>(c.block) / kKiB;
+        z.x.push_back(x);
+        z.y.push_back(direction == 0 ? c.zinf.write_MBps : c.zinf.read_MBps);
+        o.x.push_back(x);
+        o.y.push_back(direction == 0 ? c.fio.write_MBps : c.fio.read_MBps);
+      }
+      panel.series.push_back(z);
+      if (have_fio) panel.series.push_back(o);
+    }
+    f.panels.push_back(panel);
+  }
+  return f;
+}
+
 Status RunBenchNvme(const NvmeArgs& args) {
   AioOptions defaults;
   ZINF_ASSIGN_OR_RETURN(uint64_t size, ParseBytes(args.size));
@@ -322,6 +361,11 @@ Status RunBenchNvme(const NvmeArgs& args) {
     if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return InvalidArgument(fmt::format("--path {} is not an existing directory", p));
     }
+  }
+  if (!args.plot.empty()) {
+    if (!args.sweep) return InvalidArgument("--plot draws the --sweep grid: give --sweep too");
+    // Before the minutes of measuring: an unwritable path or a missing gnuplot fails now.
+    ZINF_RETURN_IF_ERROR(CheckPlotOutput(args.plot));
   }
   const std::string fio = args.no_fio ? "" : FindFio();
 
@@ -375,6 +419,7 @@ Status RunBenchNvme(const NvmeArgs& args) {
                  "fio W", "ratio", "zinf R", "fio R", "ratio");
     }
     nlohmann::json rows = nlohmann::json::array();
+    std::vector<SweepCell> cells;
     for (uint64_t b : kGridBlocks) {
       for (int q : kGridDepths) {
         ZINF_ASSIGN_OR_RETURN(Result r,
@@ -387,6 +432,7 @@ Status RunBenchNvme(const NvmeArgs& args) {
                         {"fio_read_MBps", r.fr()},
                         {"write_ratio", RatioOrNull(r.zw(), r.fw())},
                         {"read_ratio", RatioOrNull(r.zr(), r.fr())}});
+        cells.push_back({b, q, {r.zw(), r.zr()}, {r.fw(), r.fr()}});
         if (!args.json) {
           fmt::print("{:>8} {:>4} | {:>9.0f} {:>9.0f} {:>6.3f} | {:>9.0f} {:>9.0f} {:>6.3f}\n",
                      FormatBytes(b), q, r.zw(), r.fw(), r.fw() > 0 ? r.zw() / r.fw() : 0.0, r.zr(),
@@ -397,6 +443,13 @@ Status RunBenchNvme(const NvmeArgs& args) {
     }
     out["sweep"] = rows;
     if (args.json) fmt::print("{}\n", out.dump());
+    if (!args.plot.empty()) {
+      const std::string what = fmt::format("{} through {}{}, median of {}", FormatBytes(size),
+                                           fmt::format("{}", fmt::join(args.paths, ",")),
+                                           args.checksum ? " with CRC32C" : "", args.reps);
+      ZINF_RETURN_IF_ERROR(WritePlot(SweepFigure(cells, !fio.empty(), what), args.plot));
+      if (!args.json) fmt::print("wrote {}\n", args.plot);
+    }
     return OkStatus();
   }
 
@@ -532,6 +585,9 @@ void AddBenchNvmeCommand(CLI::App& bench) {
                   "depth x rings x paths, the bytes fio's buffers span)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_flag("--sweep", args->sweep, "Grid of block sizes {128K,1M,8M} x queue depths {8,32}");
+  cmd->add_option("--plot", args->plot,
+                  "With --sweep: write a PNG of MB/s against block size per queue depth, zinf "
+                  "and fio (gnuplot)");
   cmd->add_flag("--vs-fio-grid", args->vs_fio_grid,
                 "Compare with fio's best over the sweep grid instead of fio at the same settings");
   cmd->add_flag("--no-fio", args->no_fio, "Do not run fio");

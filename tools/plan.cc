@@ -182,7 +182,10 @@ Status RunPlan(const PlanArgs& args) {
           {"precision", r.config.bf16   ? "bf16"
                         : r.config.fp16 ? "fp16"
                                         : "fp32"},
-          {"gradients", "host"},
+          {"gradients",
+           r.config.gradients_on_nvme && r.config.offload_optimizer_device == OffloadDevice::kNvme
+               ? "nvme"
+               : "host"},
           {"steady_host_bytes", m.steady_host()},
           {"peak_device_bytes", m.peak_device},
           {"peak_host_bytes", m.peak_host},
@@ -222,8 +225,8 @@ Status RunPlan(const PlanArgs& args) {
         FormatBytes(options.nvme_free_bytes ? options.nvme_free_bytes : profile.nvme_free_bytes));
     fmt::print(
         "  bytes per rank at the peak of a step: device tier, host arrays and pools, the "
-        "trainer's activations; gradients accumulate in host memory\n");
-    fmt::print("\n  {:<34} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "trainer's activations; gradients accumulate in host memory unless \"grads nvme\"\n");
+    fmt::print("\n  {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
                "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute",
                "gather", "reduce", "optim", "nvme");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -235,7 +238,7 @@ Status RunPlan(const PlanArgs& args) {
                                      Seconds(t.compute), Seconds(t.gather), Seconds(t.reduce),
                                      Seconds(t.optimizer), Seconds(t.nvme))
                        : "";
-      fmt::print("{} {:<34} {:>10} {:>10} {:>10} {:>10} {:>4} {}\n",
+      fmt::print("{} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {}\n",
                  static_cast<int>(i) == best ? "*" : " ", plan::PlacementName(r.config),
                  FormatBytes(m.peak_device), FormatBytes(m.peak_host), FormatBytes(m.activations),
                  FormatBytes(m.nvme), r.estimate.fits ? "yes" : "no", times);

@@ -588,7 +588,9 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   // Engine::Initialize: gradient accumulators, master, in-memory state, page-rounded by the
   // host tier's 4 KiB blocks.
   const uint64_t array = PageUp(std::max<uint64_t>(S, 1) * 4);
-  m.host_arrays = array * (1 + (host_master ? 1 : 0) + (optim_nvme ? 0 : states));
+  const bool grads_nvme = optim_nvme && c.gradients_on_nvme;
+  m.host_arrays = array * ((grads_nvme ? 0 : 1) + (host_master ? 1 : 0) +
+                           (optim_nvme ? 0 : states) + (c.delayed_param_update ? 1 : 0));
   uint64_t tier = 0, largest_tier = 0, persistent_budget = 0, working_set = 0;
   for (const auto& params : l.modules) {
     uint64_t bytes = 0;
@@ -616,8 +618,12 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     // Host-resident chunks (fp32 params and the states) come from 1 GiB arenas.
     const uint64_t host_state = host_elements * 4 * (1 + states);
     m.host_state_pool = host_state == 0 ? 0 : (host_state + kGiB - 1) / kGiB * kGiB;
-    // OpenTiers reserves swap space for every chunk, whatever the ratio.
-    m.nvme += chunks * (chunk * 12 + c.aio.block_size);
+    // OpenTiers reserves swap space for every chunk, whatever the ratio; twice for the
+    // overlapped step (its new state goes beside the old until the step stands); the gradient
+    // accumulators' 4 bytes an element when they live on NVMe.
+    const bool overlap = c.overlap_optimizer && !c.gradients_on_nvme;
+    m.nvme += chunks * (chunk * 12 + c.aio.block_size) * (overlap ? 2 : 1);
+    if (c.gradients_on_nvme) m.nvme += chunks * (chunk * 4 + c.aio.block_size);
   }
   if (params_nvme) {
     const uint64_t piece = std::clamp<uint64_t>(PageUp(largest_tier), 1 << 20, 64 << 20);
@@ -864,10 +870,20 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
         on_nvme += static_cast<double>(std::min(chunk, S - i * chunk));
     }
     double read = on_nvme * 12, written = on_nvme * 12;
-    if (host_master) read += on_nvme * 12;  // the parameters read back (NvmeStep)
+    // With the gradients on NVMe the step reads them (4 bytes an element, counted in
+    // StepSummary); each micro-batch's reductions also wrote them, and read them back from the
+    // second micro-batch on, through the accumulators' staging (not in StepSummary's counters,
+    // but the disk's time).
+    double uncounted_read = 0, uncounted_written = 0;
+    if (c.gradients_on_nvme) {
+      read += on_nvme * 4;
+      uncounted_written = on_nvme * 4 * gas;
+      uncounted_read = on_nvme * 4 * (gas - 1);
+    }
     t.nvme_read += static_cast<uint64_t>(read);
     t.nvme_written += static_cast<uint64_t>(written);
-    pass = SafeDiv(read, profile.nvme_read_Bps) + SafeDiv(written, profile.nvme_write_Bps);
+    pass = SafeDiv(read + uncounted_read, profile.nvme_read_Bps) +
+           SafeDiv(written + uncounted_written, profile.nvme_write_Bps);
   }
   if (host_master) tier_write += SafeDiv(S * (4.0 + e), profile.memory_Bps);
   double tier_nvme = 0;
@@ -881,7 +897,22 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
                 std::ceil(persistent_count / kTransferThreads) * profile.nvme_read_latency_s;
   }
   t.optimizer = update + tier_write;
-  t.nvme = nvme_wait + std::max(0.0, pass - update) + tier_nvme;
+  // The overlapped step (zinf.overlap_optimizer) runs the pass chunk by chunk while the last
+  // micro-batch's backward goes on: that backward's compute hides as much of it.
+  double hidden = 0;
+  if (optim_nvme && c.overlap_optimizer && !c.gradients_on_nvme) {
+    const size_t per = model.fetch_order.size();
+    for (size_t i = n - per; i < n; ++i) {
+      const int mod = order[i];
+      bool backward = false;  // a module's second fetch in the micro-batch
+      for (size_t k = n - per; k < i; ++k) backward = backward || order[k] == mod;
+      if (backward) hidden += flops[i] / rate;
+    }
+  }
+  const double optimizer_nvme = std::max(update, pass);
+  const double exposed = std::max(optimizer_nvme - hidden, 0.0);
+  t.optimizer = std::min(update, exposed) + tier_write;
+  t.nvme = nvme_wait + std::max(0.0, exposed - update) + tier_nvme;
   t.step = t.compute + t.gather + t.reduce + t.optimizer + t.nvme;
   return est;
 }
@@ -893,7 +924,7 @@ std::vector<EngineConfig> Placements(const EngineConfig& base, const std::string
   const OffloadDevice devices[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
   for (int precision = 0; precision < 3; ++precision) {
     for (OffloadDevice param : devices) {
-      for (int optim = 0; optim < 4; ++optim) {
+      for (int optim = 0; optim < 5; ++optim) {
         EngineConfig c = base;
         c.zero_stage = 3;
         c.warnings.clear();
@@ -904,6 +935,10 @@ std::vector<EngineConfig> Placements(const EngineConfig& base, const std::string
                                      : optim == 1 ? OffloadDevice::kCpu
                                                   : OffloadDevice::kNvme;
         c.optimizer_nvme_ratio = optim == 3 ? 0.5 : 1.0;
+        // The gradients' tier: host memory, or with the optimizer on NVMe, NVMe too.
+        c.gradients_on_nvme = optim == 4;
+        // DPU is for an optimizer in host memory; on NVMe the step overlaps backward instead.
+        if (optim >= 2) c.delayed_param_update = false;
         c.offload_param_nvme_path.clear();
         c.offload_optimizer_nvme_path.clear();
         if (param == OffloadDevice::kNvme) c.offload_param_nvme_path = {nvme_path};
@@ -920,7 +955,9 @@ std::string PlacementName(const EngineConfig& c) {
   if (c.offload_optimizer_device == OffloadDevice::kNvme && c.optimizer_nvme_ratio < 1.0) {
     optim += fmt::format(" {:g}", c.optimizer_nvme_ratio);
   }
-  return fmt::format("param {}, optim {}, {}", OffloadDeviceName(c.offload_param_device), optim,
+  const bool grads_nvme = c.gradients_on_nvme && c.offload_optimizer_device == OffloadDevice::kNvme;
+  return fmt::format("param {}, optim {}{}, {}", OffloadDeviceName(c.offload_param_device), optim,
+                     grads_nvme ? ", grads nvme" : "",
                      c.bf16   ? "bf16"
                      : c.fp16 ? "fp16"
                               : "fp32");
@@ -957,8 +994,11 @@ StatusOr<std::string> DeepSpeedJson(const EngineConfig& c, std::string_view base
   if (!j.contains("zinf") || !j["zinf"].is_object()) j["zinf"] = nlohmann::json::object();
   if (c.offload_optimizer_device == OffloadDevice::kNvme) {
     j["zinf"]["optimizer_nvme_ratio"] = c.optimizer_nvme_ratio;
+    j["zinf"]["gradients_on_nvme"] = c.gradients_on_nvme;
+    j["zinf"].erase("delayed_param_update");
   } else {
     j["zinf"].erase("optimizer_nvme_ratio");
+    j["zinf"].erase("gradients_on_nvme");
   }
   if (j["zinf"].empty()) j.erase("zinf");
   return j.dump(2) + "\n";

@@ -20,8 +20,8 @@
 //    staging buffers and reduce buckets; the trainer's activations. "fits" is decided on the
 //    peak (with a host device, their sum against the host memory). It leaves out the process's
 //    own code and libraries (tens of MiB: bench/RESULTS.md).
-// The gradient accumulators are fp32 host arrays in every placement (the engine accumulates
-// and steps them there), so the gradients' tier is always host memory.
+// The gradient accumulators are fp32 host arrays, or with zinf.gradients_on_nvme (optimizer on
+// NVMe) fp32 arrays on NVMe beside the optimizer state.
 //
 // Note [Plan time]
 // A step is gradient_accumulation_steps micro-batches of forward and backward, then the
@@ -221,11 +221,12 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
                                      const MachineProfile& profile, const PlanOptions& options);
 
 // Every placement the engine offers at stage 3: offload_param none/cpu/nvme x offload_optimizer
-// none/cpu/nvme (nvme at optimizer_nvme_ratio 1 and 0.5), x precision fp32/bf16/fp16, on top
-// of `base` (its buckets, thresholds, optimizer, batch). NVMe placements get `nvme_path`.
+// none/cpu/nvme (nvme at optimizer_nvme_ratio 1 and 0.5, and with the gradients on NVMe too),
+// x precision fp32/bf16/fp16, on top of `base` (its buckets, thresholds, optimizer, batch, the
+// overlapped step). NVMe placements get `nvme_path`.
 std::vector<EngineConfig> Placements(const EngineConfig& base, const std::string& nvme_path);
 
-// A short name: "param nvme, optim nvme 0.5, bf16".
+// A short name: "param nvme, optim nvme 0.5, bf16", "param cpu, optim nvme, grads nvme, fp32".
 std::string PlacementName(const EngineConfig& config);
 
 // The DeepSpeed config for `config`, with DeepSpeed's keys (and zinf's under "zinf"), starting

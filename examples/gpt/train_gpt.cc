@@ -4,20 +4,29 @@
 // Build:  cmake --build build --target train_gpt zinf
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
 //             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
-//             [--save DIR [--save-every K]] [--resume DIR] [--device cpu|cuda]
+//             [--save DIR [--save-every K]] [--resume DIR | --init-from F.safetensors]
+//             [--device cpu|cuda]
 //             [--matmul auto|fp32|bf16] [--comm-timeout-s S]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
 // bytes each rank runs per micro-batch. Without --data the program trains on a corpus it
 // generates itself (GenerateCorpus). Rank 0 prints each step (a progress bar on a terminal),
-// writes --metrics as JSON lines, and closes with a summary.
+// writes --metrics as JSON lines (`zinf plot metrics FILE --plot OUT.png` draws the loss and
+// step time from them), and closes with a summary.
 //
 // Checkpoints: --save DIR writes one at the end (and every K steps with --save-every); --resume
 // DIR continues from DIR's latest. The data a step sees depends only on the step index and
 // the seed, which the checkpoint records, so a resumed run takes bitwise the steps the
 // uninterrupted one would have. DIR is checked (created, written to) before training, so that
 // a run is never lost to a checkpoint that cannot be written at its end.
+//
+// --init-from F.safetensors starts from the weights in F (`zinf ckpt export` writes such
+// files) instead of random ones, with fresh optimizer state at step 0. Every parameter needs
+// a tensor of its name and shape in F, and F may hold nothing else (Engine::LoadSafetensors):
+// the names and shapes are those listed at the top of examples/gpt/gpt_model.h, Hugging
+// Face's GPT-2 names in torch's nn.Linear layout [out, in] (Hugging Face's own GPT-2 files
+// store Conv1D weights as [in, out], which is refused as a shape mismatch naming the tensor).
 //
 // Errors: every failure, from the command line to the last save, ends the program with a
 // message naming the cause and exit code 1 (train_gpt: <Status>), never an uncaught exception.
@@ -72,10 +81,12 @@ struct Args {
   uint64_t seed = 1234;
   std::string save;  // checkpoint directory; empty: none
   int64_t save_every = 0;
-  std::string resume;           // checkpoint directory to continue from
-  std::string device = "cpu";   // where the model computes: cpu or cuda
-  std::string matmul = "auto";  // the matmuls' input type: auto, fp32 or bf16
-  double comm_timeout_s = 300;  // EngineOptions::timeout: how long a dead peer takes to report
+  std::string resume;             // checkpoint directory to continue from
+  std::string init_from;          // safetensors file of initial weights
+  std::string device = "cpu";     // where the model computes: cpu or cuda
+  std::string matmul = "auto";    // the matmuls' input type: auto, fp32 or bf16
+  double comm_timeout_s = 300;    // EngineOptions::timeout: how long a dead peer takes to report
+  std::vector<std::string> sets;  // "a.b.c=JSON": config keys replaced after reading the file
 };
 
 // printf into a std::string, for error messages.
@@ -98,7 +109,38 @@ struct TrainConfig {
 
 // Splits a DeepSpeed config: "model" is ours, the rest goes to EngineConfig (which refuses
 // keys it does not know, and reads train_micro_batch_size_per_gpu for the trainer).
-StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path) {
+// Applies "a.b.c=VALUE" to `json`: VALUE is JSON (a bare word that is not JSON is a string),
+// and the objects on the path are created as needed.
+Status ApplySet(const std::string& set, nlohmann::json* json) {
+  const size_t eq = set.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return zinf::InvalidArgument("--set '" + set + "': expected KEY.PATH=VALUE");
+  }
+  const std::string value_text = set.substr(eq + 1);
+  nlohmann::json value = nlohmann::json::parse(value_text, nullptr, false);
+  if (value.is_discarded()) value = value_text;
+  nlohmann::json* at = json;
+  std::string path = set.substr(0, eq);
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot - start);
+    if (key.empty()) return zinf::InvalidArgument("--set '" + set + "': empty key in the path");
+    if (!at->is_object()) {
+      return zinf::InvalidArgument("--set '" + set + "': '" + path.substr(0, start - 1) +
+                                   "' is not an object in the config");
+    }
+    if (dot == std::string::npos) {
+      (*at)[key] = value;
+      return zinf::OkStatus();
+    }
+    at = &(*at)[key];
+    if (at->is_null()) *at = nlohmann::json::object();
+    start = dot + 1;
+  }
+}
+
+StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path,
+                                 const std::vector<std::string>& sets) {
   std::ifstream file(path);
   if (!file) return zinf::InvalidArgument("cannot read config " + path);
   std::stringstream text;
@@ -114,6 +156,9 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
   nlohmann::json json = nlohmann::json::parse(json_text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) {
     return zinf::InvalidArgument(path + ": not a JSON object");
+  }
+  for (const std::string& set : sets) {
+    if (Status s = ApplySet(set, &json); !s.ok()) return s;
   }
   TrainConfig c;
   if (json.contains("model")) {
@@ -344,6 +389,7 @@ nlohmann::json ToJson(const StepRecord& r) {
           {"grad_reduce_s", r.timing.grad_reduce_s},
           {"optimizer_s", r.summary.seconds_optimizer},
           {"optimizer_compute_s", r.summary.seconds_optimizer_compute},
+          {"optimizer_overlapped_s", r.summary.seconds_optimizer_overlapped},
           {"grad_norm", r.summary.grad_norm},
           {"loss_scale", r.summary.loss_scale},
           {"skipped", r.summary.skipped},
@@ -411,6 +457,10 @@ int Main(int argc, char** argv) {
   app.add_option("--config", args.config, "DeepSpeed-style JSON config with a \"model\" object")
       ->required();
   app.add_option("--nvme-path", args.nvme_path, "replaces @NVME_PATH@ in the config");
+  app.add_option(
+      "--set", args.sets,
+      "KEY.PATH=VALUE: replaces a config key after reading the file (repeatable; "
+      "VALUE is JSON, e.g. --set gradient_clipping=0 --set zinf.overlap_optimizer=false)");
   app.add_option("--data", args.data, "file of bytes to train on (default: a generated corpus)");
   app.add_option("--steps", args.steps, "optimizer step at which training stops")
       ->check(CLI::PositiveNumber);
@@ -428,7 +478,12 @@ int Main(int argc, char** argv) {
   app.add_option("--save-every", args.save_every, "also checkpoint every K steps")
       ->check(CLI::PositiveNumber)
       ->needs(app.get_option("--save"));
-  app.add_option("--resume", args.resume, "continue from this checkpoint directory's latest");
+  CLI::Option* resume =
+      app.add_option("--resume", args.resume, "continue from this checkpoint directory's latest");
+  app.add_option("--init-from", args.init_from,
+                 "start from the weights of this safetensors file (F32, BF16 or F16; names as "
+                 "train_gpt registers them, see the top of train_gpt.cc), at step 0")
+      ->excludes(resume);
   app.add_option("--device", args.device,
                  "where the model computes: cpu (oneDNN) or cuda (cuBLAS, GPU LOCAL_RANK)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -450,7 +505,7 @@ int Main(int argc, char** argv) {
     if (Status s = CheckSaveDirectory(args.save); !s.ok()) return Fail(s);
   }
 
-  auto config = LoadConfig(args.config, args.nvme_path);
+  auto config = LoadConfig(args.config, args.nvme_path, args.sets);
   if (!config.ok()) return Fail(config.status());
   const gpt::GptConfig& mc = config->model;
   if (Status s = CheckMicroBatchMemory(*config, args.device == "cpu"); !s.ok()) {
@@ -479,6 +534,10 @@ int Main(int argc, char** argv) {
   if (Status s = engine.Initialize(); !s.ok()) return Fail(s);
 
   int64_t first_step = 0;
+  if (!args.init_from.empty()) {
+    if (Status s = engine.LoadSafetensors(args.init_from); !s.ok()) return Fail(s);
+    if (engine.rank() == 0) std::printf("initialized from %s\n", args.init_from.c_str());
+  }
   if (!args.resume.empty()) {
     auto client = engine.LoadCheckpoint(args.resume);
     if (!client.ok()) return Fail(client.status());

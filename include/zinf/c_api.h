@@ -668,6 +668,13 @@ ZINF_EXPORT zinf_code_t zinf_engine_gather_parameter(zinf_engine_t* engine, cons
 ZINF_EXPORT zinf_code_t zinf_engine_set_parameter(zinf_engine_t* engine, const char* name,
                                                   const float* values, uint64_t count,
                                                   char** errptr);
+/* Replaces every parameter's value with the tensor of its name in the safetensors file `path`
+ * (F32, BF16 or F16; a collective: every rank reads the file). Checked before anything is
+ * replaced: INVALID_ARGUMENT naming the tensor for a parameter without one, a shape that
+ * differs, a tensor that is not a parameter or a dtype zinf does not read; DATA_LOSS for a
+ * truncated or corrupt file. Optimizer state and step counts are kept. */
+ZINF_EXPORT zinf_code_t zinf_engine_load_safetensors(zinf_engine_t* engine, const char* path,
+                                                     char** errptr);
 /* The gradient the next step would apply (mean over ranks and micro-batches, loss scale
  * removed) into out[0 .. numel) (a collective, after the batch's last reduce_gradients). */
 ZINF_EXPORT zinf_code_t zinf_engine_gather_gradient(zinf_engine_t* engine, const char* name,

@@ -188,6 +188,27 @@ struct ZINF_EXPORT EngineConfig {
   // bit on disk is DataLoss naming the file and offset instead of silently diverged weights
   // (zinf.nvme_checksum; its cost is in bench/RESULTS.md).
   bool nvme_checksum = true;
+  // zinf.overlap_optimizer: with offload_optimizer.device nvme, the optimizer step runs while
+  // backward goes on, chunk by chunk as gradients become final, speculating that the step is
+  // neither clipped nor skipped and redoing it when it is, so the result is bitwise that of
+  // the step after backward (Note [Overlapped step] in src/zero/optimizer_overlap.h). Costs
+  // swap space for the optimizer state once more.
+  bool overlap_optimizer = true;
+  // zinf.delayed_param_update (DPU, from the ZeRO-Offload paper): with the optimizer state in
+  // host memory, step t's update runs on the CPU during batch t+1 and its parameters are used
+  // from batch t+2 on: each batch computes with parameters one step stale, and the update
+  // never waits for backward nor backward for it. Off by default; it changes the numbers (its
+  // effect on the demo's loss curve is in bench/RESULTS.md). GatherParameter, checkpoints and
+  // the like wait for the update in flight and see its result. Costs a second fp32 gradient
+  // array in host memory. The first zinf.delayed_param_update_warmup_steps steps are not
+  // delayed (40, as in the paper).
+  bool delayed_param_update = false;
+  // zinf.gradients_on_nvme: with offload_optimizer.device nvme, the fp32 gradient accumulators
+  // live on NVMe beside the optimizer state instead of in host memory (4 bytes a parameter),
+  // so host memory no longer grows with the model (Note [Gradients on NVMe] in
+  // src/zero/nvme_gradients.h). The overlapped step is off with it.
+  bool gradients_on_nvme = false;
+  int64_t delayed_param_update_warmup_steps = 40;
 
   // One line per key the config sets that zinf accepts but does not act on as DeepSpeed
   // would, naming the key, its value and why (e.g. "config key 'zero_optimization.
@@ -282,6 +303,9 @@ struct StepSummary {
   uint64_t peak_live_parameters = 0;
   double seconds_gather = 0, seconds_reduce = 0, seconds_optimizer = 0;
   double seconds_optimizer_compute = 0;  // of seconds_optimizer, in the CPU update itself
+  // The optimizer's NVMe pass run while backward went on (zinf.overlap_optimizer): wall time
+  // of the chunks stepped then, before Step was called (Note [Overlapped step]).
+  double seconds_optimizer_overlapped = 0;
   // Memory per tier after the step: the engine's host arrays (fp32 master, gradient
   // accumulators, optimizer state, staging buffers, gathered persistent parameters) and the
   // swap files it keeps on NVMe.
@@ -345,6 +369,16 @@ class ZINF_EXPORT Engine {
   // keeps its shard), e.g. to load pretrained weights after Initialize. Not a collective.
   // InvalidArgument for an unknown name or a wrong element count.
   Status SetParameter(const std::string& name, const float* values, uint64_t count);
+  // Replaces every parameter's value with the tensor of the same name in the safetensors
+  // file `path` (F32, BF16 or F16, widened to fp32; `zinf ckpt export` writes such files),
+  // e.g. to start training from pretrained weights after Initialize. The optimizer state and
+  // step counts are left as they are. A collective: every rank reads the file and keeps its
+  // shards. Checked before anything is replaced: InvalidArgument naming the tensor when a
+  // parameter has no tensor of its name, a tensor's shape differs from the parameter's, the
+  // file holds tensors that are not parameters, or a dtype is not one of the three; DataLoss
+  // for a truncated or corrupt file (see src/ckpt/safetensors.h); IoError when it cannot be
+  // read. An I/O error while the values are written may leave some parameters replaced.
+  Status LoadSafetensors(const std::string& path);
   // The gradient the next Step() would apply to a parameter before clipping: the mean over
   // ranks and micro-batches, loss scale removed. A collective; call it after the last
   // ReduceGradients of the batch.

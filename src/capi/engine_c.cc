@@ -401,6 +401,14 @@ zinf_code_t zinf_engine_set_parameter(zinf_engine_t* engine, const char* name, c
   });
 }
 
+zinf_code_t zinf_engine_load_safetensors(zinf_engine_t* engine, const char* path, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(path, "path"));
+    return e->engine->LoadSafetensors(path);
+  });
+}
+
 zinf_code_t zinf_engine_gather_gradient(zinf_engine_t* engine, const char* name, float* out,
                                         uint64_t capacity, char** errptr) {
   return GatherInto(__func__, engine, name, out, capacity, errptr, &zinf::Engine::GatherGradient);

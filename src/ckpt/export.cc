@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/safetensors.h"
 
 namespace zinf::ckpt {
 namespace {
@@ -113,7 +114,7 @@ Status Export(const std::string& path, const std::string& out_file, ElementType 
                       "file's offsets",
                       dir, p.name, p.numel));
     }
-    header[p.name] = {{"dtype", dtype == ElementType::kBf16 ? "BF16" : "F32"},
+    header[p.name] = {{"dtype", SafetensorsDtypeName(dtype)},
                       {"shape", p.shape},
                       {"data_offsets", {offset, end}}};
     offset = end;

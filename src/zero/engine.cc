@@ -17,7 +17,8 @@
 // offload_param.device = nvme: each parameter's shard is a tensor of the tiered store whose
 // home is NVMe (Note [Parameter tier]); Step writes it with the new values. With the optimizer
 // on NVMe too, no fp32 copy of the shard stays in host memory: the new values come from the
-// pipelined step chunk by chunk (AssembleParamTier).
+// pipelined step chunk by chunk (ParamTier::ChunkWriter), alongside backward where it can
+// (Note [Overlapped step] in src/zero/optimizer_overlap.h).
 //
 // Gradients are reduce-scattered in buckets of reduce_bucket_size elements while backward
 // goes on (Note [Gradient buckets] in gradient_buckets.h); Step and GatherGradient wait for
@@ -125,6 +126,7 @@ double Engine::learning_rate() const {
 
 Status Engine::SetLearningRate(double lr) {
   Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
   if (!std::isfinite(lr) || lr < 0) {
     return InvalidArgument(
         fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
@@ -251,13 +253,20 @@ Status Engine::Initialize() {
                     ? "opening the tiered store and its NVMe swap space"
                     : "opening the tiered store"));
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
-  ZINF_ASSIGN_OR_RETURN(m.grad_acc,
-                        HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
+  if (!m.config.gradients_on_nvme) {
+    ZINF_ASSIGN_OR_RETURN(m.grad_acc,
+                          HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
+  }
   if (world > 1) {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
-    m.buckets = std::make_unique<GradientBuckets>(m.comm.get(), bucket, m.grad_acc.as<float>());
+    m.buckets = std::make_unique<GradientBuckets>(
+        m.comm.get(), bucket, [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
+          return m.AddReducedGradient(flat_offset, reduced, size);
+        });
   }
+  m.final_adds.assign(m.params.size(), 0);
+  m.speculate = m.config.overlap_optimizer && !m.config.gradients_on_nvme;
   if (m.host_master) {
     ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
@@ -272,6 +281,10 @@ Status Engine::Initialize() {
       ZINF_ASSIGN_OR_RETURN(m.state1, HostArray::Create(m.tiers.get(), "optimizer state 1", bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
+    if (m.config.delayed_param_update) {
+      ZINF_ASSIGN_OR_RETURN(
+          m.grad_step, HostArray::Create(m.tiers.get(), "gradients of the delayed update", bytes));
+    }
   }
   if (m.host_master) {
     ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
@@ -286,6 +299,10 @@ Status Engine::Initialize() {
 StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  if (module->reductions == m.config.gradient_accumulation_steps) {
+    ZINF_RETURN_IF_ERROR(m.QuiesceStep(fmt::format(
+        "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
+  }
   FetchedModule out;
   ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params),
                                  fmt::format("fetching module '{}'", module->name)));
@@ -312,7 +329,7 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   for (int pi : module->params) {
     const Param& p = m.params[pi];
     GradBuffer& g = m.grads[pi];
-    if (g.data == nullptr && m.world() == 1 && module->reductions == 0) {
+    if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && !m.grad_acc.empty()) {
       // The accumulator is zero until the module's first reduction: backward may write the
       // sum there directly, which saves a buffer and a pass (0 + g is g, bit for bit).
       g.data = m.grad_acc.as<float>() + p.flat_offset;
@@ -337,6 +354,9 @@ Status Engine::ReduceGradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = EngineClock::now();
+  if (module->reductions + 1 == m.config.gradient_accumulation_steps) {
+    ZINF_RETURN_IF_ERROR(m.BeginOverlappedStep());  // the batch's last micro-batch
+  }
   for (int pi : module->params) {
     if (m.grads[pi].data == nullptr) {
       return FailedPrecondition(fmt::format(
@@ -351,7 +371,11 @@ Status Engine::ReduceGradients(int id) {
           m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
     } else if (g.tensor != 0) {  // one rank: the gradient is its own shard
-      AccumulateFp32(m.grad_acc.as<float>() + p.flat_offset, g.data, p.shard_size);
+      ZINF_RETURN_IF_ERROR(
+          m.Context(m.AddReducedGradient(p.flat_offset, g.data, p.shard_size),
+                    fmt::format("accumulating the gradient of '{}'", p.spec.name)));
+    } else {  // written into the accumulator itself
+      m.GradientAdded(pi);
     }
     m.FreeGradient(pi);
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
@@ -363,6 +387,7 @@ Status Engine::ReduceGradients(int id) {
 
 Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
   Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("GatherParameter"));
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
@@ -385,6 +410,7 @@ StatusOr<double> Engine::MeanOverRanks(double value) {
 
 Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
   Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetParameter"));
   if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
@@ -426,8 +452,25 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   Param& p = m.params[it->second];
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
-  ZINF_RETURN_IF_ERROR(m.comm->AllGather(m.grad_acc.as<float>() + p.flat_offset, full.data(),
-                                         p.shard_size, ElementType::kFp32));
+  std::vector<float> from_nvme;
+  const float* shard = m.grad_acc.empty() ? nullptr : m.grad_acc.as<float>() + p.flat_offset;
+  if (shard == nullptr) {  // the accumulated micro-batches, read back from their chunks
+    from_nvme.resize(p.shard_size);
+    ZINF_RETURN_IF_ERROR(m.pipelined->Visit(
+        m.nvme_shard,
+        [&](const ChunkView& c) {
+          const auto [first, last] = Overlap(c.offset, c.count, p);
+          if (first < last) {
+            std::memcpy(from_nvme.data() + (first - p.flat_offset),
+                        static_cast<const float*>(c.grads) + (first - c.offset),
+                        (last - first) * 4);
+          }
+          return OkStatus();
+        },
+        /*write_back=*/false));
+    shard = from_nvme.data();
+  }
+  ZINF_RETURN_IF_ERROR(m.comm->AllGather(shard, full.data(), p.shard_size, ElementType::kFp32));
   full.resize(p.numel);
   const double scale = 1.0 / (static_cast<double>(m.world()) *
                               m.config.gradient_accumulation_steps * m.scaler.scale);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/safetensors.h"
 #include "zero/engine_impl.h"
 
 namespace zinf {
@@ -112,8 +113,31 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   // Note [Resharding on load]: a checkpoint saved by another number of ranks is laid out as
   // that world size partitions the model; each rank reads the elements of its own shard from
   // whichever saved ranks hold them, so the state it gets is bitwise the consolidated state.
+  // The manifest may also list the parameters in another order than this model registers
+  // them (`zinf ckpt import` keeps a safetensors file's order): they are matched by name,
+  // and the saved layout is the manifest's order partitioned for the saved world size.
   const int saved_world = manifest.world_size;
-  std::vector<Param> saved_layout = params;
+  std::vector<size_t> saved_index(params.size());  // params[i] is manifest.params[saved_index[i]]
+  std::vector<Param> saved_layout;                 // in the manifest's order
+  bool same_order = true;
+  for (size_t j = 0; j < manifest.params.size(); ++j) {
+    const ckpt::ManifestParam& saved = manifest.params[j];
+    auto it = param_by_name.find(saved.name);
+    if (it == param_by_name.end()) {
+      return FailedPrecondition(
+          fmt::format("{} holds a different model: parameter '{}' {}, which this model lacks", dir,
+                      saved.name, nlohmann::json(saved.shape).dump()));
+    }
+    const Param& p = params[it->second];
+    if (saved.shape != p.spec.shape) {
+      return FailedPrecondition(fmt::format(
+          "{} holds a different model: parameter '{}' is {} there, {} in this model", dir,
+          saved.name, nlohmann::json(saved.shape).dump(), nlohmann::json(p.spec.shape).dump()));
+    }
+    saved_index[it->second] = j;
+    same_order = same_order && static_cast<size_t>(it->second) == j;
+    saved_layout.push_back(p);
+  }
   const uint64_t saved_shard_elements = Partition(saved_layout, saved_world, config.zero_stage,
                                                   config.stage3_param_persistence_threshold);
   if (manifest.shard_elements != saved_shard_elements) {
@@ -122,15 +146,9 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
         "world size",
         dir, manifest.shard_elements, saved_world, saved_shard_elements));
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ckpt::ManifestParam& saved = manifest.params[i];
-    const Param& p = saved_layout[i];
-    if (saved.name != p.spec.name || saved.shape != p.spec.shape) {
-      return FailedPrecondition(fmt::format(
-          "{} holds a different model: parameter {} is '{}' {}, this model's is '{}' {}", dir, i,
-          saved.name, nlohmann::json(saved.shape).dump(), p.spec.name,
-          nlohmann::json(p.spec.shape).dump()));
-    }
+  for (size_t j = 0; j < manifest.params.size(); ++j) {
+    const ckpt::ManifestParam& saved = manifest.params[j];
+    const Param& p = saved_layout[j];
     if (saved.flat_offset != p.flat_offset || saved.shard_size != p.shard_size) {
       return FailedPrecondition(fmt::format(
           "{} lays parameter '{}' out differently: {} elements per rank at shard offset {} "
@@ -146,8 +164,8 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
                                           dir, scalars.optimizer,
                                           OptimizerTypeName(config.optimizer_type)));
   }
-  // The same world size reads this rank's file; another reads every saved rank's.
-  const bool reshard = saved_world != world();
+  // The same world size and order reads this rank's file; otherwise every saved rank's.
+  const bool reshard = saved_world != world() || !same_order;
   std::vector<ckpt::ShardReader> readers;
   for (int r = reshard ? 0 : rank(); r < (reshard ? saved_world : rank() + 1); ++r) {
     ZINF_ASSIGN_OR_RETURN(
@@ -184,7 +202,7 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
                                [](uint64_t b, const Param& p) { return b < p.flat_offset; });
     for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
       const Param& p = *it;
-      const ckpt::ManifestParam& saved = manifest.params[&p - params.data()];
+      const ckpt::ManifestParam& saved = manifest.params[saved_index[&p - params.data()]];
       const auto [first, last] = Overlap(begin, count, p);
       if (first >= last) continue;
       // This rank's elements of the whole parameter, [x, end), and where they go.
@@ -242,16 +260,106 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   scaler.iteration = scalars.iteration;
   scaler.last_overflow_iteration = scalars.last_overflow_iteration;
   ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
-  std::memset(grad_acc.data(), 0, shard_elements * 4);
+  if (nvme_grads != nullptr) {
+    nvme_grads->EndBatch();
+  } else {
+    std::memset(grad_acc.data(), 0, shard_elements * 4);
+  }
   for (size_t i = 0; i < params.size(); ++i) FreeGradient(static_cast<int>(i));
   for (Module& module : modules) module.reductions = 0;
   return manifest.client_state;
+}
+
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) { return nlohmann::json(shape).dump(); }
+
+}  // namespace
+
+Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
+  ZINF_ASSIGN_OR_RETURN(const ckpt::SafetensorsReader file, ckpt::SafetensorsReader::Open(path));
+  // Every parameter's tensor, by name, and nothing else in the file: a file of another model
+  // (or another naming) is refused before any weight is replaced.
+  std::vector<const ckpt::SafetensorsTensor*> source(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& spec = params[i].spec;
+    source[i] = file.Find(spec.name);
+    if (source[i] == nullptr) {
+      return InvalidArgument(fmt::format(
+          "{} has no tensor '{}' (the model's parameter of shape {}); it has {} tensor(s){}{}",
+          path, spec.name, ShapeText(spec.shape), file.tensors().size(),
+          file.tensors().empty() ? "" : ", the first '",
+          file.tensors().empty() ? "" : file.tensors()[0].name + "'"));
+    }
+    if (source[i]->shape != spec.shape) {
+      return InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model's parameter {}",
+                                         path, spec.name, ShapeText(source[i]->shape),
+                                         ShapeText(spec.shape)));
+    }
+  }
+  if (file.tensors().size() != params.size()) {
+    std::string extra;
+    int shown = 0;
+    for (const ckpt::SafetensorsTensor& t : file.tensors()) {
+      if (param_by_name.count(t.name) != 0) continue;
+      if (shown++ < 5) extra += (extra.empty() ? "'" : ", '") + t.name + "'";
+    }
+    return InvalidArgument(
+        fmt::format("{} has {} tensor(s) that are not parameters of this model: {}{}", path, shown,
+                    extra, shown > 5 ? ", ..." : ""));
+  }
+
+  // Elements [begin, begin + count) of this rank's flat shard, from the file.
+  auto read = [&](uint64_t begin, uint64_t count, float* out) -> Status {
+    std::fill(out, out + count, 0.0f);  // padding
+    auto it = std::upper_bound(params.begin(), params.end(), begin,
+                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+    for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
+      const Param& p = *it;
+      const auto [first, last] = Overlap(begin, count, p);
+      if (first >= last) continue;
+      const uint64_t x = static_cast<uint64_t>(rank()) * p.shard_size + (first - p.flat_offset);
+      const uint64_t end = std::min<uint64_t>(x + (last - first), p.numel);
+      if (x >= end) continue;
+      ZINF_RETURN_IF_ERROR(
+          file.ReadFp32(*source[&p - params.data()], x, end - x, out + (first - begin)));
+    }
+    return OkStatus();
+  };
+
+  // As LoadShardFile replaces the parameters, leaving the optimizer state and step counts.
+  param_tier->DropAll();
+  if (pipelined != nullptr) {
+    auto load = [&](const ChunkView& c) { return read(c.offset, c.count, c.params); };
+    ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
+  } else {
+    ZINF_RETURN_IF_ERROR(read(0, shard_elements, master.as<float>()));
+  }
+  if (host_master && pipelined != nullptr) {
+    ZINF_RETURN_IF_ERROR(read(0, shard_elements, master.as<float>()));
+  }
+  if (host_master) return WriteParamTierFromMaster();
+  std::vector<float> values;
+  for (Param& p : params) {
+    values.resize(p.shard_size);
+    ZINF_RETURN_IF_ERROR(read(p.flat_offset, p.shard_size, values.data()));
+    ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
+  }
+  return param_tier->FinishWrites();
+}
+
+Status Engine::LoadSafetensors(const std::string& path) {
+  Impl& m = *impl_;
+  if (!m.initialized) return FailedPrecondition("LoadSafetensors before Initialize");
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("LoadSafetensors"));
+  return m.AgreeAll(m.LoadSafetensorsFile(path), "loading weights from " + path);
 }
 
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
                               const std::string& client_state) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SaveCheckpoint"));
   if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
     return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
   }
@@ -295,6 +403,7 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
 StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("LoadCheckpoint before Initialize");
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("LoadCheckpoint"));
   StatusOr<std::string> client = m.LoadShardFile(dir);
   ZINF_RETURN_IF_ERROR(m.AgreeAll(client.status(), "loading checkpoint " + dir));
   return client;

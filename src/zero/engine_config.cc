@@ -558,6 +558,11 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
     z.Int("seed", &c.seed, 0, INT64_MAX)
         .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)
         .Bool("nvme_checksum", &c.nvme_checksum)
+        .Bool("overlap_optimizer", &c.overlap_optimizer)
+        .Bool("delayed_param_update", &c.delayed_param_update)
+        .Bool("gradients_on_nvme", &c.gradients_on_nvme)
+        .Int("delayed_param_update_warmup_steps", &c.delayed_param_update_warmup_steps, 0,
+             INT64_MAX)
         .Double("optimizer_nvme_ratio", &c.optimizer_nvme_ratio, 0.0, 1.0);
   });
   ZINF_RETURN_IF_ERROR(root.Finish());
@@ -666,6 +671,16 @@ Status EngineConfig::Validate() const {
         fmt::format("zero_optimization.stage must be 1, 2 or 3, got {}", zero_stage));
   }
   if (fp16 && bf16) return InvalidArgument("fp16.enabled and bf16.enabled are both true");
+  if (gradients_on_nvme && offload_optimizer_device != OffloadDevice::kNvme) {
+    return InvalidArgument(
+        "zinf.gradients_on_nvme needs offload_optimizer.device nvme: the gradients live beside "
+        "the optimizer state there");
+  }
+  if (delayed_param_update && offload_optimizer_device == OffloadDevice::kNvme) {
+    return InvalidArgument(
+        "zinf.delayed_param_update needs offload_optimizer.device cpu or none: with the "
+        "optimizer state on NVMe the step overlaps backward instead (zinf.overlap_optimizer)");
+  }
   if (micro_batch_size < 1 || gradient_accumulation_steps < 1 || train_batch_size < 0) {
     return InvalidArgument(fmt::format(
         "train_micro_batch_size_per_gpu and gradient_accumulation_steps must be >= 1 and "

@@ -12,10 +12,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -26,6 +29,8 @@
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/loss_scaler.h"
+#include "zero/nvme_gradients.h"
+#include "zero/optimizer_overlap.h"
 #include "zero/param_tier.h"
 #include "zero/partition.h"
 #include "zinf/cpu_optimizer.h"
@@ -126,14 +131,31 @@ struct Engine::Impl {
   // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
   // declared before its clients so that it outlives them.
   std::unique_ptr<TieredStore> tiers;
-  SwapStore* swap = nullptr;                   // the store's, when anything is on NVMe
-  HostArray master, grad_acc, state0, state1;  // master is empty when !host_master
-  std::unique_ptr<GradientBuckets> buckets;    // world > 1
+  SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
+  // master is empty when !host_master, grad_acc with the gradients on NVMe (nvme_grads).
+  HostArray master, grad_acc, state0, state1;
+  std::unique_ptr<GradientBuckets> buckets;  // world > 1
   std::unique_ptr<ParamTier> param_tier;
   std::vector<GradBuffer> grads;  // by parameter
   // offload_optimizer.device = nvme.
   std::unique_ptr<PipelinedOptimizer> pipelined;
   int nvme_shard = -1;
+  // The NVMe step's writes of the parameter tier (when no host master), and the step run
+  // alongside backward (Note [Overlapped step]); declared after what they use.
+  std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
+  std::unique_ptr<NvmeGradients> nvme_grads;  // zinf.gradients_on_nvme
+  std::unique_ptr<OptimizerOverlap> overlap;
+  std::vector<int> final_adds;  // per parameter: reductions added into grad_acc this batch
+  // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
+  // the next batch accumulates into grad_acc; the update itself; whether its parameters
+  // still have to reach the parameter tier (at the next Step); its CPU time.
+  HostArray grad_step;
+  std::future<Status> delayed;
+  bool delayed_tier_write = false;
+  double delayed_seconds = 0;
+  // Whether the next step speculates (Note [Overlapped step]): the last one was applied
+  // unclipped, so this one likely will be too.
+  bool speculate = true;
 
   LossScaler scaler;  // fp16 dynamic loss scaling (a fixed 1 otherwise)
   int64_t steps = 0;
@@ -183,6 +205,21 @@ struct Engine::Impl {
   // Waits until every reduced gradient is in grad_acc.
   Status FinishReductions();
 
+  // Adds this rank's reduced gradient of the parameter at `flat_offset` into the
+  // accumulators, in host memory or on NVMe.
+  Status AddReducedGradient(uint64_t flat_offset, const float* reduced, uint64_t size);
+
+  // Parameter `pi`'s reduced gradient is in grad_acc: in the batch's last micro-batch, it is
+  // final (Note [Overlapped step]).
+  void GradientAdded(int pi);
+  // The batch's last micro-batch begins its reductions: the overlapped step begins.
+  Status BeginOverlappedStep();
+  // Before `what` reads or changes the model's state: FailedPrecondition naming it while the
+  // overlapped step is under way; waits for a delayed update (and returns its error).
+  Status QuiesceStep(std::string_view what);
+  // Waits for the delayed update in flight, if any (Note [Delayed parameter update]).
+  Status WaitDelayedUpdate();
+
   // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster();
 
@@ -203,21 +240,11 @@ struct Engine::Impl {
 
   Status OpenNvmeOptimizer();
 
-  // Copies the parameters of a chunk of the flat shard (fp32 values of elements [c.offset,
-  // c.offset + c.count)) into the parameter tier, in its precision; `open` holds, per
-  // parameter, the tier memory being written. Chunks arrive in order, so a parameter is
-  // complete, and its write ends, with its last element.
-  Status AssembleParamTier(const ChunkView& c, std::vector<char*>& open);
-
-  // Ends the writes AssembleParamTier left open (after a failure) and waits for the
-  // write-backs.
-  Status CloseParamTierWrites(std::vector<char*>& open);
-
-  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), and the
-  // new parameters brought to the parameter tier: the host master (read back from the swap
-  // space) or the tier itself (written from the step's chunks as they are updated, no
-  // read-back).
-  Status NvmeStep(float grad_scale, StepSummary* summary);
+  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), finishing
+  // what ran alongside backward, and the new parameters brought to the parameter tier: into
+  // the host master and from it, or into the tier itself, from the step's chunks as they are
+  // updated. `grad_scale` nullopt: a skipped step, which undoes what was speculated.
+  Status NvmeStep(std::optional<float> grad_scale, StepSummary* summary);
 
   int state_count() const { return optimizer->group(group)->hyper_params.state_count(); }
 
@@ -246,6 +273,10 @@ struct Engine::Impl {
   // Checks the checkpoint against this engine and verifies every section of this rank's
   // file; only then replaces the state. Returns the client state.
   StatusOr<std::string> LoadShardFile(const std::string& path);
+
+  // Engine::LoadSafetensors on this rank: matches every parameter with the file's tensor of
+  // its name and shape before it replaces any, then writes this rank's shards.
+  Status LoadSafetensorsFile(const std::string& path);
 
   // Frees parameter `pi`'s gradient buffer, if any.
   void FreeGradient(int pi);

@@ -1,6 +1,18 @@
 // The engine's optimizer step: Engine::Step (global norm, overflow, clipping, the update in
 // host memory or pipelined over NVMe, the parameter tier written from it, loss scaling, the
 // scheduler) and the NVMe optimizer's setup.
+//
+// Note [Delayed parameter update]
+// With zinf.delayed_param_update, Step(t) computes the norm, clipping and overflow of batch
+// t's gradients as always, copies them aside (grad_step) and starts the update on a thread
+// of its own; batch t+1 then runs forward and backward on the parameter tier as Step(t-1)
+// left it (parameters one step stale) and accumulates into grad_acc meanwhile. Step(t+1)
+// waits for the update, writes the parameter tier from the new master, and applies the
+// scheduler, so the tier changes only between batches and every module of a batch sees the
+// same parameters. Each update is bitwise the one the same gradients would give without the
+// delay; what changes is which parameters those gradients were computed at. The first
+// delayed_param_update_warmup_steps steps are not delayed: early training moves fast, and
+// stale gradients hurt most there (the ZeRO-Offload paper turns DPU on after 40 steps).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -21,78 +33,111 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   options.pinned = config.pin_memory;
   options.nvme_ratio = config.optimizer_nvme_ratio;
   ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), swap, options));
-  std::vector<char*> open(params.size());
+  // The new parameters of each chunk the step updates go to the host master, or with none
+  // straight into the parameter tier.
+  ChunkVisitor updated = [this](const ChunkView& c) {
+    std::memcpy(master.as<float>() + c.offset, c.params, c.count * 4);
+    return OkStatus();
+  };
+  std::function<Status()> restart;
+  if (!host_master) {
+    tier_writer = std::make_unique<ParamTier::ChunkWriter>(param_tier.get());
+    updated = [w = tier_writer.get()](const ChunkView& c) { return w->Write(c); };
+    restart = [w = tier_writer.get()] { return w->Restart(); };
+  }
+  // Initialization writes the parameter tier like a step does.
+  if (tier_writer != nullptr) tier_writer->Begin();
   StatusOr<int> shard = pipelined->AddShard(
-      // The gradient accumulators are in host memory already: the step reads them there.
+      // Host accumulators are read where they are; with gradients on NVMe the shard keeps
+      // them in its chunk extents (Note [Gradients on NVMe]).
       {.name = fmt::format("rank {} shard", rank()),
        .group = group,
        .count = shard_elements,
-       .host_grads = grad_acc.data()},
+       .host_grads = grad_acc.empty() ? nullptr : grad_acc.data()},
       [&](const ChunkView& c) {
         if (host_master) {
           std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
           return OkStatus();
         }
         FillInitial(c.offset, c.count, c.params);
-        return params_on_nvme ? AssembleParamTier(c, open) : OkStatus();
+        return params_on_nvme ? tier_writer->Write(c) : OkStatus();
       });
-  Status written = CloseParamTierWrites(open);
+  Status written = tier_writer != nullptr ? tier_writer->Finish() : OkStatus();
   ZINF_RETURN_IF_ERROR(shard.status());
   ZINF_RETURN_IF_ERROR(written);
   nvme_shard = *shard;
+  if (config.gradients_on_nvme) {
+    ZINF_ASSIGN_OR_RETURN(nvme_grads,
+                          NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(),
+                                                config.gradient_accumulation_steps));
+  }
+  ZINF_ASSIGN_OR_RETURN(overlap, OptimizerOverlap::Create({.optimizer = pipelined.get(),
+                                                           .cpu = optimizer.get(),
+                                                           .shard = nvme_shard,
+                                                           .group = group,
+                                                           .params = &params,
+                                                           .enabled = config.overlap_optimizer &&
+                                                                      !config.gradients_on_nvme},
+                                                          std::move(updated), std::move(restart)));
   return OkStatus();
 }
 
-Status Engine::Impl::AssembleParamTier(const ChunkView& c, std::vector<char*>& open) {
-  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+Status Engine::Impl::AddReducedGradient(uint64_t flat_offset, const float* reduced, uint64_t size) {
+  if (nvme_grads != nullptr) return nvme_grads->Add(flat_offset, reduced, size);
+  AccumulateFp32(grad_acc.as<float>() + flat_offset, reduced, size);
+  auto it = std::upper_bound(params.begin(), params.end(), flat_offset,
                              [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-    const Param& p = *it;
-    char*& tier = open[&p - params.data()];
-    if (tier == nullptr) {
-      ZINF_ASSIGN_OR_RETURN(void* memory, param_tier->BeginWrite(p));
-      tier = static_cast<char*>(memory);
-    }
-    const auto [first, last] = Overlap(c.offset, c.count, p);
-    ConvertFromFp32(c.params + (first - c.offset), param_type,
-                    tier + (first - p.flat_offset) * param_bytes(), last - first);
-    if (last == p.flat_offset + p.shard_size) {
-      tier = nullptr;
-      ZINF_RETURN_IF_ERROR(param_tier->EndWrite(p));
-    }
-  }
+  GradientAdded(static_cast<int>(std::prev(it) - params.begin()));
   return OkStatus();
 }
 
-Status Engine::Impl::CloseParamTierWrites(std::vector<char*>& open) {
-  Status first;
-  for (size_t i = 0; i < open.size(); ++i) {
-    if (open[i] == nullptr) continue;
-    Status s = param_tier->EndWrite(params[i]);
-    if (first.ok()) first = std::move(s);
+void Engine::Impl::GradientAdded(int pi) {
+  if (overlap != nullptr && ++final_adds[pi] == config.gradient_accumulation_steps) {
+    overlap->MarkFinal(pi);
   }
-  Status written = param_tier->FinishWrites();
-  return first.ok() ? written : first;
 }
 
-Status Engine::Impl::NvmeStep(float grad_scale, StepSummary* summary) {
-  if (host_master) {
-    ZINF_RETURN_IF_ERROR(pipelined->Step({nvme_shard}, grad_scale));
-    ZINF_RETURN_IF_ERROR(pipelined->ReadParams(nvme_shard, master.as<float>()));
-    summary->bytes_nvme_read += shard_elements * (1 + state_count()) * 4;
-    ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
-  } else {
-    std::vector<char*> open(params.size());
-    auto assemble = [&](const ChunkView& c) { return AssembleParamTier(c, open); };
-    Status stepped = pipelined->Step({nvme_shard}, grad_scale, StepMode::kFull, assemble);
-    Status written = CloseParamTierWrites(open);
-    ZINF_RETURN_IF_ERROR(stepped);
-    ZINF_RETURN_IF_ERROR(written);
+Status Engine::Impl::BeginOverlappedStep() {
+  if (overlap == nullptr || overlap->armed() || !speculate) return OkStatus();
+  if (tier_writer != nullptr) tier_writer->Begin();
+  // The scale of a step neither clipped nor skipped (Step computes it alike).
+  const double mean_scale =
+      1.0 / (static_cast<double>(world()) * config.gradient_accumulation_steps * scaler.scale);
+  return Context(overlap->Arm(static_cast<float>(mean_scale)),
+                 "starting the optimizer step alongside backward");
+}
+
+Status Engine::Impl::WaitDelayedUpdate() {
+  if (!delayed.valid()) return OkStatus();
+  return Context(delayed.get(), "the delayed parameter update");
+}
+
+Status Engine::Impl::QuiesceStep(std::string_view what) {
+  ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
+  if (overlap == nullptr || !overlap->armed()) return OkStatus();
+  return FailedPrecondition(fmt::format(
+      "rank {}: {} while the optimizer step is under way: the batch's last micro-batch has "
+      "begun reducing gradients, and the step runs alongside backward until Step "
+      "(zinf.overlap_optimizer); call it before that micro-batch's first ReduceGradients or "
+      "after Step",
+      rank(), what));
+}
+
+Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summary) {
+  if (tier_writer != nullptr && !overlap->armed()) tier_writer->Begin();
+  Status stepped = overlap->Finish(grad_scale);
+  summary->seconds_optimizer_overlapped = overlap->overlapped_seconds();
+  Status written;
+  if (tier_writer != nullptr) {
+    written = tier_writer->Finish();
+  } else if (grad_scale && stepped.ok()) {
+    written = WriteParamTierFromMaster();
   }
   summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
   summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
   summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
-  return OkStatus();
+  ZINF_RETURN_IF_ERROR(stepped);
+  return written;
 }
 
 Status Engine::Impl::ApplySchedule() {
@@ -136,15 +181,32 @@ StatusOr<StepSummary> Engine::Step() {
   summary.seconds_gather = gathers.seconds_gather;
   summary.peak_live_parameters = gathers.peak_live_parameters;
   m.param_tier->DropAll();  // prefetches past the batch's last fetch, and what the step replaces
+  {
+    // Note [Delayed parameter update]: the previous step's update lands now, between batches.
+    ZINF_RETURN_IF_ERROR(m.WaitDelayedUpdate());
+    if (std::exchange(m.delayed_tier_write, false)) {
+      summary.seconds_optimizer_compute = m.delayed_seconds;
+      summary.seconds_optimizer_overlapped = m.delayed_seconds;
+      ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
+      if (m.config.zero_stage < 3) {
+        ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
+      }
+      ZINF_RETURN_IF_ERROR(m.ApplySchedule());
+    }
+  }
 
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
       GradStats stats,
-      m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
+      m.nvme_grads != nullptr
+          ? m.nvme_grads->Stats()
+          : m.optimizer->ComputeGradStats(m.grad_acc.data(), ElementType::kFp32, m.shard_elements));
   double global[2] = {stats.finite ? stats.sum_squares : 0.0, stats.finite ? 0.0 : 1.0};
   ZINF_RETURN_IF_ERROR(m.Context(m.comm->AllReduce(global, 2, ElementType::kFp64, ReduceOp::kSum),
                                  "all-reducing the gradient norm"));
   const bool overflow = global[1] > 0 || !std::isfinite(global[0]);
+  const bool delay =
+      m.config.delayed_param_update && m.steps >= m.config.delayed_param_update_warmup_steps;
   Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
   // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
   const double mean_scale = 1.0 / (static_cast<double>(m.world()) *
@@ -152,6 +214,11 @@ StatusOr<StepSummary> Engine::Step() {
   summary.grad_norm = overflow ? INFINITY : std::sqrt(global[0]) * mean_scale;
 
   if (overflow) {
+    // What ran alongside backward is undone: the step is skipped or refused.
+    if (m.pipelined != nullptr) {
+      ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(std::nullopt, &summary), "skipping the step"));
+      m.speculate = false;
+    }
     if (!m.config.fp16) {
       return DataLoss(
           fmt::format("rank {}: non-finite gradients without fp16 loss scaling; "
@@ -167,6 +234,18 @@ StatusOr<StepSummary> Engine::Step() {
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.NvmeStep(grad_scale, &summary), "stepping the NVMe optimizer state"));
+    } else if (delay) {
+      // The update runs during the next batch, from a copy of these gradients.
+      std::memcpy(m.grad_step.data(), m.grad_acc.data(), m.shard_elements * 4);
+      OptimizerSpan span = m.WholeShard();
+      span.grads = m.grad_step.data();
+      m.delayed = std::async(std::launch::async, [&m, span, grad_scale] {
+        const auto t0 = EngineClock::now();
+        Status s = m.optimizer->Step(m.group, span, {.grad_scale = grad_scale}).status();
+        m.delayed_seconds = SecondsSince(t0);
+        return s;
+      });
+      m.delayed_tier_write = true;
     } else {
       const auto update = EngineClock::now();
       ZINF_RETURN_IF_ERROR(
@@ -175,14 +254,21 @@ StatusOr<StepSummary> Engine::Step() {
       ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
     }
     ++m.steps;
-    scheduled = m.ApplySchedule();  // as DeepSpeed's scheduler.step(), after the step
+    // As DeepSpeed's scheduler.step(), after the step (a delayed one: once it has run).
+    if (!delay) scheduled = m.ApplySchedule();
     // Stages 1 and 2 keep the whole model gathered: refresh it now.
-    if (m.config.zero_stage < 3) {
+    if (m.config.zero_stage < 3 && !delay) {
       ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
     }
   }
+  m.speculate = m.config.overlap_optimizer && !overflow && summary.clip_coefficient == 1.0;
   m.scaler.Update(overflow);
-  std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  if (m.nvme_grads != nullptr) {
+    m.nvme_grads->EndBatch();
+  } else {
+    std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
+  }
+  std::fill(m.final_adds.begin(), m.final_adds.end(), 0);
   for (Module& module : m.modules) module.reductions = 0;
   m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order
   summary.step = m.steps;

@@ -59,7 +59,8 @@ Status Engine::Impl::CheckHostMemory() const {
       world() > 1 ? 2 * std::min(config.reduce_bucket_size, shard_elements * world()) * 4 : 0;
   // The parameter tier, where the host device's memory or pinned memory holds it.
   const uint64_t tier = params_on_nvme ? 0 : shard_elements * param_bytes();
-  const uint64_t need = shard + master + states + persistent + buckets + tier;
+  const uint64_t accumulators = config.gradients_on_nvme ? 0 : shard;
+  const uint64_t need = accumulators + master + states + persistent + buckets + tier;
   if (need <= total) return OkStatus();
   return ResourceExhausted(fmt::format(
       "{} parameter elements ({} per rank) need {:.1f} GiB of host memory on this rank, and "
@@ -67,7 +68,7 @@ Status Engine::Impl::CheckHostMemory() const {
       "optimizer state {:.1f}, persistent parameters {:.1f}, reduce buckets {:.1f}, "
       "parameter tier {:.1f} GiB. Offload the optimizer and parameters to NVMe, shard over "
       "more ranks, or shrink the model",
-      registered_elements, shard_elements, need / kGiBf, total / kGiBf, shard / kGiBf,
+      registered_elements, shard_elements, need / kGiBf, total / kGiBf, accumulators / kGiBf,
       master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf, tier / kGiBf));
 }
 
@@ -112,7 +113,9 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   // here; room for the NVMe tier's host copies while they are written.
   const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
   const bool states_here = config.offload_optimizer_device != OffloadDevice::kNvme;
-  const uint64_t arrays = array * (1 + (host_master ? 1 : 0) + (states_here ? state_count() : 0));
+  const uint64_t arrays =
+      array * ((config.gradients_on_nvme ? 0 : 1) + (host_master ? 1 : 0) +
+               (states_here ? state_count() : 0) + (config.delayed_param_update ? 1 : 0));
   options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
   options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
@@ -129,10 +132,14 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     // Each extent is rounded up to the allocator's alignment: allow a block per extent.
     const uint64_t slack = swap_options.aio.block_size;
     if (config.offload_optimizer_device == OffloadDevice::kNvme) {
-      // Per element: fp32 params and two state arrays (the gradients stay in host memory).
+      // Per element: fp32 params and two state arrays (the gradients stay in host memory);
+      // twice for the overlapped step, whose new state goes beside the old until the step
+      // is known to stand (Note [Overlapped step]).
       const uint64_t chunk = OptimizerChunkElements();
       const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      swap_options.capacity_bytes += chunks * (chunk * 12 + slack);
+      const bool overlap = config.overlap_optimizer && !config.gradients_on_nvme;
+      swap_options.capacity_bytes += chunks * (chunk * 12 + slack) * (overlap ? 2 : 1);
+      if (config.gradients_on_nvme) swap_options.capacity_bytes += chunks * (chunk * 4 + slack);
     }
     if (params_on_nvme) {
       for (const Param& p : params) {

@@ -7,15 +7,14 @@
 #include <cstring>
 
 #include "comm/communicator.h"
-#include "zinf/cpu_optimizer.h"
 
 namespace zinf {
 
-GradientBuckets::GradientBuckets(Communicator* comm, uint64_t bucket_elements, float* accumulators)
+GradientBuckets::GradientBuckets(Communicator* comm, uint64_t bucket_elements, Sink sink)
     : comm_(comm),
       world_(comm->world_size()),
       slice_elements_(std::max<uint64_t>(bucket_elements / comm->world_size(), 1)),
-      accumulators_(accumulators) {}
+      sink_(std::move(sink)) {}
 
 GradientBuckets::~GradientBuckets() {
   for (Bucket& bucket : buckets_) {
@@ -84,12 +83,17 @@ Status GradientBuckets::Complete(Bucket& bucket) {
     return std::move(reduced).WithContext(what);
   }
   const float* received = bucket.received.as<float>();
+  Status sunk;
   for (const Piece& piece : bucket.pieces) {
-    AccumulateFp32(accumulators_ + piece.flat_offset, received + piece.at, piece.size);
+    sunk = sink_(piece.flat_offset, received + piece.at, piece.size);
+    if (!sunk.ok()) {
+      sunk = std::move(sunk).WithContext(fmt::format("the gradient of '{}'", piece.name));
+      break;
+    }
   }
   bucket.pieces.clear();
   bucket.used = 0;
-  return OkStatus();
+  return sunk;
 }
 
 Status GradientBuckets::Finish() {

@@ -3,6 +3,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -358,6 +359,96 @@ Status ParamTier::ReadShard(const Param& p, void* out) {
 }
 
 TensorId ParamTier::shard(int param) const { return state_[param].shard; }
+
+ParamTier::ChunkWriter::ChunkWriter(ParamTier* tier)
+    : tier_(tier), open_(tier->params_->size()), persistent_(tier->params_->size()) {}
+
+ParamTier::ChunkWriter::~ChunkWriter() { (void)Finish(); }
+
+void ParamTier::ChunkWriter::Begin() {
+  const std::vector<Param>& params = *tier_->params_;
+  for (size_t i = 0; i < params.size(); ++i) {
+    open_[i] = {.remaining = params[i].shard_size};
+    if (params[i].persistent) persistent_[i].resize(params[i].shard_size);
+  }
+}
+
+Status ParamTier::ChunkWriter::Restart() {
+  Status first;
+  for (size_t i = 0; i < open_.size(); ++i) {
+    if (open_[i].data == nullptr) continue;
+    Status s = tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier());
+    if (first.ok()) first = std::move(s);
+    open_[i].data = nullptr;
+  }
+  Begin();
+  return first;
+}
+
+Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
+  const std::vector<Param>& params = *tier_->params_;
+  TieredStore* store = tier_->store_;
+  const Tier tier = tier_->WriteTier();
+  const ElementType type = tier_->options_.param_type;
+  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+    const Param& p = *it;
+    const auto [first, last] = Overlap(c.offset, c.count, p);
+    if (first >= last) continue;
+    const size_t pi = &p - params.data();
+    const float* values = c.params + (first - c.offset);
+    Open& o = open_[pi];
+    if (p.persistent) {
+      std::copy(values, values + (last - first), persistent_[pi].data() + (first - p.flat_offset));
+      o.remaining -= std::min(o.remaining, last - first);
+      continue;
+    }
+    if (o.data == nullptr) {
+      // The first opening overwrites; a later one (a chunk written again) keeps the rest.
+      ZINF_ASSIGN_OR_RETURN(o.data,
+                            store->Acquire(tier_->state_[pi].shard, tier,
+                                           o.written ? Access::kWrite : Access::kOverwrite));
+      o.written = true;
+    }
+    ConvertFromFp32(values, type,
+                    static_cast<char*>(o.data) + (first - p.flat_offset) * ElementSize(type),
+                    last - first);
+    o.remaining -= std::min(o.remaining, last - first);
+    if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
+      o.data = nullptr;
+      ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier));
+      if (tier_->options_.shard_home == Tier::kNvme) {
+        write_backs_.push_back(store->EvictAsync(tier_->state_[pi].shard, Tier::kHost));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status ParamTier::ChunkWriter::Finish() {
+  const std::vector<Param>& params = *tier_->params_;
+  Status first;
+  auto keep = [&](Status s) {
+    if (first.ok() && !s.ok()) first = std::move(s);
+  };
+  for (size_t i = 0; i < open_.size(); ++i) {
+    if (open_[i].data != nullptr) {
+      keep(tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier()));
+      open_[i].data = nullptr;
+    }
+    // Only a persistent parameter written whole: chunks visited for a skipped step may
+    // cover part of one, whose tier then still holds the same old values.
+    if (!persistent_[i].empty() && open_[i].remaining == 0) {
+      keep(tier_->WriteFp32(params[i], persistent_[i].data()));
+    }
+    persistent_[i].clear();
+  }
+  for (auto& f : write_backs_) keep(f.get());
+  write_backs_.clear();
+  keep(tier_->FinishWrites());
+  return first;
+}
 
 ParamTierCounters ParamTier::TakeCounters() { return std::exchange(counters_, {}); }
 

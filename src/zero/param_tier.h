@@ -39,6 +39,7 @@
 #include <memory>
 #include <vector>
 
+#include "offload/pipelined_optimizer.h"
 #include "zero/partition.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
@@ -104,6 +105,8 @@ class ParamTier {
   Status WriteFp32(const Param& p, const float* values);
   // Waits for the write-backs EndWrite started; the first error.
   Status FinishWrites();
+  class ChunkWriter;
+
   // Copies `p`'s shard (TierBytes) into `out`.
   Status ReadShard(const Param& p, void* out);
   // Drops every gathered copy and read-ahead (before the values they hold are replaced).
@@ -147,6 +150,45 @@ class ParamTier {
   bool warned_ = false;
   size_t fetch_cursor_ = 0;  // position in fetch_order_ this batch
   ParamTierCounters counters_;
+};
+
+// Writes the parameter tier from the optimizer step's chunks of the flat shard (fp32 values of
+// its elements [c.offset, c.offset + c.count)), as they are updated: chunks in any order, a
+// chunk again (a speculative step redone), from one thread at a time, which may be another
+// than the one driving the ParamTier while backward goes on: it touches only the store
+// (thread-safe) and its own state. A parameter's write ends with its last element. The
+// persistent parameters stay pinned in the device tier for the whole batch (their gathered
+// copies are the shards with one rank), so their values are kept here and written by Finish,
+// on the driving thread after ParamTier::DropAll.
+class ParamTier::ChunkWriter {
+ public:
+  explicit ChunkWriter(ParamTier* tier);
+  ~ChunkWriter();
+  ChunkWriter(const ChunkWriter&) = delete;
+  ChunkWriter& operator=(const ChunkWriter&) = delete;
+
+  // Starts a step's writes: every parameter unwritten.
+  void Begin();
+  // Drops the writes so far, to write every parameter touched again from the start (a
+  // speculative step dropped): what is open is released as it is, without a write-back,
+  // since all of it will be overwritten; then as Begin. The store's host tier must not stay
+  // held by a parameter half written meanwhile.
+  Status Restart();
+  Status Write(const ChunkView& c);
+  // Ends the writes left open (after a failure), writes the persistent parameters and waits
+  // for every write-back; the first error.
+  Status Finish();
+
+ private:
+  struct Open {
+    void* data = nullptr;
+    uint64_t remaining = 0;  // elements not yet written in this step
+    bool written = false;    // opened before in this step: a reopening keeps the bytes
+  };
+  ParamTier* const tier_;
+  std::vector<Open> open_;
+  std::vector<std::vector<float>> persistent_;  // by parameter; empty for the others
+  std::vector<std::shared_future<Status>> write_backs_;
 };
 
 }  // namespace zinf

@@ -902,6 +902,43 @@ static void TestEngine(const char* dir) {
   zinf_code_t code = zinf_engine_load_checkpoint(engine, missing, NULL, &err);
   CHECK(code != ZINF_OK);
 
+  /* Weights from a safetensors file: fc.w in F32, fc.b in BF16, head.w in F32. */
+  char weights[300];
+  snprintf(weights, sizeof(weights), "%s/w.safetensors", dir);
+  const char header[] =
+      "{\"fc.w\":{\"dtype\":\"F32\",\"shape\":[4,3],\"data_offsets\":[0,48]},"
+      "\"fc.b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[48,56]},"
+      "\"head.w\":{\"dtype\":\"F32\",\"shape\":[5],\"data_offsets\":[56,76]}}";
+  float w_values[12], h_values[5];
+  for (int i = 0; i < 12; ++i) w_values[i] = 0.25f * (float)i;
+  for (int i = 0; i < 5; ++i) h_values[i] = -1.0f - (float)i;
+  const uint16_t b_bf16[4] = {0x3f80, 0x4000, 0x4040, 0xbf80}; /* 1, 2, 3, -1 */
+  const uint64_t header_len = sizeof(header) - 1;
+  FILE* f = fopen(weights, "wb");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fwrite(&header_len, 8, 1, f); /* little endian, as on every machine zinf runs on */
+  fwrite(header, 1, header_len, f);
+  fwrite(w_values, 4, 12, f);
+  fwrite(b_bf16, 2, 4, f);
+  fwrite(h_values, 4, 5, f);
+  fclose(f);
+  REQUIRE_OK(zinf_engine_load_safetensors(engine, weights, &err));
+  EXPECT_OK(zinf_engine_gather_parameter(engine, "fc.w", w, 12, &err));
+  CHECK(memcmp(w, w_values, sizeof(w)) == 0);
+  EXPECT_OK(zinf_engine_gather_parameter(engine, "fc.b", after, 4, &err));
+  CHECK(after[0] == 1.0f && after[1] == 2.0f && after[2] == 3.0f && after[3] == -1.0f);
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_load_safetensors(engine, NULL, &err));
+  EXPECT_ERR_HAS("path is NULL");
+  f = fopen(weights, "r+b");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fseek(f, 8 + (long)(strstr(header, "head.w") - header), SEEK_SET);
+  fputc('X', f); /* "head.w" becomes "Xead.w" */
+  fclose(f);
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_load_safetensors(engine, weights, &err));
+  EXPECT_ERR_HAS("has no tensor 'head.w'");
+
   EXPECT_OK(zinf_engine_set_learning_rate(engine, 0.05, &err));
   EXPECT_OK(zinf_engine_info(engine, &info, &err));
   CHECK(info.learning_rate == 0.05);

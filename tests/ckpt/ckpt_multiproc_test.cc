@@ -158,6 +158,62 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
   EXPECT_EQ(ReadFloats(root_ + "/one.bin"), saved);
 }
 
+// Weights from a safetensors file land on every rank (each keeps its shards), and a
+// checkpoint whose manifest lists the parameters in another order than the model registers
+// them (what `zinf ckpt import` writes from a file in that order) loads on another world size
+// by name.
+TEST_F(CkptMultiprocTest, SafetensorsLoadOnEveryRankAndOtherOrdersLoadByName) {
+  const std::string ckpt = root_ + "/ckpt", file = root_ + "/m.safetensors";
+  auto save = [&](Engine& e) {
+    if (!TrainCkptEngine(e, 0, 3).ok() || !e.SaveCheckpoint(ckpt, "step-3").ok()) return 1;
+    WriteFloats(root_ + "/saved.bin", *AllCkptParams(e));
+    return 0;
+  };
+  ASSERT_EQ(Ranks(1, "memory", root_ + "/nvme1", save), (std::vector<int>{0}));
+  ASSERT_TRUE(ckpt::ExportSafetensors(ckpt, file, ElementType::kFp32).ok());
+  const std::vector<float> saved = ReadFloats(root_ + "/saved.bin");
+
+  auto three = [&](Engine& e) {
+    if (Status s = e.LoadSafetensors(file); !s.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", e.rank(), s.ToString().c_str());
+      return 1;
+    }
+    auto loaded = AllCkptParams(e);
+    if (!loaded.ok()) return 2;
+    if (e.rank() == 0) WriteFloats(root_ + "/three.bin", *loaded);
+    return 0;
+  };
+  ASSERT_EQ(Ranks(3, "all_nvme", root_ + "/nvme3", three), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(ReadFloats(root_ + "/three.bin"), saved);
+
+  // One rank of a model registered b first saves the file's weights...
+  fs::create_directories(root_ + "/nvme4");
+  const int port = testing::FreePort();
+  ASSERT_EQ(testing::ForkRanks(1,
+                               [&](int) {
+                                 auto e = MakeCkptEngine("memory", root_ + "/nvme4", 0, 1, port,
+                                                         /*reversed=*/true);
+                                 if (!e.ok() || !(*e)->LoadSafetensors(file).ok()) return 1;
+                                 return (*e)->SaveCheckpoint(root_ + "/reordered", "imported").ok()
+                                            ? 0
+                                            : 2;
+                               }),
+            (std::vector<int>{0}));
+  // ... and two ranks of the model in its usual order load them, by name.
+  auto two = [&](Engine& e) {
+    if (Status s = e.LoadCheckpoint(root_ + "/reordered").status(); !s.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", e.rank(), s.ToString().c_str());
+      return 1;
+    }
+    auto loaded = AllCkptParams(e);
+    if (!loaded.ok()) return 2;
+    if (e.rank() == 0) WriteFloats(root_ + "/two.bin", *loaded);
+    return 0;
+  };
+  ASSERT_EQ(Ranks(2, "params_nvme", root_ + "/nvme5", two), (std::vector<int>{0, 0}));
+  EXPECT_EQ(ReadFloats(root_ + "/two.bin"), saved);
+}
+
 // Kills a one-rank trainer at a random moment of its save, many times, and checks that the
 // checkpoint directory always loads, at the old step or the new one.
 TEST_F(CkptMultiprocTest, SaveKilledAtAnyMomentLeavesALoadableCheckpoint) {

@@ -15,16 +15,22 @@ namespace zinf::testing {
 
 inline const std::vector<std::string> kCkptParams = {"a.w", "a.b", "b.w"};
 
-// `placement`: "memory", "params_nvme", "optimizer_nvme" or "all_nvme" (NVMe under nvme_dir).
+// `placement`: "memory", "params_nvme", "optimizer_nvme", "all_nvme" (NVMe under nvme_dir) or
+// "all_nvme_overlap" (all_nvme with the optimizer step alongside backward,
+// zinf.overlap_optimizer).
+// `reversed`: the modules registered in the other order, b then a (the same model, laid out
+// differently).
 inline StatusOr<std::unique_ptr<Engine>> MakeCkptEngine(const std::string& placement,
                                                         const std::string& nvme_dir, int rank,
-                                                        int world, int port) {
+                                                        int world, int port,
+                                                        bool reversed = false) {
   auto offload = [&](bool nvme) {
     return nvme ? R"({"device": "nvme", "nvme_path": ")" + nvme_dir + "\"}"
                 : std::string(R"({"device": "cpu"})");
   };
-  const bool params_nvme = placement == "params_nvme" || placement == "all_nvme";
-  const bool optimizer_nvme = placement == "optimizer_nvme" || placement == "all_nvme";
+  const bool overlap = placement == "all_nvme_overlap";
+  const bool params_nvme = placement == "params_nvme" || placement == "all_nvme" || overlap;
+  const bool optimizer_nvme = placement == "optimizer_nvme" || placement == "all_nvme" || overlap;
   ZINF_ASSIGN_OR_RETURN(
       EngineConfig config,
       EngineConfig::FromJson(
@@ -33,15 +39,18 @@ inline StatusOr<std::unique_ptr<Engine>> MakeCkptEngine(const std::string& place
           offload(optimizer_nvme) + R"(, "offload_param": )" +
           (params_nvme ? offload(true) : R"({"device": "none"})") +
           R"(}, "fp16": {"enabled": true, "initial_scale_power": 4},
-              "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}})"));
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+              "zinf": {"overlap_optimizer": )" +
+          (overlap ? "true" : "false") + "}}"));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                         Engine::Create(config, {.rank = rank,
                                                 .world_size = world,
                                                 .master_port = port,
                                                 .timeout = std::chrono::seconds(20),
                                                 .optimizer_threads = 1}));
+  if (reversed) ZINF_RETURN_IF_ERROR(engine->RegisterModule("b", {{"b.w", {5001}}}).status());
   ZINF_RETURN_IF_ERROR(engine->RegisterModule("a", {{"a.w", {37, 11}}, {"a.b", {37}}}).status());
-  ZINF_RETURN_IF_ERROR(engine->RegisterModule("b", {{"b.w", {5001}}}).status());
+  if (!reversed) ZINF_RETURN_IF_ERROR(engine->RegisterModule("b", {{"b.w", {5001}}}).status());
   ZINF_RETURN_IF_ERROR(engine->Initialize());
   return engine;
 }

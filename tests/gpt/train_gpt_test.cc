@@ -1,7 +1,8 @@
 // train_gpt end to end under `zinf run`: it trains (the loss falls), writes one JSON line of
 // metrics per step, and refuses a bad config naming the key; its checkpoints resume bitwise
 // after a crash, and two ranks with everything on NVMe train the model one rank does in
-// memory (compared through `zinf ckpt export`); --device cuda without a GPU is refused.
+// memory (compared through `zinf ckpt export`); --init-from an export trains as --resume from
+// its `zinf ckpt import` does; --device cuda without a GPU is refused.
 // Input that used to crash it (a huge micro-batch, a deeply nested config, a checkpoint
 // directory it cannot search or write, a bad client_state) ends with an error naming the
 // cause, and --comm-timeout-s bounds how long a stopped peer goes unreported.
@@ -248,6 +249,21 @@ TEST_F(TrainGptTest, BadConfigIsRefusedNamingTheKey) {
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("give --nvme-path DIR"), std::string::npos) << run.output;
 
+  // --set replaces keys, and is checked like the file.
+  const std::string tiny = WriteConfig(R"({"model": {"d_model": 32, "n_head": 4}})");
+  run = Train(1, "--config " + tiny + " --set model.d_model=30");
+  EXPECT_NE(run.output.find("model.d_model (30) must be a multiple"), std::string::npos)
+      << run.output;
+  run = Train(1, "--config " + tiny + " --set zero_optimization.stage=7");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("stage"), std::string::npos) << run.output;
+  run = Train(1, "--config " + tiny + " --set model.d_model.x=1");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("'model.d_model' is not an object"), std::string::npos) << run.output;
+  run = Train(1, "--config " + tiny + " --set nokey");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("expected KEY.PATH=VALUE"), std::string::npos) << run.output;
+
   run = Train(1, "--config " + (dir_ / "missing.json").string());
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("cannot read config"), std::string::npos) << run.output;
@@ -364,6 +380,60 @@ TEST_F(TrainGptTest, ResumeFromABadCheckpointIsAnError) {
   ASSERT_TRUE(zinf::ckpt::WriteManifest(*dir, *manifest).ok());
   run = Train(1, "--config " + config + " --steps 2 --threads 1 --resume " + ckpt);
   ExpectCleanFailure(run, "client_state.seed must be a non-negative integer, got -5");
+}
+
+// train_gpt --init-from an export and --resume from `zinf ckpt import` of it start from the
+// same weights with fresh optimizer state at step 0: the same data, so the same losses.
+TEST_F(TrainGptTest, InitFromAFileTrainsAsResumingFromItsImport) {
+  const std::string config = WriteConfig(SmallConfig("memory", 2));
+  const std::string ckpt = (dir_ / "ckpt").string(), file = (dir_ / "m.safetensors").string(),
+                    imported = (dir_ / "imported").string();
+  const std::string common =
+      std::string(TRAIN_GPT_BINARY) + " --config " + config + " --threads 1 --log-every 1 ";
+  ASSERT_EQ(std::system((common + "--steps 4 --save " + ckpt + " > /dev/null").c_str()), 0);
+  ZinfRun run = RunZinf("ckpt export " + ckpt + " --out " + file);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  run = RunZinf("ckpt import " + file + " --out " + imported + " --config " + config);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+
+  const std::string metrics_a = (dir_ / "a.jsonl").string(),
+                    metrics_b = (dir_ / "b.jsonl").string();
+  const ZinfRun a = Train(1, "--config " + config + " --threads 1 --steps 2 --init-from " + file +
+                                 " --metrics " + metrics_a);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("initialized from " + file), std::string::npos) << a.output;
+  const ZinfRun b = Train(1, "--config " + config + " --threads 1 --steps 2 --resume " + imported +
+                                 " --metrics " + metrics_b);
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("resumed from " + imported + " at step 0"), std::string::npos)
+      << b.output;
+  auto losses = [](const std::string& path) {
+    std::vector<double> out;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    }
+    return out;
+  };
+  ASSERT_EQ(losses(metrics_a).size(), 2u);
+  EXPECT_EQ(losses(metrics_a), losses(metrics_b));
+  // Not what a fresh model does: the weights were loaded.
+  const std::string metrics_c = (dir_ / "c.jsonl").string();
+  ASSERT_EQ(
+      Train(1, "--config " + config + " --threads 1 --steps 1 --metrics " + metrics_c).exit_code,
+      0);
+  EXPECT_NE(losses(metrics_c)[0], losses(metrics_a)[0]);
+
+  // Both at once is refused; so is a file that lacks a parameter, naming it.
+  run = Train(1, "--config " + config + " --init-from " + file + " --resume " + imported);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("excludes"), std::string::npos) << run.output;
+  auto tensors = zinf::testing::ReadSafeTensors(file).tensors;
+  tensors.erase("ln_f.bias");
+  zinf::testing::WriteSafeTensors(file, std::vector<std::pair<std::string, zinf::testing::Tensor>>(
+                                            tensors.begin(), tensors.end()));
+  ExpectCleanFailure(Train(1, "--config " + config + " --init-from " + file),
+                     "has no tensor 'ln_f.bias'");
 }
 
 TEST_F(TrainGptTest, CommTimeoutIsAnOptionAndValidated) {

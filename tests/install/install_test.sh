@@ -3,11 +3,13 @@
 # in consumer/ against that prefix alone, once through CMake (find_package(zinf CONFIG),
 # target zinf::zinf) and once through pkg-config (zinf.pc), and runs them. Registered with CTest
 # by tests/install/CMakeLists.txt; exits non-zero on any failure.
-# Usage: install_test.sh BUILD_DIR CONSUMER_DIR CMAKE GENERATOR CC CXX [CFLAGS] [LDFLAGS]
-# (CFLAGS and LDFLAGS: the build's own, so that a sanitizer build links its runtime first.)
+# Usage: install_test.sh BUILD_DIR CONSUMER_DIR CMAKE GENERATOR CC CXX [CFLAGS] [LDFLAGS] [PYTHON]
+# (CFLAGS and LDFLAGS: the build's own, so that a sanitizer build links its runtime first.
+# PYTHON: the interpreter the zinf Python package was built for; when given and the package was
+# installed, it must import from the prefix alone and step an optimizer.)
 set -euo pipefail
 build=$1 consumer=$2 cmake=$3 generator=$4 cc=$5 cxx=$6
-flags=${7:-} ldflags=${8:-}
+flags=${7:-} ldflags=${8:-} python=${9:-}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/zinf-install-test-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -56,4 +58,20 @@ read -r -a extra_ldflags <<<"$ldflags"
   -o "$tmp/pc_consumer_cxx" "${extra_ldflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$libdir"
 "$tmp/pc_consumer_c" "$tmp/scratch"
 "$tmp/pc_consumer_cxx"
+
+package=$(find "$prefix" -path '*-packages/zinf/__init__.py' -print -quit)
+if [ -n "$python" ] && [ -n "$package" ]; then
+  echo "== Python: import zinf from $(dirname "$(dirname "$package")")"
+  (cd "$tmp/scratch" && PYTHONPATH=$(dirname "$(dirname "$package")") "$python" -c '
+import zinf, zinf.nvme, zinf.optim, zinf.zero, zinf.cuda
+assert zinf.__file__.startswith("'"$prefix"'"), zinf.__file__
+import torch
+p = torch.nn.Parameter(torch.ones(8)); p.grad = torch.ones(8)
+zinf.optim.AdamW([p], lr=0.5, weight_decay=0.0).step()
+assert torch.allclose(p.detach(), torch.full((8,), 0.5)), p
+print("installed zinf package: ok")' ) || {
+    echo "the installed Python package does not work from $prefix" >&2
+    exit 1
+  }
+fi
 echo "install test: ok"

@@ -19,6 +19,8 @@ declare -A allowed=(
   [src/capi]="zinf core nvme cpu_optim offload comm ckpt zero capi"
   [tools]="zinf core nvme cpu_optim offload comm ckpt zero capi tools"
   [examples]="zinf examples"
+  # The Python binding uses public headers; the CUDA allocator also the device pool.
+  [python]="zinf offload python"
 )
 
 bad=0

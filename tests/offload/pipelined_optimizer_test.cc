@@ -11,8 +11,8 @@
 #include <random>
 
 #include "core/units.h"
-#include "tests/testing/faulty_engine.h"
 #include "tests/nvme/nvme_test_util.h"
+#include "tests/testing/faulty_engine.h"
 
 namespace zinf {
 namespace {
@@ -40,6 +40,28 @@ PipelinedOptimizerOptions PipeOptions(double ratio) {
   o.pinned = false;
   return o;
 }
+
+// A swap store in a scratch directory, an optimizer with `groups` default AdamW groups, and
+// a pipelined optimizer over them at NVMe ratio `ratio`.
+struct Piped {
+  ScratchDir dir;
+  std::unique_ptr<SwapStore> store;
+  std::unique_ptr<CpuOptimizer> opt;
+  std::unique_ptr<PipelinedOptimizer> piped;
+
+  explicit Piped(double ratio, int groups = 1) {
+    auto s = SwapStore::Open(StoreOptions(dir.path()));
+    EXPECT_TRUE(s.ok()) << s.status();
+    store = std::move(*s);
+    auto o = CpuOptimizer::Create();
+    EXPECT_TRUE(o.ok());
+    opt = std::move(*o);
+    for (int g = 0; g < groups; ++g) EXPECT_TRUE(opt->AddParamGroup({}).ok());
+    auto p = PipelinedOptimizer::Create(opt.get(), store.get(), PipeOptions(ratio));
+    EXPECT_TRUE(p.ok()) << p.status();
+    piped = std::move(*p);
+  }
+};
 
 // One shard's arrays held in memory: the reference the pipelined step must match.
 struct Reference {
@@ -371,6 +393,132 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
                   .ok());
   EXPECT_EQ((*piped)->WriteGradients(*b, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*piped)->ReadParams(99, via_read.data()).code(), StatusCode::kInvalidArgument);
+}
+
+// Note [Speculative step]: chunks stepped out of order and speculatively, then kept, give the
+// bits of the whole step; dropped, the old state comes back, to be stepped again with another
+// scale (clipping found late) or left alone (a skipped step).
+TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
+  Piped f(1.0, /*groups=*/2);
+  auto* piped = &f.piped;
+  auto* opt = &f.opt;
+  const size_t n = 4 * kChunk + 300;
+  std::vector<float> init(n), grads(n);
+  for (size_t i = 0; i < n; ++i) {
+    init[i] = std::sin(0.001f * i);
+    grads[i] = std::cos(0.003f * i);
+  }
+  auto fill = [&](const ChunkView& c) {
+    std::memcpy(c.params, init.data() + c.offset, c.count * 4);
+    return OkStatus();
+  };
+  ShardSpec spec;
+  spec.count = n;
+  spec.host_grads = grads.data();
+  spec.name = "whole";
+  auto whole = (*piped)->AddShard(spec, fill);
+  spec.name = "parts";
+  spec.group = 1;
+  auto parts = (*piped)->AddShard(spec, fill);
+  ASSERT_TRUE(whole.ok() && parts.ok());
+  auto read = [&](int shard) {
+    std::vector<float> out(n);
+    EXPECT_TRUE((*piped)->ReadParams(shard, out.data()).ok());
+    return out;
+  };
+  auto chunks = (*piped)->Chunks(*parts);
+  ASSERT_TRUE(chunks.ok());
+  ASSERT_EQ(chunks->size(), 5u);
+  std::vector<float> seen(n);
+  auto record = [&](const ChunkView& c) {
+    std::memcpy(seen.data() + c.offset, c.params, c.count * 4);
+    return OkStatus();
+  };
+
+  // Step 1: speculated last-to-first in two parts, kept.
+  ASSERT_TRUE((*piped)->Step({*whole}, 0.5f).ok());
+  ASSERT_TRUE((*piped)->BeginPartialStep(*parts).ok());
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {4, 3}, 0.5f, true, record).ok());
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {2, 1, 0}, 0.5f, true, record).ok());
+  EXPECT_EQ((*piped)->StepChunks(*parts, {1}, 0.5f, true).code(), StatusCode::kInvalidArgument)
+      << "a chunk speculated twice would lose its old state";
+  auto kept = (*piped)->ResolveSpeculation(*parts, /*commit=*/true);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->empty());
+  const std::vector<float> after1 = read(*whole);
+  EXPECT_NE(after1, init);
+  EXPECT_EQ(std::memcmp(read(*parts).data(), after1.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(seen.data(), after1.data(), n * 4), 0) << "the visitor saw new values";
+
+  // Step 2: speculated at 0.5, found to need 0.25: dropped and stepped again.
+  ASSERT_TRUE((*piped)->Step({*whole}, 0.25f).ok());
+  ASSERT_TRUE((*piped)->BeginPartialStep(*parts).ok());
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {3, 4}, 0.5f, true).ok());
+  auto undone = (*piped)->ResolveSpeculation(*parts, /*commit=*/false);
+  ASSERT_TRUE(undone.ok());
+  EXPECT_EQ(*undone, (std::vector<size_t>{3, 4}));
+  EXPECT_EQ(std::memcmp(read(*parts).data(), after1.data(), n * 4), 0) << "old state back";
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {0, 1, 2, 3, 4}, 0.25f, false).ok());
+  const std::vector<float> after2 = read(*whole);
+  EXPECT_EQ(std::memcmp(read(*parts).data(), after2.data(), n * 4), 0);
+
+  // Step 3: speculated, then skipped (overflow): the state and the step count as before.
+  auto before = (*opt)->group(1);
+  ASSERT_TRUE((*piped)->BeginPartialStep(*parts).ok());
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {0, 2, 4}, 0.5f, true).ok());
+  ASSERT_TRUE((*piped)->ResolveSpeculation(*parts, false).ok());
+  ASSERT_TRUE((*opt)->SetStep(1, before->step).ok());
+  ASSERT_TRUE((*piped)->VisitChunks(*parts, {0, 2, 4}, record).ok());
+  EXPECT_EQ(std::memcmp(read(*parts).data(), after2.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(seen.data(), after2.data(), kChunk * 4), 0);
+  // And the next step matches the reference's next one.
+  ASSERT_TRUE((*piped)->Step({*whole}, 1.0f).ok());
+  ASSERT_TRUE((*piped)->Step({*parts}, 1.0f).ok());
+  EXPECT_EQ(std::memcmp(read(*parts).data(), read(*whole).data(), n * 4), 0);
+  EXPECT_EQ((*piped)->StepChunks(*parts, {9}, 1.0f, false).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PipelinedOptimizerTest, ChunkGradientsRoundTripAndBadInput) {
+  Piped f(0.5);
+  auto* piped = &f.piped;
+  ShardSpec spec;
+  spec.name = "grads";
+  spec.count = 2 * kChunk + 10;  // an NVMe chunk, a host chunk, and a short one
+  auto id = (*piped)->AddShard(spec);
+  ASSERT_TRUE(id.ok());
+  std::vector<float> g(kChunk), back(kChunk, -1.0f);
+  for (size_t c = 0; c < 3; ++c) {
+    const size_t n = c < 2 ? kChunk : 10;
+    for (size_t i = 0; i < n; ++i) g[i] = 0.5f * i + c;
+    ASSERT_TRUE((*piped)->WriteChunkGradients(*id, c, g.data()).ok());
+  }
+  for (size_t c = 0; c < 3; ++c) {
+    const size_t n = c < 2 ? kChunk : 10;
+    ASSERT_TRUE((*piped)->ReadChunkGradients(*id, c, back.data()).ok());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 0.5f * i + c) << c << " " << i;
+  }
+  EXPECT_EQ((*piped)->WriteChunkGradients(*id, 3, g.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)->ReadChunkGradients(*id, 0, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)->ReadChunkGradients(7, 0, back.data()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {
+  Piped f(0.5);
+  auto* piped = &f.piped;
+  ShardSpec spec;
+  spec.name = "split";
+  spec.count = 2 * kChunk;
+  auto id = (*piped)->AddShard(spec);
+  ASSERT_TRUE(id.ok());
+  auto chunks = (*piped)->Chunks(*id);
+  ASSERT_TRUE(chunks.ok());
+  const size_t host = (*chunks)[0].on_nvme ? 1 : 0;
+  ASSERT_TRUE((*piped)->BeginPartialStep(*id).ok());
+  Status refused = (*piped)->StepChunks(*id, {host}, 1.0f, true);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("host memory"));
+  EXPECT_TRUE((*piped)->StepChunks(*id, {1 - host}, 1.0f, true).ok());
+  EXPECT_TRUE((*piped)->ResolveSpeculation(*id, true).ok());
 }
 
 // NVMe failures during the step surface with the shard and chunk named; a failed write stays

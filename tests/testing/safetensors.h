@@ -1,4 +1,5 @@
-// Reads a safetensors file for the tests that check zinf's exports and the PyTorch references.
+// Reads and writes safetensors files for the tests that check zinf's exports and imports and
+// the PyTorch references.
 // safetensors: an 8-byte little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the data.
 #ifndef ZINF_TESTS_TESTING_SAFETENSORS_H_
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zinf::testing {
@@ -58,6 +60,32 @@ inline SafeTensors ReadSafeTensors(const std::string& path) {
                          std::vector<char>(data.begin() + offsets[0], data.begin() + offsets[1])};
   }
   return out;
+}
+
+// Writes `tensors` (name, Tensor) in the given order, data back to back.
+inline void WriteSafeTensors(const std::string& path,
+                             const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", t.dtype},
+                    {"shape", t.shape},
+                    {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data.append(t.bytes.begin(), t.bytes.end());
+  }
+  const std::string text = header.dump();
+  const uint64_t n = text.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << text << data;
+  EXPECT_TRUE(out.good()) << "cannot write " << path;
+}
+
+// An F32 tensor of `values`.
+inline Tensor F32Tensor(const std::vector<float>& values, std::vector<int64_t> shape) {
+  Tensor t{"F32", std::move(shape), std::vector<char>(values.size() * 4)};
+  std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+  return t;
 }
 
 }  // namespace zinf::testing

@@ -231,6 +231,7 @@ TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {
     EXPECT_EQ(back->offload_param_device, c.offload_param_device);
     EXPECT_EQ(back->offload_optimizer_device, c.offload_optimizer_device);
     EXPECT_EQ(back->optimizer_nvme_ratio, c.optimizer_nvme_ratio);
+    EXPECT_EQ(back->gradients_on_nvme, c.gradients_on_nvme);
     EXPECT_EQ(back->bf16, c.bf16);
     EXPECT_EQ(back->fp16, c.fp16);
     EXPECT_EQ(back->micro_batch_size, 8);  // kept from the base

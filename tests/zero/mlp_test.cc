@@ -97,6 +97,7 @@ struct Placement {
   bool optimizer_nvme = false;
   bool params_nvme = false;
   uint64_t reduce_bucket_size = 500000000;  // elements; DeepSpeed's default
+  bool gradients_nvme = false;              // zinf.gradients_on_nvme
 };
 
 std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
@@ -114,7 +115,8 @@ std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
          ", \"gradient_clipping\": " + std::to_string(clipping) +
          ", \"fp16\": {\"enabled\": " + (fp16 ? "true" : "false") +
          ", \"hysteresis\": 1}, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, "
-         "\"weight_decay\": 0.01}}}";
+         "\"weight_decay\": 0.01}}, \"zinf\": {\"gradients_on_nvme\": " +
+         (placement.gradients_nvme ? "true" : "false") + "}}";
 }
 
 // One rank's training run; writes the initial and final model (rank 0 of its data-parallel
@@ -332,7 +334,8 @@ std::string Describe(const Case& c) {
   return "world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +
          std::to_string(c.accumulation) + (c.clipping > 0 ? "_clip" : "") +
          (c.placement.optimizer_nvme ? "_optnvme" : "") +
-         (c.placement.params_nvme ? "_paramnvme" : "");
+         (c.placement.params_nvme ? "_paramnvme" : "") +
+         (c.placement.gradients_nvme ? "_gradnvme" : "");
 }
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return Describe(info.param); }
 void PrintTo(const Case& c, std::ostream* os) { *os << Describe(c); }
@@ -344,7 +347,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, 1, 1, 0.05}, Case{1, 3, 1, 0, {true}}, Case{2, 3, 2, 0.05, {true}},
                       Case{4, 2, 1, 0, {true}}, Case{1, 3, 1, 0, {false, true}},
                       Case{2, 3, 2, 0, {false, true}}, Case{2, 3, 1, 0.05, {true, true}},
-                      Case{4, 3, 2, 0, {true, true}}),
+                      Case{4, 3, 2, 0, {true, true}},
+                      // Note [Gradients on NVMe]: one rank and several, with accumulation,
+                      // clipping and the parameters on NVMe too.
+                      Case{1, 3, 1, 0, {true, false, 500000000, true}},
+                      Case{1, 3, 2, 0.05, {true, true, 500000000, true}},
+                      Case{2, 3, 2, 0.05, {true, false, 500000000, true}},
+                      Case{4, 3, 1, 0, {true, true, 100, true}}),
     CaseName);
 
 // Note [Gradient buckets]: the bucket size changes when and how gradients are reduced, never

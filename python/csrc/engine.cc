@@ -1,0 +1,185 @@
+// zinf._zinf.Engine: the ZeRO engine (zinf/engine.h) for zinf.zero, which drives it from
+// nn.Module hooks. Gathered parameters and gradient buffers are handed out as writable
+// memoryviews over the engine's memory: valid until the module's Release (parameters) or
+// ReduceGradients (gradients). zinf.zero copies out of and into them and keeps no view
+// past those calls.
+//
+// Calls that may block on peers or on I/O (Initialize, Fetch, ReduceGradients, Step,
+// collectives, checkpoints) release the GIL.
+//
+// Thread-safety: one thread drives an Engine (zinf/engine.h).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "python/csrc/binding.h"
+#include "zinf/engine.h"
+
+namespace zinf::python {
+namespace {
+
+template <typename F>
+auto WithoutGil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
+py::list Views(const std::vector<float*>& data, const std::vector<uint64_t>& numel) {
+  py::list out;
+  for (size_t i = 0; i < data.size(); ++i) {
+    out.append(py::memoryview::from_memory(static_cast<void*>(data[i]),
+                                           static_cast<py::ssize_t>(numel[i] * sizeof(float)),
+                                           /*readonly=*/false));
+  }
+  return out;
+}
+
+class PyEngine {
+ public:
+  PyEngine(const std::string& config_json, int rank, int world_size, int optimizer_threads,
+           double timeout_s) {
+    EngineConfig config = ValueOrThrow(EngineConfig::FromJson(config_json));
+    EngineOptions options;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.optimizer_threads = optimizer_threads;
+    if (!(timeout_s > 0)) throw StatusError(InvalidArgument("timeout_s must be > 0"));
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    engine_ = ValueOrThrow(WithoutGil([&] { return Engine::Create(config, options); }));
+  }
+
+  int RegisterModule(const std::string& name,
+                     const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) {
+    std::vector<ParamSpec> specs;
+    std::vector<uint64_t> numel;
+    for (const auto& [pname, shape] : params) {
+      ParamSpec spec;
+      spec.name = pname;
+      spec.shape = shape;
+      // zinf.zero overwrites every value with the module's own (SetParameter).
+      spec.init = ParamInit::kZeros;
+      uint64_t n = 1;
+      for (int64_t d : shape) n *= d > 0 ? static_cast<uint64_t>(d) : 0;
+      numel.push_back(n);
+      specs.push_back(std::move(spec));
+    }
+    const int id = ValueOrThrow(engine_->RegisterModule(name, specs));
+    if (static_cast<size_t>(id) >= numel_.size()) numel_.resize(id + 1);
+    numel_[id] = std::move(numel);
+    return id;
+  }
+
+  void Initialize() {
+    ThrowIfError(WithoutGil([&] { return engine_->Initialize(); }));
+  }
+
+  py::list Fetch(int module) {
+    FetchedModule fetched = ValueOrThrow(WithoutGil([&] { return engine_->Fetch(module); }));
+    return Views(fetched.params, numel_.at(module));
+  }
+  void Release(int module) { ThrowIfError(engine_->Release(module)); }
+  py::list Gradients(int module) {
+    std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module));
+    return Views(grads, numel_.at(module));
+  }
+  void ReduceGradients(int module) {
+    ThrowIfError(WithoutGil([&] { return engine_->ReduceGradients(module); }));
+  }
+
+  py::dict Step() {
+    StepSummary s = ValueOrThrow(WithoutGil([&] { return engine_->Step(); }));
+    py::dict d;
+    d["step"] = s.step;
+    d["skipped"] = s.skipped;
+    d["grad_norm"] = s.grad_norm;
+    d["loss_scale"] = s.loss_scale;
+    d["clip_coefficient"] = s.clip_coefficient;
+    d["bytes_gathered"] = s.bytes_gathered;
+    d["bytes_reduce_scattered"] = s.bytes_reduce_scattered;
+    d["bytes_nvme_read"] = s.bytes_nvme_read;
+    d["bytes_nvme_written"] = s.bytes_nvme_written;
+    d["peak_live_parameters"] = s.peak_live_parameters;
+    d["seconds_gather"] = s.seconds_gather;
+    d["seconds_reduce"] = s.seconds_reduce;
+    d["seconds_optimizer"] = s.seconds_optimizer;
+    d["host_bytes"] = s.host_bytes;
+    d["nvme_bytes"] = s.nvme_bytes;
+    return d;
+  }
+
+  double MeanOverRanks(double value) {
+    return ValueOrThrow(WithoutGil([&] { return engine_->MeanOverRanks(value); }));
+  }
+  py::bytes GatherParameter(const std::string& name) {
+    std::vector<float> out;
+    ThrowIfError(WithoutGil([&] { return engine_->GatherParameter(name, &out); }));
+    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  }
+  py::bytes GatherGradient(const std::string& name) {
+    std::vector<float> out;
+    ThrowIfError(WithoutGil([&] { return engine_->GatherGradient(name, &out); }));
+    return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  }
+  void SetParameter(const std::string& name, uintptr_t values, uint64_t count) {
+    const float* data = static_cast<const float*>(Pointer(values, "values"));
+    ThrowIfError(engine_->SetParameter(name, data, count));
+  }
+  void SaveCheckpoint(const std::string& dir, const std::string& tag,
+                      const std::string& client_state) {
+    ThrowIfError(WithoutGil([&] { return engine_->SaveCheckpoint(dir, tag, client_state); }));
+  }
+  std::string LoadCheckpoint(const std::string& dir) {
+    return ValueOrThrow(WithoutGil([&] { return engine_->LoadCheckpoint(dir); }));
+  }
+
+  Engine& engine() { return *engine_; }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::vector<uint64_t>> numel_;  // per module id, per parameter
+};
+
+}  // namespace
+
+void BindEngine(py::module_& m) {
+  py::class_<PyEngine>(m, "Engine", "zinf's ZeRO engine (zinf.zero.initialize uses it)")
+      .def(py::init<const std::string&, int, int, int, double>(), py::arg("config_json"),
+           py::arg("rank") = -1, py::arg("world_size") = -1, py::arg("optimizer_threads") = 0,
+           py::arg("timeout_s") = 300.0)
+      .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"))
+      .def("initialize", &PyEngine::Initialize)
+      .def("fetch", &PyEngine::Fetch, py::arg("module"))
+      .def("release", &PyEngine::Release, py::arg("module"))
+      .def("gradients", &PyEngine::Gradients, py::arg("module"))
+      .def("reduce_gradients", &PyEngine::ReduceGradients, py::arg("module"))
+      .def("step", &PyEngine::Step)
+      .def("mean_over_ranks", &PyEngine::MeanOverRanks, py::arg("value"))
+      .def("gather_parameter", &PyEngine::GatherParameter, py::arg("name"))
+      .def("gather_gradient", &PyEngine::GatherGradient, py::arg("name"))
+      .def("set_parameter", &PyEngine::SetParameter, py::arg("name"), py::arg("values"),
+           py::arg("count"))
+      .def("save_checkpoint", &PyEngine::SaveCheckpoint, py::arg("dir"), py::arg("tag"),
+           py::arg("client_state") = "{}")
+      .def("load_checkpoint", &PyEngine::LoadCheckpoint, py::arg("dir"))
+      .def_property_readonly("rank", [](PyEngine& e) { return e.engine().rank(); })
+      .def_property_readonly("world_size", [](PyEngine& e) { return e.engine().world_size(); })
+      .def_property_readonly("local_rank", [](PyEngine& e) { return e.engine().local_rank(); })
+      .def_property_readonly("loss_scale", [](PyEngine& e) { return e.engine().loss_scale(); })
+      .def_property_readonly("learning_rate",
+                             [](PyEngine& e) { return e.engine().learning_rate(); })
+      .def("set_learning_rate",
+           [](PyEngine& e, double lr) { ThrowIfError(e.engine().SetLearningRate(lr)); })
+      .def_property_readonly("micro_batch_size",
+                             [](PyEngine& e) { return e.engine().config().micro_batch_size; })
+      .def_property_readonly("gradient_accumulation_steps", [](PyEngine& e) {
+        return e.engine().config().gradient_accumulation_steps;
+      });
+}
+
+}  // namespace zinf::python

@@ -1,0 +1,41 @@
+"""zinf for PyTorch trainers.
+
+- ``zinf.optim``: AdamW, Adam, Adagrad and Lion as ``torch.optim.Optimizer``s stepping CPU
+  fp32 parameters with zinf's vectorized, threaded kernels.
+- ``zinf.nvme``: ``SwapHandle``, asynchronous tensor reads and writes to NVMe swap files.
+- ``zinf.zero``: ``initialize(model, config)`` runs an ``nn.Module`` under zinf's ZeRO-3
+  engine (parameters sharded across ranks, on the CPU or on NVMe).
+- ``zinf.cuda``: PyTorch's pluggable CUDA allocator backed by zinf's device pool.
+
+Errors from zinf raise ``zinf.ZinfError`` subclasses named after the status code
+(``InvalidArgumentError`` is also a ``ValueError``, ``IoError`` an ``OSError``), with zinf's
+message.
+"""
+
+from zinf._zinf import (  # noqa: F401
+    CancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    IoError,
+    ResourceExhaustedError,
+    UnavailableError,
+    ZinfError,
+    supported_isas,
+)
+
+__all__ = [
+    "ZinfError", "InvalidArgumentError", "FailedPreconditionError", "ResourceExhaustedError",
+    "UnavailableError", "IoError", "DataLossError", "CancelledError", "DeadlineExceededError",
+    "InternalError", "supported_isas", "optim", "nvme", "zero", "cuda",
+]
+
+
+def __getattr__(name):
+    # The submodules import torch; load them on first use so that `import zinf` does not.
+    if name in ("optim", "nvme", "zero", "cuda"):
+        import importlib
+        return importlib.import_module("zinf." + name)
+    raise AttributeError(f"module 'zinf' has no attribute {name!r}")

@@ -1,0 +1,252 @@
+"""CPU optimizers on zinf's kernels: drop-in ``torch.optim`` replacements for CPU fp32 params.
+
+``AdamW``, ``Adam``, ``Adagrad`` and ``Lion`` are ``torch.optim.Optimizer`` subclasses: param
+groups, changing ``lr``/``betas``/``weight_decay`` in ``param_groups`` between steps, and
+``state_dict``/``load_state_dict`` (the state has torch's keys and tensors, so a state dict
+moves between ``torch.optim.AdamW`` and ``zinf.optim.AdamW`` both ways) work as in torch.
+
+``step()`` updates each parameter in one streaming pass with zinf's vectorized kernels (AVX-512,
+AVX2 or scalar, picked at run time) on oneTBB threads, with torch 1.13's formulas evaluated in
+fp32 (include/zinf/cpu_optimizer.h), instead of torch's several passes over memory.
+
+Options beyond torch's:
+- ``threads``: worker threads (0: every CPU this process may use).
+- ``isa``: "auto", "scalar", "avx2" or "avx512".
+- ``param_copy_dtype``: ``torch.bfloat16`` or ``torch.float16`` to have each step also write a
+  low-precision copy of the new parameters in the same pass; ``optimizer.param_copy(p)``
+  returns it (e.g. to upload to a GPU).
+- ``step(grad_scale=...)`` multiplies every gradient before use (1/loss_scale times a clip
+  coefficient) without a separate pass.
+
+Parameters must be contiguous CPU float32 tensors with dense gradients; anything else raises a
+ValueError naming the parameter. Not supported (a ValueError when set): amsgrad, maximize.
+"""
+
+import torch
+
+from zinf import _zinf
+from zinf._errors import check_cpu_tensor, dtype_name
+
+__all__ = ["AdamW", "Adam", "Adagrad", "Lion"]
+
+
+class _ZinfOptimizer(torch.optim.Optimizer):
+    _type = None          # "adamw", "adam", "adagrad", "lion"
+    _state_names = ()     # torch's names of the state tensors, in zinf's state0/state1 order
+
+    def __init__(self, params, defaults, threads=0, isa="auto", param_copy_dtype=None):
+        if param_copy_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"param_copy_dtype must be None, torch.bfloat16 or torch.float16, "
+                f"got {param_copy_dtype}")
+        super().__init__(params, defaults)
+        self._kernels = _zinf.CpuOptimizer(threads=threads, isa=isa)
+        self.param_copy_dtype = param_copy_dtype
+        self._param_copies = {}
+
+    @property
+    def isa(self):
+        """The kernel in use: "avx512", "avx2" or "scalar"."""
+        return self._kernels.isa
+
+    @property
+    def threads(self):
+        return self._kernels.threads
+
+    def param_copy(self, param):
+        """The low-precision copy of `param` that each step writes (param_copy_dtype)."""
+        if self.param_copy_dtype is None:
+            raise ValueError("this optimizer was made without param_copy_dtype")
+        copy = self._param_copies.get(param)
+        if copy is None:
+            copy = param.detach().to(self.param_copy_dtype)
+            self._param_copies[param] = copy
+        return copy
+
+    def _check_group(self, group):
+        if group.get("amsgrad", False):
+            raise ValueError(f"zinf.optim.{type(self).__name__} does not implement amsgrad")
+        if group.get("maximize", False):
+            raise ValueError(f"zinf.optim.{type(self).__name__} does not implement maximize")
+
+    def _init_state(self, p, group):
+        raise NotImplementedError
+
+    def _hyper_params(self, group):
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale=1.0):
+        """Performs one optimization step; returns the closure's loss when one is given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            self._check_group(group)
+            items, stepped = [], []
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                what = f"param_groups[{gi}]['params'][{pi}]"
+                check_cpu_tensor(p, what)
+                if p.grad.is_sparse:
+                    raise ValueError(f"{what} has a sparse gradient; zinf.optim needs dense ones")
+                check_cpu_tensor(p.grad, what + ".grad")
+                state = self.state[p]
+                if len(state) == 0:
+                    self._init_state(p, group)
+                elif not torch.is_tensor(state["step"]):  # a state dict with plain numbers
+                    state["step"] = torch.tensor(float(state["step"]))
+                arrays = [state[name] for name in self._state_names]
+                for name, a in zip(self._state_names, arrays):
+                    check_cpu_tensor(a, f"state of {what} ('{name}')")
+                    if a.numel() != p.numel():
+                        raise ValueError(f"state of {what} ('{name}') has {a.numel()} elements, "
+                                         f"the parameter {p.numel()}")
+                copy_ptr, copy_dtype = 0, "bfloat16"
+                if self.param_copy_dtype is not None:
+                    copy = self.param_copy(p)
+                    if copy.shape != p.shape:
+                        copy = torch.empty_like(p, dtype=self.param_copy_dtype)
+                        self._param_copies[p] = copy
+                    copy_ptr, copy_dtype = copy.data_ptr(), dtype_name(copy.dtype)
+                stepped.append(state["step"])
+                items.append((int(state["step"]) + 1, p.data_ptr(), p.grad.data_ptr(),
+                              dtype_name(p.grad.dtype), arrays[0].data_ptr(),
+                              arrays[1].data_ptr() if len(arrays) > 1 else 0,
+                              copy_ptr, copy_dtype, p.numel()))
+            if items:
+                hp = self._hyper_params(group)
+                self._kernels.apply(type=self._type, grad_scale=float(grad_scale), items=items,
+                                    **hp)
+                # Counted only once applied: a refused step (bad hyper-parameters) changes
+                # nothing, the step counts included.
+                for step in stepped:
+                    step += 1
+        return loss
+
+
+def _step_tensor():
+    # torch 1.13 keeps `step` as a float32 scalar tensor; so does zinf, for state_dict
+    # compatibility both ways.
+    return torch.zeros((), dtype=torch.float32)
+
+
+class _AdamBase(_ZinfOptimizer):
+    _state_names = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize,
+                 bias_correction, threads, isa, param_copy_dtype):
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if eps < 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameters: {betas}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, bias_correction=bias_correction)
+        super().__init__(params, defaults, threads, isa, param_copy_dtype)
+
+    def _init_state(self, p, group):
+        state = self.state[p]
+        state["step"] = _step_tensor()
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _hyper_params(self, group):
+        beta1, beta2 = group["betas"]
+        return dict(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
+                    eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
+                    bias_correction=bool(group.get("bias_correction", True)), lr_decay=0.0,
+                    initial_accumulator_value=0.0)
+
+
+class AdamW(_AdamBase):
+    """torch.optim.AdamW on zinf's kernels (decoupled weight decay). See the module docs."""
+    _type = "adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, bias_correction=True, threads=0, isa="auto",
+                 param_copy_dtype=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize,
+                         bias_correction, threads, isa, param_copy_dtype)
+
+
+class Adam(_AdamBase):
+    """torch.optim.Adam on zinf's kernels (L2 weight decay). See the module docs."""
+    _type = "adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, *, maximize=False, bias_correction=True, threads=0, isa="auto",
+                 param_copy_dtype=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize,
+                         bias_correction, threads, isa, param_copy_dtype)
+
+
+class Adagrad(_ZinfOptimizer):
+    """torch.optim.Adagrad on zinf's kernels. See the module docs."""
+    _type = "adagrad"
+    _state_names = ("sum",)
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+                 initial_accumulator_value=0.0, eps=1e-10, *, maximize=False, threads=0,
+                 isa="auto", param_copy_dtype=None):
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if lr_decay < 0.0:
+            raise ValueError(f"Invalid lr_decay value: {lr_decay}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if initial_accumulator_value < 0.0:
+            raise ValueError(f"Invalid initial_accumulator_value value: "
+                             f"{initial_accumulator_value}")
+        if eps < 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value, maximize=maximize)
+        super().__init__(params, defaults, threads, isa, param_copy_dtype)
+
+    def _init_state(self, p, group):
+        state = self.state[p]
+        state["step"] = _step_tensor()
+        state["sum"] = torch.full_like(p, group["initial_accumulator_value"],
+                                       memory_format=torch.contiguous_format)
+
+    def _hyper_params(self, group):
+        return dict(lr=float(group["lr"]), beta1=0.9, beta2=0.999, eps=float(group["eps"]),
+                    weight_decay=float(group["weight_decay"]), bias_correction=True,
+                    lr_decay=float(group["lr_decay"]),
+                    initial_accumulator_value=float(group["initial_accumulator_value"]))
+
+
+class Lion(_ZinfOptimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"):
+        p *= 1 - lr*wd;  p -= lr * sign(b1*m + (1-b1)*g);  m = b2*m + (1-b2)*g
+    with the paper's defaults. torch has no Lion; the state is "exp_avg"."""
+    _type = "lion"
+    _state_names = ("exp_avg",)
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, threads=0,
+                 isa="auto", param_copy_dtype=None):
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameters: {betas}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
+        super().__init__(params, defaults, threads, isa, param_copy_dtype)
+
+    def _init_state(self, p, group):
+        state = self.state[p]
+        state["step"] = _step_tensor()
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _hyper_params(self, group):
+        beta1, beta2 = group["betas"]
+        return dict(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=0.0,
+                    weight_decay=float(group["weight_decay"]), bias_correction=True,
+                    lr_decay=0.0, initial_accumulator_value=0.0)

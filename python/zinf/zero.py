@@ -1,0 +1,448 @@
+"""Run an ordinary ``nn.Module`` under zinf's ZeRO-3 engine.
+
+    engine = zinf.zero.initialize(model, "ds_config.json")     # or a dict
+    for batch in data:
+        loss = loss_fn(engine(batch.x), batch.y)
+        engine.backward(loss)    # loss.backward() with the fp16 loss scale
+        engine.step()            # after gradient_accumulation_steps micro-batches
+
+The config is DeepSpeed's (``zero_optimization.stage``, ``offload_param``,
+``offload_optimizer``, ``optimizer``, ``scheduler``, ``gradient_clipping``, ``bf16``/``fp16``,
+``aio``, ...); the optimizer is the engine's (fp32 master copy, zinf's CPU kernels), so no
+``torch.optim`` optimizer is used. Under ``zinf run -n N`` (or torchrun) each process is a
+data-parallel rank: parameters, gradients and optimizer state are sharded across them, and
+the optimizer sees the mean gradient over ranks, as one process training on the whole global
+batch.
+
+How the module runs (Note [Module hooks]):
+- At ``initialize`` every submodule with parameters of its own becomes an engine module; the
+  model's current values are handed to the engine (so every rank must start from the same
+  values: seed torch alike), and each parameter's ``data`` becomes a placeholder of its shape
+  that reads as NaN, so that a parameter used outside its module's forward shows as NaN
+  rather than as plausible numbers (register such uses with ``register_external_parameter``).
+- Forward pre-hook: ``Fetch`` the module's parameters (gathered from all ranks, from NVMe when
+  they live there) into tensors of its own; forward hook: ``Release`` them and put the
+  placeholders back.
+- Tensors autograd saves for backward that are parameters (or views of them) are replaced by
+  a reference (``torch.autograd.graph.saved_tensors_hooks``); backward fetches the module
+  again when it needs them, so no gathered parameter stays alive between forward and
+  backward.
+- Each parameter's gradient, once accumulated, goes into the engine's gradient buffer and the
+  module's buffers are reduce-scattered (``ReduceGradients``) when all its gradients are in;
+  ``param.grad`` is cleared. At the end of backward, modules that got no gradient are
+  reduced with zeros, as every module must be each micro-batch.
+- ``step()`` runs the engine's optimizer step.
+
+Parameters must be float32 CPU tensors (the engine's compute device is the host). Frozen
+parameters (requires_grad False) stay ordinary tensors, outside the engine.
+"""
+
+import json
+import math
+import os
+
+import torch
+
+from zinf import _zinf
+
+__all__ = ["initialize", "ZeroEngine", "register_external_parameter"]
+
+
+def initialize(model, config, *, optimizer_threads=0, timeout_s=300.0):
+    """Puts `model` under the ZeRO engine and returns the ZeroEngine that trains it.
+
+    config: a DeepSpeed config as a dict, a JSON string, or a path to a JSON file.
+    optimizer_threads: threads of the CPU optimizer (0: all this process may use).
+    timeout_s: how long a collective may make no progress before it fails (a dead rank).
+    Every rank must call it with the same model and config.
+    """
+    return ZeroEngine(model, config, optimizer_threads=optimizer_threads, timeout_s=timeout_s)
+
+
+def register_external_parameter(module, parameter):
+    """Declares that `module`'s forward uses `parameter`, which belongs to another module
+    (tied weights read directly, e.g. ``F.linear(x, self.wte.weight)``): the parameter is
+    fetched around `module`'s forward too."""
+    external = module.__dict__.setdefault("_zinf_external_parameters", [])
+    external.append(parameter)
+
+
+def _config_json(config):
+    if isinstance(config, dict):
+        return json.dumps(config)
+    if isinstance(config, (str, os.PathLike)):
+        text = os.fspath(config)
+        if text.lstrip().startswith("{"):
+            return text
+        with open(text) as f:
+            return f.read()
+    raise TypeError(f"config must be a dict, a JSON string or a path, got {type(config).__name__}")
+
+
+class _SavedParam:
+    """What saved_tensors_hooks keeps instead of a parameter (or a view of one)."""
+    __slots__ = ("slot", "offset", "size", "stride")
+
+    def __init__(self, slot, tensor):
+        self.slot = slot
+        self.offset = tensor.storage_offset()
+        self.size = tuple(tensor.shape)
+        self.stride = tuple(tensor.stride())
+
+
+class _Slot:
+    """One managed parameter: its engine module, its index there, its name and shape."""
+    __slots__ = ("param", "module_id", "index", "name", "shape", "numel")
+
+    def __init__(self, param, module_id, index, name):
+        self.param = param
+        self.module_id = module_id
+        self.index = index
+        self.name = name
+        self.shape = tuple(param.shape)
+        self.numel = param.numel()
+
+
+class ZeroEngine:
+    """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
+
+    def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.module = model
+        self._engine = _zinf.Engine(_config_json(config), optimizer_threads=optimizer_threads,
+                                    timeout_s=timeout_s)
+        self._slots = {}          # id(param) -> _Slot
+        self._module_slots = []   # module id -> [_Slot]
+        self._module_names = []
+        self._hook_handles = []
+        self._grad_accumulators = []
+        self._forward_refs = {}   # module id -> references of modules in forward
+        self._backward_params = {}  # module id -> fetched tensors for backward
+        self._grad_views = {}     # module id -> gradient buffers (torch views)
+        self._grads_pending = {}  # module id -> slots whose gradient has not come yet
+        self._reduced = set()     # module ids reduced this micro-batch
+        self._in_backward = False
+        self._saved_hooks = None  # saved_tensors_hooks of the forward in progress
+        self._register(model)
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _register(self, model):
+        for mname, sub in model.named_modules():
+            own = []
+            for pname, p in sub.named_parameters(recurse=False):
+                if not p.requires_grad or id(p) in self._slots:
+                    continue
+                if p.dtype != torch.float32 or p.device.type != "cpu":
+                    raise ValueError(f"parameter '{_join(mname, pname)}' is {p.dtype} on "
+                                     f"{p.device}; zinf.zero needs float32 CPU parameters")
+                own.append((_join(mname, pname), p))
+            if not own:
+                continue
+            mid = self._engine.register_module(
+                mname or "<root>", [(name, list(p.shape) or [1]) for name, p in own])
+            assert mid == len(self._module_slots)
+            slots = [_Slot(p, mid, i, name) for i, (name, p) in enumerate(own)]
+            for s in slots:
+                self._slots[id(s.param)] = s
+            self._module_slots.append(slots)
+            self._module_names.append(mname or "<root>")
+        if not self._module_slots:
+            raise ValueError("the model has no trainable parameters")
+        self._engine.initialize()
+        for slots in self._module_slots:
+            for s in slots:
+                values = s.param.detach().contiguous()
+                self._engine.set_parameter(s.name, values.data_ptr(), s.numel)
+                # The gradient accumulator of a leaf lives as long as something holds it, and
+                # its input shape is the parameter's shape now (before the placeholder).
+                acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_grad_hook(s))
+                self._grad_accumulators.append(acc)
+                s.param.data = self._placeholder(s)
+        for sub in model.modules():
+            mids = self._module_ids_of(sub)
+            if not mids:
+                continue
+            self._hook_handles.append(sub.register_forward_pre_hook(self._make_pre_hook(mids)))
+            self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
+        # The root's hooks wrap the whole forward (registered last, so the pre-hook runs after
+        # the root's own fetch and the post-hook after its release).
+        self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))
+        self._hook_handles.append(model.register_forward_hook(self._root_post_hook))
+
+    def _module_ids_of(self, sub):
+        params = list(sub.parameters(recurse=False))
+        params += sub.__dict__.get("_zinf_external_parameters", [])
+        mids = []
+        for p in params:
+            s = self._slots.get(id(p))
+            if s is not None and s.module_id not in mids:
+                mids.append(s.module_id)
+        return mids
+
+    @staticmethod
+    def _placeholder(slot):
+        # Full shape (p.shape stays true, autograd's metadata matches), one element of storage.
+        return torch.full((1,), math.nan).expand(slot.shape)
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.module(*args, **kwargs)
+        except BaseException:
+            self._recover()
+            raise
+
+    forward = __call__
+
+    def _root_pre_hook(self, *unused):
+        if self._saved_hooks is not None:
+            # A forward that raised when the model was called directly left its state behind.
+            self._recover()
+        self._in_backward = False
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks.__enter__()
+
+    def _root_post_hook(self, *unused):
+        hooks, self._saved_hooks = self._saved_hooks, None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    def _recover(self):
+        """Undoes what a forward that raised left: the saved-tensor hooks, fetched modules."""
+        self._root_post_hook()
+        for mid in list(self._forward_refs):
+            for s in self._module_slots[mid]:
+                s.param.data = self._placeholder(s)
+            try:
+                self._engine.release(mid)
+            except _zinf.ZinfError:
+                pass  # the engine's own error is what the caller sees
+        self._forward_refs.clear()
+
+    def _make_pre_hook(self, mids):
+        def pre_hook(module, inputs):
+            for mid in mids:
+                self._acquire(mid)
+        return pre_hook
+
+    def _make_post_hook(self, mids):
+        def post_hook(module, inputs, output):
+            for mid in mids:
+                self._drop(mid)
+        return post_hook
+
+    def _fetch_copy(self, mid):
+        """Fetches module `mid` and returns torch-owned copies of its parameters."""
+        views = self._engine.fetch(mid)
+        try:
+            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).clone().view(s.shape)
+                    for v, s in zip(views, self._module_slots[mid])]
+        except BaseException:
+            self._engine.release(mid)
+            raise
+
+    def _acquire(self, mid):
+        refs = self._forward_refs.get(mid, 0)
+        if refs == 0:
+            tensors = self._fetch_copy(mid)  # engine-fetched until _drop
+            for s, t in zip(self._module_slots[mid], tensors):
+                s.param.data = t
+        self._forward_refs[mid] = refs + 1
+
+    def _drop(self, mid):
+        refs = self._forward_refs[mid] - 1
+        self._forward_refs[mid] = refs
+        if refs == 0:
+            del self._forward_refs[mid]
+            for s in self._module_slots[mid]:
+                s.param.data = self._placeholder(s)
+            self._engine.release(mid)
+
+    # -- saved tensors ----------------------------------------------------------------------
+
+    def _pack(self, tensor):
+        if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+            ptr = _storage_ptr(tensor)
+            for mid in self._forward_refs:
+                for s in self._module_slots[mid]:
+                    if _storage_ptr(s.param.data) == ptr:
+                        return _SavedParam(s, tensor)
+        return tensor
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _SavedParam):
+            return saved
+        s = saved.slot
+        tensors = self._backward_params.get(s.module_id)
+        if tensors is None:
+            tensors = self._fetch_copy(s.module_id)
+            self._engine.release(s.module_id)
+            self._backward_params[s.module_id] = tensors
+        return tensors[s.index].as_strided(saved.size, saved.stride, saved.offset)
+
+    # -- backward ---------------------------------------------------------------------------
+
+    def backward(self, loss):
+        """loss.backward() with the loss multiplied by the engine's fp16 loss scale (1 without
+        fp16); the gradients go to the engine."""
+        scale = self._engine.loss_scale
+        (loss * scale if scale != 1.0 else loss).backward()
+
+    def _make_grad_hook(self, slot):
+        def grad_hook(*unused):
+            self._take_gradient(slot)
+        return grad_hook
+
+    def _take_gradient(self, s):
+        p = s.param
+        grad = p.grad
+        p.grad = None
+        if grad is None:
+            return
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        mid = s.module_id
+        if mid in self._reduced:
+            raise RuntimeError(f"a second gradient for '{s.name}' in one backward: call "
+                               f"backward once per micro-batch")
+        views = self._grad_views.get(mid)
+        if views is None:
+            views = [torch.frombuffer(v, dtype=torch.float32, count=t.numel)
+                     for v, t in zip(self._engine.gradients(mid), self._module_slots[mid])]
+            self._grad_views[mid] = views
+            self._grads_pending[mid] = {t.index for t in self._module_slots[mid]}
+        views[s.index].copy_(grad.reshape(-1))
+        pending = self._grads_pending[mid]
+        pending.discard(s.index)
+        if not pending:
+            self._reduce(mid)
+
+    def _reduce(self, mid):
+        self._grad_views.pop(mid, None)  # no view outlives the buffers
+        self._grads_pending.pop(mid, None)
+        self._backward_params.pop(mid, None)
+        self._engine.reduce_gradients(mid)
+        self._reduced.add(mid)
+
+    def _end_backward(self):
+        # Every module is reduced once per micro-batch; one that got no gradient (not used,
+        # or its output did not reach the loss) gives zeros, as torch's optimizers see None.
+        self._in_backward = False
+        self._backward_params.clear()
+        for mid in range(len(self._module_slots)):
+            if mid not in self._reduced:
+                if mid not in self._grad_views:
+                    self._engine.gradients(mid)
+                self._reduce(mid)
+        self._reduced.clear()
+
+    # -- step and the rest ------------------------------------------------------------------
+
+    def step(self):
+        """The engine's Step(): after gradient_accumulation_steps micro-batches it updates the
+        parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
+        return self._engine.step()
+
+    @property
+    def rank(self):
+        return self._engine.rank
+
+    @property
+    def world_size(self):
+        return self._engine.world_size
+
+    @property
+    def local_rank(self):
+        return self._engine.local_rank
+
+    @property
+    def loss_scale(self):
+        return self._engine.loss_scale
+
+    @property
+    def learning_rate(self):
+        return self._engine.learning_rate
+
+    def set_learning_rate(self, lr):
+        self._engine.set_learning_rate(float(lr))
+
+    @property
+    def micro_batch_size(self):
+        return self._engine.micro_batch_size
+
+    @property
+    def gradient_accumulation_steps(self):
+        return self._engine.gradient_accumulation_steps
+
+    def mean_over_ranks(self, value):
+        """The mean of a number over all ranks (a collective), e.g. the global batch's loss."""
+        return self._engine.mean_over_ranks(float(value))
+
+    def gather_parameters(self):
+        """{name: full fp32 tensor} of every managed parameter (a collective)."""
+        out = {}
+        for slots in self._module_slots:
+            for s in slots:
+                raw = self._engine.gather_parameter(s.name)
+                out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
+        return out
+
+    def gather_gradients(self):
+        """{name: full fp32 gradient} that the next step() would apply, before clipping: the
+        mean over ranks and micro-batches, loss scale removed (a collective; call it after the
+        batch's last backward)."""
+        out = {}
+        for slots in self._module_slots:
+            for s in slots:
+                raw = self._engine.gather_gradient(s.name)
+                out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
+        return out
+
+    def consolidated_state_dict(self):
+        """The model's state_dict with every managed parameter's full fp32 value (a collective:
+        every rank calls it), e.g. to save for plain PyTorch or to evaluate elsewhere."""
+        gathered = self.gather_parameters()
+        state = self.module.state_dict(keep_vars=False)
+        for name in list(state):
+            if name in gathered:
+                state[name] = gathered[name]
+        # Tied parameters appear under each name that refers to them.
+        for mname, sub in self.module.named_modules():
+            for pname, p in sub.named_parameters(recurse=False):
+                s = self._slots.get(id(p))
+                full = _join(mname, pname)
+                if s is not None and full in state:
+                    state[full] = gathered[s.name]
+        return state
+
+    def save_checkpoint(self, directory, tag, client_state=None):
+        """Saves what resuming needs (a collective); client_state: a JSON-able dict."""
+        self._engine.save_checkpoint(os.fspath(directory), str(tag),
+                                     json.dumps(client_state or {}))
+
+    def load_checkpoint(self, directory):
+        """Restores the latest checkpoint in `directory` (a collective); returns client_state."""
+        return json.loads(self._engine.load_checkpoint(os.fspath(directory)))
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+
+def _storage_ptr(tensor):
+    # untyped_storage from PyTorch 2.0 on (storage() then warns); storage() before.
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage().data_ptr()
+    return tensor.storage().data_ptr()
+
+
+def _join(prefix, name):
+    return f"{prefix}.{name}" if prefix else name

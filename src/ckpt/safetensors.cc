@@ -1,0 +1,245 @@
+// safetensors reading: see safetensors.h.
+#include "ckpt/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "cpu_optim/kernels.h"
+
+namespace zinf::ckpt {
+namespace {
+
+// The safetensors library refuses headers over 100 MB; so does zinf, before allocating one.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// The types safetensors defines that zinf does not read, to tell them from a typo.
+constexpr std::string_view kOtherSafetensorsTypes[] = {
+    "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+
+Status ReadAt(int fd, void* out, uint64_t bytes, uint64_t offset, const std::string& what) {
+  char* p = static_cast<char*>(out);
+  while (bytes > 0) {
+    const ssize_t n = pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, "reading " + what);
+    if (n == 0) return DataLoss(fmt::format("{}: the file ends early", what));
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<SafetensorsTensor>> Parse(std::string_view json, uint64_t data_bytes,
+                                               std::string_view source) {
+  const nlohmann::ordered_json header =
+      nlohmann::ordered_json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded()) {
+    return DataLoss(fmt::format("{}: the header is not valid JSON", source));
+  }
+  if (!header.is_object())
+    return DataLoss(fmt::format("{}: the header is not a JSON object", source));
+  std::vector<SafetensorsTensor> tensors;
+  for (auto item = header.begin(); item != header.end(); ++item) {
+    // Not a structured binding: clang 14 (the fuzz build's) cannot capture one in a lambda.
+    const std::string& name = item.key();
+    const nlohmann::ordered_json& entry = item.value();
+    if (name == "__metadata__") continue;
+    auto bad = [&](const std::string& what) {
+      return DataLoss(fmt::format("{}: tensor '{}': {}", source, name, what));
+    };
+    if (!entry.is_object()) return bad("not a JSON object");
+    SafetensorsTensor t;
+    t.name = name;
+    auto dtype = entry.find("dtype");
+    if (dtype == entry.end() || !dtype->is_string()) return bad("no string \"dtype\"");
+    const std::string type = dtype->get<std::string>();
+    if (type == "F32") {
+      t.dtype = ElementType::kFp32;
+    } else if (type == "BF16") {
+      t.dtype = ElementType::kBf16;
+    } else if (type == "F16") {
+      t.dtype = ElementType::kFp16;
+    } else {
+      const bool known =
+          std::find(std::begin(kOtherSafetensorsTypes), std::end(kOtherSafetensorsTypes), type) !=
+          std::end(kOtherSafetensorsTypes);
+      return InvalidArgument(
+          fmt::format("{}: tensor '{}' has dtype '{}', {}; zinf reads F32, BF16 and F16", source,
+                      name, type.substr(0, 40),
+                      known ? "which zinf does not read" : "which safetensors does not define"));
+    }
+    auto shape = entry.find("shape");
+    if (shape == entry.end() || !shape->is_array()) return bad("no \"shape\" array");
+    t.numel = 1;
+    for (const auto& d : *shape) {
+      if (!d.is_number_unsigned()) {
+        return bad(fmt::format("shape {} is not a list of non-negative integers",
+                               shape->dump().substr(0, 80)));
+      }
+      const uint64_t n = d.get<uint64_t>();
+      if (n > uint64_t{INT64_MAX} || __builtin_mul_overflow(t.numel, n, &t.numel)) {
+        return bad(fmt::format("shape {} overflows 64 bits", shape->dump().substr(0, 80)));
+      }
+      t.shape.push_back(static_cast<int64_t>(n));
+    }
+    auto offsets = entry.find("data_offsets");
+    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 ||
+        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
+      return bad("no \"data_offsets\" pair of non-negative integers");
+    }
+    t.begin = (*offsets)[0].get<uint64_t>();
+    t.end = (*offsets)[1].get<uint64_t>();
+    if (t.begin > t.end || t.end > data_bytes) {
+      return bad(fmt::format("data_offsets [{}, {}) are not within the {} bytes of data", t.begin,
+                             t.end, data_bytes));
+    }
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(t.numel, ElementSize(t.dtype), &bytes) || bytes != t.end - t.begin) {
+      return bad(fmt::format("shape {} of {} needs {} bytes, data_offsets span {}",
+                             shape->dump().substr(0, 80), type, bytes, t.end - t.begin));
+    }
+    tensors.push_back(std::move(t));
+  }
+  // Overlapping tensors would alias each other's bytes: a corrupt or hostile header.
+  std::vector<const SafetensorsTensor*> by_offset;
+  for (const SafetensorsTensor& t : tensors) {
+    if (t.end > t.begin) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      return DataLoss(fmt::format("{}: tensors '{}' and '{}' overlap in the data", source,
+                                  by_offset[i - 1]->name, by_offset[i]->name));
+    }
+  }
+  return tensors;
+}
+
+}  // namespace
+
+std::string_view SafetensorsDtypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kFp32:
+      return "F32";
+    case ElementType::kBf16:
+      return "BF16";
+    case ElementType::kFp16:
+      return "F16";
+    default:
+      return "";
+  }
+}
+
+StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(std::string_view json,
+                                                                uint64_t data_bytes,
+                                                                std::string_view source) {
+  try {
+    return Parse(json, data_bytes, source);
+  } catch (const std::exception& e) {  // nlohmann on a type it did not expect: a bug here
+    return Internal(
+        fmt::format("{}: parsing the header: unexpected exception: {}", source, e.what()));
+  }
+}
+
+StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  SafetensorsReader r;
+  r.path_ = path;
+  r.fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r.fd_ < 0) return ErrnoStatus(errno, "opening " + path);
+  struct stat st {};
+  if (fstat(r.fd_, &st) != 0) return ErrnoStatus(errno, "stat of " + path);
+  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + " is not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    return DataLoss(
+        fmt::format("{}: {} bytes is too short for a safetensors file (an 8-byte "
+                    "header length, then the header)",
+                    path, size));
+  }
+  uint64_t header_bytes = 0;
+  static_assert(std::endian::native == std::endian::little);
+  ZINF_RETURN_IF_ERROR(ReadAt(r.fd_, &header_bytes, 8, 0, path));
+  if (header_bytes > size - 8) {
+    return DataLoss(
+        fmt::format("{}: the header length {} goes past the end of the file ({} "
+                    "bytes): truncated, or not a safetensors file",
+                    path, header_bytes, size));
+  }
+  if (header_bytes > kMaxHeaderBytes) {
+    return DataLoss(fmt::format("{}: the header length {} is over the {} bytes safetensors allows",
+                                path, header_bytes, kMaxHeaderBytes));
+  }
+  std::string header(header_bytes, '\0');
+  ZINF_RETURN_IF_ERROR(ReadAt(r.fd_, header.data(), header_bytes, 8, path));
+  r.data_offset_ = 8 + header_bytes;
+  ZINF_ASSIGN_OR_RETURN(r.tensors_, ParseSafetensorsHeader(header, size - r.data_offset_, path));
+  return r;
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      data_offset_(o.data_offset_),
+      tensors_(std::move(o.tensors_)) {}
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    data_offset_ = o.data_offset_;
+    tensors_ = std::move(o.tensors_);
+  }
+  return *this;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) close(fd_);
+}
+
+const SafetensorsTensor* SafetensorsReader::Find(std::string_view name) const {
+  for (const SafetensorsTensor& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Status SafetensorsReader::ReadFp32(const SafetensorsTensor& t, float* out) const {
+  return ReadFp32(t, 0, t.numel, out);
+}
+
+Status SafetensorsReader::ReadFp32(const SafetensorsTensor& t, uint64_t first, uint64_t count,
+                                   float* out) const {
+  const std::string what = fmt::format("{}: tensor '{}'", path_, t.name);
+  if (first > t.numel || count > t.numel - first) {
+    return InvalidArgument(fmt::format("{}: elements [{}, {} + {}) are past its {} elements", what,
+                                       first, first, count, t.numel));
+  }
+  const uint64_t at = data_offset_ + t.begin + first * ElementSize(t.dtype);
+  if (t.dtype == ElementType::kFp32) return ReadAt(fd_, out, count * 4, at, what);
+  // 16-bit values: read in pieces into a small buffer and widen.
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<uint16_t> half(std::min<uint64_t>(count, kPiece));
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min<uint64_t>(kPiece, count - done);
+    ZINF_RETURN_IF_ERROR(ReadAt(fd_, half.data(), n * 2, at + done * 2, what));
+    for (uint64_t i = 0; i < n; ++i) {
+      out[done + i] = t.dtype == ElementType::kBf16 ? cpu_optim::Bf16ToFloat(half[i])
+                                                    : cpu_optim::Fp16ToFloat(half[i]);
+    }
+    done += n;
+  }
+  return OkStatus();
+}
+
+}  // namespace zinf::ckpt

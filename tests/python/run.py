@@ -1,0 +1,44 @@
+"""Runs one test module of tests/python with unittest, as a CTest test.
+
+Exit codes: 0 passed, 1 failed, 77 skipped (CTest's SKIP_RETURN_CODE): the Python package was not
+built, PyTorch is missing for this interpreter, or every test in the module skipped; the
+reason is printed.
+Usage: run.py MODULE (e.g. test_optim), with PYTHONPATH holding the built package.
+"""
+
+import os
+import sys
+import unittest
+
+SKIP = 77
+
+
+def main():
+    name = sys.argv[1]
+    reason = os.environ.get("ZINF_PYTHON_SKIP_REASON")
+    if reason:
+        print(f"SKIPPED: the zinf Python package was not built: {reason}")
+        return SKIP
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print(f"SKIPPED: PyTorch is not installed for {sys.executable} ({e}); "
+              f"on Debian: apt-get install python3-torch")
+        return SKIP
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    suite = unittest.defaultTestLoader.loadTestsFromName(name)
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    if not result.wasSuccessful():
+        return 1
+    if result.testsRun == 0:
+        print(f"FAILED: {name} holds no tests")
+        return 1
+    if len(result.skipped) == result.testsRun:
+        for test, why in result.skipped:
+            print(f"SKIPPED: {test.id()}: {why}")
+        return SKIP
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
