@@ -21,6 +21,7 @@
 #include "core/units.h"
 #include "tools/commands.h"
 #include "tools/plan_model.h"
+#include "tools/plot.h"
 #include "zinf/cpu_info.h"
 
 namespace zinf::tools {
@@ -38,6 +39,7 @@ struct PlanArgs {
   std::string memory, gpu_memory, nvme_free;
   std::string nvme_path;
   std::string write_config;
+  std::string plot;  // PNG; empty: none
   bool json = false;
 };
 
@@ -100,6 +102,10 @@ Status RunPlan(const PlanArgs& args) {
   }
   if (args.world_size < 1) {
     return InvalidArgument(fmt::format("--world-size must be >= 1, got {}", args.world_size));
+  }
+  if (!args.plot.empty()) {
+    if (args.profile.empty()) return InvalidArgument("--plot needs --profile: it plots times");
+    ZINF_RETURN_IF_ERROR(CheckPlotOutput(args.plot));
   }
   plan::ModelSpec model;
   EngineConfig base;
@@ -226,9 +232,10 @@ Status RunPlan(const PlanArgs& args) {
     fmt::print(
         "  bytes per rank at the peak of a step: device tier, host arrays and pools, the "
         "trainer's activations; gradients accumulate in host memory unless \"grads nvme\"\n");
-    fmt::print("\n  {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
-               "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute",
-               "gather", "reduce", "optim", "nvme");
+    fmt::print(
+        "\n  {:>3} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "#", "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute", "gather",
+        "reduce", "optim", "nvme");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       const plan::MemoryEstimate& m = r.estimate.memory;
@@ -238,8 +245,8 @@ Status RunPlan(const PlanArgs& args) {
                                      Seconds(t.compute), Seconds(t.gather), Seconds(t.reduce),
                                      Seconds(t.optimizer), Seconds(t.nvme))
                        : "";
-      fmt::print("{} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {}\n",
-                 static_cast<int>(i) == best ? "*" : " ", plan::PlacementName(r.config),
+      fmt::print("{} {:>3} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {}\n",
+                 static_cast<int>(i) == best ? "*" : " ", i + 1, plan::PlacementName(r.config),
                  FormatBytes(m.peak_device), FormatBytes(m.peak_host), FormatBytes(m.activations),
                  FormatBytes(m.nvme), r.estimate.fits ? "yes" : "no", times);
     }
@@ -255,6 +262,51 @@ Status RunPlan(const PlanArgs& args) {
     } else if (have_profile) {
       fmt::print("\nno placement fits this machine\n");
     }
+  }
+
+  if (!args.plot.empty()) {
+    // x: the table's row number (placements in its order).
+    PlotPanel time{.title = "predicted step time by placement (x: the table's row)",
+                   .x_label = "placement (row)",
+                   .y_label = "seconds per step",
+                   .log_y = true};
+    PlotPanel bytes{
+        .title = "bytes per rank at the peak", .x_label = "placement (row)", .y_label = "GiB"};
+    auto series = [&](const char* title, auto value, bool only_fitting) {
+      PlotSeries out{.title = title};
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const double v = value(rows[i].estimate);
+        if ((only_fitting && !rows[i].estimate.fits) || !(v > 0)) continue;
+        out.x.push_back(static_cast<double>(i + 1));
+        out.y.push_back(v);
+      }
+      return out;
+    };
+    for (auto& s :
+         {series(
+              "step (fits)", [](const plan::Estimate& e) { return e.time.step; }, true),
+          series(
+              "step (does not fit)",
+              [](const plan::Estimate& e) { return e.fits ? 0.0 : e.time.step; }, false),
+          series(
+              "compute", [](const plan::Estimate& e) { return e.time.compute; }, false),
+          series(
+              "NVMe", [](const plan::Estimate& e) { return e.time.nvme; }, false),
+          series(
+              "optimizer", [](const plan::Estimate& e) { return e.time.optimizer; }, false)}) {
+      if (!s.x.empty()) time.series.push_back(s);
+    }
+    constexpr double kGiBd = double(uint64_t{1} << 30);
+    bytes.series.push_back(series(
+        "device", [&](const plan::Estimate& e) { return e.memory.peak_device / kGiBd; }, false));
+    bytes.series.push_back(series(
+        "host", [&](const plan::Estimate& e) { return e.memory.peak_host / kGiBd; }, false));
+    PlotSeries nvme = series(
+        "NVMe", [&](const plan::Estimate& e) { return e.memory.nvme / kGiBd; }, false);
+    if (!nvme.x.empty()) bytes.series.push_back(nvme);
+    Figure figure{.title = model.description, .panels = {time, bytes}};
+    ZINF_RETURN_IF_ERROR(WritePlot(figure, args.plot));
+    if (!args.json) fmt::print("wrote {}\n", args.plot);
   }
 
   if (!args.write_config.empty()) {
@@ -300,6 +352,9 @@ void AddPlanCommand(CLI::App& app) {
                   "nvme_path of the written config (default: the profile's first path)");
   cmd->add_option("--write-config", args->write_config,
                   "Write the fastest placement that fits as a DeepSpeed config");
+  cmd->add_option("--plot", args->plot,
+                  "PNG of the predicted step times and bytes per placement (gnuplot; x: the "
+                  "table's row)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args] {
     Status s = RunPlan(*args);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -176,6 +177,27 @@ TEST_F(ZinfPlanTest, BadInputIsRefusedByName) {
   // --write-config without a profile.
   r = RunZinf("plan --params 1B --write-config " + dir_ + "/x.json");
   EXPECT_NE(r.output.find("--write-config needs --profile"), std::string::npos) << r.output;
+}
+
+TEST_F(ZinfPlanTest, PlotsTheTimesAndBytes) {
+  ASSERT_EQ(profile_run_.exit_code, 0) << profile_run_.output;
+  testing::ZinfRun r =
+      RunZinf("plan --model " + Config("gpt/configs/demo.json") + " --plot " + dir_ + "/plan.png");
+  EXPECT_NE(r.output.find("--plot needs --profile"), std::string::npos) << r.output;
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0 && std::getenv("ZINF_GNUPLOT") == nullptr) {
+    GTEST_SKIP() << "no gnuplot on this machine";
+  }
+  r = RunZinf("plan --model " + Config("gpt/configs/demo.json") + " --profile " + profile_ +
+              " --plot " + dir_ + "/plan.png");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string png = Slurp(dir_ + "/plan.png");
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  // An unwritable place fails before anything is computed.
+  r = RunZinf("plan --model " + Config("gpt/configs/demo.json") + " --profile " + profile_ +
+              " --plot " + dir_ + "/no/such/dir/plan.png");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no/such/dir"), std::string::npos) << r.output;
 }
 
 TEST_F(ZinfPlanTest, SizesWithoutAProfile) {
