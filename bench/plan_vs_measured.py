@@ -131,9 +131,11 @@ def main():
 
     def reprofile():
         path = os.path.join(a.nvme, "profile.json")
-        subprocess.run([ZINF, "bench", "profile", "--path", a.nvme, "--out", path] +
-                       (["--quick"] if a.quick_profile else []), check=True,
-                       stderr=subprocess.DEVNULL)
+        cmd = [ZINF, "bench", "profile", "--path", a.nvme, "--out", path]
+        p = subprocess.run(cmd + (["--quick"] if a.quick_profile else []), capture_output=True,
+                           text=True)
+        if p.returncode != 0:
+            sys.exit("failed: %s\n%s" % (" ".join(cmd), p.stderr[-3000:]))
         return path
     print("| case | ranks | placement | predicted step (compute / gather / reduce / optimizer / "
           "NVMe) | measured step (median; runs) | measured / predicted (medians; paired runs' "

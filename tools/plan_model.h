@@ -45,10 +45,13 @@
 //  - optimizer: the CPU update of the rank's shard at the profile's rate, plus writing the
 //    parameter tier.
 //  - nvme: the optimizer's pass over NVMe-resident state (12 bytes per element read and
-//    written, plus the parameter read-back or the parameter tier's write), at the profile's
-//    read and write bandwidths one after the other (one disk), overlapped with the update.
-// The step is compute + exposed gather + reduce + max(optimizer update, nvme) + the
-// parameter tier's write. It knows nothing of the machine's other load beyond what the
+//    written; with the gradients on NVMe their 4 bytes written each micro-batch and read back),
+//    at the profile's read and write bandwidths one after the other (one disk), overlapped with
+//    the update and, with zinf.overlap_optimizer (the default), with the last micro-batch's
+//    backward; and the parameter tier's write-back when it lives on NVMe.
+// The step is compute + exposed gather + reduce + what of max(optimizer update, nvme pass)
+// the last backward does not hide + the parameter tier's write. zinf.delayed_param_update is
+// not modelled (its update hides behind the next batch). It knows nothing of the machine's other load beyond what the
 // profile measured; bench/RESULTS.md compares it with measured steps.
 //
 // Thread-safety: plain functions over values.
