@@ -116,13 +116,7 @@ TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
     ExpectNear(est->memory.steady_host(), measured->host_bytes, 0.10, "host bytes");
     ExpectNear(est->memory.nvme, measured->nvme_bytes, 0.10, "NVMe bytes");
     ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
-    // With a host master and part of the optimizer state in memory, StepSummary counts the
-    // parameters' read-back as 12 bytes for every element of the shard, on NVMe or not
-    // (Engine::Impl::NvmeStep); the plan counts the bytes the disk reads.
-    const bool host_master = c.offload_param_device != OffloadDevice::kNvme;
-    if (!(host_master && c.optimizer_nvme_ratio < 1)) {
-      ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, 0.15, "NVMe read");
-    }
+    ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, 0.10, "NVMe read");
     ExpectNear(est->time.bytes_gathered, measured->bytes_gathered, 0.10, "bytes gathered");
     // The peak bounds what the engine holds between steps.
     EXPECT_GE(est->memory.peak_device + est->memory.peak_host, measured->host_bytes);
