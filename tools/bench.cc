@@ -10,6 +10,7 @@ void AddBenchCommands(CLI::App& bench) {
   AddBenchAdamCommand(bench);
   AddBenchOptimizerStepCommand(bench);
   AddBenchPcieCommand(bench);
+  AddBenchProfileCommand(bench);
 }
 
 }  // namespace zinf::tools

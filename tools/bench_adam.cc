@@ -26,6 +26,7 @@
 #include "cpu_optim/dispatch.h"
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/parallel.h"
+#include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "tools/plot.h"
@@ -48,7 +49,8 @@ struct AdamArgs {
   size_t prefetch_bytes = 1024;
   int reps = 7;
   bool json = false;
-  std::string plot;  // PNG file; empty: none
+  std::string plot;    // PNG file; empty: none
+  bool quiet = false;  // print nothing (MeasureAdamRate)
 };
 
 // One configuration's figures, for the plot.
@@ -190,7 +192,7 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
   };
 
   const CpuInfo& cpu = GetCpuInfo();
-  if (!args.json) {
+  if (!args.json && !args.quiet) {
     fmt::print(
         "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
         OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param), opt->threads(),
@@ -235,7 +237,9 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
   std::vector<double> step_gbps;
   for (double s : step_s) step_gbps.push_back(bytes / s / 1e9);
 
-  if (args.json) {
+  if (args.quiet) {
+    // The figures only.
+  } else if (args.json) {
     nlohmann::json out = {
         {"bench", "adam"},
         {"optimizer", OptimizerTypeName(hp.type)},
@@ -360,6 +364,14 @@ Status RunBenchAdam(const AdamArgs& args) {
 }
 
 }  // namespace
+
+StatusOr<AdamFigures> MeasureAdamRate(uint64_t params, int threads, int reps) {
+  AdamArgs args;
+  args.reps = reps;
+  args.quiet = true;
+  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, params, threads));
+  return AdamFigures{r.threads, r.params_per_s, r.limit_gbps};
+}
 
 void AddBenchAdamCommand(CLI::App& bench) {
   auto args = std::make_shared<AdamArgs>();

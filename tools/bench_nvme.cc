@@ -37,9 +37,11 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
+#include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "tools/plot.h"
+#include "zinf/engine.h"
 #include "zinf/host_memory.h"
 
 namespace zinf::tools {
@@ -499,6 +501,67 @@ Status RunBenchNvme(const NvmeArgs& args) {
 }
 
 }  // namespace
+
+StatusOr<NvmeFigures> MeasureNvmeDefaults(const std::vector<std::string>& paths,
+                                          uint64_t size_bytes, int reps) {
+  if (paths.empty()) return InvalidArgument("no NVMe path to measure");
+  if (reps < 1) return InvalidArgument(fmt::format("reps must be >= 1, got {}", reps));
+  for (const std::string& p : paths) {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return InvalidArgument(fmt::format("--path {} is not an existing directory", p));
+    }
+  }
+  NvmeArgs args;  // the engine's defaults, as `zinf bench nvme` without flags
+  args.paths = paths;
+  args.checksum = EngineConfig().nvme_checksum;
+  AioOptions defaults;
+  Config c;
+  c.size = std::max<uint64_t>(size_bytes, defaults.block_size);
+  c.block = defaults.block_size;
+  c.qd = defaults.queue_depth;
+  c.threads = defaults.thread_count;
+  std::vector<double> w, r;
+  for (int i = 0; i < reps; ++i) {
+    ZINF_ASSIGN_OR_RETURN(Pair p, RunZinf(args, c));
+    w.push_back(p.write_MBps);
+    r.push_back(p.read_MBps);
+  }
+  return NvmeFigures{Median(w), Median(r)};
+}
+
+StatusOr<NvmeLatency> MeasureNvmeLatency(const std::vector<std::string>& paths,
+                                         uint64_t request_bytes, int requests) {
+  if (paths.empty()) return InvalidArgument("no NVMe path to measure");
+  if (requests < 1) return InvalidArgument(fmt::format("requests must be >= 1, got {}", requests));
+  SwapStoreOptions o;  // the engine's defaults
+  o.paths = paths;
+  o.capacity_bytes = std::max<uint64_t>(8 * kMiB, 2 * request_bytes);
+  o.checksum = EngineConfig().nvme_checksum;
+  ZINF_ASSIGN_OR_RETURN(auto store, SwapStore::Open(o));
+  const uint64_t bytes = AlignUp(request_bytes, kDirectIoAlignment);
+  ZINF_ASSIGN_OR_RETURN(HostBuffer buffer, HostBuffer::Allocate(bytes));
+  std::memset(buffer.data(), 7, bytes);
+  ZINF_ASSIGN_OR_RETURN(SwapExtent extent, store->Allocate(bytes, "latency"));
+  IoWaiter waiter;
+  std::vector<double> writes, reads;
+  for (int i = 0; i < requests + 2; ++i) {  // two to warm up
+    auto t0 = std::chrono::steady_clock::now();
+    waiter.Add();
+    store->WriteAsync(extent, buffer.data(), waiter.Callback());
+    ZINF_RETURN_IF_ERROR(waiter.Wait());
+    auto t1 = std::chrono::steady_clock::now();
+    waiter.Add();
+    store->ReadAsync(extent, buffer.data(), waiter.Callback());
+    ZINF_RETURN_IF_ERROR(waiter.Wait());
+    auto t2 = std::chrono::steady_clock::now();
+    if (i >= 2) {
+      writes.push_back(Seconds(t0, t1));
+      reads.push_back(Seconds(t1, t2));
+    }
+  }
+  return NvmeLatency{Median(writes) * 1e6, Median(reads) * 1e6};
+}
 
 void AddBenchNvmeCommand(CLI::App& bench) {
   auto args = std::make_shared<NvmeArgs>();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/units.h"
+#include "tools/bench_measure.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/device.h"
@@ -49,6 +50,27 @@ StatusOr<std::unique_ptr<Device>> OpenHostDevice(const PcieArgs& args, uint64_t 
   }
   *link_bytes_per_second = options.link_bytes_per_second;
   return CreateHostDevice(options);
+}
+
+// The median GB/s of `reps` timed batches (after one that warms up) of `copies` copies of
+// `size` bytes: mode 0 host to device, 1 device to host, 2 both at once on two streams.
+StatusOr<double> CopyGBps(Stream& h2d, Stream& d2h, void* up, void* down, void* dev_up,
+                          void* dev_down, uint64_t size, int copies, int mode, int reps) {
+  std::vector<double> runs;
+  for (int r = 0; r < reps + 1; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < copies; ++i) {
+      if (mode != 1) ZINF_RETURN_IF_ERROR(h2d.Copy(dev_up, up, size, CopyKind::kHostToDevice));
+      if (mode != 0) ZINF_RETURN_IF_ERROR(d2h.Copy(down, dev_down, size, CopyKind::kDeviceToHost));
+    }
+    ZINF_RETURN_IF_ERROR(h2d.Synchronize());
+    ZINF_RETURN_IF_ERROR(d2h.Synchronize());
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double bytes = static_cast<double>(size) * copies * (mode == 2 ? 2 : 1);
+    if (r > 0) runs.push_back(bytes / s / 1e9);
+  }
+  return Median(runs);
 }
 
 Status RunPcie(const PcieArgs& args) {
@@ -125,23 +147,8 @@ Status RunPcie(const PcieArgs& args) {
       // mode 0: H2D only, 1: D2H only, 2: both at once.
       double gbps[3];
       for (int mode = 0; mode < 3; ++mode) {
-        std::vector<double> runs;
-        for (int r = 0; r < args.reps + 1; ++r) {  // the first batch warms up
-          const auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < copies; ++i) {
-            if (mode != 1)
-              ZINF_RETURN_IF_ERROR(h2d->Copy(dev_up.data(), up, size, CopyKind::kHostToDevice));
-            if (mode != 0)
-              ZINF_RETURN_IF_ERROR(d2h->Copy(down, dev_down.data(), size, CopyKind::kDeviceToHost));
-          }
-          ZINF_RETURN_IF_ERROR(h2d->Synchronize());
-          ZINF_RETURN_IF_ERROR(d2h->Synchronize());
-          const double s =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          const double bytes = static_cast<double>(size) * copies * (mode == 2 ? 2 : 1);
-          if (r > 0) runs.push_back(bytes / s / 1e9);
-        }
-        gbps[mode] = Median(runs);
+        ZINF_ASSIGN_OR_RETURN(gbps[mode], CopyGBps(*h2d, *d2h, up, down, dev_up.data(),
+                                                   dev_down.data(), size, copies, mode, args.reps));
       }
       nlohmann::json row = {{"size_bytes", size},
                             {"memory", memory_name(pinned)},
@@ -170,6 +177,44 @@ Status RunPcie(const PcieArgs& args) {
 }
 
 }  // namespace
+
+StatusOr<LinkFigures> MeasureLink(uint64_t size_bytes, int reps) {
+  if (size_bytes == 0 || reps < 1) return InvalidArgument("MeasureLink: size and reps must be > 0");
+  LinkFigures f;
+  std::unique_ptr<Device> device;
+  StatusOr<std::unique_ptr<Device>> cuda = CreateCudaDevice(CudaDeviceOptions());
+  if (cuda.ok()) {
+    device = std::move(*cuda);
+    f.gpu = true;
+  } else {
+    PcieArgs args;
+    args.host = true;
+    uint64_t link = 0;
+    ZINF_ASSIGN_OR_RETURN(device, OpenHostDevice(args, size_bytes, &link));
+    f.model_GBps = static_cast<double>(link) / 1e9;
+  }
+  f.device = device->name();
+  ZINF_ASSIGN_OR_RETURN(HostBuffer up, device->AllocateHost(size_bytes));
+  ZINF_ASSIGN_OR_RETURN(HostBuffer down, device->AllocateHost(size_bytes));
+  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_up, device->Allocate(size_bytes));
+  ZINF_ASSIGN_OR_RETURN(DeviceBuffer dev_down, device->Allocate(size_bytes));
+  std::memset(up.data(), 1, size_bytes);
+  std::memset(down.data(), 1, size_bytes);
+  if (!f.gpu) {
+    std::memset(dev_up.data(), 1, size_bytes);
+    std::memset(dev_down.data(), 1, size_bytes);
+  }
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stream> h2d, device->CreateStream());
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stream> d2h, device->CreateStream());
+  const uint64_t link = static_cast<uint64_t>(f.model_GBps * 1e9);
+  const uint64_t batch = link > 0 ? std::min<uint64_t>(kGiB, link / 4) : 256 * kMiB;
+  const int copies = static_cast<int>(std::max<uint64_t>(4, batch / size_bytes));
+  ZINF_ASSIGN_OR_RETURN(f.h2d_GBps, CopyGBps(*h2d, *d2h, up.data(), down.data(), dev_up.data(),
+                                             dev_down.data(), size_bytes, copies, 0, reps));
+  ZINF_ASSIGN_OR_RETURN(f.d2h_GBps, CopyGBps(*h2d, *d2h, up.data(), down.data(), dev_up.data(),
+                                             dev_down.data(), size_bytes, copies, 1, reps));
+  return f;
+}
 
 void AddBenchPcieCommand(CLI::App& bench) {
   auto args = std::make_shared<PcieArgs>();

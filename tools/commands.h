@@ -15,11 +15,13 @@ void AddInfoCommand(CLI::App& app);                  // tools/info.cc
 void AddRunCommand(CLI::App& app);                   // tools/run.cc: `zinf run -n N -- CMD`
 void AddCkptCommands(CLI::App& app);                 // tools/ckpt.cc: `zinf ckpt export / import`
 void AddPlotCommands(CLI::App& app);                 // tools/plot_metrics.cc: `zinf plot metrics`
+void AddPlanCommand(CLI::App& app);                  // tools/plan.cc: `zinf plan`
 void AddBenchCommands(CLI::App& bench);              // tools/bench.cc: `zinf bench <what>`
 void AddBenchNvmeCommand(CLI::App& bench);           // tools/bench_nvme.cc: `zinf bench nvme`
 void AddBenchAdamCommand(CLI::App& bench);           // tools/bench_adam.cc: `zinf bench adam`
 void AddBenchOptimizerStepCommand(CLI::App& bench);  // tools/bench_optimizer_step.cc
 void AddBenchPcieCommand(CLI::App& bench);           // tools/bench_pcie.cc: `zinf bench pcie`
+void AddBenchProfileCommand(CLI::App& bench);        // tools/bench_profile.cc
 
 }  // namespace zinf::tools
 

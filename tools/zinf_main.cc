@@ -1,4 +1,4 @@
-// The `zinf` command line: info, run, ckpt, plot, bench.
+// The `zinf` command line: info, run, ckpt, plot, plan, bench.
 #include <fmt/core.h>
 
 #include <cstdio>
@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   zinf::tools::AddRunCommand(app);
   zinf::tools::AddCkptCommands(app);
   zinf::tools::AddPlotCommands(app);
+  zinf::tools::AddPlanCommand(app);
   CLI::App* bench = app.add_subcommand("bench", "Measure zinf against this machine's limits");
   zinf::tools::AddBenchCommands(*bench);
 

@@ -6,7 +6,7 @@
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_mlp --config examples/mlp/configs/cpu.json
 //         [--layers 4] [--width 1024] [--batch 16] [--steps 5] [--nvme-path DIR]
 // Rank 0 prints one line per step and, last, a JSON summary (median step time, bytes per
-// link per step).
+// link per step, the engine's host and NVMe bytes after the last step).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -202,10 +202,13 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"ranks\": %d, \"params\": %lld, \"median_step_s\": %.4f, "
         "\"bytes_gathered\": %llu, \"bytes_reduce_scattered\": %llu, "
-        "\"bytes_nvme_read\": %llu, \"bytes_nvme_written\": %llu}\n",
+        "\"bytes_nvme_read\": %llu, \"bytes_nvme_written\": %llu, \"host_bytes\": %llu, "
+        "\"nvme_bytes\": %llu}\n",
         engine.world_size(), static_cast<long long>(L) * W * (W + 1), Median(steady),
         static_cast<unsigned long long>(gathered), static_cast<unsigned long long>(reduced),
-        static_cast<unsigned long long>(nvme_read), static_cast<unsigned long long>(nvme_written));
+        static_cast<unsigned long long>(nvme_read), static_cast<unsigned long long>(nvme_written),
+        static_cast<unsigned long long>(last.host_bytes),
+        static_cast<unsigned long long>(last.nvme_bytes));
   }
   return 0;
 }

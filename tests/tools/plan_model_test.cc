@@ -1,0 +1,269 @@
+// tools/plan_model.h against the engine: for every placement the plan offers, the bytes it
+// predicts (Note [Plan memory]) against what a real engine reports after steps
+// (StepSummary::host_bytes, nvme_bytes) and the traffic it predicts against the engine's
+// counters; and the model, profile and config parsers' errors.
+#include "tools/plan_model.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "zinf/engine.h"
+
+namespace zinf::plan {
+namespace {
+
+// Rates that make every figure finite; the memory and byte counts do not depend on them.
+MachineProfile TestProfile() {
+  MachineProfile p;
+  p.cores = 2;
+  p.memory_bytes = 64ull << 30;
+  p.nvme_free_bytes = 64ull << 30;
+  p.nvme_read_Bps = 2e9;
+  p.nvme_write_Bps = 1e9;
+  p.optimizer.push_back({1, 1e8});
+  p.memory_Bps = 1e10;
+  p.matmul.push_back({1, 1e11, 2e11});
+  p.loop_fp32_flops = 1e10;
+  return p;
+}
+
+struct Measured {
+  StepSummary summary;
+};
+
+// Trains `model` for `steps` steps with one rank under `config`: each micro-batch fetches
+// along model.fetch_order, the first pass over a module being forward and the second backward
+// (gradients of 1e-3). Returns the last step's summary.
+StatusOr<StepSummary> Train(const ModelSpec& model, const EngineConfig& config, int steps) {
+  ZINF_ASSIGN_OR_RETURN(
+      auto engine, Engine::Create(config, {.rank = 0, .world_size = 1, .optimizer_threads = 1}));
+  std::vector<int> ids;
+  for (const ModuleShape& m : model.modules) {
+    std::vector<ParamSpec> specs;
+    for (size_t i = 0; i < m.numels.size(); ++i) {
+      specs.push_back({m.name + "." + std::to_string(i), {static_cast<int64_t>(m.numels[i])}});
+    }
+    ZINF_ASSIGN_OR_RETURN(int id, engine->RegisterModule(m.name, specs));
+    ids.push_back(id);
+  }
+  ZINF_RETURN_IF_ERROR(engine->Initialize());
+  StepSummary last;
+  for (int s = 0; s < steps; ++s) {
+    for (int k = 0; k < config.gradient_accumulation_steps; ++k) {
+      std::vector<int> seen(model.modules.size(), 0);
+      for (int mod : model.fetch_order) {
+        ZINF_ASSIGN_OR_RETURN(FetchedModule f, engine->Fetch(ids[mod]));
+        (void)f;
+        if (seen[mod]++ > 0) {
+          ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, engine->Gradients(ids[mod]));
+          for (size_t i = 0; i < g.size(); ++i) {
+            std::fill(g[i], g[i] + model.modules[mod].numels[i], 1e-3f);
+          }
+          ZINF_RETURN_IF_ERROR(engine->ReduceGradients(ids[mod]));
+        }
+        ZINF_RETURN_IF_ERROR(engine->Release(ids[mod]));
+      }
+    }
+    ZINF_ASSIGN_OR_RETURN(last, engine->Step());
+  }
+  return last;
+}
+
+class PlanMemoryTest : public ::testing::TestWithParam<std::tuple<int, int>> {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::temp_directory_path() / ("zinf-plan-" + std::to_string(getpid())))
+               .string();
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+// Within `tolerance` of each other (relative), or both below 1 MiB apart.
+void ExpectNear(uint64_t predicted, uint64_t measured, double tolerance, const std::string& what) {
+  const double diff = std::fabs(static_cast<double>(predicted) - static_cast<double>(measured));
+  EXPECT_TRUE(diff <= tolerance * static_cast<double>(measured) || diff < (1 << 20))
+      << what << ": predicted " << predicted << ", measured " << measured;
+}
+
+TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
+  const auto [model_kind, accumulation] = GetParam();
+  // A model of a few modules large enough that rounding does not hide a missing array: an
+  // MLP of 1024-wide layers, or 6 modules of 0.8M elements (several NVMe optimizer chunks).
+  StatusOr<ModelSpec> model =
+      model_kind == 0 ? MlpModel(3, 1024, 4) : UniformModel(4'800'000, 6, 16);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineConfig base;
+  base.stage3_param_persistence_threshold = 2000;  // the MLP's biases persist
+  base.stage3_prefetch_bucket_size = 1'000'000;
+  base.gradient_accumulation_steps = accumulation;
+  base.nvme_checksum = false;
+  for (const EngineConfig& c : Placements(base, dir_)) {
+    if (c.fp16) continue;                                              // the same bytes as bf16
+    if (c.offload_optimizer_device == OffloadDevice::kNone) continue;  // the same as cpu
+    SCOPED_TRACE(PlacementName(c));
+    StatusOr<StepSummary> measured = Train(*model, c, 2);
+    ASSERT_TRUE(measured.ok()) << measured.status();
+    StatusOr<Estimate> est = EstimatePlacement(*model, c, TestProfile(), {});
+    ASSERT_TRUE(est.ok()) << est.status();
+    ExpectNear(est->memory.steady_host(), measured->host_bytes, 0.10, "host bytes");
+    ExpectNear(est->memory.nvme, measured->nvme_bytes, 0.10, "NVMe bytes");
+    ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
+    ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, 0.10, "NVMe read");
+    ExpectNear(est->time.bytes_gathered, measured->bytes_gathered, 0.10, "bytes gathered");
+    // The peak bounds what the engine holds between steps.
+    EXPECT_GE(est->memory.peak_device + est->memory.peak_host, measured->host_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PlanMemoryTest,
+                         ::testing::Values(std::tuple{0, 1}, std::tuple{1, 1}, std::tuple{1, 2}),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == 0 ? "Mlp" : "Uniform") +
+                                  "Accumulation" + std::to_string(std::get<1>(info.param));
+                         });
+
+// A model four times the device tier's room, parameters on NVMe: the shards the device tier
+// keeps between forward and backward, and so the bytes read from NVMe, follow the simulated
+// eviction (the copy needed last goes first).
+TEST_F(PlanMemoryTest, DeviceTierEvictionMatchesTheEngine) {
+  StatusOr<ModelSpec> model = UniformModel(64 * 1'000'000, 64, 16);
+  ASSERT_TRUE(model.ok());
+  EngineConfig c;
+  c.stage3_prefetch_bucket_size = 1'000'000;
+  c.nvme_checksum = false;
+  c.offload_param_device = OffloadDevice::kNvme;
+  c.offload_param_nvme_path = {dir_};
+  c.offload_optimizer_device = OffloadDevice::kCpu;
+  StatusOr<Estimate> est = EstimatePlacement(*model, c, TestProfile(), {});
+  ASSERT_TRUE(est.ok()) << est.status();
+  const uint64_t tier = 64ull * 1'000'000 * 4;
+  ASSERT_LT(est->memory.device_budget, tier / 2) << "the test needs a tier larger than the room";
+  // Forward reads every shard; backward finds some of them still cached.
+  EXPECT_GT(est->time.nvme_read, tier);
+  EXPECT_LT(est->time.nvme_read, 2 * tier);
+  StatusOr<StepSummary> measured = Train(*model, c, 2);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, 0.10, "NVMe read");
+  ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
+  ExpectNear(est->memory.steady_host(), measured->host_bytes, 0.10, "host bytes");
+}
+
+TEST(PlanModelTest, GptShapesMatchTheExample) {
+  // The demo config's model: 0.83M parameters (README, bench/RESULTS.md).
+  StatusOr<ModelSpec> m = GptModel(256, 64, 128, 4, 4, 8);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->parameter_count(), 256u * 128 + 64 * 128 + 4 * (12 * 128 * 128 + 13 * 128) + 256);
+  EXPECT_EQ(m->fetch_order.size(), 2u * 4 + 3);
+  EXPECT_EQ(m->fetch_order.size(), m->fetch_flops.size());
+  // large.json: 1.008B parameters.
+  StatusOr<ModelSpec> large = GptModel(256, 128, 2048, 20, 16, 1);
+  ASSERT_TRUE(large.ok());
+  EXPECT_NEAR(large->parameter_count() / 1e9, 1.008, 0.001);
+}
+
+TEST(PlanModelTest, BadModelsAreRefusedByName) {
+  EXPECT_EQ(GptModel(256, 64, 130, 4, 4, 8).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(GptModel(256, 64, -1, 4, 4, 8).status().message().find("d_model"), std::string::npos);
+  EXPECT_FALSE(UniformModel(0, 4, 8).ok());
+  EXPECT_FALSE(UniformModel(100, 0, 8).ok());
+  EXPECT_FALSE(MlpModel(0, 8, 8).ok());
+  auto bad = ModelFromConfigText(R"({"model": {"d_model": "big"}})", "c.json", 4, 64);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.d_model"), std::string::npos) << bad.status();
+  bad = ModelFromConfigText(R"({"model": {"layers": 3}})", "c.json", 4, 64);
+  EXPECT_NE(bad.status().message().find("model.layers"), std::string::npos) << bad.status();
+  bad = ModelFromConfigText("{not json", "c.json", 4, 64);
+  EXPECT_NE(bad.status().message().find("c.json"), std::string::npos) << bad.status();
+  bad = ModelFromConfigText(R"({"zero_optimization": {"stage": 7}})", "c.json", 4, 64);
+  EXPECT_NE(bad.status().message().find("stage"), std::string::npos) << bad.status();
+}
+
+TEST(PlanModelTest, ProfileErrorsNameTheFigure) {
+  EXPECT_NE(MachineProfile::FromJson("[]", "p.json").status().message().find("p.json"),
+            std::string::npos);
+  EXPECT_NE(MachineProfile::FromJson("{}", "p.json").status().message().find("zinf_profile"),
+            std::string::npos);
+  nlohmann::json good = {{"zinf_profile", 1},
+                         {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
+                         {"memory_GBps", 10},
+                         {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
+                         {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
+                         {"loop_fp32_GFLOPs", 5}};
+  ASSERT_TRUE(MachineProfile::FromJson(good.dump(), "p.json").ok());
+  nlohmann::json bad = good;
+  bad["memory_GBps"] = -3;
+  EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("memory_GBps"),
+            std::string::npos);
+  bad = good;
+  bad.erase("matmul");
+  EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("matmul"),
+            std::string::npos);
+  bad = good;
+  bad["cpu_optimizer"][0].erase("params_per_s");
+  EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("params_per_s"),
+            std::string::npos);
+}
+
+TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {
+  const std::string base = R"({"model": {"d_model": 64}, "train_micro_batch_size_per_gpu": 8,
+      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/a"}},
+      "fp16": {"enabled": true, "initial_scale_power": 12}, "aio": {"queue_depth": 16}})";
+  for (const EngineConfig& c : Placements(EngineConfig(), "/nvme0")) {
+    SCOPED_TRACE(PlacementName(c));
+    StatusOr<std::string> json = DeepSpeedJson(c, base);
+    ASSERT_TRUE(json.ok()) << json.status();
+    StatusOr<EngineConfig> back = EngineConfig::FromJson(*json);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << *json;
+    EXPECT_EQ(back->offload_param_device, c.offload_param_device);
+    EXPECT_EQ(back->offload_optimizer_device, c.offload_optimizer_device);
+    EXPECT_EQ(back->optimizer_nvme_ratio, c.optimizer_nvme_ratio);
+    EXPECT_EQ(back->gradients_on_nvme, c.gradients_on_nvme);
+    EXPECT_EQ(back->bf16, c.bf16);
+    EXPECT_EQ(back->fp16, c.fp16);
+    EXPECT_EQ(back->micro_batch_size, 8);  // kept from the base
+    EXPECT_EQ(back->aio.queue_depth, 16);  // kept from the base
+    EXPECT_EQ(PlacementName(*back), PlacementName(c));
+  }
+}
+
+TEST(PlanModelTest, AModelTooLargeForTheMachineDoesNotFit) {
+  StatusOr<ModelSpec> m = UniformModel(2'000'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  MachineProfile p = TestProfile();
+  p.memory_bytes = 16ull << 30;
+  p.nvme_free_bytes = 100ull << 30;
+  int fits = 0, all = 0;
+  for (const EngineConfig& c : Placements(EngineConfig(), "/nvme")) {
+    StatusOr<Estimate> e = EstimatePlacement(*m, c, p, {});
+    ASSERT_TRUE(e.ok());
+    ++all;
+    if (e->fits) {
+      ++fits;
+      // Only placements with the optimizer state and parameters off memory fit 16 GiB.
+      EXPECT_EQ(c.offload_optimizer_device, OffloadDevice::kNvme) << PlacementName(c);
+    } else {
+      EXPECT_NE(e->why.find("memory"), std::string::npos) << e->why;
+    }
+  }
+  EXPECT_GT(fits, 0);
+  EXPECT_LT(fits, all);
+  // No NVMe space: nothing on NVMe fits.
+  PlanOptions no_disk;
+  no_disk.nvme_free_bytes = 1 << 20;
+  for (const EngineConfig& c : Placements(EngineConfig(), "/nvme")) {
+    StatusOr<Estimate> e = EstimatePlacement(*m, c, p, no_disk);
+    ASSERT_TRUE(e.ok());
+    EXPECT_FALSE(e->fits) << PlacementName(c);
+  }
+}
+
+}  // namespace
+}  // namespace zinf::plan

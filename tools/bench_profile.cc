@@ -1,0 +1,558 @@
+// `zinf bench profile`: measures this machine once, into the JSON machine profile `zinf plan`
+// reads (tools/plan_model.h, MachineProfile::FromJson): the 2-rank collectives (Gloo on
+// loopback: latency and all-gather / reduce-scatter bandwidth), NVMe write and read through
+// SwapStore at the engine's aio defaults (`zinf bench nvme`'s code), the CPU optimizer's rate
+// per thread count and the machine's memory bandwidth (`zinf bench adam`'s code and limit
+// kernel), the host/device link (`zinf bench pcie`'s code: the GPU's PCIe link, else the host
+// device's modelled link or memcpy), oneDNN matmul throughput in fp32 and bf16 per thread
+// count (the GPT example's kernels), and a plain fp32 loop on one thread (the MLP example's).
+// --quick measures small sizes once each, in seconds, for tests; the default takes a minute
+// or two.
+//
+// Progress goes to stderr (a bar on a terminal, a line per stage otherwise); the profile to
+// --out, or stdout.
+//
+// The collectives run first, in two forked processes, before this process starts any thread.
+#include <fmt/core.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/units.h"
+#include "tools/bench_measure.h"
+#include "tools/bench_util.h"
+#include "tools/commands.h"
+#include "zero/process_group.h"
+#include "zinf/cpu_info.h"
+
+#ifdef ZINF_TOOLS_HAVE_DNNL
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace zinf::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct ProfileArgs {
+  std::vector<std::string> paths;
+  std::string out;
+  bool quick = false;
+  bool no_collective = false;
+};
+
+// Progress on stderr: a bar redrawn in place on a terminal, one line per stage otherwise.
+class Progress {
+ public:
+  explicit Progress(int stages) : stages_(stages), tty_(isatty(STDERR_FILENO) != 0) {}
+  void Start(const std::string& what) {
+    ++done_;
+    constexpr int kWidth = 24;
+    const int filled = kWidth * (done_ - 1) / stages_;
+    if (tty_) {
+      fmt::print(stderr, "\r[{}{}] {}/{} {:<48}", std::string(filled, '#'),
+                 std::string(kWidth - filled, '-'), done_, stages_, what);
+    } else {
+      fmt::print(stderr, "[{}/{}] {}\n", done_, stages_, what);
+    }
+    std::fflush(stderr);
+  }
+  void Finish() {
+    if (tty_)
+      fmt::print(stderr, "\r[{}] {}/{} {:<48}\n", std::string(24, '#'), stages_, stages_, "done");
+  }
+
+ private:
+  const int stages_;
+  const bool tty_;
+  int done_ = 0;
+};
+
+// ---- Collectives: two ranks over Gloo on loopback ----
+
+struct CollectiveFigures {
+  double latency_us = 0;
+  double allgather_GBps = 0, reduce_scatter_GBps = 0;  // full buffer bytes / time
+};
+
+StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoStatus(errno, "socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoStatus(err, "finding a free port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One rank's part: latency of a one-element all-gather, then all-gathers and reduce-scatters
+// of `elements` fp32 in all (the gathered, and the reduced, buffer). Rank 0's figures.
+StatusOr<CollectiveFigures> RunRank(int rank, int port, uint64_t elements, int reps) {
+  ProcessPlace place;
+  place.global_rank = place.rank = place.local_rank = rank;
+  place.global_size = place.size = 2;
+  place.name = "profile";
+  place.master_addr = "127.0.0.1";
+  place.master_port = port;
+  ZINF_ASSIGN_OR_RETURN(ProcessGroup group, ConnectProcessGroup(place, std::chrono::seconds(60)));
+  Communicator& comm = *group.comm;
+  CollectiveFigures f;
+  std::vector<float> one(1), two(2);
+  std::vector<double> lat;
+  for (int i = 0; i < 20 + 5 * reps; ++i) {
+    const auto t0 = Clock::now();
+    ZINF_RETURN_IF_ERROR(comm.AllGather(one.data(), two.data(), 1, ElementType::kFp32));
+    if (i >= 10) lat.push_back(Since(t0));
+  }
+  f.latency_us = Median(lat) * 1e6;
+  std::vector<float> full(elements, 1.0f), part(elements / 2, 1.0f);
+  std::vector<double> ag, rs;
+  for (int i = 0; i < reps + 1; ++i) {
+    ZINF_RETURN_IF_ERROR(comm.Barrier());
+    auto t0 = Clock::now();
+    ZINF_RETURN_IF_ERROR(
+        comm.AllGather(part.data(), full.data(), elements / 2, ElementType::kFp32));
+    if (i > 0) ag.push_back(Since(t0));
+    ZINF_RETURN_IF_ERROR(comm.Barrier());
+    t0 = Clock::now();
+    ZINF_RETURN_IF_ERROR(comm.ReduceScatter(full.data(), part.data(), elements / 2,
+                                            ElementType::kFp32, ReduceOp::kSum));
+    if (i > 0) rs.push_back(Since(t0));
+  }
+  const double bytes = static_cast<double>(elements / 2 * 2) * 4;
+  f.allgather_GBps = bytes / Median(ag) / 1e9;
+  f.reduce_scatter_GBps = bytes / Median(rs) / 1e9;
+  return f;
+}
+
+// Forks the two ranks; rank 0's figures come back through a pipe.
+StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
+  ZINF_ASSIGN_OR_RETURN(const int port, FreePort());
+  const uint64_t elements = quick ? (1u << 20) : (16u << 20);
+  const int reps = quick ? 2 : 5;
+  int fds[2];
+  if (pipe(fds) != 0) return ErrnoStatus(errno, "pipe");
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pids[2] = {-1, -1};
+  for (int rank = 0; rank < 2; ++rank) {
+    pids[rank] = fork();
+    if (pids[rank] < 0) return ErrnoStatus(errno, "fork");
+    if (pids[rank] == 0) {
+      close(fds[0]);
+      StatusOr<CollectiveFigures> f = RunRank(rank, port, elements, reps);
+      std::string line = f.ok() ? fmt::format("ok {} {} {}\n", f->latency_us, f->allgather_GBps,
+                                              f->reduce_scatter_GBps)
+                                : "error " + f.status().ToString() + "\n";
+      if (rank == 0 || !f.ok()) (void)!write(fds[1], line.data(), line.size());
+      _exit(f.ok() ? 0 : 1);
+    }
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  CollectiveFigures f;
+  if (std::sscanf(text.c_str(), "ok %lf %lf %lf", &f.latency_us, &f.allgather_GBps,
+                  &f.reduce_scatter_GBps) != 3) {
+    return Unavailable(fmt::format("the 2-rank collectives failed: {}",
+                                   text.empty() ? "no figures from rank 0" : text));
+  }
+  return f;
+}
+
+// ---- Compute ----
+
+// The MLP example's layer (examples/mlp/train_mlp.cc) on one thread: forward
+// y[b][j] = sum_k w[j][k] x[b][k] with eight partial sums, backward gw[j][k] += dy x[k] and
+// gx[k] += dy w[j][k] row by row, as it writes them. GFLOP/s over the 6 B W^2 FLOPs of the
+// pair: what hand-written loops get, the backward's passes over the weight and its gradient
+// included.
+double PlainLoopGflops(bool quick) {
+  const int batch = 16, in = quick ? 512 : 1024, out = in;
+  const size_t nx = static_cast<size_t>(batch) * in, nw = static_cast<size_t>(in) * out;
+  std::vector<float> x(nx, 0.5f), w(nw, 0.25f), y(static_cast<size_t>(batch) * out), gw(nw), gx(nx),
+      dy(static_cast<size_t>(batch) * out, 1e-3f);
+  auto layer = [&] {
+    for (int b = 0; b < batch; ++b) {
+      const float* xb = x.data() + static_cast<size_t>(b) * in;
+      for (int j = 0; j < out; ++j) {
+        const float* wj = w.data() + static_cast<size_t>(j) * in;
+        float s[8] = {};
+        int k = 0;
+        for (; k + 8 <= in; k += 8)
+          for (int u = 0; u < 8; ++u) s[u] += wj[k + u] * xb[k + u];
+        float total = 0;
+        for (int u = 0; u < 8; ++u) total += s[u];
+        for (; k < in; ++k) total += wj[k] * xb[k];
+        y[static_cast<size_t>(b) * out + j] = total;
+      }
+    }
+    std::fill(gx.begin(), gx.end(), 0.0f);
+    for (int b = 0; b < batch; ++b) {
+      const float* xb = x.data() + static_cast<size_t>(b) * in;
+      float* gxb = gx.data() + static_cast<size_t>(b) * in;
+      for (int j = 0; j < out; ++j) {
+        const float d = dy[static_cast<size_t>(b) * out + j];
+        float* gwj = gw.data() + static_cast<size_t>(j) * in;
+        const float* wj = w.data() + static_cast<size_t>(j) * in;
+        for (int k = 0; k < in; ++k) {
+          gwj[k] += d * xb[k];
+          gxb[k] += d * wj[k];
+        }
+      }
+    }
+  };
+  layer();
+  std::vector<double> runs;
+  const int calls = quick ? 6 : 8;
+  for (int r = 0; r < (quick ? 7 : 9); ++r) {
+    const auto t0 = Clock::now();
+    for (int c = 0; c < calls; ++c) layer();
+    runs.push_back(Since(t0) / calls);
+  }
+  volatile float sink = y[0] + gw[0] + gx[0];
+  (void)sink;
+  return 6.0 * batch * in * out / Median(runs) / 1e9;
+}
+
+// std::exp over a row, as the GPT's causal softmax and cross-entropy loops call it, on one
+// thread: evaluations per second.
+double ExpPerSecond(bool quick) {
+  std::vector<float> row(4096);
+  for (size_t i = 0; i < row.size(); ++i) row[i] = -static_cast<float>(i % 64) / 16.0f;
+  const int calls = quick ? 50 : 500;
+  std::vector<double> runs;
+  float sum = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    for (int c = 0; c < calls; ++c) {
+      for (float& v : row) {
+        v = std::exp(v - sum * 1e-30f) * 0.5f;
+        sum += v;
+      }
+    }
+    runs.push_back(Since(t0) / (static_cast<double>(calls) * row.size()));
+  }
+  volatile float sink = sum;
+  (void)sink;
+  return 1.0 / Median(runs);
+}
+
+struct MatmulFigures {
+  double fp32_GFLOPs = 0, bf16_GFLOPs = 0;  // 0: not available
+};
+
+#ifdef ZINF_TOOLS_HAVE_DNNL
+// oneDNN matmuls of [m, k] x [k, n] as the GPT's MLP layers run them (512 tokens x d_model by
+// d_model x 4 d_model), fp32 or bf16 inputs with fp32 output, on `threads` OpenMP threads.
+// Small d_model runs far below the peak, hence a row per size.
+StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
+  try {
+    omp_set_num_threads(threads);
+    const int64_t m = 512, k = d, n = 4 * d;
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    using dt = dnnl::memory::data_type;
+    const dt in = bf16 ? dt::bf16 : dt::f32;
+    dnnl::memory::desc a_md({m, k}, in, dnnl::memory::format_tag::ab);
+    dnnl::memory::desc b_md({k, n}, in, dnnl::memory::format_tag::ab);
+    dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::format_tag::ab);
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+    dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
+    std::memset(a.get_data_handle(), 0, a_md.get_size());
+    std::memset(b.get_data_handle(), 0, b_md.get_size());
+    auto run = [&] {
+      mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      stream.wait();
+    };
+    run();
+    // About 50 ms a repetition, 5 ms with --quick.
+    const double flops = 2.0 * m * k * n;
+    const int calls = static_cast<int>(std::clamp((quick ? 5e8 : 5e9) / flops, 1.0, 1000.0));
+    std::vector<double> runs;
+    for (int r = 0; r < (quick ? 7 : 9); ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < calls; ++i) run();
+      runs.push_back(Since(t0) / calls);
+    }
+    return 2.0 * m * k * n / Median(runs) / 1e9;
+  } catch (const dnnl::error& e) {
+    return Unavailable(fmt::format("oneDNN {} matmul: {}", bf16 ? "bf16" : "fp32", e.what()));
+  }
+}
+
+// Attention's batched matmuls as the GPT runs them per sequence: H heads of
+// [T, d/H] x [d/H, T] (4 heads, T 64, d/H 32: the demo's), fp32. GFLOP/s; far below a large
+// matmul's.
+StatusOr<double> OneDnnAttentionGflops(int threads, bool quick) {
+  try {
+    omp_set_num_threads(threads);
+    const int64_t h = 4, t = 64, dh = 32;
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    using dt = dnnl::memory::data_type;
+    dnnl::memory::desc a_md({h, t, dh}, dt::f32, dnnl::memory::format_tag::abc);
+    dnnl::memory::desc b_md({h, dh, t}, dt::f32, dnnl::memory::format_tag::acb);  // K^T
+    dnnl::memory::desc c_md({h, t, t}, dt::f32, dnnl::memory::format_tag::abc);
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+    dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
+    std::memset(a.get_data_handle(), 0, a_md.get_size());
+    std::memset(b.get_data_handle(), 0, b_md.get_size());
+    const int calls = quick ? 200 : 2000;
+    std::vector<double> runs;
+    for (int r = 0; r < (quick ? 7 : 9); ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < calls; ++i) {
+        mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      }
+      stream.wait();
+      runs.push_back(Since(t0) / calls);
+    }
+    return 2.0 * h * t * t * dh / Median(runs) / 1e9;
+  } catch (const dnnl::error& e) {
+    return Unavailable(fmt::format("oneDNN attention matmul: {}", e.what()));
+  }
+}
+
+// The fixed cost of one oneDNN primitive call on `threads` threads (a 16 x 16 x 16 matmul,
+// whose arithmetic is nothing): what a model of small layers pays per kernel. Microseconds.
+StatusOr<double> OneDnnCallMicros(int threads) {
+  try {
+    omp_set_num_threads(threads);
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    using dt = dnnl::memory::data_type;
+    dnnl::memory::desc md({16, 16}, dt::f32, dnnl::memory::format_tag::ab);
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), engine));
+    dnnl::memory a(md, engine), b(md, engine), c(md, engine);
+    std::memset(a.get_data_handle(), 0, md.get_size());
+    std::memset(b.get_data_handle(), 0, md.get_size());
+    std::vector<double> runs;
+    for (int i = 0; i < 300; ++i) {
+      const auto t0 = Clock::now();
+      mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      stream.wait();
+      if (i >= 50) runs.push_back(Since(t0));
+    }
+    return Median(runs) * 1e6;
+  } catch (const dnnl::error& e) {
+    return Unavailable(fmt::format("oneDNN call: {}", e.what()));
+  }
+}
+
+bool HasNativeBf16() {
+  return static_cast<unsigned>(dnnl::get_effective_cpu_isa()) >=
+         static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+}
+#endif
+
+std::vector<int> ThreadCounts(int cpus) {
+  std::vector<int> counts;
+  for (int t = 1; t < cpus; t *= 2) counts.push_back(t);
+  counts.push_back(cpus);
+  return counts;
+}
+
+Status RunProfile(const ProfileArgs& args) {
+  const CpuInfo& cpu = GetCpuInfo();
+  const int cpus = std::max(1, cpu.usable_cpus);
+  const std::vector<int> thread_counts = ThreadCounts(cpus);
+  std::vector<std::string> paths = args.paths;
+  if (paths.empty()) paths.push_back(".");
+  const int stages =
+      3 + 2 * static_cast<int>(thread_counts.size()) + (args.no_collective ? 0 : 1) + 1;
+  Progress progress(stages);
+  nlohmann::json out;
+  out["zinf_profile"] = 1;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  out["date"] = date;
+  out["quick"] = args.quick;
+  out["machine"] = {{"host", host},
+                    {"cpu", cpu.model_name},
+                    {"isa", IsaSummary(cpu.isa)},
+                    {"cores", cpus},
+                    {"memory_bytes", cpu.total_memory_bytes},
+                    {"gpu_memory_bytes", nullptr}};
+
+  // Collectives first: fork before any thread exists.
+  if (!args.no_collective) {
+    progress.Start("collectives: 2 ranks over Gloo on loopback");
+    StatusOr<CollectiveFigures> c = MeasureCollectives(args.quick);
+    if (c.ok()) {
+      out["collective"] = {{"world_size", 2},
+                           {"backend", "gloo"},
+                           {"latency_us", c->latency_us},
+                           {"allgather_GBps", c->allgather_GBps},
+                           {"reduce_scatter_GBps", c->reduce_scatter_GBps}};
+    } else {
+      out["collective"] = {{"error", c.status().ToString()}};
+    }
+  }
+
+  progress.Start("NVMe write and read at the engine's aio defaults, and one request's latency");
+  const uint64_t nvme_size = args.quick ? 64 * kMiB : 2 * kGiB;
+  ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme,
+                        MeasureNvmeDefaults(paths, nvme_size, args.quick ? 1 : 3));
+  ZINF_ASSIGN_OR_RETURN(NvmeLatency latency,
+                        MeasureNvmeLatency(paths, 64 * kKiB, args.quick ? 10 : 50));
+  uint64_t free_bytes = 0;
+  std::set<unsigned long> filesystems;
+  for (const std::string& p : paths) {
+    struct statvfs st {};
+    if (statvfs(p.c_str(), &st) == 0 && filesystems.insert(st.f_fsid).second) {
+      free_bytes += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    }
+  }
+  // Each path on its own too, where the swap files stripe over several.
+  nlohmann::json per_path = nlohmann::json::array();
+  if (paths.size() > 1) {
+    for (const std::string& p : paths) {
+      ZINF_ASSIGN_OR_RETURN(NvmeFigures one,
+                            MeasureNvmeDefaults({p}, nvme_size, args.quick ? 1 : 3));
+      per_path.push_back(
+          {{"path", p}, {"write_MBps", one.write_MBps}, {"read_MBps", one.read_MBps}});
+    }
+  }
+  out["nvme"] = {{"paths", paths},
+                 {"per_path", per_path},
+                 {"size_bytes", nvme_size},
+                 {"write_MBps", nvme.write_MBps},
+                 {"read_MBps", nvme.read_MBps},
+                 {"write_latency_us", latency.write_us},
+                 {"read_latency_us", latency.read_us},
+                 {"free_bytes", free_bytes}};
+
+  double memory_GBps = 0;
+  nlohmann::json optimizer = nlohmann::json::array();
+  const uint64_t adam_params = args.quick ? (2u << 20) : (32u << 20);
+  for (int t : thread_counts) {
+    progress.Start(fmt::format("CPU AdamW and memory bandwidth, {} thread(s)", t));
+    ZINF_ASSIGN_OR_RETURN(AdamFigures a, MeasureAdamRate(adam_params, t, args.quick ? 2 : 5));
+    optimizer.push_back(
+        {{"threads", a.threads}, {"params_per_s", a.params_per_s}, {"limit_GBps", a.limit_GBps}});
+    memory_GBps = std::max(memory_GBps, a.limit_GBps);
+  }
+  out["cpu_optimizer"] = optimizer;
+  out["memory_GBps"] = memory_GBps;
+
+  progress.Start("host/device link");
+  ZINF_ASSIGN_OR_RETURN(LinkFigures link,
+                        MeasureLink(args.quick ? 4 * kMiB : 64 * kMiB, args.quick ? 2 : 5));
+  out["link"] = {{"kind", link.gpu              ? "pcie"
+                          : link.model_GBps > 0 ? "host-model"
+                                                : "host-memcpy"},
+                 {"device", link.device},
+                 {"model_GBps", link.model_GBps},
+                 {"h2d_GBps", link.h2d_GBps},
+                 {"d2h_GBps", link.d2h_GBps}};
+  // A link that is memcpy has no rate of its own: the plan uses memory bandwidth for it.
+  if (!link.gpu && link.model_GBps == 0) {
+    out["link"]["h2d_GBps"] = nullptr;
+    out["link"]["d2h_GBps"] = nullptr;
+    out["link"]["memcpy_h2d_GBps"] = link.h2d_GBps;
+  }
+
+  nlohmann::json matmul = nlohmann::json::array();
+  nlohmann::json call_overhead = nlohmann::json::array();
+  for (int t : thread_counts) {
+    progress.Start(fmt::format("oneDNN matmul fp32 and bf16, {} thread(s)", t));
+    for (int64_t d : {128, 512, 2048}) {
+      nlohmann::json row = {
+          {"threads", t}, {"d", d}, {"fp32_GFLOPs", nullptr}, {"bf16_GFLOPs", nullptr}};
+#ifdef ZINF_TOOLS_HAVE_DNNL
+      ZINF_ASSIGN_OR_RETURN(row["fp32_GFLOPs"], OneDnnGflops(false, t, d, args.quick));
+      if (HasNativeBf16()) {
+        ZINF_ASSIGN_OR_RETURN(row["bf16_GFLOPs"], OneDnnGflops(true, t, d, args.quick));
+      }
+#endif
+      matmul.push_back(row);
+    }
+#ifdef ZINF_TOOLS_HAVE_DNNL
+    ZINF_ASSIGN_OR_RETURN(const double call_us, OneDnnCallMicros(t));
+    ZINF_ASSIGN_OR_RETURN(const double attention, OneDnnAttentionGflops(t, args.quick));
+    call_overhead.push_back({{"threads", t}, {"us", call_us}, {"attention_GFLOPs", attention}});
+#endif
+  }
+  out["kernel_call"] = call_overhead;
+  progress.Start("plain fp32 loops (the MLP example's layer, std::exp), 1 thread");
+  const double loop = PlainLoopGflops(args.quick);
+  out["exp_per_s"] = ExpPerSecond(args.quick);
+  // Without oneDNN the GPT has no kernels here; the loop's rate stands in for fp32.
+  for (auto& row : matmul) {
+    if (row["fp32_GFLOPs"].is_null()) row["fp32_GFLOPs"] = loop;
+  }
+  out["matmul"] = matmul;
+  out["loop_fp32_GFLOPs"] = loop;
+  progress.Start("writing the profile");
+  progress.Finish();
+
+  const std::string text = out.dump(2) + "\n";
+  if (args.out.empty()) {
+    fmt::print("{}", text);
+    return OkStatus();
+  }
+  std::ofstream file(args.out, std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) return IoError(fmt::format("--out {}: cannot write", args.out));
+  fmt::print(stderr, "wrote {}\n", args.out);
+  return OkStatus();
+}
+
+}  // namespace
+
+void AddBenchProfileCommand(CLI::App& bench) {
+  auto args = std::make_shared<ProfileArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "profile", "Measure this machine once into a JSON profile for `zinf plan`");
+  cmd->add_option("--path", args->paths,
+                  "Directory for the NVMe swap files (repeat to stripe; default: the current "
+                  "directory)");
+  cmd->add_option("--out", args->out, "Write the profile here (default: stdout)");
+  cmd->add_flag("--quick", args->quick, "Small sizes, one repetition: seconds, for tests");
+  cmd->add_flag("--no-collective", args->no_collective, "Skip the 2-rank collectives");
+  cmd->callback([args] {
+    Status s = RunProfile(*args);
+    if (!s.ok()) {
+      fmt::print(stderr, "zinf bench profile: {}\n", s.ToString());
+      ExitCode() = 1;
+    }
+  });
+}
+
+}  // namespace zinf::tools
