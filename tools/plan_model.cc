@@ -619,10 +619,10 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     const uint64_t host_state = host_elements * 4 * (1 + states);
     m.host_state_pool = host_state == 0 ? 0 : (host_state + kGiB - 1) / kGiB * kGiB;
     // OpenTiers reserves swap space for every chunk, whatever the ratio; twice for the
-    // overlapped step (its new state goes beside the old until the step stands); the gradient
-    // accumulators' 4 bytes an element when they live on NVMe.
-    const bool overlap = c.overlap_optimizer && !c.gradients_on_nvme;
-    m.nvme += chunks * (chunk * 12 + c.aio.block_size) * (overlap ? 2 : 1);
+    // overlapped step (its new state goes beside the old until the step stands; the engine
+    // takes less where the disk has not the room); the gradient accumulators' 4 bytes an
+    // element when they live on NVMe.
+    m.nvme += chunks * (chunk * 12 + c.aio.block_size) * (c.overlap_optimizer ? 2 : 1);
     if (c.gradients_on_nvme) m.nvme += chunks * (chunk * 4 + c.aio.block_size);
   }
   if (params_nvme) {
@@ -870,20 +870,20 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
         on_nvme += static_cast<double>(std::min(chunk, S - i * chunk));
     }
     double read = on_nvme * 12, written = on_nvme * 12;
-    // With the gradients on NVMe the step reads them (4 bytes an element, counted in
-    // StepSummary); each micro-batch's reductions also wrote them, and read them back from the
-    // second micro-batch on, through the accumulators' staging (not in StepSummary's counters,
-    // but the disk's time).
-    double uncounted_read = 0, uncounted_written = 0;
+    // With the gradients on NVMe the step reads them (4 bytes an element); each micro-batch's
+    // reductions also wrote them, and read them back from the second micro-batch on, through
+    // the accumulators' staging (all counted in StepSummary). Those writes and read-backs run
+    // during backward, but the disk spends the time.
+    double backward_read = 0, backward_written = 0;
     if (c.gradients_on_nvme) {
       read += on_nvme * 4;
-      uncounted_written = on_nvme * 4 * gas;
-      uncounted_read = on_nvme * 4 * (gas - 1);
+      backward_written = on_nvme * 4 * gas;
+      backward_read = on_nvme * 4 * (gas - 1);
     }
-    t.nvme_read += static_cast<uint64_t>(read);
-    t.nvme_written += static_cast<uint64_t>(written);
-    pass = SafeDiv(read + uncounted_read, profile.nvme_read_Bps) +
-           SafeDiv(written + uncounted_written, profile.nvme_write_Bps);
+    t.nvme_read += static_cast<uint64_t>(read + backward_read);
+    t.nvme_written += static_cast<uint64_t>(written + backward_written);
+    pass = SafeDiv(read + backward_read, profile.nvme_read_Bps) +
+           SafeDiv(written + backward_written, profile.nvme_write_Bps);
   }
   if (host_master) tier_write += SafeDiv(S * (4.0 + e), profile.memory_Bps);
   double tier_nvme = 0;
@@ -900,7 +900,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // The overlapped step (zinf.overlap_optimizer) runs the pass chunk by chunk while the last
   // micro-batch's backward goes on: that backward's compute hides as much of it.
   double hidden = 0;
-  if (optim_nvme && c.overlap_optimizer && !c.gradients_on_nvme) {
+  if (optim_nvme && c.overlap_optimizer) {
     const size_t per = model.fetch_order.size();
     for (size_t i = n - per; i < n; ++i) {
       const int mod = order[i];

@@ -26,19 +26,7 @@
 namespace zinf {
 namespace {
 
-// Runs a shell command; its stdout and stderr together, and the exit code.
-testing::ZinfRun Shell(const std::string& command) {
-  testing::ZinfRun run;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    run.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+testing::ZinfRun Shell(const std::string& command) { return testing::RunShell(command); }
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -18,8 +18,9 @@ struct ZinfRun {
   std::string output;  // stdout and stderr together
 };
 
-inline ZinfRun RunZinf(const std::string& args) {
-  const std::string command = std::string(ZINF_BINARY) + " " + args + " 2>&1";
+// Runs a shell command: its stdout and stderr together, and the exit code.
+inline ZinfRun RunShell(const std::string& shell_command) {
+  const std::string command = shell_command + " 2>&1";
   ZinfRun run;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
@@ -30,6 +31,10 @@ inline ZinfRun RunZinf(const std::string& args) {
   const int status = pclose(pipe);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+inline ZinfRun RunZinf(const std::string& args) {
+  return RunShell(std::string(ZINF_BINARY) + " " + args);
 }
 
 // The JSON object a `--json` command printed after any log lines; null, with a test failure,

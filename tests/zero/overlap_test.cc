@@ -268,12 +268,12 @@ TEST(GradientsOnNvmeTest, TrainLikeHostAccumulators) {
     // Host memory no longer holds the accumulators (4 bytes an element of the rank's shard).
     const uint64_t shard = kModules * (kWeight + kBias) / run.world;
     unsigned long long host_bytes = 0, disk_bytes = 0, host_written = 0, disk_written = 0;
-    ASSERT_EQ(std::sscanf(host.steps.back().c_str(), "%*d %*f %*f %llu %llu", &host_bytes,
-                          &host_written),
-              2);
-    ASSERT_EQ(std::sscanf(disk.steps.back().c_str(), "%*d %*f %*f %llu %llu", &disk_bytes,
-                          &disk_written),
-              2);
+    ASSERT_EQ(
+        std::sscanf(host.steps.back().c_str(), "%*d %*f %*f %llu %llu", &host_bytes, &host_written),
+        2);
+    ASSERT_EQ(
+        std::sscanf(disk.steps.back().c_str(), "%*d %*f %*f %llu %llu", &disk_bytes, &disk_written),
+        2);
     EXPECT_GE(host_bytes, disk_bytes + shard * 4) << label;
     // ... and the step's NVMe traffic counts the accumulators' writes, once a micro-batch.
     EXPECT_GE(disk_written, host_written + run.accumulation * shard * 4) << label;
