@@ -41,6 +41,7 @@ struct PlanArgs {
   std::string write_config;
   std::string plot;  // PNG; empty: none
   bool json = false;
+  bool clipped = false;
 };
 
 StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
@@ -142,6 +143,7 @@ Status RunPlan(const PlanArgs& args) {
   options.world_size = args.world_size;
   options.threads = args.threads;
   options.sizes_only = !have_profile;
+  options.clipped = args.clipped;
   ZINF_ASSIGN_OR_RETURN(options.memory_bytes, OptionalBytes(args.memory, "--memory"));
   ZINF_ASSIGN_OR_RETURN(options.gpu_memory_bytes, OptionalBytes(args.gpu_memory, "--gpu-memory"));
   ZINF_ASSIGN_OR_RETURN(options.nvme_free_bytes, OptionalBytes(args.nvme_free, "--nvme-free"));
@@ -356,6 +358,9 @@ void AddPlanCommand(CLI::App& app) {
                   "PNG of the predicted step times and bytes per placement (gnuplot; x: the "
                   "table's row)");
   cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->add_flag("--clipped", args->clipped,
+                "The steps clip their gradients (early training, a norm far above "
+                "gradient_clipping): the NVMe optimizer step is not hidden behind backward");
   cmd->callback([args] {
     Status s = RunPlan(*args);
     if (!s.ok()) {

@@ -900,7 +900,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // The overlapped step (zinf.overlap_optimizer) runs the pass chunk by chunk while the last
   // micro-batch's backward goes on: that backward's compute hides as much of it.
   double hidden = 0;
-  if (optim_nvme && c.overlap_optimizer) {
+  if (optim_nvme && c.overlap_optimizer && !options.clipped) {
     const size_t per = model.fetch_order.size();
     for (size_t i = n - per; i < n; ++i) {
       const int mod = order[i];

@@ -51,8 +51,8 @@
 //    backward; and the parameter tier's write-back when it lives on NVMe.
 // The step is compute + exposed gather + reduce + what of max(optimizer update, nvme pass)
 // the last backward does not hide + the parameter tier's write. zinf.delayed_param_update is
-// not modelled (its update hides behind the next batch). It knows nothing of the machine's other load beyond what the
-// profile measured; bench/RESULTS.md compares it with measured steps.
+// not modelled (its update hides behind the next batch). It knows nothing of the machine's other
+// load beyond what the profile measured; bench/RESULTS.md compares it with measured steps.
 //
 // Thread-safety: plain functions over values.
 #ifndef ZINF_TOOLS_PLAN_MODEL_H_
@@ -217,6 +217,10 @@ struct PlanOptions {
   // Sizes only (no profile): an NVMe placement needs no measured bandwidth to fit, and the
   // times are left at 0.
   bool sizes_only = false;
+  // The steps clip their gradients (early training with gradient_clipping set, when the norm
+  // is far above it): the overlapped step then runs after backward (Note [Overlapped step]),
+  // so no optimizer time hides behind backward.
+  bool clipped = false;
 };
 
 MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world);

@@ -234,6 +234,31 @@ TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {
   }
 }
 
+// Steps that clip get no optimizer time hidden behind backward (Note [Overlapped step]): the
+// NVMe placements' predicted step grows, by no more than the optimizer's pass; the others stay.
+TEST(PlanModelTest, ClippedStepsHideNoOptimizerTime) {
+  StatusOr<ModelSpec> m = UniformModel(200'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  PlanOptions clipped;
+  clipped.clipped = true;
+  int grew = 0;
+  for (const EngineConfig& c : Placements(EngineConfig(), "/nvme")) {
+    SCOPED_TRACE(PlacementName(c));
+    StatusOr<Estimate> free_step = EstimatePlacement(*m, c, TestProfile(), {});
+    StatusOr<Estimate> clipped_step = EstimatePlacement(*m, c, TestProfile(), clipped);
+    ASSERT_TRUE(free_step.ok() && clipped_step.ok());
+    const double longer = clipped_step->time.step - free_step->time.step;
+    if (c.offload_optimizer_device == OffloadDevice::kNvme) {
+      EXPECT_GT(longer, 0);
+      EXPECT_LE(longer, clipped_step->time.optimizer + clipped_step->time.nvme + 1e-9);
+      ++grew;
+    } else {
+      EXPECT_EQ(longer, 0.0);
+    }
+  }
+  EXPECT_GT(grew, 0);
+}
+
 TEST(PlanModelTest, AModelTooLargeForTheMachineDoesNotFit) {
   StatusOr<ModelSpec> m = UniformModel(2'000'000'000, 8, 512);
   ASSERT_TRUE(m.ok());
