@@ -63,6 +63,24 @@ struct Piped {
   }
 };
 
+// Initial parameters and gradients of a shard of n elements (smooth, distinct per element),
+// and the init visitor that writes those parameters.
+struct SineShard {
+  std::vector<float> init, grads;
+  explicit SineShard(size_t n) : init(n), grads(n) {
+    for (size_t i = 0; i < n; ++i) {
+      init[i] = std::sin(0.001f * i);
+      grads[i] = std::cos(0.003f * i);
+    }
+  }
+  ChunkVisitor Fill() const {
+    return [this](const ChunkView& c) {
+      std::memcpy(c.params, init.data() + c.offset, c.count * 4);
+      return OkStatus();
+    };
+  }
+};
+
 // One shard's arrays held in memory: the reference the pipelined step must match.
 struct Reference {
   std::vector<float> params, m, v;
@@ -319,24 +337,14 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
 // Three ways to give the step its gradients (a visit, WriteGradients, a host array through
 // ShardSpec::host_grads) give bitwise the same parameters.
 TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits) {
-  ScratchDir dir;
-  auto store = SwapStore::Open(StoreOptions(dir.path()));
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto opt = CpuOptimizer::Create();
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
-  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(0.5));
-  ASSERT_TRUE(piped.ok()) << piped.status();
+  Piped f(0.5);
+  auto* opt = &f.opt;
+  auto* piped = &f.piped;
   const size_t n = 3 * kChunk + 100;  // NVMe and host chunks, and a short last one
-  std::vector<float> init(n), grads(n);
-  for (size_t i = 0; i < n; ++i) {
-    init[i] = std::sin(0.001f * i);
-    grads[i] = std::cos(0.003f * i);
-  }
-  auto fill = [&](const ChunkView& c) {
-    std::memcpy(c.params, init.data() + c.offset, c.count * 4);
-    return OkStatus();
-  };
+  const SineShard data(n);
+  const std::vector<float>& init = data.init;
+  std::vector<float> grads = data.grads;
+  const ChunkVisitor fill = data.Fill();
   ShardSpec spec;
   spec.count = n;
   spec.name = "visited";
@@ -403,15 +411,10 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
   auto* piped = &f.piped;
   auto* opt = &f.opt;
   const size_t n = 4 * kChunk + 300;
-  std::vector<float> init(n), grads(n);
-  for (size_t i = 0; i < n; ++i) {
-    init[i] = std::sin(0.001f * i);
-    grads[i] = std::cos(0.003f * i);
-  }
-  auto fill = [&](const ChunkView& c) {
-    std::memcpy(c.params, init.data() + c.offset, c.count * 4);
-    return OkStatus();
-  };
+  const SineShard data(n);
+  const std::vector<float>& init = data.init;
+  std::vector<float> grads = data.grads;
+  const ChunkVisitor fill = data.Fill();
   ShardSpec spec;
   spec.count = n;
   spec.host_grads = grads.data();
