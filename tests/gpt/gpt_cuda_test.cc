@@ -18,12 +18,16 @@
 
 #include "examples/gpt/gpt_kernels.h"
 #include "examples/gpt/gpt_model.h"
+#include "tests/gpt/gpt_test_values.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
 
 namespace gpt {
 namespace {
+
+using testing::RoundToBf16;
+using testing::Values;
 
 using zinf::DeviceKind;
 using zinf::Engine;
@@ -211,24 +215,6 @@ std::unique_ptr<GptKernels> Bf16Kernels(std::string* skip_reason) {
     return nullptr;
   }
   return std::move(kernels).value();
-}
-
-float RoundToBf16(float x) {
-  uint16_t h;
-  zinf::ConvertFromFp32(&x, zinf::ElementType::kBf16, &h, 1);
-  float y;
-  zinf::ConvertToFp32(&h, zinf::ElementType::kBf16, &y, 1);
-  return y;
-}
-
-std::vector<float> Values(size_t n, uint32_t seed) {
-  std::vector<float> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& f : v) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    f = static_cast<float>(static_cast<double>(x >> 11) / (1ull << 53) * 2 - 1);
-  }
-  return v;
 }
 
 // Device memory holding `bytes` of `host`.

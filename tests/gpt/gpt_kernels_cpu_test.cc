@@ -16,10 +16,14 @@
 #include <vector>
 
 #include "examples/gpt/gpt_kernels.h"
+#include "tests/gpt/gpt_test_values.h"
 #include "zinf/cpu_optimizer.h"
 
 namespace gpt {
 namespace {
+
+using testing::RoundToBf16;
+using testing::Values;
 
 using zinf::StatusCode;
 
@@ -43,25 +47,6 @@ std::unique_ptr<GptKernels> Kernels(ElementType matmul_type, std::string* skip_r
   std::string var##_skip;                                       \
   std::unique_ptr<GptKernels> var = Kernels(type, &var##_skip); \
   if (var == nullptr) GTEST_SKIP() << var##_skip
-
-float RoundToBf16(float x) {
-  uint16_t h;
-  zinf::ConvertFromFp32(&x, ElementType::kBf16, &h, 1);
-  float y;
-  zinf::ConvertToFp32(&h, ElementType::kBf16, &y, 1);
-  return y;
-}
-
-// Deterministic values in [-1, 1).
-std::vector<float> Values(size_t n, uint32_t seed) {
-  std::vector<float> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& f : v) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    f = static_cast<float>(static_cast<double>(x >> 11) / (1ull << 53) * 2 - 1);
-  }
-  return v;
-}
 
 // Element (b, r, c) of a view over host memory, as a float.
 float At(const View& v, int64_t b, int64_t r, int64_t c) {
