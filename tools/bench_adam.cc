@@ -409,13 +409,7 @@ void AddBenchAdamCommand(CLI::App& bench) {
   cmd->add_flag("--json", args->json, "Print one JSON object (a line per configuration)");
   cmd->add_option("--plot", args->plot,
                   "Write a PNG of GB/s against threads and sizes, with the limit (gnuplot)");
-  cmd->callback([args] {
-    Status s = RunBenchAdam(*args);
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf bench adam: {}\n", s.ToString());
-      ExitCode() = 1;
-    }
-  });
+  cmd->callback([args] { Report("zinf bench adam", RunBenchAdam(*args)); });
 }
 
 }  // namespace zinf::tools

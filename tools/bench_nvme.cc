@@ -597,13 +597,7 @@ void AddBenchNvmeCommand(CLI::App& bench) {
                 "block size x queue depth / 2 MiB)");
   cmd->add_flag("--no-huge-pages", args->no_huge_pages,
                 "Stage through 4 KiB pages (as fio's buffers are) instead of 2 MiB huge pages");
-  cmd->callback([args] {
-    Status s = RunBenchNvme(*args);
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf bench nvme: {}\n", s.ToString());
-      ExitCode() = 1;
-    }
-  });
+  cmd->callback([args] { Report("zinf bench nvme", RunBenchNvme(*args)); });
 }
 
 }  // namespace zinf::tools

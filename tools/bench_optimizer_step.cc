@@ -276,13 +276,7 @@ void AddBenchOptimizerStepCommand(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--checksum", args->checksum, "CRC32C on every NVMe write, verified on read");
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->callback([args] {
-    Status s = RunOptimizerStep(*args);
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf bench optimizer-step: {}\n", s.ToString());
-      ExitCode() = 1;
-    }
-  });
+  cmd->callback([args] { Report("zinf bench optimizer-step", RunOptimizerStep(*args)); });
 }
 
 }  // namespace zinf::tools

@@ -234,13 +234,7 @@ void AddBenchPcieCommand(CLI::App& bench) {
   cmd->add_option("--reps", args->reps, "Timed batches per figure (median reported)")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object");
-  cmd->callback([args] {
-    Status s = RunPcie(*args);
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf bench pcie: {}\n", s.ToString());
-      ExitCode() = 1;
-    }
-  });
+  cmd->callback([args] { Report("zinf bench pcie", RunPcie(*args)); });
 }
 
 }  // namespace zinf::tools

@@ -546,13 +546,7 @@ void AddBenchProfileCommand(CLI::App& bench) {
   cmd->add_option("--out", args->out, "Write the profile here (default: stdout)");
   cmd->add_flag("--quick", args->quick, "Small sizes, one repetition: seconds, for tests");
   cmd->add_flag("--no-collective", args->no_collective, "Skip the 2-rank collectives");
-  cmd->callback([args] {
-    Status s = RunProfile(*args);
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf bench profile: {}\n", s.ToString());
-      ExitCode() = 1;
-    }
-  });
+  cmd->callback([args] { Report("zinf bench profile", RunProfile(*args)); });
 }
 
 }  // namespace zinf::tools

@@ -117,11 +117,7 @@ void AddCkptCommands(CLI::App& app) {
     } catch (const std::exception& e) {
       s = Internal(fmt::format("exporting {}: unexpected exception: {}", args->dir, e.what()));
     }
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf ckpt export: {}\n", s.ToString());
-      ExitCode() = 1;
-      return;
-    }
+    if (!Report("zinf ckpt export", s)) return;
     fmt::print("wrote {}\n", args->out);
   });
 
@@ -147,11 +143,7 @@ void AddCkptCommands(CLI::App& app) {
     s = Internal(
         fmt::format("importing {}: unexpected exception: {}", import_args->file, e.what()));
   }
-  if (!s.ok()) {
-    fmt::print(stderr, "zinf ckpt import: {}\n", s.ToString());
-    ExitCode() = 1;
-    return;
-  }
+  if (!Report("zinf ckpt import", s)) return;
   fmt::print("wrote {}/{}\n", import_args->out, import_args->tag);
 });
 }  // namespace zinf::tools

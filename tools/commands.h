@@ -5,11 +5,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "zinf/status.h"
+
 namespace zinf::tools {
 
 // Each Add* registers a subcommand whose callback sets the process exit code through
 // ExitCode(); a subcommand reports failure by printing the Status and returning non-zero.
 int& ExitCode();
+// Reports a subcommand's outcome: an error is printed after `command` ("zinf plan") and sets
+// the exit code. Returns whether `s` is OK.
+bool Report(const char* command, const Status& s);
 
 void AddInfoCommand(CLI::App& app);                  // tools/info.cc
 void AddRunCommand(CLI::App& app);                   // tools/run.cc: `zinf run -n N -- CMD`

@@ -361,13 +361,7 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_flag("--clipped", args->clipped,
                 "The steps clip their gradients (early training, a norm far above "
                 "gradient_clipping): the NVMe optimizer step is not hidden behind backward");
-  cmd->callback([args] {
-    Status s = RunPlan(*args);
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf plan: {}\n", s.ToString());
-      ExitCode() = 1;
-    }
-  });
+  cmd->callback([args] { Report("zinf plan", RunPlan(*args)); });
 }
 
 }  // namespace zinf::tools

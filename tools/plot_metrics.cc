@@ -153,11 +153,7 @@ void AddPlotCommands(CLI::App& app) {
       return WritePlot(figure, args->plot);
     };
     const Status s = run();
-    if (!s.ok()) {
-      fmt::print(stderr, "zinf plot metrics: {}\n", s.ToString());
-      ExitCode() = 1;
-      return;
-    }
+    if (!Report("zinf plot metrics", s)) return;
     fmt::print("wrote {}\n", args->plot);
   });
 }

@@ -14,6 +14,13 @@ int& ExitCode() {
   return code;
 }
 
+bool Report(const char* command, const Status& s) {
+  if (s.ok()) return true;
+  fmt::print(stderr, "{}: {}\n", command, s.ToString());
+  ExitCode() = 1;
+  return false;
+}
+
 namespace {
 
 // CLI11 reports a mistyped subcommand only as "A subcommand is required". Finds the word it did
