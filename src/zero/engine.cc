@@ -472,8 +472,7 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   }
   ZINF_RETURN_IF_ERROR(m.comm->AllGather(shard, full.data(), p.shard_size, ElementType::kFp32));
   full.resize(p.numel);
-  const double scale = 1.0 / (static_cast<double>(m.world()) *
-                              m.config.gradient_accumulation_steps * m.scaler.scale);
+  const double scale = m.MeanScale();
   for (float& g : full) g = static_cast<float>(g * scale);
   *out = std::move(full);
   return OkStatus();

@@ -198,6 +198,12 @@ struct Engine::Impl {
 
   size_t param_bytes() const { return ElementSize(param_type); }
 
+  // What turns the accumulators (the sum over ranks and micro-batches of loss_scale *
+  // gradient) into the mean gradient: the step's gradient scale when it does not clip.
+  double MeanScale() const {
+    return 1.0 / (static_cast<double>(world()) * config.gradient_accumulation_steps * scaler.scale);
+  }
+
   // This rank's fp32 master shard of `p` into `out` (shard_size values): from `master`, or
   // with no host master, from the parameter tier when it is fp32 and else from the
   // optimizer's state (a pass over it).

@@ -102,10 +102,8 @@ void Engine::Impl::GradientAdded(int pi) {
 Status Engine::Impl::BeginOverlappedStep() {
   if (overlap == nullptr || overlap->armed() || !speculate) return OkStatus();
   if (tier_writer != nullptr) tier_writer->Begin();
-  // The scale of a step neither clipped nor skipped (Step computes it alike).
-  const double mean_scale =
-      1.0 / (static_cast<double>(world()) * config.gradient_accumulation_steps * scaler.scale);
-  return Context(overlap->Arm(static_cast<float>(mean_scale)),
+  // The scale of a step neither clipped nor skipped.
+  return Context(overlap->Arm(static_cast<float>(MeanScale())),
                  "starting the optimizer step alongside backward");
 }
 
@@ -215,9 +213,7 @@ StatusOr<StepSummary> Engine::Step() {
   const bool delay =
       m.config.delayed_param_update && m.steps >= m.config.delayed_param_update_warmup_steps;
   Status scheduled;  // reported once the batch's bookkeeping is done: the step itself was applied
-  // The accumulators hold the sum over ranks and micro-batches of loss_scale * gradient.
-  const double mean_scale = 1.0 / (static_cast<double>(m.world()) *
-                                   m.config.gradient_accumulation_steps * m.scaler.scale);
+  const double mean_scale = m.MeanScale();
   summary.grad_norm = overflow ? INFINITY : std::sqrt(global[0]) * mean_scale;
 
   if (overflow) {
