@@ -76,22 +76,15 @@ Status OptimizerOverlap::Arm(float scale) {
 void OptimizerOverlap::MarkFinal(int param) {
   if (!armed_) return;
   const Param& p = (*options_.params)[param];
-  std::vector<size_t> now_ready;
   for (size_t c : of_[param]) {
     const auto [first, last] = Overlap(chunks_[c].offset, chunks_[c].count, p);
     remaining_[c] -= last - first;
-    // Host chunks cannot be speculated on (nothing keeps their old state): Finish steps them.
-    if (remaining_[c] == 0 && chunks_[c].on_nvme) now_ready.push_back(c);
+    if (remaining_[c] == 0) MarkChunkFinal(c);
   }
-  if (now_ready.empty()) return;
-  {
-    std::lock_guard lock(mu_);
-    ready_.insert(ready_.end(), now_ready.begin(), now_ready.end());
-  }
-  wake_.notify_one();
 }
 
 void OptimizerOverlap::MarkChunkFinal(size_t chunk) {
+  // Host chunks cannot be speculated on (nothing keeps their old state): Finish steps them.
   if (!armed_ || chunk >= chunks_.size() || !chunks_[chunk].on_nvme) return;
   {
     std::lock_guard lock(mu_);
