@@ -43,6 +43,14 @@ std::string FilesystemName(long magic) {
 
 }  // namespace
 
+StatusOr<uint64_t> FreeBytes(const std::string& path) {
+  struct statvfs vfs {};
+  if (statvfs(path.c_str(), &vfs) != 0) {
+    return ErrnoStatus(errno, fmt::format("statvfs of {}", path));
+  }
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
 StatusOr<PathProbe> ProbePath(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) {

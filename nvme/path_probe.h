@@ -21,6 +21,10 @@ struct PathProbe {
   std::string o_direct_error;  // why not, when o_direct is false
 };
 
+// Bytes free for this (unprivileged) user on the file system of `path`; the errno of statvfs
+// as an error.
+StatusOr<uint64_t> FreeBytes(const std::string& path);
+
 // Probes directory `path`. Errors: InvalidArgument when it does not exist or is not a
 // directory; other problems (read-only, no O_DIRECT) are reported in the fields.
 StatusOr<PathProbe> ProbePath(const std::string& path);

@@ -19,9 +19,10 @@
 #include <set>
 #include <thread>
 
+#include "core/crc32c.h"
 #include "core/log.h"
 #include "core/units.h"
-#include "core/crc32c.h"
+#include "nvme/path_probe.h"
 
 namespace zinf {
 
@@ -126,11 +127,7 @@ Status SwapStore::Init() {
     auto& [bytes, paths] = need[st.st_dev];
     bytes += file_bytes_;
     paths.push_back(path);
-    struct statvfs vfs {};
-    if (statvfs(path.c_str(), &vfs) != 0) {
-      return ErrnoStatus(errno, fmt::format("statvfs of nvme path {}", path));
-    }
-    uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    ZINF_ASSIGN_OR_RETURN(uint64_t free_bytes, FreeBytes(path));
     // A swap file left by an earlier run is reused: its blocks count as free.
     struct stat old {};
     const std::string file =

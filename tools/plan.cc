@@ -6,7 +6,6 @@
 //
 // Single-threaded.
 #include <fmt/core.h>
-#include <sys/statvfs.h>
 
 #include <cerrno>
 #include <cmath>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "core/units.h"
+#include "nvme/path_probe.h"
 #include "tools/commands.h"
 #include "tools/plan_model.h"
 #include "tools/plot.h"
@@ -151,10 +151,8 @@ Status RunPlan(const PlanArgs& args) {
   if (nvme_path.empty() && !profile.nvme_paths.empty()) nvme_path = profile.nvme_paths.front();
   if (nvme_path.empty()) nvme_path = "/local_nvme";
   if (options.nvme_free_bytes == 0 && profile.nvme_free_bytes == 0) {
-    struct statvfs st {};
-    if (statvfs(args.nvme_path.empty() ? "." : args.nvme_path.c_str(), &st) == 0) {
-      profile.nvme_free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-    }
+    StatusOr<uint64_t> free = FreeBytes(args.nvme_path.empty() ? "." : args.nvme_path);
+    if (free.ok()) profile.nvme_free_bytes = *free;
   }
 
   struct Row {

@@ -3,13 +3,12 @@
 // memory and NVMe figures.
 #include <fmt/core.h>
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "core/log.h"
 #include "core/units.h"
+#include "nvme/path_probe.h"
 #include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zinf/cpu_info.h"
@@ -87,12 +86,12 @@ namespace {
 
 // Free bytes on the filesystems of `paths` for a store striped evenly over them: the
 // smallest, once per path (0 when one cannot be read).
-uint64_t FreeBytes(const std::vector<std::string>& paths) {
+uint64_t StripedFreeBytes(const std::vector<std::string>& paths) {
   uint64_t least = UINT64_MAX;
   for (const std::string& path : paths) {
-    struct statvfs vfs {};
-    if (statvfs(path.c_str(), &vfs) != 0) return 0;
-    least = std::min<uint64_t>(least, static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+    StatusOr<uint64_t> free = FreeBytes(path);
+    if (!free.ok()) return 0;
+    least = std::min(least, *free);
   }
   return paths.empty() ? 0 : least * paths.size();
 }
@@ -171,7 +170,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       // (Note [Overlapped step]): room for all of it where the disk has it, else for as many
       // chunks as fit beside everything else (this rank's share of the free space, less a
       // margin); the chunks beyond are stepped after backward.
-      const uint64_t free = FreeBytes(swap_options.paths) / std::max(world(), 1);
+      const uint64_t free = StripedFreeBytes(swap_options.paths) / std::max(world(), 1);
       const uint64_t margin = std::max<uint64_t>(free / 20, 1ull << 30);
       uint64_t room = free > swap_options.capacity_bytes + margin
                           ? free - swap_options.capacity_bytes - margin
