@@ -619,6 +619,14 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
 
 SwapStore* internal::TieredStoreAccess::Swap(TieredStore& store) { return store.impl_->swap.get(); }
 
+Device* internal::TieredStoreAccess::DeviceOf(TieredStore& store) {
+  return store.impl_->device.get();
+}
+
+bool internal::TieredStoreAccess::HostAddressable(const TieredStore& store) {
+  return store.impl_->direct;
+}
+
 StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
     const TieredStoreOptions& options, const SwapStoreOptions& swap) {
   ZINF_RETURN_IF_ERROR(options.Validate());

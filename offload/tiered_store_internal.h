@@ -13,6 +13,7 @@
 
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
+#include "zinf/device.h"
 #include "zinf/status.h"
 #include "zinf/tiered_store.h"
 
@@ -32,6 +33,13 @@ struct TieredStoreAccess {
   // The store's swap store, or null without an NVMe tier. It outlives nothing: valid while the
   // store is. Extents allocated on it by others are theirs to free.
   static SwapStore* Swap(TieredStore& store);
+  // The device of the store's device tier (null without one), valid while the store is: its
+  // clients enqueue their own work on streams of it (offload/device_ops.h).
+  static Device* DeviceOf(TieredStore& store);
+  // Whether the device tier's memory is host memory the host may touch directly: the host
+  // device with no modelled link (Note [Direct host device] in tiered_store.cc). Elsewhere
+  // device memory is reached only through the device's streams.
+  static bool HostAddressable(const TieredStore& store);
 };
 
 }  // namespace zinf::internal

@@ -1,11 +1,16 @@
 #include "tests/offload/device_conformance.h"
 
+#include <cmath>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
 #include <thread>
 #include <vector>
+
+#include "offload/device_ops.h"
+#include "zinf/cpu_optimizer.h"
 
 namespace zinf::testing {
 
@@ -56,6 +61,49 @@ TEST_P(DeviceConformanceTest, RoundTripHostDeviceHost) {
   ASSERT_TRUE(s.Copy(dst->data(), b->data(), kWords * 4, CopyKind::kDeviceToHost).ok());
   ASSERT_TRUE(s.Synchronize().ok());
   EXPECT_EQ(std::memcmp(dst->data(), pattern.data(), kWords * 4), 0);
+}
+
+// EnqueueConvert on the device gives the host conversions' bits (round to nearest even, NaN
+// kept), both ways, in the stream's order.
+TEST_P(DeviceConformanceTest, ConvertMatchesTheHostConversions) {
+  ZINF_DEVICE_OR_SKIP(device);
+  constexpr size_t kCount = 100003;
+  std::vector<float> values(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    values[i] = std::ldexp(static_cast<float>(i % 977) - 488.3f, static_cast<int>(i % 40) - 20);
+  }
+  values[7] = NAN;
+  values[8] = INFINITY;
+  values[9] = -0.0f;
+  auto stream = device->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto host = device->AllocateHost(kCount * 4);
+  auto fp32 = device->Allocate(kCount * 4);
+  auto half = device->Allocate(kCount * 2);
+  auto back = device->Allocate(kCount * 4);
+  ASSERT_TRUE(host.ok() && fp32.ok() && half.ok() && back.ok());
+  for (ElementType type : {ElementType::kBf16, ElementType::kFp16}) {
+    SCOPED_TRACE(ElementTypeName(type));
+    std::memcpy(host->data(), values.data(), kCount * 4);
+    Stream& s = **stream;
+    ASSERT_TRUE(s.Copy(fp32->data(), host->data(), kCount * 4, CopyKind::kHostToDevice).ok());
+    ASSERT_TRUE(
+        EnqueueConvert(*device, s, fp32->data(), ElementType::kFp32, half->data(), type, kCount)
+            .ok());
+    ASSERT_TRUE(
+        EnqueueConvert(*device, s, half->data(), type, back->data(), ElementType::kFp32, kCount)
+            .ok());
+    ASSERT_TRUE(s.Copy(host->data(), back->data(), kCount * 4, CopyKind::kDeviceToHost).ok());
+    ASSERT_TRUE(s.Synchronize().ok());
+    std::vector<uint16_t> expected_half(kCount);
+    std::vector<float> expected(kCount);
+    ConvertFromFp32(values.data(), type, expected_half.data(), kCount);
+    ConvertToFp32(expected_half.data(), type, expected.data(), kCount);
+    EXPECT_EQ(std::memcmp(host->data(), expected.data(), kCount * 4), 0);
+  }
+  Status bad = EnqueueConvert(*device, **stream, fp32->data(), ElementType::kBf16, half->data(),
+                              ElementType::kFp16, 1);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad;
 }
 
 TEST_P(DeviceConformanceTest, MemsetAndZeroSizedWork) {
