@@ -255,20 +255,22 @@ Status Engine::Initialize() {
   const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
   if (!m.config.gradients_on_nvme) {
     ZINF_ASSIGN_OR_RETURN(m.grad_acc,
-                          HostArray::Create(m.tiers.get(), "gradient accumulators", bytes));
+                          StoreArray::Create(m.tiers.get(), "gradient accumulators", bytes));
   }
-  if (world > 1) {
+  {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
-    m.buckets = std::make_unique<GradientBuckets>(
-        m.comm.get(), bucket, [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
-          return m.AddReducedGradient(flat_offset, reduced, size);
-        });
+    ZINF_ASSIGN_OR_RETURN(
+        m.buckets, GradientBuckets::Create(m.tiers.get(), m.comm.get(), bucket,
+                                           [&m](uint64_t flat_offset, const float* reduced,
+                                                uint64_t size) {
+                                             return m.AddReducedGradient(flat_offset, reduced, size);
+                                           }));
   }
   m.final_adds.assign(m.params.size(), 0);
   m.speculate = m.config.overlap_optimizer;
   if (m.host_master) {
-    ZINF_ASSIGN_OR_RETURN(m.master, HostArray::Create(m.tiers.get(), "fp32 master", bytes));
+    ZINF_ASSIGN_OR_RETURN(m.master, StoreArray::Create(m.tiers.get(), "fp32 master", bytes));
     m.FillInitial(0, m.shard_elements, m.master.as<float>());
   }
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
@@ -276,14 +278,14 @@ Status Engine::Initialize() {
     ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
   } else {
     // The optimizer state lives in host memory only when it is not on NVMe.
-    ZINF_ASSIGN_OR_RETURN(m.state0, HostArray::Create(m.tiers.get(), "optimizer state 0", bytes));
+    ZINF_ASSIGN_OR_RETURN(m.state0, StoreArray::Create(m.tiers.get(), "optimizer state 0", bytes));
     if (m.state_count() > 1) {
-      ZINF_ASSIGN_OR_RETURN(m.state1, HostArray::Create(m.tiers.get(), "optimizer state 1", bytes));
+      ZINF_ASSIGN_OR_RETURN(m.state1, StoreArray::Create(m.tiers.get(), "optimizer state 1", bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
     if (m.config.delayed_param_update) {
       ZINF_ASSIGN_OR_RETURN(
-          m.grad_step, HostArray::Create(m.tiers.get(), "gradients of the delayed update", bytes));
+          m.grad_step, StoreArray::Create(m.tiers.get(), "gradients of the delayed update", bytes));
     }
   }
   if (m.host_master) {
@@ -329,9 +331,11 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   for (int pi : module->params) {
     const Param& p = m.params[pi];
     GradBuffer& g = m.grads[pi];
-    if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && !m.grad_acc.empty()) {
-      // The accumulator is zero until the module's first reduction: backward may write the
-      // sum there directly, which saves a buffer and a pass (0 + g is g, bit for bit).
+    if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && !m.grad_acc.empty() &&
+        m.host_addressable) {
+      // The accumulator is zero until the module's first reduction: where backward's memory
+      // is host memory, it may write the sum there directly, which saves a buffer and a pass
+      // (0 + g is g, bit for bit).
       g.data = m.grad_acc.as<float>() + p.flat_offset;
     } else if (g.data == nullptr) {
       // A device tensor reading as zeros: the padding stays zero and backward may accumulate
@@ -366,14 +370,10 @@ Status Engine::ReduceGradients(int id) {
   for (int pi : module->params) {
     const Param& p = m.params[pi];
     const GradBuffer& g = m.grads[pi];
-    if (m.buckets != nullptr) {
+    if (g.tensor != 0) {
       ZINF_RETURN_IF_ERROR(
           m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else if (g.tensor != 0) {  // one rank: the gradient is its own shard
-      ZINF_RETURN_IF_ERROR(
-          m.Context(m.AddReducedGradient(p.flat_offset, g.data, p.shard_size),
-                    fmt::format("accumulating the gradient of '{}'", p.spec.name)));
     } else {  // written into the accumulator itself
       m.GradientAdded(pi);
     }

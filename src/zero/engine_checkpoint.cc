@@ -92,7 +92,7 @@ Status Engine::Impl::WriteShardFile(const std::string& tag_dir, const std::strin
     };
     ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, save, /*write_back=*/false));
   } else {
-    const HostArray* arrays[] = {&master, &state0, &state1};
+    const StoreArray* arrays[] = {&master, &state0, &state1};
     for (int i = 0; i < sections; ++i) {
       ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i]->data(), bytes));
     }
@@ -235,7 +235,7 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     };
     ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
   } else {
-    HostArray* arrays[] = {&master, &state0, &state1};
+    StoreArray* arrays[] = {&master, &state0, &state1};
     for (int i = 0; i < sections; ++i) {
       ZINF_RETURN_IF_ERROR(read(names[i], 0, shard_elements, arrays[i]->as<float>()));
     }

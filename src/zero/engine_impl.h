@@ -33,6 +33,7 @@
 #include "zero/optimizer_overlap.h"
 #include "zero/param_tier.h"
 #include "zero/partition.h"
+#include "zero/store_array.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 #include "zinf/tiered_store.h"
@@ -44,57 +45,6 @@ using EngineClock = std::chrono::steady_clock;
 inline double SecondsSince(EngineClock::time_point since) {
   return std::chrono::duration<double>(EngineClock::now() - since).count();
 }
-
-// An array the engine keeps in the tiered store's host tier for its whole life (acquired
-// there): the flat shard's fp32 master, gradient accumulators and optimizer state.
-class HostArray {
- public:
-  HostArray() = default;
-  HostArray(HostArray&& other) noexcept { *this = std::move(other); }
-  HostArray& operator=(HostArray&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      store_ = std::exchange(other.store_, nullptr);
-      id_ = std::exchange(other.id_, 0);
-      data_ = std::exchange(other.data_, nullptr);
-      bytes_ = std::exchange(other.bytes_, 0);
-    }
-    return *this;
-  }
-  ~HostArray() { Reset(); }
-
-  // `bytes` of zeros in `store`'s host tier, named `name` in its errors.
-  static StatusOr<HostArray> Create(TieredStore* store, const std::string& name, uint64_t bytes) {
-    HostArray a;
-    ZINF_ASSIGN_OR_RETURN(a.id_, store->Create(name, bytes, Tier::kHost));
-    a.store_ = store;
-    ZINF_ASSIGN_OR_RETURN(a.data_, store->Acquire(a.id_, Tier::kHost, Access::kWrite));
-    a.bytes_ = bytes;
-    return a;
-  }
-
-  void* data() const { return data_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-  uint64_t size_bytes() const { return bytes_; }
-  bool empty() const { return data_ == nullptr; }
-
- private:
-  void Reset() {
-    if (store_ == nullptr) return;
-    if (data_ != nullptr) store_->Release(id_, Tier::kHost).IgnoreError();
-    store_->Free(id_).IgnoreError();
-    store_ = nullptr;
-    data_ = nullptr;
-  }
-
-  TieredStore* store_ = nullptr;
-  TensorId id_ = 0;
-  void* data_ = nullptr;
-  uint64_t bytes_ = 0;
-};
 
 // A gradient buffer backward writes, between Gradients and ReduceGradients: a tensor of the
 // device tier, or with one rank in a batch's first micro-batch the (zero) accumulator itself.
@@ -133,8 +83,11 @@ struct Engine::Impl {
   std::unique_ptr<TieredStore> tiers;
   SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
   // master is empty when !host_master, grad_acc with the gradients on NVMe (nvme_grads).
-  HostArray master, grad_acc, state0, state1;
-  std::unique_ptr<GradientBuckets> buckets;  // world > 1
+  StoreArray master, grad_acc, state0, state1;
+  // Whether the device tier is host memory the host may touch (Note [Direct host device] in
+  // offload/tiered_store.cc): backward may then write into the host accumulators directly.
+  bool host_addressable = false;
+  std::unique_ptr<GradientBuckets> buckets;
   std::unique_ptr<ParamTier> param_tier;
   std::vector<GradBuffer> grads;  // by parameter
   // offload_optimizer.device = nvme.
@@ -150,7 +103,7 @@ struct Engine::Impl {
   // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
   // the next batch accumulates into grad_acc; the update itself; whether its parameters
   // still have to reach the parameter tier (at the next Step); its CPU time.
-  HostArray grad_step;
+  StoreArray grad_step;
   std::future<Status> delayed;
   bool delayed_tier_write = false;
   double delayed_seconds = 0;

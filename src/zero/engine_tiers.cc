@@ -125,17 +125,26 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   // read-ahead window; cached shard copies use what is left and are evicted first. On the
   // host device this is host memory: no more than the working set needs (a cache of every
   // shard would hold the model twice).
+  // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter.
+  uint64_t largest_shard = 0;
+  for (const Param& p : params) largest_shard = std::max(largest_shard, p.shard_size);
+  const uint64_t bucket_slice =
+      std::max(std::min(config.reduce_bucket_size, shard_elements * world()) / world(),
+               largest_shard);
+  const uint64_t buckets = world() > 1 ? 2 * bucket_slice * (world() + 1) * 4 : 0;
   options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
                                 2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
-                                (64 << 20);
-  // The flat shard's arrays (HostArray), page-aligned; the parameter tier when it lives
+                                buckets + (64 << 20);
+  // The flat shard's arrays (StoreArray), page-aligned; the parameter tier when it lives
   // here; room for the NVMe tier's host copies while they are written.
   const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
   const bool states_here = config.offload_optimizer_device != OffloadDevice::kNvme;
   const uint64_t arrays =
       array * ((config.gradients_on_nvme ? 0 : 1) + (host_master ? 1 : 0) +
                (states_here ? state_count() : 0) + (config.delayed_param_update ? 1 : 0));
-  options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) +
+  // The buckets' reduced slices, where the device's memory is not the host's.
+  const uint64_t landed = 2 * bucket_slice * 4;
+  options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) + landed +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
   options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
   options.piece_bytes =
@@ -192,6 +201,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   }
   ZINF_ASSIGN_OR_RETURN(tiers, internal::TieredStoreAccess::Create(options, swap_options));
   swap = internal::TieredStoreAccess::Swap(*tiers);
+  host_addressable = internal::TieredStoreAccess::HostAddressable(*tiers);
   param_tier = std::make_unique<ParamTier>(
       tiers.get(), comm.get(), &params, &modules,
       ParamTierOptions{.param_type = param_type,

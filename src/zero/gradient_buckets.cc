@@ -7,11 +7,33 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "offload/tiered_store_internal.h"
 
 namespace zinf {
 
-GradientBuckets::GradientBuckets(Communicator* comm, uint64_t bucket_elements, Sink sink)
-    : comm_(comm),
+StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(TieredStore* store,
+                                                                   Communicator* comm,
+                                                                   uint64_t bucket_elements,
+                                                                   Sink sink) {
+  Device* device = internal::TieredStoreAccess::DeviceOf(*store);
+  if (device == nullptr) {
+    return FailedPrecondition("gradient buckets need a tiered store with a device tier");
+  }
+  const bool host_addressable = internal::TieredStoreAccess::HostAddressable(*store);
+  std::unique_ptr<GradientBuckets> buckets(new GradientBuckets(
+      store, host_addressable, comm, bucket_elements, std::move(sink)));
+  if (!host_addressable) {
+    ZINF_ASSIGN_OR_RETURN(buckets->copy_, device->CreateStream());
+    ZINF_ASSIGN_OR_RETURN(buckets->down_, device->CreateStream());
+  }
+  return buckets;
+}
+
+GradientBuckets::GradientBuckets(TieredStore* store, bool host_addressable, Communicator* comm,
+                                 uint64_t bucket_elements, Sink sink)
+    : store_(store),
+      host_addressable_(host_addressable),
+      comm_(comm),
       world_(comm->world_size()),
       slice_elements_(std::max<uint64_t>(bucket_elements / comm->world_size(), 1)),
       sink_(std::move(sink)) {}
@@ -20,21 +42,48 @@ GradientBuckets::~GradientBuckets() {
   for (Bucket& bucket : buckets_) {
     if (bucket.work != nullptr) (void)bucket.work->Wait();
   }
+  for (Stream* stream : {copy_.get(), down_.get()}) {
+    if (stream != nullptr) (void)stream->Synchronize();
+  }
 }
 
 Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
   if (bucket.capacity >= capacity) return OkStatus();
-  bucket.send = HostBuffer();
-  bucket.received = HostBuffer();
-  ZINF_ASSIGN_OR_RETURN(bucket.send, HostBuffer::Allocate(capacity * world_ * sizeof(float)));
-  ZINF_ASSIGN_OR_RETURN(bucket.received, HostBuffer::Allocate(capacity * sizeof(float)));
+  bucket = Bucket();
+  const std::string name = fmt::format("gradient bucket {}", created_++);
+  // Every byte is written before it is read: nothing to zero.
+  if (world_ > 1) {
+    ZINF_ASSIGN_OR_RETURN(bucket.send, StoreArray::Create(store_, name, capacity * world_ * 4,
+                                                          Tier::kDevice, Access::kOverwrite));
+    ZINF_ASSIGN_OR_RETURN(bucket.received,
+                          StoreArray::Create(store_, name + " (reduced)", capacity * 4,
+                                             Tier::kDevice, Access::kOverwrite));
+  }
+  if (!host_addressable_) {
+    ZINF_ASSIGN_OR_RETURN(bucket.landed,
+                          StoreArray::Create(store_, name + " (host)", capacity * 4, Tier::kHost,
+                                             Access::kOverwrite));
+  }
   bucket.capacity = capacity;
   return OkStatus();
 }
 
+Status GradientBuckets::CopyOnDevice(float* dst, const float* src, uint64_t count) {
+  if (host_addressable_) {
+    std::memcpy(dst, src, count * sizeof(float));
+    return OkStatus();
+  }
+  return copy_->Copy(dst, src, count * sizeof(float), CopyKind::kDeviceToDevice);
+}
+
 Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t flat_offset,
-                            const std::string& name) {
+                            const std::string& name, Event* ready) {
   if (shard_size == 0) return OkStatus();
+  if (ready != nullptr && host_addressable_) ZINF_RETURN_IF_ERROR(ready->Synchronize());
+  if (world_ == 1 && host_addressable_) {  // the gradient is its own reduced shard, at hand
+    Status sunk = sink_(flat_offset, grad, shard_size);
+    return sunk.ok() ? sunk : std::move(sunk).WithContext(fmt::format("the gradient of '{}'", name));
+  }
   Bucket* bucket = &buckets_[filling_];
   if (bucket->used > 0 && bucket->used + shard_size > slice_elements_) {
     ZINF_RETURN_IF_ERROR(Start(*bucket));
@@ -45,10 +94,19 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   if (bucket->used == 0) {
     ZINF_RETURN_IF_ERROR(Reserve(*bucket, std::max(slice_elements_, shard_size)));
   }
-  float* send = bucket->send.as<float>();
-  for (int r = 0; r < world_; ++r) {
-    std::memcpy(send + r * bucket->capacity + bucket->used, grad + r * shard_size,
-                shard_size * sizeof(float));
+  if (world_ == 1) {  // straight down to the host tier
+    if (ready != nullptr) ZINF_RETURN_IF_ERROR(down_->Wait(*ready));
+    ZINF_RETURN_IF_ERROR(down_->Copy(bucket->landed.as<float>() + bucket->used, grad,
+                                     shard_size * sizeof(float), CopyKind::kDeviceToHost));
+    ZINF_RETURN_IF_ERROR(down_->Synchronize());
+  } else {
+    if (ready != nullptr && !host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
+    float* send = bucket->send.as<float>();
+    for (int r = 0; r < world_; ++r) {
+      ZINF_RETURN_IF_ERROR(
+          CopyOnDevice(send + r * bucket->capacity + bucket->used, grad + r * shard_size, shard_size));
+    }
+    if (!host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Synchronize());  // `grad` may go now
   }
   bucket->pieces.push_back({flat_offset, shard_size, bucket->used, name});
   bucket->used += shard_size;
@@ -56,14 +114,28 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
 }
 
 Status GradientBuckets::Start(Bucket& bucket) {
+  if (world_ == 1) return OkStatus();  // already landed
   // Reduce-scatter wants rank r's slice at r * used: close the gaps of a partly filled bucket.
-  // Slices move towards the front in rank order, so none overwrites one not yet moved.
+  // Slices move towards the front in rank order, so none overwrites one not yet moved; a
+  // slice that overlaps its own new place moves in pieces no longer than the distance, front
+  // first, as a memmove would.
   float* send = bucket.send.as<float>();
   if (bucket.used < bucket.capacity) {
     for (int r = 1; r < world_; ++r) {
-      std::memmove(send + r * bucket.used, send + r * bucket.capacity, bucket.used * sizeof(float));
+      float* dst = send + r * bucket.used;
+      const float* src = send + r * bucket.capacity;
+      if (host_addressable_) {
+        std::memmove(dst, src, bucket.used * sizeof(float));
+        continue;
+      }
+      const uint64_t step = static_cast<uint64_t>(src - dst);
+      for (uint64_t done = 0; done < bucket.used; done += step) {
+        ZINF_RETURN_IF_ERROR(
+            CopyOnDevice(dst + done, src + done, std::min(step, bucket.used - done)));
+      }
     }
   }
+  if (!host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Synchronize());
   bucket.work = comm_->ReduceScatterAsync(send, bucket.received.data(), bucket.used,
                                           ElementType::kFp32, ReduceOp::kSum);
   ++reductions_;
@@ -71,21 +143,33 @@ Status GradientBuckets::Start(Bucket& bucket) {
 }
 
 Status GradientBuckets::Complete(Bucket& bucket) {
-  if (bucket.work == nullptr) return OkStatus();
-  Status reduced = std::exchange(bucket.work, nullptr)->Wait();
-  if (!reduced.ok()) {
-    const std::string what =
-        bucket.pieces.size() == 1
-            ? fmt::format("reducing the gradient of '{}'", bucket.pieces.front().name)
-            : fmt::format("reducing the gradients of '{}' ... '{}' ({} in one bucket)",
-                          bucket.pieces.front().name, bucket.pieces.back().name,
-                          bucket.pieces.size());
-    return std::move(reduced).WithContext(what);
+  if (bucket.pieces.empty()) return OkStatus();
+  if (bucket.work != nullptr) {
+    Status reduced = std::exchange(bucket.work, nullptr)->Wait();
+    if (!reduced.ok()) {
+      const std::string what =
+          bucket.pieces.size() == 1
+              ? fmt::format("reducing the gradient of '{}'", bucket.pieces.front().name)
+              : fmt::format("reducing the gradients of '{}' ... '{}' ({} in one bucket)",
+                            bucket.pieces.front().name, bucket.pieces.back().name,
+                            bucket.pieces.size());
+      return std::move(reduced).WithContext(what);
+    }
   }
-  const float* received = bucket.received.as<float>();
+  const float* reduced = nullptr;
+  if (world_ == 1) {
+    reduced = bucket.landed.as<float>();
+  } else if (host_addressable_) {
+    reduced = bucket.received.as<float>();
+  } else {  // only this rank's slice crosses the link
+    ZINF_RETURN_IF_ERROR(down_->Copy(bucket.landed.data(), bucket.received.data(),
+                                     bucket.used * sizeof(float), CopyKind::kDeviceToHost));
+    ZINF_RETURN_IF_ERROR(down_->Synchronize());
+    reduced = bucket.landed.as<float>();
+  }
   Status sunk;
   for (const Piece& piece : bucket.pieces) {
-    sunk = sink_(piece.flat_offset, received + piece.at, piece.size);
+    sunk = sink_(piece.flat_offset, reduced + piece.at, piece.size);
     if (!sunk.ok()) {
       sunk = std::move(sunk).WithContext(fmt::format("the gradient of '{}'", piece.name));
       break;

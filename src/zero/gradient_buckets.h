@@ -1,5 +1,5 @@
 // GradientBuckets: reduce-scatters gradients in buckets of reduce_bucket_size elements, each
-// while backward goes on, and adds each rank's reduced shard into its fp32 accumulators.
+// while backward goes on, and hands each rank's reduced shard to the accumulators.
 //
 // Note [Gradient buckets]
 // Reducing one parameter at a time costs a collective per parameter and leaves backward
@@ -13,8 +13,18 @@
 // order as reducing one parameter at a time would give, so the bucket size never changes the
 // result (the collective reduces each element over the same ranks whatever the bucket holds).
 //
-// Memory: two buckets of `bucket_elements` (grown to hold the largest parameter), allocated
-// when first used, plus this rank's slice of each.
+// Where the bytes are. Gradients arrive in device memory, and the buckets are tensors of the
+// tiered store's device tier: the gradient is packed into the bucket on the device (a copy
+// on a stream), the collective reduces device memory (NCCL on a GPU, Gloo on the host
+// device), and only this rank's reduced slice goes down to the host tier, on a stream of its
+// own, before the sink reads it. With one rank there is nothing to reduce: the gradient
+// itself goes down. Where device memory is host memory the host may touch (the host device
+// without a modelled link), the packing is a memcpy and the sink reads the slice, or with one
+// rank the gradient, where it is: no copy beyond what the collective needs.
+//
+// Memory: two buckets of `bucket_elements` (grown to hold the largest parameter) in the
+// device tier, allocated when first used, plus this rank's slice of each, and that slice
+// again in the host tier when the device is not host-addressable.
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_GRADIENT_BUCKETS_H_
@@ -27,8 +37,10 @@
 #include <string>
 #include <vector>
 
-#include "zinf/host_memory.h"
+#include "zero/store_array.h"
+#include "zinf/device.h"
 #include "zinf/status.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf {
 
@@ -37,24 +49,28 @@ class CommWork;
 
 class GradientBuckets {
  public:
-  // Receives this rank's reduced shard of one parameter (`size` elements that belong at
-  // `flat_offset` of the flat shard), to add into its accumulators; its error stops the
-  // reduction.
+  // Receives this rank's reduced shard of one parameter (`size` elements in host memory that
+  // belong at `flat_offset` of the flat shard), to add into its accumulators; its error stops
+  // the reduction.
   using Sink = std::function<Status(uint64_t flat_offset, const float* reduced, uint64_t size)>;
 
   // `bucket_elements`: elements of gradient (over all ranks) per bucket, at least one per
-  // rank. `comm` must outlive this object.
-  GradientBuckets(Communicator* comm, uint64_t bucket_elements, Sink sink);
-  // Waits for collectives still in flight (their buffers are ours).
+  // rank. `store` (with a device tier) and `comm` (whose collectives take that device's
+  // memory) must outlive this object.
+  static StatusOr<std::unique_ptr<GradientBuckets>> Create(TieredStore* store, Communicator* comm,
+                                                           uint64_t bucket_elements, Sink sink);
+  // Waits for collectives and copies still in flight (their buffers are ours).
   ~GradientBuckets();
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
 
-  // Queues one parameter's full gradient (world * shard_size elements, padded); its reduced
-  // shard will go to the sink at `flat_offset`. `grad` is
-  // copied: the caller may free it on return. May start a reduction or wait for an earlier
-  // one. `name` names the parameter in errors.
-  Status Add(const float* grad, uint64_t shard_size, uint64_t flat_offset, const std::string& name);
+  // Queues one parameter's full gradient (world * shard_size elements, padded, in device
+  // memory); its reduced shard will go to the sink at `flat_offset`. `grad` is read after
+  // `ready` (when given: the event backward's stream recorded) and copied before the call
+  // returns: the caller may free it then. May start a reduction or wait for an earlier one.
+  // `name` names the parameter in errors.
+  Status Add(const float* grad, uint64_t shard_size, uint64_t flat_offset, const std::string& name,
+             Event* ready = nullptr);
   // Reduces what is queued and waits until every added gradient has gone to the sink.
   Status Finish();
   // Collectives started so far (each one bucket).
@@ -68,25 +84,36 @@ class GradientBuckets {
     std::string name;
   };
   struct Bucket {
-    HostBuffer send;      // world * capacity elements, rank r's slice at r * capacity
-    HostBuffer received;  // capacity elements: this rank's reduced slice
+    StoreArray send;      // device: world * capacity elements, rank r's slice at r * capacity
+    StoreArray received;  // device: capacity elements, this rank's reduced slice
+    StoreArray landed;    // host: the reduced slice, when the device is not host-addressable
     uint64_t capacity = 0;
     uint64_t used = 0;  // elements per rank slice
     std::vector<Piece> pieces;
     std::shared_ptr<CommWork> work;  // the reduction in flight
   };
 
+  GradientBuckets(TieredStore* store, bool host_addressable, Communicator* comm,
+                  uint64_t bucket_elements, Sink sink);
   Status Start(Bucket& bucket);
   // Waits for the bucket's reduction and hands it to the sink; leaves it empty.
   Status Complete(Bucket& bucket);
   Status Reserve(Bucket& bucket, uint64_t capacity);
+  // Copies device memory to device memory, in order on copy_ (a memcpy now when the device is
+  // host-addressable).
+  Status CopyOnDevice(float* dst, const float* src, uint64_t count);
 
+  TieredStore* const store_;
+  const bool host_addressable_;
   Communicator* const comm_;
   const int world_;
   const uint64_t slice_elements_;  // bucket_elements / world
   const Sink sink_;
+  std::unique_ptr<Stream> copy_;  // packing gradients into buckets
+  std::unique_ptr<Stream> down_;  // reduced slices to the host tier
   std::array<Bucket, 2> buckets_;
   int filling_ = 0;  // the bucket Add copies into; the other may be in flight
+  int created_ = 0;  // bucket tensors created, for their names
   uint64_t reductions_ = 0;
 };
 

@@ -384,6 +384,36 @@ TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
   EXPECT_TRUE(finals[2] == finals[0]) << "bucket 1000 differs from one bucket";
 }
 
+// Behind a modelled link (ZINF_HOST_LINK_GBPS) the host device's memory is reached only
+// through its streams, as a GPU's is: gradients are packed into the buckets by device copies,
+// and only the reduced slices (with one rank, the gradients) come down to the host tier
+// (Note [Gradient buckets]). That path gives the same bits as the direct one.
+TEST(MlpTest, TheModelledLinkChangesNoBit) {
+  for (const Case& c : {Case{1, 3, 2, 0.05}, Case{2, 3, 2, 0.05, {false, false, 100}},
+                        Case{4, 3, 3, 0, {false, false, 1000}}}) {
+    SCOPED_TRACE(Describe(c));
+    std::vector<std::string> finals;
+    for (const char* link : {"", "20"}) {
+      const std::string dir = (std::filesystem::temp_directory_path() /
+                               ("zinf-mlp-link-" + std::to_string(getpid()) + "-" + link))
+                                  .string();
+      std::filesystem::create_directories(dir);
+      ::setenv("ZINF_HOST_LINK_GBPS", link, 1);
+      const std::vector<int> codes = RunRanks(c.world, [&](int rank, int port) {
+        return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir, false,
+                         c.placement);
+      });
+      ::unsetenv("ZINF_HOST_LINK_GBPS");
+      ASSERT_EQ(codes, std::vector<int>(c.world, 0)) << "link " << link;
+      std::ifstream in(dir + "/final.bin", std::ios::binary);
+      finals.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      std::filesystem::remove_all(dir);
+    }
+    ASSERT_FALSE(finals[0].empty());
+    EXPECT_TRUE(finals[1] == finals[0]) << "the modelled link changed the trained model";
+  }
+}
+
 // Data parallelism over a subset of the processes, as beside tensor parallelism of 2 on 4
 // processes: groups {0, 2} and {1, 3} each train as a world of 2, through one store.
 TEST(MlpTest, DataParallelSubgroupsTrainAsTheirOwnWorld) {
