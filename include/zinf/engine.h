@@ -282,9 +282,17 @@ struct ParamTensor {
   uint64_t numel = 0;
 };
 
+class Device;  // zinf/device.h
+class Event;
+
 // A module's full parameters while it is fetched, in device memory of the compute device.
 // Pointers stay valid until Release.
 struct FetchedModule {
+  // The gathers and conversions that filled the tensors complete at this event, owned by the
+  // engine and valid until Release: a GPU trainer makes its compute stream wait on it
+  // (Stream::Wait) instead of synchronizing the host. On the host device, where the caller's
+  // thread is the compute stream, it has completed when Fetch returns.
+  Event* ready = nullptr;
   // In the compute precision (EngineConfig::bf16, fp16, else fp32): what the device computes
   // with. One per ParamSpec.
   std::vector<ParamTensor> tensors;
@@ -331,6 +339,9 @@ class ZINF_EXPORT Engine {
   // This process's index among the ranks on its node (LOCAL_RANK; 0 when unset), e.g. the GPU
   // a trainer should use.
   int local_rank() const;
+  // The compute device (EngineOptions::device), once initialized (null before): a trainer
+  // makes its streams and the events of Release and ReduceGradients on it.
+  Device* compute_device() const;
 
   // Registers a module before Initialize(); returns its id. InvalidArgument for empty or
   // duplicate names and non-positive dimensions.
@@ -341,14 +352,18 @@ class ZINF_EXPORT Engine {
   Status Initialize();
 
   StatusOr<FetchedModule> Fetch(int module);
-  Status Release(int module);
+  // Ends the module's use of its fetched tensors. `done` (optional): an event the trainer's
+  // compute stream recorded after its last use of them; their memory is reused only after
+  // it, and Release does not wait for it. Without it the tensors must no longer be in use.
+  Status Release(int module, Event* done = nullptr);
   // Zeroed full-size gradient buffers for the module (one per ParamSpec), to be written by
   // backward; valid until ReduceGradients. Allocated only in backward, never in forward.
   StatusOr<std::vector<float*>> Gradients(int module);
   // Queues the module's gradients for reduce-scattering (in buckets of reduce_bucket_size,
-  // asynchronously) into this rank's fp32 accumulators, and frees the buffers.
-  // FailedPrecondition when Gradients(module) was not called.
-  Status ReduceGradients(int module);
+  // asynchronously) into this rank's fp32 accumulators, and frees the buffers. `ready`
+  // (optional): an event the trainer's compute stream recorded after backward wrote them;
+  // they are read after it. FailedPrecondition when Gradients(module) was not called.
+  Status ReduceGradients(int module, Event* ready = nullptr);
   // Ends a global batch: after gradient_accumulation_steps micro-batches of
   // ReduceGradients on every module, updates the parameters.
   StatusOr<StepSummary> Step();

@@ -47,6 +47,7 @@
 #include <utility>
 
 #include "comm/communicator.h"
+#include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zero/lr_schedule.h"
 #include "zero/partition.h"
@@ -116,6 +117,9 @@ Engine::~Engine() = default;
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
 int Engine::local_rank() const { return impl_->local_rank; }
+Device* Engine::compute_device() const {
+  return impl_->tiers == nullptr ? nullptr : internal::TieredStoreAccess::DeviceOf(*impl_->tiers);
+}
 double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
 
@@ -306,19 +310,20 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
         "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
   }
   FetchedModule out;
-  ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params),
+  ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params, &out.ready),
                                  fmt::format("fetching module '{}'", module->name)));
   return out;
 }
 
-Status Engine::Release(int id) {
+Status Engine::Release(int id, Event* done) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   if (!module->fetched) {
     return FailedPrecondition(
         fmt::format("Release of module '{}', which is not fetched", module->name));
   }
-  m.param_tier->Release(id);
+  ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Release(id, done),
+                                 fmt::format("releasing module '{}'", module->name)));
   module->fetched = false;
   return OkStatus();
 }
@@ -354,7 +359,7 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   return out;
 }
 
-Status Engine::ReduceGradients(int id) {
+Status Engine::ReduceGradients(int id, Event* ready) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = EngineClock::now();
@@ -372,9 +377,10 @@ Status Engine::ReduceGradients(int id) {
     const GradBuffer& g = m.grads[pi];
     if (g.tensor != 0) {
       ZINF_RETURN_IF_ERROR(
-          m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name),
+          m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name, ready),
                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
-    } else {  // written into the accumulator itself
+    } else {  // written into the accumulator itself (host memory)
+      if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
       m.GradientAdded(pi);
     }
     m.FreeGradient(pi);

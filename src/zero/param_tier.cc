@@ -10,6 +10,8 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
+#include "offload/device_ops.h"
+#include "offload/tiered_store_internal.h"
 
 namespace zinf {
 namespace {
@@ -52,6 +54,13 @@ ParamTier::~ParamTier() {
 }
 
 Status ParamTier::Create() {
+  device_ = internal::TieredStoreAccess::DeviceOf(*store_);
+  if (device_ == nullptr) return FailedPrecondition("the parameter tier needs a device tier");
+  ZINF_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+  ready_.resize(modules_->size());
+  for (auto& event : ready_) {
+    ZINF_ASSIGN_OR_RETURN(event, device_->CreateEvent());
+  }
   for (size_t i = 0; i < params_->size(); ++i) {
     const Param& p = (*params_)[i];
     ZINF_ASSIGN_OR_RETURN(state_[i].shard,
@@ -115,7 +124,8 @@ Status ParamTier::Gather(int param) {
     ZINF_ASSIGN_OR_RETURN(void* fp32,
                           store_->Acquire(s.widened, Tier::kDevice, Access::kOverwrite));
     s.fp32 = static_cast<float*>(fp32);
-    ConvertToFp32(s.full, options_.param_type, s.fp32, full_size);
+    ZINF_RETURN_IF_ERROR(EnqueueConvert(*device_, *stream_, s.full, options_.param_type, s.fp32,
+                                        ElementType::kFp32, full_size));
   }
   s.current = true;
   counters_.seconds_gather += Seconds(t0);
@@ -142,11 +152,25 @@ void ParamTier::Drop(int param) {
 }
 
 void ParamTier::DropAll() {
+  ReapReleases(0);
+  // The widening enqueued by gathers nobody fetched (persistent parameters) may still run.
+  if (stream_ != nullptr) (void)stream_->Synchronize();
   for (size_t i = 0; i < state_.size(); ++i) Drop(static_cast<int>(i));
 }
 
-Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32) {
+Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32,
+                        Event** ready) {
   Module& m = (*modules_)[module];
+  // Note [Fetch and release events]: a module fetched again keeps copies not yet dropped.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->module != module) {
+      ++it;
+      continue;
+    }
+    spare_events_.push_back(std::move(it->done));
+    it = pending_.erase(it);
+  }
+  ReapReleases(2);
   TraceFetch(module);
   counters_.peak_live_parameters = std::max(counters_.peak_live_parameters, LiveElements(module));
   // All of the module's gathers in flight at once, then each waited for.
@@ -161,14 +185,55 @@ Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<f
     out->push_back({st.full, options_.param_type, (*params_)[pi].numel});
     if (fp32 != nullptr) fp32->push_back(st.fp32);
   }
+  Event& done = *ready_[module];
+  ZINF_RETURN_IF_ERROR(stream_->Record(done));
+  if (device_->kind() == DeviceKind::kHost) {  // the caller's thread computes next
+    const auto t0 = Clock::now();
+    ZINF_RETURN_IF_ERROR(done.Synchronize());
+    counters_.seconds_gather += Seconds(t0);
+  }
+  if (ready != nullptr) *ready = &done;
   m.fetched = true;
   PrefetchGathers();
   return OkStatus();
 }
 
-void ParamTier::Release(int module) {
-  for (int pi : (*modules_)[module].params) {
-    if (!(*params_)[pi].persistent) Drop(pi);
+Status ParamTier::Release(int module, Event* done) {
+  if (done == nullptr && device_->kind() == DeviceKind::kHost) {
+    for (int pi : (*modules_)[module].params) {
+      if (!(*params_)[pi].persistent) Drop(pi);
+    }
+    return OkStatus();
+  }
+  std::unique_ptr<Event> mine;
+  if (!spare_events_.empty()) {
+    mine = std::move(spare_events_.back());
+    spare_events_.pop_back();
+  } else {
+    ZINF_ASSIGN_OR_RETURN(mine, device_->CreateEvent());
+  }
+  if (done != nullptr) ZINF_RETURN_IF_ERROR(stream_->Wait(*done));
+  ZINF_RETURN_IF_ERROR(stream_->Record(*mine));
+  pending_.push_back({module, std::move(mine)});
+  return OkStatus();
+}
+
+void ParamTier::ReapReleases(size_t keep) {
+  while (!pending_.empty()) {
+    PendingRelease& oldest = pending_.front();
+    if (pending_.size() > keep) {
+      Status waited = oldest.done->Synchronize();
+      // The stream's error is sticky and reaches the next Fetch; the memory is ours again.
+      if (!waited.ok()) log::Warn("rank {}: waiting to release: {}", comm_->rank(), waited);
+    } else {
+      StatusOr<bool> done = oldest.done->Query();
+      if (done.ok() && !*done) break;
+    }
+    for (int pi : (*modules_)[oldest.module].params) {
+      if (!(*params_)[pi].persistent) Drop(pi);
+    }
+    spare_events_.push_back(std::move(oldest.done));
+    pending_.pop_front();
   }
 }
 
@@ -176,7 +241,7 @@ Status ParamTier::GatherPersistent() {
   for (size_t i = 0; i < params_->size(); ++i) {
     if ((*params_)[i].persistent) ZINF_RETURN_IF_ERROR(Gather(static_cast<int>(i)));
   }
-  return OkStatus();
+  return stream_->Synchronize();
 }
 
 uint64_t ParamTier::LiveElements(int fetching) const {

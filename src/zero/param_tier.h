@@ -30,11 +30,25 @@
 // recording again (with a warning, once); shards are then brought in and gathered when fetched,
 // which is always correct, only slower.
 //
+// Note [Fetch and release events]
+// The device's compute runs asynchronously to the thread that drives the engine (a GPU's
+// stream), so handing out memory and taking it back are ordered by events, not by waiting.
+// Fetch enqueues the widening of 16-bit parameters on this tier's stream of the compute
+// device and records the module's `ready` event there; the trainer's compute stream waits on
+// it. On the host device the caller's thread is the compute stream, so Fetch waits for the
+// event itself before it returns. Release with the trainer's `done` event makes the stream
+// wait on it and records an event of its own (capturing `done` as it is now, whatever the
+// trainer records later); the module's copies are dropped, and their memory reused, only
+// once that has completed: checked at every Fetch, waited for when more than two modules
+// are pending or before the copies are replaced. A module fetched again before its copies
+// were dropped keeps them. Without `done` (host trainers) the copies go at once.
+//
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_PARAM_TIER_H_
 #define ZINF_ZERO_PARAM_TIER_H_
 
 #include <cstdint>
+#include <deque>
 #include <future>
 #include <memory>
 #include <vector>
@@ -42,6 +56,7 @@
 #include "offload/pipelined_optimizer.h"
 #include "zero/partition.h"
 #include "zinf/cpu_optimizer.h"
+#include "zinf/device.h"
 #include "zinf/engine.h"
 #include "zinf/status.h"
 #include "zinf/tiered_store.h"
@@ -75,15 +90,20 @@ class ParamTier {
   ParamTier(const ParamTier&) = delete;
   ParamTier& operator=(const ParamTier&) = delete;
 
-  // Creates the shard tensors (reading as zeros until written).
+  // Creates the shard tensors (reading as zeros until written), and the stream and events
+  // of the store's device that the gathers use.
   Status Create();
 
   // Gathers the module's parameters into the device tier: `out` gets one tensor each, in the
   // compute precision, and `fp32` (when not null) the same values widened to fp32 in device
-  // memory (the same pointers at fp32). Records or follows the fetch order (Note [Prefetch]).
-  Status Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32);
-  // Frees the gathered copies of the module's non-persistent parameters.
-  void Release(int module);
+  // memory (the same pointers at fp32). The widening runs on the device, on this tier's
+  // stream; `ready` (when not null) gets the event where that work completes (Note [Fetch
+  // and release events]). Records or follows the fetch order (Note [Prefetch]).
+  Status Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32,
+               Event** ready = nullptr);
+  // Frees the gathered copies of the module's non-persistent parameters: now, or with `done`
+  // (an event of the trainer's compute stream) once it has completed.
+  Status Release(int module, Event* done = nullptr);
   // Regathers every persistent parameter (stages 1 and 2 keep the model gathered).
   Status GatherPersistent();
   // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
@@ -121,7 +141,15 @@ class ParamTier {
 
  private:
   struct State;
+  // A module released with an event: its copies are dropped once `done` has completed.
+  struct PendingRelease {
+    int module;
+    std::unique_ptr<Event> done;  // recorded on stream_ after the trainer's event
+  };
   Status StartGather(int param);
+  // Drops the pending releases whose events have completed, and waits for the oldest while
+  // more than `keep` are pending.
+  void ReapReleases(size_t keep);
   Status Gather(int param);
   void Drop(int param);
   void TraceFetch(int module);
@@ -140,6 +168,11 @@ class ParamTier {
   std::vector<Module>* const modules_;
   const ParamTierOptions options_;
   std::vector<State> state_;
+  Device* device_ = nullptr;                  // the store's
+  std::unique_ptr<Stream> stream_;            // widening on the device
+  std::vector<std::unique_ptr<Event>> ready_;  // by module: its last Fetch's work done
+  std::deque<PendingRelease> pending_;
+  std::vector<std::unique_ptr<Event>> spare_events_;
   std::vector<std::shared_future<Status>> write_backs_;
   std::vector<int> fetch_order_;  // recorded during the first batch or pass
   bool recording_ = true;

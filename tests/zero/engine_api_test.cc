@@ -14,9 +14,11 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zinf/cpu_optimizer.h"
+#include "zinf/device.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -530,6 +532,97 @@ TEST(EngineDeviceTest, HostDeviceTensorsAndOtherDevicesRefused) {
   EXPECT_EQ(widened, std::vector<float>(fetched->params[0], fetched->params[0] + 15));
   EXPECT_TRUE((*engine)->Release(0).ok());
 }
+
+// Note [Fetch and release events]: a trainer computing on a stream of the compute device
+// (a GPU's, here the host device's) waits for Fetch's `ready`, hands Release an event of its
+// own and gets its tensors' memory kept until that event; a module fetched again meanwhile
+// keeps its copies; ReduceGradients reads gradients only after `ready`. On the direct host
+// device and behind a modelled link, where the gradients go through the buckets' streams.
+class EngineEventTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineEventTest, TrainersStreamIsOrderedByEvents) {
+  ::setenv("ZINF_HOST_LINK_GBPS", GetParam(), 1);
+  auto config = EngineConfig::FromJson(R"({"bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
+  ASSERT_TRUE(config.ok());
+  auto created = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  ASSERT_TRUE(e.RegisterModule("a", {{"a.w", {64, 64}}}).ok());
+  ASSERT_TRUE(e.RegisterModule("b", {{"b.w", {64, 64}}}).ok());
+  EXPECT_EQ(e.compute_device(), nullptr);
+  ASSERT_TRUE(e.Initialize().ok());
+  ::unsetenv("ZINF_HOST_LINK_GBPS");
+  Device* device = e.compute_device();
+  ASSERT_NE(device, nullptr);
+  auto stream = device->CreateStream();
+  auto used = device->CreateEvent();
+  auto written = device->CreateEvent();
+  ASSERT_TRUE(stream.ok() && used.ok() && written.ok());
+  Stream& compute = **stream;
+  std::vector<float> expected;
+  ASSERT_TRUE(e.GatherParameter("a.w", &expected).ok());
+  std::vector<uint16_t> bf16(expected.size());  // what the bf16 compute copy holds
+  ConvertFromFp32(expected.data(), ElementType::kBf16, bf16.data(), expected.size());
+  ConvertToFp32(bf16.data(), ElementType::kBf16, expected.data(), expected.size());
+
+  auto a = e.Fetch(0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_NE(a->ready, nullptr);
+  EXPECT_TRUE(*a->ready->Query());  // the host device: complete on return
+  const float* weights = a->params[0];
+  std::vector<float> seen;
+  ASSERT_TRUE(compute.Wait(*a->ready).ok());
+  ASSERT_TRUE(compute
+                  .HostFunc([&] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                    seen.assign(weights, weights + expected.size());
+                    return OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(compute.Record(**used).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(e.Release(0, used->get()).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200))
+      << "Release waited for the trainer's stream";
+  ASSERT_TRUE(e.Fetch(1).ok());
+  ASSERT_TRUE(e.Release(1).ok());
+  auto again = e.Fetch(0);  // before the pending release went: the same copies
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->params[0], weights);
+  ASSERT_TRUE(compute.Synchronize().ok());
+  EXPECT_EQ(seen, expected);
+
+  // Backward on the trainer's stream writes the gradient late; ReduceGradients waits for it.
+  auto grads = e.Gradients(0);
+  ASSERT_TRUE(grads.ok());
+  float* g = (*grads)[0];
+  ASSERT_TRUE(compute
+                  .HostFunc([g] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                    for (int i = 0; i < 64 * 64; ++i) g[i] = 0.5f + i;
+                    return OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE(compute.Record(**written).ok());
+  ASSERT_TRUE(e.ReduceGradients(0, written->get()).ok());
+  ASSERT_TRUE(e.Release(0, nullptr).ok());
+  ASSERT_TRUE(e.Fetch(1).ok());
+  auto gb = e.Gradients(1);
+  ASSERT_TRUE(gb.ok());
+  ASSERT_TRUE(e.ReduceGradients(1).ok());
+  ASSERT_TRUE(e.Release(1).ok());
+  std::vector<float> reduced;
+  ASSERT_TRUE(e.GatherGradient("a.w", &reduced).ok());
+  ASSERT_EQ(reduced.size(), 64u * 64);
+  for (int i = 0; i < 64 * 64; ++i) ASSERT_EQ(reduced[i], 0.5f + i) << i;
+  EXPECT_TRUE(e.Step().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, EngineEventTest, ::testing::Values("", "20"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(*info.param == 0 ? "direct" : "modelled_link");
+                         });
 
 }  // namespace
 }  // namespace zinf
