@@ -120,6 +120,13 @@ PipelinedOptimizer::PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
                                        const PipelinedOptimizerOptions& options)
     : optimizer_(optimizer), swap_(swap), options_(options) {}
 
+uint64_t PipelinedOptimizer::staging_bytes() const { return slot_bytes_ * slots_.size(); }
+
+uint64_t PipelinedOptimizer::ChunkBytes(uint64_t count, int state_count) {
+  return ChunkLayout(count, state_count, ElementType::kFp32, false, ElementType::kBf16)
+      .data_bytes();
+}
+
 StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
     CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options) {
   if (optimizer == nullptr) return InvalidArgument("pipelined optimizer: optimizer is null");
@@ -137,22 +144,28 @@ StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
   const uint64_t slot_bytes =
       self->chunk_elements_ * PipelinedOptimizerOptions::kStagingBytesPerElement;
 
-  PinnedPoolOptions staging;
-  staging.name = "pipelined step staging";
-  staging.budget_bytes = k * slot_bytes;
-  staging.preallocate = true;
-  staging.pinned = options.pinned;
-  staging.numa_node = options.numa_node;
-  ZINF_ASSIGN_OR_RETURN(self->staging_, MemoryPool::CreatePinned(staging));
-  PinnedPoolOptions state;
-  state.name = "host optimizer state";
-  state.budget_bytes =
-      options.host_state_budget_bytes != 0 ? options.host_state_budget_bytes : (uint64_t{1} << 62);
-  state.arena_bytes = std::min<uint64_t>(state.budget_bytes, 1ull << 30);
-  state.pinned = options.pinned;
-  state.numa_node = options.numa_node;
-  ZINF_ASSIGN_OR_RETURN(self->host_state_, MemoryPool::CreatePinned(state));
-
+  self->slot_bytes_ = slot_bytes;
+  if (options.pool != nullptr) {
+    self->staging_ = self->host_state_ = options.pool;
+  } else {
+    PinnedPoolOptions staging;
+    staging.name = "pipelined step staging";
+    staging.budget_bytes = k * slot_bytes;
+    staging.preallocate = true;
+    staging.pinned = options.pinned;
+    staging.numa_node = options.numa_node;
+    ZINF_ASSIGN_OR_RETURN(self->own_staging_, MemoryPool::CreatePinned(staging));
+    PinnedPoolOptions state;
+    state.name = "host optimizer state";
+    state.budget_bytes = options.host_state_budget_bytes != 0 ? options.host_state_budget_bytes
+                                                              : (uint64_t{1} << 62);
+    state.arena_bytes = std::min<uint64_t>(state.budget_bytes, 1ull << 30);
+    state.pinned = options.pinned;
+    state.numa_node = options.numa_node;
+    ZINF_ASSIGN_OR_RETURN(self->own_host_state_, MemoryPool::CreatePinned(state));
+    self->staging_ = self->own_staging_.get();
+    self->host_state_ = self->own_host_state_.get();
+  }
   for (uint64_t i = 0; i < k; ++i) {
     auto slot = std::make_unique<Slot>();
     ZINF_ASSIGN_OR_RETURN(slot->block, self->staging_->Allocate(slot_bytes));

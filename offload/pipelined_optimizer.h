@@ -93,6 +93,11 @@ struct PipelinedOptimizerOptions {
   int numa_node = -1;
   // For ParamCopyTier::kDevice: the device the copies go to (not owned).
   Device* device = nullptr;
+  // When set, the staging buffers and the host-resident chunks are blocks of this pool (the
+  // tiered store's host tier, internal::TieredStoreAccess::HostPool), counted in its budget,
+  // which must have room for them; `pinned`, `numa_node` and host_state_budget_bytes are then
+  // the pool's. Else the step makes pools of its own. Not owned; must outlive the step.
+  MemoryPool* pool = nullptr;
 
   static constexpr uint64_t kChunkAlignElements = 2048;  // keeps bf16 regions 4 KiB aligned
   static constexpr uint64_t kMinChunkElements = 64 * 1024;
@@ -241,9 +246,15 @@ class PipelinedOptimizer {
   const PipelinedStepStats& last_step_stats() const { return stats_; }
   uint64_t chunk_elements() const { return chunk_elements_; }
   int num_buffers() const { return static_cast<int>(slots_.size()); }
-  // The staging pool (peak = the host memory the pipeline used) and the host state pool.
+  // The staging pool (peak = the host memory the pipeline used) and the host state pool: the
+  // same one, PipelinedOptimizerOptions::pool, when given.
   const MemoryPool& staging_pool() const { return *staging_; }
   const MemoryPool& host_state_pool() const { return *host_state_; }
+  // Host bytes the staging buffers take: what `pool` must have room for beside the
+  // host-resident chunks (StateBytes).
+  uint64_t staging_bytes() const;
+  // Host bytes of one chunk's arrays of `count` elements, where it lives in host memory.
+  static uint64_t ChunkBytes(uint64_t count, int state_count);
   size_t num_shards() const;
 
  private:
@@ -267,8 +278,10 @@ class PipelinedOptimizer {
   SwapStore* swap_;
   PipelinedOptimizerOptions options_;
   uint64_t chunk_elements_ = 0;
-  std::unique_ptr<MemoryPool> staging_;
-  std::unique_ptr<MemoryPool> host_state_;
+  std::unique_ptr<MemoryPool> own_staging_, own_host_state_;  // without options_.pool
+  MemoryPool* staging_ = nullptr;
+  MemoryPool* host_state_ = nullptr;
+  uint64_t slot_bytes_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Stream> copy_stream_;         // kDevice parameter copies
   std::vector<std::unique_ptr<Shard>> shards_;  // by id; null once removed

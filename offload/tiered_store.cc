@@ -627,6 +627,10 @@ bool internal::TieredStoreAccess::HostAddressable(const TieredStore& store) {
   return store.impl_->direct;
 }
 
+MemoryPool* internal::TieredStoreAccess::HostPool(TieredStore& store) {
+  return store.impl_->host_pool.get();
+}
+
 StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
     const TieredStoreOptions& options, const SwapStoreOptions& swap) {
   ZINF_RETURN_IF_ERROR(options.Validate());

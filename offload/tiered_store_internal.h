@@ -13,6 +13,7 @@
 
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
+#include "offload/memory_pool.h"
 #include "zinf/device.h"
 #include "zinf/status.h"
 #include "zinf/tiered_store.h"
@@ -40,6 +41,10 @@ struct TieredStoreAccess {
   // device with no modelled link (Note [Direct host device] in tiered_store.cc). Elsewhere
   // device memory is reached only through the device's streams.
   static bool HostAddressable(const TieredStore& store);
+  // The host tier's pool, for clients whose buffers are not tensors (the pipelined optimizer
+  // step's staging and host-resident chunks): blocks of it count in the host tier's budget and
+  // stats, and are never evicted. Valid while the store is.
+  static MemoryPool* HostPool(TieredStore& store);
 };
 
 }  // namespace zinf::internal

@@ -609,15 +609,15 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     m.nvme_staging = PipelinedOptimizerOptions().num_buffers * chunk *
                      PipelinedOptimizerOptions::kStagingBytesPerElement;
     const uint64_t chunks = (S + chunk - 1) / chunk;
-    uint64_t host_elements = 0;
+    // Host-resident chunks (fp32 params, the states and room for gradients), blocks of the
+    // store's host tier.
     for (uint64_t i = 0; i < chunks; ++i) {
       const bool on_nvme =
           std::floor((i + 1) * c.optimizer_nvme_ratio) > std::floor(i * c.optimizer_nvme_ratio);
-      if (!on_nvme) host_elements += std::min(chunk, S - i * chunk);
+      if (!on_nvme) {
+        m.host_state_pool += PipelinedOptimizer::ChunkBytes(std::min(chunk, S - i * chunk), states);
+      }
     }
-    // Host-resident chunks (fp32 params and the states) come from 1 GiB arenas.
-    const uint64_t host_state = host_elements * 4 * (1 + states);
-    m.host_state_pool = host_state == 0 ? 0 : (host_state + kGiB - 1) / kGiB * kGiB;
     // OpenTiers reserves swap space for every chunk, whatever the ratio; twice for the
     // overlapped step (its new state goes beside the old until the step stands; the engine
     // takes less where the disk has not the room); the gradient accumulators' 4 bytes an

@@ -198,6 +198,8 @@ struct Engine::Impl {
   // everything this rank keeps on NVMe.
   Status OpenTiers(const std::string& device);
 
+  // The pipelined step's options (but its pool), which OpenTiers sizes the host tier for.
+  PipelinedOptimizerOptions NvmeOptimizerOptions() const;
   Status OpenNvmeOptimizer();
 
   // The optimizer step over NVMe-resident state (the gradients come from grad_acc), finishing

@@ -19,19 +19,26 @@
 #include <cmath>
 #include <cstring>
 
+#include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zero/lr_schedule.h"
 
 namespace zinf {
 
-Status Engine::Impl::OpenNvmeOptimizer() {
+PipelinedOptimizerOptions Engine::Impl::NvmeOptimizerOptions() const {
   PipelinedOptimizerOptions options;
   options.chunk_elements = OptimizerChunkElements();
   options.host_budget_bytes = std::max<uint64_t>(
       config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
                                             PipelinedOptimizerOptions::kStagingBytesPerElement);
-  options.pinned = config.pin_memory;
   options.nvme_ratio = config.optimizer_nvme_ratio;
+  return options;
+}
+
+Status Engine::Impl::OpenNvmeOptimizer() {
+  PipelinedOptimizerOptions options = NvmeOptimizerOptions();
+  // Its buffers are the store's host tier's (OpenTiers sized it for them).
+  options.pool = internal::TieredStoreAccess::HostPool(*tiers);
   ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), swap, options));
   // The new parameters of each chunk the step updates go to the host master, or with none
   // straight into the parameter tier.
@@ -78,7 +85,7 @@ Status Engine::Impl::OpenNvmeOptimizer() {
     // A chunk's gradients are final when its last write of the batch is on disk.
     ZINF_ASSIGN_OR_RETURN(
         nvme_grads, NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(),
-                                          config.gradient_accumulation_steps,
+                                          tiers.get(), config.gradient_accumulation_steps,
                                           [o = overlap.get()](size_t c) { o->MarkChunkFinal(c); }));
   }
   return OkStatus();

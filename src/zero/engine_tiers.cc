@@ -144,7 +144,23 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
                (states_here ? state_count() : 0) + (config.delayed_param_update ? 1 : 0));
   // The buckets' reduced slices, where the device's memory is not the host's.
   const uint64_t landed = 2 * bucket_slice * 4;
+  // The pipelined step's staging buffers and the chunks it keeps in host memory (all of
+  // them at most, with offload_optimizer.ratio < 1).
+  uint64_t step_buffers = 0;
+  if (config.offload_optimizer_device == OffloadDevice::kNvme) {
+    const PipelinedOptimizerOptions step = NvmeOptimizerOptions();
+    const uint64_t chunk = step.chunk_elements;
+    step_buffers = step.num_buffers * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
+    if (step.nvme_ratio < 1) {
+      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
+      step_buffers += chunks * PipelinedOptimizer::ChunkBytes(chunk, state_count());
+    }
+  }
+  // The staging of the gradients on NVMe (Note [Gradients on NVMe]).
+  const uint64_t gradient_staging =
+      config.gradients_on_nvme ? NvmeGradients::StagingBudget(OptimizerChunkElements()) : 0;
   options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) + landed +
+                              gradient_staging + step_buffers +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
   options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
   options.piece_bytes =
@@ -217,10 +233,6 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   // The host device's memory is host memory too.
   uint64_t host =
       stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
-  if (pipelined != nullptr) {
-    host += pipelined->staging_pool().stats().arena_bytes +
-            pipelined->host_state_pool().stats().arena_bytes;
-  }
   summary->host_bytes = host;
   summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
   // The parameter tier's NVMe traffic since the last step (the optimizer's is counted by

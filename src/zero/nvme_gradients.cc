@@ -10,10 +10,10 @@
 namespace zinf {
 
 StatusOr<std::unique_ptr<NvmeGradients>> NvmeGradients::Create(
-    PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int accumulation_steps,
-    std::function<void(size_t chunk)> final, uint64_t max_staging_bytes) {
-  std::unique_ptr<NvmeGradients> self(new NvmeGradients(optimizer, shard, cpu, accumulation_steps,
-                                                        std::move(final), max_staging_bytes));
+    PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
+    int accumulation_steps, std::function<void(size_t chunk)> final, uint64_t max_staging_bytes) {
+  std::unique_ptr<NvmeGradients> self(new NvmeGradients(
+      optimizer, shard, cpu, store, accumulation_steps, std::move(final), max_staging_bytes));
   ZINF_ASSIGN_OR_RETURN(std::vector<ChunkInfo> chunks, optimizer->Chunks(shard));
   self->chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -28,7 +28,7 @@ NvmeGradients::~NvmeGradients() {
   for (Chunk& chunk : chunks_) Settle(chunk).IgnoreError();
 }
 
-StatusOr<HostBuffer> NvmeGradients::TakeBuffer() {
+StatusOr<StoreArray> NvmeGradients::TakeBuffer() {
   // Writes slower than backward would pile buffers up: wait for the oldest instead.
   while (staging_bytes_ + buffer_bytes_ > max_staging_bytes_ && !in_flight_.empty()) {
     const size_t oldest = in_flight_.front();
@@ -38,11 +38,16 @@ StatusOr<HostBuffer> NvmeGradients::TakeBuffer() {
   staging_bytes_ += buffer_bytes_;
   peak_staging_bytes_ = std::max(peak_staging_bytes_, staging_bytes_);
   if (!free_.empty()) {
-    HostBuffer b = std::move(free_.back());
+    StoreArray b = std::move(free_.back());
     free_.pop_back();
     return b;
   }
-  return HostBuffer::Allocate(buffer_bytes_);
+  // Page-aligned (the store's blocks are), as O_DIRECT writes need; every byte is written
+  // before it is read.
+  StatusOr<StoreArray> b = StoreArray::Create(store_, "gradient staging", buffer_bytes_,
+                                              Tier::kHost, Access::kOverwrite);
+  if (!b.ok()) staging_bytes_ -= buffer_bytes_;
+  return b;
 }
 
 Status NvmeGradients::Settle(Chunk& chunk) {
@@ -64,7 +69,7 @@ Status NvmeGradients::Add(uint64_t flat_offset, const float* grads, uint64_t siz
     const uint64_t first = std::max<uint64_t>(flat_offset, chunk.info.offset);
     const uint64_t last =
         std::min<uint64_t>(flat_offset + size, chunk.info.offset + chunk.info.count);
-    if (chunk.staging.data() == nullptr) {
+    if (chunk.staging.empty()) {
       ZINF_ASSIGN_OR_RETURN(chunk.staging, TakeBuffer());
     }
     std::memcpy(static_cast<float*>(chunk.staging.data()) + (first - chunk.info.offset),
@@ -85,7 +90,7 @@ Status NvmeGradients::Flush(size_t c) {
   ZINF_RETURN_IF_ERROR(Settle(chunk));  // the previous micro-batch's write
   float* g = static_cast<float*>(chunk.staging.data());
   if (chunk.flushes > 0) {  // acc + g, as AccumulateFp32 adds into host accumulators
-    ZINF_ASSIGN_OR_RETURN(HostBuffer previous, TakeBuffer());
+    ZINF_ASSIGN_OR_RETURN(StoreArray previous, TakeBuffer());
     Status read = optimizer_->ReadChunkGradients(shard_, c, previous.data());
     if (chunk.info.on_nvme) traffic_.read += chunk.info.count * 4;
     if (read.ok()) AccumulateFp32(static_cast<float*>(previous.data()), g, chunk.info.count);
@@ -122,6 +127,8 @@ StatusOr<GradStats> NvmeGradients::Stats() {
     if (written.ok()) written = std::move(s);
   }
   in_flight_.clear();
+  // Every buffer is back: the host tier has them back until the next batch's gradients.
+  free_.clear();
   ZINF_RETURN_IF_ERROR(written);
   GradStats total;
   for (const Chunk& chunk : chunks_) {
@@ -144,7 +151,7 @@ void NvmeGradients::EndBatch() {
     chunk.flushes = 0;
     chunk.arrived = 0;
     chunk.stats = GradStats();
-    if (chunk.staging.data() != nullptr) {
+    if (!chunk.staging.empty()) {
       free_.push_back(std::move(chunk.staging));
       staging_bytes_ -= buffer_bytes_;
     }

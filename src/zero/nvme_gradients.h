@@ -10,7 +10,7 @@
 // written back in the later ones. The last flush of a chunk also takes its squared norm and
 // finiteness, so that the step knows the global norm without reading the gradients again;
 // the pipelined step then reads them with the state. Host memory: the chunks being filled
-// (backward fills them in order, so a few, plus those of the largest parameter, and those
+// (tensors of the tiered store's host tier; backward fills them in order, so a few, plus those of the largest parameter, and those
 // whose write is still in flight, at most max_staging_bytes: past it, taking a buffer waits
 // for the oldest write) instead of four bytes per parameter. Writes are
 // asynchronous; a chunk's read-back in a later micro-batch waits for its write. When a
@@ -30,21 +30,24 @@
 #include <vector>
 
 #include "nvme/io_engine.h"
-#include "zinf/host_memory.h"
-
 #include "offload/pipelined_optimizer.h"
+#include "zero/store_array.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/status.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf {
 
 class NvmeGradients {
  public:
   // `optimizer`'s shard `shard` keeps its own fp32 gradients (ShardSpec::host_grads null);
-  // `cpu` takes the norms. Both must outlive this object. `final` (optional) is called with a
+  // `cpu` takes the norms; the staging buffers are tensors of `store`'s host tier, which must
+  // have room for max_staging_bytes and a few buffers beyond (see StagingBudget). All three
+  // must outlive this object. `final` (optional) is called with a
   // chunk's index once its gradients for the batch are all on disk, on any thread.
   static StatusOr<std::unique_ptr<NvmeGradients>> Create(
-      PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int accumulation_steps,
+      PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
+      int accumulation_steps,
       std::function<void(size_t chunk)> final = nullptr,
       uint64_t max_staging_bytes = kMaxStagingBytes);
   // Waits for the writes in flight.
@@ -61,6 +64,12 @@ class NvmeGradients {
   // The next batch starts from zero.
   void EndBatch();
   static constexpr uint64_t kMaxStagingBytes = 256ull << 20;
+  // Host-tier bytes the staging may take with chunks of `chunk_elements`: the bound, and the
+  // chunks being filled beyond it (those a parameter spans, and the read-back of one).
+  static uint64_t StagingBudget(uint64_t chunk_elements,
+                                uint64_t max_staging_bytes = kMaxStagingBytes) {
+    return max_staging_bytes + 8 * PipelinedOptimizer::GradientBufferBytes(chunk_elements);
+  }
   // NVMe bytes the accumulators wrote and read back since the last call.
   struct Traffic {
     uint64_t read = 0, written = 0;
@@ -72,34 +81,36 @@ class NvmeGradients {
  private:
   struct Chunk {
     ChunkInfo info;
-    HostBuffer staging;                 // empty while no gradient of this micro-batch has arrived
+    StoreArray staging;                 // empty while no gradient of this micro-batch has arrived
     uint64_t arrived = 0;               // elements of this micro-batch
     int flushes = 0;                    // micro-batches written this batch
     GradStats stats;                    // after the batch's last flush
     std::unique_ptr<IoWaiter> writing;  // the write in flight, and its buffer
-    HostBuffer written;
+    StoreArray written;
   };
-  NvmeGradients(PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, int steps,
-                std::function<void(size_t)> final, uint64_t max_staging_bytes)
+  NvmeGradients(PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
+                int steps, std::function<void(size_t)> final, uint64_t max_staging_bytes)
       : optimizer_(optimizer),
         shard_(shard),
         cpu_(cpu),
+        store_(store),
         accumulation_steps_(steps),
         final_(std::move(final)),
         max_staging_bytes_(max_staging_bytes) {}
   Status Flush(size_t c);
   // Waits for chunk c's write in flight and takes its buffer back.
   Status Settle(Chunk& chunk);
-  StatusOr<HostBuffer> TakeBuffer();
+  StatusOr<StoreArray> TakeBuffer();
 
   PipelinedOptimizer* const optimizer_;
   const int shard_;
   CpuOptimizer* const cpu_;
+  TieredStore* const store_;
   const int accumulation_steps_;
   const std::function<void(size_t)> final_;
   const uint64_t max_staging_bytes_;
   std::vector<Chunk> chunks_;
-  std::vector<HostBuffer> free_;  // staging buffers for reuse, each of buffer_bytes_
+  std::vector<StoreArray> free_;  // staging buffers for reuse, each of buffer_bytes_
   std::deque<size_t> in_flight_;  // chunks whose write is in flight, oldest first
   uint64_t buffer_bytes_ = 0;
   uint64_t staging_bytes_ = 0, peak_staging_bytes_ = 0;

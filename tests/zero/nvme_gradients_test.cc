@@ -72,8 +72,14 @@ TEST(NvmeGradientsTest, AccumulatesLikeHostMemoryWithinTheStagingBound) {
   ASSERT_TRUE(shard.ok());
   const uint64_t buffer = PipelinedOptimizer::GradientBufferBytes(kChunk);
   std::vector<size_t> finals;
+  TieredStoreOptions to;  // the staging's home
+  to.device = "";
+  to.host_budget_bytes = NvmeGradients::StagingBudget(kChunk, 3 * buffer);
+  to.pin_host = false;
+  auto tiers = TieredStore::Create(to);
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
   auto grads = NvmeGradients::Create(
-      piped->get(), *shard, opt->get(), /*accumulation_steps=*/2,
+      piped->get(), *shard, opt->get(), tiers->get(), /*accumulation_steps=*/2,
       [&](size_t c) { finals.push_back(c); }, /*max_staging_bytes=*/3 * buffer);
   ASSERT_TRUE(grads.ok()) << grads.status();
 
@@ -99,6 +105,8 @@ TEST(NvmeGradientsTest, AccumulatesLikeHostMemoryWithinTheStagingBound) {
   EXPECT_EQ(finals.size(), 7u) << "every chunk was announced final once";
   // Within the bound: the chunk being filled may exceed it by the pieces that span chunks.
   EXPECT_LE((*grads)->peak_staging_bytes(), 3 * buffer + 2 * buffer);
+  // The staging is the store's: its host tier saw the same peak, and nothing else.
+  EXPECT_EQ((*tiers)->stats().tiers[int(Tier::kHost)].peak_bytes, (*grads)->peak_staging_bytes());
   auto back = HostBuffer::Allocate(buffer);
   ASSERT_TRUE(back.ok());
   for (size_t c = 0; c < 7; ++c) {
