@@ -595,9 +595,12 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   for (const auto& params : l.modules) {
     uint64_t bytes = 0;
     for (const Laid& p : params) {
+      // Engine::Impl::OpenTiers: the shard's copy, the gathered parameter (several ranks),
+      // its fp32 widening (16-bit on the host device) and the gradient.
       const uint64_t full = p.shard * world;
-      const uint64_t gathered = full * (e + 4 + 4) + p.shard * e;
-      (p.persistent ? persistent_budget : bytes) += gathered;
+      const uint64_t gathered = world > 1 ? full * e : 0;
+      const uint64_t widened = e != 4 ? full * 4 : 0;
+      (p.persistent ? persistent_budget : bytes) += p.shard * e + gathered + widened + full * 4;
       tier += PageUp(p.shard * e);
       largest_tier = std::max(largest_tier, p.shard * e);
     }
@@ -640,30 +643,37 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     m.nvme = AlignUp((m.nvme + paths - 1) / paths, c.aio.block_size) * paths;
   }
   // Peak: the budgets OpenTiers gives the store.
+  // The two reduce-scatter buckets live in the device tier (Note [Gradient buckets]).
+  uint64_t largest_shard = 0;
+  for (const auto& params : l.modules) {
+    for (const Laid& p : params) largest_shard = std::max(largest_shard, p.shard);
+  }
+  const uint64_t bucket_slice = std::max<uint64_t>(
+      std::min<uint64_t>(c.reduce_bucket_size, S * world) / world, largest_shard);
+  const uint64_t buckets = world > 1 ? 2 * bucket_slice * (world + 1) * 4 : 0;
   m.device_budget = (c.offload_param_device == OffloadDevice::kNone ? tier : 0) +
                     persistent_budget + 2 * working_set + 2 * c.stage3_prefetch_bucket_size * e +
-                    (64 << 20);
+                    buckets + (64 << 20);
   if (!model.fetch_order.empty()) {
-    const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
+    // The buckets stay in the device tier once allocated: the cache has the rest.
+    const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget - buckets);
     m.device_cache = sim.cached_at_end;
-    m.peak_device = std::min(
-        m.device_budget, sim.peak + (c.offload_param_device == OffloadDevice::kNone ? tier : 0));
+    m.peak_device =
+        std::min(m.device_budget,
+                 sim.peak + (c.offload_param_device == OffloadDevice::kNone ? tier : 0) + buckets);
   }
   m.host_budget = m.host_arrays + (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
                   std::max<uint64_t>(256 << 20, 4 * largest_tier);
   m.activations = model.activation_bytes;
   // In host memory at the peak: the host arrays, the parameter tier where it lives there, the
   // NVMe optimizer's pools, with parameters on NVMe the host copies the step writes back
-  // (within the host tier's room), the store's staging buffers for NVMe, and with several
-  // ranks the two reduce buckets.
-  const uint64_t buckets =
-      world > 1 ? 2 * std::min<uint64_t>(c.reduce_bucket_size, S * world) * 4 : 0;
+  // (within the host tier's room) and the store's staging buffers for NVMe.
   const uint64_t write_backs =
       params_nvme ? std::min<uint64_t>(tier, std::max<uint64_t>(256 << 20, 4 * largest_tier)) : 0;
   const uint64_t piece = std::clamp<uint64_t>(PageUp(largest_tier), 1 << 20, 64 << 20);
   const uint64_t store_staging = params_nvme || optim_nvme ? 4 * piece : 0;
   m.peak_host = m.host_arrays + (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
-                m.nvme_staging + m.host_state_pool + write_backs + store_staging + buckets;
+                m.nvme_staging + m.host_state_pool + write_backs + store_staging;
   return m;
 }
 

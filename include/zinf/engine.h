@@ -245,8 +245,11 @@ struct ZINF_EXPORT EngineConfig {
 struct EngineOptions {
   // The compute device, where gathered parameters and gradients live: "host" (the CPU as a
   // device, see include/zinf/device.h; behind a modelled PCIe link when ZINF_HOST_LINK_GBPS is
-  // set). Anything else is Unavailable for now: the engine's collectives and gradient path are
-  // host-side until its NCCL lane lands.
+  // set), "cuda:N" (gathers and gradient reductions on the GPU over NCCL, only this rank's
+  // reduced shard copied to host memory), or "auto": cuda:LOCAL_RANK where this node has that
+  // GPU, else host. The default is host because a trainer that computes on the CPU reads and
+  // writes the engine's tensors through host pointers; a GPU trainer asks for its device.
+  // Unavailable (saying why) for a GPU that is not there or a build without CUDA.
   std::string device = "host";
   int rank = -1;        // -1: from the environment
   int world_size = -1;  // -1: from the environment
@@ -297,7 +300,7 @@ struct FetchedModule {
   // with. One per ParamSpec.
   std::vector<ParamTensor> tensors;
   // The same values widened to fp32 (the tensors themselves at fp32), one per ParamSpec,
-  // numel elements each: for trainers that compute in fp32 on the host device.
+  // numel elements each: for trainers that compute in fp32 on the host device. Empty on a GPU.
   std::vector<float*> params;
 };
 

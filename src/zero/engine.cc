@@ -151,20 +151,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   ZINF_RETURN_IF_ERROR(config.Validate());
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  impl->device = options.device;
-  if (options.device != "host") {
-    return Unavailable(
-        fmt::format("compute device \"{}\": the engine runs on the host device only for now (its "
-                    "collectives and gradient path are host-side); use \"host\"",
-                    options.device));
-  }
+  ZINF_ASSIGN_OR_RETURN(const ProcessPlace place, ResolveProcessPlace(options));
+  ZINF_ASSIGN_OR_RETURN(impl->device, ResolveComputeDevice(options.device, place.local_rank));
   impl->params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
   impl->host_master =
       !(impl->params_on_nvme && config.offload_optimizer_device == OffloadDevice::kNvme);
   impl->param_type = config.bf16   ? ElementType::kBf16
                      : config.fp16 ? ElementType::kFp16
                                    : ElementType::kFp32;
-  ZINF_ASSIGN_OR_RETURN(const ProcessPlace place, ResolveProcessPlace(options));
   impl->global_rank = place.global_rank;
   impl->local_rank = place.local_rank;
   // train_batch_size counts the data-parallel ranks, known only now.
@@ -172,6 +166,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   ZINF_ASSIGN_OR_RETURN(ProcessGroup group, ConnectProcessGroup(place, options.timeout));
   impl->store = std::move(group.store);
   impl->comm = std::move(group.comm);
+  if (impl->device != "host" && place.size > 1) {
+    ZINF_ASSIGN_OR_RETURN(
+        impl->device_comm,
+        CreateNcclCommunicator(*impl->store, {.rank = place.rank,
+                                              .world_size = place.size,
+                                              .device = std::stoi(impl->device.substr(5)),
+                                              .timeout = options.timeout,
+                                              .group_name = place.name + "-device"}));
+  }
   ZINF_ASSIGN_OR_RETURN(impl->optimizer,
                         CpuOptimizer::Create({.threads = options.optimizer_threads}));
   OptimizerHyperParams hp = OptimizerHyperParams::Defaults(config.optimizer_type);
@@ -265,7 +268,7 @@ Status Engine::Initialize() {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
     ZINF_ASSIGN_OR_RETURN(
-        m.buckets, GradientBuckets::Create(m.tiers.get(), m.comm.get(), bucket,
+        m.buckets, GradientBuckets::Create(m.tiers.get(), m.DeviceComm(), bucket,
                                            [&m](uint64_t flat_offset, const float* reduced,
                                                 uint64_t size) {
                                              return m.AddReducedGradient(flat_offset, reduced, size);

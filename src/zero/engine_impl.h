@@ -56,7 +56,12 @@ struct GradBuffer {
 struct Engine::Impl {
   EngineConfig config;
   std::unique_ptr<TcpStore> store;
-  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Communicator> comm;  // host memory: norms, agreement, checkpoints
+  // Collectives on the compute device's memory (gathers, gradient reductions): NCCL on a GPU
+  // with several ranks; null where `comm` serves (the host device, or one rank, whose
+  // gathers and reductions need no collective).
+  std::unique_ptr<Communicator> device_comm;
+  Communicator* DeviceComm() const { return device_comm != nullptr ? device_comm.get() : comm.get(); }
   std::unique_ptr<CpuOptimizer> optimizer;
   int group = 0;        // the optimizer's parameter group
   int global_rank = 0;  // among all processes (rank() is within the data-parallel group)

@@ -105,10 +105,13 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     uint64_t bytes = 0;
     for (int pi : module.params) {
       const Param& p = params[pi];
-      // The gathered copy, its fp32 widening or gradient, the gradient, the shard's copy.
+      // The shard's copy, the gathered parameter (with one rank, the shard itself), its fp32
+      // widening (16-bit parameters on the host device) and the gradient.
       const uint64_t full = p.shard_size * world();
-      const uint64_t gathered = full * (element + 4 + 4) + p.shard_size * element;
-      (p.persistent ? persistent : bytes) += gathered;
+      const uint64_t gathered = world() > 1 ? full * element : 0;
+      const uint64_t widened = element != 4 && device == "host" ? full * 4 : 0;
+      (p.persistent ? persistent : bytes) +=
+          p.shard_size * element + gathered + widened + full * 4;
     }
     working_set = std::max(working_set, bytes);
   }
@@ -162,7 +165,9 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) + landed +
                               gradient_staging + step_buffers +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
-  options.pin_host = false;  // the host device copies with memcpy: pinning buys nothing
+  // A GPU copies at full speed only from page-locked memory; the host device copies with
+  // memcpy, where pinning buys nothing.
+  options.pin_host = device != "host" && config.pin_memory;
   options.piece_bytes =
       std::clamp<uint64_t>((largest_tier + 4095) / 4096 * 4096, 1 << 20, 64 << 20);
   options.staging_buffers = 4;
@@ -219,9 +224,12 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   swap = internal::TieredStoreAccess::Swap(*tiers);
   host_addressable = internal::TieredStoreAccess::HostAddressable(*tiers);
   param_tier = std::make_unique<ParamTier>(
-      tiers.get(), comm.get(), &params, &modules,
+      tiers.get(), DeviceComm(), &params, &modules,
       ParamTierOptions{.param_type = param_type,
                        .shard_home = home,
+                       .device_host_addressable = host_addressable,
+                       .fp32_view = internal::TieredStoreAccess::DeviceOf(*tiers)->kind() ==
+                                    DeviceKind::kHost,
                        .prefetch_bucket_elements = config.stage3_prefetch_bucket_size,
                        .max_live_elements = config.stage3_max_live_parameters});
   grads.assign(params.size(), GradBuffer());

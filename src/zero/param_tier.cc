@@ -70,8 +70,10 @@ Status ParamTier::Create() {
 }
 
 Tier ParamTier::WriteTier() const {
-  // NVMe is not addressable: a host copy is written and then written back.
-  return options_.shard_home == Tier::kNvme ? Tier::kHost : options_.shard_home;
+  // NVMe is not addressable, nor is a GPU's memory from the host: a host copy is written and
+  // then written back.
+  if (options_.shard_home == Tier::kDevice && options_.device_host_addressable) return Tier::kDevice;
+  return Tier::kHost;
 }
 
 Status ParamTier::StartGather(int param) {
@@ -116,7 +118,7 @@ Status ParamTier::Gather(int param) {
   const uint64_t full_size = (*params_)[param].shard_size * comm_->world_size();
   if (options_.param_type == ElementType::kFp32) {
     s.fp32 = static_cast<float*>(s.full);
-  } else {
+  } else if (options_.fp32_view) {
     if (s.widened == 0) {
       ZINF_ASSIGN_OR_RETURN(s.widened, store_->Create((*params_)[param].spec.name + " (fp32)",
                                                       full_size * 4, Tier::kDevice));
@@ -183,7 +185,7 @@ Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<f
     if (!s.ok()) return s.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
     const State& st = state_[pi];
     out->push_back({st.full, options_.param_type, (*params_)[pi].numel});
-    if (fp32 != nullptr) fp32->push_back(st.fp32);
+    if (fp32 != nullptr && options_.fp32_view) fp32->push_back(st.fp32);
   }
   Event& done = *ready_[module];
   ZINF_RETURN_IF_ERROR(stream_->Record(done));
@@ -392,8 +394,9 @@ StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
 Status ParamTier::EndWrite(const Param& p) {
   const State& s = state_[&p - params_->data()];
   ZINF_RETURN_IF_ERROR(store_->Release(s.shard, WriteTier()));
-  if (options_.shard_home == Tier::kNvme)
+  if (WriteTier() != options_.shard_home) {
     write_backs_.push_back(store_->EvictAsync(s.shard, Tier::kHost));
+  }
   return OkStatus();
 }
 
@@ -483,7 +486,7 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
       o.data = nullptr;
       ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier));
-      if (tier_->options_.shard_home == Tier::kNvme) {
+      if (tier_->WriteTier() != tier_->options_.shard_home) {
         write_backs_.push_back(store->EvictAsync(tier_->state_[pi].shard, Tier::kHost));
       }
     }

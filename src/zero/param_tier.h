@@ -69,6 +69,13 @@ class CommWork;
 struct ParamTierOptions {
   ElementType param_type = ElementType::kFp32;  // the compute precision
   Tier shard_home = Tier::kDevice;
+  // Whether the host may write the device tier's memory (TieredStoreAccess::HostAddressable):
+  // else writes of device-homed shards go through a host copy, as NVMe ones do.
+  bool device_host_addressable = true;
+  // Whether Fetch hands out fp32 copies of 16-bit parameters: for trainers computing in fp32
+  // on the host device. A GPU computes in the compute precision; the copies would only take
+  // its memory.
+  bool fp32_view = true;
   uint64_t prefetch_bucket_elements = 0;  // stage3_prefetch_bucket_size
   uint64_t max_live_elements = 0;         // stage3_max_live_parameters
 };
@@ -95,8 +102,8 @@ class ParamTier {
   Status Create();
 
   // Gathers the module's parameters into the device tier: `out` gets one tensor each, in the
-  // compute precision, and `fp32` (when not null) the same values widened to fp32 in device
-  // memory (the same pointers at fp32). The widening runs on the device, on this tier's
+  // compute precision, and `fp32` (when not null, with options.fp32_view) the same values
+  // widened to fp32 in device memory (the same pointers at fp32). The widening runs on the device, on this tier's
   // stream; `ready` (when not null) gets the event where that work completes (Note [Fetch
   // and release events]). Records or follows the fetch order (Note [Prefetch]).
   Status Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32,

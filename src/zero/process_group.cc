@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/environment.h"
+#include "core/log.h"
+#include "zinf/device.h"
 
 namespace zinf {
 
@@ -46,6 +48,32 @@ StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options) {
                                        nlohmann::json(ranks).dump(), rank));
   }
   return place;
+}
+
+StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_rank) {
+  if (device == "host") return device;
+  const bool pick = device.empty() || device == "auto";
+  int ordinal = local_rank;
+  if (!pick) {
+    const std::string digits = device.rfind("cuda:", 0) == 0 ? device.substr(5) : std::string();
+    if (digits.empty() || digits.size() > 4 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidArgument(fmt::format(
+          "compute device \"{}\": expected \"host\", \"cuda:N\" or \"auto\"", device));
+    }
+    ordinal = std::stoi(digits);
+  }
+  const GpuReport gpus = ProbeGpus();
+  if (ordinal < static_cast<int>(gpus.gpus.size())) return fmt::format("cuda:{}", ordinal);
+  const std::string why =
+      !gpus.error.empty()
+          ? gpus.error
+          : fmt::format("this node has {} GPU(s), no GPU {}", gpus.gpus.size(), ordinal);
+  if (pick) {
+    log::Info("compute device: host ({})", why);
+    return std::string("host");
+  }
+  return Unavailable(fmt::format("compute device \"{}\": {}", device, why));
 }
 
 StatusOr<ProcessGroup> ConnectProcessGroup(const ProcessPlace& place,

@@ -35,6 +35,11 @@ struct ProcessPlace {
 // or a data_parallel_ranks list that is not distinct ranks holding this one.
 StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options);
 
+// EngineOptions::device as the tiered store names it: "host"; "cuda:N" when that GPU is
+// usable (Unavailable saying why not); "auto" or "" picks cuda:LOCAL_RANK where this node has
+// that GPU, else host. InvalidArgument for any other name.
+StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_rank);
+
 struct ProcessGroup {
   std::unique_ptr<TcpStore> store;  // rank 0 serves it for every group; null for one process
   std::unique_ptr<Communicator> comm;

@@ -510,14 +510,15 @@ TEST(EngineEnvironmentTest, LocalRankComesFromTheEnvironment) {
   EXPECT_EQ((*launched)->local_rank(), 1);
 }
 
-// The compute device: the host device works, anything else is refused at Create with a
-// message naming it; and Fetch hands out the compute-precision tensors beside the fp32 view.
-TEST(EngineDeviceTest, HostDeviceTensorsAndOtherDevicesRefused) {
+// The compute device: the host device works, a GPU that is not there is refused at Create
+// with a message naming it; and Fetch hands out the compute-precision tensors beside the fp32
+// view.
+TEST(EngineDeviceTest, HostDeviceTensorsAndMissingGpusRefused) {
   auto config = EngineConfig::FromJson(R"({"bf16": {"enabled": true}})");
   ASSERT_TRUE(config.ok());
-  auto cuda = Engine::Create(*config, {.device = "cuda:0", .rank = 0, .world_size = 1});
+  auto cuda = Engine::Create(*config, {.device = "cuda:99", .rank = 0, .world_size = 1});
   EXPECT_EQ(cuda.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(cuda.status().message().find("\"cuda:0\""), std::string::npos) << cuda.status();
+  EXPECT_NE(cuda.status().message().find("\"cuda:99\""), std::string::npos) << cuda.status();
   auto engine = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE((*engine)->RegisterModule("m", {{"w", {3, 5}}}).ok());

@@ -71,7 +71,7 @@ class ParamTierTest : public ::testing::Test {
       ASSERT_EQ(fp32.size(), 1u);
       EXPECT_EQ(fp32[0][kElements - 1], static_cast<float>(m));
       if (backward) tier_->NoteBackward();
-      tier_->Release(m);
+      ASSERT_TRUE(tier_->Release(m).ok());
       modules_[m].fetched = false;
     }
   }
@@ -86,7 +86,7 @@ class ParamTierTest : public ::testing::Test {
     EXPECT_TRUE(tier_->Fetch(0, &tensors, nullptr).ok());
     EXPECT_TRUE(store_->Flush().ok());  // waits for prefetches in flight
     auto tiers = store_->ResidentTiers(tier_->shard(1));
-    tier_->Release(0);
+    EXPECT_TRUE(tier_->Release(0).ok());
     modules_[0].fetched = false;
     return tiers.ok() && std::count(tiers->begin(), tiers->end(), Tier::kDevice) == 1;
   }
@@ -112,7 +112,7 @@ TEST_F(ParamTierTest, ForwardOnlyLoopFindsItsOrderAndPrefetches) {
   for (int m = 1; m < kModules; ++m) {  // the rest of the second pass
     std::vector<ParamTensor> tensors;
     ASSERT_TRUE(tier_->Fetch(m, &tensors, nullptr).ok());
-    tier_->Release(m);
+    ASSERT_TRUE(tier_->Release(m).ok());
     modules_[m].fetched = false;
   }
   EXPECT_TRUE(FetchPrefetchesTheNext()) << "the third pass follows the order found";
@@ -126,7 +126,7 @@ TEST_F(ParamTierTest, ChangedOrderIsRecordedAgain) {
     std::vector<ParamTensor> tensors;
     ASSERT_TRUE(tier_->Fetch(m, &tensors, nullptr).ok());
     tier_->NoteBackward();
-    tier_->Release(m);
+    ASSERT_TRUE(tier_->Release(m).ok());
     modules_[m].fetched = false;
   }
   tier_->EndBatch();
