@@ -159,11 +159,17 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       step_buffers += chunks * PipelinedOptimizer::ChunkBytes(chunk, state_count());
     }
   }
+  // The persistent parameters' next values while the NVMe step writes the tier from its
+  // chunks (ParamTier::ChunkWriter).
+  uint64_t persistent_next = 0;
+  for (const Param& p : params) {
+    if (p.persistent) persistent_next += (p.shard_size * 4 + 4095) / 4096 * 4096;
+  }
   // The staging of the gradients on NVMe (Note [Gradients on NVMe]).
   const uint64_t gradient_staging =
       config.gradients_on_nvme ? NvmeGradients::StagingBudget(OptimizerChunkElements()) : 0;
   options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) + landed +
-                              gradient_staging + step_buffers +
+                              gradient_staging + step_buffers + persistent_next +
                               std::max<uint64_t>(256 << 20, 4 * largest_tier);
   // A GPU copies at full speed only from page-locked memory; the host device copies with
   // memcpy, where pinning buys nothing.

@@ -437,7 +437,6 @@ void ParamTier::ChunkWriter::Begin() {
   const std::vector<Param>& params = *tier_->params_;
   for (size_t i = 0; i < params.size(); ++i) {
     open_[i] = {.remaining = params[i].shard_size};
-    if (params[i].persistent) persistent_[i].resize(params[i].shard_size);
   }
 }
 
@@ -468,7 +467,13 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     const float* values = c.params + (first - c.offset);
     Open& o = open_[pi];
     if (p.persistent) {
-      std::copy(values, values + (last - first), persistent_[pi].data() + (first - p.flat_offset));
+      if (persistent_[pi].empty()) {  // kept for the writer's life: the next steps reuse it
+        ZINF_ASSIGN_OR_RETURN(persistent_[pi],
+                              StoreArray::Create(store, p.spec.name + " (next values)",
+                                                 p.shard_size * 4, Tier::kHost, Access::kOverwrite));
+      }
+      std::copy(values, values + (last - first),
+                persistent_[pi].as<float>() + (first - p.flat_offset));
       o.remaining -= std::min(o.remaining, last - first);
       continue;
     }
@@ -508,9 +513,9 @@ Status ParamTier::ChunkWriter::Finish() {
     // Only a persistent parameter written whole: chunks visited for a skipped step may
     // cover part of one, whose tier then still holds the same old values.
     if (!persistent_[i].empty() && open_[i].remaining == 0) {
-      keep(tier_->WriteFp32(params[i], persistent_[i].data()));
+      keep(tier_->WriteFp32(params[i], persistent_[i].as<float>()));
+      open_[i].remaining = params[i].shard_size;  // written: not again before the next step
     }
-    persistent_[i].clear();
   }
   for (auto& f : write_backs_) keep(f.get());
   write_backs_.clear();

@@ -55,6 +55,7 @@
 
 #include "offload/pipelined_optimizer.h"
 #include "zero/partition.h"
+#include "zero/store_array.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
@@ -227,7 +228,7 @@ class ParamTier::ChunkWriter {
   };
   ParamTier* const tier_;
   std::vector<Open> open_;
-  std::vector<std::vector<float>> persistent_;  // by parameter; empty for the others
+  std::vector<StoreArray> persistent_;  // by parameter, host tier; empty for the others
   std::vector<std::shared_future<Status>> write_backs_;
 };
 
