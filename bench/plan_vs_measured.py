@@ -96,9 +96,9 @@ def run_trainer(kind, config, ranks, steps, nvme, extra):
         return j["median_step_s"], j["host_bytes"], j["nvme_bytes"], rss
 
 
-def predict(kind, config, ranks, profile, extra):
+def predict(kind, config, ranks, profile, extra, clipped):
     cmd = [ZINF, "plan", "--json", "--model", config, "--profile", profile, "--world-size",
-           str(ranks)]
+           str(ranks)] + (["--clipped"] if clipped else [])
     if "--threads" in extra:
         cmd += ["--threads", extra[extra.index("--threads") + 1]]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -123,6 +123,9 @@ def main():
     ap.add_argument("--profile", default="", help="use this profile (default: profile before "
                     "each run)")
     ap.add_argument("--quick-profile", action="store_true")
+    ap.add_argument("--clipped", action="store_true",
+                    help="plan for steps that clip (zinf plan --clipped): the shipped configs "
+                    "clip at 1.0, and these models' gradient norms are far above it")
     ap.add_argument("cases", nargs="*")
     a = ap.parse_args()
     cases = a.cases or [c for c in CASES if not c.startswith("gpt-large")]
@@ -150,7 +153,7 @@ def main():
         runs, preds = [], []
         for _ in range(a.reps):
             p = profile or reprofile()
-            preds.append(predict(kind, config, ranks, p, extra))
+            preds.append(predict(kind, config, ranks, p, extra, a.clipped))
             runs.append(run_trainer(kind, config, ranks, steps, a.nvme, extra))
         r = sorted(preds, key=lambda x: x["step_s"])[len(preds) // 2]
         step = statistics.median(x[0] for x in runs)

@@ -651,6 +651,10 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   const uint64_t bucket_slice = std::max<uint64_t>(
       std::min<uint64_t>(c.reduce_bucket_size, S * world) / world, largest_shard);
   const uint64_t buckets = world > 1 ? 2 * bucket_slice * (world + 1) * 4 : 0;
+  if (world > 1) {  // GradientBuckets::Reserve: the send buffer and the reduced slice
+    const uint64_t one = PageUp(bucket_slice * world * 4) + PageUp(bucket_slice * 4);
+    m.buckets = (S * world <= c.reduce_bucket_size ? 1 : 2) * one;
+  }
   m.device_budget = (c.offload_param_device == OffloadDevice::kNone ? tier : 0) +
                     persistent_budget + 2 * working_set + 2 * c.stage3_prefetch_bucket_size * e +
                     buckets + (64 << 20);

@@ -181,9 +181,13 @@ struct MemoryEstimate {
   uint64_t device_cache = 0;
   uint64_t nvme_staging = 0;      // the pipelined optimizer's staging arena
   uint64_t host_state_pool = 0;   // optimizer chunks kept in memory (optimizer_nvme_ratio < 1)
+  // The reduce-scatter buckets in the device tier (several ranks): one while a micro-batch's
+  // gradients fit in one, else two.
+  uint64_t buckets = 0;
   uint64_t nvme = 0;              // swap files
   uint64_t steady_host() const {  // = StepSummary::host_bytes
-    return host_arrays + param_tier + persistent + device_cache + nvme_staging + host_state_pool;
+    return host_arrays + param_tier + persistent + device_cache + nvme_staging + host_state_pool +
+           buckets;
   }
   // Peak.
   uint64_t device_budget = 0;  // the engine's device tier budget

@@ -10,35 +10,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void FloatToBf16Kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst,
-                                  size_t count) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
-       i += size_t{gridDim.x} * blockDim.x) {
-    dst[i] = __float2bfloat16_rn(src[i]);
-  }
-}
+// One element's conversion: round to nearest even into 16 bits, exact back to fp32.
+__device__ __nv_bfloat16 CastTo(float v, __nv_bfloat16*) { return __float2bfloat16_rn(v); }
+__device__ __half CastTo(float v, __half*) { return __float2half_rn(v); }
+__device__ float CastTo(__nv_bfloat16 v, float*) { return __bfloat162float(v); }
+__device__ float CastTo(__half v, float*) { return __half2float(v); }
 
-__global__ void Bf16ToFloatKernel(const __nv_bfloat16* __restrict__ src, float* __restrict__ dst,
-                                  size_t count) {
+template <typename Src, typename Dst>
+__global__ void CastKernel(const Src* __restrict__ src, Dst* __restrict__ dst, size_t count) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
        i += size_t{gridDim.x} * blockDim.x) {
-    dst[i] = __bfloat162float(src[i]);
-  }
-}
-
-__global__ void FloatToHalfKernel(const float* __restrict__ src, __half* __restrict__ dst,
-                                  size_t count) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
-       i += size_t{gridDim.x} * blockDim.x) {
-    dst[i] = __float2half_rn(src[i]);
-  }
-}
-
-__global__ void HalfToFloatKernel(const __half* __restrict__ src, float* __restrict__ dst,
-                                  size_t count) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count;
-       i += size_t{gridDim.x} * blockDim.x) {
-    dst[i] = __half2float(src[i]);
+    dst[i] = CastTo(src[i], static_cast<Dst*>(nullptr));
   }
 }
 
@@ -47,43 +29,38 @@ unsigned Blocks(size_t count) {
   return static_cast<unsigned>(blocks < 65535 * 4 ? blocks : 65535 * 4);  // grid-stride beyond
 }
 
+template <typename Src, typename Dst>
+Status Launch(const void* src, void* dst, size_t count, void* stream, const char* what) {
+  if (count == 0) return OkStatus();
+  CastKernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const Src*>(src), static_cast<Dst*>(dst), count);
+  return CudaStatus(cudaGetLastError(), what);
+}
+
 }  // namespace
 
 Status CastFloatToBf16(const float* src, uint16_t* dst, size_t count, void* stream) {
-  if (count == 0) return OkStatus();
-  FloatToBf16Kernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      src, reinterpret_cast<__nv_bfloat16*>(dst), count);
-  return CudaStatus(cudaGetLastError(), "CastFloatToBf16 launch");
+  return Launch<float, __nv_bfloat16>(src, dst, count, stream, "CastFloatToBf16 launch");
 }
 
 Status CastBf16ToFloat(const uint16_t* src, float* dst, size_t count, void* stream) {
-  if (count == 0) return OkStatus();
-  Bf16ToFloatKernel<<<Blocks(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      reinterpret_cast<const __nv_bfloat16*>(src), dst, count);
-  return CudaStatus(cudaGetLastError(), "CastBf16ToFloat launch");
+  return Launch<__nv_bfloat16, float>(src, dst, count, stream, "CastBf16ToFloat launch");
 }
 
 Status Convert(const void* src, ElementType from, void* dst, ElementType to, size_t count,
                void* stream) {
-  if (count == 0) return OkStatus();
-  auto s = static_cast<cudaStream_t>(stream);
-  if (from == ElementType::kFp32 && to == ElementType::kBf16) {
-    return CastFloatToBf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), count,
-                           stream);
+  using E = ElementType;
+  if (from == E::kFp32 && to == E::kBf16) {
+    return Launch<float, __nv_bfloat16>(src, dst, count, stream, "fp32 to bf16 launch");
   }
-  if (from == ElementType::kBf16 && to == ElementType::kFp32) {
-    return CastBf16ToFloat(static_cast<const uint16_t*>(src), static_cast<float*>(dst), count,
-                           stream);
+  if (from == E::kBf16 && to == E::kFp32) {
+    return Launch<__nv_bfloat16, float>(src, dst, count, stream, "bf16 to fp32 launch");
   }
-  if (from == ElementType::kFp32 && to == ElementType::kFp16) {
-    FloatToHalfKernel<<<Blocks(count), kThreads, 0, s>>>(static_cast<const float*>(src),
-                                                         static_cast<__half*>(dst), count);
-    return CudaStatus(cudaGetLastError(), "fp32 to fp16 launch");
+  if (from == E::kFp32 && to == E::kFp16) {
+    return Launch<float, __half>(src, dst, count, stream, "fp32 to fp16 launch");
   }
-  if (from == ElementType::kFp16 && to == ElementType::kFp32) {
-    HalfToFloatKernel<<<Blocks(count), kThreads, 0, s>>>(static_cast<const __half*>(src),
-                                                         static_cast<float*>(dst), count);
-    return CudaStatus(cudaGetLastError(), "fp16 to fp32 launch");
+  if (from == E::kFp16 && to == E::kFp32) {
+    return Launch<__half, float>(src, dst, count, stream, "fp16 to fp32 launch");
   }
   return InvalidArgument("no such GPU conversion");
 }
