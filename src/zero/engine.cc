@@ -378,15 +378,17 @@ Status Engine::ReduceGradients(int id, Event* ready) {
   for (int pi : module->params) {
     const Param& p = m.params[pi];
     const GradBuffer& g = m.grads[pi];
-    if (g.tensor != 0) {
-      ZINF_RETURN_IF_ERROR(
-          m.Context(m.buckets->Add(g.data, p.shard_size, p.flat_offset, p.spec.name, ready),
-                    fmt::format("reducing the gradient of '{}'", p.spec.name)));
+    if (g.tensor != 0) {  // the buckets own the buffer from here, and free it
+      const GradBuffer handed = std::exchange(m.grads[pi], GradBuffer());
+      ZINF_RETURN_IF_ERROR(m.Context(
+          m.buckets->Add(handed.data, p.shard_size, p.flat_offset, p.spec.name, ready,
+                         handed.tensor),
+          fmt::format("reducing the gradient of '{}'", p.spec.name)));
     } else {  // written into the accumulator itself (host memory)
       if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
       m.GradientAdded(pi);
+      m.grads[pi] = GradBuffer();
     }
-    m.FreeGradient(pi);
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
   }
   ++module->reductions;

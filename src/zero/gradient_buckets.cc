@@ -21,7 +21,7 @@ StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(TieredStore* 
   }
   const bool host_addressable = internal::TieredStoreAccess::HostAddressable(*store);
   std::unique_ptr<GradientBuckets> buckets(new GradientBuckets(
-      store, host_addressable, comm, bucket_elements, std::move(sink)));
+      store, device, host_addressable, comm, bucket_elements, std::move(sink)));
   if (!host_addressable) {
     ZINF_ASSIGN_OR_RETURN(buckets->copy_, device->CreateStream());
     ZINF_ASSIGN_OR_RETURN(buckets->down_, device->CreateStream());
@@ -29,9 +29,10 @@ StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(TieredStore* 
   return buckets;
 }
 
-GradientBuckets::GradientBuckets(TieredStore* store, bool host_addressable, Communicator* comm,
-                                 uint64_t bucket_elements, Sink sink)
+GradientBuckets::GradientBuckets(TieredStore* store, Device* device, bool host_addressable,
+                                 Communicator* comm, uint64_t bucket_elements, Sink sink)
     : store_(store),
+      device_(device),
       host_addressable_(host_addressable),
       comm_(comm),
       world_(comm->world_size()),
@@ -45,6 +46,60 @@ GradientBuckets::~GradientBuckets() {
   for (Stream* stream : {copy_.get(), down_.get()}) {
     if (stream != nullptr) (void)stream->Synchronize();
   }
+  // What never reached the sink is dropped with the batch (the sink's owner is going too).
+  for (InFlight& entry : in_flight_) {
+    if (entry.tensor != 0) Free(entry.tensor);
+  }
+}
+
+void GradientBuckets::Free(TensorId tensor) {
+  store_->Release(tensor, Tier::kDevice).IgnoreError();
+  store_->Free(tensor).IgnoreError();
+}
+
+Status GradientBuckets::RetireAfter(Stream& stream, InFlight entry) {
+  if (!spare_events_.empty()) {
+    entry.copied = std::move(spare_events_.back());
+    spare_events_.pop_back();
+  } else {
+    StatusOr<std::unique_ptr<Event>> created = device_->CreateEvent();
+    if (!created.ok()) {
+      (void)stream.Synchronize();
+      if (entry.tensor != 0) Free(entry.tensor);
+      return created.status();
+    }
+    entry.copied = std::move(created).value();
+  }
+  Status recorded = stream.Record(*entry.copied);
+  in_flight_.push_back(std::move(entry));
+  ZINF_RETURN_IF_ERROR(recorded);
+  return Retire(kMaxInFlight);
+}
+
+Status GradientBuckets::Retire(size_t keep) {
+  Status first;
+  while (!in_flight_.empty()) {
+    InFlight& oldest = in_flight_.front();
+    Status copied;
+    if (in_flight_.size() > keep) {
+      copied = oldest.copied->Synchronize();
+    } else {
+      StatusOr<bool> done = oldest.copied->Query();
+      if (done.ok() && !*done) break;
+      copied = done.status();
+    }
+    if (copied.ok() && !oldest.landed.empty()) {
+      copied = sink_(oldest.flat_offset, oldest.landed.as<float>(), oldest.size);
+      if (!copied.ok()) {
+        copied = std::move(copied).WithContext(fmt::format("the gradient of '{}'", oldest.name));
+      }
+    }
+    if (first.ok()) first = std::move(copied);
+    if (oldest.tensor != 0) Free(oldest.tensor);
+    spare_events_.push_back(std::move(oldest.copied));
+    in_flight_.pop_front();
+  }
+  return first;
 }
 
 Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
@@ -52,7 +107,7 @@ Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
   bucket = Bucket();
   const std::string name = fmt::format("gradient bucket {}", created_++);
   // Every byte is written before it is read: nothing to zero.
-  if (world_ > 1) {
+  {
     ZINF_ASSIGN_OR_RETURN(bucket.send, StoreArray::Create(store_, name, capacity * world_ * 4,
                                                           Tier::kDevice, Access::kOverwrite));
     ZINF_ASSIGN_OR_RETURN(bucket.received,
@@ -77,12 +132,30 @@ Status GradientBuckets::CopyOnDevice(float* dst, const float* src, uint64_t coun
 }
 
 Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t flat_offset,
-                            const std::string& name, Event* ready) {
-  if (shard_size == 0) return OkStatus();
-  if (ready != nullptr && host_addressable_) ZINF_RETURN_IF_ERROR(ready->Synchronize());
-  if (world_ == 1 && host_addressable_) {  // the gradient is its own reduced shard, at hand
-    Status sunk = sink_(flat_offset, grad, shard_size);
-    return sunk.ok() ? sunk : std::move(sunk).WithContext(fmt::format("the gradient of '{}'", name));
+                            const std::string& name, Event* ready, TensorId tensor) {
+  if (shard_size == 0) {
+    if (tensor != 0) Free(tensor);
+    return OkStatus();
+  }
+  if (host_addressable_) {
+    if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
+    if (world_ == 1) {  // the gradient is its own reduced shard, at hand
+      Status sunk = sink_(flat_offset, grad, shard_size);
+      if (tensor != 0) Free(tensor);
+      return sunk.ok() ? sunk
+                       : std::move(sunk).WithContext(fmt::format("the gradient of '{}'", name));
+    }
+  }
+  if (world_ == 1) {  // nothing to reduce: the gradient comes down, then goes to the sink
+    InFlight entry{.tensor = tensor, .flat_offset = flat_offset, .size = shard_size, .name = name};
+    ZINF_ASSIGN_OR_RETURN(entry.landed,
+                          StoreArray::Create(store_, name + " (gradient)", shard_size * 4,
+                                             Tier::kHost, Access::kOverwrite));
+    if (ready != nullptr) ZINF_RETURN_IF_ERROR(down_->Wait(*ready));
+    ZINF_RETURN_IF_ERROR(down_->Copy(entry.landed.data(), grad, shard_size * sizeof(float),
+                                     CopyKind::kDeviceToHost));
+    ZINF_RETURN_IF_ERROR(RetireAfter(*down_, std::move(entry)));
+    return tensor != 0 ? OkStatus() : Retire(0);  // the caller's `grad` may go on return
   }
   Bucket* bucket = &buckets_[filling_];
   if (bucket->used > 0 && bucket->used + shard_size > slice_elements_) {
@@ -94,19 +167,21 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   if (bucket->used == 0) {
     ZINF_RETURN_IF_ERROR(Reserve(*bucket, std::max(slice_elements_, shard_size)));
   }
-  if (world_ == 1) {  // straight down to the host tier
-    if (ready != nullptr) ZINF_RETURN_IF_ERROR(down_->Wait(*ready));
-    ZINF_RETURN_IF_ERROR(down_->Copy(bucket->landed.as<float>() + bucket->used, grad,
-                                     shard_size * sizeof(float), CopyKind::kDeviceToHost));
-    ZINF_RETURN_IF_ERROR(down_->Synchronize());
+  // Where the device is not host-addressable the copies run on a stream while the caller
+  // goes on (backward computes the next module meanwhile); the gradient is freed once they
+  // have, or before the call returns when the caller keeps it.
+  if (ready != nullptr && !host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
+  float* send = bucket->send.as<float>();
+  for (int r = 0; r < world_; ++r) {
+    ZINF_RETURN_IF_ERROR(
+        CopyOnDevice(send + r * bucket->capacity + bucket->used, grad + r * shard_size, shard_size));
+  }
+  if (host_addressable_) {
+    if (tensor != 0) Free(tensor);
+  } else if (tensor != 0) {
+    ZINF_RETURN_IF_ERROR(RetireAfter(*copy_, {.tensor = tensor}));
   } else {
-    if (ready != nullptr && !host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
-    float* send = bucket->send.as<float>();
-    for (int r = 0; r < world_; ++r) {
-      ZINF_RETURN_IF_ERROR(
-          CopyOnDevice(send + r * bucket->capacity + bucket->used, grad + r * shard_size, shard_size));
-    }
-    if (!host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Synchronize());  // `grad` may go now
+    ZINF_RETURN_IF_ERROR(copy_->Synchronize());  // the caller's `grad` may go now
   }
   bucket->pieces.push_back({flat_offset, shard_size, bucket->used, name});
   bucket->used += shard_size;
@@ -114,7 +189,6 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
 }
 
 Status GradientBuckets::Start(Bucket& bucket) {
-  if (world_ == 1) return OkStatus();  // already landed
   // Reduce-scatter wants rank r's slice at r * used: close the gaps of a partly filled bucket.
   // Slices move towards the front in rank order, so none overwrites one not yet moved; a
   // slice that overlaps its own new place moves in pieces no longer than the distance, front
@@ -135,7 +209,10 @@ Status GradientBuckets::Start(Bucket& bucket) {
       }
     }
   }
-  if (!host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Synchronize());
+  if (!host_addressable_) {
+    ZINF_RETURN_IF_ERROR(copy_->Synchronize());
+    ZINF_RETURN_IF_ERROR(Retire(0));  // every packing copy has run
+  }
   bucket.work = comm_->ReduceScatterAsync(send, bucket.received.data(), bucket.used,
                                           ElementType::kFp32, ReduceOp::kSum);
   ++reductions_;
@@ -157,9 +234,7 @@ Status GradientBuckets::Complete(Bucket& bucket) {
     }
   }
   const float* reduced = nullptr;
-  if (world_ == 1) {
-    reduced = bucket.landed.as<float>();
-  } else if (host_addressable_) {
+  if (host_addressable_) {
     reduced = bucket.received.as<float>();
   } else {  // only this rank's slice crosses the link
     ZINF_RETURN_IF_ERROR(down_->Copy(bucket.landed.data(), bucket.received.data(),
@@ -181,6 +256,7 @@ Status GradientBuckets::Complete(Bucket& bucket) {
 }
 
 Status GradientBuckets::Finish() {
+  ZINF_RETURN_IF_ERROR(Retire(0));  // one rank's gradients on their way down
   Bucket& filling = buckets_[filling_];
   if (filling.used > 0) ZINF_RETURN_IF_ERROR(Start(filling));
   // The other bucket was started first: its additions come first.

@@ -20,11 +20,15 @@
 // own, before the sink reads it. With one rank there is nothing to reduce: the gradient
 // itself goes down. Where device memory is host memory the host may touch (the host device
 // without a modelled link), the packing is a memcpy and the sink reads the slice, or with one
-// rank the gradient, where it is: no copy beyond what the collective needs.
+// rank the gradient, where it is: no copy beyond what the collective needs. Elsewhere the
+// copies run on the buckets' streams while backward goes on, a few at a time: each gradient
+// is freed, and with one rank handed to the sink, as soon as its copy has landed, so that the
+// overlapped optimizer step (Note [Overlapped step]) hears of final gradients during backward.
 //
 // Memory: two buckets of `bucket_elements` (grown to hold the largest parameter) in the
 // device tier, allocated when first used, plus this rank's slice of each, and that slice
-// again in the host tier when the device is not host-addressable.
+// again in the host tier when the device is not host-addressable (with one rank: no buckets,
+// the gradients in flight in the host tier, kMaxInFlight + 1 at most).
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_GRADIENT_BUCKETS_H_
@@ -32,6 +36,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,13 +71,18 @@ class GradientBuckets {
 
   // Queues one parameter's full gradient (world * shard_size elements, padded, in device
   // memory); its reduced shard will go to the sink at `flat_offset`. `grad` is read after
-  // `ready` (when given: the event backward's stream recorded) and copied before the call
-  // returns: the caller may free it then. May start a reduction or wait for an earlier one.
-  // `name` names the parameter in errors.
+  // `ready` (when given: the event backward's stream recorded). `grad` is the device-tier
+  // tensor `tensor` of the store, acquired once, which the buckets now own: they release and
+  // free it once its copy has run, without waiting for that (copies run on the buckets'
+  // streams while the caller goes on; a few are in flight at most). With `tensor` 0 the
+  // caller keeps `grad`, which is copied before the call returns. May start a reduction or
+  // wait for an earlier one. `name` names the parameter in errors.
   Status Add(const float* grad, uint64_t shard_size, uint64_t flat_offset, const std::string& name,
-             Event* ready = nullptr);
+             Event* ready = nullptr, TensorId tensor = 0);
   // Reduces what is queued and waits until every added gradient has gone to the sink.
   Status Finish();
+  // Copies in flight at most before Add waits for the oldest.
+  static constexpr size_t kMaxInFlight = 4;
   // Collectives started so far (each one bucket).
   uint64_t reductions() const { return reductions_; }
 
@@ -93,8 +103,24 @@ class GradientBuckets {
     std::shared_ptr<CommWork> work;  // the reduction in flight
   };
 
-  GradientBuckets(TieredStore* store, bool host_addressable, Communicator* comm,
+  // A gradient whose copy is in flight: freed once `copied` has completed. With one rank the
+  // copy is the gradient itself coming down to `landed`, which then goes to the sink.
+  struct InFlight {
+    std::unique_ptr<Event> copied;
+    TensorId tensor = 0;
+    StoreArray landed;
+    uint64_t flat_offset = 0, size = 0;
+    std::string name;
+  };
+
+  GradientBuckets(TieredStore* store, Device* device, bool host_addressable, Communicator* comm,
                   uint64_t bucket_elements, Sink sink);
+  // Frees the gradients whose copies have run (handing those that came down to the sink),
+  // waiting for the oldest while more than `keep` are in flight; the first error.
+  Status Retire(size_t keep);
+  // `entry` is done once the work now on `stream` has run.
+  Status RetireAfter(Stream& stream, InFlight entry);
+  void Free(TensorId tensor);
   Status Start(Bucket& bucket);
   // Waits for the bucket's reduction and hands it to the sink; leaves it empty.
   Status Complete(Bucket& bucket);
@@ -104,6 +130,7 @@ class GradientBuckets {
   Status CopyOnDevice(float* dst, const float* src, uint64_t count);
 
   TieredStore* const store_;
+  Device* const device_;
   const bool host_addressable_;
   Communicator* const comm_;
   const int world_;
@@ -112,6 +139,8 @@ class GradientBuckets {
   std::unique_ptr<Stream> copy_;  // packing gradients into buckets
   std::unique_ptr<Stream> down_;  // reduced slices to the host tier
   std::array<Bucket, 2> buckets_;
+  std::deque<InFlight> in_flight_;
+  std::vector<std::unique_ptr<Event>> spare_events_;
   int filling_ = 0;  // the bucket Add copies into; the other may be in flight
   int created_ = 0;  // bucket tensors created, for their names
   uint64_t reductions_ = 0;
