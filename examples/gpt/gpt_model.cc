@@ -320,9 +320,17 @@ struct Gpt::Impl {
     auto fetched = engine.Fetch(module);
     timing.param_wait_s += SecondsSince(t0);
     if (!fetched.ok()) return fetched.status();
-    // The engine hands out fp32 (bf16 values widened, under EngineConfig::bf16).
+    // The engine's compute precision as it is (bf16 under EngineConfig::bf16, which bf16
+    // matmuls take in place); fp16, which the backends do not take, as its fp32 view.
     std::vector<Tensor> tensors;
-    for (float* p : fetched->params) tensors.push_back({p, ElementType::kFp32});
+    for (size_t i = 0; i < fetched->tensors.size(); ++i) {
+      const zinf::ParamTensor& p = fetched->tensors[i];
+      if (p.dtype == ElementType::kFp16) {
+        tensors.push_back({fetched->params[i], ElementType::kFp32});
+      } else {
+        tensors.push_back({p.data, p.dtype});
+      }
+    }
     return kernels->Parameters(slot, tensors, numel, want);
   }
   Status Release(int module) {
