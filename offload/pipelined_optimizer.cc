@@ -68,8 +68,10 @@ struct PipelinedOptimizer::Shard {
   std::vector<Chunk> chunks;
 
   ChunkLayout Layout(const Chunk& chunk) const {
-    return ChunkLayout(chunk.count, state_count, spec.grad_type,
-                       spec.param_copy_tier != ParamCopyTier::kNone, spec.param_copy_type);
+    // Staging room for the copy where it goes to NVMe or the device from there.
+    const bool staged = spec.param_copy_tier == ParamCopyTier::kNvme ||
+                        spec.param_copy_tier == ParamCopyTier::kDevice;
+    return ChunkLayout(chunk.count, state_count, spec.grad_type, staged, spec.param_copy_type);
   }
   ChunkView View(const Chunk& chunk, char* base) const {
     ChunkLayout layout = Layout(chunk);
@@ -225,6 +227,9 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
   }
   if (spec.param_copy_tier == ParamCopyTier::kDevice && copy_stream_ == nullptr) {
     return InvalidArgument(what + ": the parameter tier is a device but the options name none");
+  }
+  if (spec.param_copy_tier == ParamCopyTier::kCaller && !spec.copy_targets) {
+    return InvalidArgument(what + ": the parameter copy goes to the caller but copy_targets is empty");
   }
   if (spec.param_copy_tier == ParamCopyTier::kNvme && swap_ == nullptr) {
     return InvalidArgument(what + ": the parameter tier is NVMe but there is no swap store");
@@ -511,8 +516,9 @@ Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks,
   std::vector<Item> items;
   for (size_t c : chunks) {
     const Shard::Chunk& chunk = shard->chunks[c];
+    const ParamCopyTier copy = shard->spec.param_copy_tier;
     if (speculative && (!chunk.on_nvme || chunk.undo.valid() ||
-                        shard->spec.param_copy_tier != ParamCopyTier::kNone)) {
+                        (copy != ParamCopyTier::kNone && copy != ParamCopyTier::kCaller))) {
       return InvalidArgument(fmt::format(
           "{} cannot be stepped speculatively: {}", shard->ChunkName(c),
           !chunk.on_nvme       ? "its home is host memory, where nothing keeps the old state"
@@ -624,7 +630,8 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
     char* copy = nullptr;
     if (spec.param_copy_tier == ParamCopyTier::kHost) {
       copy = static_cast<char*>(spec.param_copy) + chunk.offset * copy_elem;
-    } else if (spec.param_copy_tier != ParamCopyTier::kNone) {
+    } else if (spec.param_copy_tier == ParamCopyTier::kNvme ||
+               spec.param_copy_tier == ParamCopyTier::kDevice) {
       copy = slot.base() + copy_offset;
     }
     if (do_update) {
@@ -637,15 +644,32 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
       span.param_copy = copy;
       span.param_copy_type = spec.param_copy_type;
       span.count = chunk.count;
+      // The caller's copy targets split the update into stretches (element-wise: the same
+      // bits), each writing its stretch of the copy where the caller wants it.
+      std::vector<CopyTarget> targets = {{0, chunk.count, copy}};
+      if (spec.param_copy_tier == ParamCopyTier::kCaller) {
+        StatusOr<std::vector<CopyTarget>> asked = spec.copy_targets(view);
+        if (!asked.ok()) {
+          failure = std::move(asked).status();
+          break;
+        }
+        targets = std::move(asked).value();
+      }
       const Clock::time_point t = Clock::now();
-      if (mode == StepMode::kFull) {
-        failure = optimizer_->Update(spec.group, span, grad_scale);
-      } else {
-        const ParamGroupState& g = bench_groups[spec.group];
-        failure =
-            optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, span);
+      for (const CopyTarget& target : targets) {
+        if (!failure.ok()) break;
+        OptimizerSpan part = span.Slice(target.begin, target.count);
+        part.param_copy = target.dst;
+        if (mode == StepMode::kFull) {
+          failure = optimizer_->Update(spec.group, part, grad_scale);
+        } else {
+          const ParamGroupState& g = bench_groups[spec.group];
+          failure =
+              optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, part);
+        }
       }
       stats_.compute_seconds += SecondsSince(t);
+      view.copy_written = spec.param_copy_tier == ParamCopyTier::kCaller;
       if (failure.ok() && updated) failure = updated(view);
       if (!failure.ok()) break;
     }

@@ -70,7 +70,24 @@ enum class ParamCopyTier {
   kHost,    // ShardSpec::param_copy is a host pointer to `count` elements
   kDevice,  // ShardSpec::param_copy is device memory of PipelinedOptimizerOptions::device
   kNvme,    // extents owned by the shard; ReadParamCopy reads them back
+  // The caller's own memory, chunk by chunk: ShardSpec::copy_targets says where each chunk's
+  // elements go just before the update, which writes them there in the same pass (the ZeRO
+  // engine's parameter tier: one tensor per parameter). The caller undoes it after a dropped
+  // speculation, so such shards may be stepped speculatively.
+  kCaller,
 };
+
+// Where a stretch of a chunk's parameter copy goes (ParamCopyTier::kCaller): elements
+// [begin, begin + count) of the chunk to `dst` (count elements of param_copy_type), or nowhere
+// when `dst` is null.
+struct CopyTarget {
+  uint64_t begin = 0;
+  uint64_t count = 0;
+  void* dst = nullptr;
+};
+struct ChunkView;
+// The targets of one chunk, in order, covering [0, count) exactly.
+using CopyTargets = std::function<StatusOr<std::vector<CopyTarget>>(const ChunkView& chunk)>;
 
 struct PipelinedOptimizerOptions {
   // Bytes of host memory for the staging buffers (DeepSpeed: the pinned buffers of
@@ -117,6 +134,7 @@ struct ShardSpec {
   ParamCopyTier param_copy_tier = ParamCopyTier::kNone;
   ElementType param_copy_type = ElementType::kBf16;  // kBf16 or kFp16
   void* param_copy = nullptr;  // kHost, kDevice: `count` elements; must outlive the shard
+  CopyTargets copy_targets;    // kCaller
   // Where the gradients live: null for the shard's own storage (NVMe extents or host blocks,
   // filled by WriteGradients or a visit); else a host array of `count` elements of grad_type
   // that must outlive the shard, which the step reads in place: for a caller that accumulates
@@ -133,6 +151,9 @@ struct ChunkView {
   float* state1 = nullptr;  // null for single-state optimizers
   void* grads = nullptr;
   ElementType grad_type = ElementType::kFp32;
+  // The update just wrote this chunk's parameter copy to its ParamCopyTier::kCaller targets
+  // (false in visits, and where the shard has no such copy).
+  bool copy_written = false;
 };
 using ChunkVisitor = std::function<Status(const ChunkView& chunk)>;
 

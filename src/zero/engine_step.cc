@@ -54,13 +54,20 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   }
   // Initialization writes the parameter tier like a step does.
   if (tier_writer != nullptr) tier_writer->Begin();
+  ShardSpec spec{.name = fmt::format("rank {} shard", rank()),
+                 .group = group,
+                 .count = shard_elements,
+                 // Host accumulators are read where they are; with gradients on NVMe the
+                 // shard keeps them in its chunk extents (Note [Gradients on NVMe]).
+                 .host_grads = grad_acc.empty() ? nullptr : grad_acc.data()};
+  if (tier_writer != nullptr && param_type != ElementType::kFp32) {
+    // The update writes the 16-bit parameters straight into the tier, in its own pass.
+    spec.param_copy_tier = ParamCopyTier::kCaller;
+    spec.param_copy_type = param_type;
+    spec.copy_targets = [w = tier_writer.get()](const ChunkView& c) { return w->Targets(c); };
+  }
   StatusOr<int> shard = pipelined->AddShard(
-      // Host accumulators are read where they are; with gradients on NVMe the shard keeps
-      // them in its chunk extents (Note [Gradients on NVMe]).
-      {.name = fmt::format("rank {} shard", rank()),
-       .group = group,
-       .count = shard_elements,
-       .host_grads = grad_acc.empty() ? nullptr : grad_acc.data()},
+      spec,
       [&](const ChunkView& c) {
         if (host_master) {
           std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);

@@ -452,10 +452,47 @@ Status ParamTier::ChunkWriter::Restart() {
   return first;
 }
 
+StatusOr<void*> ParamTier::ChunkWriter::OpenParam(size_t pi) {
+  Open& o = open_[pi];
+  if (o.data == nullptr) {
+    // The first opening overwrites; a later one (a chunk written again) keeps the rest.
+    ZINF_ASSIGN_OR_RETURN(o.data, tier_->store_->Acquire(
+                                      tier_->state_[pi].shard, tier_->WriteTier(),
+                                      o.written ? Access::kWrite : Access::kOverwrite));
+    o.written = true;
+  }
+  return o.data;
+}
+
+StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkView& c) {
+  const std::vector<Param>& params = *tier_->params_;
+  const size_t element = ElementSize(tier_->options_.param_type);
+  std::vector<CopyTarget> targets;
+  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  uint64_t covered = c.offset;  // padding between parameters gets no copy
+  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+    const Param& p = *it;
+    const auto [first, last] = Overlap(c.offset, c.count, p);
+    if (first >= last) continue;
+    if (first > covered) targets.push_back({covered - c.offset, first - covered, nullptr});
+    void* dst = nullptr;
+    if (!p.persistent) {  // persistent parameters are written whole by Finish, from fp32
+      ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(&p - params.data()));
+      dst = static_cast<char*>(tier) + (first - p.flat_offset) * element;
+    }
+    targets.push_back({first - c.offset, last - first, dst});
+    covered = last;
+  }
+  if (covered < c.offset + c.count) {
+    targets.push_back({covered - c.offset, c.offset + c.count - covered, nullptr});
+  }
+  return targets;
+}
+
 Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
   const std::vector<Param>& params = *tier_->params_;
   TieredStore* store = tier_->store_;
-  const Tier tier = tier_->WriteTier();
   const ElementType type = tier_->options_.param_type;
   auto it = std::upper_bound(params.begin(), params.end(), c.offset,
                              [](uint64_t b, const Param& p) { return b < p.flat_offset; });
@@ -477,20 +514,16 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
       o.remaining -= std::min(o.remaining, last - first);
       continue;
     }
-    if (o.data == nullptr) {
-      // The first opening overwrites; a later one (a chunk written again) keeps the rest.
-      ZINF_ASSIGN_OR_RETURN(o.data,
-                            store->Acquire(tier_->state_[pi].shard, tier,
-                                           o.written ? Access::kWrite : Access::kOverwrite));
-      o.written = true;
+    ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(pi));
+    if (!c.copy_written) {  // else the update wrote it there (Targets)
+      ConvertFromFp32(values, type,
+                      static_cast<char*>(tier) + (first - p.flat_offset) * ElementSize(type),
+                      last - first);
     }
-    ConvertFromFp32(values, type,
-                    static_cast<char*>(o.data) + (first - p.flat_offset) * ElementSize(type),
-                    last - first);
     o.remaining -= std::min(o.remaining, last - first);
     if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
       o.data = nullptr;
-      ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier));
+      ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier_->WriteTier()));
       if (tier_->WriteTier() != tier_->options_.shard_home) {
         write_backs_.push_back(store->EvictAsync(tier_->state_[pi].shard, Tier::kHost));
       }

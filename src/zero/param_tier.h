@@ -216,6 +216,11 @@ class ParamTier::ChunkWriter {
   // held by a parameter half written meanwhile.
   Status Restart();
   Status Write(const ChunkView& c);
+  // Where the update of chunk `c` may write the compute-precision copy of its new parameters
+  // straight into the tier (ParamCopyTier::kCaller), opening the parameters it covers; Write
+  // then finds them written (ChunkView::copy_written). Persistent parameters and padding get
+  // no target. Only for a 16-bit compute precision (the kernels write bf16 or fp16 copies).
+  StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c);
   // Ends the writes left open (after a failure), writes the persistent parameters and waits
   // for every write-back; the first error.
   Status Finish();
@@ -226,6 +231,9 @@ class ParamTier::ChunkWriter {
     uint64_t remaining = 0;  // elements not yet written in this step
     bool written = false;    // opened before in this step: a reopening keeps the bytes
   };
+  // Parameter `pi`'s tier memory, acquired for writing at its first opening in a step.
+  StatusOr<void*> OpenParam(size_t pi);
+
   ParamTier* const tier_;
   std::vector<Open> open_;
   std::vector<StoreArray> persistent_;  // by parameter, host tier; empty for the others

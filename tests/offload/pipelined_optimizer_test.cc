@@ -537,6 +537,61 @@ TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {
   EXPECT_TRUE((*piped)->ResolveSpeculation(*id, true).ok());
 }
 
+// ParamCopyTier::kCaller: the update writes each chunk's bf16 copy where the caller's targets
+// say, stretch by stretch (here two per chunk into an array of the caller's, and a gap with no
+// target), the visitor hears that it did, and the parameters are the bits of a step without a
+// copy; a shard without targets is refused.
+TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
+  Piped f(1.0, /*groups=*/2);
+  const size_t n = 2 * kChunk + 300;
+  const SineShard data(n);
+  std::vector<float> grads = data.grads;
+  std::vector<uint16_t> copy(n, 0xFFFF);
+  const size_t gap = 17;  // elements [c.offset, c.offset + gap) of each chunk get no target
+  ShardSpec plain;
+  plain.name = "plain";
+  plain.count = n;
+  plain.host_grads = grads.data();
+  ShardSpec fused = plain;
+  fused.name = "fused";
+  fused.group = 1;
+  fused.param_copy_tier = ParamCopyTier::kCaller;
+  fused.param_copy_type = ElementType::kBf16;
+  fused.copy_targets = [&](const ChunkView& c) -> StatusOr<std::vector<CopyTarget>> {
+    const uint64_t half = (c.count - gap) / 2;
+    return std::vector<CopyTarget>{{0, gap, nullptr},
+                                   {gap, half, copy.data() + c.offset + gap},
+                                   {gap + half, c.count - gap - half,
+                                    copy.data() + c.offset + gap + half}};
+  };
+  auto a = f.piped->AddShard(plain, data.Fill());
+  auto b = f.piped->AddShard(fused, data.Fill());
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  size_t written = 0;
+  ASSERT_TRUE(f.piped->Step({*a}).ok());
+  ASSERT_TRUE(f.piped
+                  ->Step({*b}, 1.0f, StepMode::kFull,
+                         [&](const ChunkView& c) {
+                           written += c.copy_written ? 1 : 0;
+                           return OkStatus();
+                         })
+                  .ok());
+  EXPECT_EQ(written, 3u) << "every chunk's visit hears the copy was written";
+  std::vector<float> pa(n), pb(n);
+  ASSERT_TRUE(f.piped->ReadParams(*a, pa.data()).ok());
+  ASSERT_TRUE(f.piped->ReadParams(*b, pb.data()).ok());
+  EXPECT_EQ(std::memcmp(pa.data(), pb.data(), n * 4), 0);
+  std::vector<uint16_t> expected(n);
+  ConvertFromFp32(pb.data(), ElementType::kBf16, expected.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    const bool targeted = i % kChunk >= gap;
+    ASSERT_EQ(copy[i], targeted ? expected[i] : 0xFFFF) << "element " << i;
+  }
+  ShardSpec missing = fused;
+  missing.copy_targets = nullptr;
+  EXPECT_EQ(f.piped->AddShard(missing).status().code(), StatusCode::kInvalidArgument);
+}
+
 // NVMe failures during the step surface with the shard and chunk named; a failed write stays
 // sticky in the store.
 struct FaultyFixture {
