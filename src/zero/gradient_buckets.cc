@@ -107,13 +107,11 @@ Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
   bucket = Bucket();
   const std::string name = fmt::format("gradient bucket {}", created_++);
   // Every byte is written before it is read: nothing to zero.
-  {
-    ZINF_ASSIGN_OR_RETURN(bucket.send, StoreArray::Create(store_, name, capacity * world_ * 4,
-                                                          Tier::kDevice, Access::kOverwrite));
-    ZINF_ASSIGN_OR_RETURN(bucket.received,
-                          StoreArray::Create(store_, name + " (reduced)", capacity * 4,
-                                             Tier::kDevice, Access::kOverwrite));
-  }
+  ZINF_ASSIGN_OR_RETURN(bucket.send, StoreArray::Create(store_, name, capacity * world_ * 4,
+                                                        Tier::kDevice, Access::kOverwrite));
+  ZINF_ASSIGN_OR_RETURN(bucket.received,
+                        StoreArray::Create(store_, name + " (reduced)", capacity * 4,
+                                           Tier::kDevice, Access::kOverwrite));
   if (!host_addressable_) {
     ZINF_ASSIGN_OR_RETURN(bucket.landed,
                           StoreArray::Create(store_, name + " (host)", capacity * 4, Tier::kHost,
