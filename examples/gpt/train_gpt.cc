@@ -518,7 +518,10 @@ int Main(int argc, char** argv) {
 
   const auto timeout = std::chrono::milliseconds(std::llround(args.comm_timeout_s * 1000));
   auto created =
-      zinf::Engine::Create(config->engine, {.timeout = timeout, .optimizer_threads = threads});
+      zinf::Engine::Create(config->engine, {.timeout = timeout,
+                                            .optimizer_threads = threads,
+                                            // The model takes bf16 as it is (fp16 as fp32).
+                                            .fp32_view = config->engine.fp16});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
   gpt::GptOptions model_options;

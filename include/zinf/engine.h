@@ -267,6 +267,10 @@ struct EngineOptions {
   // all ranks. The engine's rank() and world_size() are then those within the group, and
   // checkpoint files are named by them: give each group a checkpoint directory of its own.
   std::vector<int> data_parallel_ranks;
+  // Whether Fetch also hands out fp32 copies of 16-bit parameters (FetchedModule::params), on
+  // the host device. A trainer that computes in the compute precision turns it off and saves
+  // a widening pass and 4 bytes an element of device memory per fetched parameter.
+  bool fp32_view = true;
 };
 
 enum class ParamInit { kNormal, kZeros, kOnes };

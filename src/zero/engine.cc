@@ -153,6 +153,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   impl->config = config;
   ZINF_ASSIGN_OR_RETURN(const ProcessPlace place, ResolveProcessPlace(options));
   ZINF_ASSIGN_OR_RETURN(impl->device, ResolveComputeDevice(options.device, place.local_rank));
+  impl->fp32_view = options.fp32_view && impl->device == "host";
   impl->params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
   impl->host_master =
       !(impl->params_on_nvme && config.offload_optimizer_device == OffloadDevice::kNvme);

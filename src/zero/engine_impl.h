@@ -67,6 +67,7 @@ struct Engine::Impl {
   int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
   int local_rank = 0;   // among the processes of this node
   std::string device;   // EngineOptions::device
+  bool fp32_view = true;  // EngineOptions::fp32_view, on the host device
 
   std::vector<Module> modules;
   std::vector<Param> params;

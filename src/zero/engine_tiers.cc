@@ -106,10 +106,10 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     for (int pi : module.params) {
       const Param& p = params[pi];
       // The shard's copy, the gathered parameter (with one rank, the shard itself), its fp32
-      // widening (16-bit parameters on the host device) and the gradient.
+      // widening (16-bit parameters, when the fp32 view is handed out) and the gradient.
       const uint64_t full = p.shard_size * world();
       const uint64_t gathered = world() > 1 ? full * element : 0;
-      const uint64_t widened = element != 4 && device == "host" ? full * 4 : 0;
+      const uint64_t widened = element != 4 && fp32_view ? full * 4 : 0;
       (p.persistent ? persistent : bytes) +=
           p.shard_size * element + gathered + widened + full * 4;
     }
@@ -234,8 +234,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       ParamTierOptions{.param_type = param_type,
                        .shard_home = home,
                        .device_host_addressable = host_addressable,
-                       .fp32_view = internal::TieredStoreAccess::DeviceOf(*tiers)->kind() ==
-                                    DeviceKind::kHost,
+                       .fp32_view = fp32_view,
                        .prefetch_bucket_elements = config.stage3_prefetch_bucket_size,
                        .max_live_elements = config.stage3_max_live_parameters});
   grads.assign(params.size(), GradBuffer());

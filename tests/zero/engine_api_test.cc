@@ -534,6 +534,34 @@ TEST(EngineDeviceTest, HostDeviceTensorsAndMissingGpusRefused) {
   EXPECT_TRUE((*engine)->Release(0).ok());
 }
 
+// EngineOptions::fp32_view off: Fetch hands out the bf16 tensors alone, and training goes on
+// as with it.
+TEST(EngineDeviceTest, WithoutTheFp32ViewOnlyTheComputePrecisionIsFetched) {
+  auto config = EngineConfig::FromJson(R"({"bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
+  ASSERT_TRUE(config.ok());
+  std::vector<float> trained[2];
+  for (bool view : {true, false}) {
+    auto engine = Engine::Create(
+        *config, {.rank = 0, .world_size = 1, .optimizer_threads = 1, .fp32_view = view});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->RegisterModule("m", {{"w", {256, 256}}}).ok());
+    ASSERT_TRUE((*engine)->Initialize().ok());
+    auto fetched = (*engine)->Fetch(0);
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    EXPECT_EQ(fetched->tensors.size(), 1u);
+    EXPECT_EQ(fetched->params.size(), view ? 1u : 0u);
+    auto grads = (*engine)->Gradients(0);
+    ASSERT_TRUE(grads.ok());
+    for (int i = 0; i < 256 * 256; ++i) (*grads)[0][i] = 0.001f * (i % 7);
+    ASSERT_TRUE((*engine)->ReduceGradients(0).ok());
+    ASSERT_TRUE((*engine)->Release(0).ok());
+    ASSERT_TRUE((*engine)->Step().ok());
+    ASSERT_TRUE((*engine)->GatherParameter("w", &trained[view ? 0 : 1]).ok());
+  }
+  EXPECT_EQ(trained[0], trained[1]);
+}
+
 // Note [Fetch and release events]: a trainer computing on a stream of the compute device
 // (a GPU's, here the host device's) waits for Fetch's `ready`, hands Release an event of its
 // own and gets its tensors' memory kept until that event; a module fetched again meanwhile
