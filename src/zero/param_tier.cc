@@ -57,6 +57,7 @@ Status ParamTier::Create() {
   device_ = internal::TieredStoreAccess::DeviceOf(*store_);
   if (device_ == nullptr) return FailedPrecondition("the parameter tier needs a device tier");
   ZINF_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+  ZINF_ASSIGN_OR_RETURN(release_stream_, device_->CreateStream());
   ready_.resize(modules_->size());
   for (auto& event : ready_) {
     ZINF_ASSIGN_OR_RETURN(event, device_->CreateEvent());
@@ -214,8 +215,12 @@ Status ParamTier::Release(int module, Event* done) {
   } else {
     ZINF_ASSIGN_OR_RETURN(mine, device_->CreateEvent());
   }
-  if (done != nullptr) ZINF_RETURN_IF_ERROR(stream_->Wait(*done));
+  // On a stream of its own: on the widening stream the next fetch's work would wait for the
+  // trainer's compute of this module.
   ZINF_RETURN_IF_ERROR(stream_->Record(*mine));
+  if (done != nullptr) ZINF_RETURN_IF_ERROR(release_stream_->Wait(*done));
+  ZINF_RETURN_IF_ERROR(release_stream_->Wait(*mine));
+  ZINF_RETURN_IF_ERROR(release_stream_->Record(*mine));
   pending_.push_back({module, std::move(mine)});
   return OkStatus();
 }

@@ -36,12 +36,14 @@
 // Fetch enqueues the widening of 16-bit parameters on this tier's stream of the compute
 // device and records the module's `ready` event there; the trainer's compute stream waits on
 // it. On the host device the caller's thread is the compute stream, so Fetch waits for the
-// event itself before it returns. Release with the trainer's `done` event makes the stream
-// wait on it and records an event of its own (capturing `done` as it is now, whatever the
-// trainer records later); the module's copies are dropped, and their memory reused, only
-// once that has completed: checked at every Fetch, waited for when more than two modules
-// are pending or before the copies are replaced. A module fetched again before its copies
-// were dropped keeps them. Without `done` (host trainers) the copies go at once.
+// event itself before it returns. Release with the trainer's `done` event makes a stream of
+// its own (not the widening stream, whose next fetch must not wait for this module's compute)
+// wait on it and on the widening so far, and records an event there (capturing `done` as it
+// is now, whatever the trainer records later); the module's copies are dropped, and their
+// memory reused, only once that has completed: checked at every Fetch, waited for when more
+// than two modules are pending or before the copies are replaced. A module fetched again
+// before its copies were dropped keeps them. Without `done` (host trainers) the copies go at
+// once.
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_PARAM_TIER_H_
@@ -178,6 +180,7 @@ class ParamTier {
   std::vector<State> state_;
   Device* device_ = nullptr;                  // the store's
   std::unique_ptr<Stream> stream_;            // widening on the device
+  std::unique_ptr<Stream> release_stream_;    // where pending releases wait for the trainer
   std::vector<std::unique_ptr<Event>> ready_;  // by module: its last Fetch's work done
   std::deque<PendingRelease> pending_;
   std::vector<std::unique_ptr<Event>> spare_events_;
