@@ -229,7 +229,8 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     return InvalidArgument(what + ": the parameter tier is a device but the options name none");
   }
   if (spec.param_copy_tier == ParamCopyTier::kCaller && !spec.copy_targets) {
-    return InvalidArgument(what + ": the parameter copy goes to the caller but copy_targets is empty");
+    return InvalidArgument(what +
+                           ": the parameter copy goes to the caller but copy_targets is empty");
   }
   if (spec.param_copy_tier == ParamCopyTier::kNvme && swap_ == nullptr) {
     return InvalidArgument(what + ": the parameter tier is NVMe but there is no swap store");

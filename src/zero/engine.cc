@@ -269,11 +269,11 @@ Status Engine::Initialize() {
     // A bucket never needs to be larger than every gradient of the model together.
     const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
     ZINF_ASSIGN_OR_RETURN(
-        m.buckets, GradientBuckets::Create(m.tiers.get(), m.DeviceComm(), bucket,
-                                           [&m](uint64_t flat_offset, const float* reduced,
-                                                uint64_t size) {
-                                             return m.AddReducedGradient(flat_offset, reduced, size);
-                                           }));
+        m.buckets,
+        GradientBuckets::Create(m.tiers.get(), m.DeviceComm(), bucket,
+                                [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
+                                  return m.AddReducedGradient(flat_offset, reduced, size);
+                                }));
   }
   m.final_adds.assign(m.params.size(), 0);
   m.speculate = m.config.overlap_optimizer;
@@ -288,7 +288,8 @@ Status Engine::Initialize() {
     // The optimizer state lives in host memory only when it is not on NVMe.
     ZINF_ASSIGN_OR_RETURN(m.state0, StoreArray::Create(m.tiers.get(), "optimizer state 0", bytes));
     if (m.state_count() > 1) {
-      ZINF_ASSIGN_OR_RETURN(m.state1, StoreArray::Create(m.tiers.get(), "optimizer state 1", bytes));
+      ZINF_ASSIGN_OR_RETURN(m.state1,
+                            StoreArray::Create(m.tiers.get(), "optimizer state 1", bytes));
     }
     ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
     if (m.config.delayed_param_update) {
@@ -381,10 +382,9 @@ Status Engine::ReduceGradients(int id, Event* ready) {
     const GradBuffer& g = m.grads[pi];
     if (g.tensor != 0) {  // the buckets own the buffer from here, and free it
       const GradBuffer handed = std::exchange(m.grads[pi], GradBuffer());
-      ZINF_RETURN_IF_ERROR(m.Context(
-          m.buckets->Add(handed.data, p.shard_size, p.flat_offset, p.spec.name, ready,
-                         handed.tensor),
-          fmt::format("reducing the gradient of '{}'", p.spec.name)));
+      ZINF_RETURN_IF_ERROR(m.Context(m.buckets->Add(handed.data, p.shard_size, p.flat_offset,
+                                                    p.spec.name, ready, handed.tensor),
+                                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
     } else {  // written into the accumulator itself (host memory)
       if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
       m.GradientAdded(pi);

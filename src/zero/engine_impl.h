@@ -61,12 +61,14 @@ struct Engine::Impl {
   // with several ranks; null where `comm` serves (the host device, or one rank, whose
   // gathers and reductions need no collective).
   std::unique_ptr<Communicator> device_comm;
-  Communicator* DeviceComm() const { return device_comm != nullptr ? device_comm.get() : comm.get(); }
+  Communicator* DeviceComm() const {
+    return device_comm != nullptr ? device_comm.get() : comm.get();
+  }
   std::unique_ptr<CpuOptimizer> optimizer;
-  int group = 0;        // the optimizer's parameter group
-  int global_rank = 0;  // among all processes (rank() is within the data-parallel group)
-  int local_rank = 0;   // among the processes of this node
-  std::string device;   // EngineOptions::device
+  int group = 0;          // the optimizer's parameter group
+  int global_rank = 0;    // among all processes (rank() is within the data-parallel group)
+  int local_rank = 0;     // among the processes of this node
+  std::string device;     // EngineOptions::device
   bool fp32_view = true;  // EngineOptions::fp32_view, on the host device
 
   std::vector<Module> modules;

@@ -66,16 +66,14 @@ Status Engine::Impl::OpenNvmeOptimizer() {
     spec.param_copy_type = param_type;
     spec.copy_targets = [w = tier_writer.get()](const ChunkView& c) { return w->Targets(c); };
   }
-  StatusOr<int> shard = pipelined->AddShard(
-      spec,
-      [&](const ChunkView& c) {
-        if (host_master) {
-          std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
-          return OkStatus();
-        }
-        FillInitial(c.offset, c.count, c.params);
-        return params_on_nvme ? tier_writer->Write(c) : OkStatus();
-      });
+  StatusOr<int> shard = pipelined->AddShard(spec, [&](const ChunkView& c) {
+    if (host_master) {
+      std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
+      return OkStatus();
+    }
+    FillInitial(c.offset, c.count, c.params);
+    return params_on_nvme ? tier_writer->Write(c) : OkStatus();
+  });
   Status written = tier_writer != nullptr ? tier_writer->Finish() : OkStatus();
   ZINF_RETURN_IF_ERROR(shard.status());
   ZINF_RETURN_IF_ERROR(written);
@@ -91,8 +89,8 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   if (config.gradients_on_nvme) {
     // A chunk's gradients are final when its last write of the batch is on disk.
     ZINF_ASSIGN_OR_RETURN(
-        nvme_grads, NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(),
-                                          tiers.get(), config.gradient_accumulation_steps,
+        nvme_grads, NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(), tiers.get(),
+                                          config.gradient_accumulation_steps,
                                           [o = overlap.get()](size_t c) { o->MarkChunkFinal(c); }));
   }
   return OkStatus();

@@ -110,8 +110,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       const uint64_t full = p.shard_size * world();
       const uint64_t gathered = world() > 1 ? full * element : 0;
       const uint64_t widened = element != 4 && fp32_view ? full * 4 : 0;
-      (p.persistent ? persistent : bytes) +=
-          p.shard_size * element + gathered + widened + full * 4;
+      (p.persistent ? persistent : bytes) += p.shard_size * element + gathered + widened + full * 4;
     }
     working_set = std::max(working_set, bytes);
   }
@@ -131,9 +130,8 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter.
   uint64_t largest_shard = 0;
   for (const Param& p : params) largest_shard = std::max(largest_shard, p.shard_size);
-  const uint64_t bucket_slice =
-      std::max(std::min(config.reduce_bucket_size, shard_elements * world()) / world(),
-               largest_shard);
+  const uint64_t bucket_slice = std::max(
+      std::min(config.reduce_bucket_size, shard_elements * world()) / world(), largest_shard);
   const uint64_t buckets = world() > 1 ? 2 * bucket_slice * (world() + 1) * 4 : 0;
   options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
                                 2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +

@@ -20,8 +20,8 @@ StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(TieredStore* 
     return FailedPrecondition("gradient buckets need a tiered store with a device tier");
   }
   const bool host_addressable = internal::TieredStoreAccess::HostAddressable(*store);
-  std::unique_ptr<GradientBuckets> buckets(new GradientBuckets(
-      store, device, host_addressable, comm, bucket_elements, std::move(sink)));
+  std::unique_ptr<GradientBuckets> buckets(
+      new GradientBuckets(store, device, host_addressable, comm, bucket_elements, std::move(sink)));
   if (!host_addressable) {
     ZINF_ASSIGN_OR_RETURN(buckets->copy_, device->CreateStream());
     ZINF_ASSIGN_OR_RETURN(buckets->down_, device->CreateStream());
@@ -110,12 +110,11 @@ Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
   ZINF_ASSIGN_OR_RETURN(bucket.send, StoreArray::Create(store_, name, capacity * world_ * 4,
                                                         Tier::kDevice, Access::kOverwrite));
   ZINF_ASSIGN_OR_RETURN(bucket.received,
-                        StoreArray::Create(store_, name + " (reduced)", capacity * 4,
-                                           Tier::kDevice, Access::kOverwrite));
+                        StoreArray::Create(store_, name + " (reduced)", capacity * 4, Tier::kDevice,
+                                           Access::kOverwrite));
   if (!host_addressable_) {
-    ZINF_ASSIGN_OR_RETURN(bucket.landed,
-                          StoreArray::Create(store_, name + " (host)", capacity * 4, Tier::kHost,
-                                             Access::kOverwrite));
+    ZINF_ASSIGN_OR_RETURN(bucket.landed, StoreArray::Create(store_, name + " (host)", capacity * 4,
+                                                            Tier::kHost, Access::kOverwrite));
   }
   bucket.capacity = capacity;
   return OkStatus();
@@ -146,9 +145,9 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   }
   if (world_ == 1) {  // nothing to reduce: the gradient comes down, then goes to the sink
     InFlight entry{.tensor = tensor, .flat_offset = flat_offset, .size = shard_size, .name = name};
-    ZINF_ASSIGN_OR_RETURN(entry.landed,
-                          StoreArray::Create(store_, name + " (gradient)", shard_size * 4,
-                                             Tier::kHost, Access::kOverwrite));
+    ZINF_ASSIGN_OR_RETURN(
+        entry.landed, StoreArray::Create(store_, name + " (gradient)", shard_size * 4, Tier::kHost,
+                                         Access::kOverwrite));
     if (ready != nullptr) ZINF_RETURN_IF_ERROR(down_->Wait(*ready));
     ZINF_RETURN_IF_ERROR(down_->Copy(entry.landed.data(), grad, shard_size * sizeof(float),
                                      CopyKind::kDeviceToHost));
@@ -171,8 +170,8 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   if (ready != nullptr && !host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
   float* send = bucket->send.as<float>();
   for (int r = 0; r < world_; ++r) {
-    ZINF_RETURN_IF_ERROR(
-        CopyOnDevice(send + r * bucket->capacity + bucket->used, grad + r * shard_size, shard_size));
+    ZINF_RETURN_IF_ERROR(CopyOnDevice(send + r * bucket->capacity + bucket->used,
+                                      grad + r * shard_size, shard_size));
   }
   if (host_addressable_) {
     if (tensor != 0) Free(tensor);

@@ -10,9 +10,9 @@
 // written back in the later ones. The last flush of a chunk also takes its squared norm and
 // finiteness, so that the step knows the global norm without reading the gradients again;
 // the pipelined step then reads them with the state. Host memory: the chunks being filled
-// (tensors of the tiered store's host tier; backward fills them in order, so a few, plus those of the largest parameter, and those
-// whose write is still in flight, at most max_staging_bytes: past it, taking a buffer waits
-// for the oldest write) instead of four bytes per parameter. Writes are
+// (tensors of the tiered store's host tier; backward fills them in order, so a few, plus those of
+// the largest parameter, and those whose write is still in flight, at most max_staging_bytes: past
+// it, taking a buffer waits for the oldest write) instead of four bytes per parameter. Writes are
 // asynchronous; a chunk's read-back in a later micro-batch waits for its write. When a
 // chunk's last write of the batch is on disk, `final` hears of it (from the I/O thread):
 // the overlapped step may update it from then on.
@@ -47,8 +47,7 @@ class NvmeGradients {
   // chunk's index once its gradients for the batch are all on disk, on any thread.
   static StatusOr<std::unique_ptr<NvmeGradients>> Create(
       PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
-      int accumulation_steps,
-      std::function<void(size_t chunk)> final = nullptr,
+      int accumulation_steps, std::function<void(size_t chunk)> final = nullptr,
       uint64_t max_staging_bytes = kMaxStagingBytes);
   // Waits for the writes in flight.
   ~NvmeGradients();

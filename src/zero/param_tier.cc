@@ -73,7 +73,8 @@ Status ParamTier::Create() {
 Tier ParamTier::WriteTier() const {
   // NVMe is not addressable, nor is a GPU's memory from the host: a host copy is written and
   // then written back.
-  if (options_.shard_home == Tier::kDevice && options_.device_host_addressable) return Tier::kDevice;
+  if (options_.shard_home == Tier::kDevice && options_.device_host_addressable)
+    return Tier::kDevice;
   return Tier::kHost;
 }
 
@@ -461,9 +462,9 @@ StatusOr<void*> ParamTier::ChunkWriter::OpenParam(size_t pi) {
   Open& o = open_[pi];
   if (o.data == nullptr) {
     // The first opening overwrites; a later one (a chunk written again) keeps the rest.
-    ZINF_ASSIGN_OR_RETURN(o.data, tier_->store_->Acquire(
-                                      tier_->state_[pi].shard, tier_->WriteTier(),
-                                      o.written ? Access::kWrite : Access::kOverwrite));
+    ZINF_ASSIGN_OR_RETURN(o.data,
+                          tier_->store_->Acquire(tier_->state_[pi].shard, tier_->WriteTier(),
+                                                 o.written ? Access::kWrite : Access::kOverwrite));
     o.written = true;
   }
   return o.data;
@@ -510,9 +511,9 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     Open& o = open_[pi];
     if (p.persistent) {
       if (persistent_[pi].empty()) {  // kept for the writer's life: the next steps reuse it
-        ZINF_ASSIGN_OR_RETURN(persistent_[pi],
-                              StoreArray::Create(store, p.spec.name + " (next values)",
-                                                 p.shard_size * 4, Tier::kHost, Access::kOverwrite));
+        ZINF_ASSIGN_OR_RETURN(
+            persistent_[pi], StoreArray::Create(store, p.spec.name + " (next values)",
+                                                p.shard_size * 4, Tier::kHost, Access::kOverwrite));
       }
       std::copy(values, values + (last - first),
                 persistent_[pi].as<float>() + (first - p.flat_offset));

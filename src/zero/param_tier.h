@@ -106,9 +106,9 @@ class ParamTier {
 
   // Gathers the module's parameters into the device tier: `out` gets one tensor each, in the
   // compute precision, and `fp32` (when not null, with options.fp32_view) the same values
-  // widened to fp32 in device memory (the same pointers at fp32). The widening runs on the device, on this tier's
-  // stream; `ready` (when not null) gets the event where that work completes (Note [Fetch
-  // and release events]). Records or follows the fetch order (Note [Prefetch]).
+  // widened to fp32 in device memory (the same pointers at fp32). The widening runs on the device,
+  // on this tier's stream; `ready` (when not null) gets the event where that work completes (Note
+  // [Fetch and release events]). Records or follows the fetch order (Note [Prefetch]).
   Status Fetch(int module, std::vector<ParamTensor>* out, std::vector<float*>* fp32,
                Event** ready = nullptr);
   // Frees the gathered copies of the module's non-persistent parameters: now, or with `done`
@@ -178,9 +178,9 @@ class ParamTier {
   std::vector<Module>* const modules_;
   const ParamTierOptions options_;
   std::vector<State> state_;
-  Device* device_ = nullptr;                  // the store's
-  std::unique_ptr<Stream> stream_;            // widening on the device
-  std::unique_ptr<Stream> release_stream_;    // where pending releases wait for the trainer
+  Device* device_ = nullptr;                   // the store's
+  std::unique_ptr<Stream> stream_;             // widening on the device
+  std::unique_ptr<Stream> release_stream_;     // where pending releases wait for the trainer
   std::vector<std::unique_ptr<Event>> ready_;  // by module: its last Fetch's work done
   std::deque<PendingRelease> pending_;
   std::vector<std::unique_ptr<Event>> spare_events_;

@@ -58,17 +58,16 @@ StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_
     const std::string digits = device.rfind("cuda:", 0) == 0 ? device.substr(5) : std::string();
     if (digits.empty() || digits.size() > 4 ||
         digits.find_first_not_of("0123456789") != std::string::npos) {
-      return InvalidArgument(fmt::format(
-          "compute device \"{}\": expected \"host\", \"cuda:N\" or \"auto\"", device));
+      return InvalidArgument(
+          fmt::format("compute device \"{}\": expected \"host\", \"cuda:N\" or \"auto\"", device));
     }
     ordinal = std::stoi(digits);
   }
   const GpuReport gpus = ProbeGpus();
   if (ordinal < static_cast<int>(gpus.gpus.size())) return fmt::format("cuda:{}", ordinal);
-  const std::string why =
-      !gpus.error.empty()
-          ? gpus.error
-          : fmt::format("this node has {} GPU(s), no GPU {}", gpus.gpus.size(), ordinal);
+  const std::string why = !gpus.error.empty() ? gpus.error
+                                              : fmt::format("this node has {} GPU(s), no GPU {}",
+                                                            gpus.gpus.size(), ordinal);
   if (pick) {
     log::Info("compute device: host ({})", why);
     return std::string("host");
