@@ -12,6 +12,7 @@
 
 #include "core/units.h"
 #include "offload/pipelined_optimizer.h"
+#include "zero/gradient_buckets.h"
 
 namespace zinf::plan {
 namespace {
@@ -648,8 +649,8 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   for (const auto& params : l.modules) {
     for (const Laid& p : params) largest_shard = std::max(largest_shard, p.shard);
   }
-  const uint64_t bucket_slice = std::max<uint64_t>(
-      std::min<uint64_t>(c.reduce_bucket_size, S * world) / world, largest_shard);
+  const uint64_t bucket_slice = GradientBuckets::SliceCapacity(
+      std::min<uint64_t>(c.reduce_bucket_size, S * world), world, largest_shard);
   const uint64_t buckets = world > 1 ? 2 * bucket_slice * (world + 1) * 4 : 0;
   if (world > 1) {  // GradientBuckets::Reserve: the send buffer and the reduced slice
     const uint64_t one = PageUp(bucket_slice * world * 4) + PageUp(bucket_slice * 4);

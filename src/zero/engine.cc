@@ -251,7 +251,6 @@ Status Engine::Initialize() {
   Impl& m = *impl_;
   if (m.initialized) return FailedPrecondition("Initialize called twice");
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckRanksAgree(), "checking that ranks agree"));
-  const uint64_t world = m.world();
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
                                m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
@@ -265,16 +264,12 @@ Status Engine::Initialize() {
     ZINF_ASSIGN_OR_RETURN(m.grad_acc,
                           StoreArray::Create(m.tiers.get(), "gradient accumulators", bytes));
   }
-  {
-    // A bucket never needs to be larger than every gradient of the model together.
-    const uint64_t bucket = std::min(m.config.reduce_bucket_size, m.shard_elements * world);
-    ZINF_ASSIGN_OR_RETURN(
-        m.buckets,
-        GradientBuckets::Create(m.tiers.get(), m.DeviceComm(), bucket,
-                                [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
-                                  return m.AddReducedGradient(flat_offset, reduced, size);
-                                }));
-  }
+  ZINF_ASSIGN_OR_RETURN(
+      m.buckets,
+      GradientBuckets::Create(m.tiers.get(), m.DeviceComm(), m.BucketElements(),
+                              [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
+                                return m.AddReducedGradient(flat_offset, reduced, size);
+                              }));
   m.final_adds.assign(m.params.size(), 0);
   m.speculate = m.config.overlap_optimizer;
   if (m.host_master) {

@@ -159,6 +159,12 @@ struct Engine::Impl {
 
   size_t param_bytes() const { return ElementSize(param_type); }
 
+  // Elements of gradient per reduce bucket: reduce_bucket_size, but never more than every
+  // gradient of the model together.
+  uint64_t BucketElements() const {
+    return std::min(config.reduce_bucket_size, shard_elements * world());
+  }
+
   // What turns the accumulators (the sum over ranks and micro-batches of loss_scale *
   // gradient) into the mean gradient: the step's gradient scale when it does not clip.
   double MeanScale() const {

@@ -58,8 +58,7 @@ Status Engine::Impl::CheckHostMemory() const {
   for (const Param& p : params) {
     if (p.persistent) persistent += p.numel * 4;
   }
-  const uint64_t buckets =
-      world() > 1 ? 2 * std::min(config.reduce_bucket_size, shard_elements * world()) * 4 : 0;
+  const uint64_t buckets = world() > 1 ? 2 * BucketElements() * 4 : 0;
   // The parameter tier, where the host device's memory or pinned memory holds it.
   const uint64_t tier = params_on_nvme ? 0 : shard_elements * param_bytes();
   const uint64_t accumulators = config.gradients_on_nvme ? 0 : shard;
@@ -130,8 +129,8 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter.
   uint64_t largest_shard = 0;
   for (const Param& p : params) largest_shard = std::max(largest_shard, p.shard_size);
-  const uint64_t bucket_slice = std::max(
-      std::min(config.reduce_bucket_size, shard_elements * world()) / world(), largest_shard);
+  const uint64_t bucket_slice =
+      GradientBuckets::SliceCapacity(BucketElements(), world(), largest_shard);
   const uint64_t buckets = world() > 1 ? 2 * bucket_slice * (world() + 1) * 4 : 0;
   options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
                                 2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +

@@ -36,7 +36,7 @@ GradientBuckets::GradientBuckets(TieredStore* store, Device* device, bool host_a
       host_addressable_(host_addressable),
       comm_(comm),
       world_(comm->world_size()),
-      slice_elements_(std::max<uint64_t>(bucket_elements / comm->world_size(), 1)),
+      slice_elements_(SliceCapacity(bucket_elements, comm->world_size(), 0)),
       sink_(std::move(sink)) {}
 
 GradientBuckets::~GradientBuckets() {

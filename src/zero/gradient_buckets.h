@@ -34,6 +34,7 @@
 #ifndef ZINF_ZERO_GRADIENT_BUCKETS_H_
 #define ZINF_ZERO_GRADIENT_BUCKETS_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -81,6 +82,11 @@ class GradientBuckets {
              Event* ready = nullptr, TensorId tensor = 0);
   // Reduces what is queued and waits until every added gradient has gone to the sink.
   Status Finish();
+  // Elements of one rank's slice of a bucket at most: a bucket of `bucket_elements` over
+  // `world` ranks, grown to hold the largest parameter's shard.
+  static uint64_t SliceCapacity(uint64_t bucket_elements, int world, uint64_t largest_shard) {
+    return std::max<uint64_t>(std::max<uint64_t>(bucket_elements / world, 1), largest_shard);
+  }
   // Copies in flight at most before Add waits for the oldest.
   static constexpr size_t kMaxInFlight = 4;
   // Collectives started so far (each one bucket).
