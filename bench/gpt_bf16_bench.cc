@@ -110,8 +110,9 @@ int Main(int argc, char** argv) {
     }
     auto engine_config = zinf::EngineConfig::FromJson(dumped);
     if (!engine_config.ok()) return Fail(engine_config.status().ToString());
-    auto engine = zinf::Engine::Create(*engine_config,
-                                       {.rank = 0, .world_size = 1, .optimizer_threads = threads});
+    auto engine = zinf::Engine::Create(
+        *engine_config,
+        {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = threads});
     if (!engine.ok()) return Fail(engine.status().ToString());
     gpt::GptOptions options;
     options.matmul_precision = name == "fp32"   ? gpt::MatmulPrecision::kFp32

@@ -83,7 +83,7 @@ Status Import(const ImportArgs& args) {
                         ckpt::SafetensorsReader::Open(args.file));
   if (file.tensors().empty()) return InvalidArgument(args.file + " holds no tensors");
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                        Engine::Create(config, {.rank = 0, .world_size = 1}));
+                        Engine::Create(config, {.device = "host", .rank = 0, .world_size = 1}));
   // One module per tensor; zeros, since every value is replaced.
   for (const ckpt::SafetensorsTensor& t : file.tensors()) {
     ZINF_RETURN_IF_ERROR(

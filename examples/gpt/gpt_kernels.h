@@ -99,7 +99,7 @@ inline View DenseCopy(const View& v, ElementType dtype, int64_t* elements) {
   return out;
 }
 
-// Which module's parameters or gradients a staging call is about: modules in different
+// Which module's parameters a Parameters() call converts: modules in different
 // slots may be held at the same time (the head needs "embed" and "ln_f" together).
 enum class Slot { kEmbed, kLnF, kBlock };
 
@@ -135,28 +135,28 @@ class GptKernels {
   // The element type matmuls multiply in: kFp32, or kBf16 (bf16 inputs, fp32 accumulation).
   virtual ElementType matmul_type() const = 0;
 
-  // ---- Staging between the engine's host buffers and backend memory.
+  // ---- The engine's tensors. A backend computes on the engine's compute device (the CPU on
+  // the host device, the GPU on cuda:N): the engine's fetched parameters and its gradient
+  // buffers are backend memory, used where they are (see Note [GPT staging]).
 
-  // Backend copies of one fetched module's parameters: `fetched[i]` (host memory, fp32 or
-  // bf16) holds `numel[i]` elements and comes back as a tensor of element type `want[i]`
-  // (kFp32 or kBf16; see Note [GPT compute] for which the model asks for). CPU: a fetched
-  // tensor already of its wanted type is handed back as it is; the others are converted into
-  // the slot's buffers. CUDA: copied into the slot's device buffers and converted there.
-  // Converted copies stay valid until the next Parameters() call for the slot, and the
-  // fetched memory may be released once this returns, except for the CPU's pass-through
-  // tensors, which are the fetched memory. InvalidArgument for kFp16 or mismatched lengths.
+  // The parameters of one fetched module as the ops take them: `fetched[i]` (the engine's
+  // tensor, fp32 or bf16, complete once `ready` has; nullptr: already) holds `numel[i]`
+  // elements and comes back as a tensor of element type `want[i]` (kFp32 or kBf16; see Note
+  // [GPT compute] for which the model asks for). A fetched tensor already of its wanted type
+  // is handed back as it is, valid until the module's Release; the others are converted into
+  // the slot's buffers, valid until the next Parameters() call for the slot. Ops queued after
+  // this call see the parameters without the host waiting. InvalidArgument for kFp16 or
+  // mismatched lengths.
   virtual zinf::StatusOr<std::vector<Tensor>> Parameters(Slot slot,
                                                          const std::vector<Tensor>& fetched,
                                                          const std::vector<int64_t>& numel,
-                                                         const std::vector<ElementType>& want) = 0;
-  // Buffers that backward adds a module's gradients into. CPU: the engine's host gradient
-  // buffers themselves. CUDA: the slot's device buffers, zeroed; AddGradientsToHost then adds
-  // them into the host buffers.
-  virtual zinf::StatusOr<std::vector<float*>> Gradients(Slot slot, const std::vector<float*>& host,
-                                                        const std::vector<int64_t>& numel) = 0;
-  // Adds the slot's gradients into `host` (the buffers Gradients() was given, or the same
-  // module's buffers again) and waits for that. A no-op on the CPU.
-  virtual zinf::Status AddGradientsToHost(Slot slot, const std::vector<float*>& host) = 0;
+                                                         const std::vector<ElementType>& want,
+                                                         zinf::Event* ready) = 0;
+  // An event recorded after every op queued so far, for Engine::Release and ReduceGradients:
+  // the engine reuses or reads its tensors only after it, and neither call waits for it. Null
+  // where ops run on the calling thread (the CPU): they have all run. Valid until the next
+  // Done(); the engine captures it when it is handed over.
+  virtual zinf::StatusOr<zinf::Event*> Done() = 0;
   // Copies n floats of backend memory to host memory and waits.
   virtual zinf::Status CopyToHost(float* host, const float* src, int64_t n) = 0;
   // Waits for every queued op; the first error of any op so far.

@@ -125,9 +125,12 @@ class CpuKernels final : public GptKernels {
 
   StatusOr<std::vector<Tensor>> Parameters(Slot slot, const std::vector<Tensor>& fetched,
                                            const std::vector<int64_t>& numel,
-                                           const std::vector<ElementType>& want) override {
+                                           const std::vector<ElementType>& want,
+                                           zinf::Event* ready) override {
     ZINF_RETURN_IF_ERROR(status_);
     ZINF_RETURN_IF_ERROR(ValidateParameters(fetched, numel, want));
+    // The host device's Fetch returns complete tensors (this thread is the compute stream).
+    if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
     // Tensors already of their wanted type are used in place; the others are converted into
     // the slot's buffer, one after another.
     std::vector<size_t> offsets(fetched.size());
@@ -159,12 +162,11 @@ class CpuKernels final : public GptKernels {
     }
     return out;
   }
-  StatusOr<std::vector<float*>> Gradients(Slot, const std::vector<float*>& host,
-                                          const std::vector<int64_t>&) override {
+  // Every op has run when it returns.
+  StatusOr<zinf::Event*> Done() override {
     ZINF_RETURN_IF_ERROR(status_);
-    return host;
+    return nullptr;
   }
-  Status AddGradientsToHost(Slot, const std::vector<float*>&) override { return status_; }
   Status CopyToHost(float* host, const float* src, int64_t n) override {
     ZINF_RETURN_IF_ERROR(status_);
     std::copy(src, src + n, host);

@@ -3,8 +3,9 @@
 // with matmul type bf16 bf16 x bf16 on tensor cores accumulating in fp32
 // (cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F), the CPU backend's numerics (Note [GPT
 // compute] in gpt_kernels_cpu.cc): weights arrive in bf16 from Parameters(), activations are
-// converted into scratch just before each matmul. See Note [GPT staging] in gpt_model.cc for
-// how parameters and gradients move, and gpt_kernels.h for the contract. Results are
+// converted into scratch just before each matmul. The engine computes on the same GPU (Note
+// [GPT staging] in gpt_model.cc): its parameters and gradient buffers are used in place, in
+// stream order with its events. gpt_kernels.h has the contract. Results are
 // deterministic from run to run on one GPU (cuBLAS picks the same algorithm for the same
 // shapes; the kernels use no atomics) but differ from the CPU backend's in rounding.
 #include <cublas_v2.h>
@@ -132,9 +133,11 @@ bool AsColumnMajor(const View& v, Operand* out) {
 class CudaKernels final : public GptKernels {
  public:
   CudaKernels(std::unique_ptr<zinf::Device> device, std::unique_ptr<zinf::Stream> stream,
-              cublasHandle_t blas, int ordinal, ElementType matmul_type)
+              std::unique_ptr<zinf::Event> done, cublasHandle_t blas, int ordinal,
+              ElementType matmul_type)
       : device_(std::move(device)),
         stream_(std::move(stream)),
+        done_(std::move(done)),
         cu_stream_(stream_->native_handle()),
         blas_(blas),
         ordinal_(ordinal),
@@ -151,81 +154,41 @@ class CudaKernels final : public GptKernels {
 
   StatusOr<std::vector<Tensor>> Parameters(Slot slot, const std::vector<Tensor>& fetched,
                                            const std::vector<int64_t>& numel,
-                                           const std::vector<ElementType>& want) override {
+                                           const std::vector<ElementType>& want,
+                                           zinf::Event* ready) override {
     ZINF_RETURN_IF_ERROR(ValidateParameters(fetched, numel, want));
-    SlotBuffers& s = slots_[static_cast<int>(slot)];
-    std::vector<int64_t> bytes(fetched.size());
-    int64_t staging_bytes = 0;  // the largest tensor that is converted on the way
+    ZINF_RETURN_IF_ERROR(status_);
+    // The engine's gathers complete at `ready`: the stream waits for it, the host does not.
+    if (ready != nullptr) ZINF_RETURN_IF_ERROR(Sticky(stream_->Wait(*ready), "parameter fetch"));
+    std::vector<int64_t> bytes(fetched.size(), 0);
     for (size_t i = 0; i < fetched.size(); ++i) {
-      bytes[i] = numel[i] * static_cast<int64_t>(zinf::ElementSize(want[i]));
       if (fetched[i].dtype != want[i]) {
-        staging_bytes = std::max<int64_t>(
-            staging_bytes, numel[i] * static_cast<int64_t>(zinf::ElementSize(fetched[i].dtype)));
+        bytes[i] = numel[i] * static_cast<int64_t>(zinf::ElementSize(want[i]));
       }
     }
-    ZINF_RETURN_IF_ERROR(Pack(bytes, &s.param_offsets, &s.params));
-    if (staging_bytes > 0) Ensure(&param_staging_, staging_bytes, "parameter conversion buffer");
-    ZINF_RETURN_IF_ERROR(status_);
+    std::vector<int64_t> offsets;
+    zinf::DeviceBuffer& converted = slots_[static_cast<int>(slot)];
+    ZINF_RETURN_IF_ERROR(Pack(bytes, &offsets, &converted));
     std::vector<Tensor> out;
     for (size_t i = 0; i < fetched.size(); ++i) {
-      void* dst = s.params.as<char>() + s.param_offsets[i];
-      const size_t fetched_bytes = numel[i] * zinf::ElementSize(fetched[i].dtype);
-      // Uploaded as fetched (bf16 from the engine halves the bytes), converted on the GPU.
-      void* upload = fetched[i].dtype == want[i] ? dst : param_staging_.data();
-      ZINF_RETURN_IF_ERROR(Sticky(
-          stream_->Copy(upload, fetched[i].data, fetched_bytes, zinf::CopyKind::kHostToDevice),
-          "parameter upload"));
-      if (upload != dst) {
-        const cuda::ConvertShape shape{{1, 1, numel[i]}, {0, 0, 1}, {0, 0, 1}};
-        cuda::LaunchConvert(upload, fetched[i].dtype == ElementType::kBf16, dst,
-                            want[i] == ElementType::kBf16, shape, cu_stream_);
-        if (!CheckLaunch("parameter conversion")) return status_;
+      if (fetched[i].dtype == want[i]) {  // the engine's tensor, in this GPU's memory
+        out.push_back(fetched[i]);
+        continue;
       }
+      void* dst = converted.as<char>() + offsets[i];
+      const cuda::ConvertShape shape{{1, 1, numel[i]}, {0, 0, 1}, {0, 0, 1}};
+      cuda::LaunchConvert(fetched[i].data, fetched[i].dtype == ElementType::kBf16, dst,
+                          want[i] == ElementType::kBf16, shape, cu_stream_);
+      if (!CheckLaunch("parameter conversion")) return status_;
       out.push_back({dst, want[i]});
     }
-    // The engine may release (and reuse) the host buffers as soon as this returns.
-    ZINF_RETURN_IF_ERROR(Synchronize());
     return out;
   }
 
-  StatusOr<std::vector<float*>> Gradients(Slot slot, const std::vector<float*>& host,
-                                          const std::vector<int64_t>& numel) override {
-    SlotBuffers& s = slots_[static_cast<int>(slot)];
-    std::vector<int64_t> bytes;
-    for (int64_t n : numel) bytes.push_back(n * static_cast<int64_t>(sizeof(float)));
-    ZINF_RETURN_IF_ERROR(Pack(bytes, &s.grad_offsets, &s.grads));
-    s.grad_numel = numel;
-    ZINF_RETURN_IF_ERROR(
-        Sticky(stream_->Memset(s.grads.data(), 0, s.grads.size_bytes()), "gradient zeroing"));
-    std::vector<float*> out;
-    for (size_t i = 0; i < host.size(); ++i) {
-      out.push_back(reinterpret_cast<float*>(s.grads.as<char>() + s.grad_offsets[i]));
-    }
-    return out;
-  }
-
-  Status AddGradientsToHost(Slot slot, const std::vector<float*>& host) override {
-    SlotBuffers& s = slots_[static_cast<int>(slot)];
-    if (host.size() != s.grad_numel.size()) {
-      return zinf::Internal(fmt::format("AddGradientsToHost: {} buffers for {} gradients",
-                                        host.size(), s.grad_numel.size()));
-    }
+  StatusOr<zinf::Event*> Done() override {
     ZINF_RETURN_IF_ERROR(status_);
-    if (staging_.size_bytes() < s.grads.size_bytes()) {
-      staging_ = zinf::HostBuffer();
-      ZINF_ASSIGN_OR_RETURN(staging_, device_->AllocateHost(s.grads.size_bytes()));
-    }
-    ZINF_RETURN_IF_ERROR(Sticky(stream_->Copy(staging_.data(), s.grads.data(), s.grads.size_bytes(),
-                                              zinf::CopyKind::kDeviceToHost),
-                                "gradient download"));
-    ZINF_RETURN_IF_ERROR(Synchronize());
-    const char* staged = static_cast<const char*>(staging_.data());
-    for (size_t i = 0; i < host.size(); ++i) {
-      const float* g = reinterpret_cast<const float*>(staged + s.grad_offsets[i]);
-      float* out = host[i];
-      for (int64_t j = 0; j < s.grad_numel[i]; ++j) out[j] += g[j];
-    }
-    return zinf::OkStatus();
+    ZINF_RETURN_IF_ERROR(Sticky(stream_->Record(*done_), "recording the ops' completion"));
+    return done_.get();
   }
 
   Status CopyToHost(float* host, const float* src, int64_t n) override {
@@ -433,11 +396,6 @@ class CudaKernels final : public GptKernels {
   }
 
  private:
-  struct SlotBuffers {
-    zinf::DeviceBuffer params, grads;
-    std::vector<int64_t> param_offsets, grad_offsets, grad_numel;
-  };
-
   // Records the first error; returns it.
   Status Sticky(Status s, std::string_view op) {
     if (status_.ok() && !s.ok()) status_ = std::move(s).WithContext(std::string(op));
@@ -472,7 +430,7 @@ class CudaKernels final : public GptKernels {
       offsets->push_back(total);
       total += AlignUp(b);
     }
-    Ensure(buffer, static_cast<size_t>(total), "staging buffer");
+    Ensure(buffer, static_cast<size_t>(total), "converted parameters");
     return status_;
   }
 
@@ -495,15 +453,14 @@ class CudaKernels final : public GptKernels {
 
   std::unique_ptr<zinf::Device> device_;
   std::unique_ptr<zinf::Stream> stream_;
+  std::unique_ptr<zinf::Event> done_;  // see Done()
   void* cu_stream_;
   cublasHandle_t blas_;
   const int ordinal_;
   const ElementType matmul_type_;
-  Status status_;  // the first error; sticky
-  std::array<SlotBuffers, 3> slots_;
-  zinf::DeviceBuffer param_staging_;           // a fetched tensor on its way to conversion
+  Status status_;                              // the first error; sticky
+  std::array<zinf::DeviceBuffer, 3> slots_;    // each slot's converted parameters
   std::array<zinf::DeviceBuffer, 2> scratch_;  // converted matmul operands
-  zinf::HostBuffer staging_;                   // pinned: gradients on their way to the engine
   // The batch's tokens (see SetTokens), in ints_.
   std::vector<int32_t> host_ints_;
   zinf::DeviceBuffer ints_, row_loss_;
@@ -523,6 +480,7 @@ StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t me
       std::unique_ptr<zinf::Device> device,
       zinf::CreateCudaDevice({.ordinal = ordinal, .memory_budget_bytes = memory_budget_bytes}));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<zinf::Stream> stream, device->CreateStream());
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<zinf::Event> done, device->CreateEvent());
   ZINF_RETURN_IF_ERROR(CudaError(cudaSetDevice(ordinal), "cudaSetDevice"));
   if (matmul_type == ElementType::kBf16) {
     int major = 0, minor = 0;
@@ -556,8 +514,8 @@ StatusOr<std::unique_ptr<GptKernels>> CreateCudaKernels(int ordinal, uint64_t me
     api->destroy(blas);
     return s;
   }
-  return std::unique_ptr<GptKernels>(
-      new CudaKernels(std::move(device), std::move(stream), blas, ordinal, matmul_type));
+  return std::unique_ptr<GptKernels>(new CudaKernels(std::move(device), std::move(stream),
+                                                     std::move(done), blas, ordinal, matmul_type));
 }
 
 }  // namespace gpt

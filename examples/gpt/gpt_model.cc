@@ -3,14 +3,18 @@
 // See gpt_model.h for the contract and Note [GPT compute] in gpt_kernels_cpu.cc.
 //
 // Note [GPT staging]
-// The model code is the same for every backend; only where the numbers live differs. On the
-// CPU the kernels read the engine's host parameter buffers (or, for bf16 matmuls, bf16 copies
-// of the weight matrices made once per fetch) and add into its host gradient buffers in place. On
-// CUDA each fetched module's parameters are copied to device buffers (Parameters() returns once the
-// copy is done, so the module may be released right away), and gradients are computed into zeroed
-// device buffers and added into the engine's host buffers just before ReduceGradients. The
-// embedding gets gradient twice, from the tied head (before the blocks' backward) and from the
-// input embedding (after): both go into the same device buffers, copied out once at the end.
+// The model code is the same for every backend, and the backend computes where the engine
+// does (Engine::compute_device_name): the CPU backend on the host device, the CUDA backend on
+// cuda:N. The engine's fetched parameters and gradient buffers are therefore backend memory and
+// are used where they are: weight matrices arrive in the engine's compute precision (bf16
+// under EngineConfig::bf16, which bf16 matmuls take in place); only tensors the ops want in
+// another type (fp32 LayerNorm parameters from a bf16 engine, say) are converted into the
+// backend's slot buffers. Backward writes the engine's gradient buffers directly. On CUDA
+// nothing waits on the host: the backend's stream waits for each fetch's ready event, and
+// Release and ReduceGradients receive an event recorded after the ops that use the module
+// (GptKernels::Done), so the engine reuses or reads those tensors in stream order. The
+// embedding gets gradient twice, from the tied head (before the blocks' backward) and from
+// the input embedding (after): Gradients(embed) hands back the same buffers both times.
 #include "examples/gpt/gpt_model.h"
 
 #include <fmt/core.h>
@@ -320,22 +324,27 @@ struct Gpt::Impl {
     auto fetched = engine.Fetch(module);
     timing.param_wait_s += SecondsSince(t0);
     if (!fetched.ok()) return fetched.status();
-    // The engine's compute precision as it is (bf16 under EngineConfig::bf16, which bf16
-    // matmuls take in place); fp16, which the backends do not take, as its fp32 view.
+    // The engine's compute precision as it is; fp16, which the backends do not take, as its
+    // fp32 view (handed out on the host device only: Create refuses fp16 elsewhere).
     std::vector<Tensor> tensors;
     for (size_t i = 0; i < fetched->tensors.size(); ++i) {
       const zinf::ParamTensor& p = fetched->tensors[i];
       if (p.dtype == ElementType::kFp16) {
+        if (i >= fetched->params.size()) {
+          return zinf::FailedPrecondition("fp16 parameters without the engine's fp32 view");
+        }
         tensors.push_back({fetched->params[i], ElementType::kFp32});
       } else {
         tensors.push_back({p.data, p.dtype});
       }
     }
-    return kernels->Parameters(slot, tensors, numel, want);
+    return kernels->Parameters(slot, tensors, numel, want, fetched->ready);
   }
+  // Ends the module's use once the ops queued so far have run.
   Status Release(int module) {
+    ZINF_ASSIGN_OR_RETURN(zinf::Event * done, kernels->Done());
     const auto t0 = Clock::now();
-    Status s = engine.Release(module);
+    Status s = engine.Release(module, done);
     timing.param_wait_s += SecondsSince(t0);
     return s;
   }
@@ -345,11 +354,11 @@ struct Gpt::Impl {
     timing.grad_reduce_s += SecondsSince(t0);
     return grads;
   }
-  // Adds the slot's gradients into the engine's buffers `host`, then reduces them.
-  Status ReduceGradients(int module, Slot slot, const std::vector<float*>& host) {
-    ZINF_RETURN_IF_ERROR(kernels->AddGradientsToHost(slot, host));
+  // Reduces the module's gradients once the ops queued so far (its backward) have run.
+  Status ReduceGradients(int module) {
+    ZINF_ASSIGN_OR_RETURN(zinf::Event * ready, kernels->Done());
     const auto t0 = Clock::now();
-    Status s = engine.ReduceGradients(module);
+    Status s = engine.ReduceGradients(module, ready);
     timing.grad_reduce_s += SecondsSince(t0);
     return s;
   }
@@ -505,37 +514,33 @@ struct Gpt::Impl {
       ZINF_RETURN_IF_ERROR(Release(ln_f));
       return loss;
     }
-    ZINF_ASSIGN_OR_RETURN(std::vector<float*> ge_host, Gradients(embed));
-    // The embedding's gradient buffers, kept to the end (see Note [GPT staging]).
-    ZINF_ASSIGN_OR_RETURN(std::vector<float*> ge, k.Gradients(Slot::kEmbed, ge_host, embed_numel));
+    ZINF_ASSIGN_OR_RETURN(std::vector<float*> ge, Gradients(embed));
     k.Matmul(Matrix(logits, n, V()), Matrix(e[0], V(), d), Matrix(dln, n, d));
     k.Matmul(Transposed(Matrix(logits, n, V())), Matrix(xf, n, d), Matrix(ge[0], V(), d), nullptr,
              1.0f, /*accumulate=*/true);
     ZINF_RETURN_IF_ERROR(Release(embed));
-    ZINF_ASSIGN_OR_RETURN(std::vector<float*> gf_host, Gradients(ln_f));
-    ZINF_ASSIGN_OR_RETURN(std::vector<float*> gf, k.Gradients(Slot::kLnF, gf_host, ln_f_numel));
+    ZINF_ASSIGN_OR_RETURN(std::vector<float*> gf, Gradients(ln_f));
     k.LayerNormBackward(x[L], f[0].f32(), f[1].f32(), lnf_mean, lnf_var, dln, dx, gf[0], gf[1], n,
                         d);
-    ZINF_RETURN_IF_ERROR(ReduceGradients(ln_f, Slot::kLnF, gf_host));
+    ZINF_RETURN_IF_ERROR(ReduceGradients(ln_f));
     ZINF_RETURN_IF_ERROR(Release(ln_f));
 
     for (int64_t l = L - 1; l >= 0; --l) {
       ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> p,
                             Fetch(blocks[l], Slot::kBlock, block_numel, block_want));
-      ZINF_ASSIGN_OR_RETURN(std::vector<float*> g_host, Gradients(blocks[l]));
-      ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, k.Gradients(Slot::kBlock, g_host, block_numel));
+      ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, Gradients(blocks[l]));
       BlockActivations& a = acts[config.activation_checkpointing ? 0 : l];
       if (config.activation_checkpointing) BlockForward(p, x[l], nullptr, a);
       BlockBackward(p, g, x[l], a, dx, dx_next);
       std::swap(dx, dx_next);
-      ZINF_RETURN_IF_ERROR(ReduceGradients(blocks[l], Slot::kBlock, g_host));
+      ZINF_RETURN_IF_ERROR(ReduceGradients(blocks[l]));
       ZINF_RETURN_IF_ERROR(Release(blocks[l]));
     }
     // The embedding's gradient needs no parameters: Gradients(embed) hands back the buffers
     // the head already added into.
-    ZINF_ASSIGN_OR_RETURN(ge_host, Gradients(embed));
+    ZINF_ASSIGN_OR_RETURN(ge, Gradients(embed));
     k.EmbeddingBackward(dx, ge[0], ge[1], n, T(), d);
-    ZINF_RETURN_IF_ERROR(ReduceGradients(embed, Slot::kEmbed, ge_host));
+    ZINF_RETURN_IF_ERROR(ReduceGradients(embed));
     return loss;
   }
 };
@@ -561,15 +566,23 @@ Gpt::~Gpt() = default;
 StatusOr<std::unique_ptr<Gpt>> Gpt::Create(zinf::Engine& engine, const GptConfig& config,
                                            const GptOptions& options) {
   ZINF_RETURN_IF_ERROR(config.Validate());
-  // The backend first: a device that cannot be had leaves the engine untouched.
-  auto create = [&](ElementType matmul_type) -> StatusOr<std::unique_ptr<GptKernels>> {
-    switch (options.device) {
-      case zinf::DeviceKind::kHost:
-        return CreateCpuKernels(options.device_memory_bytes, matmul_type);
-      case zinf::DeviceKind::kCuda:
-        return CreateCudaKernels(options.device_ordinal, options.device_memory_bytes, matmul_type);
+  // The backend first, on the engine's compute device (Note [GPT staging]): a device that
+  // cannot be had leaves the engine untouched.
+  const std::string& device = engine.compute_device_name();
+  int ordinal = -1;
+  if (device.rfind("cuda:", 0) == 0) {
+    ordinal = std::stoi(device.substr(5));
+    if (engine.config().fp16) {
+      return InvalidArgument(
+          "the GPT's CUDA backend takes fp32 and bf16 parameters; use bf16 instead of fp16 on a "
+          "GPU, or compute on the host device");
     }
-    return InvalidArgument("GptOptions.device is not a known DeviceKind");
+  } else if (device != "host") {
+    return InvalidArgument(fmt::format("the GPT has no backend for compute device \"{}\"", device));
+  }
+  auto create = [&](ElementType matmul_type) -> StatusOr<std::unique_ptr<GptKernels>> {
+    if (ordinal >= 0) return CreateCudaKernels(ordinal, options.device_memory_bytes, matmul_type);
+    return CreateCpuKernels(options.device_memory_bytes, matmul_type);
   };
   std::unique_ptr<GptKernels> kernels;
   switch (options.matmul_precision) {

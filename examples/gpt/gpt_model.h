@@ -2,8 +2,8 @@
 // fetched just before it runs and released after, and its gradients are reduce-scattered as
 // soon as backward has produced them. Forward and backward are written by hand in fp32, with
 // the matmuls' inputs in bf16 where GptOptions::matmul_precision says so, on a compute backend
-// (examples/gpt/gpt_kernels.h) picked by GptOptions::device: on the CPU, oneDNN on a
-// HostDevice; on a GPU, cuBLAS and small custom kernels on a CudaDevice (built where nvcc is). The
+// (examples/gpt/gpt_kernels.h) on the engine's compute device: on the host device, oneDNN on
+// the CPU; on cuda:N, cuBLAS and small custom kernels on that GPU (built where nvcc is). The
 // model needs nothing but zinf's public headers, oneDNN and, for CUDA, the CUDA toolkit.
 //
 // The parameter names are those of Hugging Face's GPT-2 ("h.3.attn.c_attn.weight"), with
@@ -72,13 +72,11 @@ enum class MatmulPrecision {
   kBf16,
 };
 
-// Where the model computes. Parameters and gradients stay in the engine either way: on CUDA
-// each fetched module is copied to the GPU and its gradients are copied back.
+// How the model computes. Where is the engine's compute device (EngineOptions::device): oneDNN
+// on the CPU for "host", cuBLAS on the GPU for "cuda:N", using the engine's fetched
+// parameters and gradient buffers in place (Note [GPT staging] in gpt_model.cc).
 struct GptOptions {
-  // kHost (default): oneDNN on the CPU. kCuda: cuBLAS on GPU `device_ordinal`.
-  zinf::DeviceKind device = zinf::DeviceKind::kHost;
-  int device_ordinal = 0;
-  // Budget of the device memory the activations and staging buffers may take. 0: the
+  // Budget of the device memory the activations and converted parameters may take. 0: the
   // machine's memory on the host, CudaDevice's default (90% of what is free) on CUDA.
   uint64_t device_memory_bytes = 0;
   MatmulPrecision matmul_precision = MatmulPrecision::kAuto;
@@ -88,9 +86,10 @@ class Gpt {
  public:
   // Registers the model's modules with `engine`, which must not be initialized yet; call
   // engine.Initialize() afterwards. `engine` must outlive the Gpt. InvalidArgument for a bad
-  // config; Unavailable, saying why, for kCuda where zinf was built without CUDA or no GPU is
-  // usable, or for MatmulPrecision::kBf16 where the device has no native bf16 matmuls (the
-  // engine is then left untouched); the engine's error if registration fails.
+  // config, or for an fp16 engine on a GPU; Unavailable, saying why, where the backend of the
+  // engine's device cannot start (zinf built without CUDA, a GPU without cuBLAS), or for
+  // MatmulPrecision::kBf16 where the device has no native bf16 matmuls (the engine is then
+  // left untouched); the engine's error if registration fails.
   static zinf::StatusOr<std::unique_ptr<Gpt>> Create(zinf::Engine& engine, const GptConfig& config,
                                                      const GptOptions& options = {});
   ~Gpt();

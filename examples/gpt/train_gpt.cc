@@ -31,10 +31,11 @@
 // Errors: every failure, from the command line to the last save, ends the program with a
 // message naming the cause and exit code 1 (train_gpt: <Status>), never an uncaught exception.
 //
-// --device cuda runs the model's compute on the GPU (cuBLAS; one GPU per rank, the rank's
-// LOCAL_RANK-th) while the engine keeps parameters, gradients and the optimizer where the
-// config puts them; it fails with Unavailable, saying why, where zinf was built without CUDA
-// or there is no GPU.
+// --device cuda computes on the GPU (one per rank, the rank's LOCAL_RANK-th): the engine
+// gathers parameters and reduce-scatters gradients there (NCCL), the model runs on cuBLAS
+// over the engine's device tensors, and the shards and the optimizer stay where the config
+// puts them. It fails with Unavailable, saying why, where zinf was built without CUDA or
+// there is no GPU.
 //
 // --matmul picks the element type of the matmuls' inputs (fp32 accumulation either way; see
 // gpt::MatmulPrecision): auto (default) multiplies in bf16 when the config enables bf16 and
@@ -517,18 +518,16 @@ int Main(int argc, char** argv) {
   gpt::SetComputeThreads(threads);
 
   const auto timeout = std::chrono::milliseconds(std::llround(args.comm_timeout_s * 1000));
+  // The model computes on the engine's device: "cuda" is the GPU of this rank's LOCAL_RANK.
   auto created =
-      zinf::Engine::Create(config->engine, {.timeout = timeout,
+      zinf::Engine::Create(config->engine, {.device = args.device == "cuda" ? "cuda" : "host",
+                                            .timeout = timeout,
                                             .optimizer_threads = threads,
                                             // The model takes bf16 as it is (fp16 as fp32).
                                             .fp32_view = config->engine.fp16});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
   gpt::GptOptions model_options;
-  if (args.device == "cuda") {
-    model_options.device = zinf::DeviceKind::kCuda;
-    model_options.device_ordinal = engine.local_rank();
-  }
   model_options.matmul_precision = args.matmul == "fp32"   ? gpt::MatmulPrecision::kFp32
                                    : args.matmul == "bf16" ? gpt::MatmulPrecision::kBf16
                                                            : gpt::MatmulPrecision::kAuto;

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   }
   auto config = zinf::EngineConfig::FromJson(json);
   if (!config.ok()) return Fail(config.status().WithContext(args.config));
-  auto created = zinf::Engine::Create(*config, {});
+  auto created = zinf::Engine::Create(*config, {.device = "host"});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
 

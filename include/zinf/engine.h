@@ -246,11 +246,11 @@ struct EngineOptions {
   // The compute device, where gathered parameters and gradients live: "host" (the CPU as a
   // device, see include/zinf/device.h; behind a modelled PCIe link when ZINF_HOST_LINK_GBPS is
   // set), "cuda:N" (gathers and gradient reductions on the GPU over NCCL, only this rank's
-  // reduced shard copied to host memory), or "auto": cuda:LOCAL_RANK where this node has that
-  // GPU, else host. The default is host because a trainer that computes on the CPU reads and
-  // writes the engine's tensors through host pointers; a GPU trainer asks for its device.
+  // reduced shard copied to host memory), "cuda" (cuda:LOCAL_RANK), or "auto" (the default):
+  // cuda:LOCAL_RANK where this node has that GPU, else host. A trainer that computes on the
+  // CPU, reading and writing the engine's tensors through host pointers, asks for "host".
   // Unavailable (saying why) for a GPU that is not there or a build without CUDA.
-  std::string device = "host";
+  std::string device = "auto";
   int rank = -1;        // -1: from the environment
   int world_size = -1;  // -1: from the environment
   // Empty: from the environment (default 127.0.0.1). An address other than loopback needs
@@ -349,6 +349,9 @@ class ZINF_EXPORT Engine {
   // The compute device (EngineOptions::device), once initialized (null before): a trainer
   // makes its streams and the events of Release and ReduceGradients on it.
   Device* compute_device() const;
+  // The compute device as Create resolved EngineOptions::device: "host" or "cuda:N". Where a
+  // trainer's compute goes, known before Initialize.
+  const std::string& compute_device_name() const;
 
   // Registers a module before Initialize(); returns its id. InvalidArgument for empty or
   // duplicate names and non-positive dimensions.

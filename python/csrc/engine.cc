@@ -46,6 +46,7 @@ class PyEngine {
            double timeout_s) {
     EngineConfig config = ValueOrThrow(EngineConfig::FromJson(config_json));
     EngineOptions options;
+    options.device = "host";  // the hooks read and write the tensors as host memoryviews
     options.rank = rank;
     options.world_size = world_size;
     options.optimizer_threads = optimizer_threads;

@@ -177,6 +177,7 @@ zinf_code_t zinf_engine_create(const char* config_json, const zinf_engine_option
     o.world_size = c.world_size;
     if (c.master_addr != nullptr) o.master_addr = c.master_addr;
     o.master_port = c.master_port;
+    o.device = "host";  // this ABI hands out host memory (zinf_engine_fetch's views)
     o.optimizer_threads = c.optimizer_threads;
     if (c.timeout_ms <= 0) {
       return zinf::InvalidArgument("options->timeout_ms must be > 0, got " +

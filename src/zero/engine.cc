@@ -120,6 +120,7 @@ int Engine::local_rank() const { return impl_->local_rank; }
 Device* Engine::compute_device() const {
   return impl_->tiers == nullptr ? nullptr : internal::TieredStoreAccess::DeviceOf(*impl_->tiers);
 }
+const std::string& Engine::compute_device_name() const { return impl_->device; }
 double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
 

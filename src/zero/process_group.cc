@@ -54,12 +54,12 @@ StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_
   if (device == "host") return device;
   const bool pick = device.empty() || device == "auto";
   int ordinal = local_rank;
-  if (!pick) {
+  if (!pick && device != "cuda") {
     const std::string digits = device.rfind("cuda:", 0) == 0 ? device.substr(5) : std::string();
     if (digits.empty() || digits.size() > 4 ||
         digits.find_first_not_of("0123456789") != std::string::npos) {
-      return InvalidArgument(
-          fmt::format("compute device \"{}\": expected \"host\", \"cuda:N\" or \"auto\"", device));
+      return InvalidArgument(fmt::format(
+          "compute device \"{}\": expected \"host\", \"cuda\", \"cuda:N\" or \"auto\"", device));
     }
     ordinal = std::stoi(digits);
   }
@@ -72,7 +72,10 @@ StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_
     log::Info("compute device: host ({})", why);
     return std::string("host");
   }
-  return Unavailable(fmt::format("compute device \"{}\": {}", device, why));
+  const std::string named =
+      device == "cuda" ? fmt::format("\"cuda\" (LOCAL_RANK {}: \"cuda:{}\")", local_rank, ordinal)
+                       : fmt::format("\"{}\"", device);
+  return Unavailable(fmt::format("compute device {}: {}", named, why));
 }
 
 StatusOr<ProcessGroup> ConnectProcessGroup(const ProcessPlace& place,

@@ -36,8 +36,8 @@ struct ProcessPlace {
 StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options);
 
 // EngineOptions::device as the tiered store names it: "host"; "cuda:N" when that GPU is
-// usable (Unavailable saying why not); "auto" or "" picks cuda:LOCAL_RANK where this node has
-// that GPU, else host. InvalidArgument for any other name.
+// usable, "cuda" for cuda:LOCAL_RANK (Unavailable saying why not); "auto" or "" picks
+// cuda:LOCAL_RANK where this node has that GPU, else host. InvalidArgument for any other name.
 StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_rank);
 
 struct ProcessGroup {

@@ -154,7 +154,8 @@ TEST_F(CkptTest, CorruptTruncatedMissingAndMismatchedAreRefused) {
                 "is not a zinf checkpoint");
 
   // A different model: same names, another shape.
-  auto other = Engine::Create(*EngineConfig::FromJson("{}"), {.rank = 0, .world_size = 1});
+  auto other =
+      Engine::Create(*EngineConfig::FromJson("{}"), {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE((*other)->RegisterModule("a", {{"a.w", {11, 37}}, {"a.b", {37}}}).ok());
   ASSERT_TRUE((*other)->RegisterModule("b", {{"b.w", {5001}}}).ok());

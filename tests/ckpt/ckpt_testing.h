@@ -43,7 +43,8 @@ inline StatusOr<std::unique_ptr<Engine>> MakeCkptEngine(const std::string& place
               "zinf": {"overlap_optimizer": )" +
           (overlap ? "true" : "false") + "}}"));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                        Engine::Create(config, {.rank = rank,
+                        Engine::Create(config, {.device = "host",
+                                                .rank = rank,
                                                 .world_size = world,
                                                 .master_port = port,
                                                 .timeout = std::chrono::seconds(20),

@@ -2,10 +2,11 @@
 // backend, which gpt_test checks against PyTorch: loss, logits and every parameter gradient of
 // one micro-batch, bitwise repeatability on the GPU, and a few AdamW steps through the engine;
 // bf16 matmuls on tensor cores (the exact product of bf16-rounded inputs up to fp32
-// summation, the model against the CPU's fp32 path, a training run whose loss falls, bf16
-// parameters uploaded and converted). Without a GPU (or without CUDA built) those skip with
-// CreateCudaDevice's reason, and asking for the CUDA backend must fail cleanly with
-// Unavailable instead.
+// summation, the model against the CPU's fp32 path, a training run whose loss falls, the
+// engine's device tensors taken after their ready event and converted there). The GPT computes
+// where its engine does, so each GPU run has its engine on cuda:0. Without a GPU (or without
+// CUDA built) those skip with CreateCudaDevice's reason, and asking the engine for the GPU
+// must fail cleanly with Unavailable instead.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -68,13 +69,17 @@ constexpr int kBatch = 3;
 // The same bound holds here; a wrong stride or transpose moves results by O(1).
 constexpr double kTolerance = 1e-5;
 
-std::unique_ptr<Engine> MakeEngine(const std::string& optimizer = "") {
+// An engine computing on `device` (the GPU is cuda:0); the GPT computes where it does.
+std::unique_ptr<Engine> MakeEngine(DeviceKind device, const std::string& optimizer = "") {
   // Nothing stays gathered: every module really goes through Fetch and Release.
   auto config = EngineConfig::FromJson(
       R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0})" + optimizer +
       "}");
   EXPECT_TRUE(config.ok()) << config.status();
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(*config, {.device = device == DeviceKind::kCuda ? "cuda:0" : "host",
+                                         .rank = 0,
+                                         .world_size = 1,
+                                         .optimizer_threads = 1});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return std::move(engine).value();
 }
@@ -98,10 +103,10 @@ struct Result {
 // Loss, logits and gradients of one micro-batch on a freshly initialized model (the engine's
 // initialization depends only on the seed and the names, so both devices start equal).
 void RunOneBatch(DeviceKind device, bool checkpointing, Result* r) {
-  auto engine = MakeEngine();
+  auto engine = MakeEngine(device);
   GptConfig config = kConfig;
   config.activation_checkpointing = checkpointing;
-  auto model = Gpt::Create(*engine, config, {.device = device});
+  auto model = Gpt::Create(*engine, config);
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE(engine->Initialize().ok());
   std::vector<int32_t> tokens, targets;
@@ -159,9 +164,9 @@ void Train(DeviceKind device, std::vector<double>* losses,
   // eps 1e-3 for the reason gpt_ranks_test gives: the key bias's gradient is rounding noise,
   // which Adam would otherwise blow up to a full step.
   auto engine = MakeEngine(
-      R"(, "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW", "params":
+      device, R"(, "gradient_accumulation_steps": 2, "optimizer": {"type": "AdamW", "params":
           {"lr": 0.01, "eps": 0.001, "weight_decay": 0.01}})");
-  auto model = Gpt::Create(*engine, kConfig, {.device = device});
+  auto model = Gpt::Create(*engine, kConfig);
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE(engine->Initialize().ok());
   std::vector<int32_t> tokens, targets;
@@ -302,9 +307,11 @@ TEST(GptCudaTest, Bf16MatmulIsTheExactProductOfRoundedInputs) {
   EXPECT_LE(worst, 2.0 / (1 << 24)) << "in units of (k + 3) fp32 roundoffs of sum |a b|";
 }
 
-// Parameters() on the GPU: fp32 uploaded and rounded to bf16 there (nearest even, as the
-// engine rounds on the CPU), bf16 uploaded as it is and widened exactly.
-TEST(GptCudaTest, Bf16ParametersAreConvertedOnTheGpu) {
+// Parameters() on the GPU takes the engine's device tensors once their `ready` event has
+// completed (recorded here on another stream, after copies the host does not wait for): fp32
+// rounded to bf16 there (nearest even, as the engine rounds on the CPU), bf16 widened exactly,
+// and a tensor already of its wanted type handed back as it is, the engine's own memory.
+TEST(GptCudaTest, ParametersWaitForTheFetchAndConvertOnTheGpu) {
   SKIP_WITHOUT_GPU();
   std::string skip;
   std::unique_ptr<GptKernels> k = Bf16Kernels(&skip);
@@ -315,25 +322,35 @@ TEST(GptCudaTest, Bf16ParametersAreConvertedOnTheGpu) {
   zinf::ConvertFromFp32(g.data(), zinf::ElementType::kBf16, g_bf16.data(), g.size());
   std::vector<float> g_widened(g.size());
   zinf::ConvertToFp32(g_bf16.data(), zinf::ElementType::kBf16, g_widened.data(), g.size());
-  auto out =
-      k->Parameters(Slot::kBlock,
-                    {{w.data(), zinf::ElementType::kFp32},
-                     {g_bf16.data(), zinf::ElementType::kBf16},
-                     {g.data(), zinf::ElementType::kFp32}},
-                    {5000, 70, 70},
-                    {zinf::ElementType::kBf16, zinf::ElementType::kFp32, zinf::ElementType::kFp32});
+  auto dw = k->device().Allocate(w.size() * 4), dgb = k->device().Allocate(g.size() * 2),
+       dg = k->device().Allocate(g.size() * 4);
+  auto fetch = k->device().CreateStream();
+  auto ready = k->device().CreateEvent();
+  ASSERT_TRUE(dw.ok() && dgb.ok() && dg.ok() && fetch.ok() && ready.ok());
+  zinf::Stream& s = **fetch;
+  ASSERT_TRUE(s.Copy(dw->data(), w.data(), w.size() * 4, zinf::CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(s.Copy(dgb->data(), g_bf16.data(), g.size() * 2, zinf::CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(s.Copy(dg->data(), g.data(), g.size() * 4, zinf::CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(s.Record(**ready).ok());
+  auto out = k->Parameters(
+      Slot::kBlock,
+      {{dw->data(), zinf::ElementType::kFp32},
+       {dgb->data(), zinf::ElementType::kBf16},
+       {dg->data(), zinf::ElementType::kFp32}},
+      {5000, 70, 70},
+      {zinf::ElementType::kBf16, zinf::ElementType::kFp32, zinf::ElementType::kFp32}, ready->get());
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].dtype, zinf::ElementType::kBf16);
+  EXPECT_EQ((*out)[2].data, dg->data()) << "a tensor of the wanted type is used in place";
+  ASSERT_TRUE(k->Synchronize().ok());
   const std::vector<char> w_got = Download(*k, (*out)[0].data, w.size() * 2);
   EXPECT_EQ(std::memcmp(w_got.data(), w_bf16.data(), w.size() * 2), 0);
   const std::vector<char> g_got = Download(*k, (*out)[1].data, g.size() * 4);
   EXPECT_EQ(std::memcmp(g_got.data(), g_widened.data(), g.size() * 4), 0);
-  const std::vector<char> f_got = Download(*k, (*out)[2].data, g.size() * 4);
-  EXPECT_EQ(std::memcmp(f_got.data(), g.data(), g.size() * 4), 0);
 }
 
-std::unique_ptr<Engine> MakeBf16Engine(const std::string& extra = "") {
-  return MakeEngine(R"(, "bf16": {"enabled": true})" + extra);
+std::unique_ptr<Engine> MakeBf16Engine(DeviceKind device, const std::string& extra = "") {
+  return MakeEngine(device, R"(, "bf16": {"enabled": true})" + extra);
 }
 
 // The model with bf16 matmuls on the GPU against the CPU's fp32 path from the same
@@ -347,9 +364,8 @@ TEST(GptCudaTest, Bf16MatmulsFollowTheCpuFp32Path) {
   const DeviceKind devices[2] = {DeviceKind::kHost, DeviceKind::kCuda};
   const MatmulPrecision precisions[2] = {MatmulPrecision::kFp32, MatmulPrecision::kBf16};
   for (int i = 0; i < 2; ++i) {
-    auto engine = MakeBf16Engine();
-    auto model =
-        Gpt::Create(*engine, kConfig, {.device = devices[i], .matmul_precision = precisions[i]});
+    auto engine = MakeBf16Engine(devices[i]);
+    auto model = Gpt::Create(*engine, kConfig, {.matmul_precision = precisions[i]});
     ASSERT_TRUE(model.ok()) << model.status();
     ASSERT_TRUE(engine->Initialize().ok());
     EXPECT_EQ((*model)->matmul_type(),
@@ -381,11 +397,9 @@ TEST(GptCudaTest, Bf16TrainingLossFalls) {
   SKIP_WITHOUT_GPU();
   std::string skip;
   if (Bf16Kernels(&skip) == nullptr) GTEST_SKIP() << skip;
-  auto engine = MakeBf16Engine(
-      R"(, "gradient_clipping": 1.0,
+  auto engine = MakeBf16Engine(DeviceKind::kCuda, R"(, "gradient_clipping": 1.0,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}})");
-  auto model = Gpt::Create(
-      *engine, kConfig, {.device = DeviceKind::kCuda, .matmul_precision = MatmulPrecision::kAuto});
+  auto model = Gpt::Create(*engine, kConfig, {.matmul_precision = MatmulPrecision::kAuto});
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE(engine->Initialize().ok());
   EXPECT_EQ((*model)->matmul_type(), zinf::ElementType::kBf16) << "auto under bf16.enabled";
@@ -408,20 +422,19 @@ TEST(GptCudaTest, Bf16TrainingLossFalls) {
   EXPECT_LT(tail, 0.75 * std::log(8.0)) << "learnt the transitions, not only the 8 tokens";
 }
 
-// Where there is no GPU (always, in a build without CUDA), asking for one is a clean
-// Unavailable with the device's reason, and the engine is left as it was.
+// Where there is no GPU (always, in a build without CUDA), asking the engine for one, where
+// the GPT would compute, is a clean Unavailable naming the device.
 TEST(GptCudaTest, UnavailableWithoutAGpu) {
   const std::string reason = CudaUnavailableReason();
   if (reason.empty()) GTEST_SKIP() << "a GPU is usable here";
-  auto engine = MakeEngine();
-  auto model = Gpt::Create(*engine, kConfig, {.device = DeviceKind::kCuda});
-  ASSERT_FALSE(model.ok());
-  EXPECT_EQ(model.status().code(), zinf::StatusCode::kUnavailable) << model.status();
-  EXPECT_EQ(model.status().ToString(), reason);
-  // Nothing was registered: the CPU model still fits in the same engine.
-  auto cpu_model = Gpt::Create(*engine, kConfig);
-  ASSERT_TRUE(cpu_model.ok()) << cpu_model.status();
-  EXPECT_TRUE(engine->Initialize().ok());
+  auto config = EngineConfig::FromJson(R"({"zero_optimization": {"stage": 3}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (const char* device : {"cuda", "cuda:0"}) {
+    auto engine = Engine::Create(*config, {.device = device, .rank = 0, .world_size = 1});
+    ASSERT_FALSE(engine.ok()) << device;
+    EXPECT_EQ(engine.status().code(), zinf::StatusCode::kUnavailable) << engine.status();
+    EXPECT_NE(engine.status().ToString().find("cuda:0"), std::string::npos) << engine.status();
+  }
 }
 
 // A CPU run never loads cuBLAS: the CUDA backend opens it only when it is asked for, because

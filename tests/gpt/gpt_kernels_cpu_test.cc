@@ -265,7 +265,8 @@ TEST(GptKernelsCpuTest, ParametersConvertOrPassThrough) {
                                        {g_bf16.data(), ElementType::kBf16}};
   const std::vector<int64_t> numel = {300000, 64, 64};
   auto out = kernels->Parameters(Slot::kBlock, fetched, numel,
-                                 {ElementType::kBf16, ElementType::kFp32, ElementType::kFp32});
+                                 {ElementType::kBf16, ElementType::kFp32, ElementType::kFp32},
+                                 /*ready=*/nullptr);
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ(out->size(), 3u);
   EXPECT_EQ((*out)[0].dtype, ElementType::kBf16);
@@ -280,10 +281,11 @@ TEST(GptKernelsCpuTest, ParametersConvertOrPassThrough) {
   EXPECT_EQ(std::memcmp((*out)[2].data, widened.data(), 64 * 4), 0);
 
   // Bad arguments are errors, not crashes.
-  auto mismatched = kernels->Parameters(Slot::kBlock, fetched, {1, 2}, {ElementType::kFp32});
+  auto mismatched =
+      kernels->Parameters(Slot::kBlock, fetched, {1, 2}, {ElementType::kFp32}, nullptr);
   EXPECT_EQ(mismatched.status().code(), StatusCode::kInvalidArgument) << mismatched.status();
   auto fp16 = kernels->Parameters(Slot::kLnF, {{bias.data(), ElementType::kFp32}}, {64},
-                                  {ElementType::kFp16});
+                                  {ElementType::kFp16}, nullptr);
   EXPECT_EQ(fp16.status().code(), StatusCode::kInvalidArgument) << fp16.status();
   EXPECT_NE(fp16.status().message().find("fp16"), std::string::npos) << fp16.status();
 }

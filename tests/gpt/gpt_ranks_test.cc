@@ -76,7 +76,8 @@ int TrainRank(int rank, int world, int port, int batch, int gas, const std::stri
       R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01,
           "eps": 0.001, "weight_decay": 0.01}}})");
   if (!config.ok()) return 10;
-  auto engine = zinf::Engine::Create(*config, {.rank = rank,
+  auto engine = zinf::Engine::Create(*config, {.device = "host",
+                                               .rank = rank,
                                                .world_size = world,
                                                .master_port = port,
                                                .timeout = 20000ms,

@@ -89,7 +89,7 @@ std::unique_ptr<Engine> MakeEngine() {
   auto config = EngineConfig::FromJson(
       R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
   EXPECT_TRUE(config.ok()) << config.status();
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  auto engine = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return std::move(engine).value();
 }
@@ -280,7 +280,8 @@ std::unique_ptr<Engine> MakeBf16Engine(const std::string& extra = "") {
           "bf16": {"enabled": true})" +
       extra + "}");
   EXPECT_TRUE(config.ok()) << config.status();
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(
+      *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return std::move(engine).value();
 }

@@ -42,7 +42,9 @@ struct Measured {
 // (gradients of 1e-3). Returns the last step's summary.
 StatusOr<StepSummary> Train(const ModelSpec& model, const EngineConfig& config, int steps) {
   ZINF_ASSIGN_OR_RETURN(
-      auto engine, Engine::Create(config, {.rank = 0, .world_size = 1, .optimizer_threads = 1}));
+      auto engine,
+      Engine::Create(config,
+                     {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1}));
   std::vector<int> ids;
   for (const ModuleShape& m : model.modules) {
     std::vector<ParamSpec> specs;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -14,7 +15,6 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -56,7 +56,8 @@ class EngineApiTest : public ::testing::TestWithParam<Placement> {
         (GetParam().params_nvme ? offload(true) : R"({"device": "none"})") +
         R"(}, "gradient_accumulation_steps": )" + std::to_string(accumulation) + "}");
     EXPECT_TRUE(config.ok()) << config.status();
-    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    auto engine = Engine::Create(
+        *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();
     EXPECT_TRUE((*engine)->RegisterModule("a", {{"a.w", {3, 5}}, {"a.b", {3}}}).ok());
     EXPECT_TRUE((*engine)->RegisterModule("b", {{"b.w", {7}}}).ok());
@@ -178,7 +179,8 @@ TEST(EnginePrefetchTest, MaxLiveParametersBoundsPrefetching) {
         std::to_string(max_live) + R"(, "offload_param": {"device": "nvme", "nvme_path": ")" + dir +
         R"("}}})");
     ASSERT_TRUE(config.ok()) << config.status();
-    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    auto engine = Engine::Create(
+        *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
     ASSERT_TRUE(engine.ok()) << engine.status();
     Engine& e = **engine;
     ASSERT_TRUE(e.RegisterModule("a", {{"a.w", {3, 5}}, {"a.b", {3}}}).ok());
@@ -217,7 +219,8 @@ TEST(EnginePrefetchTest, PrefetchWindowDoesNotGrow) {
           "nvme_path": ")" +
       dir + R"("}}})");
   ASSERT_TRUE(config.ok()) << config.status();
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(
+      *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   ASSERT_TRUE(engine.ok()) << engine.status();
   Engine& e = **engine;
   for (int m = 0; m < 8; ++m) {
@@ -244,7 +247,8 @@ TEST(EnginePrefetchTest, PrefetchWindowDoesNotGrow) {
 TEST(EngineRegistrationTest, ManyModulesRegisterInLinearTime) {
   auto config = EngineConfig::FromJson("{}");
   ASSERT_TRUE(config.ok());
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(
+      *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   ASSERT_TRUE(engine.ok()) << engine.status();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < (1 << 18); ++i) {
@@ -260,7 +264,8 @@ TEST(EngineRegistrationTest, ManyModulesRegisterInLinearTime) {
 TEST(EngineRegistrationTest, ImpossibleSizesFailAtOnceSayingWhatTheyNeed) {
   auto config = EngineConfig::FromJson("{}");
   ASSERT_TRUE(config.ok());
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(
+      *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   ASSERT_TRUE(engine.ok()) << engine.status();
   Engine& e = **engine;
   // A shape whose element count overflows 64 bits.
@@ -293,7 +298,8 @@ TEST(EngineChecksumTest, FlippedSwapByteIsDataLoss) {
             "offload_param": {"device": "nvme", "nvme_path": ")" +
         dir + R"("}}, "zinf": {"nvme_checksum": )" + (checksum ? "true" : "false") + "}}");
     ASSERT_TRUE(config.ok()) << config.status();
-    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    auto engine = Engine::Create(
+        *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
     ASSERT_TRUE(engine.ok()) << engine.status();
     Engine& e = **engine;
     ASSERT_TRUE(e.RegisterModule("a", {{"a.w", {64, 64}}}).ok());
@@ -382,7 +388,7 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
         R"(}, "zinf": {"optimizer_nvme_ratio": )" +
         (placement == "optimizer_half_nvme" ? "0.5" : "1") + "}}");
     EXPECT_TRUE(config.ok()) << config.status();
-    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
+    auto engine = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();
     Engine& e = **engine;
     const std::vector<uint64_t> sizes = {3000000, 6000000, 500000};  // 8M boundary inside p1
@@ -498,14 +504,14 @@ TEST(EngineEnvironmentTest, LocalRankComesFromTheEnvironment) {
   for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
   auto config = EngineConfig::FromJson("{}");
   ASSERT_TRUE(config.ok());
-  auto plain = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  auto plain = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ((*plain)->local_rank(), 0);
   setenv("RANK", "3", 1);
   setenv("WORLD_SIZE", "4", 1);
   setenv("LOCAL_WORLD_SIZE", "2", 1);
   setenv("LOCAL_RANK", "1", 1);
-  auto launched = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  auto launched = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
   for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
   ASSERT_TRUE(launched.ok()) << launched.status();
   EXPECT_EQ((*launched)->local_rank(), 1);
@@ -535,6 +541,29 @@ TEST(EngineDeviceTest, HostDeviceTensorsAndMissingGpusRefused) {
   EXPECT_TRUE((*engine)->Release(0).ok());
 }
 
+// The default device is "auto": cuda:LOCAL_RANK where this node has that GPU, else the host
+// device. "cuda" insists on that GPU; other names are refused naming what is allowed.
+TEST(EngineDeviceTest, AutoPicksTheLocalGpuOrTheHost) {
+  unsetenv("LOCAL_RANK");
+  auto config = EngineConfig::FromJson("{}");
+  ASSERT_TRUE(config.ok());
+  const bool gpu = !ProbeGpus().gpus.empty();
+  auto picked = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_EQ((*picked)->compute_device_name(), gpu ? "cuda:0" : "host");
+  auto cuda = Engine::Create(*config, {.device = "cuda", .rank = 0, .world_size = 1});
+  if (gpu) {
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    EXPECT_EQ((*cuda)->compute_device_name(), "cuda:0");
+  } else {
+    EXPECT_EQ(cuda.status().code(), StatusCode::kUnavailable) << cuda.status();
+    EXPECT_NE(cuda.status().message().find("\"cuda:0\""), std::string::npos) << cuda.status();
+  }
+  auto bad = Engine::Create(*config, {.device = "gpu0", .rank = 0, .world_size = 1});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("\"cuda:N\""), std::string::npos) << bad.status();
+}
+
 // EngineOptions::fp32_view off: Fetch hands out the bf16 tensors alone, and training goes on
 // as with it.
 TEST(EngineDeviceTest, WithoutTheFp32ViewOnlyTheComputePrecisionIsFetched) {
@@ -544,7 +573,8 @@ TEST(EngineDeviceTest, WithoutTheFp32ViewOnlyTheComputePrecisionIsFetched) {
   std::vector<float> trained[2];
   for (bool view : {true, false}) {
     auto engine = Engine::Create(
-        *config, {.rank = 0, .world_size = 1, .optimizer_threads = 1, .fp32_view = view});
+        *config,
+        {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1, .fp32_view = view});
     ASSERT_TRUE(engine.ok()) << engine.status();
     ASSERT_TRUE((*engine)->RegisterModule("m", {{"w", {256, 256}}}).ok());
     ASSERT_TRUE((*engine)->Initialize().ok());
@@ -575,7 +605,8 @@ TEST_P(EngineEventTest, TrainersStreamIsOrderedByEvents) {
   auto config = EngineConfig::FromJson(R"({"bf16": {"enabled": true},
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
   ASSERT_TRUE(config.ok());
-  auto created = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto created = Engine::Create(
+      *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   ASSERT_TRUE(created.ok()) << created.status();
   Engine& e = **created;
   ASSERT_TRUE(e.RegisterModule("a", {{"a.w", {64, 64}}}).ok());

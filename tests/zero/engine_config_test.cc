@@ -269,7 +269,7 @@ TEST(EngineConfigTest, EngineCreateChecksTheBatchForItsRanks) {
       R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
           "gradient_accumulation_steps": 2})");
   ASSERT_TRUE(bad.ok());
-  auto engine = Engine::Create(*bad, {.rank = 0, .world_size = 1});
+  auto engine = Engine::Create(*bad, {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
   EXPECT_HAS(std::string(engine.status().message()), "train_batch_size 16");
@@ -277,7 +277,7 @@ TEST(EngineConfigTest, EngineCreateChecksTheBatchForItsRanks) {
   auto derived = EngineConfig::FromJson(R"({"train_batch_size": 12,
       "train_micro_batch_size_per_gpu": 3})");
   ASSERT_TRUE(derived.ok());
-  auto ok = Engine::Create(*derived, {.rank = 0, .world_size = 1});
+  auto ok = Engine::Create(*derived, {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)->config().gradient_accumulation_steps, 4);  // what the trainer must run
 }
@@ -422,7 +422,8 @@ class ScheduledEngine {
   explicit ScheduledEngine(const std::string& json) {
     auto config = EngineConfig::FromJson(json);
     EXPECT_TRUE(config.ok()) << config.status();
-    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    auto engine = Engine::Create(
+        *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
     EXPECT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     EXPECT_TRUE(engine_->RegisterModule("m", {{"w", {4}, ParamInit::kZeros}}).ok());
@@ -610,7 +611,7 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroOffloadCpuFp16) {
   EXPECT_EQ(two.micro_batch_size, 5);  // train_batch_size 10 over 2 ranks, accumulation 1
   EXPECT_HAS(std::string(c->ResolveBatchSize(3).message()), "train_batch_size 10");
   // And the engine runs it.
-  auto engine = Engine::Create(*c, {.rank = 0, .world_size = 1});
+  auto engine = Engine::Create(*c, {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ((*engine)->config().micro_batch_size, 10);
   EXPECT_EQ((*engine)->learning_rate(), 0.0);  // warmup_min_lr

@@ -131,7 +131,8 @@ int TrainRank(int global_rank, int global_world, int port, int stage, int accumu
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 10;
   }
-  auto engine = Engine::Create(*config, {.rank = global_rank,
+  auto engine = Engine::Create(*config, {.device = "host",
+                                         .rank = global_rank,
                                          .world_size = global_world,
                                          .master_port = port,
                                          .timeout = 20000ms,
@@ -440,8 +441,8 @@ TEST(EngineFailureTest, BadDataParallelGroupIsRefused) {
   ASSERT_TRUE(config.ok());
   for (const std::vector<int>& group :
        {std::vector<int>{1, 3}, std::vector<int>{0, 0}, std::vector<int>{0, 4}}) {
-    auto engine =
-        Engine::Create(*config, {.rank = 0, .world_size = 4, .data_parallel_ranks = group});
+    auto engine = Engine::Create(
+        *config, {.device = "host", .rank = 0, .world_size = 4, .data_parallel_ranks = group});
     EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(engine.status().message().find("data_parallel_ranks"), std::string::npos)
         << engine.status();
@@ -490,7 +491,8 @@ TEST(EngineFailureTest, MismatchedConfigIsReportedAtStart) {
     auto config =
         EngineConfig::FromJson(rank == 0 ? "{}" : R"({"optimizer": {"params": {"lr": 0.5}}})");
     auto engine = Engine::Create(
-        *config, {.rank = rank, .world_size = 2, .master_port = port, .timeout = 10000ms});
+        *config,
+        {.device = "host", .rank = rank, .world_size = 2, .master_port = port, .timeout = 10000ms});
     if (!engine.ok()) return 1;
     (void)(*engine)->RegisterModule("m", {{"w", {10}}});
     Status s = (*engine)->Initialize();
@@ -507,7 +509,8 @@ TEST(EngineFailureTest, DeadRankIsReportedNotAHang) {
   const std::vector<int> codes = RunRanks(2, [](int rank, int port) {
     auto config = EngineConfig::FromJson("{}");
     auto engine = Engine::Create(
-        *config, {.rank = rank, .world_size = 2, .master_port = port, .timeout = 3000ms});
+        *config,
+        {.device = "host", .rank = rank, .world_size = 2, .master_port = port, .timeout = 3000ms});
     if (!engine.ok()) return 1;
     const int m = *(*engine)->RegisterModule("m", {{"w", {100000}}});
     if (!(*engine)->Initialize().ok()) return 2;
@@ -526,7 +529,7 @@ TEST(EngineFailureTest, MissingNvmePathIsNamed) {
       R"({"zero_optimization": {"offload_optimizer": {"device": "nvme",
           "nvme_path": "/nonexistent/zinf-nvme"}}})");
   ASSERT_TRUE(config.ok()) << config.status();
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1});
+  auto engine = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE((*engine)->RegisterModule("m", {{"w", {1000}}}).ok());
   Status s = (*engine)->Initialize();

@@ -76,7 +76,8 @@ int TrainRank(int rank, int port, const TrainRun& r) {
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
     return 10;
   }
-  auto created = Engine::Create(*config, {.rank = rank,
+  auto created = Engine::Create(*config, {.device = "host",
+                                          .rank = rank,
                                           .world_size = r.world,
                                           .master_port = port,
                                           .timeout = 30000ms,
@@ -294,7 +295,8 @@ TEST(OverlapGuardTest, FetchAfterTheLastReductionAndParameterAccessAreRefused) {
     std::filesystem::create_directories(r.dir);
     auto config = EngineConfig::FromJson(Config(r));
     ASSERT_TRUE(config.ok()) << config.status();
-    auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+    auto engine = Engine::Create(
+        *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
     ASSERT_TRUE(engine.ok()) << engine.status();
     Engine& e = **engine;
     const int a = *e.RegisterModule("a", {{"a.weight", {kWeight}}});
@@ -344,7 +346,8 @@ std::vector<std::vector<float>> FetchedPerStep(bool delayed, std::vector<float>*
       std::to_string(warmup) + ", \"delayed_param_update\": " + (delayed ? "true" : "false") + "}}";
   auto parsed = EngineConfig::FromJson(config);
   EXPECT_TRUE(parsed.ok()) << parsed.status();
-  auto engine = Engine::Create(*parsed, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(
+      *parsed, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   EXPECT_TRUE(engine.ok()) << engine.status();
   Engine& e = **engine;
   constexpr int64_t n = 5000;

@@ -173,7 +173,8 @@ LinkRun TrainBehindTheLink(uint64_t max_live, std::chrono::milliseconds compute)
           "stage3_prefetch_bucket_size": 1048576, "stage3_max_live_parameters": )" +
       std::to_string(max_live) + R"(, "offload_param": {"device": "cpu"}}})");
   EXPECT_TRUE(config.ok()) << config.status();
-  auto engine = Engine::Create(*config, {.rank = 0, .world_size = 1, .optimizer_threads = 1});
+  auto engine = Engine::Create(
+      *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
   EXPECT_TRUE(engine.ok()) << engine.status();
   Engine& e = **engine;
   for (int m = 0; m < kLinkModules; ++m) {
