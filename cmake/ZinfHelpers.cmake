@@ -7,17 +7,30 @@ function(zinf_set_warnings target)
 endfunction()
 
 # zinf_library(NAME SOURCES... [DEPS ...]) — a static library whose private headers are
-# included from the repository root ("nvme/io_engine.h") or src/ ("core/log.h").
+# included by their layer's prefix: "nvme/io_engine.h" for nvme/, "core/log.h" for src/core/.
 # Its objects are also bundled into libzinf.so (src/capi), so they are compiled with hidden
 # visibility: only declarations marked ZINF_EXPORT (include/zinf/export.h) leave the library.
+#
+# Note [Layer include roots]
+# The layer list (docs/ARCHITECTURE.md) is enforced by the compiler. No library has the
+# repository root or src/ on its include path; each has a root of its own in the build tree
+# that holds one link, named as its prefix, to its folder (build/layers/zinf_nvme/nvme ->
+# nvme/), and exports it to what links it. A library so sees its own headers and those of the
+# layers it links, and an include of a layer it does not link, one above it, does not compile
+# (tests/layering/compile_probe.sh checks that).
 function(zinf_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
   set_target_properties(${name} PROPERTIES
     C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
-  target_include_directories(${name} PUBLIC
-    ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
+  file(RELATIVE_PATH folder ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  string(REGEX REPLACE "^src/" "" prefix ${folder})
+  set(root ${CMAKE_BINARY_DIR}/layers/${name})
+  get_filename_component(parent ${root}/${prefix} DIRECTORY)
+  file(MAKE_DIRECTORY ${parent})
+  file(CREATE_LINK ${CMAKE_CURRENT_SOURCE_DIR} ${root}/${prefix} SYMBOLIC)
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include ${root})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   zinf_set_warnings(${name})
 endfunction()
@@ -26,6 +39,9 @@ endfunction()
 function(zinf_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
+  # Tests stand above every layer: their helpers ("tests/nvme/nvme_test_util.h") and any
+  # layer's internals are theirs to include.
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   zinf_set_warnings(${name})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
