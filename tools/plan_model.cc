@@ -24,9 +24,7 @@ uint64_t PageUp(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 uint64_t ElementBytes(const EngineConfig& c) { return c.bf16 || c.fp16 ? 2 : 4; }
 
-int StateCount(const EngineConfig& c) {
-  return OptimizerHyperParams::Defaults(c.optimizer_type).state_count();
-}
+int StateCount(const EngineConfig& c) { return c.optimizer.state_count(); }
 
 // A parameter as Partition lays it out (src/zero/partition.cc).
 struct Laid {

@@ -573,7 +573,7 @@ int Main(int argc, char** argv) {
         (*model)->matmul_type() == zinf::ElementType::kBf16 ? "bf16 (fp32 accumulation)" : "fp32",
         world, threads, batch, gas, tokens_per_step, config->engine.zero_stage,
         std::string(zinf::OffloadDeviceName(config->engine.offload_param_device)).c_str(),
-        std::string(zinf::OptimizerTypeName(config->engine.optimizer_type)).c_str(),
+        std::string(zinf::OptimizerTypeName(config->engine.optimizer.type)).c_str(),
         std::string(zinf::OffloadDeviceName(config->engine.offload_optimizer_device)).c_str(),
         args.data.empty() ? "generated corpus" : args.data.c_str(), corpus->size());
     std::fflush(stdout);

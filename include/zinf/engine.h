@@ -170,14 +170,11 @@ struct ZINF_EXPORT EngineConfig {
   int loss_scale_window = 1000;
   int hysteresis = 2;
   double min_loss_scale = 1;
-  // optimizer: {"type": "AdamW", "params": {...}}
-  // "Adam" is AdamW unless adam_w_mode is false, as in DeepSpeed.
-  OptimizerType optimizer_type = OptimizerType::kAdamW;
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool bias_correction = true;
+  // optimizer: {"type": "AdamW", "params": {"lr", "betas", "eps", "weight_decay",
+  // "bias_correction"}}, what the CPU optimizer takes as it is. "Adam" is AdamW unless
+  // adam_w_mode is false, as in DeepSpeed. Keys the config leaves out keep AdamW's defaults
+  // (lr 1e-3, betas 0.9 and 0.999, eps 1e-8, no weight decay) whatever the type.
+  OptimizerHyperParams optimizer;
   SchedulerConfig scheduler;
   uint64_t seed = 42;  // zinf's own: parameters are a function of (seed, name, index)
   // The "aio" object: how the NVMe swap files are read and written.

@@ -73,12 +73,12 @@ Status Engine::Impl::CheckRanksAgree() {
                               config.gradient_clipping,
                               config.fp16,
                               config.bf16,
-                              OptimizerTypeName(config.optimizer_type),
-                              config.lr,
-                              config.beta1,
-                              config.beta2,
-                              config.eps,
-                              config.weight_decay,
+                              OptimizerTypeName(config.optimizer.type),
+                              config.optimizer.lr,
+                              config.optimizer.beta1,
+                              config.optimizer.beta2,
+                              config.optimizer.eps,
+                              config.optimizer.weight_decay,
                               config.seed};
   const int64_t mine[2] = {static_cast<int64_t>(HashName(0, model.dump())),
                            static_cast<int64_t>(HashName(0, cfg.dump()))};
@@ -179,14 +179,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   }
   ZINF_ASSIGN_OR_RETURN(impl->optimizer,
                         CpuOptimizer::Create({.threads = options.optimizer_threads}));
-  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(config.optimizer_type);
-  hp.lr = config.lr;
-  hp.beta1 = config.beta1;
-  hp.beta2 = config.beta2;
-  hp.eps = config.eps;
-  hp.weight_decay = config.weight_decay;
-  hp.bias_correction = config.bias_correction;
-  ZINF_ASSIGN_OR_RETURN(impl->group, impl->optimizer->AddParamGroup(hp));
+  ZINF_ASSIGN_OR_RETURN(impl->group, impl->optimizer->AddParamGroup(config.optimizer));
   ZINF_RETURN_IF_ERROR(impl->ApplySchedule());  // the first step's lr is the schedule's
   impl->scaler = LossScaler::FromConfig(config);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

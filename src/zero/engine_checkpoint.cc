@@ -18,7 +18,7 @@ nlohmann::json Engine::Impl::ScalarState() const {
           {"hysteresis_left", scaler.hysteresis_left},
           {"iteration", scaler.iteration},
           {"last_overflow_iteration", scaler.last_overflow_iteration},
-          {"optimizer", OptimizerTypeName(config.optimizer_type)},
+          {"optimizer", OptimizerTypeName(config.optimizer.type)},
           {"state_count", state_count()}};
 }
 
@@ -158,11 +158,11 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     }
   }
   ZINF_ASSIGN_OR_RETURN(const SavedScalars scalars, ParseScalarState(manifest.engine_state, dir));
-  if (scalars.optimizer != OptimizerTypeName(config.optimizer_type) ||
+  if (scalars.optimizer != OptimizerTypeName(config.optimizer.type) ||
       scalars.state_count != state_count()) {
     return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
                                           dir, scalars.optimizer,
-                                          OptimizerTypeName(config.optimizer_type)));
+                                          OptimizerTypeName(config.optimizer.type)));
   }
   // The same world size and order reads this rank's file; otherwise every saved rank's.
   const bool reshard = saved_world != world() || !same_order;

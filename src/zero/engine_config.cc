@@ -335,44 +335,46 @@ void Parser::Optimizer(ConfigReader& o) {
         "config key 'optimizer.type' must be one of AdamW, Adam, Adagrad, Lion; got \"{}\"",
         type)));
   }
-  c_.optimizer_type = lower == "adam"      ? OptimizerType::kAdam
+  c_.optimizer.type = lower == "adam"      ? OptimizerType::kAdam
                       : lower == "adagrad" ? OptimizerType::kAdagrad
                       : lower == "lion"    ? OptimizerType::kLion
                                            : OptimizerType::kAdamW;
   bool adam_w_mode = true;
   o.Object("params", [&](ConfigReader& p) {
-    if (!Auto(p, "lr", t_.lr, c_.lr, "zinf's default", &c_.lr)) {
-      p.Double("lr", &c_.lr, 0.0);
-      Match(p, "lr", t_.lr, c_.lr);
+    if (!Auto(p, "lr", t_.lr, c_.optimizer.lr, "zinf's default", &c_.optimizer.lr)) {
+      p.Double("lr", &c_.optimizer.lr, 0.0);
+      Match(p, "lr", t_.lr, c_.optimizer.lr);
     }
     if (p.IsAuto("betas")) {
-      c_.beta1 = t_.beta1.value_or(c_.beta1);
-      c_.beta2 = t_.beta2.value_or(c_.beta2);
-      log::Info("config key 'optimizer.params.betas' is \"auto\": [{}, {}] ({})", c_.beta1,
-                c_.beta2, t_.beta1 || t_.beta2 ? "from the trainer" : "the defaults");
+      c_.optimizer.beta1 = t_.beta1.value_or(c_.optimizer.beta1);
+      c_.optimizer.beta2 = t_.beta2.value_or(c_.optimizer.beta2);
+      log::Info("config key 'optimizer.params.betas' is \"auto\": [{}, {}] ({})",
+                c_.optimizer.beta1, c_.optimizer.beta2,
+                t_.beta1 || t_.beta2 ? "from the trainer" : "the defaults");
     } else {
-      std::vector<double> betas = {c_.beta1, c_.beta2};
+      std::vector<double> betas = {c_.optimizer.beta1, c_.optimizer.beta2};
       p.Doubles("betas", &betas, 2);
-      c_.beta1 = betas[0];
-      c_.beta2 = betas[1];
-      if (p.Has("betas") &&
-          ((t_.beta1 && *t_.beta1 != c_.beta1) || (t_.beta2 && *t_.beta2 != c_.beta2))) {
+      c_.optimizer.beta1 = betas[0];
+      c_.optimizer.beta2 = betas[1];
+      if (p.Has("betas") && ((t_.beta1 && *t_.beta1 != c_.optimizer.beta1) ||
+                             (t_.beta2 && *t_.beta2 != c_.optimizer.beta2))) {
         p.Fail(InvalidArgument(fmt::format(
             "config key 'optimizer.params.betas' is [{}, {}] but the trainer's betas are [{}, {}]; "
             "make them agree or set the key to \"auto\"",
-            c_.beta1, c_.beta2, t_.beta1.value_or(c_.beta1), t_.beta2.value_or(c_.beta2))));
+            c_.optimizer.beta1, c_.optimizer.beta2, t_.beta1.value_or(c_.optimizer.beta1),
+            t_.beta2.value_or(c_.optimizer.beta2))));
       }
     }
-    if (!Auto(p, "eps", t_.eps, c_.eps, "the default", &c_.eps)) {
-      p.Double("eps", &c_.eps, 0.0);
-      Match(p, "eps", t_.eps, c_.eps);
+    if (!Auto(p, "eps", t_.eps, c_.optimizer.eps, "the default", &c_.optimizer.eps)) {
+      p.Double("eps", &c_.optimizer.eps, 0.0);
+      Match(p, "eps", t_.eps, c_.optimizer.eps);
     }
-    if (!Auto(p, "weight_decay", t_.weight_decay, c_.weight_decay, "the default",
-              &c_.weight_decay)) {
-      p.Double("weight_decay", &c_.weight_decay, 0.0);
-      Match(p, "weight_decay", t_.weight_decay, c_.weight_decay);
+    if (!Auto(p, "weight_decay", t_.weight_decay, c_.optimizer.weight_decay, "the default",
+              &c_.optimizer.weight_decay)) {
+      p.Double("weight_decay", &c_.optimizer.weight_decay, 0.0);
+      Match(p, "weight_decay", t_.weight_decay, c_.optimizer.weight_decay);
     }
-    p.Bool("bias_correction", &c_.bias_correction).Bool("adam_w_mode", &adam_w_mode);
+    p.Bool("bias_correction", &c_.optimizer.bias_correction).Bool("adam_w_mode", &adam_w_mode);
     // torch_adam asks for torch's implementation; zinf's kernels compute torch's formulas
     // (cpu_optimizer.h), so either value gives the same numbers.
     bool torch_adam = false;
@@ -380,8 +382,8 @@ void Parser::Optimizer(ConfigReader& o) {
   });
   // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (adam_w_mode defaults to true in
   // its engine); "AdamW" stays AdamW either way.
-  if (c_.optimizer_type == OptimizerType::kAdam && adam_w_mode) {
-    c_.optimizer_type = OptimizerType::kAdamW;
+  if (c_.optimizer.type == OptimizerType::kAdam && adam_w_mode) {
+    c_.optimizer.type = OptimizerType::kAdamW;
   }
 }
 
@@ -409,7 +411,7 @@ void Parser::SchedulerParams(ConfigReader& p) {
       p.Double("warmup_min_lr", &s.warmup_min_lr, 0.0);
     }
     double max_lr = 0;
-    if (Auto(p, "warmup_max_lr", t_.lr, c_.lr, "optimizer.params.lr", &max_lr)) {
+    if (Auto(p, "warmup_max_lr", t_.lr, c_.optimizer.lr, "optimizer.params.lr", &max_lr)) {
       s.warmup_max_lr = max_lr;
     } else if (p.Has("warmup_max_lr")) {
       p.Double("warmup_max_lr", &max_lr, 0.0);
@@ -477,16 +479,16 @@ void Parser::SchedulerParams(ConfigReader& p) {
                "computes the same learning rates");
       }
     }
-    if (s.cycle_momentum && c_.optimizer_type == OptimizerType::kAdagrad) {
+    if (s.cycle_momentum && c_.optimizer.type == OptimizerType::kAdagrad) {
       s.cycle_momentum = false;
       Warn(
           "config key 'scheduler.params.cycle_momentum' has no effect with optimizer Adagrad, "
           "which has no betas (DeepSpeed turns it off too)");
-    } else if (s.cycle_momentum && c_.beta2 != 0.99) {
+    } else if (s.cycle_momentum && c_.optimizer.beta2 != 0.99) {
       Warn(
           fmt::format("config key 'scheduler.params.cycle_momentum' = true replaces "
                       "optimizer.params.betas[1] ({}) with 0.99, as DeepSpeed's OneCycle does",
-                      c_.beta2));
+                      c_.optimizer.beta2));
     }
   }
   if (type == "LRRangeTest") {
@@ -688,17 +690,18 @@ Status EngineConfig::Validate() const {
         "train_batch_size >= 0, got {}, {} and {}",
         micro_batch_size, gradient_accumulation_steps, train_batch_size));
   }
-  for (auto [key, v] :
-       {std::pair{"optimizer.params.lr", lr}, std::pair{"optimizer.params.eps", eps},
-        std::pair{"optimizer.params.weight_decay", weight_decay},
-        std::pair{"gradient_clipping", gradient_clipping}}) {
+  for (auto [key, v] : {std::pair{"optimizer.params.lr", optimizer.lr},
+                        std::pair{"optimizer.params.eps", optimizer.eps},
+                        std::pair{"optimizer.params.weight_decay", optimizer.weight_decay},
+                        std::pair{"gradient_clipping", gradient_clipping}}) {
     if (!(std::isfinite(v) && v >= 0)) {
       return InvalidArgument(fmt::format("{} must be a finite number >= 0, got {}", key, v));
     }
   }
-  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
-    return InvalidArgument(
-        fmt::format("optimizer.params.betas must be in [0, 1), got [{}, {}]", beta1, beta2));
+  if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1) ||
+      !(optimizer.beta2 >= 0 && optimizer.beta2 < 1)) {
+    return InvalidArgument(fmt::format("optimizer.params.betas must be in [0, 1), got [{}, {}]",
+                                       optimizer.beta1, optimizer.beta2));
   }
   if (offload_param_device == OffloadDevice::kNvme && offload_param_nvme_path.empty()) {
     return InvalidArgument(

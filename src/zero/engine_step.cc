@@ -160,7 +160,7 @@ Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summ
 Status Engine::Impl::ApplySchedule() {
   if (config.scheduler.type.empty()) return OkStatus();
   ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer->group(group));
-  const ScheduledHyperParams next = ScheduleAt(config.scheduler, config.lr, steps);
+  const ScheduledHyperParams next = ScheduleAt(config.scheduler, config.optimizer.lr, steps);
   state.hyper_params.lr = next.lr;
   if (next.beta1) state.hyper_params.beta1 = *next.beta1;
   if (next.beta2) state.hyper_params.beta2 = *next.beta2;

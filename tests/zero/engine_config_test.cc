@@ -171,10 +171,10 @@ TEST(EngineConfigTest, AutoTakesTheTrainersValues) {
   EXPECT_EQ(c->gradient_clipping, 1.0);
   EXPECT_TRUE(c->bf16);
   EXPECT_FALSE(c->fp16);
-  EXPECT_EQ(c->lr, 3e-5);
-  EXPECT_EQ(c->beta2, 0.95);
-  EXPECT_EQ(c->eps, 1e-6);
-  EXPECT_EQ(c->weight_decay, 0.1);
+  EXPECT_EQ(c->optimizer.lr, 3e-5);
+  EXPECT_EQ(c->optimizer.beta2, 0.95);
+  EXPECT_EQ(c->optimizer.eps, 1e-6);
+  EXPECT_EQ(c->optimizer.weight_decay, 0.1);
   EXPECT_EQ(c->scheduler.warmup_min_lr, 0.0);  // Hugging Face's fixed choice
   EXPECT_EQ(c->scheduler.warmup_max_lr, 3e-5);
   EXPECT_EQ(c->scheduler.warmup_num_steps, 30);
@@ -199,10 +199,10 @@ TEST(EngineConfigTest, AutoWithoutTheTrainerTakesTheDefaults) {
   EXPECT_FALSE(c->micro_batch_size_set);  // left for ResolveBatchSize to derive
   EXPECT_EQ(c->gradient_clipping, 0.0);
   EXPECT_FALSE(c->fp16 || c->bf16);
-  EXPECT_EQ(c->lr, d.lr);
-  EXPECT_EQ(c->beta1, d.beta1);
-  EXPECT_EQ(c->beta2, d.beta2);
-  EXPECT_EQ(c->scheduler.warmup_max_lr, d.lr);  // the optimizer's (resolved) lr
+  EXPECT_EQ(c->optimizer.lr, d.optimizer.lr);
+  EXPECT_EQ(c->optimizer.beta1, d.optimizer.beta1);
+  EXPECT_EQ(c->optimizer.beta2, d.optimizer.beta2);
+  EXPECT_EQ(c->scheduler.warmup_max_lr, d.optimizer.lr);  // the optimizer's (resolved) lr
   EXPECT_EQ(c->scheduler.warmup_num_steps, 1000);
   EXPECT_EQ(c->reduce_bucket_size, d.reduce_bucket_size);
   EXPECT_EQ(c->stage3_prefetch_bucket_size, d.stage3_prefetch_bucket_size);
@@ -404,7 +404,7 @@ TEST(EngineConfigTest, AdamIsAdamWUnlessAdamWModeIsFalse) {
   auto type = [](const char* json) {
     auto c = EngineConfig::FromJson(json);
     EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::string(OptimizerTypeName(c->optimizer_type)) : std::string();
+    return c.ok() ? std::string(OptimizerTypeName(c->optimizer.type)) : std::string();
   };
   EXPECT_EQ(type(R"({"optimizer": {"type": "Adam"}})"), "adamw");
   EXPECT_EQ(type(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), "adam");
@@ -530,7 +530,7 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroInfinityNvme) {
   EXPECT_EQ(c->NvmePaths(), std::vector<std::string>{"/local_nvme"});
   EXPECT_EQ(c->reduce_bucket_size, 10000000u);
   EXPECT_EQ(c->stage3_prefetch_bucket_size, 10000000u);
-  EXPECT_EQ(c->optimizer_type,
+  EXPECT_EQ(c->optimizer.type,
             OptimizerType::kAdamW);  // DeepSpeed's "Adam" without adam_w_mode: false
   EXPECT_TRUE(c->fp16);
   EXPECT_TRUE(c->pin_memory);
@@ -567,8 +567,8 @@ TEST(PublishedDeepSpeedConfigsTest, HuggingFaceZero3Auto) {
                                  .hidden_size = 768};
   auto c = EngineConfig::FromJson(ReadConfig("hf_zero3_auto.json"), trainer);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->optimizer_type, OptimizerType::kAdamW);
-  EXPECT_EQ(c->lr, 5e-5);
+  EXPECT_EQ(c->optimizer.type, OptimizerType::kAdamW);
+  EXPECT_EQ(c->optimizer.lr, 5e-5);
   EXPECT_TRUE(c->bf16);
   EXPECT_EQ(c->scheduler.type, "WarmupDecayLR");
   EXPECT_EQ(c->scheduler.total_num_steps, 3000);

@@ -553,7 +553,7 @@ TEST(EngineConfigTest, DeepSpeedKeysAndErrors) {
   EXPECT_EQ(c->gradient_accumulation_steps, 2);
   EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kCpu);
   EXPECT_TRUE(c->bf16);
-  EXPECT_DOUBLE_EQ(c->beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c->optimizer.beta1, 0.8);
   EXPECT_EQ(c->reduce_bucket_size, 500000000u);
 
   EXPECT_NE(EngineConfig::FromJson(R"({"zero_optimization": {"stage": 4}})")
