@@ -830,7 +830,11 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     if (world > 1 && gathers[mod] > 0) {
       // The next module's all-gathers start at the fetch before (ParamTier::PrefetchGathers).
       const double begin = std::max({have, comm_free, i == 0 ? 0.0 : start[i - 1]});
-      comm_free = begin + gathers[mod] * profile.collective_latency_s +
+      // One collective for the module's parameters; with several, their shards packed and
+      // the gathered pieces unpacked through memory (Note [Coalesced gathers]).
+      const double coalesce =
+          gathers[mod] > 1 ? SafeDiv(2.0 * gathered_bytes[mod], profile.memory_Bps) : 0.0;
+      comm_free = begin + profile.collective_latency_s + coalesce +
                   SafeDiv(static_cast<double>(gathered_bytes[mod]), profile.allgather_Bps);
       gathered = comm_free;
     }

@@ -32,8 +32,10 @@
 //    std::exp calls at the measured scalar rate; layer norms, GELU and residuals as passes over
 //    the activations at memory bandwidth. The MLP example's hand-written loops run at the
 //    profile's rate for that loop.
-//  - gather: every fetch of a non-persistent parameter with several ranks is an all-gather of
-//    its compute-precision bytes (latency + bytes / bandwidth of the profile's 2-rank figure);
+//  - gather: every fetch of a module with non-persistent parameters, with several ranks, is
+//    one all-gather of their compute-precision bytes (latency + bytes / bandwidth of the
+//    profile's 2-rank figure, and with several parameters their packing and unpacking at
+//    memory bandwidth: Note [Coalesced gathers] in src/zero/param_tier.cc);
 //    with parameters off the device, the shards the device tier does not keep are read from
 //    NVMe (a simulation of the fetch order against the device tier's room, evicting the copy
 //    needed last; each shard pays the disk's per-request latency, four at a time as the store
@@ -179,8 +181,8 @@ struct MemoryEstimate {
   // fetches left cached (copies stay until the budget needs their room) and the next batch's
   // first modules read ahead at the step.
   uint64_t device_cache = 0;
-  uint64_t nvme_staging = 0;      // the pipelined optimizer's staging arena
-  uint64_t host_state_pool = 0;   // optimizer chunks kept in memory (optimizer_nvme_ratio < 1)
+  uint64_t nvme_staging = 0;     // the pipelined optimizer's staging arena
+  uint64_t host_state_pool = 0;  // optimizer chunks kept in memory (optimizer_nvme_ratio < 1)
   // The reduce-scatter buckets in the device tier (several ranks): one while a micro-batch's
   // gradients fit in one, else two.
   uint64_t buckets = 0;

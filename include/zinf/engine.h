@@ -312,6 +312,9 @@ struct StepSummary {
   double loss_scale = 1.0;  // the scale for the next step's backward
   double clip_coefficient = 1.0;
   uint64_t bytes_gathered = 0;  // all-gather traffic this step (this rank's view)
+  // All-gather collectives started this step: one per module fetched and not already
+  // gathered, its parameters together (each a rendezvous of every rank).
+  uint64_t gather_collectives = 0;
   uint64_t bytes_reduce_scattered = 0;
   uint64_t bytes_nvme_read = 0;  // optimizer state and parameters to and from NVMe
   uint64_t bytes_nvme_written = 0;

@@ -195,6 +195,7 @@ StatusOr<StepSummary> Engine::Step() {
   m.pending = StepSummary();
   const ParamTierCounters gathers = m.param_tier->TakeCounters();
   summary.bytes_gathered = gathers.bytes_gathered;
+  summary.gather_collectives = gathers.collectives;
   summary.seconds_gather = gathers.seconds_gather;
   summary.peak_live_parameters = gathers.peak_live_parameters;
   m.param_tier->DropAll();  // prefetches past the batch's last fetch, and what the step replaces

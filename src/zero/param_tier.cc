@@ -24,6 +24,40 @@ double Seconds(Clock::time_point since) {
 
 }  // namespace
 
+// Note [Coalesced gathers]
+// A module's parameters are gathered with one collective, not one each: every collective is a
+// rendezvous of all ranks, and where the ranks share a node's cores its latency, not its bytes,
+// is what a module's gathers cost (DeepSpeed's allgather_coalesced does the same). The shards
+// are packed side by side into a send tensor and all-gathered into a receive tensor, rank-major
+// (rank r's shards of every parameter together); the first Gather of any of the parameters
+// copies each rank's piece of each one into that parameter's gathered tensor and frees both.
+// Those copies are the price: the module's bytes once more through device memory, for a
+// rendezvous saved per parameter. Every rank packs the same parameters in the same order (the
+// same fetches and prefetch decisions, Note [Prefetch]), so the collectives stay in step.
+struct ParamTier::Coalesced {
+  TieredStore* store = nullptr;
+  std::vector<int> params;
+  std::vector<uint64_t> at;  // each parameter's offset in a rank's slice, in elements
+  uint64_t slice = 0;        // elements of one rank's slice
+  TensorId send = 0, receive = 0;
+  void* send_data = nullptr;
+  void* receive_data = nullptr;  // null once unpacked
+  std::shared_ptr<CommWork> work;
+
+  ~Coalesced() {
+    if (work != nullptr) (void)work->Wait();
+    FreeBuffers();
+  }
+  void FreeBuffers() {
+    for (auto [id, data] : {std::pair{&send, &send_data}, std::pair{&receive, &receive_data}}) {
+      if (*data != nullptr) store->Release(*id, Tier::kDevice).IgnoreError();
+      if (*id != 0) store->Free(*id).IgnoreError();
+      *id = 0;
+      *data = nullptr;
+    }
+  }
+};
+
 struct ParamTier::State {
   TensorId shard = 0;
   TensorId gathered = 0;       // several ranks: the all-gather's destination
@@ -34,6 +68,7 @@ struct ParamTier::State {
   bool current = false;        // full (and fp32) hold the current values
   bool prefetched = false;     // brought in ahead and not yet gathered
   std::shared_ptr<CommWork> gathering;
+  std::shared_ptr<Coalesced> coalesced;  // gathered with others: unpacked by the first Gather
 };
 
 ParamTier::ParamTier(TieredStore* store, Communicator* comm, const std::vector<Param>* params,
@@ -78,11 +113,14 @@ Tier ParamTier::WriteTier() const {
   return Tier::kHost;
 }
 
-Status ParamTier::StartGather(int param) {
+bool ParamTier::NeedsGather(int param) const {
+  const State& s = state_[param];
+  return !s.current && s.full == nullptr;
+}
+
+Status ParamTier::PrepareGather(int param) {
   const Param& p = (*params_)[param];
   State& s = state_[param];
-  if (s.current || s.full != nullptr) return OkStatus();
-  const auto t0 = Clock::now();
   const int world = comm_->world_size();
   const uint64_t full_size = p.shard_size * world;
   const size_t element = ElementSize(options_.param_type);
@@ -93,15 +131,105 @@ Status ParamTier::StartGather(int param) {
   counters_.bytes_gathered += full_size * element;
   if (world == 1) {
     s.full = s.shard_data;  // one rank's shard is the whole parameter
-  } else {
-    if (s.gathered == 0) {
-      ZINF_ASSIGN_OR_RETURN(s.gathered, store_->Create(p.spec.name + " (gathered)",
-                                                       full_size * element, Tier::kDevice));
-    }
-    ZINF_ASSIGN_OR_RETURN(s.full, store_->Acquire(s.gathered, Tier::kDevice, Access::kOverwrite));
-    s.gathering = comm_->AllGatherAsync(s.shard_data, s.full, p.shard_size, options_.param_type);
+    return OkStatus();
+  }
+  if (s.gathered == 0) {
+    ZINF_ASSIGN_OR_RETURN(s.gathered, store_->Create(p.spec.name + " (gathered)",
+                                                     full_size * element, Tier::kDevice));
+  }
+  ZINF_ASSIGN_OR_RETURN(s.full, store_->Acquire(s.gathered, Tier::kDevice, Access::kOverwrite));
+  return OkStatus();
+}
+
+Status ParamTier::StartGather(int param) {
+  if (!NeedsGather(param)) return OkStatus();
+  const auto t0 = Clock::now();
+  ZINF_RETURN_IF_ERROR(PrepareGather(param));
+  State& s = state_[param];
+  if (comm_->world_size() > 1) {
+    s.gathering = comm_->AllGatherAsync(s.shard_data, s.full, (*params_)[param].shard_size,
+                                        options_.param_type);
+    ++counters_.collectives;
   }
   counters_.seconds_gather += Seconds(t0);
+  return OkStatus();
+}
+
+Status ParamTier::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (options_.device_host_addressable) {
+    std::memcpy(dst, src, bytes);
+    return OkStatus();
+  }
+  return stream_->Copy(dst, src, bytes, CopyKind::kDeviceToDevice);
+}
+
+// Note [Coalesced gathers].
+Status ParamTier::StartGathers(const std::vector<int>& params) {
+  std::vector<int> todo;
+  for (int pi : params) {
+    if (NeedsGather(pi)) todo.push_back(pi);
+  }
+  if (comm_->world_size() == 1 || todo.size() < 2) {
+    for (int pi : todo) {
+      Status s = StartGather(pi);
+      if (!s.ok()) return s.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
+    }
+    return OkStatus();
+  }
+  const auto t0 = Clock::now();
+  const size_t element = ElementSize(options_.param_type);
+  auto c = std::make_shared<Coalesced>();
+  c->store = store_;
+  c->params = todo;
+  for (int pi : todo) {
+    c->at.push_back(c->slice);
+    c->slice += (*params_)[pi].shard_size;
+  }
+  const uint64_t world = comm_->world_size();
+  ZINF_ASSIGN_OR_RETURN(
+      c->send, store_->Create("coalesced gather (send)", c->slice * element, Tier::kDevice));
+  ZINF_ASSIGN_OR_RETURN(c->send_data, store_->Acquire(c->send, Tier::kDevice, Access::kOverwrite));
+  ZINF_ASSIGN_OR_RETURN(c->receive, store_->Create("coalesced gather (receive)",
+                                                   world * c->slice * element, Tier::kDevice));
+  ZINF_ASSIGN_OR_RETURN(c->receive_data,
+                        store_->Acquire(c->receive, Tier::kDevice, Access::kOverwrite));
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const int pi = todo[i];
+    Status prepared = PrepareGather(pi);
+    if (!prepared.ok()) {
+      return prepared.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
+    }
+    State& s = state_[pi];
+    ZINF_RETURN_IF_ERROR(CopyOnDevice(static_cast<char*>(c->send_data) + c->at[i] * element,
+                                      s.shard_data, (*params_)[pi].shard_size * element));
+    s.coalesced = c;
+  }
+  // The collective reads the send tensor on the communicator's thread.
+  if (!options_.device_host_addressable) ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+  c->work = comm_->AllGatherAsync(c->send_data, c->receive_data, c->slice, options_.param_type);
+  ++counters_.collectives;
+  for (int pi : todo) state_[pi].gathering = c->work;
+  counters_.seconds_gather += Seconds(t0);
+  return OkStatus();
+}
+
+Status ParamTier::Unpack(Coalesced& c) {
+  if (c.receive_data == nullptr) return OkStatus();  // another parameter's Gather did it
+  const size_t element = ElementSize(options_.param_type);
+  const char* received = static_cast<const char*>(c.receive_data);
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    const State& t = state_[c.params[i]];
+    if (t.full == nullptr) continue;  // dropped meanwhile
+    const uint64_t shard = (*params_)[c.params[i]].shard_size;
+    for (int r = 0; r < comm_->world_size(); ++r) {
+      ZINF_RETURN_IF_ERROR(CopyOnDevice(static_cast<char*>(t.full) + r * shard * element,
+                                        received + (r * c.slice + c.at[i]) * element,
+                                        shard * element));
+    }
+  }
+  // The copies read the receive tensor: it is freed once they have run.
+  if (!options_.device_host_addressable) ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+  c.FreeBuffers();
   return OkStatus();
 }
 
@@ -117,6 +245,7 @@ Status ParamTier::Gather(int param) {
     s.shard_data = nullptr;
     ZINF_RETURN_IF_ERROR(gathered);
   }
+  if (s.coalesced != nullptr) ZINF_RETURN_IF_ERROR(Unpack(*std::exchange(s.coalesced, nullptr)));
   const uint64_t full_size = (*params_)[param].shard_size * comm_->world_size();
   if (options_.param_type == ElementType::kFp32) {
     s.fp32 = static_cast<float*>(s.full);
@@ -139,6 +268,7 @@ Status ParamTier::Gather(int param) {
 void ParamTier::Drop(int param) {
   State& s = state_[param];
   if (s.gathering != nullptr) (void)std::exchange(s.gathering, nullptr)->Wait();
+  s.coalesced = nullptr;
   auto unpin_and_free = [&](TensorId& id, bool pinned) {
     if (id == 0) return;
     if (pinned) store_->Release(id, Tier::kDevice).IgnoreError();
@@ -177,11 +307,9 @@ Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<f
   ReapReleases(2);
   TraceFetch(module);
   counters_.peak_live_parameters = std::max(counters_.peak_live_parameters, LiveElements(module));
-  // All of the module's gathers in flight at once, then each waited for.
-  for (int pi : m.params) {
-    Status s = StartGather(pi);
-    if (!s.ok()) return s.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
-  }
+  // The module's gathers in flight at once (one collective: Note [Coalesced gathers]), then
+  // each waited for.
+  ZINF_RETURN_IF_ERROR(StartGathers(m.params));
   for (int pi : m.params) {
     Status s = Gather(pi);
     if (!s.ok()) return s.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
@@ -386,9 +514,7 @@ void ParamTier::PrefetchGathers() {
     }
   }
   if (LiveElements(-1) + needed > options_.max_live_elements) return;
-  for (int pi : next.params) {
-    if (!StartGather(pi).ok()) return;  // its Fetch gathers it and reports the error
-  }
+  (void)StartGathers(next.params);  // its Fetch gathers what is left and reports the error
 }
 
 StatusOr<void*> ParamTier::BeginWrite(const Param& p) {

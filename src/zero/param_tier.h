@@ -86,6 +86,7 @@ struct ParamTierOptions {
 // What a fetch or a step adds to the engine's StepSummary.
 struct ParamTierCounters {
   uint64_t bytes_gathered = 0;
+  uint64_t collectives = 0;  // all-gathers started
   uint64_t peak_live_parameters = 0;
   double seconds_gather = 0;
 };
@@ -151,12 +152,23 @@ class ParamTier {
 
  private:
   struct State;
+  struct Coalesced;
   // A module released with an event: its copies are dropped once `done` has completed.
   struct PendingRelease {
     int module;
     std::unique_ptr<Event> done;  // recorded on stream_ after the trainer's event
   };
+  bool NeedsGather(int param) const;
+  // Pins the shard and the destination of one parameter's gather (counted as gathered).
+  Status PrepareGather(int param);
   Status StartGather(int param);
+  // Starts the gathers of those of `params` not yet gathered, with one collective where there
+  // are several (Note [Coalesced gathers]).
+  Status StartGathers(const std::vector<int>& params);
+  // Copies a coalesced gather's pieces into its parameters' gathered tensors; frees its buffers.
+  Status Unpack(Coalesced& c);
+  // Device memory to device memory, in order on stream_ (a memcpy where the host may touch it).
+  Status CopyOnDevice(void* dst, const void* src, size_t bytes);
   // Drops the pending releases whose events have completed, and waits for the oldest while
   // more than `keep` are pending.
   void ReapReleases(size_t keep);

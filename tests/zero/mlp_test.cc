@@ -294,6 +294,54 @@ std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
   return testing::ForkRanks(world, [&](int rank) { return body(rank, port); });
 }
 
+// Note [Coalesced gathers]: a module's parameters are gathered by one collective, and each
+// rank gets every rank's shard of each of them. Two ranks; module "m" of three parameters and
+// "n" of one, every one gathered (no persistence), fetched in forward and again in backward:
+// four collectives (a collective per parameter would be eight), and the fetched values are
+// the parameters' own.
+TEST(EngineGatherTest, AModulesParametersShareOneCollective) {
+  const std::vector<int> codes = RunRanks(2, [](int rank, int port) {
+    auto config = EngineConfig::FromJson(
+        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
+    auto engine = Engine::Create(*config, {.device = "host",
+                                           .rank = rank,
+                                           .world_size = 2,
+                                           .master_port = port,
+                                           .timeout = 20000ms,
+                                           .optimizer_threads = 1});
+    if (!engine.ok()) return 1;
+    Engine& e = **engine;
+    const int m = *e.RegisterModule("m", {{"a", {64, 9}}, {"b", {7}}, {"c", {33, 32}}});
+    const int n = *e.RegisterModule("n", {{"d", {100}}});
+    if (!e.Initialize().ok()) return 2;
+    const std::vector<std::string> names = {"a", "b", "c"};
+    std::vector<std::vector<float>> expected(3);
+    for (int i = 0; i < 3; ++i) {
+      if (!e.GatherParameter(names[i], &expected[i]).ok()) return 3;
+    }
+    const int order[4] = {m, n, n, m};  // forward, then backward
+    for (int k = 0; k < 4; ++k) {
+      const int id = order[k];
+      auto fetched = e.Fetch(id);
+      if (!fetched.ok()) return 4;
+      if (id == m) {
+        for (int i = 0; i < 3; ++i) {
+          const float* got = fetched->params[i];
+          if (!std::equal(expected[i].begin(), expected[i].end(), got)) return 5 + i;
+        }
+      }
+      if (k >= 2) {  // backward: zero gradients are enough to step
+        if (!e.Gradients(id).ok() || !e.ReduceGradients(id).ok()) return 8;
+      }
+      if (!e.Release(id).ok()) return 9;
+    }
+    auto step = e.Step();
+    if (!step.ok()) return 10;
+    return step->gather_collectives == 4 ? 0 : 20 + static_cast<int>(step->gather_collectives);
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
 struct Case {
   int world, stage, accumulation;
   double clipping;
