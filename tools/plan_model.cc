@@ -772,11 +772,30 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   }
   std::vector<uint64_t> gathered_bytes(l.modules.size()), gathers(l.modules.size());
   uint64_t persistent_gathered = 0, persistent_count = 0;
+  // The collectives that gather the persistent parameters again after a step (Note [Coalesced
+  // gathers]): in stage 3 each module's first fetch, with its other parameters, so only a
+  // module of persistent parameters alone adds one; in stages 1 and 2 the step's
+  // ParamTier::GatherPersistent, in groups of at most stage3_prefetch_bucket_size elements.
+  uint64_t persistent_collectives = 0, group_elements = 0;
   for (size_t i = 0; i < l.modules.size(); ++i) {
+    bool alone = true;
     for (const Laid& p : l.modules[i]) {
-      if (!p.persistent) continue;
+      if (!p.persistent) {
+        alone = false;
+        continue;
+      }
       persistent_gathered += p.shard * world * e;
       ++persistent_count;
+      const uint64_t full = p.shard * world;
+      if (c.zero_stage < 3 &&
+          (persistent_collectives == 0 || group_elements + full > c.stage3_prefetch_bucket_size)) {
+        ++persistent_collectives;
+        group_elements = 0;
+      }
+      group_elements += full;
+    }
+    if (c.zero_stage == 3 && alone && !l.modules[i].empty() && l.modules[i].front().persistent) {
+      ++persistent_collectives;
     }
     gathered_bytes[i] = ShardBytes(l.modules[i], e) * world;
     gathers[i] = CountNonPersistent(l.modules[i]);
@@ -799,7 +818,8 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   double wait_read = 0, wait_gather = 0;
   // The persistent parameters are gathered again at the first fetch after each step.
   if (world > 1 && persistent_count > 0) {
-    const double g = persistent_count * profile.collective_latency_s +
+    const double g = persistent_collectives * profile.collective_latency_s +
+                     SafeDiv(2.0 * persistent_gathered, profile.memory_Bps) +
                      SafeDiv(static_cast<double>(persistent_gathered), profile.allgather_Bps);
     clock += g;
     wait_gather += g;

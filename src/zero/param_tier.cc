@@ -374,9 +374,29 @@ void ParamTier::ReapReleases(size_t keep) {
 }
 
 Status ParamTier::GatherPersistent() {
+  // Note [Coalesced gathers]: in groups of at most stage3_prefetch_bucket_size elements (the
+  // device tier's room for what is brought in ahead), one collective each, in parameter order
+  // on every rank.
+  std::vector<int> group;
+  uint64_t elements = 0;
+  auto gather_group = [&]() -> Status {
+    ZINF_RETURN_IF_ERROR(StartGathers(group));
+    for (int pi : group) ZINF_RETURN_IF_ERROR(Gather(pi));
+    group.clear();
+    elements = 0;
+    return OkStatus();
+  };
   for (size_t i = 0; i < params_->size(); ++i) {
-    if ((*params_)[i].persistent) ZINF_RETURN_IF_ERROR(Gather(static_cast<int>(i)));
+    const Param& p = (*params_)[i];
+    if (!p.persistent) continue;
+    const uint64_t full = p.shard_size * comm_->world_size();
+    if (!group.empty() && elements + full > options_.prefetch_bucket_elements) {
+      ZINF_RETURN_IF_ERROR(gather_group());
+    }
+    group.push_back(static_cast<int>(i));
+    elements += full;
   }
+  ZINF_RETURN_IF_ERROR(gather_group());
   return stream_->Synchronize();
 }
 

@@ -115,7 +115,8 @@ class ParamTier {
   // Frees the gathered copies of the module's non-persistent parameters: now, or with `done`
   // (an event of the trainer's compute stream) once it has completed.
   Status Release(int module, Event* done = nullptr);
-  // Regathers every persistent parameter (stages 1 and 2 keep the model gathered).
+  // Regathers every persistent parameter (stages 1 and 2 keep the model gathered), as few
+  // collectives as stage3_prefetch_bucket_size allows (Note [Coalesced gathers]).
   Status GatherPersistent();
   // Elements of the non-persistent parameters gathered (`fetching` counted as gathered) or
   // being brought in: what stage3_max_live_parameters bounds.

@@ -342,6 +342,52 @@ TEST(EngineGatherTest, AModulesParametersShareOneCollective) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
+// After each step the persistent parameters are gathered again, together (Note [Coalesced
+// gathers]): in stage 3 with the rest of their module at its first fetch, in stage 2 (where
+// everything persists) by the step in groups. Either way the second step counts one
+// collective for the weight and the three biases (four with a collective each), and the
+// biases fetched are the updated ones.
+TEST(EngineGatherTest, PersistentParametersAreRegatheredTogether) {
+  for (const int stage : {3, 2}) {
+    const std::vector<int> codes = RunRanks(2, [stage](int rank, int port) {
+      auto config =
+          EngineConfig::FromJson(R"({"zero_optimization": {"stage": )" + std::to_string(stage) +
+                                 R"(, "stage3_param_persistence_threshold": 1000},
+            "optimizer": {"params": {"lr": 0.1}}})");
+      auto engine = Engine::Create(*config, {.device = "host",
+                                             .rank = rank,
+                                             .world_size = 2,
+                                             .master_port = port,
+                                             .timeout = 20000ms,
+                                             .optimizer_threads = 1});
+      if (!engine.ok()) return 1;
+      Engine& e = **engine;
+      const int m =
+          *e.RegisterModule("m", {{"w", {64, 64}}, {"b1", {64}}, {"b2", {64}}, {"b3", {9}}});
+      if (!e.Initialize().ok()) return 2;
+      StepSummary last;
+      for (int step = 0; step < 2; ++step) {
+        auto fetched = e.Fetch(m);
+        if (!fetched.ok()) return 3;
+        if (step == 1) {  // the biases as the first step left them
+          std::vector<float> b1;
+          if (!e.GatherParameter("b1", &b1).ok()) return 4;
+          if (!std::equal(b1.begin(), b1.end(), fetched->params[1])) return 5;
+        }
+        auto grads = e.Gradients(m);
+        if (!grads.ok()) return 6;
+        for (float* g : *grads) g[0] = 1.0f;  // moves each parameter's first element
+        if (!e.ReduceGradients(m).ok() || !e.Release(m).ok()) return 7;
+        auto summary = e.Step();
+        if (!summary.ok()) return 8;
+        last = *summary;
+      }
+      return last.gather_collectives == 1 ? 0 : 20 + static_cast<int>(last.gather_collectives);
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0})) << "stage " << stage;
+  }
+}
+
 struct Case {
   int world, stage, accumulation;
   double clipping;
