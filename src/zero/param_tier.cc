@@ -1,4 +1,5 @@
-// See src/zero/param_tier.h, Note [Parameter tier] and Note [Prefetch].
+// See src/zero/param_tier.h, Note [Parameter tier] and Note [Prefetch]: fetching, gathering and
+// prefetching the parameters. Writing the tier is in param_tier_writes.cc.
 #include "zero/param_tier.h"
 
 #include <fmt/core.h>
@@ -12,6 +13,7 @@
 #include "core/log.h"
 #include "offload/device_ops.h"
 #include "offload/tiered_store_internal.h"
+#include "zero/param_tier_internal.h"
 
 namespace zinf {
 namespace {
@@ -23,53 +25,6 @@ double Seconds(Clock::time_point since) {
 }
 
 }  // namespace
-
-// Note [Coalesced gathers]
-// A module's parameters are gathered with one collective, not one each: every collective is a
-// rendezvous of all ranks, and where the ranks share a node's cores its latency, not its bytes,
-// is what a module's gathers cost (DeepSpeed's allgather_coalesced does the same). The shards
-// are packed side by side into a send tensor and all-gathered into a receive tensor, rank-major
-// (rank r's shards of every parameter together); the first Gather of any of the parameters
-// copies each rank's piece of each one into that parameter's gathered tensor and frees both.
-// Those copies are the price: the module's bytes once more through device memory, for a
-// rendezvous saved per parameter. Every rank packs the same parameters in the same order (the
-// same fetches and prefetch decisions, Note [Prefetch]), so the collectives stay in step.
-struct ParamTier::Coalesced {
-  TieredStore* store = nullptr;
-  std::vector<int> params;
-  std::vector<uint64_t> at;  // each parameter's offset in a rank's slice, in elements
-  uint64_t slice = 0;        // elements of one rank's slice
-  TensorId send = 0, receive = 0;
-  void* send_data = nullptr;
-  void* receive_data = nullptr;  // null once unpacked
-  std::shared_ptr<CommWork> work;
-
-  ~Coalesced() {
-    if (work != nullptr) (void)work->Wait();
-    FreeBuffers();
-  }
-  void FreeBuffers() {
-    for (auto [id, data] : {std::pair{&send, &send_data}, std::pair{&receive, &receive_data}}) {
-      if (*data != nullptr) store->Release(*id, Tier::kDevice).IgnoreError();
-      if (*id != 0) store->Free(*id).IgnoreError();
-      *id = 0;
-      *data = nullptr;
-    }
-  }
-};
-
-struct ParamTier::State {
-  TensorId shard = 0;
-  TensorId gathered = 0;       // several ranks: the all-gather's destination
-  TensorId widened = 0;        // 16-bit: the fp32 copy
-  void* shard_data = nullptr;  // the shard, pinned in the device tier while set
-  void* full = nullptr;        // the gathered parameter, compute precision
-  float* fp32 = nullptr;       // the gathered parameter, fp32
-  bool current = false;        // full (and fp32) hold the current values
-  bool prefetched = false;     // brought in ahead and not yet gathered
-  std::shared_ptr<CommWork> gathering;
-  std::shared_ptr<Coalesced> coalesced;  // gathered with others: unpacked by the first Gather
-};
 
 ParamTier::ParamTier(TieredStore* store, Communicator* comm, const std::vector<Param>* params,
                      std::vector<Module>* modules, const ParamTierOptions& options)
@@ -535,177 +490,6 @@ void ParamTier::PrefetchGathers() {
   }
   if (LiveElements(-1) + needed > options_.max_live_elements) return;
   (void)StartGathers(next.params);  // its Fetch gathers what is left and reports the error
-}
-
-StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
-  const int index = static_cast<int>(&p - params_->data());
-  Drop(index);
-  return store_->Acquire(state_[index].shard, WriteTier(), Access::kOverwrite);
-}
-
-Status ParamTier::EndWrite(const Param& p) {
-  const State& s = state_[&p - params_->data()];
-  ZINF_RETURN_IF_ERROR(store_->Release(s.shard, WriteTier()));
-  if (WriteTier() != options_.shard_home) {
-    write_backs_.push_back(store_->EvictAsync(s.shard, Tier::kHost));
-  }
-  return OkStatus();
-}
-
-Status ParamTier::WriteFp32(const Param& p, const float* values) {
-  ZINF_ASSIGN_OR_RETURN(void* tier, BeginWrite(p));
-  ConvertFromFp32(values, options_.param_type, tier, p.shard_size);
-  return EndWrite(p);
-}
-
-Status ParamTier::FinishWrites() {
-  Status first;
-  for (auto& f : write_backs_) {
-    Status s = f.get();
-    if (first.ok() && !s.ok()) first = std::move(s);
-  }
-  write_backs_.clear();
-  return first;
-}
-
-Status ParamTier::ReadShard(const Param& p, void* out) {
-  const State& s = state_[&p - params_->data()];
-  ZINF_ASSIGN_OR_RETURN(void* tier, store_->Acquire(s.shard, Tier::kHost, Access::kRead));
-  std::memcpy(out, tier, TierBytes(p));
-  ZINF_RETURN_IF_ERROR(store_->Release(s.shard, Tier::kHost));
-  // A read for a checkpoint or a gather of the master: no reason to keep the host copy.
-  if (options_.shard_home != Tier::kHost) return store_->Evict(s.shard, Tier::kHost);
-  return OkStatus();
-}
-
-TensorId ParamTier::shard(int param) const { return state_[param].shard; }
-
-ParamTier::ChunkWriter::ChunkWriter(ParamTier* tier)
-    : tier_(tier), open_(tier->params_->size()), persistent_(tier->params_->size()) {}
-
-ParamTier::ChunkWriter::~ChunkWriter() { (void)Finish(); }
-
-void ParamTier::ChunkWriter::Begin() {
-  const std::vector<Param>& params = *tier_->params_;
-  for (size_t i = 0; i < params.size(); ++i) {
-    open_[i] = {.remaining = params[i].shard_size};
-  }
-}
-
-Status ParamTier::ChunkWriter::Restart() {
-  Status first;
-  for (size_t i = 0; i < open_.size(); ++i) {
-    if (open_[i].data == nullptr) continue;
-    Status s = tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier());
-    if (first.ok()) first = std::move(s);
-    open_[i].data = nullptr;
-  }
-  Begin();
-  return first;
-}
-
-StatusOr<void*> ParamTier::ChunkWriter::OpenParam(size_t pi) {
-  Open& o = open_[pi];
-  if (o.data == nullptr) {
-    // The first opening overwrites; a later one (a chunk written again) keeps the rest.
-    ZINF_ASSIGN_OR_RETURN(o.data,
-                          tier_->store_->Acquire(tier_->state_[pi].shard, tier_->WriteTier(),
-                                                 o.written ? Access::kWrite : Access::kOverwrite));
-    o.written = true;
-  }
-  return o.data;
-}
-
-StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkView& c) {
-  const std::vector<Param>& params = *tier_->params_;
-  const size_t element = ElementSize(tier_->options_.param_type);
-  std::vector<CopyTarget> targets;
-  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
-                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-  uint64_t covered = c.offset;  // padding between parameters gets no copy
-  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-    const Param& p = *it;
-    const auto [first, last] = Overlap(c.offset, c.count, p);
-    if (first >= last) continue;
-    if (first > covered) targets.push_back({covered - c.offset, first - covered, nullptr});
-    void* dst = nullptr;
-    if (!p.persistent) {  // persistent parameters are written whole by Finish, from fp32
-      ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(&p - params.data()));
-      dst = static_cast<char*>(tier) + (first - p.flat_offset) * element;
-    }
-    targets.push_back({first - c.offset, last - first, dst});
-    covered = last;
-  }
-  if (covered < c.offset + c.count) {
-    targets.push_back({covered - c.offset, c.offset + c.count - covered, nullptr});
-  }
-  return targets;
-}
-
-Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
-  const std::vector<Param>& params = *tier_->params_;
-  TieredStore* store = tier_->store_;
-  const ElementType type = tier_->options_.param_type;
-  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
-                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
-    const Param& p = *it;
-    const auto [first, last] = Overlap(c.offset, c.count, p);
-    if (first >= last) continue;
-    const size_t pi = &p - params.data();
-    const float* values = c.params + (first - c.offset);
-    Open& o = open_[pi];
-    if (p.persistent) {
-      if (persistent_[pi].empty()) {  // kept for the writer's life: the next steps reuse it
-        ZINF_ASSIGN_OR_RETURN(
-            persistent_[pi], StoreArray::Create(store, p.spec.name + " (next values)",
-                                                p.shard_size * 4, Tier::kHost, Access::kOverwrite));
-      }
-      std::copy(values, values + (last - first),
-                persistent_[pi].as<float>() + (first - p.flat_offset));
-      o.remaining -= std::min(o.remaining, last - first);
-      continue;
-    }
-    ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(pi));
-    if (!c.copy_written) {  // else the update wrote it there (Targets)
-      ConvertFromFp32(values, type,
-                      static_cast<char*>(tier) + (first - p.flat_offset) * ElementSize(type),
-                      last - first);
-    }
-    o.remaining -= std::min(o.remaining, last - first);
-    if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
-      o.data = nullptr;
-      ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier_->WriteTier()));
-      if (tier_->WriteTier() != tier_->options_.shard_home) {
-        write_backs_.push_back(store->EvictAsync(tier_->state_[pi].shard, Tier::kHost));
-      }
-    }
-  }
-  return OkStatus();
-}
-
-Status ParamTier::ChunkWriter::Finish() {
-  const std::vector<Param>& params = *tier_->params_;
-  Status first;
-  auto keep = [&](Status s) {
-    if (first.ok() && !s.ok()) first = std::move(s);
-  };
-  for (size_t i = 0; i < open_.size(); ++i) {
-    if (open_[i].data != nullptr) {
-      keep(tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier()));
-      open_[i].data = nullptr;
-    }
-    // Only a persistent parameter written whole: chunks visited for a skipped step may
-    // cover part of one, whose tier then still holds the same old values.
-    if (!persistent_[i].empty() && open_[i].remaining == 0) {
-      keep(tier_->WriteFp32(params[i], persistent_[i].as<float>()));
-      open_[i].remaining = params[i].shard_size;  // written: not again before the next step
-    }
-  }
-  for (auto& f : write_backs_) keep(f.get());
-  write_backs_.clear();
-  keep(tier_->FinishWrites());
-  return first;
 }
 
 ParamTierCounters ParamTier::TakeCounters() { return std::exchange(counters_, {}); }

@@ -1,0 +1,186 @@
+// ParamTier (src/zero/param_tier.h): writing the parameter tier, a shard at a time or from the
+// optimizer step's chunks (ChunkWriter), and reading a shard back.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "core/log.h"
+#include "zero/param_tier.h"
+#include "zero/param_tier_internal.h"
+
+namespace zinf {
+
+StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
+  const int index = static_cast<int>(&p - params_->data());
+  Drop(index);
+  return store_->Acquire(state_[index].shard, WriteTier(), Access::kOverwrite);
+}
+
+Status ParamTier::EndWrite(const Param& p) {
+  const State& s = state_[&p - params_->data()];
+  ZINF_RETURN_IF_ERROR(store_->Release(s.shard, WriteTier()));
+  if (WriteTier() != options_.shard_home) {
+    write_backs_.push_back(store_->EvictAsync(s.shard, Tier::kHost));
+  }
+  return OkStatus();
+}
+
+Status ParamTier::WriteFp32(const Param& p, const float* values) {
+  ZINF_ASSIGN_OR_RETURN(void* tier, BeginWrite(p));
+  ConvertFromFp32(values, options_.param_type, tier, p.shard_size);
+  return EndWrite(p);
+}
+
+Status ParamTier::FinishWrites() {
+  Status first;
+  for (auto& f : write_backs_) {
+    Status s = f.get();
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  write_backs_.clear();
+  return first;
+}
+
+Status ParamTier::ReadShard(const Param& p, void* out) {
+  const State& s = state_[&p - params_->data()];
+  ZINF_ASSIGN_OR_RETURN(void* tier, store_->Acquire(s.shard, Tier::kHost, Access::kRead));
+  std::memcpy(out, tier, TierBytes(p));
+  ZINF_RETURN_IF_ERROR(store_->Release(s.shard, Tier::kHost));
+  // A read for a checkpoint or a gather of the master: no reason to keep the host copy.
+  if (options_.shard_home != Tier::kHost) return store_->Evict(s.shard, Tier::kHost);
+  return OkStatus();
+}
+
+TensorId ParamTier::shard(int param) const { return state_[param].shard; }
+
+ParamTier::ChunkWriter::ChunkWriter(ParamTier* tier)
+    : tier_(tier), open_(tier->params_->size()), persistent_(tier->params_->size()) {}
+
+ParamTier::ChunkWriter::~ChunkWriter() { (void)Finish(); }
+
+void ParamTier::ChunkWriter::Begin() {
+  const std::vector<Param>& params = *tier_->params_;
+  for (size_t i = 0; i < params.size(); ++i) {
+    open_[i] = {.remaining = params[i].shard_size};
+  }
+}
+
+Status ParamTier::ChunkWriter::Restart() {
+  Status first;
+  for (size_t i = 0; i < open_.size(); ++i) {
+    if (open_[i].data == nullptr) continue;
+    Status s = tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier());
+    if (first.ok()) first = std::move(s);
+    open_[i].data = nullptr;
+  }
+  Begin();
+  return first;
+}
+
+StatusOr<void*> ParamTier::ChunkWriter::OpenParam(size_t pi) {
+  Open& o = open_[pi];
+  if (o.data == nullptr) {
+    // The first opening overwrites; a later one (a chunk written again) keeps the rest.
+    ZINF_ASSIGN_OR_RETURN(o.data,
+                          tier_->store_->Acquire(tier_->state_[pi].shard, tier_->WriteTier(),
+                                                 o.written ? Access::kWrite : Access::kOverwrite));
+    o.written = true;
+  }
+  return o.data;
+}
+
+StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkView& c) {
+  const std::vector<Param>& params = *tier_->params_;
+  const size_t element = ElementSize(tier_->options_.param_type);
+  std::vector<CopyTarget> targets;
+  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  uint64_t covered = c.offset;  // padding between parameters gets no copy
+  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+    const Param& p = *it;
+    const auto [first, last] = Overlap(c.offset, c.count, p);
+    if (first >= last) continue;
+    if (first > covered) targets.push_back({covered - c.offset, first - covered, nullptr});
+    void* dst = nullptr;
+    if (!p.persistent) {  // persistent parameters are written whole by Finish, from fp32
+      ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(&p - params.data()));
+      dst = static_cast<char*>(tier) + (first - p.flat_offset) * element;
+    }
+    targets.push_back({first - c.offset, last - first, dst});
+    covered = last;
+  }
+  if (covered < c.offset + c.count) {
+    targets.push_back({covered - c.offset, c.offset + c.count - covered, nullptr});
+  }
+  return targets;
+}
+
+Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
+  const std::vector<Param>& params = *tier_->params_;
+  TieredStore* store = tier_->store_;
+  const ElementType type = tier_->options_.param_type;
+  auto it = std::upper_bound(params.begin(), params.end(), c.offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  for (--it; it != params.end() && it->flat_offset < c.offset + c.count; ++it) {
+    const Param& p = *it;
+    const auto [first, last] = Overlap(c.offset, c.count, p);
+    if (first >= last) continue;
+    const size_t pi = &p - params.data();
+    const float* values = c.params + (first - c.offset);
+    Open& o = open_[pi];
+    if (p.persistent) {
+      if (persistent_[pi].empty()) {  // kept for the writer's life: the next steps reuse it
+        ZINF_ASSIGN_OR_RETURN(
+            persistent_[pi], StoreArray::Create(store, p.spec.name + " (next values)",
+                                                p.shard_size * 4, Tier::kHost, Access::kOverwrite));
+      }
+      std::copy(values, values + (last - first),
+                persistent_[pi].as<float>() + (first - p.flat_offset));
+      o.remaining -= std::min(o.remaining, last - first);
+      continue;
+    }
+    ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(pi));
+    if (!c.copy_written) {  // else the update wrote it there (Targets)
+      ConvertFromFp32(values, type,
+                      static_cast<char*>(tier) + (first - p.flat_offset) * ElementSize(type),
+                      last - first);
+    }
+    o.remaining -= std::min(o.remaining, last - first);
+    if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
+      o.data = nullptr;
+      ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier_->WriteTier()));
+      if (tier_->WriteTier() != tier_->options_.shard_home) {
+        write_backs_.push_back(store->EvictAsync(tier_->state_[pi].shard, Tier::kHost));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status ParamTier::ChunkWriter::Finish() {
+  const std::vector<Param>& params = *tier_->params_;
+  Status first;
+  auto keep = [&](Status s) {
+    if (first.ok() && !s.ok()) first = std::move(s);
+  };
+  for (size_t i = 0; i < open_.size(); ++i) {
+    if (open_[i].data != nullptr) {
+      keep(tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier()));
+      open_[i].data = nullptr;
+    }
+    // Only a persistent parameter written whole: chunks visited for a skipped step may
+    // cover part of one, whose tier then still holds the same old values.
+    if (!persistent_[i].empty() && open_[i].remaining == 0) {
+      keep(tier_->WriteFp32(params[i], persistent_[i].as<float>()));
+      open_[i].remaining = params[i].shard_size;  // written: not again before the next step
+    }
+  }
+  for (auto& f : write_backs_) keep(f.get());
+  write_backs_.clear();
+  keep(tier_->FinishWrites());
+  return first;
+}
+
+}  // namespace zinf
