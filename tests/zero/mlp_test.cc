@@ -294,6 +294,17 @@ std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
   return testing::ForkRanks(world, [&](int rank) { return body(rank, port); });
 }
 
+// Rank `rank` of two on the host device, from a JSON config.
+StatusOr<std::unique_ptr<Engine>> TwoRankEngine(const std::string& json, int rank, int port) {
+  ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(json));
+  return Engine::Create(config, {.device = "host",
+                                 .rank = rank,
+                                 .world_size = 2,
+                                 .master_port = port,
+                                 .timeout = 20000ms,
+                                 .optimizer_threads = 1});
+}
+
 // Note [Coalesced gathers]: a module's parameters are gathered by one collective, and each
 // rank gets every rank's shard of each of them. Two ranks; module "m" of three parameters and
 // "n" of one, every one gathered (no persistence), fetched in forward and again in backward:
@@ -301,14 +312,9 @@ std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
 // the parameters' own.
 TEST(EngineGatherTest, AModulesParametersShareOneCollective) {
   const std::vector<int> codes = RunRanks(2, [](int rank, int port) {
-    auto config = EngineConfig::FromJson(
-        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})");
-    auto engine = Engine::Create(*config, {.device = "host",
-                                           .rank = rank,
-                                           .world_size = 2,
-                                           .master_port = port,
-                                           .timeout = 20000ms,
-                                           .optimizer_threads = 1});
+    auto engine = TwoRankEngine(
+        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})", rank,
+        port);
     if (!engine.ok()) return 1;
     Engine& e = **engine;
     const int m = *e.RegisterModule("m", {{"a", {64, 9}}, {"b", {7}}, {"c", {33, 32}}});
@@ -350,16 +356,10 @@ TEST(EngineGatherTest, AModulesParametersShareOneCollective) {
 TEST(EngineGatherTest, PersistentParametersAreRegatheredTogether) {
   for (const int stage : {3, 2}) {
     const std::vector<int> codes = RunRanks(2, [stage](int rank, int port) {
-      auto config =
-          EngineConfig::FromJson(R"({"zero_optimization": {"stage": )" + std::to_string(stage) +
-                                 R"(, "stage3_param_persistence_threshold": 1000},
-            "optimizer": {"params": {"lr": 0.1}}})");
-      auto engine = Engine::Create(*config, {.device = "host",
-                                             .rank = rank,
-                                             .world_size = 2,
-                                             .master_port = port,
-                                             .timeout = 20000ms,
-                                             .optimizer_threads = 1});
+      auto engine = TwoRankEngine(R"({"zero_optimization": {"stage": )" + std::to_string(stage) +
+                                      R"(, "stage3_param_persistence_threshold": 1000},
+            "optimizer": {"params": {"lr": 0.1}}})",
+                                  rank, port);
       if (!engine.ok()) return 1;
       Engine& e = **engine;
       const int m =
