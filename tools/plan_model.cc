@@ -24,8 +24,6 @@ uint64_t PageUp(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 uint64_t ElementBytes(const EngineConfig& c) { return c.bf16 || c.fp16 ? 2 : 4; }
 
-int StateCount(const EngineConfig& c) { return c.optimizer.state_count(); }
-
 // A parameter as Partition lays it out (src/zero/partition.cc).
 struct Laid {
   uint64_t numel = 0, shard = 0;
@@ -582,7 +580,7 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   const bool params_nvme = c.offload_param_device == OffloadDevice::kNvme;
   const bool optim_nvme = c.offload_optimizer_device == OffloadDevice::kNvme;
   const bool host_master = !(params_nvme && optim_nvme);
-  const int states = StateCount(c);
+  const int states = c.optimizer.state_count();
   const uint64_t S = l.shard_elements;
   // Engine::Initialize: gradient accumulators, master, in-memory state, page-rounded by the
   // host tier's 4 KiB blocks.
@@ -794,7 +792,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       }
       group_elements += full;
     }
-    if (c.zero_stage == 3 && alone && !l.modules[i].empty() && l.modules[i].front().persistent) {
+    if (c.zero_stage == 3 && alone && !l.modules[i].empty()) {
       ++persistent_collectives;
     }
     gathered_bytes[i] = ShardBytes(l.modules[i], e) * world;

@@ -148,22 +148,34 @@ Status ParamTier::StartGathers(const std::vector<int>& params) {
                                                    world * c->slice * element, Tier::kDevice));
   ZINF_ASSIGN_OR_RETURN(c->receive_data,
                         store_->Acquire(c->receive, Tier::kDevice, Access::kOverwrite));
-  for (size_t i = 0; i < todo.size(); ++i) {
-    const int pi = todo[i];
-    Status prepared = PrepareGather(pi);
-    if (!prepared.ok()) {
-      return prepared.WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
+  // Until the collective has started, a failure drops what was prepared: a parameter is
+  // marked as gathering (and to be unpacked) only with the collective that fills it.
+  size_t prepared = 0;
+  Status packed;
+  for (; prepared < todo.size() && packed.ok(); ++prepared) {
+    const int pi = todo[prepared];
+    packed = PrepareGather(pi);
+    if (packed.ok()) {
+      packed = CopyOnDevice(static_cast<char*>(c->send_data) + c->at[prepared] * element,
+                            state_[pi].shard_data, (*params_)[pi].shard_size * element);
     }
-    State& s = state_[pi];
-    ZINF_RETURN_IF_ERROR(CopyOnDevice(static_cast<char*>(c->send_data) + c->at[i] * element,
-                                      s.shard_data, (*params_)[pi].shard_size * element));
-    s.coalesced = c;
+    if (!packed.ok()) {
+      packed =
+          std::move(packed).WithContext(fmt::format("gathering '{}'", (*params_)[pi].spec.name));
+    }
   }
   // The collective reads the send tensor on the communicator's thread.
-  if (!options_.device_host_addressable) ZINF_RETURN_IF_ERROR(stream_->Synchronize());
+  if (packed.ok() && !options_.device_host_addressable) packed = stream_->Synchronize();
+  if (!packed.ok()) {
+    for (size_t i = 0; i < prepared; ++i) Drop(todo[i]);
+    return packed;
+  }
   c->work = comm_->AllGatherAsync(c->send_data, c->receive_data, c->slice, options_.param_type);
   ++counters_.collectives;
-  for (int pi : todo) state_[pi].gathering = c->work;
+  for (int pi : todo) {
+    state_[pi].gathering = c->work;
+    state_[pi].coalesced = c;
+  }
   counters_.seconds_gather += Seconds(t0);
   return OkStatus();
 }
