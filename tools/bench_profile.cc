@@ -29,6 +29,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "tools/commands.h"
 #include "zero/process_group.h"
 #include "zinf/cpu_info.h"
+#include "zinf/engine.h"
 
 #ifdef ZINF_TOOLS_HAVE_DNNL
 #include <omp.h>
@@ -90,9 +92,17 @@ class Progress {
 
 // ---- Collectives: two ranks over Gloo on loopback ----
 
+// The mean time a fetch waits for its module's all-gather after `compute_us` of compute on
+// the rank's thread (Note [Loaded rendezvous]).
+struct LoadedWait {
+  double compute_us = 0, wait_us = 0;
+  double step_us = 0;  // Engine::Step, whose norm all-reduce is the batch's first rendezvous
+};
+
 struct CollectiveFigures {
   double latency_us = 0;
   double allgather_GBps = 0, reduce_scatter_GBps = 0;  // full buffer bytes / time
+  std::vector<LoadedWait> loaded;
 };
 
 StatusOr<int> FreePort() {
@@ -112,9 +122,91 @@ StatusOr<int> FreePort() {
   return ntohs(addr.sin_port);
 }
 
+// Note [Loaded rendezvous]
+// An idle ping-pong measures a collective's latency when both ranks are waiting for it. In
+// training neither is: each rank computes while its next module's all-gather is in flight
+// (ParamTier::PrefetchGathers), and the collective needs both ranks' communicator threads to
+// run. Where the ranks' threads fill every core (two ranks on two cores) those threads wait for
+// the scheduler, and a rank that reaches the fetch first waits for the other's compute to
+// finish: each rendezvous costs far more than its idle latency, and how much depends on how
+// much compute there was to hide it. So the profile runs the engine's own fetch loop on two
+// ranks (small stage-3 modules gathered per fetch, a fixed burst of compute on the rank's
+// thread between fetches, forward then backward, as a trainer does) and records the mean wait
+// per fetch (StepSummary: seconds_gather / gather_collectives) for bursts from 0.25 to 8 ms.
+// The plan charges each gather the wait measured after the compute it had to hide behind.
+
+// A burst of fp32 work on this thread; `rounds` sets its length.
+float Burst(std::vector<float>& x, int rounds) {
+  float s = 0;
+  for (int r = 0; r < rounds; ++r)
+    for (float& v : x) s += v = v * 0.999f + 1e-3f;
+  return s;
+}
+
+StatusOr<std::vector<LoadedWait>> MeasureLoadedWaits(int rank, int port, bool quick) {
+  ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(R"({
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})"));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                        Engine::Create(config, {.device = "host",
+                                                .rank = rank,
+                                                .world_size = 2,
+                                                .master_port = port,
+                                                .timeout = std::chrono::seconds(60),
+                                                .optimizer_threads = 1}));
+  constexpr int kModules = 8;
+  for (int i = 0; i < kModules; ++i) {
+    ZINF_RETURN_IF_ERROR(
+        engine->RegisterModule(fmt::format("m{}", i), {{fmt::format("w{}", i), {1024}}}).status());
+  }
+  ZINF_RETURN_IF_ERROR(engine->Initialize());
+  // Rounds per microsecond of burst, on this rank's thread.
+  std::vector<float> x(16 * 1024, 1.0f);
+  volatile float sink = Burst(x, 4);
+  auto t0 = Clock::now();
+  sink = sink + Burst(x, 64);
+  const double rounds_per_us = 64 / (Since(t0) * 1e6);
+  std::vector<LoadedWait> out;
+  const std::vector<double> bursts_us = quick
+                                            ? std::vector<double>{500, 2000}
+                                            : std::vector<double>{250, 500, 1000, 2000, 4000, 8000};
+  for (const double us : bursts_us) {
+    const int rounds = std::max(1, static_cast<int>(std::lround(us * rounds_per_us)));
+    double waited = 0, collectives = 0, computed = 0, stepped = 0;
+    int computed_n = 0;
+    const int steps = quick ? 4 : 22;
+    for (int step = 0; step < steps; ++step) {
+      for (int k = 0; k < 2 * kModules; ++k) {
+        const int id = k < kModules ? k : 2 * kModules - 1 - k;  // forward, then backward
+        ZINF_RETURN_IF_ERROR(engine->Fetch(id).status());
+        t0 = Clock::now();
+        sink = sink + Burst(x, rounds);
+        computed += Since(t0);
+        ++computed_n;
+        if (k >= kModules) {
+          ZINF_RETURN_IF_ERROR(engine->Gradients(id).status());
+          ZINF_RETURN_IF_ERROR(engine->ReduceGradients(id));
+        }
+        ZINF_RETURN_IF_ERROR(engine->Release(id));
+      }
+      t0 = Clock::now();
+      ZINF_ASSIGN_OR_RETURN(StepSummary summary, engine->Step());
+      if (step >= 2) {  // the first batch records the fetch order the prefetch follows
+        stepped += Since(t0);
+        waited += summary.seconds_gather;
+        collectives += static_cast<double>(summary.gather_collectives);
+      }
+    }
+    out.push_back({.compute_us = computed / computed_n * 1e6,
+                   .wait_us = collectives > 0 ? waited / collectives * 1e6 : 0,
+                   .step_us = stepped / (steps - 2) * 1e6});
+  }
+  return out;
+}
+
 // One rank's part: latency of a one-element all-gather, then all-gathers and reduce-scatters
 // of `elements` fp32 in all (the gathered, and the reduced, buffer). Rank 0's figures.
-StatusOr<CollectiveFigures> RunRank(int rank, int port, uint64_t elements, int reps) {
+StatusOr<CollectiveFigures> RunRank(int rank, int port, int engine_port, uint64_t elements,
+                                    int reps, bool quick) {
   ProcessPlace place;
   place.global_rank = place.rank = place.local_rank = rank;
   place.global_size = place.size = 2;
@@ -149,12 +241,14 @@ StatusOr<CollectiveFigures> RunRank(int rank, int port, uint64_t elements, int r
   const double bytes = static_cast<double>(elements / 2 * 2) * 4;
   f.allgather_GBps = bytes / Median(ag) / 1e9;
   f.reduce_scatter_GBps = bytes / Median(rs) / 1e9;
+  ZINF_ASSIGN_OR_RETURN(f.loaded, MeasureLoadedWaits(rank, engine_port, quick));
   return f;
 }
 
 // Forks the two ranks; rank 0's figures come back through a pipe.
 StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
   ZINF_ASSIGN_OR_RETURN(const int port, FreePort());
+  ZINF_ASSIGN_OR_RETURN(const int engine_port, FreePort());
   const uint64_t elements = quick ? (1u << 20) : (16u << 20);
   const int reps = quick ? 2 : 5;
   int fds[2];
@@ -167,10 +261,16 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
     if (pids[rank] < 0) return ErrnoStatus(errno, "fork");
     if (pids[rank] == 0) {
       close(fds[0]);
-      StatusOr<CollectiveFigures> f = RunRank(rank, port, elements, reps);
-      std::string line = f.ok() ? fmt::format("ok {} {} {}\n", f->latency_us, f->allgather_GBps,
-                                              f->reduce_scatter_GBps)
-                                : "error " + f.status().ToString() + "\n";
+      StatusOr<CollectiveFigures> f = RunRank(rank, port, engine_port, elements, reps, quick);
+      std::string line = "error " + f.status().ToString() + "\n";
+      if (f.ok()) {
+        line = fmt::format("ok {} {} {} {}", f->latency_us, f->allgather_GBps,
+                           f->reduce_scatter_GBps, f->loaded.size());
+        for (const LoadedWait& w : f->loaded) {
+          line += fmt::format(" {} {} {}", w.compute_us, w.wait_us, w.step_us);
+        }
+        line += "\n";
+      }
       if (rank == 0 || !f.ok()) (void)!write(fds[1], line.data(), line.size());
       _exit(f.ok() ? 0 : 1);
     }
@@ -183,8 +283,13 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
   close(fds[0]);
   for (pid_t pid : pids) waitpid(pid, nullptr, 0);
   CollectiveFigures f;
-  if (std::sscanf(text.c_str(), "ok %lf %lf %lf", &f.latency_us, &f.allgather_GBps,
-                  &f.reduce_scatter_GBps) != 3) {
+  std::istringstream in(text);
+  std::string ok;
+  size_t loaded = 0;
+  in >> ok >> f.latency_us >> f.allgather_GBps >> f.reduce_scatter_GBps >> loaded;
+  f.loaded.resize(in ? loaded : 0);
+  for (LoadedWait& w : f.loaded) in >> w.compute_us >> w.wait_us >> w.step_us;
+  if (ok != "ok" || !in) {
     return Unavailable(fmt::format("the 2-rank collectives failed: {}",
                                    text.empty() ? "no figures from rank 0" : text));
   }
@@ -418,7 +523,12 @@ Status RunProfile(const ProfileArgs& args) {
                            {"backend", "gloo"},
                            {"latency_us", c->latency_us},
                            {"allgather_GBps", c->allgather_GBps},
-                           {"reduce_scatter_GBps", c->reduce_scatter_GBps}};
+                           {"reduce_scatter_GBps", c->reduce_scatter_GBps},
+                           {"loaded", nlohmann::json::array()}};
+      for (const LoadedWait& w : c->loaded) {
+        out["collective"]["loaded"].push_back(
+            {{"compute_us", w.compute_us}, {"wait_us", w.wait_us}, {"step_us", w.step_us}});
+      }
     } else {
       out["collective"] = {{"error", c.status().ToString()}};
     }

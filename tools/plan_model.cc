@@ -514,12 +514,43 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   ZINF_RETURN_IF_ERROR(number(j, "collective.reduce_scatter_GBps", true, &p.reduce_scatter_Bps));
   p.allgather_Bps *= 1e9;
   p.reduce_scatter_Bps *= 1e9;
+  if (j.contains("collective") && j["collective"].is_object() &&
+      j["collective"].contains("loaded")) {
+    const nlohmann::json& rows = j["collective"]["loaded"];
+    if (!rows.is_array()) {
+      return InvalidArgument(fmt::format("profile {}: collective.loaded must be an array", source));
+    }
+    for (const auto& row : rows) {
+      LoadedWaitRow r;
+      ZINF_RETURN_IF_ERROR(number(row, "compute_us", false, &r.compute_s));
+      ZINF_RETURN_IF_ERROR(number(row, "wait_us", false, &r.wait_s));
+      ZINF_RETURN_IF_ERROR(number(row, "step_us", false, &r.step_s));
+      r.compute_s *= 1e-6;
+      r.wait_s *= 1e-6;
+      r.step_s *= 1e-6;
+      p.loaded_wait.push_back(r);
+    }
+    std::sort(p.loaded_wait.begin(), p.loaded_wait.end(),
+              [](const auto& a, const auto& b) { return a.compute_s < b.compute_s; });
+  }
   std::sort(p.optimizer.begin(), p.optimizer.end(),
             [](const auto& a, const auto& b) { return a.threads < b.threads; });
   std::sort(p.matmul.begin(), p.matmul.end(), [](const auto& a, const auto& b) {
     return a.threads != b.threads ? a.threads < b.threads : a.d < b.d;
   });
   return p;
+}
+
+double MachineProfile::LoadedWait(double compute_s, double LoadedWaitRow::*figure) const {
+  if (loaded_wait.empty()) return 0;
+  if (compute_s <= loaded_wait.front().compute_s) return loaded_wait.front().*figure;
+  if (compute_s >= loaded_wait.back().compute_s) return loaded_wait.back().*figure;
+  size_t i = 1;
+  while (loaded_wait[i].compute_s < compute_s) ++i;
+  const LoadedWaitRow& a = loaded_wait[i - 1];
+  const LoadedWaitRow& b = loaded_wait[i];
+  const double f = std::log(compute_s / a.compute_s) / std::log(b.compute_s / a.compute_s);
+  return a.*figure + f * (b.*figure - a.*figure);
 }
 
 double MachineProfile::OptimizerRate(int threads) const {
@@ -854,6 +885,13 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
           gathers[mod] > 1 ? SafeDiv(2.0 * gathered_bytes[mod], profile.memory_Bps) : 0.0;
       comm_free = begin + profile.collective_latency_s + coalesce +
                   SafeDiv(static_cast<double>(gathered_bytes[mod]), profile.allgather_Bps);
+      // With the ranks computing, the wait measured after as much compute as there was since
+      // the collective began (Note [Loaded rendezvous]).
+      if (!profile.loaded_wait.empty()) {
+        comm_free = std::max(
+            comm_free,
+            clock + profile.LoadedWait(clock - begin, &MachineProfile::LoadedWaitRow::wait_s));
+      }
       gathered = comm_free;
     }
     const double s = std::max(clock, gathered);
@@ -891,6 +929,10 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
         std::ceil(total / static_cast<double>(std::max<uint64_t>(1, c.reduce_bucket_size)));
     t.reduce += gas * (buckets * profile.collective_latency_s +
                        SafeDiv(total * 4, profile.reduce_scatter_Bps));
+    // The ranks meet at the step's norm all-reduce, the one waiting for the other's last
+    // fetches (Note [Loaded rendezvous]).
+    t.reduce += profile.LoadedWait(t.compute / static_cast<double>(n),
+                                   &MachineProfile::LoadedWaitRow::step_s);
   }
 
   // The optimizer step.

@@ -162,6 +162,16 @@ struct MachineProfile {
   double KernelCallSeconds(int threads) const;
   double collective_latency_s = 0;
   double allgather_Bps = 0, reduce_scatter_Bps = 0;  // 2 ranks; 0: not measured
+  // Note [Loaded rendezvous]: the mean wait of a fetch for its prefetched all-gather after
+  // so much compute, by compute; empty: not measured.
+  // The batch's first blocking rendezvous (the step's norm all-reduce) waits for the ranks'
+  // skew: step_s.
+  struct LoadedWaitRow {
+    double compute_s = 0, wait_s = 0, step_s = 0;
+  };
+  std::vector<LoadedWaitRow> loaded_wait;
+  // Interpolated in log(compute) between the rows (the nearest row outside them); 0 without.
+  double LoadedWait(double compute_s, double LoadedWaitRow::*figure) const;
 
   // InvalidArgument naming `source` and the key for a missing or malformed figure.
   static StatusOr<MachineProfile> FromJson(std::string_view text, const std::string& source);

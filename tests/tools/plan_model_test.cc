@@ -212,6 +212,69 @@ TEST(PlanModelTest, ProfileErrorsNameTheFigure) {
   bad["cpu_optimizer"][0].erase("params_per_s");
   EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("params_per_s"),
             std::string::npos);
+  bad = good;
+  bad["collective"] = {{"latency_us", 100}, {"loaded", {{{"compute_us", 1000}, {"wait_us", 5}}}}};
+  EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("step_us"),
+            std::string::npos);
+  bad["collective"]["loaded"] = 3;
+  EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("loaded"),
+            std::string::npos);
+}
+
+// Note [Loaded rendezvous]: the waits are read in microseconds, sorted by compute, and
+// interpolated in log(compute), flat outside the rows measured.
+TEST(PlanModelTest, LoadedWaitsInterpolateInLogCompute) {
+  nlohmann::json j = {{"zinf_profile", 1},
+                      {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
+                      {"memory_GBps", 10},
+                      {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
+                      {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
+                      {"loop_fp32_GFLOPs", 5},
+                      {"collective",
+                       {{"latency_us", 100},
+                        {"loaded",
+                         {{{"compute_us", 4000}, {"wait_us", 100}, {"step_us", 3000}},
+                          {{"compute_us", 1000}, {"wait_us", 700}, {"step_us", 1000}}}}}}};
+  StatusOr<MachineProfile> p = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(p.ok()) << p.status();
+  using Row = MachineProfile::LoadedWaitRow;
+  EXPECT_DOUBLE_EQ(p->LoadedWait(0, &Row::wait_s), 700e-6);
+  EXPECT_DOUBLE_EQ(p->LoadedWait(1e-3, &Row::wait_s), 700e-6);
+  EXPECT_NEAR(p->LoadedWait(2e-3, &Row::wait_s), 400e-6, 1e-12);  // halfway in log
+  EXPECT_NEAR(p->LoadedWait(2e-3, &Row::step_s), 2000e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(p->LoadedWait(1, &Row::wait_s), 100e-6);
+  EXPECT_EQ(MachineProfile().LoadedWait(1e-3, &Row::wait_s), 0.0);
+}
+
+// Two ranks whose rendezvous wait under load: each gather waits at least the loaded wait
+// after the compute it hid behind, and the step waits for the ranks' skew once. One rank
+// meets no other rank and is unchanged.
+TEST(PlanModelTest, LoadedWaitsLengthenTwoRanksGathers) {
+  StatusOr<ModelSpec> m = UniformModel(20'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  EngineConfig c;
+  c.zero_stage = 3;
+  c.stage3_param_persistence_threshold = 0;
+  MachineProfile idle = TestProfile();
+  idle.collective_latency_s = 100e-6;
+  idle.allgather_Bps = idle.reduce_scatter_Bps = 1e10;
+  MachineProfile loaded = idle;
+  loaded.loaded_wait = {{1e-4, 2e-3, 5e-3}, {1.0, 2e-3, 5e-3}};  // 2 ms a gather, 5 ms a step
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(world);
+    StatusOr<Estimate> a = EstimatePlacement(*m, c, idle, {.world_size = world});
+    StatusOr<Estimate> b = EstimatePlacement(*m, c, loaded, {.world_size = world});
+    ASSERT_TRUE(a.ok() && b.ok());
+    if (world == 1) {
+      EXPECT_EQ(a->time.step, b->time.step);
+      continue;
+    }
+    const double fetches = m->fetch_order.size();  // forward and backward, every one gathered
+    EXPECT_GE(b->time.gather, fetches * 2e-3 * 0.99) << b->time.gather;
+    EXPECT_LT(a->time.gather, fetches * 2e-3 * 0.5) << a->time.gather;
+    EXPECT_NEAR(b->time.reduce - a->time.reduce, 5e-3, 1e-9);
+    EXPECT_EQ(b->time.compute, a->time.compute);
+  }
 }
 
 TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {

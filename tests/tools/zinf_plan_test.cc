@@ -74,6 +74,15 @@ TEST_F(ZinfPlanTest, ProfileHasEveryFigureThePlanReads) {
   ASSERT_TRUE(j.contains("collective"));
   EXPECT_TRUE(j["collective"].contains("allgather_GBps") || j["collective"].contains("error"))
       << j["collective"].dump();
+  if (j["collective"].contains("allgather_GBps")) {
+    // Note [Loaded rendezvous]: the engine's fetch loop ran on both ranks, at --quick's two
+    // burst lengths, and every figure is one the plan reads back.
+    EXPECT_EQ(p->loaded_wait.size(), 2u) << j["collective"].dump();
+    for (const auto& row : p->loaded_wait) {
+      EXPECT_GT(row.compute_s, 0);
+      EXPECT_GT(row.step_s, 0);
+    }
+  }
 }
 
 TEST_F(ZinfPlanTest, ProfileRefusesAMissingDirectory) {
