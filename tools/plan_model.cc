@@ -840,7 +840,12 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // The link a miss crosses: NVMe reads (then the host-to-device copy, which on the host device
   // is a memcpy), or the host-to-device copy alone.
   const double copy_Bps = profile.h2d_Bps > 0 ? profile.h2d_Bps : profile.memory_Bps / 2;
-  const double miss_Bps = params_nvme ? profile.nvme_read_Bps : copy_Bps;
+  // The ranks on this machine share its disks, at the same time: they run in step.
+  const double nvme_read_Bps = profile.nvme_read_Bps / world;
+  const double nvme_write_Bps = profile.nvme_write_Bps / world;
+  const double miss_Bps = params_nvme ? nvme_read_Bps : copy_Bps;
+  // Every core computes: the ranks' communication threads share them.
+  const bool cores_shared = world > 1 && world * threads >= profile.cores;
   // Event simulation: compute is one serial lane, reads another, all-gathers a third.
   double clock = 0, disk_free = 0, comm_free = 0;
   std::vector<double> start(n, 0);
@@ -883,14 +888,17 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       // the gathered pieces unpacked through memory (Note [Coalesced gathers]).
       const double coalesce =
           gathers[mod] > 1 ? SafeDiv(2.0 * gathered_bytes[mod], profile.memory_Bps) : 0.0;
-      comm_free = begin + profile.collective_latency_s + coalesce +
-                  SafeDiv(static_cast<double>(gathered_bytes[mod]), profile.allgather_Bps);
+      const double transfer =
+          coalesce + SafeDiv(static_cast<double>(gathered_bytes[mod]), profile.allgather_Bps);
+      comm_free = begin + profile.collective_latency_s + transfer;
       // With the ranks computing, the wait measured after as much compute as there was since
       // the collective began (Note [Loaded rendezvous]).
       if (!profile.loaded_wait.empty()) {
-        comm_free = std::max(
-            comm_free,
-            clock + profile.LoadedWait(clock - begin, &MachineProfile::LoadedWaitRow::wait_s));
+        const double met =
+            clock + profile.LoadedWait(clock - begin, &MachineProfile::LoadedWaitRow::wait_s);
+        // With no core to spare, the transfer (loopback copies, packing) takes the compute's
+        // cores once the ranks meet instead of running beside the compute.
+        comm_free = std::max(comm_free, met + (cores_shared ? transfer : 0.0));
       }
       gathered = comm_free;
     }
@@ -959,8 +967,8 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     }
     t.nvme_read += static_cast<uint64_t>(read + backward_read);
     t.nvme_written += static_cast<uint64_t>(written + backward_written);
-    pass = SafeDiv(read + backward_read, profile.nvme_read_Bps) +
-           SafeDiv(written + backward_written, profile.nvme_write_Bps);
+    pass = SafeDiv(read + backward_read, nvme_read_Bps) +
+           SafeDiv(written + backward_written, nvme_write_Bps);
   }
   if (host_master) tier_write += SafeDiv(S * (4.0 + e), profile.memory_Bps);
   double tier_nvme = 0;
@@ -969,7 +977,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     // Every shard written back on its own, and the persistent ones read again after the step.
     uint64_t shards = 0;
     for (const auto& params : l.modules) shards += params.size();
-    tier_nvme = SafeDiv(S * static_cast<double>(e), profile.nvme_write_Bps) +
+    tier_nvme = SafeDiv(S * static_cast<double>(e), nvme_write_Bps) +
                 std::ceil(shards / kTransferThreads) * profile.nvme_write_latency_s +
                 std::ceil(persistent_count / kTransferThreads) * profile.nvme_read_latency_s;
   }

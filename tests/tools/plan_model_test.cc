@@ -275,6 +275,15 @@ TEST(PlanModelTest, LoadedWaitsLengthenTwoRanksGathers) {
     EXPECT_NEAR(b->time.reduce - a->time.reduce, 5e-3, 1e-9);
     EXPECT_EQ(b->time.compute, a->time.compute);
   }
+  // With a core to spare per rank the transfers run beside the compute; with none, each
+  // gather's transfer follows the ranks' meeting.
+  MachineProfile spare = loaded;
+  spare.cores = 4;
+  StatusOr<Estimate> shared = EstimatePlacement(*m, c, loaded, {.world_size = 2, .threads = 1});
+  StatusOr<Estimate> beside = EstimatePlacement(*m, c, spare, {.world_size = 2, .threads = 1});
+  ASSERT_TRUE(shared.ok() && beside.ok());
+  const double transfers = static_cast<double>(shared->time.bytes_gathered) / idle.allgather_Bps;
+  EXPECT_NEAR(shared->time.gather - beside->time.gather, transfers, transfers * 0.01);
 }
 
 TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {
