@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "offload/tiered_store_internal.h"
+#include "tests/testing/faulty_engine.h"
 #include "tests/testing/fork_ranks.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
@@ -395,6 +397,57 @@ struct Case {
 };
 
 class MlpTest : public ::testing::TestWithParam<Case> {};
+
+// Note [Coalesced gathers]: a module's gather that fails while its shards are packed (here
+// the second parameter's shard read from NVMe fails, on both ranks) drops what it prepared.
+// The Fetch reports the error with the parameter named; the next Fetch gathers the whole
+// module anew and hands back the parameters' own values, not buffers no collective filled.
+TEST(EngineGatherTest, AGatherThatFailsWhilePackingLeavesNothingHalfDone) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-gather-fault-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const std::vector<int> codes = RunRanks(2, [&dir](int rank, int port) {
+    FaultyEngine* faulty = nullptr;
+    internal::SetTieredStoreEngineFactoryForTest(
+        [&faulty](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
+          ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
+          auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
+          faulty = wrapper.get();
+          return std::unique_ptr<IoEngine>(std::move(wrapper));
+        });
+    auto engine = TwoRankEngine(R"({"zero_optimization": {"stage": 3,
+        "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0,
+        "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                    dir + R"("}}})",
+                                rank, port);
+    if (!engine.ok()) return 1;
+    Engine& e = **engine;
+    const int m = *e.RegisterModule("m", {{"a", {64, 9}}, {"b", {7}}, {"c", {33, 32}}});
+    const Status initialized = e.Initialize();  // opens the tiers: the store takes the engine
+    internal::SetTieredStoreEngineFactoryForTest(nullptr);
+    if (!initialized.ok() || faulty == nullptr) return 2;
+    const std::vector<std::string> names = {"a", "b", "c"};
+    std::vector<std::vector<float>> expected(3);
+    for (int i = 0; i < 3; ++i) {
+      if (!e.GatherParameter(names[i], &expected[i]).ok()) return 3;
+    }
+    const int before = faulty->injected();
+    faulty->Arm(IoOp::kRead, 1, Fault::kEio);  // the module's second shard read: b's
+    auto failed = e.Fetch(m);
+    if (failed.ok() || faulty->injected() != before + 1) return 4;
+    if (failed.status().message().find("'b'") == std::string::npos) return 5;
+    auto fetched = e.Fetch(m);
+    if (!fetched.ok()) return 6;
+    for (int i = 0; i < 3; ++i) {
+      const float* got = fetched->params[i];
+      if (!std::equal(expected[i].begin(), expected[i].end(), got)) return 7 + i;
+    }
+    return e.Release(m).ok() ? 0 : 10;
+  });
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
 
 TEST_P(MlpTest, MatchesSingleProcessReference) {
   const Case c = GetParam();
