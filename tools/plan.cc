@@ -232,6 +232,13 @@ Status RunPlan(const PlanArgs& args) {
     fmt::print(
         "  bytes per rank at the peak of a step: device tier, host arrays and pools, the "
         "trainer's activations; gradients accumulate in host memory unless \"grads nvme\"\n");
+    if (have_profile && plan::ComputeTakesEveryCore(profile, options)) {
+      // The plan does not charge the NVMe lane for it (bench/RESULTS.md, the 2-rank demo).
+      fmt::print(
+          "  the compute takes every core ({} rank(s) x {} thread(s), {} cores): the store's "
+          "transfer threads wait for one, so NVMe placements may run slower than shown\n",
+          args.world_size, plan::ThreadsPerRank(profile, options), profile.cores);
+    }
     fmt::print(
         "\n  {:>3} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
         "#", "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute", "gather",

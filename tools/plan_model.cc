@@ -711,6 +711,15 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
 
 // ---- Time ----
 
+int ThreadsPerRank(const MachineProfile& profile, const PlanOptions& options) {
+  return options.threads > 0 ? options.threads
+                             : std::max(1, profile.cores / std::max(options.world_size, 1));
+}
+
+bool ComputeTakesEveryCore(const MachineProfile& profile, const PlanOptions& options) {
+  return options.world_size * ThreadsPerRank(profile, options) >= profile.cores;
+}
+
 StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig& c,
                                      const MachineProfile& profile, const PlanOptions& options) {
   if (options.world_size < 1) {
@@ -730,7 +739,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const bool optim_nvme = c.offload_optimizer_device == OffloadDevice::kNvme;
   const bool host_master = !(params_nvme && optim_nvme);
   const bool uses_nvme = params_nvme || optim_nvme;
-  const int threads = options.threads > 0 ? options.threads : std::max(1, profile.cores / world);
+  const int threads = ThreadsPerRank(profile, options);
 
   // Fits (Note [Plan memory]): the engine's device is the host device today, so without a GPU
   // figure every byte is host memory.
@@ -845,7 +854,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const double nvme_write_Bps = profile.nvme_write_Bps / world;
   const double miss_Bps = params_nvme ? nvme_read_Bps : copy_Bps;
   // Every core computes: the ranks' communication threads share them.
-  const bool cores_shared = world > 1 && world * threads >= profile.cores;
+  const bool cores_shared = world > 1 && ComputeTakesEveryCore(profile, options);
   // Event simulation: compute is one serial lane, reads another, all-gathers a third.
   double clock = 0, disk_free = 0, comm_free = 0;
   std::vector<double> start(n, 0);

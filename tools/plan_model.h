@@ -239,6 +239,11 @@ struct PlanOptions {
   bool clipped = false;
 };
 
+// Compute threads per rank (options.threads, else the profile's cores shared by the ranks),
+// and whether the ranks' compute then takes every core (the helpers' threads wait for one).
+int ThreadsPerRank(const MachineProfile& profile, const PlanOptions& options);
+bool ComputeTakesEveryCore(const MachineProfile& profile, const PlanOptions& options);
+
 MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world);
 StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig& config,
                                      const MachineProfile& profile, const PlanOptions& options);

@@ -113,6 +113,24 @@ TEST_F(ZinfPlanTest, PlanWritesAConfigTheEngineAccepts) {
                                                                             << r.output;
 }
 
+// Ranks whose compute takes every core are told that the NVMe lane waits for the cores the
+// plan does not charge it; with a core to spare nothing is said.
+TEST_F(ZinfPlanTest, PlanSaysWhenTheComputeTakesEveryCore) {
+  ASSERT_EQ(profile_run_.exit_code, 0) << profile_run_.output;
+  const nlohmann::json j = nlohmann::json::parse(Slurp(profile_));
+  const int cores = j["machine"]["cores"].get<int>();
+  const std::string plan =
+      "plan --model " + Config("gpt/configs/demo.json") + " --profile " + profile_;
+  testing::ZinfRun every = RunZinf(plan + " --world-size " + std::to_string(cores));
+  ASSERT_EQ(every.exit_code, 0) << every.output;
+  EXPECT_NE(every.output.find("the compute takes every core"), std::string::npos) << every.output;
+  if (cores > 1) {
+    testing::ZinfRun spare = RunZinf(plan + " --threads " + std::to_string(cores - 1));
+    ASSERT_EQ(spare.exit_code, 0) << spare.output;
+    EXPECT_EQ(spare.output.find("the compute takes every core"), std::string::npos) << spare.output;
+  }
+}
+
 TEST_F(ZinfPlanTest, PlanJsonListsEveryPlacementWithItsSplit) {
   ASSERT_EQ(profile_run_.exit_code, 0) << profile_run_.output;
   testing::ZinfRun r = RunZinf("plan --json --model " + Config("mlp/configs/memory.json") +
