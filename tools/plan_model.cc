@@ -193,6 +193,21 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
 
 double SafeDiv(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// y at `log_x`, linear in log(x) between rows sorted by it, flat outside them: rates and
+// waits measured at a few sizes. log_x_of and y_of read a row.
+template <typename Row, typename LogX, typename Y>
+double InterpolateInLog(const std::vector<Row>& rows, double log_x, LogX log_x_of, Y y_of) {
+  if (log_x <= log_x_of(rows.front())) return y_of(rows.front());
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const double x1 = log_x_of(rows[i]);
+    if (log_x <= x1) {
+      const double x0 = log_x_of(rows[i - 1]), y0 = y_of(rows[i - 1]), y1 = y_of(rows[i]);
+      return x1 > x0 ? y0 + (y1 - y0) * (log_x - x0) / (x1 - x0) : y1;
+    }
+  }
+  return y_of(rows.back());
+}
+
 }  // namespace
 
 uint64_t ModelSpec::parameter_count() const {
@@ -543,14 +558,11 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
 
 double MachineProfile::LoadedWait(double compute_s, double LoadedWaitRow::*figure) const {
   if (loaded_wait.empty()) return 0;
-  if (compute_s <= loaded_wait.front().compute_s) return loaded_wait.front().*figure;
-  if (compute_s >= loaded_wait.back().compute_s) return loaded_wait.back().*figure;
-  size_t i = 1;
-  while (loaded_wait[i].compute_s < compute_s) ++i;
-  const LoadedWaitRow& a = loaded_wait[i - 1];
-  const LoadedWaitRow& b = loaded_wait[i];
-  const double f = std::log(compute_s / a.compute_s) / std::log(b.compute_s / a.compute_s);
-  return a.*figure + f * (b.*figure - a.*figure);
+  if (compute_s <= 0) return loaded_wait.front().*figure;
+  return InterpolateInLog(
+      loaded_wait, std::log(compute_s),
+      [](const LoadedWaitRow& r) { return std::log(r.compute_s); },
+      [figure](const LoadedWaitRow& r) { return r.*figure; });
 }
 
 double MachineProfile::OptimizerRate(int threads) const {
@@ -589,17 +601,9 @@ double MachineProfile::MatmulRate(int threads, bool bf16, double d) const {
     by_d.emplace_back(r.d > 0 ? std::log(r.d) : 0.0, rate);
   }
   if (by_d.size() == 1 || d <= 0) return by_d.back().second;
-  const double x = std::log(d);
-  if (x <= by_d.front().first) return by_d.front().second;
-  if (x >= by_d.back().first) return by_d.back().second;
-  for (size_t i = 1; i < by_d.size(); ++i) {
-    if (x <= by_d[i].first) {
-      const auto [x0, y0] = by_d[i - 1];
-      const auto [x1, y1] = by_d[i];
-      return x1 > x0 ? y0 + (y1 - y0) * (x - x0) / (x1 - x0) : y1;
-    }
-  }
-  return by_d.back().second;
+  return InterpolateInLog(
+      by_d, std::log(d), [](const auto& r) { return r.first; },
+      [](const auto& r) { return r.second; });
 }
 
 // ---- Memory ----
