@@ -99,10 +99,19 @@ struct LoadedWait {
   double step_us = 0;  // Engine::Step, whose norm all-reduce is the batch's first rendezvous
 };
 
+// Engine::Step of the two-rank fetch loop, parameters in memory and then on NVMe (Note
+// [Loaded shard writes]).
+struct LoadedWrites {
+  int shards = 0;  // per rank, each written once a step
+  uint64_t shard_bytes = 0;
+  double memory_step_us = 0, nvme_step_us = 0;
+};
+
 struct CollectiveFigures {
   double latency_us = 0;
   double allgather_GBps = 0, reduce_scatter_GBps = 0;  // full buffer bytes / time
   std::vector<LoadedWait> loaded;
+  LoadedWrites writes;  // measured when the profile has an NVMe path
 };
 
 StatusOr<int> FreePort() {
@@ -203,16 +212,82 @@ StatusOr<std::vector<LoadedWait>> MeasureLoadedWaits(int rank, int port, bool qu
   return out;
 }
 
+// Note [Loaded shard writes]
+// With its parameters on NVMe, every step writes each updated shard back to its swap file
+// (ParamTier::WriteFp32), one request a shard. Alone, such a request costs the disk's latency
+// with four in flight (the store's transfer threads). With two ranks on a machine whose cores
+// they fill, each request also waits for a core, at every hand-off: the update's thread to a
+// transfer thread, that thread to the ring's reaper and back. So the profile runs the fetch
+// loop on two ranks with many small shards (1 KiB a rank: the bytes cost nothing), once with
+// the parameters in memory and once on NVMe, and takes the difference of their Steps per shard
+// as what a rank pays per shard it writes back. The plan charges it for each shard of a step's
+// write-back on several ranks.
+StatusOr<LoadedWrites> MeasureLoadedWrites(int rank, const int ports[2],
+                                           const std::string& nvme_path, bool quick) {
+  constexpr int kModules = 8, kParams = 8;
+  constexpr uint64_t kElements = 512;
+  std::vector<float> x(16 * 1024, 1.0f);
+  volatile float sink = Burst(x, 4);
+  auto t0 = Clock::now();
+  sink = sink + Burst(x, 64);
+  // 1 ms of compute a fetch, about the demo GPT's.
+  const int rounds = std::max(1, static_cast<int>(std::lround(1000 * 64 / (Since(t0) * 1e6))));
+  LoadedWrites out{.shards = kModules * kParams, .shard_bytes = kElements / 2 * 4};
+  for (int nvme = 0; nvme < 2; ++nvme) {
+    const std::string placement =
+        nvme ? fmt::format(R"({{"device": "nvme", "nvme_path": "{}"}})", nvme_path)
+             : R"({"device": "none"})";
+    ZINF_ASSIGN_OR_RETURN(
+        EngineConfig config,
+        EngineConfig::FromJson(fmt::format(
+            R"({{"zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0,
+                 "offload_param": {}, "offload_optimizer": {{"device": "cpu"}}}}}})",
+            placement)));
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          Engine::Create(config, {.device = "host",
+                                                  .rank = rank,
+                                                  .world_size = 2,
+                                                  .master_port = ports[nvme],
+                                                  .timeout = std::chrono::seconds(60),
+                                                  .optimizer_threads = 1}));
+    for (int i = 0; i < kModules; ++i) {
+      std::vector<ParamSpec> params;
+      for (int j = 0; j < kParams; ++j)
+        params.push_back({fmt::format("w{}_{}", i, j), {kElements}});
+      ZINF_RETURN_IF_ERROR(engine->RegisterModule(fmt::format("m{}", i), params).status());
+    }
+    ZINF_RETURN_IF_ERROR(engine->Initialize());
+    std::vector<double> steps;
+    for (int step = 0; step < (quick ? 4 : 22); ++step) {
+      for (int k = 0; k < 2 * kModules; ++k) {
+        const int id = k < kModules ? k : 2 * kModules - 1 - k;  // forward, then backward
+        ZINF_RETURN_IF_ERROR(engine->Fetch(id).status());
+        sink = sink + Burst(x, rounds);
+        if (k >= kModules) {
+          ZINF_RETURN_IF_ERROR(engine->Gradients(id).status());
+          ZINF_RETURN_IF_ERROR(engine->ReduceGradients(id));
+        }
+        ZINF_RETURN_IF_ERROR(engine->Release(id));
+      }
+      t0 = Clock::now();
+      ZINF_RETURN_IF_ERROR(engine->Step().status());
+      if (step >= 2) steps.push_back(Since(t0));  // after the batch that records the order
+    }
+    (nvme ? out.nvme_step_us : out.memory_step_us) = Median(steps) * 1e6;
+  }
+  return out;
+}
+
 // One rank's part: latency of a one-element all-gather, then all-gathers and reduce-scatters
 // of `elements` fp32 in all (the gathered, and the reduced, buffer). Rank 0's figures.
-StatusOr<CollectiveFigures> RunRank(int rank, int port, int engine_port, uint64_t elements,
-                                    int reps, bool quick) {
+StatusOr<CollectiveFigures> RunRank(int rank, const int ports[4], const std::string& nvme_path,
+                                    uint64_t elements, int reps, bool quick) {
   ProcessPlace place;
   place.global_rank = place.rank = place.local_rank = rank;
   place.global_size = place.size = 2;
   place.name = "profile";
   place.master_addr = "127.0.0.1";
-  place.master_port = port;
+  place.master_port = ports[0];
   ZINF_ASSIGN_OR_RETURN(ProcessGroup group, ConnectProcessGroup(place, std::chrono::seconds(60)));
   Communicator& comm = *group.comm;
   CollectiveFigures f;
@@ -241,14 +316,19 @@ StatusOr<CollectiveFigures> RunRank(int rank, int port, int engine_port, uint64_
   const double bytes = static_cast<double>(elements / 2 * 2) * 4;
   f.allgather_GBps = bytes / Median(ag) / 1e9;
   f.reduce_scatter_GBps = bytes / Median(rs) / 1e9;
-  ZINF_ASSIGN_OR_RETURN(f.loaded, MeasureLoadedWaits(rank, engine_port, quick));
+  ZINF_ASSIGN_OR_RETURN(f.loaded, MeasureLoadedWaits(rank, ports[1], quick));
+  if (!nvme_path.empty()) {
+    ZINF_ASSIGN_OR_RETURN(f.writes, MeasureLoadedWrites(rank, ports + 2, nvme_path, quick));
+  }
   return f;
 }
 
 // Forks the two ranks; rank 0's figures come back through a pipe.
-StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
-  ZINF_ASSIGN_OR_RETURN(const int port, FreePort());
-  ZINF_ASSIGN_OR_RETURN(const int engine_port, FreePort());
+StatusOr<CollectiveFigures> MeasureCollectives(const std::string& nvme_path, bool quick) {
+  int ports[4];
+  for (int& port : ports) {
+    ZINF_ASSIGN_OR_RETURN(port, FreePort());
+  }
   const uint64_t elements = quick ? (1u << 20) : (16u << 20);
   const int reps = quick ? 2 : 5;
   int fds[2];
@@ -261,7 +341,7 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
     if (pids[rank] < 0) return ErrnoStatus(errno, "fork");
     if (pids[rank] == 0) {
       close(fds[0]);
-      StatusOr<CollectiveFigures> f = RunRank(rank, port, engine_port, elements, reps, quick);
+      StatusOr<CollectiveFigures> f = RunRank(rank, ports, nvme_path, elements, reps, quick);
       std::string line = "error " + f.status().ToString() + "\n";
       if (f.ok()) {
         line = fmt::format("ok {} {} {} {}", f->latency_us, f->allgather_GBps,
@@ -269,6 +349,9 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
         for (const LoadedWait& w : f->loaded) {
           line += fmt::format(" {} {} {}", w.compute_us, w.wait_us, w.step_us);
         }
+        const LoadedWrites& v = f->writes;
+        line +=
+            fmt::format(" {} {} {} {}", v.shards, v.shard_bytes, v.memory_step_us, v.nvme_step_us);
         line += "\n";
       }
       if (rank == 0 || !f.ok()) (void)!write(fds[1], line.data(), line.size());
@@ -289,6 +372,8 @@ StatusOr<CollectiveFigures> MeasureCollectives(bool quick) {
   in >> ok >> f.latency_us >> f.allgather_GBps >> f.reduce_scatter_GBps >> loaded;
   f.loaded.resize(in ? loaded : 0);
   for (LoadedWait& w : f.loaded) in >> w.compute_us >> w.wait_us >> w.step_us;
+  LoadedWrites& v = f.writes;
+  in >> v.shards >> v.shard_bytes >> v.memory_step_us >> v.nvme_step_us;
   if (ok != "ok" || !in) {
     return Unavailable(fmt::format("the 2-rank collectives failed: {}",
                                    text.empty() ? "no figures from rank 0" : text));
@@ -517,7 +602,7 @@ Status RunProfile(const ProfileArgs& args) {
   // Collectives first: fork before any thread exists.
   if (!args.no_collective) {
     progress.Start("collectives: 2 ranks over Gloo on loopback");
-    StatusOr<CollectiveFigures> c = MeasureCollectives(args.quick);
+    StatusOr<CollectiveFigures> c = MeasureCollectives(paths.front(), args.quick);
     if (c.ok()) {
       out["collective"] = {{"world_size", 2},
                            {"backend", "gloo"},
@@ -529,6 +614,11 @@ Status RunProfile(const ProfileArgs& args) {
         out["collective"]["loaded"].push_back(
             {{"compute_us", w.compute_us}, {"wait_us", w.wait_us}, {"step_us", w.step_us}});
       }
+      const LoadedWrites& v = c->writes;
+      out["collective"]["loaded_writes"] = {{"shards", v.shards},
+                                            {"shard_bytes", v.shard_bytes},
+                                            {"memory_step_us", v.memory_step_us},
+                                            {"nvme_step_us", v.nvme_step_us}};
     } else {
       out["collective"] = {{"error", c.status().ToString()}};
     }

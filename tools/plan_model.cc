@@ -548,6 +548,14 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
     std::sort(p.loaded_wait.begin(), p.loaded_wait.end(),
               [](const auto& a, const auto& b) { return a.compute_s < b.compute_s; });
   }
+  double shards = 0;
+  ZINF_RETURN_IF_ERROR(number(j, "collective.loaded_writes.shards", true, &shards));
+  if (shards > 0) {
+    double memory_step = 0, nvme_step = 0;
+    ZINF_RETURN_IF_ERROR(number(j, "collective.loaded_writes.memory_step_us", false, &memory_step));
+    ZINF_RETURN_IF_ERROR(number(j, "collective.loaded_writes.nvme_step_us", false, &nvme_step));
+    p.loaded_shard_write_s = std::max(0.0, nvme_step - memory_step) / shards * 1e-6;
+  }
   std::sort(p.optimizer.begin(), p.optimizer.end(),
             [](const auto& a, const auto& b) { return a.threads < b.threads; });
   std::sort(p.matmul.begin(), p.matmul.end(), [](const auto& a, const auto& b) {
@@ -988,10 +996,13 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   if (params_nvme) {
     t.nvme_written += S * e;
     // Every shard written back on its own, and the persistent ones read again after the step.
+    // With several ranks each request also waits for the cores the other ranks' writes take
+    // (Note [Loaded shard writes]).
     uint64_t shards = 0;
     for (const auto& params : l.modules) shards += params.size();
-    tier_nvme = SafeDiv(S * static_cast<double>(e), nvme_write_Bps) +
-                std::ceil(shards / kTransferThreads) * profile.nvme_write_latency_s +
+    double requests = std::ceil(shards / kTransferThreads) * profile.nvme_write_latency_s;
+    if (world > 1) requests = std::max(requests, shards * profile.loaded_shard_write_s);
+    tier_nvme = SafeDiv(S * static_cast<double>(e), nvme_write_Bps) + requests +
                 std::ceil(persistent_count / kTransferThreads) * profile.nvme_read_latency_s;
   }
   t.optimizer = update + tier_write;

@@ -50,7 +50,9 @@
 //    written; with the gradients on NVMe their 4 bytes written each micro-batch and read back),
 //    at the profile's read and write bandwidths one after the other (one disk), overlapped with
 //    the update and, with zinf.overlap_optimizer (the default), with the last micro-batch's
-//    backward; and the parameter tier's write-back when it lives on NVMe.
+//    backward; and the parameter tier's write-back when it lives on NVMe (a request a shard,
+//    four at a time; with several ranks at least what the profile measured two ranks pay per
+//    shard, Note [Loaded shard writes] in tools/bench_profile.cc).
 // The step is compute + exposed gather + reduce + what of max(optimizer update, nvme pass)
 // the last backward does not hide + the parameter tier's write. zinf.delayed_param_update is
 // not modelled (its update hides behind the next batch). It knows nothing of the machine's other
@@ -172,6 +174,9 @@ struct MachineProfile {
   std::vector<LoadedWaitRow> loaded_wait;
   // Interpolated in log(compute) between the rows (the nearest row outside them); 0 without.
   double LoadedWait(double compute_s, double LoadedWaitRow::*figure) const;
+  // Note [Loaded shard writes]: what a rank pays per parameter shard it writes back to NVMe
+  // while another rank on the machine does the same; 0: not measured.
+  double loaded_shard_write_s = 0;
 
   // InvalidArgument naming `source` and the key for a missing or malformed figure.
   static StatusOr<MachineProfile> FromJson(std::string_view text, const std::string& source);

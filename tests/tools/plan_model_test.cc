@@ -219,6 +219,31 @@ TEST(PlanModelTest, ProfileErrorsNameTheFigure) {
   bad["collective"]["loaded"] = 3;
   EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json").status().message().find("loaded"),
             std::string::npos);
+  bad = good;
+  bad["collective"] = {{"loaded_writes", {{"shards", 64}, {"memory_step_us", 500}}}};
+  EXPECT_NE(MachineProfile::FromJson(bad.dump(), "p.json")
+                .status()
+                .message()
+                .find("collective.loaded_writes.nvme_step_us"),
+            std::string::npos);
+}
+
+// Note [Loaded shard writes]: the Steps' difference per shard, in seconds; none is 0.
+TEST(PlanModelTest, LoadedShardWritesAreTheStepsDifferencePerShard) {
+  nlohmann::json j = {{"zinf_profile", 1},
+                      {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
+                      {"memory_GBps", 10},
+                      {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
+                      {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
+                      {"loop_fp32_GFLOPs", 5}};
+  StatusOr<MachineProfile> none = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->loaded_shard_write_s, 0.0);
+  j["collective"] = {
+      {"loaded_writes", {{"shards", 64}, {"memory_step_us", 600}, {"nvme_step_us", 7000}}}};
+  StatusOr<MachineProfile> p = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->loaded_shard_write_s, 100e-6);
 }
 
 // Note [Loaded rendezvous]: the waits are read in microseconds, sorted by compute, and
@@ -284,6 +309,35 @@ TEST(PlanModelTest, LoadedWaitsLengthenTwoRanksGathers) {
   ASSERT_TRUE(shared.ok() && beside.ok());
   const double transfers = static_cast<double>(shared->time.bytes_gathered) / idle.allgather_Bps;
   EXPECT_NEAR(shared->time.gather - beside->time.gather, transfers, transfers * 0.01);
+}
+
+// Parameters on NVMe, several ranks: each shard written back after the step costs what the
+// profile measured two ranks pay, where that is more than the idle requests four at a time;
+// one rank writes alone and is unchanged.
+TEST(PlanModelTest, LoadedShardWritesLengthenSeveralRanksWriteBack) {
+  StatusOr<ModelSpec> m = UniformModel(20'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  EngineConfig c;
+  c.zero_stage = 3;
+  c.offload_param_device = OffloadDevice::kNvme;
+  c.offload_optimizer_device = OffloadDevice::kCpu;
+  MachineProfile idle = TestProfile();
+  idle.collective_latency_s = 100e-6;
+  idle.allgather_Bps = idle.reduce_scatter_Bps = 1e10;
+  MachineProfile loaded = idle;
+  loaded.loaded_shard_write_s = 1e-3;
+  uint64_t shards = 0;
+  for (const ModuleShape& module : m->modules) shards += module.numels.size();
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(world);
+    StatusOr<Estimate> a = EstimatePlacement(*m, c, idle, {.world_size = world});
+    StatusOr<Estimate> b = EstimatePlacement(*m, c, loaded, {.world_size = world});
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    const double idle_requests = std::ceil(shards / 4.0) * idle.nvme_write_latency_s;
+    EXPECT_NEAR(b->time.nvme - a->time.nvme, world == 1 ? 0.0 : shards * 1e-3 - idle_requests,
+                1e-9);
+    EXPECT_EQ(b->time.gather, a->time.gather);
+  }
 }
 
 TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {

@@ -82,6 +82,12 @@ TEST_F(ZinfPlanTest, ProfileHasEveryFigureThePlanReads) {
       EXPECT_GT(row.compute_s, 0);
       EXPECT_GT(row.step_s, 0);
     }
+    // Note [Loaded shard writes]: the same loop's Steps with the parameters in memory and on
+    // the profile's NVMe path.
+    const nlohmann::json& writes = j["collective"]["loaded_writes"];
+    EXPECT_EQ(writes["shards"], 64) << writes.dump();
+    EXPECT_GT(writes["memory_step_us"].get<double>(), 0);
+    EXPECT_GT(writes["nvme_step_us"].get<double>(), 0);
   }
 }
 
