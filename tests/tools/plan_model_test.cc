@@ -33,6 +33,16 @@ MachineProfile TestProfile() {
   return p;
 }
 
+// The least a profile file holds for FromJson to accept it.
+nlohmann::json MinimalProfileJson() {
+  return {{"zinf_profile", 1},
+          {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
+          {"memory_GBps", 10},
+          {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
+          {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
+          {"loop_fp32_GFLOPs", 5}};
+}
+
 struct Measured {
   StepSummary summary;
 };
@@ -193,12 +203,7 @@ TEST(PlanModelTest, ProfileErrorsNameTheFigure) {
             std::string::npos);
   EXPECT_NE(MachineProfile::FromJson("{}", "p.json").status().message().find("zinf_profile"),
             std::string::npos);
-  nlohmann::json good = {{"zinf_profile", 1},
-                         {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
-                         {"memory_GBps", 10},
-                         {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
-                         {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
-                         {"loop_fp32_GFLOPs", 5}};
+  const nlohmann::json good = MinimalProfileJson();
   ASSERT_TRUE(MachineProfile::FromJson(good.dump(), "p.json").ok());
   nlohmann::json bad = good;
   bad["memory_GBps"] = -3;
@@ -230,12 +235,7 @@ TEST(PlanModelTest, ProfileErrorsNameTheFigure) {
 
 // Note [Loaded shard writes]: the Steps' difference per shard, in seconds; none is 0.
 TEST(PlanModelTest, LoadedShardWritesAreTheStepsDifferencePerShard) {
-  nlohmann::json j = {{"zinf_profile", 1},
-                      {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
-                      {"memory_GBps", 10},
-                      {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
-                      {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
-                      {"loop_fp32_GFLOPs", 5}};
+  nlohmann::json j = MinimalProfileJson();
   StatusOr<MachineProfile> none = MachineProfile::FromJson(j.dump(), "p.json");
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->loaded_shard_write_s, 0.0);
@@ -249,17 +249,11 @@ TEST(PlanModelTest, LoadedShardWritesAreTheStepsDifferencePerShard) {
 // Note [Loaded rendezvous]: the waits are read in microseconds, sorted by compute, and
 // interpolated in log(compute), flat outside the rows measured.
 TEST(PlanModelTest, LoadedWaitsInterpolateInLogCompute) {
-  nlohmann::json j = {{"zinf_profile", 1},
-                      {"machine", {{"cores", 2}, {"memory_bytes", 1 << 30}}},
-                      {"memory_GBps", 10},
-                      {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
-                      {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
-                      {"loop_fp32_GFLOPs", 5},
-                      {"collective",
-                       {{"latency_us", 100},
-                        {"loaded",
-                         {{{"compute_us", 4000}, {"wait_us", 100}, {"step_us", 3000}},
-                          {{"compute_us", 1000}, {"wait_us", 700}, {"step_us", 1000}}}}}}};
+  nlohmann::json j = MinimalProfileJson();
+  j["collective"] = {{"latency_us", 100},
+                     {"loaded",
+                      {{{"compute_us", 4000}, {"wait_us", 100}, {"step_us", 3000}},
+                       {{"compute_us", 1000}, {"wait_us", 700}, {"step_us", 1000}}}}};
   StatusOr<MachineProfile> p = MachineProfile::FromJson(j.dump(), "p.json");
   ASSERT_TRUE(p.ok()) << p.status();
   using Row = MachineProfile::LoadedWaitRow;
