@@ -152,6 +152,36 @@ float Burst(std::vector<float>& x, int rounds) {
   return s;
 }
 
+// Burst rounds a microsecond on this thread.
+double BurstRoundsPerMicrosecond(std::vector<float>& x) {
+  volatile float sink = Burst(x, 4);
+  const auto t0 = Clock::now();
+  sink = sink + Burst(x, 64);
+  return 64 / (Since(t0) * 1e6);
+}
+
+// One batch of a trainer's fetch loop over `modules` modules: forward then backward, a burst
+// of `rounds` after each fetch, backward's gradients reduced. Adds the bursts' seconds to
+// `computed` and their count to `bursts`; the caller steps.
+Status FetchLoopBatch(Engine& engine, int modules, std::vector<float>& x, int rounds,
+                      double* computed, int* bursts) {
+  volatile float sink = 0;
+  for (int k = 0; k < 2 * modules; ++k) {
+    const int id = k < modules ? k : 2 * modules - 1 - k;
+    ZINF_RETURN_IF_ERROR(engine.Fetch(id).status());
+    const auto t0 = Clock::now();
+    sink = sink + Burst(x, rounds);
+    *computed += Since(t0);
+    ++*bursts;
+    if (k >= modules) {
+      ZINF_RETURN_IF_ERROR(engine.Gradients(id).status());
+      ZINF_RETURN_IF_ERROR(engine.ReduceGradients(id));
+    }
+    ZINF_RETURN_IF_ERROR(engine.Release(id));
+  }
+  return OkStatus();
+}
+
 StatusOr<std::vector<LoadedWait>> MeasureLoadedWaits(int rank, int port, bool quick) {
   ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(R"({
       "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})"));
@@ -168,12 +198,8 @@ StatusOr<std::vector<LoadedWait>> MeasureLoadedWaits(int rank, int port, bool qu
         engine->RegisterModule(fmt::format("m{}", i), {{fmt::format("w{}", i), {1024}}}).status());
   }
   ZINF_RETURN_IF_ERROR(engine->Initialize());
-  // Rounds per microsecond of burst, on this rank's thread.
   std::vector<float> x(16 * 1024, 1.0f);
-  volatile float sink = Burst(x, 4);
-  auto t0 = Clock::now();
-  sink = sink + Burst(x, 64);
-  const double rounds_per_us = 64 / (Since(t0) * 1e6);
+  const double rounds_per_us = BurstRoundsPerMicrosecond(x);
   std::vector<LoadedWait> out;
   const std::vector<double> bursts_us = quick
                                             ? std::vector<double>{500, 2000}
@@ -184,20 +210,8 @@ StatusOr<std::vector<LoadedWait>> MeasureLoadedWaits(int rank, int port, bool qu
     int computed_n = 0;
     const int steps = quick ? 4 : 22;
     for (int step = 0; step < steps; ++step) {
-      for (int k = 0; k < 2 * kModules; ++k) {
-        const int id = k < kModules ? k : 2 * kModules - 1 - k;  // forward, then backward
-        ZINF_RETURN_IF_ERROR(engine->Fetch(id).status());
-        t0 = Clock::now();
-        sink = sink + Burst(x, rounds);
-        computed += Since(t0);
-        ++computed_n;
-        if (k >= kModules) {
-          ZINF_RETURN_IF_ERROR(engine->Gradients(id).status());
-          ZINF_RETURN_IF_ERROR(engine->ReduceGradients(id));
-        }
-        ZINF_RETURN_IF_ERROR(engine->Release(id));
-      }
-      t0 = Clock::now();
+      ZINF_RETURN_IF_ERROR(FetchLoopBatch(*engine, kModules, x, rounds, &computed, &computed_n));
+      const auto t0 = Clock::now();
       ZINF_ASSIGN_OR_RETURN(StepSummary summary, engine->Step());
       if (step >= 2) {  // the first batch records the fetch order the prefetch follows
         stepped += Since(t0);
@@ -227,11 +241,9 @@ StatusOr<LoadedWrites> MeasureLoadedWrites(int rank, const int ports[2],
   constexpr int kModules = 8, kParams = 8;
   constexpr uint64_t kElements = 512;
   std::vector<float> x(16 * 1024, 1.0f);
-  volatile float sink = Burst(x, 4);
-  auto t0 = Clock::now();
-  sink = sink + Burst(x, 64);
   // 1 ms of compute a fetch, about the demo GPT's.
-  const int rounds = std::max(1, static_cast<int>(std::lround(1000 * 64 / (Since(t0) * 1e6))));
+  const int rounds =
+      std::max(1, static_cast<int>(std::lround(1000 * BurstRoundsPerMicrosecond(x))));
   LoadedWrites out{.shards = kModules * kParams, .shard_bytes = kElements / 2 * 4};
   for (int nvme = 0; nvme < 2; ++nvme) {
     const std::string placement =
@@ -258,18 +270,11 @@ StatusOr<LoadedWrites> MeasureLoadedWrites(int rank, const int ports[2],
     }
     ZINF_RETURN_IF_ERROR(engine->Initialize());
     std::vector<double> steps;
+    double computed = 0;
+    int bursts = 0;
     for (int step = 0; step < (quick ? 4 : 22); ++step) {
-      for (int k = 0; k < 2 * kModules; ++k) {
-        const int id = k < kModules ? k : 2 * kModules - 1 - k;  // forward, then backward
-        ZINF_RETURN_IF_ERROR(engine->Fetch(id).status());
-        sink = sink + Burst(x, rounds);
-        if (k >= kModules) {
-          ZINF_RETURN_IF_ERROR(engine->Gradients(id).status());
-          ZINF_RETURN_IF_ERROR(engine->ReduceGradients(id));
-        }
-        ZINF_RETURN_IF_ERROR(engine->Release(id));
-      }
-      t0 = Clock::now();
+      ZINF_RETURN_IF_ERROR(FetchLoopBatch(*engine, kModules, x, rounds, &computed, &bursts));
+      const auto t0 = Clock::now();
       ZINF_RETURN_IF_ERROR(engine->Step().status());
       if (step >= 2) steps.push_back(Since(t0));  // after the batch that records the order
     }
