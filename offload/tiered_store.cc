@@ -37,6 +37,16 @@ namespace zinf {
 // caller that gives no hints at all): they go first, least recently used first, which is plain
 // LRU when no hints are given.
 
+// Note [Batched write-backs]
+// A step writes back every shard of the parameter tier it updated, each a few KiB to a few
+// MiB. Evicted one by one, each costs a transfer thread's wake-up, one request at a time from
+// that thread, and the waiter's wake-up: about 100 us a shard when other ranks hold the cores,
+// far more than the disk takes. EvictAsync of several tensors claims, as one job, those idle
+// now whose write-back goes from host-addressable memory to NVMe, starts all their writes
+// before it waits for any, and drops each copy as its own writes succeed (a failed one keeps
+// its copy, as Evict does). The others (busy, pinned, behind a device link) are evicted one
+// at a time as Evict does, with the same errors.
+
 // Note [Direct host device]
 // On the host device without a modelled link, device memory is host memory that nothing but
 // this store's own streams would order. Moving bytes through a stream there costs a thread
@@ -430,6 +440,75 @@ struct TieredStore::Impl {
     }
   }
 
+  // TieredStore::EvictAsync of several tensors, run on one transfer thread. See Note [Batched
+  // write-backs].
+  Status EvictMany(const std::vector<TensorId>& ids, Tier tier) {
+    Status first;
+    auto keep = [&](Status s) {
+      if (first.ok() && !s.ok()) first = std::move(s);
+    };
+    std::vector<Tensor*> batch;   // claimed (busy): written back together
+    std::vector<TensorId> alone;  // evicted one at a time, as Evict does
+    std::unique_lock lock(mu);
+    for (TensorId id : ids) {
+      StatusOr<Tensor*> found = Find(id);
+      if (!found.ok()) {
+        keep(found.status());
+        continue;
+      }
+      Tensor& t = **found;
+      const Copy& c = t.copies[Index(tier)];
+      const bool idle = tier != t.home && !t.busy && !t.writer && c.pins == 0;
+      if (idle && !c.present) continue;
+      if (idle && !(c.valid && !t.copies[Index(t.home)].valid)) {  // nothing to write back
+        DropCopy(t, tier);
+        ++evictions;
+        continue;
+      }
+      const bool addressable = tier == Tier::kHost || (direct && tier == Tier::kDevice);
+      if (idle && t.home == Tier::kNvme && addressable && !c.zero) {
+        t.busy = true;
+        batch.push_back(&t);
+      } else {
+        alone.push_back(id);
+      }
+    }
+    lock.unlock();
+    std::vector<Status> written(batch.size());
+    {
+      uint64_t bytes = 0;
+      for (const Tensor* t : batch) bytes += t->size;
+      LinkScope scope(h2n, bytes);
+      std::deque<IoWaiter> waiters;  // one per tensor: each keeps or drops its copy alone
+      for (Tensor* t : batch) {
+        SubmitPiecesFrom(t->copies[Index(Tier::kNvme)], t->copies[Index(tier)].block.as<char>(),
+                         waiters.emplace_back());
+      }
+      for (size_t i = 0; i < batch.size(); ++i) written[i] = waiters[i].Wait();
+    }
+    lock.lock();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Tensor& t = *batch[i];
+      t.busy = false;
+      if (!written[i].ok()) {
+        keep(std::move(written[i])
+                 .WithContext(fmt::format("writing tensor '{}' back to its home ({})", t.name,
+                                          TierName(t.home))));
+        continue;
+      }
+      Copy& home = t.copies[Index(t.home)];
+      home.valid = true;
+      home.zero = false;
+      ++write_backs;
+      DropCopy(t, tier);
+      ++evictions;
+    }
+    cv.notify_all();
+    lock.unlock();
+    for (TensorId id : alone) keep(Evict(id, tier));
+    return first;
+  }
+
   // A home copy that was never written reads as zeros but its memory was never cleared (Create
   // leaves that to the first Acquire, so that tensors the caller overwrites cost nothing):
   // clears it. mu held on entry and exit.
@@ -534,11 +613,15 @@ struct TieredStore::Impl {
   // Host-addressable memory at `in` to all of `to`'s NVMe pieces, in flight together.
   Status WritePiecesFrom(const Copy& to, const char* in) {
     IoWaiter waiter;
+    SubmitPiecesFrom(to, in, waiter);
+    return waiter.Wait();
+  }
+  // Starts those writes; `waiter` counts them.
+  void SubmitPiecesFrom(const Copy& to, const char* in, IoWaiter& waiter) {
     for (size_t k = 0; k < to.extents.size(); ++k) {
       waiter.Add();
       swap->WriteAsync(to.extents[k], in + k * options.piece_bytes, waiter.Callback());
     }
-    return waiter.Wait();
   }
 
   // Writes device memory `device_src` (or zeros when null) to the NVMe pieces of `to`, one
@@ -847,6 +930,16 @@ std::shared_future<Status> TieredStore::EvictAsync(TensorId id, Tier tier) {
   std::shared_future<Status> done = promise->get_future().share();
   Impl& m = *impl_;
   m.Enqueue([&m, id, tier, promise] { promise->set_value(m.Evict(id, tier)); });
+  return done;
+}
+
+std::shared_future<Status> TieredStore::EvictAsync(std::span<const TensorId> ids, Tier tier) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::shared_future<Status> done = promise->get_future().share();
+  Impl& m = *impl_;
+  m.Enqueue([&m, ids = std::vector<TensorId>(ids.begin(), ids.end()), tier, promise] {
+    promise->set_value(m.EvictMany(ids, tier));
+  });
   return done;
 }
 

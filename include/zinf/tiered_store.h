@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -132,6 +133,10 @@ class ZINF_EXPORT TieredStore {
   // Evict on a transfer thread: the caller goes on while a write-back runs. The future holds
   // the outcome; a failed write-back leaves the copy in place, as with Evict.
   std::shared_future<Status> EvictAsync(TensorId id, Tier tier);
+  // EvictAsync of several tensors as one job whose write-backs are in flight together (one
+  // transfer thread's wake-up for all). The future holds the first error; each tensor whose
+  // write-back succeeded is evicted.
+  std::shared_future<Status> EvictAsync(std::span<const TensorId> ids, Tier tier);
   // Writes every cached copy that is newer than its home back to the home, and waits for
   // prefetches in flight.
   Status Flush();

@@ -135,7 +135,7 @@ class ParamTier {
   StatusOr<void*> BeginWrite(const Param& p);
   Status EndWrite(const Param& p);
   Status WriteFp32(const Param& p, const float* values);
-  // Waits for the write-backs EndWrite started; the first error.
+  // Sends home what EndWrite stored and waits for every write-back; the first error.
   Status FinishWrites();
   class ChunkWriter;
 
@@ -184,6 +184,8 @@ class ParamTier {
   void FinishRecording(bool cyclic);
   void PrefetchGathers();
   Tier WriteTier() const;
+  // Starts the write-backs of the shards written since the last call, as one batch.
+  void SendWriteBacks();
 
   TieredStore* const store_;
   Communicator* const comm_;
@@ -197,6 +199,8 @@ class ParamTier {
   std::vector<std::unique_ptr<Event>> ready_;  // by module: its last Fetch's work done
   std::deque<PendingRelease> pending_;
   std::vector<std::unique_ptr<Event>> spare_events_;
+  std::vector<TensorId> unsent_;  // written, write-back not yet started
+  uint64_t unsent_bytes_ = 0;
   std::vector<std::shared_future<Status>> write_backs_;
   std::vector<int> fetch_order_;  // recorded during the first batch or pass
   bool recording_ = true;
@@ -249,10 +253,13 @@ class ParamTier::ChunkWriter {
   };
   // Parameter `pi`'s tier memory, acquired for writing at its first opening in a step.
   StatusOr<void*> OpenParam(size_t pi);
+  // Starts the write-backs of the parameters whose writes ended since the last call.
+  void SendWriteBacks();
 
   ParamTier* const tier_;
   std::vector<Open> open_;
   std::vector<StoreArray> persistent_;  // by parameter, host tier; empty for the others
+  std::vector<TensorId> unsent_;        // written whole, write-back not yet started
   std::vector<std::shared_future<Status>> write_backs_;
 };
 

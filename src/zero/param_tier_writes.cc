@@ -18,13 +18,26 @@ StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
   return store_->Acquire(state_[index].shard, WriteTier(), Access::kOverwrite);
 }
 
+// Shards written but not yet sent home go out together (Note [Batched write-backs] in
+// offload/tiered_store.cc), at the latest once they hold this much host memory.
+constexpr uint64_t kWriteBackBatchBytes = 32ull << 20;
+
 Status ParamTier::EndWrite(const Param& p) {
   const State& s = state_[&p - params_->data()];
   ZINF_RETURN_IF_ERROR(store_->Release(s.shard, WriteTier()));
   if (WriteTier() != options_.shard_home) {
-    write_backs_.push_back(store_->EvictAsync(s.shard, Tier::kHost));
+    unsent_.push_back(s.shard);
+    unsent_bytes_ += TierBytes(p);
+    if (unsent_bytes_ >= kWriteBackBatchBytes) SendWriteBacks();
   }
   return OkStatus();
+}
+
+void ParamTier::SendWriteBacks() {
+  if (unsent_.empty()) return;
+  write_backs_.push_back(store_->EvictAsync(unsent_, Tier::kHost));
+  unsent_.clear();
+  unsent_bytes_ = 0;
 }
 
 Status ParamTier::WriteFp32(const Param& p, const float* values) {
@@ -34,6 +47,7 @@ Status ParamTier::WriteFp32(const Param& p, const float* values) {
 }
 
 Status ParamTier::FinishWrites() {
+  SendWriteBacks();
   Status first;
   for (auto& f : write_backs_) {
     Status s = f.get();
@@ -151,12 +165,18 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
       o.data = nullptr;
       ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier_->WriteTier()));
-      if (tier_->WriteTier() != tier_->options_.shard_home) {
-        write_backs_.push_back(store->EvictAsync(tier_->state_[pi].shard, Tier::kHost));
-      }
+      if (tier_->WriteTier() != tier_->options_.shard_home)
+        unsent_.push_back(tier_->state_[pi].shard);
     }
   }
+  SendWriteBacks();
   return OkStatus();
+}
+
+void ParamTier::ChunkWriter::SendWriteBacks() {
+  if (unsent_.empty()) return;
+  write_backs_.push_back(tier_->store_->EvictAsync(unsent_, Tier::kHost));
+  unsent_.clear();
 }
 
 Status ParamTier::ChunkWriter::Finish() {
@@ -177,6 +197,7 @@ Status ParamTier::ChunkWriter::Finish() {
       open_[i].remaining = params[i].shard_size;  // written: not again before the next step
     }
   }
+  SendWriteBacks();  // those a failed Write left
   for (auto& f : write_backs_) keep(f.get());
   write_backs_.clear();
   keep(tier_->FinishWrites());

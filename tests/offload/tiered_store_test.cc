@@ -14,9 +14,9 @@
 #include <random>
 #include <thread>
 
-#include "tests/testing/faulty_engine.h"
 #include "offload/tiered_store_internal.h"
 #include "tests/nvme/nvme_test_util.h"
+#include "tests/testing/faulty_engine.h"
 
 namespace zinf {
 namespace {
@@ -413,6 +413,65 @@ TEST(TieredStoreTest, FullTierWaitsForWriteBacksInFlight) {
   }
 }
 
+// EvictAsync of several tensors (Note [Batched write-backs]): the host copies and the direct
+// device copies go home together, unaligned sizes included; a clean copy is dropped without a
+// write; one still acquired is refused by name and keeps its copy, and the others go anyway.
+TEST(TieredStoreTest, BatchedEvictionWritesEveryIdleTensorHome) {
+  ScratchDir dir;
+  auto store = TieredStore::Create(Options(dir));
+  ASSERT_TRUE(store.ok()) << store.status();
+  const uint64_t sizes[] = {3 * 4096, 700 * kKiB, 1000, 4096 + 12};  // pieces of 256 KiB
+  std::vector<TensorId> host_ids, device_ids;
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t size = sizes[i % 4];
+    auto id = (*store)->Create("t" + std::to_string(i), size, Tier::kNvme);
+    ASSERT_TRUE(id.ok()) << id.status();
+    const Tier tier = i < 4 ? Tier::kHost : Tier::kDevice;
+    auto p = (*store)->Acquire(*id, tier, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(*p, size, *id, 1);
+    ASSERT_TRUE((*store)->Release(*id, tier).ok());
+    (i < 4 ? host_ids : device_ids).push_back(*id);
+  }
+  // A clean cached copy: read from home, nothing to write back.
+  auto clean = (*store)->Create("clean", 4096, Tier::kNvme);
+  ASSERT_TRUE(clean.ok());
+  auto p = (*store)->Acquire(*clean, Tier::kHost, Access::kRead);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*store)->Release(*clean, Tier::kHost).ok());
+  host_ids.push_back(*clean);
+  // One still acquired.
+  auto held = (*store)->Create("held", 8192, Tier::kNvme);
+  ASSERT_TRUE(held.ok());
+  p = (*store)->Acquire(*held, Tier::kHost, Access::kOverwrite);
+  ASSERT_TRUE(p.ok());
+  Fill(*p, 8192, *held, 1);
+  host_ids.push_back(*held);
+
+  Status evicted = (*store)->EvictAsync(host_ids, Tier::kHost).get();
+  EXPECT_EQ(evicted.code(), StatusCode::kFailedPrecondition) << evicted;
+  EXPECT_THAT(evicted.message(), HasSubstr("held"));
+  EXPECT_TRUE((*store)->EvictAsync(device_ids, Tier::kDevice).get().ok());
+  const TieredStoreStats stats = (*store)->stats();
+  EXPECT_EQ(stats.write_backs, 8u);
+  EXPECT_EQ(stats.evictions, 9u);
+
+  auto resident = (*store)->ResidentTiers(*held);
+  ASSERT_TRUE(resident.ok());
+  EXPECT_EQ(*resident, std::vector<Tier>{Tier::kHost});
+  ASSERT_TRUE((*store)->Release(*held, Tier::kHost).ok());
+  for (int i = 0; i < 8; ++i) {
+    const TensorId id = i < 4 ? host_ids[i] : device_ids[i - 4];
+    resident = (*store)->ResidentTiers(id);
+    ASSERT_TRUE(resident.ok());
+    EXPECT_EQ(*resident, std::vector<Tier>{Tier::kNvme}) << "tensor " << i;
+    p = (*store)->Acquire(id, Tier::kHost, Access::kRead);  // from the disk
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, sizes[i % 4], id, 1), -1) << "tensor " << i;
+    ASSERT_TRUE((*store)->Release(id, Tier::kHost).ok());
+  }
+}
+
 TEST(TieredStoreTest, AcquireOfFreedTensorIsAClearError) {
   ScratchDir dir;
   auto store = TieredStore::Create(Options(dir));
@@ -525,6 +584,50 @@ TEST(TieredStoreTest, NvmeIoErrorsSurfaceAndLoseNothing) {
   ASSERT_TRUE((*store)->Release(*b, Tier::kHost).ok());
   // The swap store's sticky error: Flush reports it too.
   EXPECT_FALSE((*store)->Flush().ok());
+}
+
+// A batched write-back that fails (Note [Batched write-backs]): the error names a tensor, and
+// every tensor whose writes failed keeps its copy, so every value is still there.
+TEST(TieredStoreTest, FailedBatchedWriteBackLosesNothing) {
+  ScratchDir dir;
+  FaultyEngine* faulty = nullptr;
+  internal::SetTieredStoreEngineFactoryForTest(
+      [&](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
+        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
+        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
+        faulty = wrapper.get();
+        return std::unique_ptr<IoEngine>(std::move(wrapper));
+      });
+  auto store = TieredStore::Create(Options(dir));
+  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 6; ++i) {
+    auto id = (*store)->Create("layer" + std::to_string(i), 64 * kKiB, Tier::kNvme);
+    ASSERT_TRUE(id.ok());
+    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok());
+    Fill(*p, 64 * kKiB, *id, 1);
+    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+    ids.push_back(*id);
+  }
+  faulty->Arm(IoOp::kWrite, 2, Fault::kEio);
+  Status evicted = (*store)->EvictAsync(ids, Tier::kHost).get();
+  ASSERT_FALSE(evicted.ok());
+  EXPECT_EQ(evicted.code(), StatusCode::kIoError) << evicted;
+  EXPECT_THAT(evicted.message(), HasSubstr("layer"));
+  int kept = 0;
+  for (TensorId id : ids) {
+    auto resident = (*store)->ResidentTiers(id);
+    ASSERT_TRUE(resident.ok());
+    ASSERT_EQ(resident->size(), 1u);  // the host copy, or the home it reached
+    kept += resident->front() == Tier::kHost;
+    auto p = (*store)->Acquire(id, Tier::kHost, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, 64 * kKiB, id, 1), -1);
+    ASSERT_TRUE((*store)->Release(id, Tier::kHost).ok());
+  }
+  EXPECT_GE(kept, 1);
 }
 
 }  // namespace
