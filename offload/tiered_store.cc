@@ -39,13 +39,15 @@ namespace zinf {
 
 // Note [Batched write-backs]
 // A step writes back every shard of the parameter tier it updated, each a few KiB to a few
-// MiB. Evicted one by one, each costs a transfer thread's wake-up, one request at a time from
-// that thread, and the waiter's wake-up: about 100 us a shard when other ranks hold the cores,
-// far more than the disk takes. EvictAsync of several tensors claims, as one job, those idle
-// now whose write-back goes from host-addressable memory to NVMe, starts all their writes
-// before it waits for any, and drops each copy as its own writes succeed (a failed one keeps
-// its copy, as Evict does). The others (busy, pinned, behind a device link) are evicted one
-// at a time as Evict does, with the same errors.
+// MiB, and the next batch reads them again. Moved one by one, each costs a transfer thread's
+// wake-up, one request at a time from that thread, and the waiter's wake-up: about 100 us a
+// shard when other ranks hold the cores, far more than the disk takes. EvictAsync and
+// Prefetch of several tensors claim, as one job, those idle now whose move is between NVMe
+// and host-addressable memory (and, for a read, whose memory is free without evicting), start
+// all their requests before waiting for any, and finish each tensor as its own requests
+// complete: a failed write-back keeps its copy, as Evict does; a failed read leaves the copy
+// invalid for the next Acquire to read again. The others (busy, pinned, behind a device link,
+// needing room made) are moved one at a time as Evict and Prefetch do, with the same errors.
 
 // Note [Direct host device]
 // On the host device without a modelled link, device memory is host memory that nothing but
@@ -440,14 +442,39 @@ struct TieredStore::Impl {
     }
   }
 
-  // TieredStore::EvictAsync of several tensors, run on one transfer thread. See Note [Batched
+  // Whether moves between `tier` and NVMe go straight to and from its memory.
+  bool Addressable(Tier tier) const {
+    return tier == Tier::kHost || (direct && tier == Tier::kDevice);
+  }
+
+  // The I/O of tensors claimed (busy) for a batch, mu not held: `submit(t, waiter)` starts
+  // every tensor's requests before any is waited for; `finish(t, status)` then records each
+  // outcome as it completes, with mu held, and the tensor is idle again. See Note [Batched
   // write-backs].
+  template <typename Submit, typename Finish>
+  void RunBatch(const std::vector<Tensor*>& batch, LinkMeter& link, Submit submit, Finish finish) {
+    if (batch.empty()) return;
+    uint64_t bytes = 0;
+    for (const Tensor* t : batch) bytes += t->size;
+    LinkScope scope(link, bytes);
+    std::deque<IoWaiter> waiters;  // one per tensor: each outcome is its own
+    for (Tensor* t : batch) submit(*t, waiters.emplace_back());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Status s = waiters[i].Wait();
+      std::lock_guard lock(mu);
+      batch[i]->busy = false;
+      finish(*batch[i], std::move(s));
+      cv.notify_all();
+    }
+  }
+
+  // TieredStore::EvictAsync of several tensors, run on one transfer thread.
   Status EvictMany(const std::vector<TensorId>& ids, Tier tier) {
     Status first;
     auto keep = [&](Status s) {
       if (first.ok() && !s.ok()) first = std::move(s);
     };
-    std::vector<Tensor*> batch;   // claimed (busy): written back together
+    std::vector<Tensor*> batch;
     std::vector<TensorId> alone;  // evicted one at a time, as Evict does
     std::unique_lock lock(mu);
     for (TensorId id : ids) {
@@ -465,8 +492,7 @@ struct TieredStore::Impl {
         ++evictions;
         continue;
       }
-      const bool addressable = tier == Tier::kHost || (direct && tier == Tier::kDevice);
-      if (idle && t.home == Tier::kNvme && addressable && !c.zero) {
+      if (idle && t.home == Tier::kNvme && Addressable(tier) && !c.zero) {
         t.busy = true;
         batch.push_back(&t);
       } else {
@@ -474,38 +500,91 @@ struct TieredStore::Impl {
       }
     }
     lock.unlock();
-    std::vector<Status> written(batch.size());
-    {
-      uint64_t bytes = 0;
-      for (const Tensor* t : batch) bytes += t->size;
-      LinkScope scope(h2n, bytes);
-      std::deque<IoWaiter> waiters;  // one per tensor: each keeps or drops its copy alone
-      for (Tensor* t : batch) {
-        SubmitPiecesFrom(t->copies[Index(Tier::kNvme)], t->copies[Index(tier)].block.as<char>(),
-                         waiters.emplace_back());
-      }
-      for (size_t i = 0; i < batch.size(); ++i) written[i] = waiters[i].Wait();
-    }
-    lock.lock();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Tensor& t = *batch[i];
-      t.busy = false;
-      if (!written[i].ok()) {
-        keep(std::move(written[i])
-                 .WithContext(fmt::format("writing tensor '{}' back to its home ({})", t.name,
-                                          TierName(t.home))));
+    RunBatch(
+        batch, h2n,
+        [&](Tensor& t, IoWaiter& waiter) {
+          SubmitPiecesFrom(t.copies[Index(Tier::kNvme)], t.copies[Index(tier)].block.as<char>(),
+                           waiter);
+        },
+        [&](Tensor& t, Status s) {
+          if (!s.ok()) {  // the copy stays: nothing is lost
+            keep(std::move(s).WithContext(fmt::format("writing tensor '{}' back to its home ({})",
+                                                      t.name, TierName(t.home))));
+            return;
+          }
+          t.copies[Index(t.home)].valid = true;
+          t.copies[Index(t.home)].zero = false;
+          ++write_backs;
+          DropCopy(t, tier);
+          ++evictions;
+        });
+    for (TensorId id : alone) keep(Evict(id, tier));
+    return first;
+  }
+
+  // TieredStore::Prefetch of several tensors, run on one transfer thread: those whose current
+  // copy is only on NVMe and whose memory in `tier` is free now are read together; the others
+  // are made valid one at a time, as Prefetch does (Note [Batched write-backs]).
+  Status PrefetchMany(const std::vector<TensorId>& ids, Tier tier) {
+    Status first;
+    auto keep = [&](Status s) {
+      if (first.ok() && !s.ok()) first = std::move(s);
+    };
+    std::vector<Tensor*> batch;
+    std::vector<TensorId> alone;
+    std::unique_lock lock(mu);
+    for (TensorId id : ids) {
+      StatusOr<Tensor*> found = Find(id);
+      if (!found.ok()) {
+        keep(found.status());
         continue;
       }
-      Copy& home = t.copies[Index(t.home)];
-      home.valid = true;
-      home.zero = false;
-      ++write_backs;
-      DropCopy(t, tier);
-      ++evictions;
+      Tensor& t = **found;
+      Copy& c = t.copies[Index(tier)];
+      const Copy& home = t.copies[Index(Tier::kNvme)];
+      if (c.valid) continue;
+      if (t.busy || t.writer || !Addressable(tier) || t.home != Tier::kNvme || !home.valid ||
+          home.zero || t.copies[Index(Tier::kHost)].valid || t.copies[Index(Tier::kDevice)].valid) {
+        alone.push_back(id);
+        continue;
+      }
+      if (!c.present) {  // room without evicting: making room is left to the one-at-a-time path
+        MemoryPool& pool = tier == Tier::kDevice ? *device_pool : *host_pool;
+        StatusOr<PoolBlock> block = pool.Allocate(t.size);
+        if (!block.ok()) {
+          alone.push_back(id);
+          continue;
+        }
+        c.block = std::move(*block);
+        c.present = true;
+      }
+      t.busy = true;
+      batch.push_back(&t);
     }
-    cv.notify_all();
     lock.unlock();
-    for (TensorId id : alone) keep(Evict(id, tier));
+    RunBatch(
+        batch, n2h,
+        [&](Tensor& t, IoWaiter& waiter) {
+          SubmitPiecesTo(t.copies[Index(Tier::kNvme)], t.copies[Index(tier)].block.as<char>(),
+                         waiter);
+        },
+        [&](Tensor& t, Status s) {
+          if (!s.ok()) {  // the memory stays, invalid; the next Acquire reads again
+            keep(std::move(s).WithContext(
+                fmt::format("moving tensor '{}' from nvme to {}", t.name, TierName(tier))));
+            return;
+          }
+          t.copies[Index(tier)].valid = true;
+          t.last_use = ++tick;
+        });
+    for (TensorId id : alone) {
+      lock.lock();
+      StatusOr<Tensor*> t = Find(id);
+      Status s = t.ok() ? MakeValid(lock, **t, tier, false) : t.status();
+      if (s.ok()) (*t)->last_use = ++tick;
+      lock.unlock();
+      keep(std::move(s));
+    }
     return first;
   }
 
@@ -604,11 +683,15 @@ struct TieredStore::Impl {
   // All of `from`'s NVMe pieces into host-addressable memory at `out`, in flight together.
   Status ReadPieces(const Copy& from, char* out) {
     IoWaiter waiter;
+    SubmitPiecesTo(from, out, waiter);
+    return waiter.Wait();
+  }
+  // Starts those reads; `waiter` counts them.
+  void SubmitPiecesTo(const Copy& from, char* out, IoWaiter& waiter) {
     for (size_t k = 0; k < from.extents.size(); ++k) {
       waiter.Add();
       swap->ReadAsync(from.extents[k], out + k * options.piece_bytes, waiter.Callback());
     }
-    return waiter.Wait();
   }
   // Host-addressable memory at `in` to all of `to`'s NVMe pieces, in flight together.
   Status WritePiecesFrom(const Copy& to, const char* in) {
@@ -873,6 +956,45 @@ std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
     promise->set_value(std::move(s));
   });
   return inflight;
+}
+
+std::shared_future<Status> TieredStore::Prefetch(std::span<const TensorId> ids, Tier tier) {
+  Impl& m = *impl_;
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::shared_future<Status> done = promise->get_future().share();
+  if (tier == Tier::kNvme || !m.HasTier(tier)) {
+    promise->set_value(
+        InvalidArgument(fmt::format("cannot prefetch to the {} tier", TierName(tier))));
+    return done;
+  }
+  std::vector<TensorId> todo;
+  {
+    std::lock_guard lock(m.mu);
+    for (TensorId id : ids) {
+      auto it = m.tensors.find(id);
+      if (it == m.tensors.end()) {  // PrefetchMany reports it
+        todo.push_back(id);
+        continue;
+      }
+      Impl::Tensor& t = *it->second;
+      std::shared_future<Status>& inflight = t.prefetch[Index(tier)];
+      if (t.copies[Index(tier)].valid ||
+          (inflight.valid() &&
+           inflight.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) {
+        continue;
+      }
+      inflight = done;  // Flush waits for it
+      todo.push_back(id);
+    }
+  }
+  if (todo.empty()) {
+    promise->set_value(OkStatus());
+    return done;
+  }
+  m.Enqueue([&m, todo = std::move(todo), tier, promise] {
+    promise->set_value(m.PrefetchMany(todo, tier));
+  });
+  return done;
 }
 
 StatusOr<void*> TieredStore::Acquire(TensorId id, Tier tier, Access access) {

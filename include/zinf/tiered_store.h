@@ -120,6 +120,9 @@ class ZINF_EXPORT TieredStore {
   // Starts making a current copy resident in `tier` (asynchronous); the future holds the
   // outcome. Errors as for Acquire.
   std::shared_future<Status> Prefetch(TensorId id, Tier tier);
+  // Prefetch of several tensors as one job whose reads are in flight together; a tensor is
+  // usable as soon as its own read is done. The future holds the first error.
+  std::shared_future<Status> Prefetch(std::span<const TensorId> ids, Tier tier);
   // Blocks until a current copy is resident in `tier`, pins it, and returns its address (a
   // device pointer for Tier::kDevice, a host pointer for kHost). kNvme is not addressable:
   // InvalidArgument. Errors: FailedPrecondition (freed tensor), ResourceExhausted (tier full

@@ -458,6 +458,7 @@ void ParamTier::HintNextUse(int module) {
 void ParamTier::ReadAhead(uint64_t live) {
   if (!prefetching_ || options_.shard_home == Tier::kDevice) return;  // nothing to bring in
   uint64_t ahead = 0;
+  std::vector<TensorId> reads;  // in one batch (Note [Batched write-backs])
   const size_t n = fetch_order_.size();
   for (size_t k = 0; k < n; ++k) {
     size_t i = fetch_cursor_ + k;
@@ -478,10 +479,11 @@ void ParamTier::ReadAhead(uint64_t live) {
       if (s.prefetched || s.gathering != nullptr) continue;
       // Errors reach the fetch that acquires the shard.
       store_->SetNextUse(s.shard, static_cast<int64_t>(i)).IgnoreError();
-      (void)store_->Prefetch(s.shard, Tier::kDevice);
+      reads.push_back(s.shard);
       s.prefetched = true;
     }
   }
+  if (!reads.empty()) (void)store_->Prefetch(reads, Tier::kDevice);
 }
 
 // Note [Prefetch]: starts the all-gathers of the next module in the recorded order, so that

@@ -472,6 +472,51 @@ TEST(TieredStoreTest, BatchedEvictionWritesEveryIdleTensorHome) {
   }
 }
 
+// Prefetch of several tensors (Note [Batched write-backs]): each ends resident with the bytes
+// last written, whether it was read in the batch or needed room made (a device tier that holds
+// three of them evicts the copies not needed); a freed tensor is reported by name.
+TEST(TieredStoreTest, BatchedPrefetchReadsEveryTensor) {
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.device_budget_bytes = 1200 * kKiB;  // three of them
+  auto store = TieredStore::Create(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto id = (*store)->Create("p" + std::to_string(i), 300 * kKiB + 100 * i, Tier::kNvme);
+    ASSERT_TRUE(id.ok());
+    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(*p, 300 * kKiB + 100 * i, *id, 2);
+    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE((*store)->EvictAsync(ids, Tier::kHost).get().ok());
+  const std::vector<TensorId> first(ids.begin(), ids.begin() + 3);
+  ASSERT_TRUE((*store)->Prefetch(first, Tier::kDevice).get().ok());
+  for (TensorId id : first) {
+    auto resident = (*store)->ResidentTiers(id);
+    ASSERT_TRUE(resident.ok());
+    EXPECT_EQ(*resident, (std::vector<Tier>{Tier::kDevice, Tier::kNvme}));
+  }
+  EXPECT_EQ((*store)->stats().nvme_to_host.bytes, 3 * 300 * kKiB + 300);
+  // No room for the last two: they evict the first ones, one at a time.
+  const std::vector<TensorId> rest(ids.begin() + 3, ids.end());
+  ASSERT_TRUE((*store)->Prefetch(rest, Tier::kDevice).get().ok());
+  EXPECT_LE((*store)->stats().tiers[int(Tier::kDevice)].peak_bytes, 1200 * kKiB);
+  for (int i = 0; i < 5; ++i) {
+    auto p = (*store)->Acquire(ids[i], Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, 300 * kKiB + 100 * i, ids[i], 2), -1) << "tensor " << i;
+    ASSERT_TRUE((*store)->Release(ids[i], Tier::kDevice).ok());
+  }
+  ASSERT_TRUE((*store)->Free(ids[4]).ok());
+  Status s = (*store)->Prefetch(ids, Tier::kDevice).get();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("p4"));
+  EXPECT_EQ((*store)->Prefetch(first, Tier::kNvme).get().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(TieredStoreTest, AcquireOfFreedTensorIsAClearError) {
   ScratchDir dir;
   auto store = TieredStore::Create(Options(dir));
@@ -628,6 +673,43 @@ TEST(TieredStoreTest, FailedBatchedWriteBackLosesNothing) {
     ASSERT_TRUE((*store)->Release(id, Tier::kHost).ok());
   }
   EXPECT_GE(kept, 1);
+}
+
+// A batched read that fails reports the tensor; the next Acquire reads it again.
+TEST(TieredStoreTest, FailedBatchedPrefetchIsReadAgain) {
+  ScratchDir dir;
+  FaultyEngine* faulty = nullptr;
+  internal::SetTieredStoreEngineFactoryForTest(
+      [&](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
+        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
+        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
+        faulty = wrapper.get();
+        return std::unique_ptr<IoEngine>(std::move(wrapper));
+      });
+  auto store = TieredStore::Create(Options(dir));
+  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto id = (*store)->Create("block" + std::to_string(i), 64 * kKiB, Tier::kNvme);
+    ASSERT_TRUE(id.ok());
+    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok());
+    Fill(*p, 64 * kKiB, *id, 1);
+    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE((*store)->EvictAsync(ids, Tier::kHost).get().ok());
+  faulty->Arm(IoOp::kRead, 1, Fault::kEio);
+  Status s = (*store)->Prefetch(ids, Tier::kDevice).get();
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s;
+  EXPECT_THAT(s.message(), HasSubstr("block"));
+  for (TensorId id : ids) {
+    auto p = (*store)->Acquire(id, Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, 64 * kKiB, id, 1), -1);
+    ASSERT_TRUE((*store)->Release(id, Tier::kDevice).ok());
+  }
 }
 
 }  // namespace
