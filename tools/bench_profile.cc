@@ -228,11 +228,11 @@ StatusOr<std::vector<LoadedWait>> MeasureLoadedWaits(int rank, int port, bool qu
 
 // Note [Loaded shard writes]
 // With its parameters on NVMe, every step writes each updated shard back to its swap file
-// (ParamTier::WriteFp32), one request a shard. Alone, such a request costs the disk's latency
-// with four in flight (the store's transfer threads). With two ranks on a machine whose cores
-// they fill, each request also waits for a core, at every hand-off: the update's thread to a
-// transfer thread, that thread to the ring's reaper and back. So the profile runs the fetch
-// loop on two ranks with many small shards (1 KiB a rank: the bytes cost nothing), once with
+// (ParamTier::WriteFp32), one request a shard, all in flight together (Note [Batched
+// write-backs] in offload/tiered_store.cc). Alone, they cost the disk's latency per queue
+// depth of them. With two ranks on a machine whose cores they fill, each request also waits
+// for a core: to be submitted, and for the ring's reaper to complete it. So the profile runs the
+// fetch loop on two ranks with many small shards (1 KiB a rank: the bytes cost nothing), once with
 // the parameters in memory and once on NVMe, and takes the difference of their Steps per shard
 // as what a rank pays per shard it writes back. The plan charges it for each shard of a step's
 // write-back on several ranks.

@@ -236,7 +236,7 @@ Status RunPlan(const PlanArgs& args) {
       // The plan does not charge the NVMe lane for it (bench/RESULTS.md, the 2-rank demo).
       fmt::print(
           "  the compute takes every core ({} rank(s) x {} thread(s), {} cores): the store's "
-          "transfer threads wait for one, so NVMe placements may run slower than shown\n",
+          "I/O threads wait for one, so NVMe placements may run slower than shown\n",
           args.world_size, plan::ThreadsPerRank(profile, options), profile.cores);
     }
     fmt::print(

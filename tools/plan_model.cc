@@ -18,8 +18,12 @@ namespace zinf::plan {
 namespace {
 
 constexpr uint64_t kPage = 4096;
-// The engine's tiered store moves this many tensors at once (OpenTiers' transfer_threads).
-constexpr double kTransferThreads = 4;
+// The engine's tiered store reads ahead and writes back its shards in batches, as many
+// requests in flight as the aio rings hold (Note [Batched write-backs] in
+// offload/tiered_store.cc).
+double RequestsInFlight(const EngineConfig& c) {
+  return static_cast<double>(c.aio.queue_depth) * c.aio.thread_count;
+}
 uint64_t PageUp(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 uint64_t ElementBytes(const EngineConfig& c) { return c.bf16 || c.fp16 ? 2 : 4; }
@@ -894,10 +898,10 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     double have = issue;
     if (miss[i] > 0 && miss_Bps > 0) {
       const double begin = std::max(issue, disk_free);
-      // Each shard is its own request: NVMe's per-request latency, kTransferThreads at once.
+      // Each shard is its own request: NVMe's per-request latency, a batch's worth at once.
       disk_free =
           begin + miss[i] / miss_Bps +
-          (params_nvme ? std::ceil(gathers[mod] / kTransferThreads) * profile.nvme_read_latency_s
+          (params_nvme ? std::ceil(gathers[mod] / RequestsInFlight(c)) * profile.nvme_read_latency_s
                        : 0.0);
       have = disk_free;
     }
@@ -995,15 +999,16 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   double tier_nvme = 0;
   if (params_nvme) {
     t.nvme_written += S * e;
-    // Every shard written back on its own, and the persistent ones read again after the step.
-    // With several ranks each request also waits for the cores the other ranks' writes take
-    // (Note [Loaded shard writes]).
+    // Every shard written back in one batch, as many in flight as the aio rings hold (Note
+    // [Batched write-backs] in offload/tiered_store.cc), and the persistent ones read again
+    // after the step. With several ranks each request also waits for the cores the other
+    // ranks' writes take (Note [Loaded shard writes]).
     uint64_t shards = 0;
     for (const auto& params : l.modules) shards += params.size();
-    double requests = std::ceil(shards / kTransferThreads) * profile.nvme_write_latency_s;
+    double requests = std::ceil(shards / RequestsInFlight(c)) * profile.nvme_write_latency_s;
     if (world > 1) requests = std::max(requests, shards * profile.loaded_shard_write_s);
     tier_nvme = SafeDiv(S * static_cast<double>(e), nvme_write_Bps) + requests +
-                std::ceil(persistent_count / kTransferThreads) * profile.nvme_read_latency_s;
+                std::ceil(persistent_count / RequestsInFlight(c)) * profile.nvme_read_latency_s;
   }
   t.optimizer = update + tier_write;
   // The overlapped step (zinf.overlap_optimizer) runs the pass chunk by chunk while the last

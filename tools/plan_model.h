@@ -38,8 +38,9 @@
 //    memory bandwidth: Note [Coalesced gathers] in src/zero/param_tier.cc);
 //    with parameters off the device, the shards the device tier does not keep are read from
 //    NVMe (a simulation of the fetch order against the device tier's room, evicting the copy
-//    needed last; each shard pays the disk's per-request latency, four at a time as the store
-//    moves them) or copied over the host link. A read starts at the fetch whose read-ahead
+//    needed last; each shard pays the disk's per-request latency, as many at once as
+//    aio.queue_depth x aio.thread_count, since the store reads a window's shards in one
+//    batch) or copied over the host link. A read starts at the fetch whose read-ahead
 //    window (stage3_prefetch_bucket_size) first covers it and overlaps the compute until then;
 //    what it does not hide is exposed.
 //  - reduce: the reduce-scatter of the fp32 gradients (several ranks) and their accumulation
@@ -51,8 +52,9 @@
 //    at the profile's read and write bandwidths one after the other (one disk), overlapped with
 //    the update and, with zinf.overlap_optimizer (the default), with the last micro-batch's
 //    backward; and the parameter tier's write-back when it lives on NVMe (a request a shard,
-//    four at a time; with several ranks at least what the profile measured two ranks pay per
-//    shard, Note [Loaded shard writes] in tools/bench_profile.cc).
+//    all in one batch, as many at once as aio.queue_depth x aio.thread_count; with several
+//    ranks at least what the profile measured two ranks pay per shard, Note [Loaded shard
+//    writes] in tools/bench_profile.cc).
 // The step is compute + exposed gather + reduce + what of max(optimizer update, nvme pass)
 // the last backward does not hide + the parameter tier's write. zinf.delayed_param_update is
 // not modelled (its update hides behind the next batch). It knows nothing of the machine's other

@@ -142,6 +142,9 @@ TEST(GlooCommunicatorTest, CollectivesOnTwoRanks) {
 TEST(GlooCommunicatorTest, SixteenBitReductionsAreRefused) {
   EXPECT_EQ(RunRanks(2,
                      [](Communicator& comm) {
+                       // The refusal never reaches the peer: without a collective first, a
+                       // rank could exit while the other still completes its connection.
+                       CHILD_OK(comm.Barrier());
                        std::vector<uint16_t> v(8, 0x3f80);
                        const Status s =
                            comm.AllReduce(v.data(), v.size(), ElementType::kBf16, ReduceOp::kSum);

@@ -306,8 +306,8 @@ TEST(PlanModelTest, LoadedWaitsLengthenTwoRanksGathers) {
 }
 
 // Parameters on NVMe, several ranks: each shard written back after the step costs what the
-// profile measured two ranks pay, where that is more than the idle requests four at a time;
-// one rank writes alone and is unchanged.
+// profile measured two ranks pay, where that is more than the idle requests a batch at a time
+// (aio.queue_depth of them); one rank writes alone and is unchanged.
 TEST(PlanModelTest, LoadedShardWritesLengthenSeveralRanksWriteBack) {
   StatusOr<ModelSpec> m = UniformModel(20'000'000, 8, 512);
   ASSERT_TRUE(m.ok());
@@ -327,7 +327,8 @@ TEST(PlanModelTest, LoadedShardWritesLengthenSeveralRanksWriteBack) {
     StatusOr<Estimate> a = EstimatePlacement(*m, c, idle, {.world_size = world});
     StatusOr<Estimate> b = EstimatePlacement(*m, c, loaded, {.world_size = world});
     ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-    const double idle_requests = std::ceil(shards / 4.0) * idle.nvme_write_latency_s;
+    const double idle_requests =
+        std::ceil(shards / static_cast<double>(c.aio.queue_depth)) * idle.nvme_write_latency_s;
     EXPECT_NEAR(b->time.nvme - a->time.nvme, world == 1 ? 0.0 : shards * 1e-3 - idle_requests,
                 1e-9);
     EXPECT_EQ(b->time.gather, a->time.gather);
