@@ -468,37 +468,40 @@ struct TieredStore::Impl {
     }
   }
 
+  // The tensors of `ids`, each handed to `visit(t)` with mu held; a missing one's error goes
+  // to `error` (the first is kept).
+  template <typename Visit>
+  void ForEachTensor(const std::vector<TensorId>& ids, Status& error, Visit visit) {
+    for (TensorId id : ids) {
+      StatusOr<Tensor*> found = Find(id);
+      if (found.ok()) {
+        visit(**found);
+      } else if (error.ok()) {
+        error = found.status();
+      }
+    }
+  }
+
   // TieredStore::EvictAsync of several tensors, run on one transfer thread.
   Status EvictMany(const std::vector<TensorId>& ids, Tier tier) {
     Status first;
-    auto keep = [&](Status s) {
-      if (first.ok() && !s.ok()) first = std::move(s);
-    };
     std::vector<Tensor*> batch;
     std::vector<TensorId> alone;  // evicted one at a time, as Evict does
     std::unique_lock lock(mu);
-    for (TensorId id : ids) {
-      StatusOr<Tensor*> found = Find(id);
-      if (!found.ok()) {
-        keep(found.status());
-        continue;
-      }
-      Tensor& t = **found;
+    ForEachTensor(ids, first, [&](Tensor& t) {
       const Copy& c = t.copies[Index(tier)];
       const bool idle = tier != t.home && !t.busy && !t.writer && c.pins == 0;
-      if (idle && !c.present) continue;
+      if (idle && !c.present) return;
       if (idle && !(c.valid && !t.copies[Index(t.home)].valid)) {  // nothing to write back
         DropCopy(t, tier);
         ++evictions;
-        continue;
-      }
-      if (idle && t.home == Tier::kNvme && Addressable(tier) && !c.zero) {
+      } else if (idle && t.home == Tier::kNvme && Addressable(tier) && !c.zero) {
         t.busy = true;
         batch.push_back(&t);
       } else {
-        alone.push_back(id);
+        alone.push_back(t.id);
       }
-    }
+    });
     lock.unlock();
     RunBatch(
         batch, h2n,
@@ -508,8 +511,10 @@ struct TieredStore::Impl {
         },
         [&](Tensor& t, Status s) {
           if (!s.ok()) {  // the copy stays: nothing is lost
-            keep(std::move(s).WithContext(fmt::format("writing tensor '{}' back to its home ({})",
-                                                      t.name, TierName(t.home))));
+            if (first.ok()) {
+              first = std::move(s).WithContext(fmt::format(
+                  "writing tensor '{}' back to its home ({})", t.name, TierName(t.home)));
+            }
             return;
           }
           t.copies[Index(t.home)].valid = true;
@@ -518,7 +523,10 @@ struct TieredStore::Impl {
           DropCopy(t, tier);
           ++evictions;
         });
-    for (TensorId id : alone) keep(Evict(id, tier));
+    for (TensorId id : alone) {
+      Status s = Evict(id, tier);
+      if (first.ok()) first = std::move(s);
+    }
     return first;
   }
 
@@ -527,40 +535,31 @@ struct TieredStore::Impl {
   // are made valid one at a time, as Prefetch does (Note [Batched write-backs]).
   Status PrefetchMany(const std::vector<TensorId>& ids, Tier tier) {
     Status first;
-    auto keep = [&](Status s) {
-      if (first.ok() && !s.ok()) first = std::move(s);
-    };
     std::vector<Tensor*> batch;
     std::vector<TensorId> alone;
     std::unique_lock lock(mu);
-    for (TensorId id : ids) {
-      StatusOr<Tensor*> found = Find(id);
-      if (!found.ok()) {
-        keep(found.status());
-        continue;
-      }
-      Tensor& t = **found;
+    ForEachTensor(ids, first, [&](Tensor& t) {
       Copy& c = t.copies[Index(tier)];
       const Copy& home = t.copies[Index(Tier::kNvme)];
-      if (c.valid) continue;
+      if (c.valid) return;
       if (t.busy || t.writer || !Addressable(tier) || t.home != Tier::kNvme || !home.valid ||
           home.zero || t.copies[Index(Tier::kHost)].valid || t.copies[Index(Tier::kDevice)].valid) {
-        alone.push_back(id);
-        continue;
+        alone.push_back(t.id);
+        return;
       }
       if (!c.present) {  // room without evicting: making room is left to the one-at-a-time path
         MemoryPool& pool = tier == Tier::kDevice ? *device_pool : *host_pool;
         StatusOr<PoolBlock> block = pool.Allocate(t.size);
         if (!block.ok()) {
-          alone.push_back(id);
-          continue;
+          alone.push_back(t.id);
+          return;
         }
         c.block = std::move(*block);
         c.present = true;
       }
       t.busy = true;
       batch.push_back(&t);
-    }
+    });
     lock.unlock();
     RunBatch(
         batch, n2h,
@@ -570,8 +569,10 @@ struct TieredStore::Impl {
         },
         [&](Tensor& t, Status s) {
           if (!s.ok()) {  // the memory stays, invalid; the next Acquire reads again
-            keep(std::move(s).WithContext(
-                fmt::format("moving tensor '{}' from nvme to {}", t.name, TierName(tier))));
+            if (first.ok()) {
+              first = std::move(s).WithContext(
+                  fmt::format("moving tensor '{}' from nvme to {}", t.name, TierName(tier)));
+            }
             return;
           }
           t.copies[Index(tier)].valid = true;
@@ -583,7 +584,7 @@ struct TieredStore::Impl {
       Status s = t.ok() ? MakeValid(lock, **t, tier, false) : t.status();
       if (s.ok()) (*t)->last_use = ++tick;
       lock.unlock();
-      keep(std::move(s));
+      if (first.ok()) first = std::move(s);
     }
     return first;
   }

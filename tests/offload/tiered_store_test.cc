@@ -63,6 +63,40 @@ int64_t Check(const void* p, uint64_t size, uint64_t id, uint64_t version) {
   return -1;
 }
 
+// A store whose NVMe engine injects the faults `*faulty` is armed with.
+StatusOr<std::unique_ptr<TieredStore>> CreateWithFaultyEngine(const TieredStoreOptions& options,
+                                                              FaultyEngine** faulty) {
+  internal::SetTieredStoreEngineFactoryForTest(
+      [faulty](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
+        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
+        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
+        *faulty = wrapper.get();
+        return std::unique_ptr<IoEngine>(std::move(wrapper));
+      });
+  auto store = TieredStore::Create(options);
+  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  return store;
+}
+
+// `count` tensors of `size` bytes homed on NVMe, named prefix0, prefix1, ..., each written
+// in the host tier with its Fill pattern (version 1) and not yet written back.
+std::vector<TensorId> WrittenOnNvme(TieredStore& store, const std::string& prefix, int count,
+                                    uint64_t size) {
+  std::vector<TensorId> ids;
+  for (int i = 0; i < count; ++i) {
+    auto id = store.Create(prefix + std::to_string(i), size, Tier::kNvme);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return {};
+    auto p = store.Acquire(*id, Tier::kHost, Access::kOverwrite);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return {};
+    Fill(*p, size, *id, 1);
+    EXPECT_TRUE(store.Release(*id, Tier::kHost).ok());
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
 TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
   ScratchDir dir;
   TieredStoreOptions options = Options(dir);
@@ -577,15 +611,7 @@ TEST(TieredStoreTest, NvmeCapacityExhaustionNamesTheTensor) {
 TEST(TieredStoreTest, NvmeIoErrorsSurfaceAndLoseNothing) {
   ScratchDir dir;
   FaultyEngine* faulty = nullptr;
-  internal::SetTieredStoreEngineFactoryForTest(
-      [&](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
-        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
-        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
-        faulty = wrapper.get();
-        return std::unique_ptr<IoEngine>(std::move(wrapper));
-      });
-  auto store = TieredStore::Create(Options(dir));
-  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  auto store = CreateWithFaultyEngine(Options(dir), &faulty);
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_NE(faulty, nullptr);
   const uint64_t size = 600 * kKiB;  // three pieces
@@ -636,26 +662,10 @@ TEST(TieredStoreTest, NvmeIoErrorsSurfaceAndLoseNothing) {
 TEST(TieredStoreTest, FailedBatchedWriteBackLosesNothing) {
   ScratchDir dir;
   FaultyEngine* faulty = nullptr;
-  internal::SetTieredStoreEngineFactoryForTest(
-      [&](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
-        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
-        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
-        faulty = wrapper.get();
-        return std::unique_ptr<IoEngine>(std::move(wrapper));
-      });
-  auto store = TieredStore::Create(Options(dir));
-  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  auto store = CreateWithFaultyEngine(Options(dir), &faulty);
   ASSERT_TRUE(store.ok()) << store.status();
-  std::vector<TensorId> ids;
-  for (int i = 0; i < 6; ++i) {
-    auto id = (*store)->Create("layer" + std::to_string(i), 64 * kKiB, Tier::kNvme);
-    ASSERT_TRUE(id.ok());
-    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
-    ASSERT_TRUE(p.ok());
-    Fill(*p, 64 * kKiB, *id, 1);
-    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
-    ids.push_back(*id);
-  }
+  const std::vector<TensorId> ids = WrittenOnNvme(**store, "layer", 6, 64 * kKiB);
+  ASSERT_EQ(ids.size(), 6u);
   faulty->Arm(IoOp::kWrite, 2, Fault::kEio);
   Status evicted = (*store)->EvictAsync(ids, Tier::kHost).get();
   ASSERT_FALSE(evicted.ok());
@@ -679,26 +689,10 @@ TEST(TieredStoreTest, FailedBatchedWriteBackLosesNothing) {
 TEST(TieredStoreTest, FailedBatchedPrefetchIsReadAgain) {
   ScratchDir dir;
   FaultyEngine* faulty = nullptr;
-  internal::SetTieredStoreEngineFactoryForTest(
-      [&](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
-        ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
-        auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
-        faulty = wrapper.get();
-        return std::unique_ptr<IoEngine>(std::move(wrapper));
-      });
-  auto store = TieredStore::Create(Options(dir));
-  internal::SetTieredStoreEngineFactoryForTest(nullptr);
+  auto store = CreateWithFaultyEngine(Options(dir), &faulty);
   ASSERT_TRUE(store.ok()) << store.status();
-  std::vector<TensorId> ids;
-  for (int i = 0; i < 4; ++i) {
-    auto id = (*store)->Create("block" + std::to_string(i), 64 * kKiB, Tier::kNvme);
-    ASSERT_TRUE(id.ok());
-    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
-    ASSERT_TRUE(p.ok());
-    Fill(*p, 64 * kKiB, *id, 1);
-    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
-    ids.push_back(*id);
-  }
+  const std::vector<TensorId> ids = WrittenOnNvme(**store, "block", 4, 64 * kKiB);
+  ASSERT_EQ(ids.size(), 4u);
   ASSERT_TRUE((*store)->EvictAsync(ids, Tier::kHost).get().ok());
   faulty->Arm(IoOp::kRead, 1, Fault::kEio);
   Status s = (*store)->Prefetch(ids, Tier::kDevice).get();
