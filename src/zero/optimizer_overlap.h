@@ -119,7 +119,6 @@ class OptimizerOverlap {
   std::vector<size_t> ready_;  // chunks for the worker
   uint64_t speculated_ = 0;    // chunks taken by the worker this step
   bool stop_ = false;
-  bool busy_ = false;
   Status worker_error_;
   std::thread worker_;
 };
