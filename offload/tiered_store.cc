@@ -579,14 +579,19 @@ struct TieredStore::Impl {
           t.last_use = ++tick;
         });
     for (TensorId id : alone) {
-      lock.lock();
-      StatusOr<Tensor*> t = Find(id);
-      Status s = t.ok() ? MakeValid(lock, **t, tier, false) : t.status();
-      if (s.ok()) (*t)->last_use = ++tick;
-      lock.unlock();
+      Status s = PrefetchOne(id, tier);
       if (first.ok()) first = std::move(s);
     }
     return first;
+  }
+
+  // TieredStore::Prefetch's work for one tensor, on a transfer thread.
+  Status PrefetchOne(TensorId id, Tier tier) {
+    std::unique_lock lock(mu);
+    StatusOr<Tensor*> t = Find(id);
+    Status s = t.ok() ? MakeValid(lock, **t, tier, false) : t.status();
+    if (s.ok()) (*t)->last_use = ++tick;
+    return s;
   }
 
   // A home copy that was never written reads as zeros but its memory was never cleared (Create
@@ -948,14 +953,7 @@ std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
   }
   auto promise = std::make_shared<std::promise<Status>>();
   inflight = promise->get_future().share();
-  m.Enqueue([&m, id, tier, promise] {
-    std::unique_lock lock(m.mu);
-    StatusOr<Impl::Tensor*> t = m.Find(id);
-    Status s = t.ok() ? m.MakeValid(lock, **t, tier, false) : t.status();
-    if (s.ok()) (*t)->last_use = ++m.tick;
-    lock.unlock();
-    promise->set_value(std::move(s));
-  });
+  m.Enqueue([&m, id, tier, promise] { promise->set_value(m.PrefetchOne(id, tier)); });
   return inflight;
 }
 

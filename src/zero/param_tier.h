@@ -91,6 +91,26 @@ struct ParamTierCounters {
   double seconds_gather = 0;
 };
 
+// Shards written in the host tier and waiting to go home to NVMe, sent as one batch (Note
+// [Batched write-backs] in offload/tiered_store.cc), and the batches in flight.
+class WriteBacks {
+ public:
+  void Add(TensorId shard, uint64_t bytes) {
+    unsent_.push_back(shard);
+    unsent_bytes_ += bytes;
+  }
+  uint64_t unsent_bytes() const { return unsent_bytes_; }
+  // Starts the write-backs of the shards added since the last call, as one batch.
+  void Send(TieredStore& store);
+  // Sends the rest and waits for every batch; the first error.
+  Status Wait(TieredStore& store);
+
+ private:
+  std::vector<TensorId> unsent_;
+  uint64_t unsent_bytes_ = 0;
+  std::vector<std::shared_future<Status>> sent_;
+};
+
 class ParamTier {
  public:
   // `store`, `comm`, `params` and `modules` must outlive this object; `params` is laid out.
@@ -184,8 +204,6 @@ class ParamTier {
   void FinishRecording(bool cyclic);
   void PrefetchGathers();
   Tier WriteTier() const;
-  // Starts the write-backs of the shards written since the last call, as one batch.
-  void SendWriteBacks();
 
   TieredStore* const store_;
   Communicator* const comm_;
@@ -199,9 +217,7 @@ class ParamTier {
   std::vector<std::unique_ptr<Event>> ready_;  // by module: its last Fetch's work done
   std::deque<PendingRelease> pending_;
   std::vector<std::unique_ptr<Event>> spare_events_;
-  std::vector<TensorId> unsent_;  // written, write-back not yet started
-  uint64_t unsent_bytes_ = 0;
-  std::vector<std::shared_future<Status>> write_backs_;
+  WriteBacks write_backs_;
   std::vector<int> fetch_order_;  // recorded during the first batch or pass
   bool recording_ = true;
   bool prefetching_ = false;
@@ -253,14 +269,11 @@ class ParamTier::ChunkWriter {
   };
   // Parameter `pi`'s tier memory, acquired for writing at its first opening in a step.
   StatusOr<void*> OpenParam(size_t pi);
-  // Starts the write-backs of the parameters whose writes ended since the last call.
-  void SendWriteBacks();
 
   ParamTier* const tier_;
   std::vector<Open> open_;
   std::vector<StoreArray> persistent_;  // by parameter, host tier; empty for the others
-  std::vector<TensorId> unsent_;        // written whole, write-back not yet started
-  std::vector<std::shared_future<Status>> write_backs_;
+  WriteBacks write_backs_;  // its own: Write may run on another thread than the ParamTier's
 };
 
 }  // namespace zinf

@@ -18,26 +18,36 @@ StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
   return store_->Acquire(state_[index].shard, WriteTier(), Access::kOverwrite);
 }
 
-// Shards written but not yet sent home go out together (Note [Batched write-backs] in
-// offload/tiered_store.cc), at the latest once they hold this much host memory.
+void WriteBacks::Send(TieredStore& store) {
+  if (unsent_.empty()) return;
+  sent_.push_back(store.EvictAsync(unsent_, Tier::kHost));
+  unsent_.clear();
+  unsent_bytes_ = 0;
+}
+
+Status WriteBacks::Wait(TieredStore& store) {
+  Send(store);
+  Status first;
+  for (auto& f : sent_) {
+    Status s = f.get();
+    if (first.ok() && !s.ok()) first = std::move(s);
+  }
+  sent_.clear();
+  return first;
+}
+
+// Shards written but not yet sent home go out together, at the latest once they hold this
+// much host memory.
 constexpr uint64_t kWriteBackBatchBytes = 32ull << 20;
 
 Status ParamTier::EndWrite(const Param& p) {
   const State& s = state_[&p - params_->data()];
   ZINF_RETURN_IF_ERROR(store_->Release(s.shard, WriteTier()));
   if (WriteTier() != options_.shard_home) {
-    unsent_.push_back(s.shard);
-    unsent_bytes_ += TierBytes(p);
-    if (unsent_bytes_ >= kWriteBackBatchBytes) SendWriteBacks();
+    write_backs_.Add(s.shard, TierBytes(p));
+    if (write_backs_.unsent_bytes() >= kWriteBackBatchBytes) write_backs_.Send(*store_);
   }
   return OkStatus();
-}
-
-void ParamTier::SendWriteBacks() {
-  if (unsent_.empty()) return;
-  write_backs_.push_back(store_->EvictAsync(unsent_, Tier::kHost));
-  unsent_.clear();
-  unsent_bytes_ = 0;
 }
 
 Status ParamTier::WriteFp32(const Param& p, const float* values) {
@@ -46,16 +56,7 @@ Status ParamTier::WriteFp32(const Param& p, const float* values) {
   return EndWrite(p);
 }
 
-Status ParamTier::FinishWrites() {
-  SendWriteBacks();
-  Status first;
-  for (auto& f : write_backs_) {
-    Status s = f.get();
-    if (first.ok() && !s.ok()) first = std::move(s);
-  }
-  write_backs_.clear();
-  return first;
-}
+Status ParamTier::FinishWrites() { return write_backs_.Wait(*store_); }
 
 Status ParamTier::ReadShard(const Param& p, void* out) {
   const State& s = state_[&p - params_->data()];
@@ -165,29 +166,25 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
       o.data = nullptr;
       ZINF_RETURN_IF_ERROR(store->Release(tier_->state_[pi].shard, tier_->WriteTier()));
-      if (tier_->WriteTier() != tier_->options_.shard_home)
-        unsent_.push_back(tier_->state_[pi].shard);
+      if (tier_->WriteTier() != tier_->options_.shard_home) {
+        write_backs_.Add(tier_->state_[pi].shard, tier_->TierBytes(p));
+      }
     }
   }
-  SendWriteBacks();
+  write_backs_.Send(*store);  // the parameters this chunk ended, as one batch
   return OkStatus();
-}
-
-void ParamTier::ChunkWriter::SendWriteBacks() {
-  if (unsent_.empty()) return;
-  write_backs_.push_back(tier_->store_->EvictAsync(unsent_, Tier::kHost));
-  unsent_.clear();
 }
 
 Status ParamTier::ChunkWriter::Finish() {
   const std::vector<Param>& params = *tier_->params_;
+  TieredStore& store = *tier_->store_;
   Status first;
   auto keep = [&](Status s) {
     if (first.ok() && !s.ok()) first = std::move(s);
   };
   for (size_t i = 0; i < open_.size(); ++i) {
     if (open_[i].data != nullptr) {
-      keep(tier_->store_->Release(tier_->state_[i].shard, tier_->WriteTier()));
+      keep(store.Release(tier_->state_[i].shard, tier_->WriteTier()));
       open_[i].data = nullptr;
     }
     // Only a persistent parameter written whole: chunks visited for a skipped step may
@@ -197,9 +194,7 @@ Status ParamTier::ChunkWriter::Finish() {
       open_[i].remaining = params[i].shard_size;  // written: not again before the next step
     }
   }
-  SendWriteBacks();  // those a failed Write left
-  for (auto& f : write_backs_) keep(f.get());
-  write_backs_.clear();
+  keep(write_backs_.Wait(store));  // with those a failed Write left unsent
   keep(tier_->FinishWrites());
   return first;
 }
