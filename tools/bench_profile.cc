@@ -31,6 +31,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/units.h"
@@ -441,25 +442,29 @@ double PlainLoopGflops(bool quick) {
   return 6.0 * batch * in * out / Median(runs) / 1e9;
 }
 
-// std::exp over a row, as the GPT's causal softmax and cross-entropy loops call it, on one
-// thread: evaluations per second.
+// std::exp over a row as the GPT's causal softmax and cross-entropy loops call it (each
+// value's exponential, then its sum: the calls do not wait on each other), on one thread:
+// evaluations per second.
 double ExpPerSecond(bool quick) {
   std::vector<float> row(4096);
   for (size_t i = 0; i < row.size(); ++i) row[i] = -static_cast<float>(i % 64) / 16.0f;
   const int calls = quick ? 50 : 500;
   std::vector<double> runs;
-  float sum = 0;
+  float total = 0;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();
     for (int c = 0; c < calls; ++c) {
+      // exp(v - 1) keeps every value in (e^-2, 1]: the same work each call.
+      float sum = 0;
       for (float& v : row) {
-        v = std::exp(v - sum * 1e-30f) * 0.5f;
+        v = std::exp(v - 1.0f);
         sum += v;
       }
+      total += sum;
     }
     runs.push_back(Since(t0) / (static_cast<double>(calls) * row.size()));
   }
-  volatile float sink = sum;
+  volatile float sink = total;
   (void)sink;
   return 1.0 / Median(runs);
 }
@@ -484,14 +489,23 @@ StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
     dnnl::memory::desc b_md({k, n}, in, dnnl::memory::format_tag::ab);
     dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::format_tag::ab);
     dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
-    dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
-    std::memset(a.get_data_handle(), 0, a_md.get_size());
-    std::memset(b.get_data_handle(), 0, b_md.get_size());
+    // A training step's matmuls each find their operands cold (another layer's weights, other
+    // activations): the calls rotate through operand sets four times the size of L2.
+    const size_t set_bytes = a_md.get_size() + b_md.get_size() + c_md.get_size();
+    const size_t sets = std::max<size_t>(1, (8 << 20) / set_bytes + 1);
+    std::vector<std::unordered_map<int, dnnl::memory>> operands;
+    for (size_t i = 0; i < sets; ++i) {
+      dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
+      std::memset(a.get_data_handle(), 0, a_md.get_size());
+      std::memset(b.get_data_handle(), 0, b_md.get_size());
+      operands.push_back({{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    }
+    size_t next = 0;
     auto run = [&] {
-      mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      mm.execute(stream, operands[next++ % sets]);
       stream.wait();
     };
-    run();
+    for (size_t i = 0; i < sets; ++i) run();
     // About 50 ms a repetition, 5 ms with --quick.
     const double flops = 2.0 * m * k * n;
     const int calls = static_cast<int>(std::clamp((quick ? 5e8 : 5e9) / flops, 1.0, 1000.0));
@@ -507,56 +521,144 @@ StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
   }
 }
 
-// Attention's batched matmuls as the GPT runs them per sequence: H heads of
-// [T, d/H] x [d/H, T] (4 heads, T 64, d/H 32: the demo's), fp32. GFLOP/s; far below a large
-// matmul's.
+// Attention's batched matmuls as the GPT runs them per sequence (examples/gpt/gpt_model.cc),
+// the demo's shape (8 sequences, 4 heads, T 64, d/H 32), fp32: each head's Q, K and V strided
+// inside the sequence's [T, 3d] projection, the output heads inside [T, d]. One forward (S = Q K^T,
+// Y = P V) and one backward (dP = dY V^T, dV = P^T dY, dQ = dS K, dK = dS^T Q), all of equal
+// FLOPs: GFLOP/s over the six, far below a large matmul's.
 StatusOr<double> OneDnnAttentionGflops(int threads, bool quick) {
   try {
     omp_set_num_threads(threads);
-    const int64_t h = 4, t = 64, dh = 32;
+    const int64_t h = 4, t = 64, dh = 32, d = h * dh;
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
     using dt = dnnl::memory::data_type;
-    dnnl::memory::desc a_md({h, t, dh}, dt::f32, dnnl::memory::format_tag::abc);
-    dnnl::memory::desc b_md({h, dh, t}, dt::f32, dnnl::memory::format_tag::acb);  // K^T
-    dnnl::memory::desc c_md({h, t, t}, dt::f32, dnnl::memory::format_tag::abc);
-    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
-    dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
-    std::memset(a.get_data_handle(), 0, a_md.get_size());
-    std::memset(b.get_data_handle(), 0, b_md.get_size());
-    const int calls = quick ? 200 : 2000;
+    using Dims = dnnl::memory::dims;
+    // [h, rows, cols] views by strides, as the trainer's Batched() and Transposed() make them.
+    const dnnl::memory::desc heads3d({h, t, dh}, dt::f32, Dims{dh, 3 * d, 1});
+    const dnnl::memory::desc heads3d_t({h, dh, t}, dt::f32, Dims{dh, 1, 3 * d});
+    const dnnl::memory::desc heads({h, t, dh}, dt::f32, Dims{dh, d, 1});
+    const dnnl::memory::desc scores({h, t, t}, dt::f32, Dims{t * t, t, 1});
+    const dnnl::memory::desc scores_t({h, t, t}, dt::f32, Dims{t * t, 1, t});
+    // Each call runs over the micro-batch's 8 sequences, as the trainer's loops do.
+    const int64_t seqs = 8;
+    std::vector<float> qkv(seqs * t * 3 * d), dqkv(qkv.size()), y(seqs * t * d),
+        p(seqs * h * t * t), dp(p.size());
+    struct Call {
+      dnnl::memory::desc a, b, c;
+      float *pa, *pb, *pc;
+      int64_t sa, sb, sc;  // one sequence's offset in each
+    };
+    const int64_t q = 3 * t * d, o = t * d, s = h * t * t;
+    const std::vector<Call> calls = {
+        {heads3d, heads3d_t, scores, qkv.data(), qkv.data() + d, p.data(), q, q, s},   // S = Q K^T
+        {scores, heads3d, heads, p.data(), qkv.data() + 2 * d, y.data(), s, q, o},     // Y = P V
+        {heads, heads3d_t, scores, y.data(), qkv.data() + 2 * d, dp.data(), o, q, s},  // dP
+        {scores_t, heads, heads3d, p.data(), y.data(), dqkv.data() + 2 * d, s, o, q},  // dV
+        {scores, heads3d, heads3d, dp.data(), qkv.data() + d, dqkv.data(), s, q, q},   // dQ
+        {scores_t, heads3d, heads3d, dp.data(), qkv.data(), dqkv.data() + d, s, q, q}};  // dK
+    std::vector<std::pair<dnnl::matmul, std::vector<std::unordered_map<int, dnnl::memory>>>> prims;
+    for (const Call& c : calls) {
+      auto& [mm, args] = prims.emplace_back(
+          dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(c.a, c.b, c.c), engine)),
+          std::vector<std::unordered_map<int, dnnl::memory>>{});
+      for (int64_t b = 0; b < seqs; ++b) {
+        args.push_back({{DNNL_ARG_SRC, {c.a, engine, c.pa + b * c.sa}},
+                        {DNNL_ARG_WEIGHTS, {c.b, engine, c.pb + b * c.sb}},
+                        {DNNL_ARG_DST, {c.c, engine, c.pc + b * c.sc}}});
+      }
+    }
+    const int rounds = quick ? 6 : 60;
     std::vector<double> runs;
     for (int r = 0; r < (quick ? 7 : 9); ++r) {
       const auto t0 = Clock::now();
-      for (int i = 0; i < calls; ++i) {
-        mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      for (int i = 0; i < rounds; ++i) {
+        for (auto& [mm, args] : prims) {
+          for (auto& a : args) mm.execute(stream, a);
+        }
       }
       stream.wait();
-      runs.push_back(Since(t0) / calls);
+      runs.push_back(Since(t0) / rounds);
     }
-    return 2.0 * h * t * t * dh / Median(runs) / 1e9;
+    return seqs * 6 * 2.0 * h * t * t * dh / Median(runs) / 1e9;
   } catch (const dnnl::error& e) {
     return Unavailable(fmt::format("oneDNN attention matmul: {}", e.what()));
   }
 }
 
-// The fixed cost of one oneDNN primitive call on `threads` threads (a 16 x 16 x 16 matmul,
-// whose arithmetic is nothing): what a model of small layers pays per kernel. Microseconds.
+// oneDNN's tanh GELU (the GPT's MLP activation) over the demo's 512 x 512 activations,
+// forward and backward, on `threads` threads: elements per second of each. Its arithmetic,
+// not memory, sets the pace.
+struct GeluRates {
+  double forward = 0, backward = 0;
+};
+StatusOr<GeluRates> OneDnnGeluRates(int threads, bool quick) {
+  try {
+    omp_set_num_threads(threads);
+    const int64_t n = 512 * 512;
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    dnnl::stream stream(engine);
+    const auto algorithm = dnnl::algorithm::eltwise_gelu_tanh;
+    const dnnl::memory::desc md({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+    const dnnl::eltwise_forward::primitive_desc forward_pd(
+        {dnnl::prop_kind::forward_training, algorithm, md, 0.0f, 0.0f}, engine);
+    dnnl::eltwise_forward forward(forward_pd);
+    dnnl::eltwise_backward backward({{algorithm, md, md, 0.0f, 0.0f}, engine, forward_pd});
+    std::vector<float> x(n), y(n), dy(n, 1e-3f), dx(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 97) / 24.0f - 2.0f;
+    dnnl::memory mx(md, engine, x.data()), my(md, engine, y.data()), mdy(md, engine, dy.data()),
+        mdx(md, engine, dx.data());
+    auto time = [&](auto&& call) {
+      const int rounds = quick ? 5 : 40;
+      std::vector<double> runs;
+      for (int r = 0; r < (quick ? 5 : 9); ++r) {
+        const auto t0 = Clock::now();
+        for (int i = 0; i < rounds; ++i) call();
+        stream.wait();
+        runs.push_back(Since(t0) / rounds);
+      }
+      return static_cast<double>(n) / Median(runs);
+    };
+    GeluRates rates;
+    rates.forward = time([&] {
+      forward.execute(stream, {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DST, my}});
+    });
+    rates.backward = time([&] {
+      backward.execute(stream,
+                       {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DIFF_DST, mdy}, {DNNL_ARG_DIFF_SRC, mdx}});
+    });
+    return rates;
+  } catch (const dnnl::error& e) {
+    return Unavailable(fmt::format("oneDNN GELU: {}", e.what()));
+  }
+}
+
+// The fixed cost of one oneDNN primitive call on `threads` threads as a trainer makes it (a
+// 16 x 16 x 16 matmul, whose arithmetic is nothing, its memory descriptors and objects made
+// for the call from the tensors' pointers, dimensions and strides): what a model of small
+// layers pays per kernel. Microseconds.
 StatusOr<double> OneDnnCallMicros(int threads) {
   try {
     omp_set_num_threads(threads);
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
     using dt = dnnl::memory::data_type;
-    dnnl::memory::desc md({16, 16}, dt::f32, dnnl::memory::format_tag::ab);
-    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), engine));
-    dnnl::memory a(md, engine), b(md, engine), c(md, engine);
-    std::memset(a.get_data_handle(), 0, md.get_size());
-    std::memset(b.get_data_handle(), 0, md.get_size());
+    const dnnl::memory::dims dims = {16, 16}, strides = {16, 1};
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc({dims, dt::f32, strides}, {dims, dt::f32, strides},
+                           {dims, dt::f32, strides}),
+        engine));
+    std::vector<float> a(256), b(256), c(256);
     std::vector<double> runs;
     for (int i = 0; i < 300; ++i) {
       const auto t0 = Clock::now();
-      mm.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      std::unordered_map<int, dnnl::memory> args;
+      for (auto [arg, data] :
+           {std::pair{DNNL_ARG_SRC, a.data()}, std::pair{DNNL_ARG_WEIGHTS, b.data()},
+            std::pair{DNNL_ARG_DST, c.data()}}) {
+        args.emplace(arg, dnnl::memory({dims, dt::f32, strides}, engine, data));
+      }
+      mm.execute(stream, args);
       stream.wait();
       if (i >= 50) runs.push_back(Since(t0));
     }
@@ -710,7 +812,12 @@ Status RunProfile(const ProfileArgs& args) {
 #ifdef ZINF_TOOLS_HAVE_DNNL
     ZINF_ASSIGN_OR_RETURN(const double call_us, OneDnnCallMicros(t));
     ZINF_ASSIGN_OR_RETURN(const double attention, OneDnnAttentionGflops(t, args.quick));
-    call_overhead.push_back({{"threads", t}, {"us", call_us}, {"attention_GFLOPs", attention}});
+    ZINF_ASSIGN_OR_RETURN(const GeluRates gelu, OneDnnGeluRates(t, args.quick));
+    call_overhead.push_back({{"threads", t},
+                             {"us", call_us},
+                             {"attention_GFLOPs", attention},
+                             {"gelu_forward_Gelem_per_s", gelu.forward / 1e9},
+                             {"gelu_backward_Gelem_per_s", gelu.backward / 1e9}});
 #endif
   }
   out["kernel_call"] = call_overhead;

@@ -259,15 +259,17 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
   for (int l = static_cast<int>(L); l >= 1; --l) m.fetch_order.push_back(l);
   // Matmul FLOPs per forward: 2 x (12 d^2) per token and block, attention 2 x 2 x T x d per
   // token and block (scores and their product with V), the head 2 x V x d per token. Backward
-  // twice the forward; checkpointing recomputes the blocks' forward.
+  // twice the forward; checkpointing recomputes the blocks' forward up to the GELU (the MLP's
+  // output projection, 2 x 4 d^2 per token, is not needed again).
   const double tokens = static_cast<double>(B * T);
   const double block_fwd = tokens * (24.0 * d * d + 4.0 * T * d);
+  const double recomputed = activation_checkpointing ? block_fwd - tokens * 8.0 * d * d : 0.0;
   const double head_fwd = tokens * 2.0 * V * d;
   const double attention_fwd = tokens * 4.0 * T * d;
   m.fetch_flops.assign(m.fetch_order.size(), 0.0);
   for (uint64_t l = 0; l < L; ++l) {
     m.fetch_flops[1 + l] = block_fwd;
-    m.fetch_flops[L + 3 + l] = block_fwd * (activation_checkpointing ? 3 : 2);
+    m.fetch_flops[L + 3 + l] = block_fwd * 2 + recomputed;
   }
   m.fetch_flops[L + 2] = head_fwd * 3;  // the head's forward and both backward products
   for (double f : m.fetch_flops) m.matmul_flops_per_micro_batch += f;
@@ -281,20 +283,25 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
   m.activation_bytes = floats * 4;
   // The non-matmul passes: each block's activations (layer norms, attention's softmax, GELU,
   // residuals: about 15 n d floats and the probabilities) are written and read once in
-  // forward, again in the recomputation and twice in backward; the logits four times.
+  // forward, again in the recomputation and twice in backward; the logits four times. (The
+  // GELU's arithmetic, and std::exp's, are terms of their own.)
   const double block_floats = 15.0 * nd + static_cast<double>(probs);
   m.elementwise_bytes_per_micro_batch =
       4.0 * (2 * L * block_floats * (activation_checkpointing ? 4 : 3) / 2 + 4.0 * n * V);
   const int passes = activation_checkpointing ? 4 : 3;  // forward, recomputation, 2 x backward
   m.attention_flops_per_micro_batch = L * attention_fwd * passes;
+  // The MLP's GELU over n x 4d: in forward and the recomputation, and once in backward.
+  m.gelu_forward_elements_per_micro_batch = L * (activation_checkpointing ? 2.0 : 1.0) * 4 * nd;
+  m.gelu_backward_elements_per_micro_batch = L * 4.0 * nd;
   // The causal softmax: half of each T x T row per head, in forward and the recomputation; the
   // loss: two passes over the logits.
   m.exps_per_micro_batch =
       L * (activation_checkpointing ? 2.0 : 1.0) * B * n_head * T * T / 2 + 2.0 * n * V;
-  // gpt_model.cc's kernel calls: a block's forward is 12 (two layer norms, four linear
-  // matmuls, two attention matmuls, the softmax, GELU, two residual adds), its backward about
-  // twice that; checkpointing runs the forward again; the embedding and the head about 10.
-  m.kernel_calls_per_micro_batch = L * (12.0 * (activation_checkpointing ? 2 : 1) + 24.0) + 10;
+  // gpt_model.cc's oneDNN calls: a block's forward is 7 + 2 B (two layer norms, four linear
+  // matmuls, GELU, and attention's two matmuls per sequence), the recomputation one matmul
+  // fewer, its backward 11 + 4 B; ln_f and the head 5. (Its own loops cost no call.)
+  m.kernel_calls_per_micro_batch =
+      L * ((activation_checkpointing ? 2.0 : 1.0) * (6 + 2 * B) + 1 + 11 + 4 * B) + 5;
   return m;
 }
 
@@ -517,7 +524,11 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
       r.threads = static_cast<int>(x);
       ZINF_RETURN_IF_ERROR(number(row, "us", false, &r.seconds));
       ZINF_RETURN_IF_ERROR(number(row, "attention_GFLOPs", true, &r.attention_flops));
+      ZINF_RETURN_IF_ERROR(number(row, "gelu_forward_Gelem_per_s", true, &r.gelu_forward_per_s));
+      ZINF_RETURN_IF_ERROR(number(row, "gelu_backward_Gelem_per_s", true, &r.gelu_backward_per_s));
       r.attention_flops *= 1e9;
+      r.gelu_forward_per_s *= 1e9;
+      r.gelu_backward_per_s *= 1e9;
       r.seconds *= 1e-6;
       p.kernel_call.push_back(r);
     }
@@ -585,20 +596,13 @@ double MachineProfile::OptimizerRate(int threads) const {
   return rate;
 }
 
-double MachineProfile::KernelCallSeconds(int threads) const {
-  double s = 0;
+const MachineProfile::CallRow& MachineProfile::KernelCall(int threads) const {
+  static const CallRow kNone;
+  const CallRow* use = kernel_call.empty() ? &kNone : &kernel_call.front();
   for (const auto& r : kernel_call) {
-    if (r.threads <= threads || s == 0) s = r.seconds;
+    if (r.threads <= threads) use = &r;
   }
-  return s;
-}
-
-double MachineProfile::AttentionRate(int threads) const {
-  double rate = 0;
-  for (const auto& r : kernel_call) {
-    if (r.threads <= threads || rate == 0) rate = r.attention_flops;
-  }
-  return rate;
+  return *use;
 }
 
 double MachineProfile::MatmulRate(int threads, bool bf16, double d) const {
@@ -806,15 +810,17 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   TimeEstimate& t = est.time;
   const int gas = c.gradient_accumulation_steps;
   // Attention's matmuls at their own rate where the profile has one; std::exp on one thread.
-  const double attention_rate = profile.AttentionRate(threads);
+  const MachineProfile::CallRow& kernels = profile.KernelCall(threads);
   const double attention_extra =
-      attention_rate > 0 && !model.plain_loop_compute
-          ? model.attention_flops_per_micro_batch * (1 / attention_rate - 1 / rate)
+      kernels.attention_flops > 0 && !model.plain_loop_compute
+          ? model.attention_flops_per_micro_batch * (1 / kernels.attention_flops - 1 / rate)
           : 0.0;
   const double non_matmul =
       SafeDiv(model.elementwise_bytes_per_micro_batch, profile.memory_Bps) +
-      model.kernel_calls_per_micro_batch * profile.KernelCallSeconds(threads) +
-      SafeDiv(model.exps_per_micro_batch, profile.exp_per_s) + std::max(0.0, attention_extra);
+      model.kernel_calls_per_micro_batch * kernels.seconds +
+      SafeDiv(model.exps_per_micro_batch, profile.exp_per_s) + std::max(0.0, attention_extra) +
+      SafeDiv(model.gelu_forward_elements_per_micro_batch, kernels.gelu_forward_per_s) +
+      SafeDiv(model.gelu_backward_elements_per_micro_batch, kernels.gelu_backward_per_s);
 
   const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
   const std::vector<int>& order = sim.order;

@@ -93,12 +93,15 @@ struct ModelSpec {
   // std::exp calls of the softmax and the loss.
   double attention_flops_per_micro_batch = 0;
   double exps_per_micro_batch = 0;
+  // Elements through the MLP's tanh GELU, forward and backward, at the profile's GELU rates:
+  // its arithmetic, not its bytes, sets its pace.
+  double gelu_forward_elements_per_micro_batch = 0;
+  double gelu_backward_elements_per_micro_batch = 0;
   // Bytes the non-matmul work (layer norms, softmax, GELU, the loss, embeddings) reads and
   // writes per micro-batch: it runs at memory bandwidth.
   double elementwise_bytes_per_micro_batch = 0;
-  // Compute kernels called per micro-batch (oneDNN primitives and the trainer's loops): each
-  // costs the profile's kernel_call time on top of its work, which at a small d_model is most
-  // of the step.
+  // oneDNN calls per micro-batch: each costs the profile's kernel_call time on top of its
+  // work, which counts at a small d_model.
   double kernel_calls_per_micro_batch = 0;
   // The matmuls are oneDNN's (GPT) or a plain single-threaded loop (the MLP example).
   bool plain_loop_compute = false;
@@ -155,15 +158,18 @@ struct MachineProfile {
   };
   std::vector<MatmulRow> matmul;
   double loop_fp32_flops = 0;  // one thread, the plain loop
+  // Per thread count: a oneDNN call's fixed cost and the rates of the GPT's small kernels.
   struct CallRow {
     int threads = 0;
     double seconds = 0;
-    double attention_flops = 0;  // attention's small batched matmuls
+    double attention_flops = 0;                              // attention's small batched matmuls
+    double gelu_forward_per_s = 0, gelu_backward_per_s = 0;  // elements; 0: not measured
   };
+  std::vector<CallRow> kernel_call;  // empty: not measured
+  // The row of the most threads measured up to `threads` (the fewest measured without one);
+  // a row of zeros without any.
+  const CallRow& KernelCall(int threads) const;
   double exp_per_s = 0;  // std::exp, one thread; 0: not measured
-  double AttentionRate(int threads) const;
-  std::vector<CallRow> kernel_call;  // a oneDNN call's fixed cost; empty: not measured
-  double KernelCallSeconds(int threads) const;
   double collective_latency_s = 0;
   double allgather_Bps = 0, reduce_scatter_Bps = 0;  // 2 ranks; 0: not measured
   // Note [Loaded rendezvous]: the mean wait of a fetch for its prefetched all-gather after

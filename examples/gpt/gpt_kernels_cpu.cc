@@ -309,6 +309,7 @@ class CpuKernels final : public GptKernels {
         sum += row[j];
       }
       const float inv = 1.0f / sum;
+#pragma omp simd
       for (int64_t j = 0; j < n; ++j) row[j] *= inv;
       std::fill(row + n, row + t, 0.0f);
     }
@@ -323,7 +324,9 @@ class CpuKernels final : public GptKernels {
       float* drow = dp + r * t;
       const int64_t n = r % t + 1;
       float dot = 0;
+#pragma omp simd reduction(+ : dot)
       for (int64_t j = 0; j < n; ++j) dot += prow[j] * drow[j];
+#pragma omp simd
       for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - dot) * scale;
       std::fill(drow + n, drow + t, 0.0f);
     }
@@ -352,13 +355,16 @@ class CpuKernels final : public GptKernels {
 
   void AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out) override {
     if (!status_.ok()) return;
+    // (The simd pragmas: out and m never overlap, which the compiler cannot know.)
     for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
       for (int64_t j = 0; j < cols; ++j) out[j] += m[r * cols + j];
     }
   }
 
   void Add(const float* a, const float* b, float* out, int64_t n) override {
     if (!status_.ok()) return;
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }
 

@@ -181,6 +181,49 @@ TEST(PlanModelTest, GptShapesMatchTheExample) {
   EXPECT_NEAR(large->parameter_count() / 1e9, 1.008, 0.001);
 }
 
+// The demo's compute as gpt_model.cc runs it: ONEDNN_VERBOSE=1 shows 357 oneDNN calls a
+// step; the recomputation stops at the GELU; the GELU runs twice forward and once backward.
+TEST(PlanModelTest, GptComputeCountsTheExamplesKernels) {
+  const int L = 4, T = 64, d = 128, B = 8;
+  StatusOr<ModelSpec> m = GptModel(256, T, d, L, 4, B);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->kernel_calls_per_micro_batch, 357);
+  const double tokens = B * T, block = tokens * (24.0 * d * d + 4.0 * T * d);
+  EXPECT_DOUBLE_EQ(m->fetch_flops[1], block);
+  EXPECT_DOUBLE_EQ(m->fetch_flops[L + 3], 3 * block - tokens * 8.0 * d * d);
+  EXPECT_DOUBLE_EQ(m->gelu_forward_elements_per_micro_batch, 2.0 * L * tokens * 4 * d);
+  EXPECT_DOUBLE_EQ(m->gelu_backward_elements_per_micro_batch, 1.0 * L * tokens * 4 * d);
+  StatusOr<ModelSpec> no_recompute = GptModel(256, T, d, L, 4, B, false);
+  ASSERT_TRUE(no_recompute.ok());
+  EXPECT_DOUBLE_EQ(no_recompute->fetch_flops[L + 3], 2 * block);
+  EXPECT_DOUBLE_EQ(no_recompute->gelu_forward_elements_per_micro_batch, L * tokens * 4 * d);
+
+  // The profile's GELU rates, where it has them, add exactly the GELU's time.
+  nlohmann::json j = MinimalProfileJson();
+  j["kernel_call"] = {{{"threads", 1}, {"us", 1.0}}};
+  StatusOr<MachineProfile> without = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(without.ok()) << without.status();  // profiles from before the GELU's figures
+  j["kernel_call"][0]["gelu_forward_Gelem_per_s"] = 2.0;
+  j["kernel_call"][0]["gelu_backward_Gelem_per_s"] = 1.0;
+  StatusOr<MachineProfile> with = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->KernelCall(4).gelu_forward_per_s, 2e9);
+  EXPECT_EQ(with->KernelCall(4).gelu_backward_per_s, 1e9);
+  j["kernel_call"][0]["gelu_backward_Gelem_per_s"] = "fast";
+  EXPECT_NE(MachineProfile::FromJson(j.dump(), "p.json").status().message().find("gelu_backward"),
+            std::string::npos);
+  PlanOptions one_thread;
+  one_thread.threads = 1;
+  const EngineConfig c;
+  StatusOr<Estimate> slow = EstimatePlacement(*m, c, *without, one_thread);
+  StatusOr<Estimate> fast = EstimatePlacement(*m, c, *with, one_thread);
+  ASSERT_TRUE(slow.ok() && fast.ok());
+  EXPECT_NEAR(fast->time.compute - slow->time.compute,
+              m->gelu_forward_elements_per_micro_batch / 2e9 +
+                  m->gelu_backward_elements_per_micro_batch / 1e9,
+              1e-12);
+}
+
 TEST(PlanModelTest, BadModelsAreRefusedByName) {
   EXPECT_EQ(GptModel(256, 64, 130, 4, 4, 8).status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(GptModel(256, 64, -1, 4, 4, 8).status().message().find("d_model"), std::string::npos);
