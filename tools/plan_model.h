@@ -27,11 +27,12 @@
 // A step is gradient_accumulation_steps micro-batches of forward and backward, then the
 // optimizer step. Per rank:
 //  - compute: the micro-batches' linear matmul FLOPs at the profile's oneDNN rate for the
-//    compute precision, the model's d_model and the threads a rank gets (cores / ranks);
-//    attention's small batched matmuls at their own measured rate; the softmax's and loss's
-//    std::exp calls at the measured scalar rate; layer norms, GELU and residuals as passes over
-//    the activations at memory bandwidth. The MLP example's hand-written loops run at the
-//    profile's rate for that loop.
+//    compute precision, the model's d_model and the threads a rank gets (cores / ranks),
+//    measured on operands cold in cache; attention's small batched matmuls at their own
+//    measured rate; the tanh GELU's elements at its forward and backward rates; the softmax's
+//    and loss's std::exp calls at the rate of their loop; each oneDNN call's fixed cost; layer
+//    norms, residuals and the rest as passes over the activations at memory bandwidth. The
+//    MLP example's hand-written loops run at the profile's rate for that loop.
 //  - gather: every fetch of a module with non-persistent parameters, with several ranks, is
 //    one all-gather of their compute-precision bytes (latency + bytes / bandwidth of the
 //    profile's 2-rank figure, and with several parameters their packing and unpacking at
