@@ -57,6 +57,18 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The seconds one call of `call` takes: the median over `reps` repetitions of `calls` calls.
+template <typename Call>
+double MedianSecondsPerCall(int reps, int calls, Call&& call) {
+  std::vector<double> runs;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    for (int c = 0; c < calls; ++c) call();
+    runs.push_back(Since(t0) / calls);
+  }
+  return Median(runs);
+}
+
 struct ProfileArgs {
   std::vector<std::string> paths;
   std::string out;
@@ -430,16 +442,10 @@ double PlainLoopGflops(bool quick) {
     }
   };
   layer();
-  std::vector<double> runs;
-  const int calls = quick ? 6 : 8;
-  for (int r = 0; r < (quick ? 7 : 9); ++r) {
-    const auto t0 = Clock::now();
-    for (int c = 0; c < calls; ++c) layer();
-    runs.push_back(Since(t0) / calls);
-  }
+  const double seconds = MedianSecondsPerCall(quick ? 7 : 9, quick ? 6 : 8, layer);
   volatile float sink = y[0] + gw[0] + gx[0];
   (void)sink;
-  return 6.0 * batch * in * out / Median(runs) / 1e9;
+  return 6.0 * batch * in * out / seconds / 1e9;
 }
 
 // std::exp over a row as the GPT's causal softmax and cross-entropy loops call it (each
@@ -448,25 +454,19 @@ double PlainLoopGflops(bool quick) {
 double ExpPerSecond(bool quick) {
   std::vector<float> row(4096);
   for (size_t i = 0; i < row.size(); ++i) row[i] = -static_cast<float>(i % 64) / 16.0f;
-  const int calls = quick ? 50 : 500;
-  std::vector<double> runs;
   float total = 0;
-  for (int r = 0; r < 5; ++r) {
-    const auto t0 = Clock::now();
-    for (int c = 0; c < calls; ++c) {
-      // exp(v - 1) keeps every value in (e^-2, 1]: the same work each call.
-      float sum = 0;
-      for (float& v : row) {
-        v = std::exp(v - 1.0f);
-        sum += v;
-      }
-      total += sum;
+  const double seconds = MedianSecondsPerCall(5, quick ? 50 : 500, [&] {
+    // exp(v - 1) keeps every value in (e^-2, 1]: the same work each call.
+    float sum = 0;
+    for (float& v : row) {
+      v = std::exp(v - 1.0f);
+      sum += v;
     }
-    runs.push_back(Since(t0) / (static_cast<double>(calls) * row.size()));
-  }
+    total += sum;
+  });
   volatile float sink = total;
   (void)sink;
-  return 1.0 / Median(runs);
+  return static_cast<double>(row.size()) / seconds;
 }
 
 struct MatmulFigures {
@@ -509,13 +509,7 @@ StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
     // About 50 ms a repetition, 5 ms with --quick.
     const double flops = 2.0 * m * k * n;
     const int calls = static_cast<int>(std::clamp((quick ? 5e8 : 5e9) / flops, 1.0, 1000.0));
-    std::vector<double> runs;
-    for (int r = 0; r < (quick ? 7 : 9); ++r) {
-      const auto t0 = Clock::now();
-      for (int i = 0; i < calls; ++i) run();
-      runs.push_back(Since(t0) / calls);
-    }
-    return 2.0 * m * k * n / Median(runs) / 1e9;
+    return flops / MedianSecondsPerCall(quick ? 7 : 9, calls, run) / 1e9;
   } catch (const dnnl::error& e) {
     return Unavailable(fmt::format("oneDNN {} matmul: {}", bf16 ? "bf16" : "fp32", e.what()));
   }
@@ -568,19 +562,13 @@ StatusOr<double> OneDnnAttentionGflops(int threads, bool quick) {
                         {DNNL_ARG_DST, {c.c, engine, c.pc + b * c.sc}}});
       }
     }
-    const int rounds = quick ? 6 : 60;
-    std::vector<double> runs;
-    for (int r = 0; r < (quick ? 7 : 9); ++r) {
-      const auto t0 = Clock::now();
-      for (int i = 0; i < rounds; ++i) {
-        for (auto& [mm, args] : prims) {
-          for (auto& a : args) mm.execute(stream, a);
-        }
+    const double seconds = MedianSecondsPerCall(quick ? 7 : 9, quick ? 6 : 60, [&] {
+      for (auto& [mm, args] : prims) {
+        for (auto& a : args) mm.execute(stream, a);
       }
       stream.wait();
-      runs.push_back(Since(t0) / rounds);
-    }
-    return seqs * 6 * 2.0 * h * t * t * dh / Median(runs) / 1e9;
+    });
+    return seqs * 6 * 2.0 * h * t * t * dh / seconds / 1e9;
   } catch (const dnnl::error& e) {
     return Unavailable(fmt::format("oneDNN attention matmul: {}", e.what()));
   }
@@ -609,15 +597,10 @@ StatusOr<GeluRates> OneDnnGeluRates(int threads, bool quick) {
     dnnl::memory mx(md, engine, x.data()), my(md, engine, y.data()), mdy(md, engine, dy.data()),
         mdx(md, engine, dx.data());
     auto time = [&](auto&& call) {
-      const int rounds = quick ? 5 : 40;
-      std::vector<double> runs;
-      for (int r = 0; r < (quick ? 5 : 9); ++r) {
-        const auto t0 = Clock::now();
-        for (int i = 0; i < rounds; ++i) call();
-        stream.wait();
-        runs.push_back(Since(t0) / rounds);
-      }
-      return static_cast<double>(n) / Median(runs);
+      return static_cast<double>(n) / MedianSecondsPerCall(quick ? 5 : 9, quick ? 5 : 40, [&] {
+               call();
+               stream.wait();
+             });
     };
     GeluRates rates;
     rates.forward = time([&] {

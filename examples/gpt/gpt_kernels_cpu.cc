@@ -355,7 +355,7 @@ class CpuKernels final : public GptKernels {
 
   void AddColumnSums(const float* m, int64_t rows, int64_t cols, float* out) override {
     if (!status_.ok()) return;
-    // (The simd pragmas: out and m never overlap, which the compiler cannot know.)
+    // (omp simd here and in Add: the arrays never overlap, which the compiler cannot know.)
     for (int64_t r = 0; r < rows; ++r) {
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) out[j] += m[r * cols + j];
