@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_name.h"
 #include "nvme/engine_base.h"
 
 namespace zinf {
@@ -28,7 +29,10 @@ class PosixEngine final : public EngineBase {
     threads_.reserve(static_cast<size_t>(workers));
     for (int i = 0; i < workers; ++i) {
       try {
-        threads_.emplace_back([this] { Work(); });
+        threads_.emplace_back([this] {
+          NameThisThread("zinf-posix-io");
+          Work();
+        });
       } catch (const std::system_error& e) {
         start_error_ = ResourceExhausted(
             fmt::format("starting POSIX I/O worker {} of {}: {}", i + 1, workers, e.what()));

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/thread_name.h"
 #include "nvme/engine_base.h"
 
 namespace zinf {
@@ -67,7 +68,10 @@ class Ring {
 
   Status Init(unsigned entries);
   void Start() {
-    reaper_ = std::thread([this] { Reap(); });
+    reaper_ = std::thread([this] {
+      NameThisThread("zinf-uring");
+      Reap();
+    });
   }
   void Stop();
   ~Ring();

@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "core/log.h"
+#include "core/thread_name.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
 #include "offload/memory_pool.h"
@@ -872,7 +873,10 @@ StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
   }
   Impl* raw = impl.get();
   for (int i = 0; i < options.transfer_threads; ++i) {
-    impl->workers.emplace_back([raw] { raw->WorkerLoop(); });
+    impl->workers.emplace_back([raw] {
+      NameThisThread("zinf-prefetch");
+      raw->WorkerLoop();
+    });
   }
   return std::unique_ptr<TieredStore>(new TieredStore(std::move(impl)));
 }

@@ -22,6 +22,7 @@
 
 #include "core/log.h"
 #include "core/memory_budget.h"
+#include "core/thread_name.h"
 #include "core/units.h"
 #include "zinf/device.h"
 
@@ -240,9 +241,10 @@ class HostEvent final : public Event {
 class HostStream final : public Stream {
  public:
   HostStream(std::shared_ptr<DeviceState> device, std::shared_ptr<HostAllocator> allocator)
-      : device_(std::move(device)),
-        allocator_(std::move(allocator)),
-        worker_([this] { Serve(); }) {}
+      : device_(std::move(device)), allocator_(std::move(allocator)), worker_([this] {
+          NameThisThread("zinf-host-dev");
+          Serve();
+        }) {}
 
   ~HostStream() override {
     {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "core/thread_name.h"
 
 namespace zinf {
 
@@ -36,7 +37,10 @@ Communicator::Communicator(int rank, int world_size) : rank_(rank), world_size_(
 Communicator::~Communicator() { StopWorker(); }
 
 void Communicator::StartWorker() {
-  worker_ = std::thread([this] { Serve(); });
+  worker_ = std::thread([this] {
+    NameThisThread("zinf-comm");
+    Serve();
+  });
 }
 
 void Communicator::StopWorker() {

@@ -34,6 +34,7 @@
 
 #include "comm/tcp_store_wire.h"
 #include "core/log.h"
+#include "core/thread_name.h"
 
 namespace zinf {
 namespace {
@@ -83,7 +84,10 @@ class Server {
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] {
+      NameThisThread("zinf-store");
+      Run();
+    });
     return OkStatus();
   }
 

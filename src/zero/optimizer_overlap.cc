@@ -6,6 +6,7 @@
 #include <chrono>
 #include <utility>
 
+#include "core/thread_name.h"
 #include "zinf/cpu_optimizer.h"
 
 namespace zinf {
@@ -69,7 +70,10 @@ Status OptimizerOverlap::Arm(float scale) {
     worker_error_ = OkStatus();
   }
   armed_ = true;
-  worker_ = std::thread([this] { Work(); });
+  worker_ = std::thread([this] {
+    NameThisThread("zinf-optim");
+    Work();
+  });
   return OkStatus();
 }
 

@@ -1,0 +1,14 @@
+// Names the calling thread (private; not part of the public API): zinf's helper threads show as
+// "zinf-..." in top -H, perf and /proc/PID/task/*/comm, so their CPU time can be told apart from
+// the trainer's.
+#ifndef ZINF_CORE_THREAD_NAME_H_
+#define ZINF_CORE_THREAD_NAME_H_
+
+namespace zinf {
+
+// At most 15 characters (Linux's limit); longer names are cut. Does nothing elsewhere.
+void NameThisThread(const char* name);
+
+}  // namespace zinf
+
+#endif  // ZINF_CORE_THREAD_NAME_H_
