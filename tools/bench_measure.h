@@ -13,10 +13,12 @@
 namespace zinf::tools {
 
 // tools/bench_nvme.cc: sequential write then read of `size_bytes` through SwapStore striped
-// over `paths` at the engine's aio defaults (O_DIRECT, io_uring), `reps` times; the medians in
-// MB/s (10^6 bytes). InvalidArgument for a path that is not a directory.
+// over `paths` at the engine's aio defaults (O_DIRECT, io_uring), then half of it rewritten
+// while the other half is read, all in flight together, `reps` times; the medians in MB/s
+// (10^6 bytes; mixed: read and written bytes together). InvalidArgument for a path that is not
+// a directory.
 struct NvmeFigures {
-  double write_MBps = 0, read_MBps = 0;
+  double write_MBps = 0, read_MBps = 0, mixed_MBps = 0;
 };
 StatusOr<NvmeFigures> MeasureNvmeDefaults(const std::vector<std::string>& paths,
                                           uint64_t size_bytes, int reps);

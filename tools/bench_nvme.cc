@@ -78,6 +78,7 @@ struct Config {
 struct Pair {
   double write_MBps = 0;
   double read_MBps = 0;
+  double mixed_MBps = 0;  // reads and writes in flight together; 0: not measured
 };
 
 // Grid of --sweep and --vs-fio-grid: {128 KiB, 1 MiB, 8 MiB} x {QD 8, 32}.
@@ -97,7 +98,9 @@ uint64_t StagingBytes(const Config& c, size_t paths) {
 
 // One zinf run: open a SwapStore of `size`, write it all, read it all, close (which deletes
 // the files). Memory: one staging buffer that every extent is written from and read into.
-StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
+// Writes then reads `c.size` bytes; with `mixed`, then also rewrites every other extent while
+// reading the others back, all in flight together, as the pipelined optimizer's pass does.
+StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c, bool mixed = false) {
   SwapStoreOptions o;
   o.paths = args.paths;
   o.capacity_bytes = c.size;
@@ -141,7 +144,23 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c) {
   ZINF_RETURN_IF_ERROR(waiter.Wait());
   const auto t2 = std::chrono::steady_clock::now();
   const double mb = static_cast<double>(c.size) / 1e6;
-  return Pair{mb / Seconds(t0, t1), mb / Seconds(t1, t2)};
+  Pair pair{mb / Seconds(t0, t1), mb / Seconds(t1, t2)};
+  if (mixed) {
+    // Reads land in a buffer of their own: the writes' source stays untouched.
+    ZINF_ASSIGN_OR_RETURN(HostBuffer into, HostBuffer::Allocate(chunk, alloc));
+    const auto t3 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < extents.size(); ++i) {
+      waiter.Add();
+      if (i % 2 == 0) {
+        store->WriteAsync(extents[i], buffer.data(), waiter.Callback());
+      } else {
+        store->ReadAsync(extents[i], into.data(), waiter.Callback());
+      }
+    }
+    ZINF_RETURN_IF_ERROR(waiter.Wait());
+    pair.mixed_MBps = mb / Seconds(t3, std::chrono::steady_clock::now());
+  }
+  return pair;
 }
 
 std::string FindFio() {
@@ -521,13 +540,14 @@ StatusOr<NvmeFigures> MeasureNvmeDefaults(const std::vector<std::string>& paths,
   c.block = defaults.block_size;
   c.qd = defaults.queue_depth;
   c.threads = defaults.thread_count;
-  std::vector<double> w, r;
+  std::vector<double> w, r, m;
   for (int i = 0; i < reps; ++i) {
-    ZINF_ASSIGN_OR_RETURN(Pair p, RunZinf(args, c));
+    ZINF_ASSIGN_OR_RETURN(Pair p, RunZinf(args, c, /*mixed=*/true));
     w.push_back(p.write_MBps);
     r.push_back(p.read_MBps);
+    m.push_back(p.mixed_MBps);
   }
-  return NvmeFigures{Median(w), Median(r)};
+  return NvmeFigures{Median(w), Median(r), Median(m)};
 }
 
 StatusOr<NvmeLatency> MeasureNvmeLatency(const std::vector<std::string>& paths,

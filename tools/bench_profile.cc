@@ -57,6 +57,13 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// CPU seconds this process has run, every thread, user and system.
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 // The seconds one call of `call` takes: the median over `reps` repetitions of `calls` calls.
 template <typename Call>
 double MedianSecondsPerCall(int reps, int calls, Call&& call) {
@@ -123,6 +130,9 @@ struct LoadedWrites {
 struct CollectiveFigures {
   double latency_us = 0;
   double allgather_GBps = 0, reduce_scatter_GBps = 0;  // full buffer bytes / time
+  // A rank's CPU time (every thread of its process, user and system), per one-element
+  // collective and per byte of the full buffer (Note [Collectives' CPU]).
+  double cpu_us_per_collective = 0, cpu_ns_per_byte = 0;
   std::vector<LoadedWait> loaded;
   LoadedWrites writes;  // measured when the profile has an NVMe path
 };
@@ -144,6 +154,19 @@ StatusOr<int> FreePort() {
   return ntohs(addr.sin_port);
 }
 
+// Note [Collectives' CPU]
+// A collective over Gloo on loopback is CPU work: the communicator's thread packs and hands the
+// buffers over, Gloo's own thread receives, the kernel copies every byte through the socket
+// twice and wakes the threads on both ends. With two ranks on two cores, their compute threads
+// fill the machine, and that CPU comes out of the compute: the demo GPT's forward and backward
+// take about a fifth longer on two ranks than two independent one-rank runs side by side, about
+// what its ranks' helper threads spend (their time in /proc/PID/task/*/stat; the threads are
+// named zinf-*). So the profile reads the rank's CPU clock (every thread, user and system)
+// around its collectives: per one-element collective, and per byte of a 4 MiB one beyond that,
+// each over a whole loop, since other threads' time reaches the clock only at their context
+// switches. The plan charges the step's collectives at these rates to the compute when every
+// core computes.
+//
 // Note [Loaded rendezvous]
 // An idle ping-pong measures a collective's latency when both ranks are waiting for it. In
 // training neither is: each rank computes while its next module's all-gather is in flight
@@ -310,13 +333,20 @@ StatusOr<CollectiveFigures> RunRank(int rank, const int ports[4], const std::str
   Communicator& comm = *group.comm;
   CollectiveFigures f;
   std::vector<float> one(1), two(2);
+  // The CPU clock over the whole loop: other threads' time reaches it only at their context
+  // switches and ticks, too coarse for one collective.
   std::vector<double> lat;
-  for (int i = 0; i < 20 + 5 * reps; ++i) {
+  const int small = quick ? 100 : 400;
+  double cpu0 = 0;
+  for (int i = 0; i < 10 + small; ++i) {
+    if (i == 10) cpu0 = ProcessCpuSeconds();
     const auto t0 = Clock::now();
     ZINF_RETURN_IF_ERROR(comm.AllGather(one.data(), two.data(), 1, ElementType::kFp32));
     if (i >= 10) lat.push_back(Since(t0));
   }
+  const double small_cpu = (ProcessCpuSeconds() - cpu0) / small;
   f.latency_us = Median(lat) * 1e6;
+  f.cpu_us_per_collective = small_cpu * 1e6;
   std::vector<float> full(elements, 1.0f), part(elements / 2, 1.0f);
   std::vector<double> ag, rs;
   for (int i = 0; i < reps + 1; ++i) {
@@ -334,6 +364,20 @@ StatusOr<CollectiveFigures> RunRank(int rank, const int ports[4], const std::str
   const double bytes = static_cast<double>(elements / 2 * 2) * 4;
   f.allgather_GBps = bytes / Median(ag) / 1e9;
   f.reduce_scatter_GBps = bytes / Median(rs) / 1e9;
+  // The CPU per byte at a module's size (4 MiB gathered), which stays in the cache as the
+  // engine's buckets and gathered modules do: all-gathers and reduce-scatters back to back.
+  constexpr uint64_t kModuleElements = 1u << 20;
+  const int module_reps = quick ? 8 : 32;
+  ZINF_RETURN_IF_ERROR(comm.Barrier());
+  cpu0 = ProcessCpuSeconds();
+  for (int i = 0; i < module_reps; ++i) {
+    ZINF_RETURN_IF_ERROR(
+        comm.AllGather(part.data(), full.data(), kModuleElements / 2, ElementType::kFp32));
+    ZINF_RETURN_IF_ERROR(comm.ReduceScatter(full.data(), part.data(), kModuleElements / 2,
+                                            ElementType::kFp32, ReduceOp::kSum));
+  }
+  const double module_cpu = (ProcessCpuSeconds() - cpu0) / (2 * module_reps);
+  f.cpu_ns_per_byte = std::max(0.0, module_cpu - small_cpu) / (kModuleElements * 4.0) * 1e9;
   ZINF_ASSIGN_OR_RETURN(f.loaded, MeasureLoadedWaits(rank, ports[1], quick));
   if (!nvme_path.empty()) {
     ZINF_ASSIGN_OR_RETURN(f.writes, MeasureLoadedWrites(rank, ports + 2, nvme_path, quick));
@@ -362,8 +406,9 @@ StatusOr<CollectiveFigures> MeasureCollectives(const std::string& nvme_path, boo
       StatusOr<CollectiveFigures> f = RunRank(rank, ports, nvme_path, elements, reps, quick);
       std::string line = "error " + f.status().ToString() + "\n";
       if (f.ok()) {
-        line = fmt::format("ok {} {} {} {}", f->latency_us, f->allgather_GBps,
-                           f->reduce_scatter_GBps, f->loaded.size());
+        line = fmt::format("ok {} {} {} {} {} {}", f->latency_us, f->allgather_GBps,
+                           f->reduce_scatter_GBps, f->cpu_us_per_collective, f->cpu_ns_per_byte,
+                           f->loaded.size());
         for (const LoadedWait& w : f->loaded) {
           line += fmt::format(" {} {} {}", w.compute_us, w.wait_us, w.step_us);
         }
@@ -387,7 +432,8 @@ StatusOr<CollectiveFigures> MeasureCollectives(const std::string& nvme_path, boo
   std::istringstream in(text);
   std::string ok;
   size_t loaded = 0;
-  in >> ok >> f.latency_us >> f.allgather_GBps >> f.reduce_scatter_GBps >> loaded;
+  in >> ok >> f.latency_us >> f.allgather_GBps >> f.reduce_scatter_GBps >>
+      f.cpu_us_per_collective >> f.cpu_ns_per_byte >> loaded;
   f.loaded.resize(in ? loaded : 0);
   for (LoadedWait& w : f.loaded) in >> w.compute_us >> w.wait_us >> w.step_us;
   LoadedWrites& v = f.writes;
@@ -699,6 +745,8 @@ Status RunProfile(const ProfileArgs& args) {
                            {"latency_us", c->latency_us},
                            {"allgather_GBps", c->allgather_GBps},
                            {"reduce_scatter_GBps", c->reduce_scatter_GBps},
+                           {"cpu_us_per_collective", c->cpu_us_per_collective},
+                           {"cpu_ns_per_byte", c->cpu_ns_per_byte},
                            {"loaded", nlohmann::json::array()}};
       for (const LoadedWait& w : c->loaded) {
         out["collective"]["loaded"].push_back(
@@ -714,7 +762,8 @@ Status RunProfile(const ProfileArgs& args) {
     }
   }
 
-  progress.Start("NVMe write and read at the engine's aio defaults, and one request's latency");
+  progress.Start(
+      "NVMe write, read and both at once at the engine's aio defaults, and one request's latency");
   const uint64_t nvme_size = args.quick ? 64 * kMiB : 2 * kGiB;
   ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme,
                         MeasureNvmeDefaults(paths, nvme_size, args.quick ? 1 : 3));
@@ -743,6 +792,7 @@ Status RunProfile(const ProfileArgs& args) {
                  {"size_bytes", nvme_size},
                  {"write_MBps", nvme.write_MBps},
                  {"read_MBps", nvme.read_MBps},
+                 {"mixed_MBps", nvme.mixed_MBps},
                  {"write_latency_us", latency.write_us},
                  {"read_latency_us", latency.read_us},
                  {"free_bytes", free_bytes}};

@@ -468,8 +468,10 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   p.nvme_free_bytes = static_cast<uint64_t>(x);
   ZINF_RETURN_IF_ERROR(number(j, "nvme.read_MBps", true, &p.nvme_read_Bps));
   ZINF_RETURN_IF_ERROR(number(j, "nvme.write_MBps", true, &p.nvme_write_Bps));
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.mixed_MBps", true, &p.nvme_mixed_Bps));
   p.nvme_read_Bps *= 1e6;
   p.nvme_write_Bps *= 1e6;
+  p.nvme_mixed_Bps *= 1e6;
   ZINF_RETURN_IF_ERROR(number(j, "nvme.read_latency_us", true, &p.nvme_read_latency_s));
   ZINF_RETURN_IF_ERROR(number(j, "nvme.write_latency_us", true, &p.nvme_write_latency_s));
   p.nvme_read_latency_s *= 1e-6;
@@ -544,6 +546,10 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   ZINF_RETURN_IF_ERROR(number(j, "collective.reduce_scatter_GBps", true, &p.reduce_scatter_Bps));
   p.allgather_Bps *= 1e9;
   p.reduce_scatter_Bps *= 1e9;
+  ZINF_RETURN_IF_ERROR(number(j, "collective.cpu_us_per_collective", true, &p.collective_cpu_s));
+  ZINF_RETURN_IF_ERROR(number(j, "collective.cpu_ns_per_byte", true, &p.collective_cpu_s_per_byte));
+  p.collective_cpu_s *= 1e-6;
+  p.collective_cpu_s_per_byte *= 1e-9;
   if (j.contains("collective") && j["collective"].is_object() &&
       j["collective"].contains("loaded")) {
     const nlohmann::json& rows = j["collective"]["loaded"];
@@ -875,8 +881,20 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const double nvme_read_Bps = profile.nvme_read_Bps / world;
   const double nvme_write_Bps = profile.nvme_write_Bps / world;
   const double miss_Bps = params_nvme ? nvme_read_Bps : copy_Bps;
-  // Every core computes: the ranks' communication threads share them.
+  // Every core computes: the ranks' communication threads share them, and the CPU the
+  // collectives take is time the compute does not get (Note [Collectives' CPU]).
   const bool cores_shared = world > 1 && ComputeTakesEveryCore(profile, options);
+  auto collective_cpu = [&](double collectives, double bytes) {
+    return cores_shared
+               ? collectives * profile.collective_cpu_s + bytes * profile.collective_cpu_s_per_byte
+               : 0.0;
+  };
+  const double total = static_cast<double>(l.total);
+  const double buckets =
+      std::ceil(total / static_cast<double>(std::max<uint64_t>(1, c.reduce_bucket_size)));
+  // The gradients' reduce-scatters run during backward: their CPU spread over the compute.
+  const double reduce_cpu = gas * collective_cpu(buckets, total * 4);
+  double stolen = 0;  // compute seconds the collectives take
   // Event simulation: compute is one serial lane, reads another, all-gathers a third.
   double clock = 0, disk_free = 0, comm_free = 0;
   std::vector<double> start(n, 0);
@@ -888,6 +906,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
                      SafeDiv(static_cast<double>(persistent_gathered), profile.allgather_Bps);
     clock += g;
     wait_gather += g;
+    stolen += collective_cpu(persistent_collectives, persistent_gathered);
   }
   for (size_t i = 0; i < n; ++i) {
     const int mod = order[i];
@@ -912,6 +931,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       have = disk_free;
     }
     double gathered = have;
+    double fetch_cpu = reduce_cpu * SafeDiv(flops[i], gas * model.matmul_flops_per_micro_batch);
     if (world > 1 && gathers[mod] > 0) {
       // The next module's all-gathers start at the fetch before (ParamTier::PrefetchGathers).
       const double begin = std::max({have, comm_free, i == 0 ? 0.0 : start[i - 1]});
@@ -921,6 +941,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
           gathers[mod] > 1 ? SafeDiv(2.0 * gathered_bytes[mod], profile.memory_Bps) : 0.0;
       const double transfer =
           coalesce + SafeDiv(static_cast<double>(gathered_bytes[mod]), profile.allgather_Bps);
+      if (cores_shared) fetch_cpu += coalesce + collective_cpu(1, gathered_bytes[mod]);
       comm_free = begin + profile.collective_latency_s + transfer;
       // With the ranks computing, the wait measured after as much compute as there was since
       // the collective began (Note [Loaded rendezvous]).
@@ -944,12 +965,13 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       }
     }
     start[i] = s;
-    clock =
-        s + flops[i] / rate + non_matmul * SafeDiv(flops[i], model.matmul_flops_per_micro_batch);
+    clock = s + flops[i] / rate +
+            non_matmul * SafeDiv(flops[i], model.matmul_flops_per_micro_batch) + fetch_cpu;
+    stolen += fetch_cpu;
     t.bytes_gathered += world > 1 ? gathered_bytes[mod] : 0;
     if (params_nvme) t.nvme_read += miss[i];
   }
-  t.compute = gas * (model.matmul_flops_per_micro_batch / rate + non_matmul);
+  t.compute = gas * (model.matmul_flops_per_micro_batch / rate + non_matmul) + stolen;
   if (world == 1) {
     // One rank's gathered parameter is its shard: StepSummary counts its bytes as gathered.
     for (size_t i = 0; i < n; ++i) t.bytes_gathered += gathered_bytes[order[i]];
@@ -959,13 +981,10 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
 
   // Gradients: zeroed buffers, the reduce-scatter in buckets (several ranks), and the
   // accumulation into fp32 (one rank's first micro-batch accumulates in place).
-  const double total = static_cast<double>(l.total);
   double memory_bytes = gas * total * 4;  // zeroing every gradient buffer
   memory_bytes += (world == 1 ? (gas - 1) : gas) * static_cast<double>(S) * 12;
   t.reduce = SafeDiv(memory_bytes, profile.memory_Bps);
   if (world > 1) {
-    const double buckets =
-        std::ceil(total / static_cast<double>(std::max<uint64_t>(1, c.reduce_bucket_size)));
     t.reduce += gas * (buckets * profile.collective_latency_s +
                        SafeDiv(total * 4, profile.reduce_scatter_Bps));
     // The ranks meet at the step's norm all-reduce, the one waiting for the other's last
@@ -998,8 +1017,16 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     }
     t.nvme_read += static_cast<uint64_t>(read + backward_read);
     t.nvme_written += static_cast<uint64_t>(written + backward_written);
-    pass = SafeDiv(read + backward_read, nvme_read_Bps) +
-           SafeDiv(written + backward_written, nvme_write_Bps);
+    // The pass keeps reads ahead of the update and a write behind it (Note [Pipelined step]):
+    // both in flight at once, at the disk's mixed rate where the profile has it, never faster
+    // than each direction alone; one after the other without it.
+    const double reads = SafeDiv(read + backward_read, nvme_read_Bps);
+    const double writes = SafeDiv(written + backward_written, nvme_write_Bps);
+    pass = profile.nvme_mixed_Bps > 0
+               ? std::max({reads, writes,
+                           SafeDiv(read + backward_read + written + backward_written,
+                                   profile.nvme_mixed_Bps / world)})
+               : reads + writes;
   }
   if (host_master) tier_write += SafeDiv(S * (4.0 + e), profile.memory_Bps);
   double tier_nvme = 0;

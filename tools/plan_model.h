@@ -32,7 +32,9 @@
 //    measured rate; the tanh GELU's elements at its forward and backward rates; the softmax's
 //    and loss's std::exp calls at the rate of their loop; each oneDNN call's fixed cost; layer
 //    norms, residuals and the rest as passes over the activations at memory bandwidth. The
-//    MLP example's hand-written loops run at the profile's rate for that loop.
+//    MLP example's hand-written loops run at the profile's rate for that loop. With several
+//    ranks whose compute takes every core, the CPU their collectives take (Note
+//    [Collectives' CPU] in tools/bench_profile.cc) is time the compute does not get.
 //  - gather: every fetch of a module with non-persistent parameters, with several ranks, is
 //    one all-gather of their compute-precision bytes (latency + bytes / bandwidth of the
 //    profile's 2-rank figure, and with several parameters their packing and unpacking at
@@ -50,7 +52,8 @@
 //    parameter tier.
 //  - nvme: the optimizer's pass over NVMe-resident state (12 bytes per element read and
 //    written; with the gradients on NVMe their 4 bytes written each micro-batch and read back),
-//    at the profile's read and write bandwidths one after the other (one disk), overlapped with
+//    reads and writes in flight together at the profile's mixed rate (bounded by each
+//    direction's own; without a mixed figure, one after the other), overlapped with
 //    the update and, with zinf.overlap_optimizer (the default), with the last micro-batch's
 //    backward; and the parameter tier's write-back when it lives on NVMe (a request a shard,
 //    all in one batch, as many at once as aio.queue_depth x aio.thread_count; with several
@@ -144,6 +147,7 @@ struct MachineProfile {
   uint64_t nvme_free_bytes = 0;
   std::vector<std::string> nvme_paths;
   double nvme_read_Bps = 0, nvme_write_Bps = 0;
+  double nvme_mixed_Bps = 0;  // reads and writes in flight together, their bytes; 0: not measured
   double nvme_read_latency_s = 0, nvme_write_latency_s = 0;  // one request at a time
   struct OptimizerRow {
     int threads = 0;
@@ -173,6 +177,9 @@ struct MachineProfile {
   double exp_per_s = 0;  // std::exp, one thread; 0: not measured
   double collective_latency_s = 0;
   double allgather_Bps = 0, reduce_scatter_Bps = 0;  // 2 ranks; 0: not measured
+  // Note [Collectives' CPU]: a rank's CPU time, its threads and the kernel's together, per
+  // collective and per byte of the collective's full buffer; 0: not measured.
+  double collective_cpu_s = 0, collective_cpu_s_per_byte = 0;
   // Note [Loaded rendezvous]: the mean wait of a fetch for its prefetched all-gather after
   // so much compute, by compute; empty: not measured.
   // The batch's first blocking rendezvous (the step's norm all-reduce) waits for the ranks'

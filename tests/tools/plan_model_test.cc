@@ -378,6 +378,82 @@ TEST(PlanModelTest, LoadedShardWritesLengthenSeveralRanksWriteBack) {
   }
 }
 
+// Note [Collectives' CPU]: read in microseconds and nanoseconds; with two ranks filling the
+// cores, every collective's CPU (a gather a fetch, the reduce-scatter buckets) lengthens the
+// compute by exactly its rates; with a core to spare, or one rank, nothing changes.
+TEST(PlanModelTest, CollectivesCpuComesOutOfTheComputeWhenEveryCoreComputes) {
+  nlohmann::json j = MinimalProfileJson();
+  j["collective"] = {{"cpu_us_per_collective", 250}, {"cpu_ns_per_byte", 0.5}};
+  StatusOr<MachineProfile> read = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_DOUBLE_EQ(read->collective_cpu_s, 250e-6);
+  EXPECT_DOUBLE_EQ(read->collective_cpu_s_per_byte, 0.5e-9);
+
+  StatusOr<ModelSpec> m = UniformModel(20'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  EngineConfig c;
+  c.zero_stage = 3;
+  c.stage3_param_persistence_threshold = 0;
+  MachineProfile idle = TestProfile();
+  idle.collective_latency_s = 100e-6;
+  idle.allgather_Bps = idle.reduce_scatter_Bps = 1e10;
+  MachineProfile busy = idle;
+  busy.collective_cpu_s = 1e-3;
+  busy.collective_cpu_s_per_byte = 1e-9;
+  StatusOr<Estimate> a = EstimatePlacement(*m, c, idle, {.world_size = 2});
+  StatusOr<Estimate> b = EstimatePlacement(*m, c, busy, {.world_size = 2});
+  ASSERT_TRUE(a.ok() && b.ok());
+  double total = 0;
+  for (const ModuleShape& module : m->modules) total += module.numels[0];
+  const double buckets = std::ceil(total / static_cast<double>(c.reduce_bucket_size));
+  const double gathers = m->fetch_order.size();  // one weight a module: one collective a fetch
+  const double expected = gathers * 1e-3 + static_cast<double>(b->time.bytes_gathered) * 1e-9 +
+                          buckets * 1e-3 + total * 4 * 1e-9;
+  EXPECT_NEAR(b->time.compute - a->time.compute, expected, expected * 1e-9);
+  EXPECT_GE(b->time.step - a->time.step, expected * 0.99);
+
+  MachineProfile spare = busy;
+  spare.cores = 4;
+  for (auto [profile, options] : {std::pair{&busy, PlanOptions{.world_size = 1}},
+                                  std::pair{&spare, PlanOptions{.world_size = 2, .threads = 1}}}) {
+    MachineProfile quiet = *profile;
+    quiet.collective_cpu_s = quiet.collective_cpu_s_per_byte = 0;
+    StatusOr<Estimate> with = EstimatePlacement(*m, c, *profile, options);
+    StatusOr<Estimate> without = EstimatePlacement(*m, c, quiet, options);
+    ASSERT_TRUE(with.ok() && without.ok());
+    EXPECT_EQ(with->time.compute, without->time.compute) << options.world_size;
+  }
+}
+
+// Note [Pipelined step]: the optimizer's NVMe pass keeps reads and writes in flight together,
+// so with a mixed rate in the profile it takes their bytes at that rate, never less than each
+// direction alone needs; without one, the reads then the writes.
+TEST(PlanModelTest, TheNvmePassMovesReadsAndWritesTogetherAtTheMixedRate) {
+  StatusOr<ModelSpec> m = UniformModel(200'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  EngineConfig c;
+  c.zero_stage = 3;
+  c.offload_optimizer_device = OffloadDevice::kNvme;
+  c.offload_optimizer_nvme_path = {"/nvme"};
+  double total = 0;
+  for (const ModuleShape& module : m->modules) total += module.numels[0];
+  const double bytes = total * 12;  // read and again written: parameters and two moments
+  auto nvme = [&](double mixed_Bps) {
+    MachineProfile p = TestProfile();  // reads at 2 GB/s, writes at 1 GB/s
+    p.nvme_mixed_Bps = mixed_Bps;
+    StatusOr<Estimate> e = EstimatePlacement(*m, c, p, {.clipped = true});
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? e->time.nvme : 0.0;
+  };
+  const double sequential = nvme(0);
+  EXPECT_NEAR(sequential, bytes / 2e9 + bytes / 1e9 - total / 1e8, sequential * 1e-9);
+  // Mixed at 1.5 GB/s: both directions' bytes at that rate.
+  EXPECT_NEAR(sequential - nvme(1.5e9), bytes / 2e9 + bytes / 1e9 - 2 * bytes / 1.5e9,
+              sequential * 1e-9);
+  // A mixed rate faster than the writes alone allow: the writes bound the pass.
+  EXPECT_NEAR(sequential - nvme(10e9), bytes / 2e9, sequential * 1e-9);
+}
+
 TEST(PlanModelTest, WrittenConfigsParseBackToTheirPlacement) {
   const std::string base = R"({"model": {"d_model": 64}, "train_micro_batch_size_per_gpu": 8,
       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/a"}},

@@ -51,13 +51,14 @@ class ZinfPlanTest : public ::testing::Test {
 TEST_F(ZinfPlanTest, ProfileHasEveryFigureThePlanReads) {
   ASSERT_EQ(profile_run_.exit_code, 0) << profile_run_.output;
   // The progress shows each stage.
-  EXPECT_NE(profile_run_.output.find("NVMe write and read"), std::string::npos);
+  EXPECT_NE(profile_run_.output.find("NVMe write, read and both at once"), std::string::npos);
   EXPECT_NE(profile_run_.output.find("CPU AdamW"), std::string::npos);
   const std::string text = Slurp(profile_);
   StatusOr<plan::MachineProfile> p = plan::MachineProfile::FromJson(text, profile_);
   ASSERT_TRUE(p.ok()) << p.status() << "\n" << text;
   EXPECT_GT(p->nvme_read_Bps, 0);
   EXPECT_GT(p->nvme_write_Bps, 0);
+  EXPECT_GT(p->nvme_mixed_Bps, 0);  // reads and writes in flight together
   EXPECT_GT(p->memory_Bps, 0);
   EXPECT_GT(p->OptimizerRate(1), 0);
   EXPECT_GT(p->MatmulRate(1, false), 0);
@@ -75,6 +76,9 @@ TEST_F(ZinfPlanTest, ProfileHasEveryFigureThePlanReads) {
   EXPECT_TRUE(j["collective"].contains("allgather_GBps") || j["collective"].contains("error"))
       << j["collective"].dump();
   if (j["collective"].contains("allgather_GBps")) {
+    // Note [Collectives' CPU]: a rank's CPU per collective and per byte.
+    EXPECT_GT(p->collective_cpu_s, 0);
+    EXPECT_GE(p->collective_cpu_s_per_byte, 0);
     // Note [Loaded rendezvous]: the engine's fetch loop ran on both ranks, at --quick's two
     // burst lengths, and every figure is one the plan reads back.
     EXPECT_EQ(p->loaded_wait.size(), 2u) << j["collective"].dump();
