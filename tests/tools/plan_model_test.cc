@@ -33,6 +33,22 @@ MachineProfile TestProfile() {
   return p;
 }
 
+// TestProfile with the 2-rank collectives measured idle.
+MachineProfile TwoRankProfile() {
+  MachineProfile p = TestProfile();
+  p.collective_latency_s = 100e-6;
+  p.allgather_Bps = p.reduce_scatter_Bps = 1e10;
+  return p;
+}
+
+// Stage 3 without persistent parameters: with several ranks every fetch gathers.
+EngineConfig GatherEveryFetch() {
+  EngineConfig c;
+  c.zero_stage = 3;
+  c.stage3_param_persistence_threshold = 0;
+  return c;
+}
+
 // The least a profile file holds for FromJson to accept it.
 nlohmann::json MinimalProfileJson() {
   return {{"zinf_profile", 1},
@@ -314,12 +330,8 @@ TEST(PlanModelTest, LoadedWaitsInterpolateInLogCompute) {
 TEST(PlanModelTest, LoadedWaitsLengthenTwoRanksGathers) {
   StatusOr<ModelSpec> m = UniformModel(20'000'000, 8, 512);
   ASSERT_TRUE(m.ok());
-  EngineConfig c;
-  c.zero_stage = 3;
-  c.stage3_param_persistence_threshold = 0;
-  MachineProfile idle = TestProfile();
-  idle.collective_latency_s = 100e-6;
-  idle.allgather_Bps = idle.reduce_scatter_Bps = 1e10;
+  const EngineConfig c = GatherEveryFetch();
+  MachineProfile idle = TwoRankProfile();
   MachineProfile loaded = idle;
   loaded.loaded_wait = {{1e-4, 2e-3, 5e-3}, {1.0, 2e-3, 5e-3}};  // 2 ms a gather, 5 ms a step
   for (int world : {1, 2}) {
@@ -358,9 +370,7 @@ TEST(PlanModelTest, LoadedShardWritesLengthenSeveralRanksWriteBack) {
   c.zero_stage = 3;
   c.offload_param_device = OffloadDevice::kNvme;
   c.offload_optimizer_device = OffloadDevice::kCpu;
-  MachineProfile idle = TestProfile();
-  idle.collective_latency_s = 100e-6;
-  idle.allgather_Bps = idle.reduce_scatter_Bps = 1e10;
+  MachineProfile idle = TwoRankProfile();
   MachineProfile loaded = idle;
   loaded.loaded_shard_write_s = 1e-3;
   uint64_t shards = 0;
@@ -391,12 +401,8 @@ TEST(PlanModelTest, CollectivesCpuComesOutOfTheComputeWhenEveryCoreComputes) {
 
   StatusOr<ModelSpec> m = UniformModel(20'000'000, 8, 512);
   ASSERT_TRUE(m.ok());
-  EngineConfig c;
-  c.zero_stage = 3;
-  c.stage3_param_persistence_threshold = 0;
-  MachineProfile idle = TestProfile();
-  idle.collective_latency_s = 100e-6;
-  idle.allgather_Bps = idle.reduce_scatter_Bps = 1e10;
+  const EngineConfig c = GatherEveryFetch();
+  MachineProfile idle = TwoRankProfile();
   MachineProfile busy = idle;
   busy.collective_cpu_s = 1e-3;
   busy.collective_cpu_s_per_byte = 1e-9;
