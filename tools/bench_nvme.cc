@@ -97,9 +97,9 @@ uint64_t StagingBytes(const Config& c, size_t paths) {
 }
 
 // One zinf run: open a SwapStore of `size`, write it all, read it all, close (which deletes
-// the files). Memory: one staging buffer that every extent is written from and read into.
-// Writes then reads `c.size` bytes; with `mixed`, then also rewrites every other extent while
-// reading the others back, all in flight together, as the pipelined optimizer's pass does.
+// the files). Memory: one staging buffer that every extent is written from and read into. With
+// `mixed`, then also rewrite every other extent while reading the others back (into a second
+// buffer), all in flight together, as the pipelined optimizer's pass does.
 StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c, bool mixed = false) {
   SwapStoreOptions o;
   o.paths = args.paths;
@@ -146,7 +146,6 @@ StatusOr<Pair> RunZinf(const NvmeArgs& args, const Config& c, bool mixed = false
   const double mb = static_cast<double>(c.size) / 1e6;
   Pair pair{mb / Seconds(t0, t1), mb / Seconds(t1, t2)};
   if (mixed) {
-    // Reads land in a buffer of their own: the writes' source stays untouched.
     ZINF_ASSIGN_OR_RETURN(HostBuffer into, HostBuffer::Allocate(chunk, alloc));
     const auto t3 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < extents.size(); ++i) {

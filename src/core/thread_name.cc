@@ -7,13 +7,9 @@
 namespace zinf {
 
 void NameThisThread(const char* name) {
-#if defined(__linux__)
-  char cut[16] = {};
+  char cut[16] = {};  // pthread_setname_np refuses names over 15 characters
   std::strncpy(cut, name, sizeof(cut) - 1);
   pthread_setname_np(pthread_self(), cut);
-#else
-  (void)name;
-#endif
 }
 
 }  // namespace zinf

@@ -6,7 +6,7 @@
 
 namespace zinf {
 
-// At most 15 characters (Linux's limit); longer names are cut. Does nothing elsewhere.
+// At most 15 characters (Linux's limit); longer names are cut.
 void NameThisThread(const char* name);
 
 }  // namespace zinf
