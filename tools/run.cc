@@ -2,8 +2,20 @@
 // local ranks of CMD with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus ZINF_STORE_SECRET, prefixes every output
 // line with its rank, forwards SIGINT and SIGTERM (and SIGHUP as SIGTERM), and when a rank
-// fails stops the others and exits non-zero naming the rank and how it ended. Ranks die with
-// the launcher, however it ends (PR_SET_PDEATHSIG).
+// fails stops the others and exits non-zero naming the rank and how it ended. Every process
+// the ranks start dies with the launcher, however it ends (Note [The launcher's tree]).
+//
+// Note [The launcher's tree]
+// A rank is often a shell or a wrapper around the trainer (`sh -c 'train_gpt ...; echo'`), so
+// the launcher must own more than its direct children. Each rank runs in a process group of
+// its own, and every signal the launcher sends goes to the whole group. PR_SET_PDEATHSIG kills
+// only the direct child when the launcher dies, and kill -9 gives the launcher no chance to
+// act, so a guardian process, forked first, holds the read end of a pipe whose write end
+// only the launcher holds; it learns each rank's group as the rank starts. When the pipe
+// closes (the launcher ended, however), the guardian kills every group it was given and
+// exits: within milliseconds of kill -9, and at a normal end it takes whatever a rank left
+// behind. A process that leaves its rank's group (setsid: a daemon) is outside this; so is
+// a group whose every member is gone, which kill() then no longer finds.
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <poll.h>
@@ -20,6 +32,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/tcp_store.h"
@@ -164,6 +177,8 @@ StatusOr<pid_t> Spawn(const RunArgs& args, const std::string& addr, int port,
     Say(stderr, "cannot run '{}': {}\n", args.command[0], std::strerror(errno));
     _exit(127);
   }
+  // Also here, so that no signal to the group can come before the child's own setpgid.
+  setpgid(pid, pid);
   close(out[1]);
   close(err[1]);
   fcntl(out[0], F_SETFL, O_NONBLOCK);
@@ -172,6 +187,63 @@ StatusOr<pid_t> Spawn(const RunArgs& args, const std::string& addr, int port,
   child->err_fd = err[0];
   return pid;
 }
+
+// The guardian of Note [The launcher's tree]. Movable only through its owner, Run().
+class Guardian {
+ public:
+  // Forks the guardian. Call before anything else is forked, with no threads running.
+  static StatusOr<Guardian> Start() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus(errno, "creating the guardian's pipe");
+    const pid_t pid = fork();
+    if (pid < 0) return ErrnoStatus(errno, "forking the guardian");
+    if (pid == 0) {
+      close(fds[1]);
+      Watch(fds[0]);  // never returns
+    }
+    close(fds[0]);
+    return Guardian(fds[1]);
+  }
+  Guardian(Guardian&& o) noexcept : write_fd_(std::exchange(o.write_fd_, -1)) {}
+  Guardian& operator=(Guardian&&) = delete;
+  // Closing the pipe is the guardian's signal: it kills every group it holds.
+  ~Guardian() {
+    if (write_fd_ >= 0) close(write_fd_);
+  }
+
+  // Hands the guardian a rank's process group.
+  void Add(pid_t group) {
+    const int32_t id = group;
+    while (write(write_fd_, &id, sizeof id) < 0 && errno == EINTR) {
+    }
+  }
+
+ private:
+  explicit Guardian(int write_fd) : write_fd_(write_fd) {}
+
+  [[noreturn]] static void Watch(int read_fd) {
+    prctl(PR_SET_NAME, "zinf-run-guard");
+    // Signals meant for the launcher's terminal group (Ctrl-C, hang-up) are not for it.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT}) signal(sig, SIG_IGN);
+    // Holds nothing of the launcher's: its output pipes would otherwise stay open after it.
+    const int null = open("/dev/null", O_RDWR);
+    for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) dup2(null, fd);
+    if (read_fd > 3) close_range(3, static_cast<unsigned>(read_fd) - 1, 0);
+    close_range(static_cast<unsigned>(read_fd) + 1, ~0u, 0);
+    std::vector<pid_t> groups;
+    int32_t id = 0;
+    for (;;) {
+      const ssize_t n = read(read_fd, &id, sizeof id);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != sizeof id) break;  // end of file: the launcher is gone
+      groups.push_back(id);
+    }
+    for (pid_t group : groups) kill(-group, SIGKILL);
+    _exit(0);
+  }
+
+  int write_fd_ = -1;
+};
 
 void SignalAll(std::vector<Child>& children, int sig) {
   for (Child& c : children) {
@@ -237,6 +309,12 @@ int Run(const RunArgs& args) {
     }
   }
 
+  StatusOr<Guardian> guardian = Guardian::Start();
+  if (!guardian.ok()) {
+    Say(stderr, "zinf run: {}\n", guardian.status().ToString());
+    return 1;
+  }
+
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
@@ -258,6 +336,7 @@ int Run(const RunArgs& args) {
       return 1;
     }
     children[i].pid = *pid;
+    guardian->Add(*pid);
   }
 
   int exit_code = 0;
@@ -270,7 +349,8 @@ int Run(const RunArgs& args) {
       if (c.out_fd >= 0) fds.push_back({c.out_fd, POLLIN, 0});
       if (c.err_fd >= 0) fds.push_back({c.err_fd, POLLIN, 0});
     }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+    // Also with no outputs left (every rank redirected its own): a sleep, not a busy loop.
+    poll(fds.data(), fds.size(), 100);
     for (Child& c : children) {
       if (c.out_fd >= 0) Drain(c, &c.out_fd, &c.out_partial, stdout);
       if (c.err_fd >= 0) Drain(c, &c.err_fd, &c.err_partial, stderr);

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,15 +33,20 @@ bool Alive(pid_t pid) {
 }
 
 // A launcher started in the background: `zinf run -n ranks ARGS -- sh -c SCRIPT`, whose ranks
-// write their pid to files in a scratch directory and then run SCRIPT.
+// write their pid to files in a scratch directory and then run SCRIPT (where @DIR@ is that
+// directory).
 class BackgroundRun {
  public:
   BackgroundRun(int ranks, const std::string& launcher_args, const std::string& script) {
     char tmpl[] = "/tmp/zinf-run-test-XXXXXX";
     dir_ = mkdtemp(tmpl) != nullptr ? tmpl : "/tmp";
     ranks_ = ranks;
+    std::string script_here = script;
+    for (size_t at; (at = script_here.find("@DIR@")) != std::string::npos;) {
+      script_here.replace(at, 5, dir_);
+    }
     const std::string rank_script = "echo $$ > " + dir_ + "/pid.$RANK.tmp && mv " + dir_ +
-                                    "/pid.$RANK.tmp " + dir_ + "/pid.$RANK; " + script;
+                                    "/pid.$RANK.tmp " + dir_ + "/pid.$RANK; " + script_here;
     std::vector<std::string> argv = {ZINF_BINARY, "run", "-n", std::to_string(ranks)};
     for (size_t start = 0, end; start < launcher_args.size(); start = end + 1) {
       end = launcher_args.find(' ', start);
@@ -62,6 +69,7 @@ class BackgroundRun {
   }
   ~BackgroundRun() {
     for (pid_t pid : rank_pids_) kill(pid, SIGKILL);
+    for (pid_t pid : descendants_) kill(pid, SIGKILL);
     if (launcher_ > 0 && !reaped_) {
       kill(launcher_, SIGKILL);
       waitpid(launcher_, nullptr, 0);
@@ -71,36 +79,47 @@ class BackgroundRun {
   }
 
   // Waits until every rank has written its pid; false after 10 s.
-  bool WaitForRanks() {
+  bool WaitForRanks() { return WaitForPids("pid", &rank_pids_); }
+
+  // Waits for the pids the ranks' scripts wrote to @DIR@/NAME.$RANK (processes they started),
+  // which the destructor kills too; false after 10 s.
+  bool WaitForPids(const std::string& name, std::vector<pid_t>* pids) {
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (std::chrono::steady_clock::now() < deadline) {
-      rank_pids_.clear();
+      pids->clear();
       for (int r = 0; r < ranks_; ++r) {
-        std::ifstream in(dir_ + "/pid." + std::to_string(r));
+        std::ifstream in(dir_ + "/" + name + "." + std::to_string(r));
         pid_t pid = 0;
-        if (in >> pid) rank_pids_.push_back(pid);
+        if (in >> pid) pids->push_back(pid);
       }
-      if (static_cast<int>(rank_pids_.size()) == ranks_) return true;
+      if (static_cast<int>(pids->size()) == ranks_) {
+        if (pids != &rank_pids_)
+          descendants_.insert(descendants_.end(), pids->begin(), pids->end());
+        return true;
+      }
       std::this_thread::sleep_for(20ms);
     }
     return false;
   }
 
-  // Signals the launcher and reaps it; returns its wait status.
+  pid_t launcher() const { return launcher_; }
+
+  // Signals the launcher (0: none) and reaps it; returns its wait status.
   int SignalLauncher(int sig) {
-    kill(launcher_, sig);
+    if (sig != 0) kill(launcher_, sig);
     int status = 0;
     waitpid(launcher_, &status, 0);
     reaped_ = true;
     return status;
   }
 
-  // True when no rank is alive within `limit`.
+  // True when no rank, and no process the ranks' scripts reported, is alive within `limit`.
   bool RanksGoneWithin(std::chrono::milliseconds limit) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
       bool any = false;
       for (pid_t pid : rank_pids_) any = any || Alive(pid);
+      for (pid_t pid : descendants_) any = any || Alive(pid);
       if (!any) return true;
       if (std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(20ms);
@@ -113,6 +132,7 @@ class BackgroundRun {
   pid_t launcher_ = -1;
   bool reaped_ = false;
   std::vector<pid_t> rank_pids_;
+  std::vector<pid_t> descendants_;
 };
 
 // Ranks that ignore SIGTERM and SIGHUP (a disposition exec keeps) and would train for a minute.
@@ -124,6 +144,77 @@ TEST(ZinfRunTest, RanksDieWhenTheLauncherIsKilled) {
   const int status = run.SignalLauncher(SIGKILL);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   EXPECT_TRUE(run.RanksGoneWithin(5s)) << "ranks outlived their launcher";
+}
+
+// A rank that is a shell running the trainer, which ignores SIGTERM too: the trainer is the
+// rank's child, out of PR_SET_PDEATHSIG's reach.
+constexpr char kStubbornTrainerUnderAShell[] =
+    "trap '' TERM HUP; sleep 60 & echo $! > @DIR@/child.$RANK; wait";
+
+TEST(ZinfRunTest, EveryDescendantDiesWithinASecondOfKillNine) {
+  BackgroundRun run(2, "--grace 30", kStubbornTrainerUnderAShell);
+  ASSERT_TRUE(run.WaitForRanks());
+  std::vector<pid_t> trainers;
+  ASSERT_TRUE(run.WaitForPids("child", &trainers));
+  run.SignalLauncher(SIGKILL);
+  EXPECT_TRUE(run.RanksGoneWithin(1s)) << "a rank's child outlived kill -9 of the launcher";
+}
+
+TEST(ZinfRunTest, EveryDescendantDiesOnTermAndHangup) {
+  for (int sig : {SIGTERM, SIGHUP}) {
+    BackgroundRun run(2, "--grace 30", "sleep 60 & echo $! > @DIR@/child.$RANK; wait");
+    ASSERT_TRUE(run.WaitForRanks());
+    std::vector<pid_t> trainers;
+    ASSERT_TRUE(run.WaitForPids("child", &trainers));
+    run.SignalLauncher(sig);
+    EXPECT_TRUE(run.RanksGoneWithin(1s)) << strsignal(sig);
+  }
+}
+
+TEST(ZinfRunTest, ARanksDeathEndsTheOtherRanksDescendants) {
+  // Each rank's shell starts a trainer that ignores SIGTERM; rank 1's shell then fails,
+  // leaving its trainer orphaned. Both trainers must go: rank 0's by the grace's SIGKILL of
+  // its group, rank 1's although its rank has already exited.
+  BackgroundRun run(2, "--grace 0.5",
+                    "trap '' TERM; sleep 60 & echo $! > @DIR@/child.$RANK; "
+                    "if [ $RANK = 0 ]; then wait; fi; "
+                    "while [ ! -s @DIR@/child.0 ]; do sleep 0.05; done; exit 3");
+  ASSERT_TRUE(run.WaitForRanks());
+  std::vector<pid_t> trainers;
+  ASSERT_TRUE(run.WaitForPids("child", &trainers));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = run.SignalLauncher(0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  EXPECT_TRUE(run.RanksGoneWithin(1s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+// The launcher's CPU time in clock ticks (utime + stime from /proc/PID/stat).
+long CpuTicks(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+TEST(ZinfRunTest, NoBusyLoopOnceEveryRankClosesItsOutput) {
+  BackgroundRun run(2, "", "exec > /dev/null 2>&1; exec sleep 60");
+  ASSERT_TRUE(run.WaitForRanks());
+  std::this_thread::sleep_for(300ms);  // the launcher has seen both outputs close
+  const long before = CpuTicks(run.launcher());
+  std::this_thread::sleep_for(3s);
+  const long used = CpuTicks(run.launcher()) - before;
+  ASSERT_GE(before, 0);
+  // Under 1% of 3 s; a busy loop uses all of it.
+  EXPECT_LT(static_cast<double>(used) / sysconf(_SC_CLK_TCK), 0.03) << used << " ticks";
 }
 
 TEST(ZinfRunTest, HangupStopsTheRanksLikeTerm) {
