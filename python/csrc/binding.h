@@ -49,6 +49,17 @@ T ValueOrThrow(StatusOr<T>&& value) {
 // A C ABI call's code and message (freed here) as a Status.
 Status FromC(zinf_code_t code, char* err);
 
+// Runs `call(&err)`, a C ABI call that reports failure through a `char** err`, and throws its
+// status. Use this, not FromC(zinf_x(..., &err), err): the order in which a call's arguments
+// are evaluated is unspecified, so `err` could be read before zinf_x wrote it, losing the
+// message and leaking it.
+template <typename Call>
+void CheckC(Call&& call) {
+  char* err = nullptr;
+  const zinf_code_t code = call(&err);
+  ThrowIfError(FromC(code, err));
+}
+
 // A pointer handed over from Python as an integer; `what` names it in the error.
 inline void* Pointer(uintptr_t address, const char* what) {
   if (address == 0) throw StatusError(InvalidArgument(std::string(what) + " is a null pointer"));

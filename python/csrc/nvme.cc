@@ -33,19 +33,15 @@ class Completion {
   Completion& operator=(const Completion&) = delete;
 
   void Wait() {
-    char* err = nullptr;
-    zinf_code_t code;
-    {
+    CheckC([&](char** err) {
       py::gil_scoped_release release;
-      code = zinf_completion_wait(handle_, &err);
-    }
-    ThrowIfError(FromC(code, err));
+      return zinf_completion_wait(handle_, err);
+    });
   }
   // True when finished; raises the operation's error when it failed.
   bool Done() {
-    char* err = nullptr;
     int done = 0;
-    ThrowIfError(FromC(zinf_completion_poll(handle_, &done, &err), err));
+    CheckC([&](char** err) { return zinf_completion_poll(handle_, &done, err); });
     return done != 0;
   }
 
@@ -69,13 +65,10 @@ class SwapStore {
     options.rank = rank;
     options.checksum = checksum ? 1 : 0;
     options.lock_wait_ms = lock_wait_ms;
-    char* err = nullptr;
-    zinf_code_t code;
-    {
+    CheckC([&](char** err) {
       py::gil_scoped_release release;  // preallocating the files can take a while
-      code = zinf_swap_store_open(&options, &store_, &err);
-    }
-    ThrowIfError(FromC(code, err));
+      return zinf_swap_store_open(&options, &store_, err);
+    });
   }
   ~SwapStore() { Close(); }
   SwapStore(const SwapStore&) = delete;
@@ -90,40 +83,37 @@ class SwapStore {
 
   std::pair<uint64_t, uint64_t> Allocate(uint64_t size_bytes, const std::string& name) {
     zinf_swap_extent_t extent;
-    char* err = nullptr;
-    ThrowIfError(
-        FromC(zinf_swap_store_allocate(Open(), size_bytes, name.c_str(), &extent, &err), err));
+    CheckC([&](char** err) {
+      return zinf_swap_store_allocate(Open(), size_bytes, name.c_str(), &extent, err);
+    });
     return {extent.id, extent.size_bytes};
   }
   void Free(uint64_t id, uint64_t size_bytes) {
-    char* err = nullptr;
-    ThrowIfError(FromC(zinf_swap_store_free(Open(), {id, size_bytes}, &err), err));
+    CheckC([&](char** err) { return zinf_swap_store_free(Open(), {id, size_bytes}, err); });
   }
   std::unique_ptr<Completion> WriteAsync(uint64_t id, uint64_t size_bytes, uintptr_t src) {
     zinf_completion_t* completion = nullptr;
-    char* err = nullptr;
-    ThrowIfError(FromC(zinf_swap_store_write_async(Open(), {id, size_bytes}, Pointer(src, "source"),
-                                                   &completion, &err),
-                       err));
+    CheckC([&](char** err) {
+      return zinf_swap_store_write_async(Open(), {id, size_bytes}, Pointer(src, "source"),
+                                         &completion, err);
+    });
     return std::make_unique<Completion>(completion);
   }
   std::unique_ptr<Completion> ReadAsync(uint64_t id, uint64_t size_bytes, uintptr_t dst) {
     zinf_completion_t* completion = nullptr;
-    char* err = nullptr;
-    ThrowIfError(FromC(zinf_swap_store_read_async(Open(), {id, size_bytes},
-                                                  Pointer(dst, "destination"), &completion, &err),
-                       err));
+    CheckC([&](char** err) {
+      return zinf_swap_store_read_async(Open(), {id, size_bytes}, Pointer(dst, "destination"),
+                                        &completion, err);
+    });
     return std::make_unique<Completion>(completion);
   }
   void CheckStatus() {
-    char* err = nullptr;
-    ThrowIfError(FromC(zinf_swap_store_status(Open(), &err), err));
+    CheckC([&](char** err) { return zinf_swap_store_status(Open(), err); });
   }
   py::dict Info() {
     zinf_swap_store_info_t info;
     info.struct_size = sizeof(info);
-    char* err = nullptr;
-    ThrowIfError(FromC(zinf_swap_store_info(Open(), &info, &err), err));
+    CheckC([&](char** err) { return zinf_swap_store_info(Open(), &info, err); });
     py::dict d;
     d["capacity_bytes"] = info.capacity_bytes;
     d["free_bytes"] = info.free_bytes;
