@@ -125,8 +125,13 @@ StatusOr<std::unique_ptr<Communicator>> CreateLocalCommunicator();
 struct GlooOptions {
   int rank = 0;
   int world_size = 1;
-  // Interface address this rank's Gloo pairs bind to.
-  std::string host = "127.0.0.1";
+  // Where this rank's Gloo pairs listen, which is also the address its peers are told to
+  // connect to. A network interface's name (`iface`, from GLOO_SOCKET_IFNAME) comes first;
+  // else `host`, an address of this machine; else, empty, the local address of this rank's
+  // connection to the store, which is on the interface that reaches the master. Binding
+  // loopback would tell peers on other hosts to connect to themselves.
+  std::string iface;
+  std::string host;
   // Per-collective and connection timeout: a rank that died is reported after this long.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Names the group in the store, so several groups (e.g. a subset of ranks for data

@@ -67,6 +67,14 @@ StatusOr<DistEnvironment> ReadDistEnvironment() {
     env.master_port = static_cast<uint16_t>(v);
   }
   if (auto secret = Env(kStoreSecretEnv)) env.store_secret = *secret;
+  for (const char* name : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+    std::optional<std::string> ifname = Env(name);
+    if (!ifname || ifname->empty() || (*ifname)[0] == '^') continue;
+    std::string first = ifname->substr(0, ifname->find(','));
+    if (!first.empty() && first[0] == '=') first.erase(0, 1);  // NCCL's "exact name" prefix
+    env.socket_ifname = first;
+    break;
+  }
   return env;
 }
 

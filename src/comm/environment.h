@@ -1,5 +1,6 @@
 // The distributed environment as torchrun (and `zinf run`) describe it: RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Unset means a single process.
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GLOO_SOCKET_IFNAME. Unset means a
+// single process.
 // `zinf run` adds ZINF_STORE_SECRET (kStoreSecretEnv), the rendezvous store's secret.
 #ifndef ZINF_COMM_ENVIRONMENT_H_
 #define ZINF_COMM_ENVIRONMENT_H_
@@ -19,7 +20,11 @@ struct DistEnvironment {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   std::string store_secret;  // ZINF_STORE_SECRET; empty when unset (see TcpStoreOptions::secret)
-  bool launched = false;     // true when RANK and WORLD_SIZE were set
+  // The network interface for Gloo's connections: GLOO_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME
+  // (the first name of a comma-separated list, as torch uses it; NCCL's "^" exclusion lists
+  // name no interface and are ignored). Empty: the one that reaches MASTER_ADDR.
+  std::string socket_ifname;
+  bool launched = false;  // true when RANK and WORLD_SIZE were set
 };
 
 // Reads the variables. InvalidArgument names the variable, its value and what is allowed

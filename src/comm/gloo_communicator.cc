@@ -15,6 +15,7 @@
 // ranks of a node), and its fixed order ((s0 + s1) + s2) + ... gives the same bits as one
 // rank accumulating the same gradients, whatever the load or the bucket size.
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -74,9 +75,28 @@ class TcpStoreAdapter final : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
-// Runs a Gloo call, turning its exceptions into a Status.
+// The ranks a collective of this rank waits on, for its error messages: Gloo's own say only
+// that an operation timed out. Ring algorithms (all-gather, all-reduce) exchange with the two
+// neighbours; the others (all-to-all, barrier, broadcast) with every rank.
+std::string PeersText(int rank, int world, bool ring) {
+  std::vector<int> peers;
+  if (ring) {
+    for (int p : {(rank + world - 1) % world, (rank + 1) % world}) {
+      if (p != rank && std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+    }
+  } else {
+    for (int p = 0; p < world; ++p) {
+      if (p != rank) peers.push_back(p);
+    }
+  }
+  if (peers.size() == 1) return fmt::format("rank {}", peers[0]);
+  if (peers.size() > 8) return fmt::format("{} peer ranks", peers.size());
+  return fmt::format("one of ranks {}", fmt::join(peers, ", "));
+}
+
+// Runs a Gloo call, turning its exceptions into a Status that names `peers` (PeersText).
 template <typename Fn>
-Status GlooCall(Fn&& fn, std::chrono::milliseconds timeout) {
+Status GlooCall(Fn&& fn, std::chrono::milliseconds timeout, const std::string& peers = "") {
   try {
     fn();
     return OkStatus();
@@ -85,12 +105,13 @@ Status GlooCall(Fn&& fn, std::chrono::milliseconds timeout) {
   } catch (const gloo::IoException& e) {
     const std::string what = e.what();
     if (what.find("imed out") != std::string::npos) {
-      return DeadlineExceeded(
-          fmt::format("no progress within {} ms; a peer rank may have died "
-                      "or stalled: {}",
-                      timeout.count(), what));
+      return DeadlineExceeded(fmt::format(
+          "no progress within {} ms waiting on {}: a peer rank may have died, stalled or become "
+          "unreachable: {}",
+          timeout.count(), peers.empty() ? "the peer ranks" : peers, what));
     }
-    return Unavailable(fmt::format("a peer rank died or is unreachable: {}", what));
+    return Unavailable(fmt::format("a peer rank ({}) died or is unreachable: {}",
+                                   peers.empty() ? "the peer ranks" : peers, what));
   } catch (const gloo::EnforceNotMet& e) {
     return InvalidArgument(fmt::format("Gloo rejected the call: {}", e.what()));
   } catch (const std::exception& e) {
@@ -175,7 +196,7 @@ class GlooCommunicator final : public Communicator {
             opts.setTimeout(timeout_);
             gloo::allreduce(opts);
           },
-          timeout_);
+          timeout_, PeersText(rank(), world_size(), /*ring=*/true));
     });
   }
 
@@ -191,7 +212,7 @@ class GlooCommunicator final : public Communicator {
           opts.setTimeout(timeout_);
           gloo::allgather(opts);
         },
-        timeout_);
+        timeout_, PeersText(rank(), world_size(), /*ring=*/true));
   }
 
   Status DoReduceScatter(void* send, void* recv, size_t count, ElementType type,
@@ -226,7 +247,7 @@ class GlooCommunicator final : public Communicator {
               opts.setTimeout(timeout_);
               gloo::alltoall(opts);
             },
-            timeout_);
+            timeout_, PeersText(rank(), world_size(), /*ring=*/false));
         if (!s.ok()) return s;
         ReduceInRankOrder(gathered, world, n, op, out + at);
       }
@@ -244,7 +265,7 @@ class GlooCommunicator final : public Communicator {
           opts.setTimeout(timeout_);
           gloo::broadcast(opts);
         },
-        timeout_);
+        timeout_, PeersText(rank(), world_size(), /*ring=*/false));
   }
 
   Status DoBarrier() override {
@@ -255,7 +276,7 @@ class GlooCommunicator final : public Communicator {
           opts.setTimeout(timeout_);
           gloo::barrier(opts);
         },
-        timeout_);
+        timeout_, PeersText(rank(), world_size(), /*ring=*/false));
   }
 
  private:
@@ -298,7 +319,11 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(TcpStore& store,
   Status status = GlooCall(
       [&] {
         gloo::transport::tcp::attr attr;
-        attr.hostname = options.host;
+        if (!options.iface.empty()) {
+          attr.iface = options.iface;
+        } else {
+          attr.hostname = options.host.empty() ? store.local_address() : options.host;
+        }
         auto device = gloo::transport::tcp::CreateDevice(attr);
         context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
         context->setTimeout(options.timeout);

@@ -719,6 +719,13 @@ StatusOr<bool> TcpStore::Check(const std::vector<std::string>& keys) {
 }
 
 uint16_t TcpStore::port() const { return impl_->options.port; }
+
+std::string TcpStore::local_address() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  boost::system::error_code ec;
+  const tcp::endpoint local = impl_->socket.local_endpoint(ec);
+  return ec ? impl_->options.host : local.address().to_string();
+}
 std::chrono::milliseconds TcpStore::timeout() const { return impl_->options.timeout; }
 
 }  // namespace zinf

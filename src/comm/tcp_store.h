@@ -68,6 +68,9 @@ class TcpStore {
   StatusOr<bool> Check(const std::vector<std::string>& keys);
 
   uint16_t port() const;
+  // This client's end of its connection to the server: an address of the interface that
+  // reaches the master ("127.0.0.1" when the master is local).
+  std::string local_address() const;
   std::chrono::milliseconds timeout() const;
 
  private:

@@ -20,6 +20,7 @@ StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options) {
   place.master_addr = options.master_addr.empty() ? env.master_addr : options.master_addr;
   place.master_port = options.master_port > 0 ? options.master_port : env.master_port;
   place.store_secret = env.store_secret;
+  place.socket_ifname = env.socket_ifname;
   const int rank = place.global_rank, world = place.global_size;
   if (world < 1 || rank < 0 || rank >= world) {
     return InvalidArgument(fmt::format("rank must be in [0, world_size={}), got {}", world, rank));
@@ -96,6 +97,7 @@ StatusOr<ProcessGroup> ConnectProcessGroup(const ProcessPlace& place,
     ZINF_ASSIGN_OR_RETURN(group.comm,
                           CreateGlooCommunicator(*group.store, {.rank = place.rank,
                                                                 .world_size = place.size,
+                                                                .iface = place.socket_ifname,
                                                                 .timeout = timeout,
                                                                 .group_name = place.name}));
   }

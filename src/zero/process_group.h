@@ -29,6 +29,7 @@ struct ProcessPlace {
   std::string master_addr;
   int master_port = 0;
   std::string store_secret;
+  std::string socket_ifname;  // Gloo's interface (DistEnvironment::socket_ifname)
 };
 
 // Resolves the options against the environment. InvalidArgument for a rank outside the world
