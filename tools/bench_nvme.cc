@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config_reader.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/swap_store.h"
@@ -209,7 +210,7 @@ StatusOr<double> RunFioOnce(const std::string& cmd, const char* rw) {
   const size_t brace = out.find('{');
   if (brace == std::string::npos) return IoError(fmt::format("fio printed no JSON: {}", out));
   try {
-    auto j = nlohmann::json::parse(out.substr(brace));
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJson(out.substr(brace), "fio's output"));
     const double bw = j.at("jobs").at(0).at(rw).at("bw_bytes").get<double>();
     return bw / 1e6;
   } catch (const std::exception& e) {

@@ -15,16 +15,16 @@
 #include <fmt/core.h>
 
 #include <exception>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 #include "tools/commands.h"
+#include "tools/trainer_config.h"
 #include "zinf/engine.h"
+#include "zinf/input_file.h"
 
 namespace zinf::tools {
 namespace {
@@ -43,21 +43,11 @@ struct ImportArgs {
   std::string nvme_path;  // empty: host memory
 };
 
-StatusOr<EngineConfig> ReadImportConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return InvalidArgument("--config: cannot read " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object()) return InvalidArgument("--config " + path + ": not a JSON object");
-  json.erase("model");
-  return EngineConfig::FromJson(json.dump());
-}
-
 StatusOr<EngineConfig> ImportConfig(const std::string& path, const std::string& nvme_path) {
   EngineConfig config;
   if (!path.empty()) {
-    ZINF_ASSIGN_OR_RETURN(config, ReadImportConfig(path));
+    ZINF_ASSIGN_OR_RETURN(const std::string text, ReadInputFile(path, "--config"));
+    ZINF_ASSIGN_OR_RETURN(config, EngineConfigOfTrainerConfig(text, "--config " + path));
   }
   // One process, in host memory or on the given NVMe path: where a trainer keeps its state
   // is its own business, and the checkpoint's layout does not depend on it.

@@ -23,6 +23,7 @@
 #include "tools/plan_model.h"
 #include "tools/plot.h"
 #include "zinf/cpu_info.h"
+#include "zinf/input_file.h"
 
 namespace zinf::tools {
 namespace {
@@ -43,14 +44,6 @@ struct PlanArgs {
   bool json = false;
   bool clipped = false;
 };
-
-StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  if (!in) return InvalidArgument(fmt::format("{} {}: cannot read the file", what, path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A count of parameters: digits with an optional K, M, G, T (powers of 1000: "1.3B" as B too).
 StatusOr<uint64_t> ParseCount(const std::string& text) {
@@ -112,7 +105,7 @@ Status RunPlan(const PlanArgs& args) {
   EngineConfig base;
   std::string base_json = "{}";
   if (!args.model.empty()) {
-    ZINF_ASSIGN_OR_RETURN(base_json, ReadFile(args.model, "--model"));
+    ZINF_ASSIGN_OR_RETURN(base_json, ReadInputFile(args.model, "--model"));
     ZINF_ASSIGN_OR_RETURN(plan::ConfigModel cm,
                           plan::ModelFromConfigText(base_json, args.model,
                                                     args.layers > 0 ? args.layers : 4, args.width));
@@ -132,7 +125,7 @@ Status RunPlan(const PlanArgs& args) {
   plan::MachineProfile profile;
   const bool have_profile = !args.profile.empty();
   if (have_profile) {
-    ZINF_ASSIGN_OR_RETURN(std::string text, ReadFile(args.profile, "--profile"));
+    ZINF_ASSIGN_OR_RETURN(std::string text, ReadInputFile(args.profile, "--profile"));
     ZINF_ASSIGN_OR_RETURN(profile, plan::MachineProfile::FromJson(text, args.profile));
   } else {
     // Memory only: this machine's sizes, no rates.
@@ -349,7 +342,8 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--profile", args->profile, "Machine profile from `zinf bench profile`");
   cmd->add_option("--world-size", args->world_size, "Data-parallel ranks on this machine")
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "Threads per rank (default: cores / ranks)");
+  cmd->add_option("--threads", args->threads, "Threads per rank (default: cores / ranks)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--memory", args->memory, "Host memory to plan for (default: the profile's)");
   cmd->add_option("--gpu-memory", args->gpu_memory, "GPU memory to plan for (default: none)");
   cmd->add_option("--nvme-free", args->nvme_free,

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/config_reader.h"
 #include "core/units.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
@@ -356,10 +357,8 @@ StatusOr<ModelSpec> UniformModel(uint64_t params, int layers, uint64_t tokens_pe
 
 StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::string& source,
                                           int mlp_layers, int mlp_width) {
-  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
-    return InvalidArgument(fmt::format("{}: not a JSON object", source));
-  }
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(text, source));
+  if (!json.is_object()) return InvalidArgument(fmt::format("{}: not a JSON object", source));
   nlohmann::json model = nlohmann::json::object();
   const bool gpt = json.contains("model");
   if (gpt) {
@@ -420,10 +419,8 @@ StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::stri
 
 StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
                                                   const std::string& source) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument(fmt::format("profile {}: not a JSON object", source));
-  }
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, fmt::format("profile {}", source)));
+  if (!j.is_object()) return InvalidArgument(fmt::format("profile {}: not a JSON object", source));
   if (!j.contains("zinf_profile") || j["zinf_profile"] != 1) {
     return InvalidArgument(fmt::format(
         "profile {}: no \"zinf_profile\": 1 (write one with `zinf bench profile --out FILE`)",
@@ -1111,10 +1108,8 @@ std::string PlacementName(const EngineConfig& c) {
 }
 
 StatusOr<std::string> DeepSpeedJson(const EngineConfig& c, std::string_view base_json) {
-  nlohmann::json j = nlohmann::json::parse(base_json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument("the base config is not a JSON object");
-  }
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(base_json, "the base config"));
+  if (!j.is_object()) return InvalidArgument("the base config is not a JSON object");
   j.erase("model");
   nlohmann::json& zero = j["zero_optimization"];
   if (!zero.is_object()) zero = nlohmann::json::object();

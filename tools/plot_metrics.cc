@@ -6,14 +6,13 @@
 #include <fmt/core.h>
 
 #include <cmath>
-#include <fstream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tools/commands.h"
+#include "tools/metrics_file.h"
 #include "tools/plot.h"
 
 namespace zinf::tools {
@@ -26,74 +25,14 @@ struct MetricsArgs {
   int panel_height_px = Figure().panel_height_px;
 };
 
-// One run's metrics, a value per step for each key it plots.
-struct Run {
-  std::string name;
-  std::vector<double> step, loss, step_s, compute_s, param_wait_s, grad_reduce_s, optimizer_s;
-};
-
-// A finite number at `key` of `line`; `required` keys must be there.
-Status ReadNumber(const nlohmann::json& line, const char* key, bool required,
-                  const std::string& where, std::vector<double>* out, size_t steps) {
-  auto it = line.find(key);
-  if (it == line.end()) {
-    if (required) return InvalidArgument(fmt::format("{}: no \"{}\" in the object", where, key));
-    return OkStatus();
-  }
-  // Step times are drawn on a log axis: they must be positive; parts may be 0.
-  const bool positive = std::string_view(key) == "step_s";
-  if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0 ||
-      (positive && it->get<double>() == 0)) {
-    return InvalidArgument(fmt::format("{}: \"{}\" must be a {} number, got {}", where, key,
-                                       positive ? "positive" : "finite non-negative",
-                                       it->dump().substr(0, 40)));
-  }
-  // An optional key present on some lines only would misalign the curve: all or none.
-  if (out->size() != steps) {
-    return InvalidArgument(
-        fmt::format("{}: \"{}\" is here but not on the lines before", where, key));
-  }
-  out->push_back(it->get<double>());
-  return OkStatus();
-}
-
-StatusOr<Run> ReadMetrics(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return InvalidArgument(fmt::format("cannot read metrics file {}", path));
-  Run run;
-  run.name = path.substr(path.find_last_of('/') + 1);
-  std::string text;
-  for (int number = 1; std::getline(in, text); ++number) {
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, number);
-    const nlohmann::json line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!line.is_object()) {
-      return InvalidArgument(
-          fmt::format("{}: not a JSON object (train_gpt --metrics writes one per line): {}", where,
-                      text.substr(0, 80)));
-    }
-    const size_t n = run.step.size();
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "step", true, where, &run.step, n));
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "loss", true, where, &run.loss, n));
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "step_s", true, where, &run.step_s, n));
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "compute_s", false, where, &run.compute_s, n));
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "param_wait_s", false, where, &run.param_wait_s, n));
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "grad_reduce_s", false, where, &run.grad_reduce_s, n));
-    ZINF_RETURN_IF_ERROR(ReadNumber(line, "optimizer_s", false, where, &run.optimizer_s, n));
-  }
-  if (in.bad()) return IoError(fmt::format("reading metrics file {}", path));
-  if (run.step.empty()) return InvalidArgument(fmt::format("metrics file {} has no steps", path));
-  return run;
-}
-
-Figure MetricsFigure(const std::vector<Run>& runs) {
+Figure MetricsFigure(const std::vector<MetricsRun>& runs) {
   Figure f;
   f.title = runs.size() == 1 ? "training metrics: " + runs[0].name : "training metrics";
   PlotPanel loss{.title = "loss", .x_label = "step", .y_label = "loss (nats per token)"};
   // Log scale: a step that a busy machine stretched tenfold would flatten the rest.
   PlotPanel time{
       .title = "step time", .x_label = "step", .y_label = "seconds (log scale)", .log_y = true};
-  for (const Run& r : runs) {
+  for (const MetricsRun& r : runs) {
     const bool points = r.step.size() <= 50;
     loss.series.push_back(
         {.title = runs.size() == 1 ? "loss" : r.name, .x = r.step, .y = r.loss, .points = points});
@@ -142,9 +81,9 @@ void AddPlotCommands(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([args] {
     auto run = [&]() -> Status {
-      std::vector<Run> runs;
+      std::vector<MetricsRun> runs;
       for (const std::string& file : args->files) {
-        ZINF_ASSIGN_OR_RETURN(Run r, ReadMetrics(file));
+        ZINF_ASSIGN_OR_RETURN(MetricsRun r, ReadMetricsFile(file));
         runs.push_back(std::move(r));
       }
       Figure figure = MetricsFigure(runs);

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "examples/gpt/gpt_kernels.h"
+#include "examples/gpt/json_input.h"
 
 namespace gpt {
 namespace {
@@ -72,32 +73,6 @@ struct BlockActivations {
 };
 
 }  // namespace
-
-Status CheckJsonDepth(std::string_view text, std::string_view source, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character, which may be a quote
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return InvalidArgument(
-            fmt::format("{} nests arrays and objects more than {} levels deep (at byte {})", source,
-                        max_depth, i));
-      }
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;  // unbalanced text: the parser reports it
-    }
-  }
-  return zinf::OkStatus();
-}
 
 Status GptConfig::Validate() const {
   for (auto [name, value] : {std::pair{"vocab_size", vocab_size},
@@ -176,11 +151,9 @@ StatusOr<uint64_t> GptConfig::ActivationBytes(int64_t batch) const {
 }
 
 StatusOr<GptConfig> GptConfig::FromJson(std::string_view json_object) {
-  ZINF_RETURN_IF_ERROR(CheckJsonDepth(json_object, "model"));
-  const nlohmann::json json = nlohmann::json::parse(json_object, nullptr, false);
-  if (json.is_discarded()) return InvalidArgument("model: not valid JSON");
+  ZINF_ASSIGN_OR_RETURN(const nlohmann::json json, ParseJson(json_object, "model"));
   if (!json.is_object()) {
-    return InvalidArgument("model must be a JSON object, got " + json.dump());
+    return InvalidArgument(std::string("model must be a JSON object, got ") + json.type_name());
   }
   GptConfig c;
   for (const auto& [key, value] : json.items()) {
@@ -194,13 +167,13 @@ StatusOr<GptConfig> GptConfig::FromJson(std::string_view json_object) {
       if (!value.is_number_integer() || value.get<int64_t>() < 1 ||
           value.get<int64_t>() > kMaxDimension) {
         return InvalidArgument(fmt::format("model.{} must be an integer in [1, {}], got {}", key,
-                                           kMaxDimension, value.dump()));
+                                           kMaxDimension, DescribeJson(value)));
       }
       *field = value.get<int>();
     } else if (key == "activation_checkpointing") {
       if (!value.is_boolean()) {
         return InvalidArgument("model.activation_checkpointing must be true or false, got " +
-                               value.dump());
+                               DescribeJson(value));
       }
       c.activation_checkpointing = value.get<bool>();
     } else {

@@ -128,16 +128,6 @@ class Gpt {
   std::unique_ptr<Impl> impl_;
 };
 
-// The deepest nesting of JSON arrays and objects FromJson and train_gpt accept.
-inline constexpr int kMaxJsonDepth = 128;
-// InvalidArgument, naming `source` and the byte, when `text` nests JSON arrays and objects
-// deeper than `max_depth`. Scans brackets outside strings without parsing: nlohmann's copy and
-// dump recurse, and 100k levels overflow the stack, so deep text is refused before parsing.
-// The same scan as zinf's internal one (src/core/config_reader.h): examples use only public
-// headers.
-zinf::Status CheckJsonDepth(std::string_view text, std::string_view source,
-                            int max_depth = kMaxJsonDepth);
-
 // Threads for the model's CPU compute (OpenMP, used by oneDNN too), for the calling thread's
 // later calls. threads >= 1.
 void SetComputeThreads(int threads);

@@ -57,13 +57,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "examples/gpt/gpt_model.h"
+#include "examples/gpt/json_input.h"
 #include "zinf/cpu_info.h"
 #include "zinf/engine.h"
+#include "zinf/input_file.h"
 
 namespace {
 
@@ -118,8 +119,10 @@ Status ApplySet(const std::string& set, nlohmann::json* json) {
     return zinf::InvalidArgument("--set '" + set + "': expected KEY.PATH=VALUE");
   }
   const std::string value_text = set.substr(eq + 1);
-  nlohmann::json value = nlohmann::json::parse(value_text, nullptr, false);
-  if (value.is_discarded()) value = value_text;
+  // Too deep is an error; not JSON at all is a bare word.
+  if (Status s = zinf::CheckJsonDepth(value_text, "--set " + set); !s.ok()) return s;
+  StatusOr<nlohmann::json> parsed = gpt::ParseJson(value_text, "--set " + set);
+  nlohmann::json value = parsed.ok() ? *std::move(parsed) : nlohmann::json(value_text);
   nlohmann::json* at = json;
   std::string path = set.substr(0, eq);
   for (size_t start = 0;;) {
@@ -142,22 +145,15 @@ Status ApplySet(const std::string& set, nlohmann::json* json) {
 
 StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path,
                                  const std::vector<std::string>& sets) {
-  std::ifstream file(path);
-  if (!file) return zinf::InvalidArgument("cannot read config " + path);
-  std::stringstream text;
-  text << file.rdbuf();
-  std::string json_text = text.str();
+  ZINF_ASSIGN_OR_RETURN(std::string json_text, zinf::ReadInputFile(path, "--config"));
   if (json_text.find("@NVME_PATH@") != std::string::npos && nvme_path.empty()) {
     return zinf::InvalidArgument(path + " puts data on NVMe at @NVME_PATH@: give --nvme-path DIR");
   }
   for (size_t at; (at = json_text.find("@NVME_PATH@")) != std::string::npos;) {
     json_text.replace(at, 11, nvme_path);
   }
-  if (Status s = gpt::CheckJsonDepth(json_text, path); !s.ok()) return s;
-  nlohmann::json json = nlohmann::json::parse(json_text, nullptr, false);
-  if (json.is_discarded() || !json.is_object()) {
-    return zinf::InvalidArgument(path + ": not a JSON object");
-  }
+  ZINF_ASSIGN_OR_RETURN(nlohmann::json json, gpt::ParseJson(json_text, path));
+  if (!json.is_object()) return zinf::InvalidArgument(path + ": not a JSON object");
   for (const std::string& set : sets) {
     if (Status s = ApplySet(set, &json); !s.ok()) return s;
   }
@@ -249,22 +245,23 @@ Status CheckSaveDirectory(const std::string& dir) {
 Status ReadClientState(const std::string& text, const std::string& dir, int64_t* step,
                        uint64_t* seed) {
   const std::string where = "--resume " + dir + ": the checkpoint's client_state";
-  if (Status s = gpt::CheckJsonDepth(text, where); !s.ok()) return s;
-  const nlohmann::json state = nlohmann::json::parse(text, nullptr, false);
-  if (state.is_discarded() || !state.is_object()) {
-    return zinf::DataLoss(where + " is not a JSON object: " + text.substr(0, 80));
+  StatusOr<nlohmann::json> parsed = gpt::ParseJson(text, where);
+  if (!parsed.ok()) return zinf::DataLoss(parsed.status().message());
+  const nlohmann::json& state = *parsed;
+  if (!state.is_object()) {
+    return zinf::DataLoss(where + " is not a JSON object but " + gpt::DescribeJson(state));
   }
   if (auto it = state.find("step"); it != state.end()) {
     if (!it->is_number_unsigned() || it->get<uint64_t>() > uint64_t{INT64_MAX}) {
       return zinf::DataLoss(where + ".step must be a non-negative integer, got " +
-                            it->dump().substr(0, 80) + " (" + it->type_name() + ")");
+                            gpt::DescribeJson(*it) + " (" + it->type_name() + ")");
     }
     *step = it->get<int64_t>();
   }
   if (auto it = state.find("seed"); it != state.end()) {
     if (!it->is_number_unsigned()) {
       return zinf::DataLoss(where + ".seed must be a non-negative integer, got " +
-                            it->dump().substr(0, 80) + " (" + it->type_name() + ")");
+                            gpt::DescribeJson(*it) + " (" + it->type_name() + ")");
     }
     *seed = it->get<uint64_t>();
   }
@@ -318,11 +315,8 @@ StatusOr<std::string> LoadCorpus(const std::string& path, const gpt::GptConfig& 
   if (path.empty()) {
     corpus = GenerateCorpus(2 << 20);
   } else {
-    std::ifstream file(path, std::ios::binary);
-    if (!file) return zinf::InvalidArgument("--data: cannot read " + path);
-    std::stringstream bytes;
-    bytes << file.rdbuf();
-    corpus = bytes.str();
+    // The corpus is held in memory whole; a regular file only, so --data /dev/zero is refused.
+    ZINF_ASSIGN_OR_RETURN(corpus, zinf::ReadInputFile(path, "--data", uint64_t{16} << 30));
   }
   if (corpus.size() < static_cast<size_t>(model.seq_len) + 2) {
     return zinf::InvalidArgument(

@@ -13,12 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "zinf/engine.h"
+#include "zinf/input_file.h"
 
 namespace {
 
@@ -93,11 +92,9 @@ int main(int argc, char** argv) {
                  "[--steps S] [--nvme-path DIR]\n");
     return 2;
   }
-  std::ifstream file(args.config);
-  if (!file) return Fail(zinf::InvalidArgument("cannot read config " + args.config));
-  std::stringstream text;
-  text << file.rdbuf();
-  std::string json = text.str();
+  auto text = zinf::ReadInputFile(args.config, "--config");
+  if (!text.ok()) return Fail(text.status());
+  std::string json = *std::move(text);
   for (size_t at; (at = json.find("@NVME_PATH@")) != std::string::npos;) {
     json.replace(at, 11, args.nvme_path);
   }

@@ -9,6 +9,7 @@
 
 #include "capi/capi_internal.h"
 #include "capi/completion.h"
+#include "core/config_reader.h"
 #include "nvme/swap_store.h"
 #include "zinf/c_api.h"
 
@@ -44,11 +45,7 @@ StatusOr<SwapStoreOptions> ToOptions(const zinf_swap_store_options_t* in) {
   o.checksum = c.checksum != 0;
   o.lock_wait_ms = c.lock_wait_ms;
   if (c.aio_json != nullptr) {
-    const nlohmann::json aio =
-        nlohmann::json::parse(c.aio_json, nullptr, /*allow_exceptions=*/false);
-    if (aio.is_discarded()) {
-      return InvalidArgument(std::string("options->aio_json is not valid JSON: ") + c.aio_json);
-    }
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json aio, ParseJson(c.aio_json, "options->aio_json"));
     ZINF_RETURN_IF_ERROR(ReadAioOptions(aio, "options->aio_json", &o.aio));
   }
   return o;

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 
 #include "core/config_reader.h"
 #include "core/crc32c.h"
+#include "core/log.h"
 
 namespace zinf::ckpt {
 namespace {
@@ -153,29 +155,6 @@ Status CheckEngineState(const nlohmann::json& state) {
   return OkStatus();
 }
 
-// Reads a whole file of at most `max_bytes`; `what` names it in errors.
-StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t max_bytes,
-                                    std::string_view what) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, fmt::format("opening {} {}", what, path));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return ErrnoStatus(err, fmt::format("reading {} {}", what, path));
-  }
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) > max_bytes) {
-    close(fd);
-    return DataLoss(
-        fmt::format("{} {} is not a regular file of at most {} bytes", what, path, max_bytes));
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  Status s = ReadAll(fd, text.data(), text.size(), 0, path);
-  close(fd);
-  if (!s.ok()) return s;
-  return text;
-}
-
 // Whether `path` exists: false where it does not (or a parent is not a directory), an error
 // naming `what` where the OS cannot tell (permission denied, a loop of symbolic links...).
 StatusOr<bool> Exists(const fs::path& path, std::string_view what) {
@@ -198,6 +177,14 @@ Status CheckTag(std::string_view tag) {
         "checkpoint tag '{}' must be a plain directory name (1 to 255 bytes, no '/', not "
         "starting with '.')",
         tag.substr(0, 300)));
+  }
+  // DIR/latest is the pointer file, and names ending in .tmp are files being written: a tag
+  // of either name could never commit.
+  if (tag == "latest" || tag.ends_with(".tmp")) {
+    return InvalidArgument(fmt::format(
+        "checkpoint tag '{}' is reserved: 'latest' is the pointer to the newest checkpoint and "
+        "'.tmp' names files being written",
+        tag));
   }
   return OkStatus();
 }
@@ -389,6 +376,31 @@ Status WriteManifest(const std::string& dir, const Manifest& m) {
   return WriteFileAtomically(dir + "/manifest.json", text);
 }
 
+namespace {
+
+// What a save writes into a tag directory before its manifest commits it.
+bool IsUncommittedSaveFile(const fs::directory_entry& entry) {
+  std::error_code ec;
+  if (entry.symlink_status(ec).type() != fs::file_type::regular) return false;
+  const std::string name = entry.path().filename().string();
+  return name == "manifest.json.tmp" ||
+         (name.starts_with("rank-") &&
+          (name.ends_with(".zshard") || name.ends_with(".zshard.tmp")));
+}
+
+// A directory that a save created and never committed: no manifest, and nothing in it but
+// what a save writes (so a directory of the user's is never taken for one).
+bool IsAbandonedSave(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return false;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!IsUncommittedSaveFile(*it) || it->path().filename() == "manifest.json") return false;
+  }
+  return !ec;
+}
+
+}  // namespace
+
 Status CommitLatest(const std::string& root, const std::string& tag) {
   ZINF_RETURN_IF_ERROR(CheckTag(tag));
   ZINF_RETURN_IF_ERROR(WriteFileAtomically(root + "/latest", tag + "\n"));
@@ -396,14 +408,26 @@ Status CommitLatest(const std::string& root, const std::string& tag) {
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code entry_ec;
-    // A link is never followed: only real directories of ours are removed.
-    if (it->path().filename() != tag &&
-        it->symlink_status(entry_ec).type() == fs::file_type::directory &&
-        fs::is_regular_file(it->path() / "manifest.json", entry_ec)) {
+    if (it->path().filename() == tag) continue;
+    // A link is never followed: only real directories of ours are removed, older checkpoints
+    // and saves that were killed before they committed.
+    if ((it->symlink_status(entry_ec).type() == fs::file_type::directory &&
+         fs::is_regular_file(it->path() / "manifest.json", entry_ec)) ||
+        IsAbandonedSave(it->path())) {
       fs::remove_all(it->path(), entry_ec);
     }
   }
   return OkStatus();
+}
+
+void RemoveUncommittedShard(const std::string& tag_dir, int rank) {
+  const std::string shard = tag_dir + "/" + ShardFileName(rank);
+  std::error_code ec;
+  if (fs::exists(tag_dir + "/manifest.json", ec)) return;  // committed after all
+  fs::remove(shard, ec);
+  fs::remove(shard + ".tmp", ec);
+  if (rank == 0) fs::remove(tag_dir + "/manifest.json.tmp", ec);
+  fs::remove(tag_dir, ec);  // only when empty: the last rank to clean up removes it
 }
 
 StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
@@ -416,7 +440,7 @@ StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
     return InvalidArgument(fmt::format(
         "{} is not a zinf checkpoint: it has neither manifest.json nor a 'latest' file", path));
   }
-  ZINF_ASSIGN_OR_RETURN(std::string tag, ReadSmallFile(latest_path, 4096, "checkpoint pointer"));
+  ZINF_ASSIGN_OR_RETURN(std::string tag, ReadInputFile(latest_path, "checkpoint pointer", 4096));
   if (!tag.empty() && tag.back() == '\n') tag.pop_back();
   if (Status s = CheckTag(tag); !s.ok()) {
     return DataLoss(fmt::format("{} names '{}', which is not a checkpoint in {}: {}", latest_path,
@@ -557,10 +581,9 @@ StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view source)
     return DataLoss(fmt::format("{} is not a valid zinf checkpoint manifest: {}", source, what));
   };
   try {
-    if (Status s = CheckJsonDepth(text, "it"); !s.ok()) return bad(s.message());
-    nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr,
-                                             /*allow_exceptions=*/false);
-    if (j.is_discarded()) return bad("not JSON (truncated?)");
+    StatusOr<nlohmann::json> parsed = ParseJson(text, "it");
+    if (!parsed.ok()) return bad(parsed.status().message());
+    nlohmann::json& j = *parsed;
     if (!j.is_object()) return bad(fmt::format("not a JSON object but {}", DescribeJson(j)));
     auto format = j.find("format");
     if (format == j.end() || *format != "zinf-checkpoint") {
@@ -579,7 +602,17 @@ StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view source)
           source, version->get<uint64_t>(), kOldestManifestVersion, kManifestVersion));
     }
     const int v = static_cast<int>(version->get<uint64_t>());
-    if (v >= 2) {
+    if (v < 2) {
+      const char* strict = std::getenv(kStrictCheckpointsEnv);
+      if (strict != nullptr && std::string_view(strict) == "1") {
+        return DataLoss(fmt::format(
+            "{} is format_version {}, which has no checksum, and {}=1 refuses unprotected "
+            "manifests: load it without {} once and save it again",
+            source, v, kStrictCheckpointsEnv, kStrictCheckpointsEnv));
+      }
+      log::Warn("{} is format_version {}: it has no checksum, so an edit to it is not detected",
+                source, v);
+    } else {
       auto recorded = j.find("checksum");
       if (recorded == j.end() || !recorded->is_string()) {
         return bad(fmt::format("format_version {} needs a \"checksum\" string, got {}", v,
@@ -605,7 +638,7 @@ StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view source)
 StatusOr<Manifest> ReadManifest(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   ZINF_ASSIGN_OR_RETURN(const std::string text,
-                        ReadSmallFile(path, kMaxManifestBytes, "checkpoint manifest"));
+                        ReadInputFile(path, "checkpoint manifest", kMaxManifestBytes));
   return ParseManifest(text, path);
 }
 
@@ -629,12 +662,14 @@ StatusOr<ShardReader> ShardReader::Open(const std::string& path, const std::stri
   if (std::memcmp(tail + 8, kMagic, 8) != 0) return corrupt("no trailer at the end");
   uint64_t length = 0;
   std::memcpy(&length, tail, 8);
-  if (length > static_cast<uint64_t>(size) - 16) return corrupt("trailer length out of range");
+  if (length > static_cast<uint64_t>(size) - 16 || length > kMaxManifestBytes) {
+    return corrupt(fmt::format("trailer length {} out of range", length));
+  }
   std::string text(length, '\0');
   ZINF_RETURN_IF_ERROR(ReadAll(r.fd_, text.data(), length, size - 16 - length, path));
-  if (Status s = CheckJsonDepth(text, "its trailer"); !s.ok()) return corrupt(s.message());
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded()) return corrupt("trailer is not JSON");
+  StatusOr<nlohmann::json> trailer = ParseJson(text, "its trailer");
+  if (!trailer.ok()) return corrupt(trailer.status().message());
+  const nlohmann::json& j = *trailer;
   const uint64_t data_end = static_cast<uint64_t>(size) - 16 - length;
   try {
     if (j.at("tag").get<std::string>() != tag || j.at("rank").get<int>() != rank) {

@@ -16,7 +16,11 @@
 // world_size, step, shard_elements, params (name, shape, numel, shard_size, flat_offset),
 // engine_state, client_state, and "checksum": "crc32c:<8 hex digits>", the CRC32C of the
 // compact dump (nlohmann's dump(), keys sorted) of the object without "checksum". Version 1
-// (zinf 0.1 before checksums) has no checksum and is still read, with every other check.
+// (zinf 0.1 before checksums) has no checksum and is still read, with every other check and a
+// warning; nothing then protects its values from an edit or a bit flip that leaves them
+// consistent (a step count, a learning-rate schedule's state, the client_state, a parameter's
+// name or shape that still matches its shard). Where that matters, set
+// ZINF_CHECKPOINT_STRICT=1: version 1 manifests are then refused (kStrictCheckpointsEnv).
 //
 // A shard file is its sections back to back, each starting at a multiple of 4096, then a
 // JSON trailer that lists them (name, offset, bytes, crc32c) with the tag and rank, then the
@@ -114,7 +118,13 @@ StatusOr<std::string> SerializeManifest(const Manifest& manifest);
 Status WriteManifest(const std::string& dir, const Manifest& manifest);
 // Points `root`/latest at `tag` (temporary name, fsync, rename), then removes the other
 // checkpoint directories under `root` (they are older: only `latest` is ever loaded).
+// Also removes what saves killed before their commit left there (directories without a
+// manifest holding only shard and temporary files).
 Status CommitLatest(const std::string& root, const std::string& tag);
+// After a save of `tag_dir` failed before its manifest was written: removes rank `rank`'s
+// shard file (committed or temporary; rank 0 also the manifest's temporary file), and the
+// directory once empty. Best effort, never fails: what it leaves, CommitLatest removes.
+void RemoveUncommittedShard(const std::string& tag_dir, int rank);
 
 // ---- Reading ----
 
@@ -128,6 +138,8 @@ StatusOr<std::string> ResolveCheckpoint(const std::string& path);
 // the format, the version, the checksum and then ValidateManifest. Never throws, whatever the
 // bytes. `source` (the file's path) prefixes errors. DataLoss for a corrupt, edited or
 // inconsistent manifest; FailedPrecondition for a format_version this build does not read.
+// With kStrictCheckpointsEnv set to 1, a format_version 1 manifest (no checksum) is DataLoss.
+inline constexpr char kStrictCheckpointsEnv[] = "ZINF_CHECKPOINT_STRICT";
 StatusOr<Manifest> ParseManifest(std::string_view json, std::string_view source = "manifest.json");
 // Reads and parses `dir`/manifest.json (see ParseManifest). Its consistency with the shard
 // files (section sizes, checksums) is checked by their readers.

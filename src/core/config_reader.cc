@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
+#include <unordered_set>
+#include <vector>
 
 #include "core/log.h"
 #include "core/units.h"
@@ -15,41 +15,76 @@
 namespace zinf {
 
 std::string DescribeJson(const nlohmann::json& value) {
-  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (value.is_array() || value.is_object()) {
+    return fmt::format("{} {} ({})", value.size(),
+                       value.is_array() ? "elements" : (value.size() == 1 ? "key" : "keys"),
+                       value.type_name());
+  }
+  std::string text;
+  if (value.is_string()) {  // cut before dumping: a string may be megabytes long
+    const std::string& s = value.get_ref<const std::string&>();
+    text = nlohmann::json(s.substr(0, 64))
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } else {
+    text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return fmt::format("{} ({})", text, value.type_name());
 }
 
-Status CheckJsonDepth(std::string_view text, std::string_view source, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character, which may be a quote
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return InvalidArgument(
-            fmt::format("{} nests arrays and objects more than {} levels deep (at byte {}); "
-                        "zinf reads at most {}",
-                        source, max_depth, i, max_depth));
-      }
-    } else if (c == ']' || c == '}') {
-      depth = std::max(depth - 1, 0);  // unbalanced text: the parser reports it
-    }
-  }
-  return OkStatus();
-}
+namespace {
 
-StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source) {
+// Finds a key named twice in one object, at any depth. A SAX pass of its own, before the
+// parse: nlohmann's parser callback rescans an object's members at the end of every member
+// that is an object, which made a safetensors header of n tensors O(n^2).
+class DuplicateKeyFinder : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open_.emplace_back();
+    return true;
+  }
+  bool key(string_t& name) override {
+    if (open_.back().insert(name).second) return true;
+    duplicate_ = name.substr(0, 200);
+    return false;  // stops the pass
+  }
+  bool end_object() override {
+    open_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // the parse proper reports it
+  }
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  std::vector<std::unordered_set<std::string>> open_;
+  std::string duplicate_;
+};
+
+}  // namespace
+
+StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source,
+                                   bool unique_keys) {
   ZINF_RETURN_IF_ERROR(CheckJsonDepth(text, source));
   try {
+    if (unique_keys) {
+      DuplicateKeyFinder keys;
+      nlohmann::json::sax_parse(text.begin(), text.end(), &keys);
+      if (!keys.duplicate().empty()) {
+        return InvalidArgument(
+            fmt::format("{} names the key '{}' twice in one object", source, keys.duplicate()));
+      }
+    }
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument(fmt::format("{} is not valid JSON: {}", source, e.what()));
@@ -58,12 +93,9 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view sourc
   }
 }
 
-StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus(errno, fmt::format("opening config file {}", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseJson(text.str(), path);
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, std::string_view what) {
+  ZINF_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, what.empty() ? "config file" : what));
+  return ParseJson(text, path);
 }
 
 ConfigReader::ConfigReader(const nlohmann::json& object, std::string path)

@@ -26,29 +26,26 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/input_file.h"
 #include "zinf/status.h"
 
 namespace zinf {
 
-// Deepest nesting of arrays and objects ParseJson accepts. nlohmann's parser is iterative,
-// but copying and dumping a value recurse: 100k levels overflow the stack. Real configs
-// and manifests nest fewer than 10 levels.
-inline constexpr int kMaxJsonDepth = 128;
-
-// InvalidArgument, naming `source` and the byte offset, when `text` nests arrays and objects
-// deeper than `max_depth`; scans brackets outside strings without parsing, so it is safe on
-// any bytes. OK for text that is not JSON (the parser then reports it).
-Status CheckJsonDepth(std::string_view text, std::string_view source,
-                      int max_depth = kMaxJsonDepth);
-
 // Parses JSON text from memory, never throwing: `source` (a file name) prefixes errors, which
-// give line and column. Text nested deeper than kMaxJsonDepth is refused before parsing.
-// Safe on arbitrary bytes (the entry point for fuzzing configs).
-StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source);
-StatusOr<nlohmann::json> ReadJsonFile(const std::string& path);
+// give line and column. Text nested deeper than kMaxJsonDepth is refused before parsing, and
+// so, with `unique_keys`, is an object that names a key twice (formats such as safetensors
+// forbid it; DeepSpeed configs, like Python's json, take the last). The one place zinf parses
+// JSON (Note [Bounded input] in src/core/input_file.cc). Safe on arbitrary bytes (the entry
+// point for fuzzing configs).
+StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view source,
+                                   bool unique_keys = false);
+// ReadInputFile (regular file or "-", at most kMaxInputFileBytes), then ParseJson. `what` names
+// the input in errors ("--profile"); empty: "config file".
+StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, std::string_view what = {});
 
-// A value for an error message: its JSON, cut at 60 characters, and its type:
-// "\"8\" (string)". Never throws.
+// A value for an error message: a scalar's JSON cut at 60 characters, or an array's or
+// object's size, and its type: "\"8\" (string)", "3 elements (array)". Never throws, and
+// never dumps a container, which may be large.
 std::string DescribeJson(const nlohmann::json& value);
 
 class ConfigReader {

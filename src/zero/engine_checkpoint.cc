@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "ckpt/safetensors.h"
+#include "core/config_reader.h"
 #include "zero/engine_impl.h"
 
 namespace zinf {
@@ -24,10 +25,12 @@ nlohmann::json Engine::Impl::ScalarState() const {
 
 StatusOr<Engine::Impl::SavedScalars> Engine::Impl::ParseScalarState(const std::string& text,
                                                                     const std::string& dir) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  StatusOr<nlohmann::json> parsed = ParseJson(text, "engine_state");
   auto bad = [&](const char* key, const char* expected) {
     return DataLoss(fmt::format("{}: manifest engine_state.{} must be {}", dir, key, expected));
   };
+  if (!parsed.ok()) return DataLoss(fmt::format("{}: manifest {}", dir, parsed.status().message()));
+  const nlohmann::json& j = *parsed;
   if (!j.is_object()) {
     return DataLoss(fmt::format("{}: manifest engine_state must be a JSON object", dir));
   }
@@ -360,13 +363,11 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("SaveCheckpoint before Initialize");
   ZINF_RETURN_IF_ERROR(m.QuiesceStep("SaveCheckpoint"));
-  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
-    return InvalidArgument(fmt::format("checkpoint tag '{}' must be a plain file name", tag));
-  }
-  const nlohmann::json client = nlohmann::json::parse(client_state, nullptr, false);
+  ZINF_RETURN_IF_ERROR(ckpt::CheckTag(tag));
+  ZINF_ASSIGN_OR_RETURN(const nlohmann::json client, ParseJson(client_state, "client_state"));
   if (!client.is_object()) {
     return InvalidArgument(
-        fmt::format("client_state must be a JSON object, got: {}", client_state));
+        fmt::format("client_state must be a JSON object, got {}", DescribeJson(client)));
   }
   for (const Module& module : m.modules) {
     if (module.reductions != 0) {
@@ -391,13 +392,19 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
   if (ec) prepared = IoError(fmt::format("creating {}: {}", tag_dir, ec.message()));
   ZINF_RETURN_IF_ERROR(m.AgreeAll(std::move(prepared), "preparing checkpoint " + tag_dir));
   if (m.rank() != 0) fs::create_directories(tag_dir, ec);  // rank 0 may have just removed it
-  ZINF_RETURN_IF_ERROR(m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir));
-  Status committed;
-  if (m.rank() == 0) {
-    committed = ckpt::WriteManifest(tag_dir, m.MakeManifest(tag, client.dump()));
-    if (committed.ok()) committed = ckpt::CommitLatest(dir, tag);
+  Status saved = m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir);
+  if (saved.ok()) {
+    Status committed;
+    if (m.rank() == 0) {
+      committed = ckpt::WriteManifest(tag_dir, m.MakeManifest(tag, client.dump()));
+      if (committed.ok()) committed = ckpt::CommitLatest(dir, tag);
+    }
+    saved = m.AgreeAll(std::move(committed), "committing checkpoint " + tag_dir);
   }
-  return m.AgreeAll(std::move(committed), "committing checkpoint " + tag_dir);
+  // Nothing half-written stays behind (a peer lost mid-save, a full disk): the previous
+  // checkpoint is still `latest`, and this tag, without its manifest, never will be.
+  if (!saved.ok()) ckpt::RemoveUncommittedShard(tag_dir, m.rank());
+  return saved;
 }
 
 StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {

@@ -938,6 +938,19 @@ static void TestEngine(const char* dir) {
   fclose(f);
   EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_load_safetensors(engine, weights, &err));
   EXPECT_ERR_HAS("has no tensor 'head.w'");
+  /* A hostile header, 50,000 nested brackets: an error, not a crash of the caller. */
+  f = fopen(weights, "wb");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  const uint64_t deep_len = 6 + 2 * 50000 + 1;
+  fwrite(&deep_len, 8, 1, f);
+  fputs("{\"a\": ", f);
+  for (int i = 0; i < 50000; ++i) fputc('[', f);
+  for (int i = 0; i < 50000; ++i) fputc(']', f);
+  fputc('}', f);
+  fclose(f);
+  EXPECT_CODE(ZINF_DATA_LOSS, zinf_engine_load_safetensors(engine, weights, &err));
+  EXPECT_ERR_HAS("more than 128 levels deep");
 
   EXPECT_OK(zinf_engine_set_learning_rate(engine, 0.05, &err));
   EXPECT_OK(zinf_engine_info(engine, &info, &err));

@@ -229,6 +229,35 @@ TEST_F(ImportTest, ImportOfABadFileWritesNoCheckpoint) {
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("optimizer.type"));
   EXPECT_FALSE(fs::exists(root_ + "/out/latest"));
+  // An endless --config is refused before it is read; a tag that could never commit too.
+  run = RunZinf("ckpt import " + file + " --out " + root_ + "/out --config /dev/zero");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--config /dev/zero is not a regular file"));
+  run = RunZinf("ckpt import " + file + " --out " + root_ + "/out --tag latest");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("checkpoint tag 'latest' is reserved"));
+  EXPECT_FALSE(fs::exists(root_ + "/out/latest"));
+}
+
+// A downloaded weights file must never crash a trainer: 50,000 nested brackets in a 100 KB
+// header crashed `zinf ckpt import`, train_gpt --init-from and zinf_engine_load_safetensors in
+// the caller's process (nlohmann's recursion). Each now refuses it by name.
+TEST_F(ImportTest, ADeeplyNestedHeaderIsRefusedByEveryReader) {
+  const std::string header = R"({"a": )" + std::string(50000, '[') + std::string(50000, ']') + "}";
+  const uint64_t n = header.size();
+  const std::string path = root_ + "/deep.safetensors";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+  }
+  ZinfRun run = RunZinf("ckpt import " + path + " --out " + root_ + "/out");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("more than 128 levels deep"));
+  auto target = Make();
+  const Status s = target->LoadSafetensors(path);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("more than 128 levels deep"));
 }
 
 }  // namespace

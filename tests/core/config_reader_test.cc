@@ -97,7 +97,7 @@ TEST(ConfigReaderTest, NestedObjectsCarryTheirPath) {
 TEST(ConfigReaderTest, NonObjectIsRejected) {
   const json array = json::array({1, 2});
   ConfigReader r(array, "aio");
-  EXPECT_EQ(r.Finish().message(), "config key 'aio' must be an object, got [1,2] (array)");
+  EXPECT_EQ(r.Finish().message(), "config key 'aio' must be an object, got 2 elements (array)");
 }
 
 TEST(ConfigReaderTest, ListsAndStrings) {

@@ -266,7 +266,19 @@ TEST_F(TrainGptTest, BadConfigIsRefusedNamingTheKey) {
 
   run = Train(1, "--config " + (dir_ / "missing.json").string());
   EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("cannot read config"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("opening --config " + (dir_ / "missing.json").string() +
+                            ": No such file or directory"),
+            std::string::npos)
+      << run.output;
+  // A config or corpus that never ends is refused, not read until the OOM killer comes.
+  run = Train(1, "--config /dev/zero");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.output.find("--config /dev/zero is not a regular file"), std::string::npos)
+      << run.output;
+  run = Train(1, "--config " + tiny + " --data /dev/zero");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.output.find("--data /dev/zero is not a regular file"), std::string::npos)
+      << run.output;
 }
 
 // --device cuda where there is no GPU (or no CUDA build) stops at once with Unavailable and

@@ -80,10 +80,17 @@ TEST_F(ZinfPlotTest, MetricsOfOneRunAndOfTwo) {
 TEST_F(ZinfPlotTest, BadMetricsAreRefusedNamingTheLine) {
   const std::string out = " --plot " + (dir_ / "out.png").string();
   ExpectRefused("plot metrics " + (dir_ / "missing.jsonl").string() + out,
-                "cannot read metrics file " + (dir_ / "missing.jsonl").string());
+                "opening metrics file " + (dir_ / "missing.jsonl").string() + ": No such file");
+  ExpectRefused("plot metrics /dev/zero" + out, "metrics file /dev/zero is not a regular file");
+  ExpectRefused("plot metrics " +
+                    Write("deep.jsonl", std::string(100000, '[') + std::string(100000, ']')) + out,
+                "deep.jsonl:1 nests arrays and objects more than 128 levels deep");
   ExpectRefused("plot metrics " + Write("empty.jsonl", "\n") + out, "has no steps");
   ExpectRefused("plot metrics " + Write("text.jsonl", Metrics(2) + "step 3 loss 1.0\n") + out,
-                "text.jsonl:3: not a JSON object");
+                "text.jsonl:3 is not valid JSON");
+  ExpectRefused("plot metrics " + Write("array.jsonl", Metrics(1) + "[1, 2]\n") + out,
+                "array.jsonl:2: not a JSON object (train_gpt --metrics writes one per line), but "
+                "2 elements (array)");
   ExpectRefused("plot metrics " + Write("noloss.jsonl", "{\"step\":1,\"step_s\":0.1}\n") + out,
                 "noloss.jsonl:1: no \"loss\" in the object");
   ExpectRefused(
