@@ -5,9 +5,11 @@
 // names it, never a crash or a silently wrong export.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -94,6 +96,66 @@ TEST_F(CkptTest, NewSaveReplacesTheOldOnlyAfterItIsComplete) {
   EXPECT_EQ(e->SaveCheckpoint(Ckpt(), "step-1").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(e->SaveCheckpoint(Ckpt(), "../x").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(e->SaveCheckpoint(Ckpt(), "s", "[1]").code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CkptTest, ACommitRemovesSavesKilledUnderOtherTags) {
+  auto e = Make();
+  ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-0").ok());
+  // A save killed (SIGKILL) under another tag, before its manifest: shard files, one still
+  // temporary, and the manifest's temporary file. And a directory of the user's, which looks
+  // like nothing zinf writes: it stays.
+  fs::create_directories(Ckpt() + "/step-7");
+  std::ofstream(Ckpt() + "/step-7/" + ckpt::ShardFileName(0)) << "complete shard";
+  std::ofstream(Ckpt() + "/step-7/" + ckpt::ShardFileName(1) + ".tmp") << "partial";
+  std::ofstream(Ckpt() + "/step-7/manifest.json.tmp") << "{";
+  fs::create_directories(Ckpt() + "/notes");
+  std::ofstream(Ckpt() + "/notes/todo.txt") << "mine";
+  ASSERT_TRUE(TrainCkptEngine(*e, 0, 1).ok());
+  ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-1").ok());
+  EXPECT_FALSE(fs::exists(Ckpt() + "/step-7"));
+  EXPECT_TRUE(fs::exists(Ckpt() + "/notes/todo.txt"));
+  EXPECT_EQ(*ckpt::ResolveCheckpoint(Ckpt()), Ckpt() + "/step-1");
+  // Tags that could never commit.
+  for (const char* tag : {"latest", "step-2.tmp"}) {
+    Status s = e->SaveCheckpoint(Ckpt(), tag);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << tag;
+    EXPECT_THAT(s.message(), HasSubstr("is reserved"));
+  }
+}
+
+TEST_F(CkptTest, AFailedSaveLeavesNothingHalfWritten) {
+  auto e = Make();
+  ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-0").ok());
+  // Files may grow to 4 KiB only: the shard's second section cannot be written (EFBIG), as on
+  // a full disk, and works the same as root.
+  struct rlimit old_limit {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const struct rlimit small = {4096, old_limit.rlim_max};
+  const sighandler_t old_handler = signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Status s = e->SaveCheckpoint(Ckpt(), "step-1");
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_FALSE(s.ok());
+  EXPECT_FALSE(fs::exists(Ckpt() + "/step-1")) << "a failed save left its tag behind";
+  EXPECT_EQ(*ckpt::ResolveCheckpoint(Ckpt()), Ckpt() + "/step-0");
+}
+
+TEST_F(CkptTest, StrictModeRefusesAManifestWithoutChecksum) {
+  auto e = Make();
+  ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-0").ok());
+  // Format 1: the same manifest, no checksum.
+  const std::string path = Ckpt() + "/step-0/manifest.json";
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  j["format_version"] = 1;
+  j.erase("checksum");
+  std::ofstream(path, std::ios::trunc) << j.dump();
+  ASSERT_TRUE(ckpt::ReadManifest(Ckpt() + "/step-0").ok()) << "format 1 is still read";
+  setenv(ckpt::kStrictCheckpointsEnv, "1", 1);
+  auto strict = ckpt::ReadManifest(Ckpt() + "/step-0");
+  unsetenv(ckpt::kStrictCheckpointsEnv);
+  EXPECT_EQ(strict.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(strict.status().message(), HasSubstr("has no checksum"));
 }
 
 TEST_F(CkptTest, SaveWithGradientsPendingIsRefused) {
