@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "core/config_reader.h"
@@ -64,6 +65,16 @@ StatusOr<MetricsRun> ParseMetrics(std::string_view text, std::string_view source
     ZINF_RETURN_IF_ERROR(ReadNumber(line, "param_wait_s", false, where, &run.param_wait_s, n));
     ZINF_RETURN_IF_ERROR(ReadNumber(line, "grad_reduce_s", false, where, &run.grad_reduce_s, n));
     ZINF_RETURN_IF_ERROR(ReadNumber(line, "optimizer_s", false, where, &run.optimizer_s, n));
+    // ... and one there before must be on every line after.
+    for (const auto& [key, curve] :
+         {std::pair{"compute_s", &run.compute_s}, std::pair{"param_wait_s", &run.param_wait_s},
+          std::pair{"grad_reduce_s", &run.grad_reduce_s},
+          std::pair{"optimizer_s", &run.optimizer_s}}) {
+      if (!curve->empty() && curve->size() != run.step.size()) {
+        return InvalidArgument(
+            fmt::format("{}: \"{}\" is missing here but was on the lines before", where, key));
+      }
+    }
   }
   if (run.step.empty()) return InvalidArgument(fmt::format("metrics file {} has no steps", source));
   return run;

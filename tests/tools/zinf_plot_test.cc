@@ -102,6 +102,12 @@ TEST_F(ZinfPlotTest, BadMetricsAreRefusedNamingTheLine) {
                           "{\"step\":2,\"loss\":1,\"step_s\":0.1,\"compute_s\":0.1}\n") +
                     out,
                 "ragged.jsonl:2: \"compute_s\" is here but not on the lines before");
+  ExpectRefused("plot metrics " +
+                    Write("gap.jsonl",
+                          "{\"step\":1,\"loss\":1,\"step_s\":0.1,\"compute_s\":0.1}\n"
+                          "{\"step\":2,\"loss\":1,\"step_s\":0.1}\n") +
+                    out,
+                "gap.jsonl:2: \"compute_s\" is missing here but was on the lines before");
 }
 
 TEST_F(ZinfPlotTest, UnwritablePlotPathIsAnError) {
