@@ -477,6 +477,16 @@ s_torch_allocator() {
     return 77
   fi
   configured="$(sed -n 's/^_Python_EXECUTABLE:INTERNAL=//p' "$build_dir/CMakeCache.txt")"
+  why="$(grep -ho 'Python package not built: .*\|no Python interpreter.*' \
+    "$build_dir/gpu_check_cmake.txt" 2>/dev/null | tail -n 1)"
+  if [ -n "$why" ]; then
+    echo "NOTE: torch 2.x is in $py, but zinf's $why"
+    return 77
+  fi
+  if [ -n "$configured" ] && [ "$configured" != "$py" ]; then
+    echo "NOTE: torch 2.x is in $py, but zinf's package was built for $configured (see the configure step)"
+    return 77
+  fi
   if [ ! -f "$build_dir/python/zinf/libzinf_torch_allocator.so" ]; then
     echo "NOTE: zinf's Python package (zinf_python_package) was not built for ${configured:-any python}"
     return 1
