@@ -126,7 +126,7 @@ absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 build_dir="$(absolute "$build_dir")"
 work="$build_dir/gpu_check"
 out="$(absolute "${out:-$work/gpu_check.txt}")"
-cd "$root"
+cd "$root" || exit 2
 
 # nvcc is often installed but not on the PATH.
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
