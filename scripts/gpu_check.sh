@@ -308,7 +308,7 @@ s_gpu() {
 
 s_deps() {
   if "$root/scripts/install_deps.sh"; then
-    echo "NOTE: every package is present"
+    echo "NOTE: every package is present (or was installed now)"
     return 0
   fi
   # No network, no apt or no root: build with what is there; the build says what that lacks.
