@@ -8,8 +8,9 @@
 # time-boxed and recorded pass/fail:
 #   ctest_cuda      every `cuda`-labelled GoogleTest (device conformance on cuda:0, NCCL on one
 #                   GPU, the engine on cuda bitwise against the host device, the GPT's CUDA
-#                   backend against the CPU one); a test that skips although a GPU is here fails
-#                   the step (the allowed ones are in expected_gpu_skips below);
+#                   backend against the CPU one); a test that skips although a GPU is here, or
+#                   one of cuda_tests that did not build, fails the step (the skips allowed
+#                   are in expected_gpu_skips below);
 #   train_memory, train_cpu, train_nvme
 #                   train_gpt for 30 steps on examples/gpt/configs/{memory,cpu,nvme}.json
 #                   (parameters on the GPU, in host memory, on NVMe under the build dir), once
@@ -252,9 +253,9 @@ logs="$work/logs"
 : >"$out"
 deadline=$((SECONDS + budget_s))
 names=() results=() secs=() notes=()
-build_targets="${targets[*]}"
+build_targets="${targets[*]}" cuda_test_names="${cuda_tests[*]}"
 export root build_dir work logs steps budget_s early_steps early_rel_tolerance tail_rel_tolerance \
-  expected_gpu_skips build_targets
+  expected_gpu_skips build_targets cuda_test_names
 
 # step NAME BOX_S FUNCTION [ARG...]: runs FUNCTION in a time-boxed bash, its output in
 # logs/NAME.log. FUNCTION's exit: 0 pass, 77 skip, 78 warn (reported, not a failure), else
@@ -405,6 +406,12 @@ s_ctest_cuda() {
     echo "NOTE: ctest -L cuda ran no test (not built?)"
     return 1
   fi
+  # A test executable that did not build has no tests in ctest -L cuda: name it.
+  local t unbuilt=""
+  for t in $cuda_test_names; do
+    [ -n "$(find "$build_dir/tests" -name "${t}\[1\]_tests.cmake" 2>/dev/null)" ] || unbuilt+=" $t"
+  done
+  [ -z "$unbuilt" ] || { echo "NOTE: not built, so not run:$unbuilt"; return 1; }
   [ $rc -eq 0 ] || { echo "NOTE: $(grep 'tests passed' "$work/ctest_cuda.out")"; return 1; }
   [ -z "$skipped" ] || { echo "NOTE: skipped although a GPU is here: $skipped"; return 1; }
   echo "NOTE: $(grep 'tests passed' "$work/ctest_cuda.out")"
