@@ -6,6 +6,9 @@ Usage: gpt_torch_speed.py CONFIG.json STEPS THREADS [fp32|bf16|both]
 bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16): matmuls take
 bf16 inputs (oneDNN's kernels in Debian's build), parameters, gradients and AdamW stay fp32,
 the logits are widened to fp32 for the cross-entropy, as zinf's bf16 matmul path does.
+A step is what zinf's is: gradient_accumulation_steps micro-batches of
+train_micro_batch_size_per_gpu sequences, each forward and backward (the loss divided by the
+accumulation, as DeepSpeed scales it), then one clip and one optimizer step.
 Prints one JSON line: {"tokens_per_s": median over the steps after the first five}; with
 "both", the two models train side by side, a step of each in turn, and the line is
 {"fp32": ..., "bf16": ..., "bf16_over_fp32": the median of the steps' ratios}.
@@ -32,6 +35,10 @@ def main():
     model_config = {"vocab_size": 256, **config["model"]}
     model_config.pop("activation_checkpointing", None)
     batch = config.get("train_micro_batch_size_per_gpu", 1)
+    accumulation = config.get("gradient_accumulation_steps", 1)
+    if not isinstance(batch, int) or not isinstance(accumulation, int):
+        sys.exit(f"{config_path}: give train_micro_batch_size_per_gpu and "
+                 "gradient_accumulation_steps as integers")
     params = config["optimizer"]["params"]
     torch.set_num_threads(threads)
     arms = {}
@@ -45,20 +52,21 @@ def main():
     t, v = model_config["seq_len"], model_config["vocab_size"]
     names = list(arms)
     for step in range(steps):
-        rows = torch.randint(0, v, (batch, t + 1))
+        micro_batches = [torch.randint(0, v, (batch, t + 1)) for _ in range(accumulation)]
         # With both arms, a step of each, starting with the other one every step.
         for arm in names[step % len(names):] + names[:step % len(names)]:
             model, optimizer, rates = arms[arm]
             start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=arm == "bf16"):
-                logits = model(rows[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, v), rows[:, 1:].reshape(-1))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            for rows in micro_batches:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=arm == "bf16"):
+                    logits = model(rows[:, :-1])
+                loss = F.cross_entropy(logits.float().reshape(-1, v), rows[:, 1:].reshape(-1))
+                (loss / accumulation).backward()
             if config.get("gradient_clipping"):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config["gradient_clipping"])
             optimizer.step()
-            rates.append(batch * t / (time.perf_counter() - start))
+            rates.append(accumulation * batch * t / (time.perf_counter() - start))
     if precision != "both":
         print(json.dumps({"tokens_per_s": statistics.median(arms[precision][2][5:])}))
         return
