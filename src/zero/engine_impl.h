@@ -176,6 +176,10 @@ struct Engine::Impl {
   // optimizer's state (a pass over it).
   Status ReadMasterShard(Param& p, float* out);
 
+  // The error of a step whose gradients are not finite without fp16 loss scaling: names the
+  // first parameter, in registration order, that has a non-finite gradient element on any
+  // rank (a collective: every rank calls it), and says what to do.
+  Status NonFiniteGradientError();
   // Waits until every reduced gradient is in grad_acc.
   Status FinishReductions();
 
