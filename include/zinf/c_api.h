@@ -548,6 +548,26 @@ typedef enum zinf_param_init_t ZINF_ENUM_BASE {
   ZINF_PARAM_INIT_ONES = 2
 } zinf_param_init_t;
 
+/* What the trainer knows for the keys a config leaves as "auto" (zinf::TrainerValues, as
+ * Hugging Face's Trainer fills them): a value here fills an "auto" key, and one that differs
+ * from a number the config spells out is INVALID_ARGUMENT naming both (total_num_steps only
+ * fills "auto"). Fields left at zinf_trainer_values_init's "not given" (-1, NaN) do nothing;
+ * an "auto" without a value keeps its key's default, with a warning naming it. */
+typedef struct zinf_trainer_values_t {
+  size_t struct_size;
+  int32_t micro_batch_size;            /* train_micro_batch_size_per_gpu; -1: not given */
+  int32_t gradient_accumulation_steps; /* -1: not given */
+  int64_t total_num_steps;             /* scheduler.params.total_num_steps; -1: not given */
+  int64_t warmup_num_steps;            /* scheduler.params.warmup_num_steps; -1: not given */
+  int64_t hidden_size;                 /* the model's, for the "auto" bucket sizes; -1 */
+  double gradient_clipping;            /* NaN: not given (also for the doubles below) */
+  double lr;                           /* optimizer.params.lr, scheduler warmup_max_lr */
+  double beta1, beta2, eps, weight_decay;
+  int32_t fp16, bf16; /* fp16.enabled, bf16.enabled: 0 or 1; -1: not given */
+} zinf_trainer_values_t;
+
+ZINF_EXPORT void zinf_trainer_values_init(zinf_trainer_values_t* values);
+
 typedef struct zinf_engine_options_t {
   size_t struct_size;
   int32_t rank;       /* -1 (default): from RANK */
@@ -561,6 +581,8 @@ typedef struct zinf_engine_options_t {
   /* The global ranks of this rank's data-parallel group (NULL, default: all ranks). */
   const int32_t* data_parallel_ranks;
   size_t data_parallel_rank_count;
+  /* Added after the first version: the trainer's values for "auto" (NULL, default: none). */
+  const zinf_trainer_values_t* trainer;
 } zinf_engine_options_t;
 
 ZINF_EXPORT void zinf_engine_options_init(zinf_engine_options_t* options);
@@ -588,6 +610,9 @@ typedef struct zinf_engine_info_t {
   int32_t gradient_accumulation_steps;
   double loss_scale;    /* what the trainer multiplies its loss by before backward */
   double learning_rate; /* what the next step applies */
+  /* Added after the first version: micro_batch_size x gradient_accumulation_steps x
+   * world_size, as the engine resolved the config's batch keys. */
+  int64_t train_batch_size;
 } zinf_engine_info_t;
 
 typedef struct zinf_step_summary_t {
@@ -608,7 +633,8 @@ typedef struct zinf_step_summary_t {
   uint64_t nvme_bytes;
 } zinf_step_summary_t;
 
-/* An engine from a DeepSpeed JSON config (the text; "auto" values take their defaults) and
+/* An engine from a DeepSpeed JSON config (the text; "auto" values from options->trainer, else
+ * their defaults) and
  * where this process sits (`options` may be NULL: the environment decides). Joins the other
  * ranks. Errors: INVALID_ARGUMENT naming the config key, DEADLINE_EXCEEDED or UNAVAILABLE for
  * a rendezvous that fails. */
