@@ -97,9 +97,9 @@ struct TrainerValues {
   std::optional<int> gradient_accumulation_steps;  // [gradient_accumulation_steps]
   std::optional<double> gradient_clipping;         // [max_grad_norm]
   std::optional<double> lr;  // [learning_rate]: optimizer.params.lr, scheduler warmup_max_lr
-  std::optional<double> beta1, beta2;       // [adam_beta1, adam_beta2]
-  std::optional<double> eps;                // [adam_epsilon]
-  std::optional<double> weight_decay;       // [weight_decay]
+  std::optional<double> beta1, beta2;  // [adam_beta1, adam_beta2]
+  std::optional<double> eps;           // [adam_epsilon]
+  std::optional<double> weight_decay;  // [weight_decay]
   // scheduler.params.total_num_steps [the run's steps]: fills "auto" only; a number in the
   // config is the schedule's length and may differ from where this run stops.
   std::optional<int64_t> total_num_steps;
@@ -260,7 +260,9 @@ struct EngineOptions {
   // Empty: from the environment (default 127.0.0.1). An address other than loopback needs
   // the rendezvous secret in ZINF_STORE_SECRET, the same for every rank (`zinf run` sets it).
   std::string master_addr;
-  int master_port = 0;  // 0: from the environment (default 29500)
+  // zinf's rendezvous port. 0: from the environment: ZINF_MASTER_PORT, else MASTER_PORT + 1
+  // (MASTER_PORT is torch.distributed's; default 29500), so 29501 by default.
+  int master_port = 0;
   // A collective or rendezvous that makes no progress this long fails (a dead rank).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Threads for the CPU optimizer (0: all CPUs this process may use).
@@ -420,6 +422,20 @@ class ZINF_EXPORT Engine {
   // ranks and micro-batches, loss scale removed. A collective; call it after the last
   // ReduceGradients of the batch.
   Status GatherGradient(const std::string& name, std::vector<float>* out);
+  // ---- Module buffers ----
+  // State of the model that is not trained (BatchNorm's running statistics and counters):
+  // replicated, not sharded, as DeepSpeed keeps it; each rank holds its own values. SetBuffer
+  // records this rank's current value of buffer `name` (a copy of `bytes` bytes at `data`,
+  // `dtype` a safetensors name: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL); the first
+  // call registers it, later ones must keep its dtype and shape. SaveCheckpoint writes rank 0's
+  // values, LoadCheckpoint restores every rank's from them (a checkpoint that lacks one of the
+  // registered buffers, or has others, is FailedPrecondition naming it), and `zinf ckpt export`
+  // writes them beside the parameters. GetBuffer copies the value back into `out` (`bytes` must
+  // be its size). InvalidArgument for a bad dtype, shape or size, a name that is a parameter's,
+  // or (GetBuffer) one never set.
+  Status SetBuffer(const std::string& name, const std::string& dtype,
+                   const std::vector<int64_t>& shape, const void* data, uint64_t bytes);
+  Status GetBuffer(const std::string& name, void* out, uint64_t bytes) const;
   // ---- Checkpoints (collectives: every rank calls them, between steps) ----
   // Saves what resuming needs to continue bitwise: the fp32 master shard, the optimizer state
   // and step counts, the loss scaler, and `client_state` (a JSON object of the trainer's, such

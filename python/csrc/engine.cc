@@ -172,6 +172,15 @@ class PyEngine {
     const float* data = static_cast<const float*>(Pointer(values, "values"));
     ThrowIfError(engine_->SetParameter(name, data, count));
   }
+  void SetBuffer(const std::string& name, const std::string& dtype,
+                 const std::vector<int64_t>& shape, uintptr_t data, uint64_t bytes) {
+    const void* p = bytes > 0 ? Pointer(data, "data") : nullptr;
+    ThrowIfError(engine_->SetBuffer(name, dtype, shape, p, bytes));
+  }
+  void GetBuffer(const std::string& name, uintptr_t out, uint64_t bytes) {
+    void* p = bytes > 0 ? Pointer(out, "out") : nullptr;
+    ThrowIfError(engine_->GetBuffer(name, p, bytes));
+  }
   void SaveCheckpoint(const std::string& dir, const std::string& tag,
                       const std::string& client_state) {
     ThrowIfError(WithoutGil([&] { return engine_->SaveCheckpoint(dir, tag, client_state); }));
@@ -207,6 +216,9 @@ void BindEngine(py::module_& m) {
       .def("gather_gradient", &PyEngine::GatherGradient, py::arg("name"))
       .def("set_parameter", &PyEngine::SetParameter, py::arg("name"), py::arg("values"),
            py::arg("count"))
+      .def("set_buffer", &PyEngine::SetBuffer, py::arg("name"), py::arg("dtype"), py::arg("shape"),
+           py::arg("data"), py::arg("bytes"))
+      .def("get_buffer", &PyEngine::GetBuffer, py::arg("name"), py::arg("out"), py::arg("bytes"))
       .def("save_checkpoint", &PyEngine::SaveCheckpoint, py::arg("dir"), py::arg("tag"),
            py::arg("client_state") = "{}")
       .def("load_checkpoint", &PyEngine::LoadCheckpoint, py::arg("dir"))

@@ -42,6 +42,12 @@ How the module runs (Note [Module hooks]):
   ``param.grad`` is cleared. At the end of backward, modules that got no gradient are
   reduced with zeros, as every module must be each micro-batch.
 - ``step()`` runs the engine's optimizer step.
+- Module buffers (BatchNorm's running statistics) stay ordinary tensors of each rank,
+  replicated as DeepSpeed keeps them: ``save_checkpoint`` hands the engine their current
+  values, which checkpoints carry (rank 0's, as DeepSpeed saves the model states of rank 0),
+  ``load_checkpoint`` copies them back on every rank, and ``zinf ckpt export`` writes them
+  beside the parameters. Non-persistent buffers (``persistent=False``) are left out, as
+  ``state_dict`` leaves them out.
 
 Parameters must be float32 CPU tensors (the engine's compute device is the host). Frozen
 parameters (requires_grad False) stay ordinary tensors, outside the engine.
@@ -515,13 +521,42 @@ class ZeroEngine:
         return state
 
     def save_checkpoint(self, directory, tag, client_state=None):
-        """Saves what resuming needs (a collective); client_state: a JSON-able dict."""
+        """Saves what resuming needs (a collective): the engine's state, the module buffers
+        (rank 0's) and client_state, a JSON-able dict."""
+        self._push_buffers()
         self._engine.save_checkpoint(os.fspath(directory), str(tag),
                                      json.dumps(client_state or {}))
 
     def load_checkpoint(self, directory):
-        """Restores the latest checkpoint in `directory` (a collective); returns client_state."""
-        return json.loads(self._engine.load_checkpoint(os.fspath(directory)))
+        """Restores the latest checkpoint in `directory` (a collective), module buffers
+        included; returns client_state."""
+        self._push_buffers()  # registers them, so the checkpoint must hold the same set
+        client = json.loads(self._engine.load_checkpoint(os.fspath(directory)))
+        for name, buf in self._buffers():
+            out = torch.empty_like(buf, memory_format=torch.contiguous_format)
+            self._engine.get_buffer(name, out.data_ptr(), out.numel() * out.element_size())
+            with torch.no_grad():
+                buf.copy_(out)
+        return client
+
+    def _buffers(self):
+        """(name, tensor) of every persistent module buffer, as state_dict names them."""
+        for mname, sub in self.module.named_modules():
+            skip = getattr(sub, "_non_persistent_buffers_set", set())
+            for bname, buf in sub.named_buffers(recurse=False):
+                if buf is not None and bname not in skip:
+                    yield _join(mname, bname), buf
+
+    def _push_buffers(self):
+        for name, buf in self._buffers():
+            dtype = _SAFETENSORS_DTYPES.get(buf.dtype)
+            if dtype is None or buf.device.type != "cpu":
+                known = ", ".join(sorted(map(str, _SAFETENSORS_DTYPES)))
+                raise ValueError(f"buffer '{name}' is {buf.dtype} on {buf.device}; zinf.zero "
+                                 f"checkpoints CPU buffers of {known}")
+            data = buf.detach().contiguous()
+            self._engine.set_buffer(name, dtype, list(data.shape), data.data_ptr(),
+                                    data.numel() * data.element_size())
 
     def train(self, mode=True):
         self.module.train(mode)
@@ -546,6 +581,13 @@ class _FetchingParameters(collections.OrderedDict):
         if engine is not None and param is not None:
             engine._on_read(param)
         return param
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
 
 
 def _storage_ptr(tensor):

@@ -73,6 +73,14 @@ struct Engine::Impl {
 
   std::vector<Module> modules;
   std::vector<Param> params;
+  // Module buffers (Engine::SetBuffer): replicated, this rank's latest values, in the order
+  // first set; checkpoints carry rank 0's.
+  struct ModuleBuffer {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    std::string bytes;
+  };
+  std::vector<ModuleBuffer> buffers;
   std::map<std::string, int, std::less<>> param_by_name;
   std::map<std::string, int, std::less<>> module_by_name;
   uint64_t registered_elements = 0;  // over all parameters, unsharded

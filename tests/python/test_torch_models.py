@@ -6,6 +6,7 @@ CNN with BatchNorm, and, where `transformers` is importable, Hugging Face's GPT-
 built from a config. The training itself is tests/python/torch_models_train.py."""
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -27,6 +28,24 @@ try:
 except ImportError as e:
     NO_TRANSFORMERS = (f"transformers is not importable for {sys.executable} ({e}): "
                        f"pip install transformers (into a virtualenv with this torch)")
+
+
+def read_safetensors(path):
+    """{name: tensor} of a safetensors file (the format is a length, a JSON header, the data)."""
+    dtypes = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16}
+    with open(path, "rb") as f:
+        raw = f.read()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    data = raw[8 + size:]
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[begin:end]),
+                                     dtype=dtypes[t["dtype"]]).reshape(t["shape"])
+    return out
 
 
 class TorchModelsTest(unittest.TestCase):
@@ -68,6 +87,35 @@ class TorchModelsTest(unittest.TestCase):
 
     def test_cnn_with_batchnorm(self):
         self.check_model("cnn_bn")
+
+    def test_batchnorm_statistics_survive_a_resume_and_are_exported(self):
+        args = argparse.Namespace(model="cnn_bn", offload="none", nvme_path=self.dir, steps=10)
+        self.assertIsNone(tm.resume_check(args))
+        # `zinf ckpt export` writes the buffers beside the parameters, in their own dtype.
+        out = os.path.join(self.dir, "cnn.safetensors")
+        done = subprocess.run([os.path.join(BUILD_DIR, "bin", "zinf"), "ckpt", "export",
+                               os.path.join(self.dir, "resume-ckpt"), "--out", out],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        tensors = read_safetensors(out)
+        model = tm.make("cnn_bn")
+        engine = zinf.zero.initialize(model, tm.config(args, 4))
+        engine.load_checkpoint(os.path.join(self.dir, "resume-ckpt"))
+        for name, want in model.state_dict().items():
+            if name.endswith(("running_mean", "running_var", "num_batches_tracked")):
+                self.assertIn(name, tensors)
+                self.assertTrue(torch.equal(tensors[name], want), name)
+        self.assertEqual(tensors["net.1.num_batches_tracked"].dtype, torch.int64)
+        self.assertEqual(int(tensors["net.1.num_batches_tracked"]), 10)
+        # Two processes: every rank resumes with rank 0's statistics.
+        with self.subTest(processes=2):
+            done = subprocess.run(
+                [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", "2", "--", sys.executable,
+                 os.path.join(HERE, "torch_models_train.py"), "--model", "cnn_bn",
+                 "--resume-check", "--nvme-path", os.path.join(self.dir, "two")],
+                capture_output=True, text=True, timeout=600)
+            self.assertEqual(done.returncode, 0, f"{done.stdout}\n{done.stderr}")
+            self.assertIn("[rank 1] [resume check] rank 1 ok", done.stdout)
 
     @unittest.skipIf(NO_TRANSFORMERS, NO_TRANSFORMERS)
     def test_hugging_face_gpt2(self):
