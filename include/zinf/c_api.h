@@ -575,7 +575,8 @@ typedef struct zinf_engine_options_t {
   /* NULL or "" (default): MASTER_ADDR, else 127.0.0.1. A non-loopback address needs the
    * secret in ZINF_STORE_SECRET (`zinf run` sets it). */
   const char* master_addr;
-  int32_t master_port;       /* 0 (default): MASTER_PORT, else 29500 */
+  int32_t master_port;       /* 0 (default): ZINF_MASTER_PORT, else MASTER_PORT + 1 (MASTER_PORT is
+                              * torch.distributed's), else 29501 */
   int32_t optimizer_threads; /* CPU optimizer threads; 0 (default): all CPUs */
   int64_t timeout_ms;        /* a collective without progress this long fails; default 300000 */
   /* The global ranks of this rank's data-parallel group (NULL, default: all ranks). */

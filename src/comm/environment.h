@@ -1,6 +1,13 @@
 // The distributed environment as torchrun (and `zinf run`) describe it: RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Unset means a single process.
 // `zinf run` adds ZINF_STORE_SECRET (kStoreSecretEnv), the rendezvous store's secret.
+//
+// Note [Beside torch.distributed]
+// MASTER_PORT belongs to torch.distributed: init_process_group's TCPStore binds it on rank 0.
+// zinf's own rendezvous store (TcpStore) takes ZINF_MASTER_PORT when set, else the port after
+// MASTER_PORT, so a process can run both, initialized in either order, without one failing to
+// bind the other's port. (torch's collectives and zinf's Gloo pairs use ports the kernel
+// picks, from the ephemeral range that 29500-style ports are below.)
 #ifndef ZINF_COMM_ENVIRONMENT_H_
 #define ZINF_COMM_ENVIRONMENT_H_
 
@@ -17,7 +24,10 @@ struct DistEnvironment {
   int local_rank = 0;
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
-  uint16_t master_port = 29500;
+  uint16_t master_port = 29500;  // MASTER_PORT: torch.distributed's
+  // zinf's rendezvous store: ZINF_MASTER_PORT, else master_port + 1 (Note [Beside
+  // torch.distributed]).
+  uint16_t store_port = 29501;
   std::string store_secret;  // ZINF_STORE_SECRET; empty when unset (see TcpStoreOptions::secret)
   bool launched = false;     // true when RANK and WORLD_SIZE were set
 };

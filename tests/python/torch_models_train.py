@@ -19,6 +19,7 @@ naming the first step that differs.
 import argparse
 import gc
 import os
+import socket
 import sys
 
 import torch
@@ -228,11 +229,15 @@ def resume_check(args):
         engine.step()
     # One engine at a time: the first one's rendezvous store holds zinf's port. And a port of
     # its own for the second, since a rank that gets there first would otherwise find the
-    # first store, not yet closed on rank 0, and its stale addresses.
+    # first store, not yet closed on rank 0, and its stale addresses: rank 0 picks a free one
+    # and the first engine's collective tells the others (the mean of it and zeros).
+    if world > 1:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1] if rank == 0 else 0
+            os.environ["ZINF_MASTER_PORT"] = str(round(engine.mean_over_ranks(port) * world))
     del engine, model
     gc.collect()
-    if "MASTER_PORT" in os.environ:
-        os.environ["ZINF_MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 2)
     fresh = make(args.model, seed=3)
     resumed = zinf.zero.initialize(fresh, config(args, micro), timeout_s=120)
     client = resumed.load_checkpoint(save_dir)
