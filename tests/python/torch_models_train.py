@@ -232,9 +232,9 @@ def resume_check(args):
     # first store, not yet closed on rank 0, and its stale addresses: rank 0 picks a free one
     # and the first engine's collective tells the others (the mean of it and zeros).
     if world > 1:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1] if rank == 0 else 0
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1] if rank == 0 else 0
             os.environ["ZINF_MASTER_PORT"] = str(round(engine.mean_over_ranks(port) * world))
     del engine, model
     gc.collect()
