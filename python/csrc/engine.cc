@@ -83,13 +83,14 @@ TrainerValues ToTrainerValues(const py::dict& d) {
 class PyEngine {
  public:
   PyEngine(const std::string& config_json, int rank, int world_size, int optimizer_threads,
-           double timeout_s, const py::dict& trainer) {
+           double timeout_s, const py::dict& trainer, int master_port) {
     EngineConfig config =
         ValueOrThrow(EngineConfig::FromJson(config_json, ToTrainerValues(trainer)));
     EngineOptions options;
     options.device = "host";  // the hooks read and write the tensors as host memoryviews
     options.rank = rank;
     options.world_size = world_size;
+    options.master_port = master_port;  // 0: from the environment
     options.optimizer_threads = optimizer_threads;
     if (!(timeout_s > 0)) throw StatusError(InvalidArgument("timeout_s must be > 0"));
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -200,10 +201,10 @@ class PyEngine {
 
 void BindEngine(py::module_& m) {
   py::class_<PyEngine>(m, "Engine", "zinf's ZeRO engine (zinf.zero.initialize uses it)")
-      .def(py::init<const std::string&, int, int, int, double, const py::dict&>(),
+      .def(py::init<const std::string&, int, int, int, double, const py::dict&, int>(),
            py::arg("config_json"), py::arg("rank") = -1, py::arg("world_size") = -1,
            py::arg("optimizer_threads") = 0, py::arg("timeout_s") = 300.0,
-           py::arg("trainer") = py::dict())
+           py::arg("trainer") = py::dict(), py::arg("master_port") = 0)
       .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"))
       .def("initialize", &PyEngine::Initialize)
       .def("fetch", &PyEngine::Fetch, py::arg("module"))

@@ -42,6 +42,9 @@ How the module runs (Note [Module hooks]):
   ``param.grad`` is cleared. At the end of backward, modules that got no gradient are
   reduced with zeros, as every module must be each micro-batch.
 - ``step()`` runs the engine's optimizer step.
+- Beside torch.distributed: when ``init_process_group`` came first, the engine's rendezvous
+  port is agreed through torch's store; otherwise it is ZINF_MASTER_PORT, else MASTER_PORT + 1
+  (MASTER_PORT is torch's), so the two can start in either order.
 - Module buffers (BatchNorm's running statistics) stay ordinary tensors of each rank,
   replicated as DeepSpeed keeps them: ``save_checkpoint`` hands the engine their current
   values, which checkpoints carry (rank 0's, as DeepSpeed saves the model states of rank 0),
@@ -57,6 +60,7 @@ import collections
 import json
 import math
 import os
+import socket
 import weakref
 
 import torch
@@ -187,7 +191,8 @@ class ZeroEngine:
         self.module = model
         self._engine = _zinf.Engine(_config_json(config), optimizer_threads=optimizer_threads,
                                     timeout_s=timeout_s,
-                                    trainer=_trainer_values(trainer or {}))
+                                    trainer=_trainer_values(trainer or {}),
+                                    master_port=_port_beside_torch())
         self._slots = {}          # id(param) -> _Slot
         self._module_slots = []   # module id -> [_Slot]
         self._module_names = []
@@ -588,6 +593,32 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
     torch.uint8: "U8", torch.bool: "BOOL",
 }
+
+
+_engines_made = 0  # in this process: keys the ports agreed through torch's store
+
+
+def _port_beside_torch():
+    """zinf's rendezvous port, agreed through torch.distributed's own store when torch is
+    initialized over the same processes: rank 0 picks a free port and publishes it there, so
+    it cannot clash with torch's (Note [Beside torch.distributed] in src/comm/environment.h).
+    0 (the environment decides: ZINF_MASTER_PORT, else MASTER_PORT + 1) otherwise."""
+    global _engines_made
+    _engines_made += 1
+    dist = torch.distributed
+    if (os.environ.get("ZINF_MASTER_PORT") or not dist.is_available()
+            or not dist.is_initialized()):
+        return 0
+    world = dist.get_world_size()
+    if world == 1 or world != int(os.environ.get("WORLD_SIZE", "1")):
+        return 0
+    store = dist.distributed_c10d._get_default_store()
+    key = f"zinf/master_port/{_engines_made}"
+    if dist.get_rank() == 0:
+        with socket.socket() as free:
+            free.bind(("", 0))
+            store.set(key, str(free.getsockname()[1]))
+    return int(store.get(key))
 
 
 def _storage_ptr(tensor):

@@ -6,8 +6,10 @@
 // MASTER_PORT belongs to torch.distributed: init_process_group's TCPStore binds it on rank 0.
 // zinf's own rendezvous store (TcpStore) takes ZINF_MASTER_PORT when set, else the port after
 // MASTER_PORT, so a process can run both, initialized in either order, without one failing to
-// bind the other's port. (torch's collectives and zinf's Gloo pairs use ports the kernel
-// picks, from the ephemeral range that 29500-style ports are below.)
+// bind the other's port. The port after may be taken by a connection (a launcher's probed
+// MASTER_PORT lies in the ephemeral range), so `zinf run` sets ZINF_MASTER_PORT to a second
+// probed port, and zinf.zero, when torch.distributed is initialized first, agrees on a free
+// port through torch's own store and passes it as EngineOptions::master_port.
 #ifndef ZINF_COMM_ENVIRONMENT_H_
 #define ZINF_COMM_ENVIRONMENT_H_
 

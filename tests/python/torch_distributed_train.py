@@ -8,6 +8,8 @@ Exits non-zero saying what failed.
 """
 
 import argparse
+import os
+import socket
 import sys
 
 import torch
@@ -23,8 +25,19 @@ def main():
     args = ap.parse_args()
     cfg = tm.config(argparse.Namespace(model="cnn_bn", offload="none", nvme_path=""), 4)
     model = tm.make("cnn_bn")
+    blocker = None
     if args.order == "torch-first":
         dist.init_process_group("gloo")
+        # With torch first, zinf agrees on its port through torch's store: show it by taking
+        # away the port it would use otherwise (MASTER_PORT + 1) on rank 0.
+        os.environ.pop("ZINF_MASTER_PORT", None)
+        if dist.get_rank() == 0 and dist.get_world_size() > 1:
+            blocker = socket.socket()
+            try:
+                blocker.bind(("127.0.0.1", int(os.environ["MASTER_PORT"]) + 1))
+                blocker.listen()
+            except OSError:
+                pass  # taken already: as good
         engine = zinf.zero.initialize(model, cfg, timeout_s=60)
     else:
         engine = zinf.zero.initialize(model, cfg, timeout_s=60)
@@ -48,6 +61,8 @@ def main():
             return 1
     dist.barrier()
     dist.destroy_process_group()
+    if blocker is not None:
+        blocker.close()
     print(f"rank {rank}: {args.order} ok")
     return 0
 
