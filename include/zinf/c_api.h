@@ -710,6 +710,18 @@ ZINF_EXPORT zinf_code_t zinf_engine_gather_gradient(zinf_engine_t* engine, const
  * parameter. */
 ZINF_EXPORT zinf_code_t zinf_engine_shard(zinf_engine_t* engine, const char* name, uint64_t* offset,
                                           uint64_t* size, char** errptr);
+/* Module buffers (BatchNorm's running statistics...): replicated, each rank its own values
+ * (zinf::Engine::SetBuffer). set_buffer records this rank's current value of `name` (copied;
+ * dtype a safetensors name: "F32", "F64", "F16", "BF16", "I64", "I32", "I16", "I8", "U8",
+ * "BOOL"; shape of ndim dimensions; bytes its size); checkpoints carry rank 0's, load restores
+ * them on every rank and `zinf ckpt export` writes them. get_buffer copies the value back into
+ * out (bytes must be its size). INVALID_ARGUMENT naming the buffer for a bad dtype, shape or
+ * size, or an unknown name. */
+ZINF_EXPORT zinf_code_t zinf_engine_set_buffer(zinf_engine_t* engine, const char* name,
+                                               const char* dtype, const int64_t* shape, size_t ndim,
+                                               const void* data, uint64_t bytes, char** errptr);
+ZINF_EXPORT zinf_code_t zinf_engine_get_buffer(zinf_engine_t* engine, const char* name, void* out,
+                                               uint64_t bytes, char** errptr);
 /* Saves what resuming needs into dir/tag/ and points dir/latest at it (a collective, between
  * steps). client_state: a JSON object of the trainer's, or NULL for {}. A crash at any moment
  * leaves the previous checkpoint loadable. */

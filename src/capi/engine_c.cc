@@ -501,6 +501,33 @@ zinf_code_t zinf_engine_shard(zinf_engine_t* engine, const char* name, uint64_t*
   });
 }
 
+zinf_code_t zinf_engine_set_buffer(zinf_engine_t* engine, const char* name, const char* dtype,
+                                   const int64_t* shape, size_t ndim, const void* data,
+                                   uint64_t bytes, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(name, "name"));
+    ZINF_RETURN_IF_ERROR(CheckNotNull(dtype, "dtype"));
+    if (ndim > 0) ZINF_RETURN_IF_ERROR(CheckNotNull(shape, "shape"));
+    if (bytes > 0) ZINF_RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    if (ndim > 64) {
+      return zinf::InvalidArgument("ndim must be at most 64, got " + std::to_string(ndim));
+    }
+    return e->engine->SetBuffer(name, dtype, std::vector<int64_t>(shape, shape + ndim), data,
+                                bytes);
+  });
+}
+
+zinf_code_t zinf_engine_get_buffer(zinf_engine_t* engine, const char* name, void* out,
+                                   uint64_t bytes, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(name, "name"));
+    if (bytes > 0) ZINF_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    return e->engine->GetBuffer(name, out, bytes);
+  });
+}
+
 zinf_code_t zinf_engine_save_checkpoint(zinf_engine_t* engine, const char* dir, const char* tag,
                                         const char* client_state, char** errptr) {
   return Run(__func__, errptr, [&]() -> Status {
