@@ -141,7 +141,9 @@ def _trainer_values(values):
 def register_external_parameter(module, parameter):
     """Declares that `module`'s forward uses `parameter`, which belongs to another module
     (tied weights read directly, e.g. ``F.linear(x, self.wte.weight)``): the parameter is
-    fetched around `module`'s forward too."""
+    fetched in `module`'s forward pre-hook, with its own. Optional: without it the read itself
+    fetches the parameter (Note [Module hooks]); declared, the fetch comes first and in a
+    fixed place."""
     external = module.__dict__.setdefault("_zinf_external_parameters", [])
     external.append(parameter)
 
