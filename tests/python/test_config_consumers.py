@@ -1,5 +1,6 @@
 """Every consumer of a DeepSpeed config resolves it the same way: the Python package
-(zinf.zero), the C ABI (zinf_engine_create through ctypes), train_gpt and `zinf plan` are each
+(zinf.zero), the C ABI (zinf_engine_create through ctypes), train_gpt, train_mlp and `zinf plan`
+are each
 fed every way of giving the batch (train_batch_size alone, with the micro-batch, with the
 accumulation, all three, inconsistent) and must train at, or report, the same batch shape, or
 refuse the same config naming train_batch_size. Also the trainer's values for "auto" keys
@@ -146,6 +147,10 @@ class ConsumersTest(unittest.TestCase):
                 py = python_engine(config)
                 c = capi_engine(self.lib, config)
                 gpt = self.train_gpt(batch, "--steps", "1")
+                mlp = subprocess.run(
+                    [os.path.join(BUILD_DIR, "bin", "train_mlp"), "--config",
+                     self.write("mlp.json", config), "--layers", "1", "--width", "8",
+                     "--steps", "1"], capture_output=True, text=True, timeout=120)
                 plan = subprocess.run(
                     [os.path.join(BUILD_DIR, "bin", "zinf"), "plan", "--model",
                      self.write("plan.json", {"model": GPT_MODEL, **config})],
@@ -154,7 +159,8 @@ class ConsumersTest(unittest.TestCase):
                     for name, got in (("python", py), ("C ABI", c)):
                         self.assertIsInstance(got, str, f"{name} accepted {batch}: {got}")
                         self.assertIn("train_batch_size 8", got, name)
-                    for name, done in (("train_gpt", gpt), ("zinf plan", plan)):
+                    for name, done in (("train_gpt", gpt), ("train_mlp", mlp),
+                                       ("zinf plan", plan)):
                         self.assertEqual(done.returncode, 1, f"{name}: {done.stdout}")
                         self.assertIn("train_batch_size 8", done.stderr, name)
                     continue
@@ -167,6 +173,10 @@ class ConsumersTest(unittest.TestCase):
                 shape = (f"train_batch_size {tbs} = micro-batch {micro} x gradient "
                          f"accumulation {gas} x 1 data-parallel rank(s)")
                 self.assertIn("batch: " + shape, gpt.stderr, "the engine's log line")
+                self.assertEqual(mlp.returncode, 0, mlp.stderr)
+                summary = json.loads(mlp.stdout.strip().splitlines()[-1])
+                self.assertEqual((summary["micro_batch"], summary["gradient_accumulation_steps"]),
+                                 (micro, gas), "train_mlp trains at another shape")
                 self.assertEqual(plan.returncode, 0, plan.stderr)
                 self.assertIn(shape, plan.stdout, "zinf plan")
 
