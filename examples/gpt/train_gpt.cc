@@ -209,7 +209,7 @@ std::string HumanBytes(uint64_t n) {
   return out;
 }
 
-// Refuses, before anything is allocated, a micro-batch whose buffers cannot fit this machine:
+// Refuses, before the model allocates anything, a micro-batch whose buffers cannot fit here:
 // train_micro_batch_size_per_gpu is accepted up to 2^30 by the config, and a batch that large
 // used to end in std::bad_alloc.
 Status CheckMicroBatchMemory(const gpt::GptConfig& m, const zinf::EngineConfig& engine,
