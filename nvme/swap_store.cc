@@ -255,8 +255,16 @@ StatusOr<SwapExtent> SwapStore::Allocate(uint64_t size_bytes, std::string name) 
   }
   auto offset = allocator_.Allocate(size_bytes);
   if (!offset.ok()) {
-    return offset.status().WithContext(
-        fmt::format("allocating swap for tensor '{}' ({} bytes)", name, size_bytes));
+    // Past the capacity the store was made with: say so, and what to do, at the source, so
+    // that every binding passes on the same words.
+    std::string what = fmt::format(
+        "allocating swap for tensor '{}' ({} bytes) in a swap store "
+        "of capacity {}",
+        name, size_bytes, FormatBytes(options_.capacity_bytes));
+    if (offset.status().code() == StatusCode::kResourceExhausted) {
+      what += " (free tensors stored earlier, or create the store with a larger capacity_bytes)";
+    }
+    return offset.status().WithContext(what);
   }
   auto extent = std::make_unique<Extent>();
   extent->name = std::move(name);

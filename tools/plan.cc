@@ -106,9 +106,10 @@ Status RunPlan(const PlanArgs& args) {
   std::string base_json = "{}";
   if (!args.model.empty()) {
     ZINF_ASSIGN_OR_RETURN(base_json, ReadInputFile(args.model, "--model"));
-    ZINF_ASSIGN_OR_RETURN(plan::ConfigModel cm,
-                          plan::ModelFromConfigText(base_json, args.model,
-                                                    args.layers > 0 ? args.layers : 4, args.width));
+    ZINF_ASSIGN_OR_RETURN(
+        plan::ConfigModel cm,
+        plan::ModelFromConfigText(base_json, args.model, args.layers > 0 ? args.layers : 4,
+                                  args.width, args.world_size));
     model = std::move(cm.model);
     base = std::move(cm.config);
   } else {

@@ -356,7 +356,7 @@ StatusOr<ModelSpec> UniformModel(uint64_t params, int layers, uint64_t tokens_pe
 }
 
 StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::string& source,
-                                          int mlp_layers, int mlp_width) {
+                                          int mlp_layers, int mlp_width, int world_size) {
   ZINF_ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(text, source));
   if (!json.is_object()) return InvalidArgument(fmt::format("{}: not a JSON object", source));
   nlohmann::json model = nlohmann::json::object();
@@ -374,6 +374,9 @@ StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::stri
   }
   StatusOr<EngineConfig> config = EngineConfig::FromJson(engine_text);
   if (!config.ok()) return config.status().WithContext(source);
+  // The micro-batch the model is sized for is the one the engine would train at: a config may
+  // give train_batch_size alone.
+  if (Status s = config->ResolveBatchSize(world_size); !s.ok()) return s.WithContext(source);
   ConfigModel out{ModelSpec{}, *config};
   if (gpt) {
     int v[5] = {256, 64, 128, 4, 4};
@@ -412,6 +415,7 @@ StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::stri
     if (!m.ok()) return m.status().WithContext(source);
     out.model = std::move(*m);
   }
+  out.model.description += "; " + config->BatchShape(world_size);
   return out;
 }
 

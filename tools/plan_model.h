@@ -129,14 +129,16 @@ StatusOr<ModelSpec> UniformModel(uint64_t params, int layers, uint64_t tokens_pe
 
 // A config file's model: a "model" object (the GPT example's keys) makes a GPT; without one
 // the file is a DeepSpeed config of the MLP example, shaped by `mlp_layers` and `mlp_width`.
-// The rest of the file is the base EngineConfig (its placement is what the plan varies).
+// The rest of the file is the base EngineConfig (its placement is what the plan varies), its
+// batch keys resolved for `world_size` ranks as the engine resolves them
+// (EngineConfig::ResolveBatchSize), and the model's description ends with that batch shape.
 // InvalidArgument naming the file and the key for a bad config.
 struct ConfigModel {
   ModelSpec model;
   EngineConfig config;
 };
 StatusOr<ConfigModel> ModelFromConfigText(std::string_view text, const std::string& source,
-                                          int mlp_layers, int mlp_width);
+                                          int mlp_layers, int mlp_width, int world_size = 1);
 
 // What `zinf bench profile` measured (its JSON; see tools/bench_profile.cc). Rates in bytes or
 // FLOPs per second; 0 where the profile has no figure.

@@ -285,6 +285,13 @@ int Run(const RunArgs& args) {
     auto probe = TcpStore::Create(
         {.port = 0, .is_server = true, .timeout = std::chrono::milliseconds(1000)});
     port = probe.ok() ? (*probe)->port() : 29500;
+    // And a second for zinf's own store, MASTER_PORT being torch.distributed's (Note [Beside
+    // torch.distributed]); both probes are open at once, so the two differ. The ranks inherit it.
+    auto zinf_probe = TcpStore::Create(
+        {.port = 0, .is_server = true, .timeout = std::chrono::milliseconds(1000)});
+    if (probe.ok() && zinf_probe.ok() && std::getenv("ZINF_MASTER_PORT") == nullptr) {
+      setenv("ZINF_MASTER_PORT", std::to_string((*zinf_probe)->port()).c_str(), 1);
+    }
   }
 
   // The store's secret. Every node's launcher of a multi-node job must hand out the same one,

@@ -3,14 +3,20 @@
 //
 // Build:  cmake --build build --target train_gpt zinf
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_gpt --config examples/gpt/configs/cpu.json
-//             [--steps 300] [--data FILE] [--metrics FILE] [--nvme-path DIR] [--threads N]
+//             [--steps 300] [--lr LR] [--data FILE] [--metrics FILE] [--nvme-path DIR]
+//             [--threads N]
 //             [--save DIR [--save-every K]] [--resume DIR | --init-from F.safetensors]
 //             [--device cpu|cuda]
 //             [--matmul auto|fp32|bf16] [--comm-timeout-s S]
 //
 // The config is a DeepSpeed config (what EngineConfig reads) plus a "model" object with
 // GptConfig's keys; train_micro_batch_size_per_gpu is the number of sequences of seq_len
-// bytes each rank runs per micro-batch. Without --data the program trains on a corpus it
+// bytes each rank runs per micro-batch. The batch shape is the engine's (Engine::config(),
+// resolved from train_batch_size, the micro-batch and the accumulation as DeepSpeed does), so
+// a config that gives only train_batch_size trains at the micro-batch it implies. --steps and
+// --lr are the trainer's values for "auto" in the config (scheduler.params.total_num_steps,
+// optimizer.params.lr and scheduler.params.warmup_max_lr); --nvme-path replaces every NVMe
+// path in the config. Without --data the program trains on a corpus it
 // generates itself (GenerateCorpus). Rank 0 prints each step (a progress bar on a terminal),
 // writes --metrics as JSON lines (`zinf plot metrics FILE --plot OUT.png` draws the loss and
 // step time from them), and closes with a summary.
@@ -74,12 +80,13 @@ using zinf::StatusOr;
 
 struct Args {
   std::string config;
-  std::string nvme_path;  // replaces "@NVME_PATH@" in the config
+  std::string nvme_path;  // replaces every nvme_path in the config (and "@NVME_PATH@")
   std::string data;       // a file of bytes; empty: GenerateCorpus
   std::string metrics;    // JSON lines, one per step; empty: none
   int64_t steps = 300;
-  int log_every = -1;  // -1: every step, or never on a terminal (the progress bar shows it)
-  int threads = 0;     // 0: DefaultThreads()
+  double lr = std::nan("");  // the trainer's learning rate for "auto" (NaN: none given)
+  int log_every = -1;        // -1: every step, or never on a terminal (the progress bar shows it)
+  int threads = 0;           // 0: DefaultThreads()
   uint64_t seed = 1234;
   std::string save;  // checkpoint directory; empty: none
   int64_t save_every = 0;
@@ -143,8 +150,21 @@ Status ApplySet(const std::string& set, nlohmann::json* json) {
   }
 }
 
+// --nvme-path DIR: every offload object of the config puts its NVMe files in DIR, whatever
+// nvme_path it names (a config copied from elsewhere names that machine's disks).
+void OverrideNvmePaths(const std::string& nvme_path, nlohmann::json* json) {
+  if (nvme_path.empty()) return;
+  auto zero = json->find("zero_optimization");
+  if (zero == json->end() || !zero->is_object()) return;
+  for (const char* section : {"offload_param", "offload_optimizer"}) {
+    auto offload = zero->find(section);
+    if (offload != zero->end() && offload->is_object()) (*offload)["nvme_path"] = nvme_path;
+  }
+}
+
 StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvme_path,
-                                 const std::vector<std::string>& sets) {
+                                 const std::vector<std::string>& sets,
+                                 const zinf::TrainerValues& trainer) {
   ZINF_ASSIGN_OR_RETURN(std::string json_text, zinf::ReadInputFile(path, "--config"));
   if (json_text.find("@NVME_PATH@") != std::string::npos && nvme_path.empty()) {
     return zinf::InvalidArgument(path + " puts data on NVMe at @NVME_PATH@: give --nvme-path DIR");
@@ -157,6 +177,7 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
   for (const std::string& set : sets) {
     if (Status s = ApplySet(set, &json); !s.ok()) return s;
   }
+  OverrideNvmePaths(nvme_path, &json);
   TrainConfig c;
   if (json.contains("model")) {
     auto model = gpt::GptConfig::FromJson(json["model"].dump());
@@ -164,7 +185,7 @@ StatusOr<TrainConfig> LoadConfig(const std::string& path, const std::string& nvm
     c.model = *model;
     json.erase("model");
   }
-  auto engine = zinf::EngineConfig::FromJson(json.dump());
+  auto engine = zinf::EngineConfig::FromJson(json.dump(), trainer);
   if (!engine.ok()) return engine.status().WithContext(path);
   c.engine = *engine;
   return c;
@@ -184,12 +205,12 @@ std::string HumanBytes(uint64_t n) {
   return out;
 }
 
-// Refuses, before anything is allocated, a micro-batch whose buffers cannot fit this machine:
+// Refuses, before the model allocates anything, a micro-batch whose buffers cannot fit here:
 // train_micro_batch_size_per_gpu is accepted up to 2^30 by the config, and a batch that large
 // used to end in std::bad_alloc.
-Status CheckMicroBatchMemory(const TrainConfig& c, bool activations_on_host) {
-  const gpt::GptConfig& m = c.model;
-  const int64_t batch = c.engine.micro_batch_size;
+Status CheckMicroBatchMemory(const gpt::GptConfig& m, const zinf::EngineConfig& engine,
+                             bool activations_on_host) {
+  const int64_t batch = engine.micro_batch_size;
   auto activations = m.ActivationBytes(batch);
   if (!activations.ok()) {
     return activations.status().WithContext(
@@ -451,14 +472,20 @@ int Main(int argc, char** argv) {
   CLI::App app{"Trains a GPT-2-style byte-level model with zinf's ZeRO engine."};
   app.add_option("--config", args.config, "DeepSpeed-style JSON config with a \"model\" object")
       ->required();
-  app.add_option("--nvme-path", args.nvme_path, "replaces @NVME_PATH@ in the config");
+  app.add_option("--nvme-path", args.nvme_path,
+                 "puts every NVMe file here: replaces the config's nvme_paths (and @NVME_PATH@)");
   app.add_option(
       "--set", args.sets,
       "KEY.PATH=VALUE: replaces a config key after reading the file (repeatable; "
       "VALUE is JSON, e.g. --set gradient_clipping=0 --set zinf.overlap_optimizer=false)");
   app.add_option("--data", args.data, "file of bytes to train on (default: a generated corpus)");
-  app.add_option("--steps", args.steps, "optimizer step at which training stops")
+  app.add_option("--steps", args.steps,
+                 "optimizer step at which training stops; also the scheduler's total_num_steps "
+                 "where the config says \"auto\"")
       ->check(CLI::PositiveNumber);
+  app.add_option("--lr", args.lr,
+                 "learning rate: fills optimizer.params.lr and scheduler.params.warmup_max_lr "
+                 "where the config says \"auto\" (a number there must agree)");
   app.add_option("--metrics", args.metrics, "write one JSON line per step here (rank 0)");
   app.add_option("--log-every", args.log_every,
                  "print a line every N steps (default: every step; none on a terminal, where a "
@@ -500,12 +527,18 @@ int Main(int argc, char** argv) {
     if (Status s = CheckSaveDirectory(args.save); !s.ok()) return Fail(s);
   }
 
-  auto config = LoadConfig(args.config, args.nvme_path, args.sets);
+  const bool have_lr = !std::isnan(args.lr);
+  if (have_lr && !(std::isfinite(args.lr) && args.lr >= 0)) {
+    return Fail(
+        zinf::InvalidArgument(Printf("--lr must be a finite number >= 0, got %g", args.lr)));
+  }
+  // The trainer's values for the config's "auto" keys, as Hugging Face's Trainer passes its own.
+  zinf::TrainerValues trainer;
+  trainer.total_num_steps = args.steps;
+  if (have_lr) trainer.lr = args.lr;
+  auto config = LoadConfig(args.config, args.nvme_path, args.sets, trainer);
   if (!config.ok()) return Fail(config.status());
   const gpt::GptConfig& mc = config->model;
-  if (Status s = CheckMicroBatchMemory(*config, args.device == "cpu"); !s.ok()) {
-    return Fail(s.WithContext(args.config));
-  }
   auto corpus = LoadCorpus(args.data, mc);
   if (!corpus.ok()) return Fail(corpus.status());
   const int threads = args.threads > 0 ? args.threads : DefaultThreads();
@@ -521,6 +554,12 @@ int Main(int argc, char** argv) {
                                             .fp32_view = config->engine.fp16});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
+  // From here on the batch shape is the engine's: Create resolved the config's batch keys for
+  // this world size (a config may give train_batch_size alone).
+  const zinf::EngineConfig& resolved = engine.config();
+  if (Status s = CheckMicroBatchMemory(mc, resolved, args.device == "cpu"); !s.ok()) {
+    return Fail(s.WithContext(args.config));
+  }
   gpt::GptOptions model_options;
   model_options.matmul_precision = args.matmul == "fp32"   ? gpt::MatmulPrecision::kFp32
                                    : args.matmul == "bf16" ? gpt::MatmulPrecision::kBf16
@@ -547,8 +586,7 @@ int Main(int argc, char** argv) {
   }
 
   const int world = engine.world_size(), rank = engine.rank();
-  const int gas = config->engine.gradient_accumulation_steps,
-            batch = config->engine.micro_batch_size;
+  const int gas = resolved.gradient_accumulation_steps, batch = resolved.micro_batch_size;
   // A double: world * gas * batch * seq_len may pass 2^63 (each is only bounded on its own).
   const double tokens_per_step = double(world) * gas * batch * mc.seq_len;
   const bool leader = rank == 0;

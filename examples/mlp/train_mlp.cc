@@ -4,7 +4,10 @@
 //
 // Build:  cmake --build build --target train_mlp
 // Run:    build/bin/zinf run -n 2 -- build/bin/train_mlp --config examples/mlp/configs/cpu.json
-//         [--layers 4] [--width 1024] [--batch 16] [--steps 5] [--nvme-path DIR]
+//         [--layers 4] [--width 1024] [--batch B] [--steps 5] [--nvme-path DIR]
+// A step is gradient_accumulation_steps micro-batches of train_micro_batch_size_per_gpu rows,
+// as the engine resolved the config's batch keys (Engine::config()); --batch is the trainer's
+// micro-batch for a config that says "auto" (a number there must agree).
 // Rank 0 prints one line per step and, last, a JSON summary (median step time, bytes per
 // link per step, the engine's host and NVMe bytes after the last step).
 #include <algorithm>
@@ -26,7 +29,7 @@ struct Args {
   std::string nvme_path;  // replaces "@NVME_PATH@" in the config
   int layers = 4;
   int width = 1024;
-  int batch = 16;
+  int batch = 0;  // 0: the config's
   int steps = 5;
 };
 
@@ -50,7 +53,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else
       return false;
   }
-  return !a->config.empty() && a->layers > 0 && a->width > 0 && a->batch > 0 && a->steps > 0;
+  return !a->config.empty() && a->layers > 0 && a->width > 0 && a->batch >= 0 && a->steps > 0;
 }
 
 // y[b][j] = bias[j] + sum_k w[j][k] x[b][k]; eight partial sums keep the FMA units busy.
@@ -98,13 +101,17 @@ int main(int argc, char** argv) {
   for (size_t at; (at = json.find("@NVME_PATH@")) != std::string::npos;) {
     json.replace(at, 11, args.nvme_path);
   }
-  auto config = zinf::EngineConfig::FromJson(json);
+  zinf::TrainerValues trainer;
+  if (args.batch > 0) trainer.micro_batch_size = args.batch;
+  auto config = zinf::EngineConfig::FromJson(json, trainer);
   if (!config.ok()) return Fail(config.status().WithContext(args.config));
   auto created = zinf::Engine::Create(*config, {.device = "host"});
   if (!created.ok()) return Fail(created.status());
   zinf::Engine& engine = **created;
 
-  const int L = args.layers, W = args.width, B = args.batch;
+  // The batch shape the engine resolved: a config may give train_batch_size alone.
+  const int L = args.layers, W = args.width, B = engine.config().micro_batch_size,
+            gas = engine.config().gradient_accumulation_steps;
   std::vector<int> modules;
   for (int l = 0; l < L; ++l) {
     const std::string n = "layer" + std::to_string(l);
@@ -126,53 +133,56 @@ int main(int argc, char** argv) {
 
   for (int step = 0; step < args.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int b = 0; b < B; ++b)
-      for (int k = 0; k < W; ++k) {
-        const int row = (step * engine.world_size() + engine.rank()) * B + b;
-        acts[0][size_t(b) * W + k] = std::sin(0.01f * row + 0.1f * k);
-      }
-    for (int l = 0; l < L; ++l) {
-      auto p = engine.Fetch(modules[l]);
-      if (!p.ok()) return Fail(p.status());
-      Linear(acts[l].data(), p->params[0], p->params[1], pre[l].data(), B, W, W);
-      for (size_t i = 0; i < pre[l].size(); ++i) acts[l + 1][i] = std::max(pre[l][i], 0.0f);
-      if (auto s = engine.Release(modules[l]); !s.ok()) return Fail(s);
-    }
-    // Loss: mean over rows of 0.5 * |out - target|^2, target = cos of the input.
     double loss = 0;
-    const float scale = static_cast<float>(engine.loss_scale());
-    for (size_t i = 0; i < grad.size(); ++i) {
-      const float d = pre[L - 1][i] - std::cos(acts[0][i]);
-      loss += 0.5 * d * d / B;
-      grad[i] = d / B * scale;
-    }
-    for (int l = L - 1; l >= 0; --l) {
-      if (l != L - 1) {
-        for (size_t i = 0; i < grad.size(); ++i) grad[i] = pre[l][i] > 0 ? grad[i] : 0.0f;
+    for (int micro = 0; micro < gas; ++micro) {
+      for (int b = 0; b < B; ++b)
+        for (int k = 0; k < W; ++k) {
+          const int row = ((step * gas + micro) * engine.world_size() + engine.rank()) * B + b;
+          acts[0][size_t(b) * W + k] = std::sin(0.01f * row + 0.1f * k);
+        }
+      for (int l = 0; l < L; ++l) {
+        auto p = engine.Fetch(modules[l]);
+        if (!p.ok()) return Fail(p.status());
+        Linear(acts[l].data(), p->params[0], p->params[1], pre[l].data(), B, W, W);
+        for (size_t i = 0; i < pre[l].size(); ++i) acts[l + 1][i] = std::max(pre[l][i], 0.0f);
+        if (auto s = engine.Release(modules[l]); !s.ok()) return Fail(s);
       }
-      auto p = engine.Fetch(modules[l]);
-      auto g = engine.Gradients(modules[l]);
-      if (!p.ok() || !g.ok()) return Fail(p.ok() ? g.status() : p.status());
-      float* gw = (*g)[0];
-      float* gb = (*g)[1];
-      std::fill(grad_in.begin(), grad_in.end(), 0.0f);
-      for (int b = 0; b < B; ++b) {
-        const float* x = &acts[l][size_t(b) * W];
-        for (int j = 0; j < W; ++j) {
-          const float dy = grad[size_t(b) * W + j];
-          gb[j] += dy;
-          float* gwj = gw + size_t(j) * W;
-          const float* wj = p->params[0] + size_t(j) * W;
-          float* gx = &grad_in[size_t(b) * W];
-          for (int k = 0; k < W; ++k) {
-            gwj[k] += dy * x[k];
-            gx[k] += dy * wj[k];
+      // Loss: mean over rows of 0.5 * |out - target|^2, target = cos of the input, and over the
+      // step's micro-batches.
+      const float scale = static_cast<float>(engine.loss_scale());
+      for (size_t i = 0; i < grad.size(); ++i) {
+        const float d = pre[L - 1][i] - std::cos(acts[0][i]);
+        loss += 0.5 * d * d / B / gas;
+        grad[i] = d / B * scale;
+      }
+      for (int l = L - 1; l >= 0; --l) {
+        if (l != L - 1) {
+          for (size_t i = 0; i < grad.size(); ++i) grad[i] = pre[l][i] > 0 ? grad[i] : 0.0f;
+        }
+        auto p = engine.Fetch(modules[l]);
+        auto g = engine.Gradients(modules[l]);
+        if (!p.ok() || !g.ok()) return Fail(p.ok() ? g.status() : p.status());
+        float* gw = (*g)[0];
+        float* gb = (*g)[1];
+        std::fill(grad_in.begin(), grad_in.end(), 0.0f);
+        for (int b = 0; b < B; ++b) {
+          const float* x = &acts[l][size_t(b) * W];
+          for (int j = 0; j < W; ++j) {
+            const float dy = grad[size_t(b) * W + j];
+            gb[j] += dy;
+            float* gwj = gw + size_t(j) * W;
+            const float* wj = p->params[0] + size_t(j) * W;
+            float* gx = &grad_in[size_t(b) * W];
+            for (int k = 0; k < W; ++k) {
+              gwj[k] += dy * x[k];
+              gx[k] += dy * wj[k];
+            }
           }
         }
+        grad.swap(grad_in);
+        if (auto s = engine.ReduceGradients(modules[l]); !s.ok()) return Fail(s);
+        if (auto s = engine.Release(modules[l]); !s.ok()) return Fail(s);
       }
-      grad.swap(grad_in);
-      if (auto s = engine.ReduceGradients(modules[l]); !s.ok()) return Fail(s);
-      if (auto s = engine.Release(modules[l]); !s.ok()) return Fail(s);
     }
     auto summary = engine.Step();
     if (!summary.ok()) return Fail(summary.status());
@@ -197,11 +207,12 @@ int main(int argc, char** argv) {
     std::vector<double> steady(step_seconds.begin() + (step_seconds.size() > 2 ? 1 : 0),
                                step_seconds.end());
     std::printf(
-        "{\"ranks\": %d, \"params\": %lld, \"median_step_s\": %.4f, "
+        "{\"ranks\": %d, \"micro_batch\": %d, \"gradient_accumulation_steps\": %d, "
+        "\"params\": %lld, \"median_step_s\": %.4f, "
         "\"bytes_gathered\": %llu, \"bytes_reduce_scattered\": %llu, "
         "\"bytes_nvme_read\": %llu, \"bytes_nvme_written\": %llu, \"host_bytes\": %llu, "
         "\"nvme_bytes\": %llu}\n",
-        engine.world_size(), static_cast<long long>(L) * W * (W + 1), Median(steady),
+        engine.world_size(), B, gas, static_cast<long long>(L) * W * (W + 1), Median(steady),
         static_cast<unsigned long long>(gathered), static_cast<unsigned long long>(reduced),
         static_cast<unsigned long long>(nvme_read), static_cast<unsigned long long>(nvme_written),
         static_cast<unsigned long long>(last.host_bytes),

@@ -548,6 +548,26 @@ typedef enum zinf_param_init_t ZINF_ENUM_BASE {
   ZINF_PARAM_INIT_ONES = 2
 } zinf_param_init_t;
 
+/* What the trainer knows for the keys a config leaves as "auto" (zinf::TrainerValues, as
+ * Hugging Face's Trainer fills them): a value here fills an "auto" key, and one that differs
+ * from a number the config spells out is INVALID_ARGUMENT naming both (total_num_steps only
+ * fills "auto"). Fields left at zinf_trainer_values_init's "not given" (-1, NaN) do nothing;
+ * an "auto" without a value keeps its key's default, with a warning naming it. */
+typedef struct zinf_trainer_values_t {
+  size_t struct_size;
+  int32_t micro_batch_size;            /* train_micro_batch_size_per_gpu; -1: not given */
+  int32_t gradient_accumulation_steps; /* -1: not given */
+  int64_t total_num_steps;             /* scheduler.params.total_num_steps; -1: not given */
+  int64_t warmup_num_steps;            /* scheduler.params.warmup_num_steps; -1: not given */
+  int64_t hidden_size;                 /* the model's, for the "auto" bucket sizes; -1 */
+  double gradient_clipping;            /* NaN: not given (also for the doubles below) */
+  double lr;                           /* optimizer.params.lr, scheduler warmup_max_lr */
+  double beta1, beta2, eps, weight_decay;
+  int32_t fp16, bf16; /* fp16.enabled, bf16.enabled: 0 or 1; -1: not given */
+} zinf_trainer_values_t;
+
+ZINF_EXPORT void zinf_trainer_values_init(zinf_trainer_values_t* values);
+
 typedef struct zinf_engine_options_t {
   size_t struct_size;
   int32_t rank;       /* -1 (default): from RANK */
@@ -555,12 +575,15 @@ typedef struct zinf_engine_options_t {
   /* NULL or "" (default): MASTER_ADDR, else 127.0.0.1. A non-loopback address needs the
    * secret in ZINF_STORE_SECRET (`zinf run` sets it). */
   const char* master_addr;
-  int32_t master_port;       /* 0 (default): MASTER_PORT, else 29500 */
+  int32_t master_port;       /* 0 (default): ZINF_MASTER_PORT, else MASTER_PORT + 1 (MASTER_PORT is
+                              * torch.distributed's), else 29501 */
   int32_t optimizer_threads; /* CPU optimizer threads; 0 (default): all CPUs */
   int64_t timeout_ms;        /* a collective without progress this long fails; default 300000 */
   /* The global ranks of this rank's data-parallel group (NULL, default: all ranks). */
   const int32_t* data_parallel_ranks;
   size_t data_parallel_rank_count;
+  /* Added after the first version: the trainer's values for "auto" (NULL, default: none). */
+  const zinf_trainer_values_t* trainer;
 } zinf_engine_options_t;
 
 ZINF_EXPORT void zinf_engine_options_init(zinf_engine_options_t* options);
@@ -588,6 +611,9 @@ typedef struct zinf_engine_info_t {
   int32_t gradient_accumulation_steps;
   double loss_scale;    /* what the trainer multiplies its loss by before backward */
   double learning_rate; /* what the next step applies */
+  /* Added after the first version: micro_batch_size x gradient_accumulation_steps x
+   * world_size, as the engine resolved the config's batch keys. */
+  int64_t train_batch_size;
 } zinf_engine_info_t;
 
 typedef struct zinf_step_summary_t {
@@ -608,7 +634,8 @@ typedef struct zinf_step_summary_t {
   uint64_t nvme_bytes;
 } zinf_step_summary_t;
 
-/* An engine from a DeepSpeed JSON config (the text; "auto" values take their defaults) and
+/* An engine from a DeepSpeed JSON config (the text; "auto" values from options->trainer, else
+ * their defaults) and
  * where this process sits (`options` may be NULL: the environment decides). Joins the other
  * ranks. Errors: INVALID_ARGUMENT naming the config key, DEADLINE_EXCEEDED or UNAVAILABLE for
  * a rendezvous that fails. */
@@ -683,6 +710,18 @@ ZINF_EXPORT zinf_code_t zinf_engine_gather_gradient(zinf_engine_t* engine, const
  * parameter. */
 ZINF_EXPORT zinf_code_t zinf_engine_shard(zinf_engine_t* engine, const char* name, uint64_t* offset,
                                           uint64_t* size, char** errptr);
+/* Module buffers (BatchNorm's running statistics...): replicated, each rank its own values
+ * (zinf::Engine::SetBuffer). set_buffer records this rank's current value of `name` (copied;
+ * dtype a safetensors name: "F32", "F64", "F16", "BF16", "I64", "I32", "I16", "I8", "U8",
+ * "BOOL"; shape of ndim dimensions; bytes its size); checkpoints carry rank 0's, load restores
+ * them on every rank and `zinf ckpt export` writes them. get_buffer copies the value back into
+ * out (bytes must be its size). INVALID_ARGUMENT naming the buffer for a bad dtype, shape or
+ * size, or an unknown name. */
+ZINF_EXPORT zinf_code_t zinf_engine_set_buffer(zinf_engine_t* engine, const char* name,
+                                               const char* dtype, const int64_t* shape, size_t ndim,
+                                               const void* data, uint64_t bytes, char** errptr);
+ZINF_EXPORT zinf_code_t zinf_engine_get_buffer(zinf_engine_t* engine, const char* name, void* out,
+                                               uint64_t bytes, char** errptr);
 /* Saves what resuming needs into dir/tag/ and points dir/latest at it (a collective, between
  * steps). client_state: a JSON object of the trainer's, or NULL for {}. A crash at any moment
  * leaves the previous checkpoint loadable. */

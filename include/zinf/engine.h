@@ -89,18 +89,20 @@ struct SchedulerConfig {
 
 // What a trainer knows for the keys a config leaves as "auto", as Hugging Face's DeepSpeed
 // integration fills them (its TrainingArguments in brackets). An "auto" with no value here
-// gets the documented default of its key, and FromJson logs what each "auto" became. A value
-// here that differs from one the config spells out is InvalidArgument naming both, as in
-// Hugging Face.
+// gets the documented default of its key, a warning that names the key and where its value
+// came from (Note [Dropped "auto"] in src/zero/engine_config.cc). A value here that differs
+// from one the config spells out is InvalidArgument naming both, as in Hugging Face.
 struct TrainerValues {
   std::optional<int> micro_batch_size;             // [per_device_train_batch_size]
   std::optional<int> gradient_accumulation_steps;  // [gradient_accumulation_steps]
   std::optional<double> gradient_clipping;         // [max_grad_norm]
   std::optional<double> lr;  // [learning_rate]: optimizer.params.lr, scheduler warmup_max_lr
-  std::optional<double> beta1, beta2;       // [adam_beta1, adam_beta2]
-  std::optional<double> eps;                // [adam_epsilon]
-  std::optional<double> weight_decay;       // [weight_decay]
-  std::optional<int64_t> total_num_steps;   // scheduler.params.total_num_steps [the run's steps]
+  std::optional<double> beta1, beta2;  // [adam_beta1, adam_beta2]
+  std::optional<double> eps;           // [adam_epsilon]
+  std::optional<double> weight_decay;  // [weight_decay]
+  // scheduler.params.total_num_steps [the run's steps]: fills "auto" only; a number in the
+  // config is the schedule's length and may differ from where this run stops.
+  std::optional<int64_t> total_num_steps;
   std::optional<int64_t> warmup_num_steps;  // scheduler.params.warmup_num_steps [warmup_steps]
   std::optional<bool> fp16, bf16;           // fp16.enabled, bf16.enabled [fp16, bf16]
   // The model's hidden size: "auto" bucket sizes become hidden^2 (reduce_bucket_size),
@@ -120,7 +122,9 @@ struct ZINF_EXPORT EngineConfig {
   int zero_stage = 3;  // zero_optimization.stage: 1, 2 or 3
   // Gradients are reduce-scattered in buckets of this many elements, each while backward goes
   // on; a bucket takes this many elements of host memory, twice (one filling, one in flight).
-  uint64_t reduce_bucket_size = 500000000;  // zero_optimization.reduce_bucket_size (elements)
+  // zero_optimization.reduce_bucket_size (elements); 0, as in DeepSpeed, a bucket per
+  // parameter: a bucket always grows to hold the largest parameter.
+  uint64_t reduce_bucket_size = 500000000;
   uint64_t stage3_param_persistence_threshold = 100000;  // elements; smaller params stay gathered
   // Prefetching of NVMe-resident parameters reads ahead this many elements along the recorded
   // module order, and stops where the gathered and prefetched parameters would exceed
@@ -145,7 +149,7 @@ struct ZINF_EXPORT EngineConfig {
   std::vector<std::string> offload_param_nvme_path;
   std::vector<std::string> offload_optimizer_nvme_path;
   // offload_optimizer.pin_memory: page-locked staging buffers for the NVMe optimizer step.
-  // (offload_param.pin_memory is a warning: gathered parameters live in ordinary host memory.)
+  // offload_param.pin_memory asks for the same: parameters' host copies share that tier.
   bool pin_memory = false;
   int gradient_accumulation_steps = 1;
   int micro_batch_size = 1;  // train_micro_batch_size_per_gpu: for the trainer; the engine
@@ -232,6 +236,9 @@ struct ZINF_EXPORT EngineConfig {
   // product is checked. InvalidArgument naming the three numbers and the world size when
   // they disagree or do not divide. Engine::Create calls it on its copy of the config.
   Status ResolveBatchSize(int world_size);
+  // "train_batch_size 32 = micro-batch 8 x gradient accumulation 2 x 2 data-parallel rank(s)",
+  // for logs: the batch shape after ResolveBatchSize(world_size). Engine::Create logs it.
+  std::string BatchShape(int world_size) const;
   // The union of offload_param_nvme_path and offload_optimizer_nvme_path, each path once, in
   // order of appearance.
   std::vector<std::string> NvmePaths() const;
@@ -253,7 +260,9 @@ struct EngineOptions {
   // Empty: from the environment (default 127.0.0.1). An address other than loopback needs
   // the rendezvous secret in ZINF_STORE_SECRET, the same for every rank (`zinf run` sets it).
   std::string master_addr;
-  int master_port = 0;  // 0: from the environment (default 29500)
+  // zinf's rendezvous port. 0: from the environment: ZINF_MASTER_PORT, else MASTER_PORT + 1
+  // (MASTER_PORT is torch.distributed's; default 29500), so 29501 by default.
+  int master_port = 0;
   // A collective or rendezvous that makes no progress this long fails (a dead rank).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // Threads for the CPU optimizer (0: all CPUs this process may use).
@@ -413,6 +422,20 @@ class ZINF_EXPORT Engine {
   // ranks and micro-batches, loss scale removed. A collective; call it after the last
   // ReduceGradients of the batch.
   Status GatherGradient(const std::string& name, std::vector<float>* out);
+  // ---- Module buffers ----
+  // State of the model that is not trained (BatchNorm's running statistics and counters):
+  // replicated, not sharded, as DeepSpeed keeps it; each rank holds its own values. SetBuffer
+  // records this rank's current value of buffer `name` (a copy of `bytes` bytes at `data`,
+  // `dtype` a safetensors name: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL); the first
+  // call registers it, later ones must keep its dtype and shape. SaveCheckpoint writes rank 0's
+  // values, LoadCheckpoint restores every rank's from them (a checkpoint that lacks one of the
+  // registered buffers, or has others, is FailedPrecondition naming it), and `zinf ckpt export`
+  // writes them beside the parameters. GetBuffer copies the value back into `out` (`bytes` must
+  // be its size). InvalidArgument for a bad dtype, shape or size, a name that is a parameter's,
+  // or (GetBuffer) one never set.
+  Status SetBuffer(const std::string& name, const std::string& dtype,
+                   const std::vector<int64_t>& shape, const void* data, uint64_t bytes);
+  Status GetBuffer(const std::string& name, void* out, uint64_t bytes) const;
   // ---- Checkpoints (collectives: every rank calls them, between steps) ----
   // Saves what resuming needs to continue bitwise: the fp32 master shard, the optimizer state
   // and step counts, the loss scaler, and `client_state` (a JSON object of the trainer's, such

@@ -40,15 +40,57 @@ py::list Views(const std::vector<float*>& data, const std::vector<uint64_t>& num
   return out;
 }
 
+// TrainerValues from a dict of its field names (zinf.zero maps Hugging Face's names to these);
+// an unknown name is an error naming it.
+TrainerValues ToTrainerValues(const py::dict& d) {
+  TrainerValues t;
+  for (const auto& [key_object, value] : d) {
+    const std::string key = py::str(key_object);
+    if (value.is_none()) continue;
+    if (key == "micro_batch_size") {
+      t.micro_batch_size = value.cast<int>();
+    } else if (key == "gradient_accumulation_steps") {
+      t.gradient_accumulation_steps = value.cast<int>();
+    } else if (key == "total_num_steps") {
+      t.total_num_steps = value.cast<int64_t>();
+    } else if (key == "warmup_num_steps") {
+      t.warmup_num_steps = value.cast<int64_t>();
+    } else if (key == "hidden_size") {
+      t.hidden_size = value.cast<int64_t>();
+    } else if (key == "gradient_clipping") {
+      t.gradient_clipping = value.cast<double>();
+    } else if (key == "lr") {
+      t.lr = value.cast<double>();
+    } else if (key == "beta1") {
+      t.beta1 = value.cast<double>();
+    } else if (key == "beta2") {
+      t.beta2 = value.cast<double>();
+    } else if (key == "eps") {
+      t.eps = value.cast<double>();
+    } else if (key == "weight_decay") {
+      t.weight_decay = value.cast<double>();
+    } else if (key == "fp16") {
+      t.fp16 = value.cast<bool>();
+    } else if (key == "bf16") {
+      t.bf16 = value.cast<bool>();
+    } else {
+      throw StatusError(InvalidArgument("trainer value '" + key + "' is not one zinf knows"));
+    }
+  }
+  return t;
+}
+
 class PyEngine {
  public:
   PyEngine(const std::string& config_json, int rank, int world_size, int optimizer_threads,
-           double timeout_s) {
-    EngineConfig config = ValueOrThrow(EngineConfig::FromJson(config_json));
+           double timeout_s, const py::dict& trainer, int master_port) {
+    EngineConfig config =
+        ValueOrThrow(EngineConfig::FromJson(config_json, ToTrainerValues(trainer)));
     EngineOptions options;
     options.device = "host";  // the hooks read and write the tensors as host memoryviews
     options.rank = rank;
     options.world_size = world_size;
+    options.master_port = master_port;  // 0: from the environment
     options.optimizer_threads = optimizer_threads;
     if (!(timeout_s > 0)) throw StatusError(InvalidArgument("timeout_s must be > 0"));
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -131,6 +173,15 @@ class PyEngine {
     const float* data = static_cast<const float*>(Pointer(values, "values"));
     ThrowIfError(engine_->SetParameter(name, data, count));
   }
+  void SetBuffer(const std::string& name, const std::string& dtype,
+                 const std::vector<int64_t>& shape, uintptr_t data, uint64_t bytes) {
+    const void* p = bytes > 0 ? Pointer(data, "data") : nullptr;
+    ThrowIfError(engine_->SetBuffer(name, dtype, shape, p, bytes));
+  }
+  void GetBuffer(const std::string& name, uintptr_t out, uint64_t bytes) {
+    void* p = bytes > 0 ? Pointer(out, "out") : nullptr;
+    ThrowIfError(engine_->GetBuffer(name, p, bytes));
+  }
   void SaveCheckpoint(const std::string& dir, const std::string& tag,
                       const std::string& client_state) {
     ThrowIfError(WithoutGil([&] { return engine_->SaveCheckpoint(dir, tag, client_state); }));
@@ -150,9 +201,10 @@ class PyEngine {
 
 void BindEngine(py::module_& m) {
   py::class_<PyEngine>(m, "Engine", "zinf's ZeRO engine (zinf.zero.initialize uses it)")
-      .def(py::init<const std::string&, int, int, int, double>(), py::arg("config_json"),
-           py::arg("rank") = -1, py::arg("world_size") = -1, py::arg("optimizer_threads") = 0,
-           py::arg("timeout_s") = 300.0)
+      .def(py::init<const std::string&, int, int, int, double, const py::dict&, int>(),
+           py::arg("config_json"), py::arg("rank") = -1, py::arg("world_size") = -1,
+           py::arg("optimizer_threads") = 0, py::arg("timeout_s") = 300.0,
+           py::arg("trainer") = py::dict(), py::arg("master_port") = 0)
       .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"))
       .def("initialize", &PyEngine::Initialize)
       .def("fetch", &PyEngine::Fetch, py::arg("module"))
@@ -165,6 +217,9 @@ void BindEngine(py::module_& m) {
       .def("gather_gradient", &PyEngine::GatherGradient, py::arg("name"))
       .def("set_parameter", &PyEngine::SetParameter, py::arg("name"), py::arg("values"),
            py::arg("count"))
+      .def("set_buffer", &PyEngine::SetBuffer, py::arg("name"), py::arg("dtype"), py::arg("shape"),
+           py::arg("data"), py::arg("bytes"))
+      .def("get_buffer", &PyEngine::GetBuffer, py::arg("name"), py::arg("out"), py::arg("bytes"))
       .def("save_checkpoint", &PyEngine::SaveCheckpoint, py::arg("dir"), py::arg("tag"),
            py::arg("client_state") = "{}")
       .def("load_checkpoint", &PyEngine::LoadCheckpoint, py::arg("dir"))
@@ -178,9 +233,11 @@ void BindEngine(py::module_& m) {
            [](PyEngine& e, double lr) { ThrowIfError(e.engine().SetLearningRate(lr)); })
       .def_property_readonly("micro_batch_size",
                              [](PyEngine& e) { return e.engine().config().micro_batch_size; })
-      .def_property_readonly("gradient_accumulation_steps", [](PyEngine& e) {
-        return e.engine().config().gradient_accumulation_steps;
-      });
+      .def_property_readonly(
+          "gradient_accumulation_steps",
+          [](PyEngine& e) { return e.engine().config().gradient_accumulation_steps; })
+      .def_property_readonly("train_batch_size",
+                             [](PyEngine& e) { return e.engine().config().train_batch_size; });
 }
 
 }  // namespace zinf::python

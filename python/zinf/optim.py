@@ -19,7 +19,8 @@ Options beyond torch's:
   coefficient) without a separate pass.
 
 Parameters must be contiguous CPU float32 tensors with dense gradients; anything else raises a
-ValueError naming the parameter. Not supported (a ValueError when set): amsgrad, maximize.
+ValueError naming the parameter. Not supported (a ValueError when the optimizer is made, or a
+param group added, with it set): amsgrad, maximize.
 """
 
 import torch
@@ -62,6 +63,12 @@ class _ZinfOptimizer(torch.optim.Optimizer):
             copy = param.detach().to(self.param_copy_dtype)
             self._param_copies[param] = copy
         return copy
+
+    def add_param_group(self, param_group):
+        # torch's constructor adds each group through here: an option zinf does not implement
+        # is refused when the optimizer is made, not at its first step.
+        self._check_group({**self.defaults, **param_group})
+        super().add_param_group(param_group)
 
     def _check_group(self, group):
         if group.get("amsgrad", False):

@@ -18,11 +18,21 @@ How the module runs (Note [Module hooks]):
 - At ``initialize`` every submodule with parameters of its own becomes an engine module; the
   model's current values are handed to the engine (so every rank must start from the same
   values: seed torch alike), and each parameter's ``data`` becomes a placeholder of its shape
-  that reads as NaN, so that a parameter used outside its module's forward shows as NaN
-  rather than as plausible numbers (register such uses with ``register_external_parameter``).
+  that reads as NaN, so that a parameter used outside any forward shows as NaN rather than
+  as plausible numbers.
 - Forward pre-hook: ``Fetch`` the module's parameters (gathered from all ranks, from NVMe when
   they live there) into tensors of its own; forward hook: ``Release`` them and put the
   placeholders back.
+- A forward that reads a parameter of a module it does not call (``nn.MultiheadAttention``
+  passes ``self.out_proj.weight`` to ``F.multi_head_attention_forward`` without calling
+  ``out_proj``; ``TransformerEncoderLayer``'s fast path reads every child's weights) fetches it
+  itself: each managed module's ``_parameters`` dict is replaced by one whose item lookup,
+  which ``nn.Module.__getattr__`` goes through for ``module.weight``, fetches the parameter's
+  module when it is not fetched and a forward is running, for the innermost running forward,
+  which releases it with its own. So any module like it is found by the read itself, with no
+  list of module types and no registration (``register_external_parameter`` still declares
+  such a use ahead, so the fetch happens in the pre-hook). Reading ``_parameters`` directly
+  (``state_dict``, ``named_parameters``) iterates and is not intercepted.
 - Tensors autograd saves for backward that are parameters (or views of them) are replaced by
   a reference (``torch.autograd.graph.saved_tensors_hooks``); backward fetches the module
   again when it needs them, so no gathered parameter stays alive between forward and
@@ -32,14 +42,26 @@ How the module runs (Note [Module hooks]):
   ``param.grad`` is cleared. At the end of backward, modules that got no gradient are
   reduced with zeros, as every module must be each micro-batch.
 - ``step()`` runs the engine's optimizer step.
+- Beside torch.distributed: when ``init_process_group`` came first, the engine's rendezvous
+  port is agreed through torch's store; otherwise it is ZINF_MASTER_PORT, else MASTER_PORT + 1
+  (MASTER_PORT is torch's), so the two can start in either order.
+- Module buffers (BatchNorm's running statistics) stay ordinary tensors of each rank,
+  replicated as DeepSpeed keeps them: ``save_checkpoint`` hands the engine their current
+  values, which checkpoints carry (rank 0's, as DeepSpeed saves the model states of rank 0),
+  ``load_checkpoint`` copies them back on every rank, and ``zinf ckpt export`` writes them
+  beside the parameters. Non-persistent buffers (``persistent=False``) are left out, as
+  ``state_dict`` leaves them out.
 
 Parameters must be float32 CPU tensors (the engine's compute device is the host). Frozen
 parameters (requires_grad False) stay ordinary tensors, outside the engine.
 """
 
+import collections
 import json
 import math
 import os
+import socket
+import weakref
 
 import torch
 
@@ -48,21 +70,80 @@ from zinf import _zinf
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter"]
 
 
-def initialize(model, config, *, optimizer_threads=0, timeout_s=300.0):
+def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=300.0,
+               **trainer_values):
     """Puts `model` under the ZeRO engine and returns the ZeroEngine that trains it.
 
     config: a DeepSpeed config as a dict, a JSON string, or a path to a JSON file.
+    trainer, **trainer_values: the trainer's values for the config's "auto" keys, as Hugging
+        Face's integration fills them: a dict and/or keyword arguments named as zinf's
+        TrainerValues (lr, total_num_steps, warmup_num_steps, micro_batch_size, ...), as Hugging
+        Face's TrainingArguments (learning_rate, max_steps, warmup_steps,
+        per_device_train_batch_size, adam_beta1, max_grad_norm, ...) or as the config key they
+        fill ("scheduler.params.total_num_steps"). A value that differs from a number the config
+        spells out is an error naming both; an "auto" with no value keeps its key's default,
+        with a warning.
     optimizer_threads: threads of the CPU optimizer (0: all this process may use).
     timeout_s: how long a collective may make no progress before it fails (a dead rank).
     Every rank must call it with the same model and config.
     """
-    return ZeroEngine(model, config, optimizer_threads=optimizer_threads, timeout_s=timeout_s)
+    values = dict(trainer or {})
+    values.update(trainer_values)
+    return ZeroEngine(model, config, optimizer_threads=optimizer_threads, timeout_s=timeout_s,
+                      trainer=values)
+
+
+# Each of zinf's TrainerValues names (zinf/engine.h), and the other names it goes by: Hugging
+# Face's TrainingArguments and the DeepSpeed config key that "auto" stands in for.
+_TRAINER_NAMES = {
+    "micro_batch_size": ("per_device_train_batch_size", "train_micro_batch_size_per_gpu"),
+    "gradient_accumulation_steps": (),
+    "gradient_clipping": ("max_grad_norm",),
+    "lr": ("learning_rate", "optimizer.params.lr", "scheduler.params.warmup_max_lr"),
+    "beta1": ("adam_beta1",),
+    "beta2": ("adam_beta2",),
+    "eps": ("adam_epsilon", "optimizer.params.eps"),
+    "weight_decay": ("optimizer.params.weight_decay",),
+    "total_num_steps": ("max_steps", "num_training_steps", "scheduler.params.total_num_steps"),
+    "warmup_num_steps": ("warmup_steps", "scheduler.params.warmup_num_steps"),
+    "fp16": ("fp16.enabled",),
+    "bf16": ("bf16.enabled",),
+    "hidden_size": (),
+}
+_TRAINER_ALIASES = {alias: name for name, aliases in _TRAINER_NAMES.items()
+                    for alias in aliases}
+
+
+def _trainer_values(values):
+    """{TrainerValues name: value} from the names initialize() accepts; ValueError naming an
+    unknown name, or two names of one value that disagree."""
+    out = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key == "optimizer.params.betas":
+            pairs = [("beta1", value[0]), ("beta2", value[1])]
+        else:
+            name = key if key in _TRAINER_NAMES else _TRAINER_ALIASES.get(key)
+            if name is None:
+                raise ValueError(
+                    f"trainer value '{key}' is not one zinf fills \"auto\" from; known: "
+                    f"{', '.join(sorted(set(_TRAINER_NAMES) | set(_TRAINER_ALIASES)))}")
+            pairs = [(name, value)]
+        for name, v in pairs:
+            if name in out and out[name] != v:
+                raise ValueError(f"trainer value '{name}' given twice, as {out[name]} and {v} "
+                                 f"(the second as '{key}')")
+            out[name] = v
+    return out
 
 
 def register_external_parameter(module, parameter):
     """Declares that `module`'s forward uses `parameter`, which belongs to another module
     (tied weights read directly, e.g. ``F.linear(x, self.wte.weight)``): the parameter is
-    fetched around `module`'s forward too."""
+    fetched in `module`'s forward pre-hook, with its own. Optional: without it the read itself
+    fetches the parameter (Note [Module hooks]); declared, the fetch comes first and in a
+    fixed place."""
     external = module.__dict__.setdefault("_zinf_external_parameters", [])
     external.append(parameter)
 
@@ -106,18 +187,21 @@ class _Slot:
 class ZeroEngine:
     """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
 
-    def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0):
+    def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.module = model
         self._engine = _zinf.Engine(_config_json(config), optimizer_threads=optimizer_threads,
-                                    timeout_s=timeout_s)
+                                    timeout_s=timeout_s,
+                                    trainer=_trainer_values(trainer or {}),
+                                    master_port=_port_beside_torch())
         self._slots = {}          # id(param) -> _Slot
         self._module_slots = []   # module id -> [_Slot]
         self._module_names = []
         self._hook_handles = []
         self._grad_accumulators = []
         self._forward_refs = {}   # module id -> references of modules in forward
+        self._forward_stack = []  # [module ids fetched on read] per running forward, innermost last
         self._backward_params = {}  # module id -> fetched tensors for backward
         self._grad_views = {}     # module id -> gradient buffers (torch views)
         self._grads_pending = {}  # module id -> slots whose gradient has not come yet
@@ -161,15 +245,18 @@ class ZeroEngine:
                 acc.register_hook(self._make_grad_hook(s))
                 self._grad_accumulators.append(acc)
                 s.param.data = self._placeholder(s)
+        # The root's pre-hook first: it clears what a forward that raised left behind (the
+        # stack of running forwards among it) before the root's own fetch.
+        self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))
         for sub in model.modules():
             mids = self._module_ids_of(sub)
-            if not mids:
-                continue
+            # Every module's forward is a frame that parameters read inside it are fetched for
+            # (those without parameters of their own too), so they are released with it.
             self._hook_handles.append(sub.register_forward_pre_hook(self._make_pre_hook(mids)))
             self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
-        # The root's hooks wrap the whole forward (registered last, so the pre-hook runs after
-        # the root's own fetch and the post-hook after its release).
-        self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))
+            if any(id(p) in self._slots for p in sub.parameters(recurse=False)):
+                sub.__dict__["_parameters"] = _FetchingParameters(self, sub.__dict__["_parameters"])
+        # Registered last, so that it runs after the root's release.
         self._hook_handles.append(model.register_forward_hook(self._root_post_hook))
 
     def _module_ids_of(self, sub):
@@ -214,6 +301,7 @@ class ZeroEngine:
     def _recover(self):
         """Undoes what a forward that raised left: the saved-tensor hooks, fetched modules."""
         self._root_post_hook()
+        self._forward_stack.clear()
         for mid in list(self._forward_refs):
             for s in self._module_slots[mid]:
                 s.param.data = self._placeholder(s)
@@ -227,13 +315,26 @@ class ZeroEngine:
         def pre_hook(module, inputs):
             for mid in mids:
                 self._acquire(mid)
+            self._forward_stack.append([])
         return pre_hook
 
     def _make_post_hook(self, mids):
         def post_hook(module, inputs, output):
+            if self._forward_stack:
+                for mid in reversed(self._forward_stack.pop()):
+                    self._drop(mid)
             for mid in mids:
                 self._drop(mid)
         return post_hook
+
+    def _on_read(self, param):
+        """A managed parameter read through its module's attribute: inside a forward that has
+        not fetched its module, fetch it for the innermost running forward."""
+        s = self._slots.get(id(param))
+        if s is None or not self._forward_stack or s.module_id in self._forward_refs:
+            return
+        self._acquire(s.module_id)
+        self._forward_stack[-1].append(s.module_id)
 
     def _fetch_copy(self, mid):
         """Fetches module `mid` and returns torch-owned copies of its parameters."""
@@ -379,6 +480,12 @@ class ZeroEngine:
     def gradient_accumulation_steps(self):
         return self._engine.gradient_accumulation_steps
 
+    @property
+    def train_batch_size(self):
+        """micro_batch_size x gradient_accumulation_steps x world_size, as the engine resolved
+        the config's batch keys."""
+        return self._engine.train_batch_size
+
     def mean_over_ranks(self, value):
         """The mean of a number over all ranks (a collective), e.g. the global batch's loss."""
         return self._engine.mean_over_ranks(float(value))
@@ -421,13 +528,42 @@ class ZeroEngine:
         return state
 
     def save_checkpoint(self, directory, tag, client_state=None):
-        """Saves what resuming needs (a collective); client_state: a JSON-able dict."""
+        """Saves what resuming needs (a collective): the engine's state, the module buffers
+        (rank 0's) and client_state, a JSON-able dict."""
+        self._push_buffers()
         self._engine.save_checkpoint(os.fspath(directory), str(tag),
                                      json.dumps(client_state or {}))
 
     def load_checkpoint(self, directory):
-        """Restores the latest checkpoint in `directory` (a collective); returns client_state."""
-        return json.loads(self._engine.load_checkpoint(os.fspath(directory)))
+        """Restores the latest checkpoint in `directory` (a collective), module buffers
+        included; returns client_state."""
+        self._push_buffers()  # registers them, so the checkpoint must hold the same set
+        client = json.loads(self._engine.load_checkpoint(os.fspath(directory)))
+        for name, buf in self._buffers():
+            out = torch.empty_like(buf, memory_format=torch.contiguous_format)
+            self._engine.get_buffer(name, out.data_ptr(), out.numel() * out.element_size())
+            with torch.no_grad():
+                buf.copy_(out)
+        return client
+
+    def _buffers(self):
+        """(name, tensor) of every persistent module buffer, as state_dict names them."""
+        for mname, sub in self.module.named_modules():
+            skip = getattr(sub, "_non_persistent_buffers_set", set())
+            for bname, buf in sub.named_buffers(recurse=False):
+                if buf is not None and bname not in skip:
+                    yield _join(mname, bname), buf
+
+    def _push_buffers(self):
+        for name, buf in self._buffers():
+            dtype = _SAFETENSORS_DTYPES.get(buf.dtype)
+            if dtype is None or buf.device.type != "cpu":
+                known = ", ".join(sorted(map(str, _SAFETENSORS_DTYPES)))
+                raise ValueError(f"buffer '{name}' is {buf.dtype} on {buf.device}; zinf.zero "
+                                 f"checkpoints CPU buffers of {known}")
+            data = buf.detach().contiguous()
+            self._engine.set_buffer(name, dtype, list(data.shape), data.data_ptr(),
+                                    data.numel() * data.element_size())
 
     def train(self, mode=True):
         self.module.train(mode)
@@ -435,6 +571,56 @@ class ZeroEngine:
 
     def eval(self):
         return self.train(False)
+
+
+class _FetchingParameters(collections.OrderedDict):
+    """A module's ``_parameters`` whose item lookup (``module.weight``) fetches the parameter
+    when a forward reads it without having fetched it (Note [Module hooks])."""
+
+    def __init__(self, engine=None, parameters=()):
+        super().__init__(parameters)
+        # A weak reference: the model may outlive the engine.
+        self._zinf_engine = weakref.ref(engine) if engine is not None else None
+
+    def __getitem__(self, name):
+        param = super().__getitem__(name)
+        engine = self._zinf_engine() if self._zinf_engine is not None else None
+        if engine is not None and param is not None:
+            engine._on_read(param)
+        return param
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+_engines_made = 0  # in this process: keys the ports agreed through torch's store
+
+
+def _port_beside_torch():
+    """zinf's rendezvous port, agreed through torch.distributed's own store when torch is
+    initialized over the same processes: rank 0 picks a free port and publishes it there, so
+    it cannot clash with torch's (Note [Beside torch.distributed] in src/comm/environment.h).
+    0 (the environment decides: ZINF_MASTER_PORT, else MASTER_PORT + 1) otherwise."""
+    global _engines_made
+    _engines_made += 1
+    dist = torch.distributed
+    if (os.environ.get("ZINF_MASTER_PORT") or not dist.is_available()
+            or not dist.is_initialized()):
+        return 0
+    world = dist.get_world_size()
+    if world == 1 or world != int(os.environ.get("WORLD_SIZE", "1")):
+        return 0
+    store = dist.distributed_c10d._get_default_store()
+    key = f"zinf/master_port/{_engines_made}"
+    if dist.get_rank() == 0:
+        with socket.socket() as free:
+            free.bind(("", 0))
+            store.set(key, str(free.getsockname()[1]))
+    return int(store.get(key))
 
 
 def _storage_ptr(tensor):

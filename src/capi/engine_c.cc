@@ -3,8 +3,14 @@
 // output buffers are checked before a collective starts.
 //
 // Thread-safety: one thread drives an engine, as zinf::Engine requires.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <cstddef>
 #include <map>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -160,6 +166,60 @@ void zinf_param_spec_init(zinf_param_spec_t* spec) {
   spec->init_std = d.init_std;
 }
 
+void zinf_trainer_values_init(zinf_trainer_values_t* values) {
+  if (values == nullptr) return;
+  *values = zinf_trainer_values_t{};
+  values->struct_size = sizeof(*values);
+  values->micro_batch_size = values->gradient_accumulation_steps = -1;
+  values->total_num_steps = values->warmup_num_steps = values->hidden_size = -1;
+  values->gradient_clipping = values->lr = values->beta1 = values->beta2 = values->eps =
+      values->weight_decay = std::nan("");
+  values->fp16 = values->bf16 = -1;
+}
+
+namespace {
+
+// The C struct's "not given" (-1, NaN) as an empty optional; anything else must be in range.
+Status ToTrainerValues(const zinf_trainer_values_t& c, zinf::TrainerValues* t) {
+  auto count = [](const char* name, int64_t v, int64_t max, auto* out) -> Status {
+    if (v == -1) return OkStatus();
+    if (v < 0 || v > max) {
+      return zinf::InvalidArgument(fmt::format(
+          "options->trainer->{} must be -1 (not given) or in [0, {}], got {}", name, max, v));
+    }
+    *out = static_cast<typename std::remove_reference_t<decltype(*out)>::value_type>(v);
+    return OkStatus();
+  };
+  ZINF_RETURN_IF_ERROR(
+      count("micro_batch_size", c.micro_batch_size, 1 << 30, &t->micro_batch_size));
+  ZINF_RETURN_IF_ERROR(count("gradient_accumulation_steps", c.gradient_accumulation_steps, 1 << 20,
+                             &t->gradient_accumulation_steps));
+  ZINF_RETURN_IF_ERROR(
+      count("total_num_steps", c.total_num_steps, INT64_MAX / 2, &t->total_num_steps));
+  ZINF_RETURN_IF_ERROR(
+      count("warmup_num_steps", c.warmup_num_steps, INT64_MAX / 2, &t->warmup_num_steps));
+  ZINF_RETURN_IF_ERROR(count("hidden_size", c.hidden_size, int64_t{1} << 31, &t->hidden_size));
+  for (auto [name, v, out] :
+       {std::tuple{"gradient_clipping", c.gradient_clipping, &t->gradient_clipping},
+        std::tuple{"lr", c.lr, &t->lr}, std::tuple{"beta1", c.beta1, &t->beta1},
+        std::tuple{"beta2", c.beta2, &t->beta2}, std::tuple{"eps", c.eps, &t->eps},
+        std::tuple{"weight_decay", c.weight_decay, &t->weight_decay}}) {
+    if (!std::isnan(v)) *out = v;  // range-checked where the config's own value would be
+  }
+  for (auto [name, v, out] :
+       {std::tuple{"fp16", c.fp16, &t->fp16}, std::tuple{"bf16", c.bf16, &t->bf16}}) {
+    if (v == -1) continue;
+    if (v != 0 && v != 1) {
+      return zinf::InvalidArgument(
+          fmt::format("options->trainer->{} must be -1 (not given), 0 or 1, got {}", name, v));
+    }
+    *out = v == 1;
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 zinf_code_t zinf_engine_create(const char* config_json, const zinf_engine_options_t* options,
                                zinf_engine_t** engine, char** errptr) {
   return Run(__func__, errptr, [&]() -> Status {
@@ -170,7 +230,16 @@ zinf_code_t zinf_engine_create(const char* config_json, const zinf_engine_option
     zinf_engine_options_init(&c);
     if (options != nullptr) {
       ZINF_RETURN_IF_ERROR(zinf::capi::ReadStruct(options, "options", "zinf_engine_options_t",
-                                                  "zinf_engine_options_init", &c));
+                                                  "zinf_engine_options_init", &c,
+                                                  offsetof(zinf_engine_options_t, trainer)));
+    }
+    zinf::TrainerValues trainer;
+    if (c.trainer != nullptr) {
+      zinf_trainer_values_t t;
+      zinf_trainer_values_init(&t);
+      ZINF_RETURN_IF_ERROR(zinf::capi::ReadStruct(
+          c.trainer, "options->trainer", "zinf_trainer_values_t", "zinf_trainer_values_init", &t));
+      ZINF_RETURN_IF_ERROR(ToTrainerValues(t, &trainer));
     }
     zinf::EngineOptions o;
     o.rank = c.rank;
@@ -190,7 +259,8 @@ zinf_code_t zinf_engine_create(const char* config_json, const zinf_engine_option
     }
     o.data_parallel_ranks.assign(c.data_parallel_ranks,
                                  c.data_parallel_ranks + c.data_parallel_rank_count);
-    ZINF_ASSIGN_OR_RETURN(zinf::EngineConfig config, zinf::EngineConfig::FromJson(config_json));
+    ZINF_ASSIGN_OR_RETURN(zinf::EngineConfig config,
+                          zinf::EngineConfig::FromJson(config_json, trainer));
     auto handle = std::make_shared<zinf::capi::EngineHandle>();
     ZINF_ASSIGN_OR_RETURN(handle->engine, zinf::Engine::Create(config, o));
     *engine = zinf::capi::NewHandle<zinf_engine_t>(std::move(handle));
@@ -356,7 +426,9 @@ zinf_code_t zinf_engine_info(zinf_engine_t* engine, zinf_engine_info_t* info, ch
     c.gradient_accumulation_steps = en.config().gradient_accumulation_steps;
     c.loss_scale = en.loss_scale();
     c.learning_rate = en.learning_rate();
-    return zinf::capi::WriteStruct(c, "info", "zinf_engine_info_t", info);
+    c.train_batch_size = en.config().train_batch_size;
+    return zinf::capi::WriteStruct(c, "info", "zinf_engine_info_t", info,
+                                   offsetof(zinf_engine_info_t, train_batch_size));
   });
 }
 
@@ -426,6 +498,33 @@ zinf_code_t zinf_engine_shard(zinf_engine_t* engine, const char* name, uint64_t*
     *offset = range.offset;
     *size = range.size;
     return OkStatus();
+  });
+}
+
+zinf_code_t zinf_engine_set_buffer(zinf_engine_t* engine, const char* name, const char* dtype,
+                                   const int64_t* shape, size_t ndim, const void* data,
+                                   uint64_t bytes, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(name, "name"));
+    ZINF_RETURN_IF_ERROR(CheckNotNull(dtype, "dtype"));
+    if (ndim > 0) ZINF_RETURN_IF_ERROR(CheckNotNull(shape, "shape"));
+    if (bytes > 0) ZINF_RETURN_IF_ERROR(CheckNotNull(data, "data"));
+    if (ndim > 64) {
+      return zinf::InvalidArgument("ndim must be at most 64, got " + std::to_string(ndim));
+    }
+    return e->engine->SetBuffer(name, dtype, std::vector<int64_t>(shape, shape + ndim), data,
+                                bytes);
+  });
+}
+
+zinf_code_t zinf_engine_get_buffer(zinf_engine_t* engine, const char* name, void* out,
+                                   uint64_t bytes, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(name, "name"));
+    if (bytes > 0) ZINF_RETURN_IF_ERROR(CheckNotNull(out, "out"));
+    return e->engine->GetBuffer(name, out, bytes);
   });
 }
 

@@ -33,8 +33,9 @@ namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'Z', 'I', 'N', 'F', 'S', 'H', 'D', '1'};
 constexpr uint64_t kAlign = 4096;
 constexpr int kShardFormatVersion = 1;
-// 2 added the manifest's checksum; 1 is still read (see checkpoint.h).
-constexpr int kManifestVersion = 2;
+// 2 added the manifest's checksum, 3 its buffers; 1 is still read (see checkpoint.h).
+constexpr int kManifestVersion = 3;
+constexpr int kManifestVersionWithoutBuffers = 2;
 constexpr int kOldestManifestVersion = 1;
 constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
 // Elements per rank: 4 EiB of fp32, far past any disk, and small enough that byte counts
@@ -189,6 +190,16 @@ Status CheckTag(std::string_view tag) {
   return OkStatus();
 }
 
+uint64_t BufferDtypeBytes(std::string_view dtype) {
+  for (auto [name, bytes] :
+       {std::pair{"F32", 4}, std::pair{"F64", 8}, std::pair{"F16", 2}, std::pair{"BF16", 2},
+        std::pair{"I64", 8}, std::pair{"I32", 4}, std::pair{"I16", 2}, std::pair{"I8", 1},
+        std::pair{"U8", 1}, std::pair{"BOOL", 1}}) {
+    if (dtype == name) return static_cast<uint64_t>(bytes);
+  }
+  return 0;
+}
+
 Status ValidateManifest(const Manifest& m) {
   ZINF_RETURN_IF_ERROR(CheckTag(m.tag));
   if (m.world_size < 1 || m.world_size > kMaxWorldSize) {
@@ -246,6 +257,32 @@ Status ValidateManifest(const Manifest& m) {
           "parameter {} '{}' (elements [{}, {})) overlaps parameter {} '{}' (elements [{}, {}))", b,
           m.params[b].name, next.first, next.first + next.second, a, m.params[a].name, prev.first,
           prev.first + prev.second));
+    }
+  }
+  for (size_t i = 0; i < m.buffers.size(); ++i) {
+    const ManifestBuffer& b = m.buffers[i];
+    auto bad = [&](const std::string& what) {
+      return InvalidArgument(fmt::format("buffer {} '{}': {}", i, b.name, what));
+    };
+    if (b.name.empty()) return bad("the name is empty");
+    if (!names.insert(b.name).second) return bad("the name appears twice (or is a parameter's)");
+    const uint64_t element = BufferDtypeBytes(b.dtype);
+    if (element == 0) {
+      return bad(
+          fmt::format("dtype \"{}\" is not one of F32, F64, F16, BF16, I64, I32, I16, "
+                      "I8, U8, BOOL",
+                      b.dtype.substr(0, 20)));
+    }
+    uint64_t product = element;
+    for (int64_t dim : b.shape) {
+      if (dim < 0 || __builtin_mul_overflow(product, static_cast<uint64_t>(dim), &product) ||
+          product > kMaxShardElements) {
+        return bad(fmt::format("shape {} is negative or too large", Dump(nlohmann::json(b.shape))));
+      }
+    }
+    if (product != b.bytes) {
+      return bad(fmt::format("shape {} of {} is {} bytes, the manifest says {}",
+                             Dump(nlohmann::json(b.shape)), b.dtype, product, b.bytes));
     }
   }
   ZINF_ASSIGN_OR_RETURN(const nlohmann::json engine, ParseObject(m.engine_state, "engine_state"));
@@ -358,15 +395,24 @@ StatusOr<std::string> SerializeManifest(const Manifest& m) {
   }
   ZINF_ASSIGN_OR_RETURN(nlohmann::json engine_state, ParseObject(m.engine_state, "engine_state"));
   ZINF_ASSIGN_OR_RETURN(nlohmann::json client_state, ParseObject(m.client_state, "client_state"));
-  nlohmann::json json = {{"format", "zinf-checkpoint"},
-                         {"format_version", kManifestVersion},
-                         {"tag", m.tag},
-                         {"world_size", m.world_size},
-                         {"step", m.step},
-                         {"shard_elements", m.shard_elements},
-                         {"params", std::move(params)},
-                         {"engine_state", std::move(engine_state)},
-                         {"client_state", std::move(client_state)}};
+  nlohmann::json json = {
+      {"format", "zinf-checkpoint"},
+      {"format_version", m.buffers.empty() ? kManifestVersionWithoutBuffers : kManifestVersion},
+      {"tag", m.tag},
+      {"world_size", m.world_size},
+      {"step", m.step},
+      {"shard_elements", m.shard_elements},
+      {"params", std::move(params)},
+      {"engine_state", std::move(engine_state)},
+      {"client_state", std::move(client_state)}};
+  if (!m.buffers.empty()) {
+    nlohmann::json buffers = nlohmann::json::array();
+    for (const ManifestBuffer& b : m.buffers) {
+      buffers.push_back(
+          {{"name", b.name}, {"dtype", b.dtype}, {"shape", b.shape}, {"bytes", b.bytes}});
+    }
+    json["buffers"] = std::move(buffers);
+  }
   json["checksum"] = ManifestChecksum(json);
   return Dump(json, 1) + "\n";
 }
@@ -530,8 +576,9 @@ class Fields {
 // `j` without its checksum (verified and removed by the caller).
 StatusOr<Manifest> ManifestFromJson(const nlohmann::json& j) {
   const Fields f(j, "");
-  ZINF_RETURN_IF_ERROR(f.Only({"format", "format_version", "tag", "world_size", "step",
-                               "shard_elements", "params", "engine_state", "client_state"}));
+  ZINF_RETURN_IF_ERROR(
+      f.Only({"format", "format_version", "tag", "world_size", "step", "shard_elements", "params",
+              "engine_state", "client_state", "buffers"}));
   Manifest m;
   ZINF_ASSIGN_OR_RETURN(m.tag, f.String("tag"));
   ZINF_ASSIGN_OR_RETURN(const int64_t world, f.Int("world_size"));
@@ -561,6 +608,26 @@ StatusOr<Manifest> ManifestFromJson(const nlohmann::json& j) {
     ZINF_ASSIGN_OR_RETURN(mp.shard_size, pf.Unsigned("shard_size"));
     ZINF_ASSIGN_OR_RETURN(mp.flat_offset, pf.Unsigned("flat_offset"));
     m.params.push_back(std::move(mp));
+  }
+  if (auto it = j.find("buffers"); it != j.end()) {
+    if (!it->is_array()) {
+      return InvalidArgument(fmt::format("buffers must be a list, got {}", DescribeJson(*it)));
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const nlohmann::json& b = (*it)[i];
+      const std::string where = fmt::format("buffers[{}]", i);
+      if (!b.is_object()) {
+        return InvalidArgument(fmt::format("{} must be an object, got {}", where, DescribeJson(b)));
+      }
+      const Fields bf(b, where + ".");
+      ZINF_RETURN_IF_ERROR(bf.Only({"name", "dtype", "shape", "bytes"}));
+      ManifestBuffer mb;
+      ZINF_ASSIGN_OR_RETURN(mb.name, bf.String("name"));
+      ZINF_ASSIGN_OR_RETURN(mb.dtype, bf.String("dtype"));
+      ZINF_ASSIGN_OR_RETURN(mb.shape, bf.Ints("shape"));
+      ZINF_ASSIGN_OR_RETURN(mb.bytes, bf.Unsigned("bytes"));
+      m.buffers.push_back(std::move(mb));
+    }
   }
   for (const char* key : {"engine_state", "client_state"}) {
     ZINF_ASSIGN_OR_RETURN(const nlohmann::json* state, f.Get(key));

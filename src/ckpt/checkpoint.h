@@ -6,7 +6,8 @@
 //                                  engine and trainer state, and a checksum; written by rank
 //                                  0, after every rank's shard file is complete
 //   DIR/<tag>/rank-<r>.zshard      rank r's sections (fp32 master shard, optimizer state
-//                                  arrays, optimizer scalars), each with a CRC32C
+//                                  arrays, optimizer scalars; rank 0's also "buffers"), each
+//                                  with a CRC32C
 //
 // Every file is written under a temporary name, fsynced and renamed, and `latest` is replaced
 // last, so a crash at any moment leaves the previous checkpoint loadable (See Note [Atomic
@@ -21,6 +22,10 @@
 // consistent (a step count, a learning-rate schedule's state, the client_state, a parameter's
 // name or shape that still matches its shard). Where that matters, set
 // ZINF_CHECKPOINT_STRICT=1: version 1 manifests are then refused (kStrictCheckpointsEnv).
+// Version 3 adds "buffers" (name, dtype, shape, bytes): the model's module buffers (BatchNorm's
+// running statistics), replicated rather than sharded as DeepSpeed keeps them, rank 0's values
+// back to back in rank 0's "buffers" section; a checkpoint without buffers is still written as
+// version 2, which older builds read.
 //
 // A shard file is its sections back to back, each starting at a multiple of 4096, then a
 // JSON trailer that lists them (name, offset, bytes, crc32c) with the tag and rank, then the
@@ -51,14 +56,27 @@ struct ManifestParam {
   uint64_t flat_offset = 0;
 };
 
+// A module buffer: `dtype` is its safetensors name (F32, F64, F16, BF16, I64, I32, I16, I8,
+// U8, BOOL), `bytes` the product of the shape times the element size.
+struct ManifestBuffer {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+};
+
+// The element size of a buffer dtype (see ManifestBuffer); 0 for a name not in the list.
+uint64_t BufferDtypeBytes(std::string_view dtype);
+
 struct Manifest {
   std::string tag;
   int world_size = 0;
   int64_t step = 0;
   uint64_t shard_elements = 0;  // elements per rank in each state section
   std::vector<ManifestParam> params;
-  std::string engine_state = "{}";  // JSON: the engine's scalars (loss scaler...)
-  std::string client_state = "{}";  // JSON: the trainer's (data position...)
+  std::string engine_state = "{}";      // JSON: the engine's scalars (loss scaler...)
+  std::string client_state = "{}";      // JSON: the trainer's (data position...)
+  std::vector<ManifestBuffer> buffers;  // in rank 0's "buffers" section, in this order
 };
 
 std::string ShardFileName(int rank);  // "rank-00003.zshard"
@@ -73,7 +91,9 @@ Status CheckTag(std::string_view tag);
 // whose shard_size is numel / world_size rounded up and whose shards lie within
 // shard_elements without overlapping (all arithmetic checked for overflow), and
 // engine_state and client_state JSON objects (engine_state with the scalars the engine
-// reads). InvalidArgument naming the parameter, the field, its value and what was expected.
+// reads), and buffers uniquely named apart from the parameters, of a known dtype, whose bytes
+// match their shape. InvalidArgument naming the parameter, the field, its value and what was
+// expected.
 Status ValidateManifest(const Manifest& manifest);
 
 // ---- Writing ----
@@ -179,7 +199,8 @@ class ShardReader {
 // ---- Export ----
 
 // Consolidates the checkpoint at `path` (see ResolveCheckpoint), written by any world size,
-// into one safetensors file: one tensor per parameter with its full shape. Memory: one
+// into one safetensors file: one tensor per parameter with its full shape, then each module
+// buffer as saved (its own dtype, from rank 0's "buffers" section). Memory: one
 // parameter at a time. The manifest and every rank file's "params" section (size against
 // the manifest, checksum) are verified before `out_file` is created; on any error nothing is
 // left at `out_file` (an existing file there is kept as it was). `dtype`: kFp32 or kBf16,

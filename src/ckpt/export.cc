@@ -2,7 +2,9 @@
 //
 // safetensors: an 8-byte little-endian header length, a JSON header mapping each tensor name
 // to {dtype, shape, data_offsets: [begin, end)} relative to the data, then the data. The
-// header is padded with spaces to a multiple of 8 so that the data is aligned. Parameters are
+// header is padded with spaces to a multiple of 8 so that the data is aligned. Module buffers
+// follow the parameters in their saved dtype (--dtype converts parameters only, as DeepSpeed's
+// zero_to_fp32 keeps buffers as they are). Parameters are
 // written in manifest order, each assembled from its rank pieces in a buffer of its own size,
 // so the memory used is that of the largest parameter, whatever the model size.
 #include <fcntl.h>
@@ -93,6 +95,22 @@ Status Export(const std::string& path, const std::string& out_file, ElementType 
     ZINF_RETURN_IF_ERROR(reader.Verify("params"));
     shards.push_back(std::move(reader));
   }
+  // The module buffers, replicated: rank 0's, as saved. Read whole (they are small: running
+  // statistics and counters), checked against the manifest and their checksum.
+  std::string buffers;
+  if (!manifest.buffers.empty()) {
+    uint64_t total = 0;
+    for (const ManifestBuffer& b : manifest.buffers) total += b.bytes;  // validated: no overflow
+    ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, shards[0].SectionBytes("buffers"));
+    if (bytes != total) {
+      return DataLoss(fmt::format("{}/{}: 'buffers' has {} bytes, the manifest says {}", dir,
+                                  ShardFileName(0), bytes, total));
+    }
+    ZINF_RETURN_IF_ERROR(shards[0].Verify("buffers", [&](const char* data, uint64_t n) {
+      buffers.append(data, n);
+      return OkStatus();
+    }));
+  }
 
   const uint64_t element_bytes = dtype == ElementType::kBf16 ? 2 : 4;
   nlohmann::ordered_json header;
@@ -119,6 +137,14 @@ Status Export(const std::string& path, const std::string& out_file, ElementType 
                       {"data_offsets", {offset, end}}};
     offset = end;
     largest = std::max(largest, p.numel);
+  }
+  for (const ManifestBuffer& b : manifest.buffers) {
+    if (b.name == "__metadata__") {
+      return DataLoss(fmt::format("{}/manifest.json: a buffer is named '__metadata__'", dir));
+    }
+    header[b.name] = {
+        {"dtype", b.dtype}, {"shape", b.shape}, {"data_offsets", {offset, offset + b.bytes}}};
+    offset += b.bytes;
   }
   std::string head = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   head.append((8 - head.size() % 8) % 8, ' ');
@@ -159,6 +185,7 @@ Status Export(const std::string& path, const std::string& out_file, ElementType 
       ZINF_RETURN_IF_ERROR(out.Write(full.data(), full.size() * 4));
     }
   }
+  ZINF_RETURN_IF_ERROR(out.Write(buffers.data(), buffers.size()));
   return out.Commit();
 }
 

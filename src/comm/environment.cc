@@ -66,6 +66,17 @@ StatusOr<DistEnvironment> ReadDistEnvironment() {
     ZINF_RETURN_IF_ERROR(ParseInt("MASTER_PORT", *port, 1, 65535, &v));
     env.master_port = static_cast<uint16_t>(v);
   }
+  // Note [Beside torch.distributed]: MASTER_PORT is torch's; zinf's store takes the next.
+  if (auto port = Env("ZINF_MASTER_PORT")) {
+    ZINF_RETURN_IF_ERROR(ParseInt("ZINF_MASTER_PORT", *port, 1, 65535, &v));
+    env.store_port = static_cast<uint16_t>(v);
+  } else if (env.master_port == 65535) {
+    return InvalidArgument(
+        "environment variable MASTER_PORT is 65535, which leaves no port after it for zinf's "
+        "rendezvous store; set ZINF_MASTER_PORT, or a lower MASTER_PORT");
+  } else {
+    env.store_port = static_cast<uint16_t>(env.master_port + 1);
+  }
   if (auto secret = Env(kStoreSecretEnv)) env.store_secret = *secret;
   for (const char* name : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
     std::optional<std::string> ifname = Env(name);

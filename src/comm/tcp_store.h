@@ -1,5 +1,6 @@
 // TcpStore: the key-value store ranks rendezvous through, in the manner of torch's TCPStore.
-// Rank 0 serves it on MASTER_ADDR:MASTER_PORT; every rank (rank 0 too) is a client. It
+// Rank 0 serves it on MASTER_ADDR and zinf's port (ZINF_MASTER_PORT, else MASTER_PORT + 1: Note
+// [Beside torch.distributed] in comm/environment.h); every rank (rank 0 too) is a client. It
 // bootstraps Gloo (as a gloo::rendezvous::Store) and carries the NCCL unique id.
 //
 // Every blocking call has a deadline: a peer that never arrives or a server that died gives

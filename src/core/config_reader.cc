@@ -110,15 +110,40 @@ std::string ConfigReader::KeyPath(std::string_view key) const {
   return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
 }
 
-const nlohmann::json* ConfigReader::Find(std::string_view key) {
+namespace {
+
+bool IsAutoValue(const nlohmann::json& v) {
+  return v.is_string() && v.get_ref<const std::string&>() == "auto";
+}
+
+}  // namespace
+
+const nlohmann::json* ConfigReader::FindAsGiven(std::string_view key) {
   known_.emplace(key);
   if (!status_.ok()) return nullptr;
   auto it = object_.find(key);
   return it == object_.end() ? nullptr : &*it;
 }
 
+const nlohmann::json* ConfigReader::Find(std::string_view key) {
+  const nlohmann::json* v = FindAsGiven(key);
+  if (v == nullptr || !drop_auto_ || !IsAutoValue(*v)) return v;
+  std::string path = KeyPath(key);
+  if (std::find(dropped_.begin(), dropped_.end(), path) == dropped_.end()) {
+    dropped_.push_back(std::move(path));
+  }
+  return nullptr;
+}
+
 bool ConfigReader::Has(std::string_view key) const {
-  return object_.is_object() && object_.contains(key);
+  if (!object_.is_object()) return false;
+  auto it = object_.find(key);
+  return it != object_.end() && !(drop_auto_ && IsAutoValue(*it));
+}
+
+ConfigReader& ConfigReader::DropAuto() {
+  drop_auto_ = true;
+  return *this;
 }
 
 void ConfigReader::Fail(Status status) {
@@ -276,8 +301,8 @@ ConfigReader& ConfigReader::Elements(std::string_view key, uint64_t* out, uint64
 }
 
 bool ConfigReader::IsAuto(std::string_view key) {
-  const nlohmann::json* v = Find(key);
-  return v != nullptr && v->is_string() && v->get_ref<const std::string&>() == "auto";
+  const nlohmann::json* v = FindAsGiven(key);
+  return v != nullptr && IsAutoValue(*v);
 }
 
 ConfigReader& ConfigReader::Doubles(std::string_view key, std::vector<double>* out, size_t count) {
@@ -326,7 +351,13 @@ ConfigReader& ConfigReader::Object(std::string_view key,
   const nlohmann::json* v = Find(key);
   if (v == nullptr) return *this;
   ConfigReader child(*v, KeyPath(key));
+  child.drop_auto_ = drop_auto_;
   if (child.status_.ok()) read(child);
+  for (std::string& path : child.dropped_) {
+    if (std::find(dropped_.begin(), dropped_.end(), path) == dropped_.end()) {
+      dropped_.push_back(std::move(path));
+    }
+  }
   Fail(child.Finish());
   return *this;
 }

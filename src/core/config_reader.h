@@ -85,6 +85,12 @@ class ConfigReader {
   // True when the key holds the string "auto" (DeepSpeed's "fill this in from the trainer"),
   // and marks the key as read: the caller resolves it. False when absent or anything else.
   bool IsAuto(std::string_view key);
+  // From here on a key holding "auto" reads as absent, so the caller's default stays: what
+  // DeepSpeed's pydantic config models (zero_optimization, fp16, bf16, ...) do with "auto".
+  // IsAuto still sees the value. Readers of nested objects inherit the mode, and the keys so
+  // dropped, by full key path, are collected in dropped() of the reader that set the mode.
+  ConfigReader& DropAuto();
+  const std::vector<std::string>& dropped() const { return dropped_; }
   // A list of exactly `count` numbers (count 0: any length).
   ConfigReader& Doubles(std::string_view key, std::vector<double>* out, size_t count);
   ConfigReader& Strings(std::string_view key, std::vector<std::string>* out);
@@ -105,7 +111,8 @@ class ConfigReader {
   const std::string& path() const { return path_; }
 
  private:
-  const nlohmann::json* Find(std::string_view key);  // marks the key as known
+  const nlohmann::json* Find(std::string_view key);         // marks the key as known
+  const nlohmann::json* FindAsGiven(std::string_view key);  // as Find, "auto" never dropped
   std::string KeyPath(std::string_view key) const;
   // Bytes (strings with units allowed) or Elements (numbers only).
   ConfigReader& Count(std::string_view key, uint64_t* out, uint64_t min, uint64_t max, bool bytes);
@@ -114,6 +121,8 @@ class ConfigReader {
   std::string path_;
   std::set<std::string, std::less<>> known_;
   Status status_;
+  bool drop_auto_ = false;
+  std::vector<std::string> dropped_;
 };
 
 }  // namespace zinf

@@ -47,6 +47,7 @@
 #include <utility>
 
 #include "comm/communicator.h"
+#include "core/log.h"
 #include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zero/lr_schedule.h"
@@ -165,6 +166,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   impl->local_rank = place.local_rank;
   // train_batch_size counts the data-parallel ranks, known only now.
   ZINF_RETURN_IF_ERROR(impl->config.ResolveBatchSize(place.size));
+  // Every trainer reads the batch shape back from config() (Engine::config), so this line is
+  // what it trains at, however the config gave it.
+  if (place.global_rank == 0) log::Info("batch: {}", impl->config.BatchShape(place.size));
   ZINF_ASSIGN_OR_RETURN(ProcessGroup group, ConnectProcessGroup(place, options.timeout));
   impl->store = std::move(group.store);
   impl->comm = std::move(group.comm);

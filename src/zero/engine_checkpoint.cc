@@ -12,6 +12,11 @@
 #include "zero/engine_impl.h"
 
 namespace zinf {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) { return nlohmann::json(shape).dump(); }
+
+}  // namespace
 
 nlohmann::json Engine::Impl::ScalarState() const {
   return {{"steps", steps},
@@ -74,6 +79,9 @@ ckpt::Manifest Engine::Impl::MakeManifest(const std::string& tag,
   }
   manifest.engine_state = ScalarState().dump();
   manifest.client_state = client_state;
+  for (const ModuleBuffer& b : buffers) {
+    manifest.buffers.push_back({b.name, b.dtype, b.shape, b.bytes.size()});
+  }
   return manifest;
 }
 
@@ -102,6 +110,14 @@ Status Engine::Impl::WriteShardFile(const std::string& tag_dir, const std::strin
   }
   const std::string blob = optimizer->SaveState();
   ZINF_RETURN_IF_ERROR(w.Append("optimizer", blob.data(), blob.size()));
+  if (rank() == 0 && !buffers.empty()) {  // replicated: rank 0's values speak for all
+    uint64_t total = 0;
+    for (const ModuleBuffer& b : buffers) total += b.bytes.size();
+    ZINF_RETURN_IF_ERROR(w.Add("buffers", total));
+    for (const ModuleBuffer& b : buffers) {
+      ZINF_RETURN_IF_ERROR(w.Write("buffers", b.bytes.data(), b.bytes.size()));
+    }
+  }
   return w.Commit();
 }
 
@@ -166,6 +182,46 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     return FailedPrecondition(fmt::format("{} was saved with optimizer '{}', this run uses '{}'",
                                           dir, scalars.optimizer,
                                           OptimizerTypeName(config.optimizer.type)));
+  }
+  // The module buffers must be the same set as this model's, each of the same dtype and shape.
+  for (const ModuleBuffer& b : buffers) {
+    auto it = std::find_if(manifest.buffers.begin(), manifest.buffers.end(),
+                           [&](const ckpt::ManifestBuffer& s) { return s.name == b.name; });
+    if (it == manifest.buffers.end()) {
+      return FailedPrecondition(fmt::format(
+          "{} holds no buffer '{}' (a checkpoint of another model, or one saved without its "
+          "buffers)",
+          dir, b.name));
+    }
+    if (it->dtype != b.dtype || it->shape != b.shape) {
+      return FailedPrecondition(fmt::format("{}: buffer '{}' is {} {} there, {} {} here", dir,
+                                            b.name, it->dtype, ShapeText(it->shape), b.dtype,
+                                            ShapeText(b.shape)));
+    }
+  }
+  for (const ckpt::ManifestBuffer& s : manifest.buffers) {
+    if (std::none_of(buffers.begin(), buffers.end(),
+                     [&](const ModuleBuffer& b) { return b.name == s.name; })) {
+      return FailedPrecondition(
+          fmt::format("{} holds buffer '{}', which this model does not have", dir, s.name));
+    }
+  }
+  std::string saved_buffers;  // rank 0's, in the manifest's order
+  if (!manifest.buffers.empty()) {
+    ZINF_ASSIGN_OR_RETURN(
+        ckpt::ShardReader first,
+        ckpt::ShardReader::Open(dir + "/" + ckpt::ShardFileName(0), manifest.tag, 0));
+    uint64_t total = 0;
+    for (const ckpt::ManifestBuffer& s : manifest.buffers) total += s.bytes;
+    ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, first.SectionBytes("buffers"));
+    if (bytes != total) {
+      return DataLoss(fmt::format("{}/{}: section 'buffers' has {} bytes, expected {}", dir,
+                                  ckpt::ShardFileName(0), bytes, total));
+    }
+    ZINF_RETURN_IF_ERROR(first.Verify("buffers", [&](const char* data, uint64_t n) {
+      saved_buffers.append(data, n);
+      return OkStatus();
+    }));
   }
   // The same world size and order reads this rank's file; otherwise every saved rank's.
   const bool reshard = saved_world != world() || !same_order;
@@ -270,14 +326,15 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   }
   for (size_t i = 0; i < params.size(); ++i) FreeGradient(static_cast<int>(i));
   for (Module& module : modules) module.reductions = 0;
+  uint64_t at = 0;
+  for (const ckpt::ManifestBuffer& s : manifest.buffers) {
+    for (ModuleBuffer& b : buffers) {
+      if (b.name == s.name) b.bytes.assign(saved_buffers, at, s.bytes);
+    }
+    at += s.bytes;
+  }
   return manifest.client_state;
 }
-
-namespace {
-
-std::string ShapeText(const std::vector<int64_t>& shape) { return nlohmann::json(shape).dump(); }
-
-}  // namespace
 
 Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
   ZINF_ASSIGN_OR_RETURN(const ckpt::SafetensorsReader file, ckpt::SafetensorsReader::Open(path));
@@ -405,6 +462,60 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
   // checkpoint is still `latest`, and this tag, without its manifest, never will be.
   if (!saved.ok()) ckpt::RemoveUncommittedShard(tag_dir, m.rank());
   return saved;
+}
+
+Status Engine::SetBuffer(const std::string& name, const std::string& dtype,
+                         const std::vector<int64_t>& shape, const void* data, uint64_t bytes) {
+  Impl& m = *impl_;
+  if (name.empty()) return InvalidArgument("SetBuffer: the buffer name is empty");
+  if (m.param_by_name.count(name) != 0) {
+    return InvalidArgument(fmt::format("SetBuffer: '{}' is a parameter's name", name));
+  }
+  const uint64_t element = ckpt::BufferDtypeBytes(dtype);
+  if (element == 0) {
+    return InvalidArgument(fmt::format(
+        "SetBuffer '{}': dtype \"{}\" is not one of F32, F64, F16, BF16, I64, I32, I16, I8, "
+        "U8, BOOL",
+        name, dtype));
+  }
+  uint64_t expected = element;
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(expected, static_cast<uint64_t>(dim), &expected)) {
+      return InvalidArgument(
+          fmt::format("SetBuffer '{}': shape {} is negative or too large", name, ShapeText(shape)));
+    }
+  }
+  if (bytes != expected || (bytes > 0 && data == nullptr)) {
+    return InvalidArgument(fmt::format("SetBuffer '{}': {} {} is {} bytes, got {}{}", name, dtype,
+                                       ShapeText(shape), expected, bytes,
+                                       data == nullptr ? " at a null pointer" : ""));
+  }
+  auto it = std::find_if(m.buffers.begin(), m.buffers.end(),
+                         [&](const Impl::ModuleBuffer& b) { return b.name == name; });
+  if (it == m.buffers.end()) {
+    m.buffers.push_back({name, dtype, shape, {}});
+    it = m.buffers.end() - 1;
+  } else if (it->dtype != dtype || it->shape != shape) {
+    return InvalidArgument(fmt::format("SetBuffer '{}': it is {} {}, got {} {}", name, it->dtype,
+                                       ShapeText(it->shape), dtype, ShapeText(shape)));
+  }
+  it->bytes.assign(static_cast<const char*>(data), bytes);
+  return OkStatus();
+}
+
+Status Engine::GetBuffer(const std::string& name, void* out, uint64_t bytes) const {
+  const Impl& m = *impl_;
+  auto it = std::find_if(m.buffers.begin(), m.buffers.end(),
+                         [&](const Impl::ModuleBuffer& b) { return b.name == name; });
+  if (it == m.buffers.end()) {
+    return InvalidArgument(fmt::format("GetBuffer: no buffer '{}' was set", name));
+  }
+  if (bytes != it->bytes.size() || (bytes > 0 && out == nullptr)) {
+    return InvalidArgument(fmt::format("GetBuffer '{}': it is {} bytes, the output {}", name,
+                                       it->bytes.size(), bytes));
+  }
+  std::memcpy(out, it->bytes.data(), bytes);
+  return OkStatus();
 }
 
 StatusOr<std::string> Engine::LoadCheckpoint(const std::string& dir) {

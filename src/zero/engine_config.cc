@@ -16,6 +16,20 @@
 #include "nvme/aio_options.h"
 #include "zinf/engine.h"
 
+// Note [Dropped "auto"]
+// "auto" means two things in DeepSpeed configs. Where Hugging Face's or Accelerate's
+// integration fills a key from the trainer (the batch keys, gradient_clipping, the optimizer's
+// and scheduler's params, fp16/bf16.enabled, the hidden-size bucket sizes), zinf takes the
+// value from TrainerValues, as they do, and without one falls back to the key's default with
+// a warning naming where the value came from. Everywhere else in the sections DeepSpeed reads
+// through its pydantic models (zero_optimization with its offload objects, fp16, bf16),
+// DeepSpeed itself drops a key whose value is "auto" before validating, so the key keeps its
+// default; ConfigReader::DropAuto does the same here, and each dropped key is a warning.
+// zero_optimization.stage is the exception: DeepSpeed's default there is stage 0, which zinf
+// does not have, so "auto" is refused rather than silently run as stage 3. Elsewhere (aio, the
+// top-level keys DeepSpeed reads one by one) DeepSpeed would fail on the string, and so does
+// zinf, naming the key.
+
 namespace zinf {
 namespace {
 
@@ -67,8 +81,14 @@ class Parser {
             std::string_view fallback_what, T* out) {
     if (!r.IsAuto(key)) return false;
     *out = trainer.has_value() ? *trainer : fallback;
-    log::Info("config key '{}' is \"auto\": {} ({})", KeyPath(r, key), *out,
-              trainer.has_value() ? "from the trainer" : fallback_what);
+    // The trainer's value is what "auto" asks for; a default in its place may not be what the
+    // user meant, so that one is a warning naming where the value came from.
+    if (trainer.has_value()) {
+      log::Info("config key '{}' is \"auto\": {} (from the trainer)", KeyPath(r, key), *out);
+    } else {
+      Warn(fmt::format("config key '{}' is \"auto\" and the trainer gave no value: {} ({})",
+                       KeyPath(r, key), *out, fallback_what));
+    }
     return true;
   }
   // For a key the config spells out: the trainer's value, when given, must agree (Hugging
@@ -180,9 +200,11 @@ void Parser::OffloadParam(ConfigReader& o) {
   o.Enum("device", &device, {"none", "cpu", "nvme"})
       .Strings("nvme_path", &c_.offload_param_nvme_path);
   c_.offload_param_device = ToOffloadDevice(device);
-  UnusedBool(o, "pin_memory", false,
-             "gathered parameters live in ordinary host memory (the engine does not run on "
-             "GPUs yet)");
+  // The parameters' host copies and the optimizer's staging share the store's host tier, so
+  // either section's pin_memory pins it (on a GPU; the host device has nothing to pin for).
+  bool pin = false;
+  o.Bool("pin_memory", &pin);
+  c_.pin_memory = c_.pin_memory || pin;
   // Sizing hints for DeepSpeed's own buffer scheme; zinf sizes its pools from budgets.
   int64_t count = 0;
   o.Int("buffer_count", &count, 0, 1 << 20);
@@ -200,8 +222,10 @@ void Parser::OffloadOptimizer(ConfigReader& o) {
   std::string device(OffloadDeviceName(c_.offload_optimizer_device));
   o.Enum("device", &device, {"none", "cpu", "nvme"});
   c_.offload_optimizer_device = ToOffloadDevice(device);
+  bool pin = false;
+  o.Bool("pin_memory", &pin);
+  c_.pin_memory = c_.pin_memory || pin;
   o.Strings("nvme_path", &c_.offload_optimizer_nvme_path)
-      .Bool("pin_memory", &c_.pin_memory)
       .Double("ratio", &c_.offload_optimizer_cpu_ratio, 0.0, 1.0);
   if (o.Has("ratio") && c_.offload_optimizer_cpu_ratio < 1.0) {
     Warn(fmt::format(
@@ -224,6 +248,16 @@ void Parser::OffloadOptimizer(ConfigReader& o) {
 }
 
 void Parser::Zero(ConfigReader& z) {
+  // DeepSpeed drops "auto" in this section (its pydantic model's rule), so the stage falls to
+  // its default 0, no ZeRO, which zinf does not have: refused rather than run as stage 3.
+  if (z.IsAuto("stage")) {
+    z.Fail(InvalidArgument(
+        "config key 'zero_optimization.stage' is \"auto\": DeepSpeed drops it and runs stage 0 "
+        "(no ZeRO), which zinf does not have; give 1, 2 or 3"));
+    return;
+  }
+  // Every other "auto" here keeps its default, as in DeepSpeed (See Note [Dropped "auto"]).
+  z.DropAuto();
   z.Int("stage", &c_.zero_stage, 0, 3);
   // Element counts; "auto" as Hugging Face fills them from the model's hidden size.
   const std::optional<int64_t> h = t_.hidden_size;
@@ -233,7 +267,8 @@ void Parser::Zero(ConfigReader& z) {
   if (!Auto(z, "reduce_bucket_size", h2, c_.reduce_bucket_size,
             "DeepSpeed's default; the trainer's hidden_size^2 when given",
             &c_.reduce_bucket_size)) {
-    z.Elements("reduce_bucket_size", &c_.reduce_bucket_size, 1);
+    // 0 is DeepSpeed's "one parameter per bucket": buckets grow to the largest parameter.
+    z.Elements("reduce_bucket_size", &c_.reduce_bucket_size);
   }
   if (!Auto(z, "stage3_prefetch_bucket_size",
             h2 ? std::optional<uint64_t>(static_cast<uint64_t>(0.9 * static_cast<double>(*h2)))
@@ -296,8 +331,8 @@ void Parser::Zero(ConfigReader& z) {
   for (const char* key :
        {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"}) {
     UnusedBool(z, key, false,
-               "zinf checkpoints fp32 shards; `zinf ckpt export --dtype bf16` (or fp16) writes "
-               "the consolidated 16-bit model");
+               "zinf checkpoints fp32 shards; `zinf ckpt export --dtype bf16` writes the "
+               "consolidated 16-bit model");
   }
 }
 
@@ -306,6 +341,7 @@ void Parser::Fp16(ConfigReader& f) {
     f.Bool("enabled", &c_.fp16);
     Match(f, "enabled", t_.fp16, c_.fp16);
   }
+  f.DropAuto();  // DeepSpeed's fp16 model drops "auto" too
   double fixed_scale = 0;
   f.Double("loss_scale", &fixed_scale, 0.0)
       .Double("initial_scale_power", &c_.initial_scale_power, 0.0, 64.0)
@@ -406,8 +442,8 @@ void Parser::SchedulerParams(ConfigReader& p) {
   // Only the parameters of this type are read: another type's is "not recognized", as
   // DeepSpeed's constructor refuses an unexpected argument.
   if (warmup) {
-    if (!Auto(p, "warmup_min_lr", std::optional<double>(), 0.0,
-              "Hugging Face's value, not a trainer argument", &s.warmup_min_lr)) {
+    // Hugging Face's integration always fills it with 0: that is the trainer's value here.
+    if (!Auto(p, "warmup_min_lr", std::optional<double>(0.0), 0.0, "", &s.warmup_min_lr)) {
       p.Double("warmup_min_lr", &s.warmup_min_lr, 0.0);
     }
     double max_lr = 0;
@@ -441,8 +477,9 @@ void Parser::SchedulerParams(ConfigReader& p) {
             "total_num_steps (TrainerValues); set the number of optimizer steps"));
       }
     } else {
+      // Not matched against the trainer's: a schedule may be longer than one run (a run that
+      // stops at step 300 of a 1000-step schedule and is resumed later).
       p.Int("total_num_steps", &s.total_num_steps, 1, INT64_MAX / 2);
-      Match(p, "total_num_steps", t_.total_num_steps, s.total_num_steps);
     }
   }
   if (cosine) {
@@ -532,12 +569,32 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
   parser.Root(root);
   root.Object("zero_optimization", [&](ConfigReader& z) { parser.Zero(z); });
   root.Object("fp16", [&](ConfigReader& f) { parser.Fp16(f); });
-  root.Object("bf16", [&](ConfigReader& b) {
-    if (!parser.Auto(b, "enabled", trainer.bf16, false, "the default: off", &c.bf16)) {
-      b.Bool("enabled", &c.bf16);
-      parser.Match(b, "enabled", trainer.bf16, c.bf16);
+  // "bfloat16" is DeepSpeed's old name of the section; it reads "bf16" when both are there.
+  const bool both_bf16 = json.is_object() && json.contains("bf16") && json.contains("bfloat16");
+  if (both_bf16) {
+    parser.Warn(
+        "config key 'bfloat16' has no effect: 'bf16' is given too, and DeepSpeed reads 'bf16' "
+        "('bfloat16' is its old name)");
+  }
+  for (const char* section : {"bf16", "bfloat16"}) {
+    if (both_bf16 && std::string_view(section) == "bfloat16") {
+      root.Ignore(section);
+      continue;
     }
-  });
+    root.Object(section, [&](ConfigReader& b) {
+      if (!parser.Auto(b, "enabled", trainer.bf16, false, "the default: off", &c.bf16)) {
+        b.Bool("enabled", &c.bf16);
+        parser.Match(b, "enabled", trainer.bf16, c.bf16);
+      }
+      b.DropAuto();
+      // DeepSpeed's bf16 options for its own optimizer wrapper: zinf keeps fp32 master weights
+      // and accumulates gradients in fp32 whatever they say.
+      parser.Unused(b, "immediate_grad_update",
+                    "zinf accumulates gradients in fp32 and applies them at the step");
+      parser.UnusedBool(b, "check_grad_overflow", false,
+                        "zinf checks for non-finite gradients at every step");
+    });
+  }
   // The optimizer before the scheduler: warmup_max_lr "auto" and WarmupCosineLR use its lr.
   root.Object("optimizer", [&](ConfigReader& o) { parser.Optimizer(o); });
   root.Object("scheduler", [&](ConfigReader& s) { parser.Scheduler(s); });
@@ -556,6 +613,12 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
              INT64_MAX)
         .Double("optimizer_nvme_ratio", &c.optimizer_nvme_ratio, 0.0, 1.0);
   });
+  for (const std::string& key : root.dropped()) {
+    parser.Warn(fmt::format(
+        "config key '{}' is \"auto\": it keeps its default, as in DeepSpeed, which drops "
+        "\"auto\" in this section (no trainer value fills it)",
+        key));
+  }
   ZINF_RETURN_IF_ERROR(root.Finish());
   ZINF_RETURN_IF_ERROR(c.Validate());
   for (const std::string& warning : c.warnings) log::Warn("{}", warning);

@@ -214,6 +214,13 @@ Status EngineConfig::ResolveBatchSize(int world_size) {
   return OkStatus();
 }
 
+std::string EngineConfig::BatchShape(int world_size) const {
+  return fmt::format(
+      "train_batch_size {} = micro-batch {} x gradient accumulation {} x {} data-parallel "
+      "rank(s)",
+      train_batch_size, micro_batch_size, gradient_accumulation_steps, world_size);
+}
+
 std::vector<std::string> EngineConfig::NvmePaths() const {
   std::vector<std::string> paths;
   for (const auto* list : {&offload_param_nvme_path, &offload_optimizer_nvme_path}) {

@@ -73,6 +73,14 @@ struct Engine::Impl {
 
   std::vector<Module> modules;
   std::vector<Param> params;
+  // Module buffers (Engine::SetBuffer): replicated, this rank's latest values, in the order
+  // first set; checkpoints carry rank 0's.
+  struct ModuleBuffer {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    std::string bytes;
+  };
+  std::vector<ModuleBuffer> buffers;
   std::map<std::string, int, std::less<>> param_by_name;
   std::map<std::string, int, std::less<>> module_by_name;
   uint64_t registered_elements = 0;  // over all parameters, unsharded
@@ -176,6 +184,10 @@ struct Engine::Impl {
   // optimizer's state (a pass over it).
   Status ReadMasterShard(Param& p, float* out);
 
+  // The error of a step whose gradients are not finite without fp16 loss scaling: names the
+  // first parameter, in registration order, that has a non-finite gradient element on any
+  // rank (a collective: every rank calls it), and says what to do.
+  Status NonFiniteGradientError();
   // Waits until every reduced gradient is in grad_acc.
   Status FinishReductions();
 

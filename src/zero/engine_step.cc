@@ -96,6 +96,44 @@ Status Engine::Impl::OpenNvmeOptimizer() {
   return OkStatus();
 }
 
+Status Engine::Impl::NonFiniteGradientError() {
+  // This rank's first parameter with a non-finite element in its shard; the minimum over the
+  // ranks is the first of the model's. With the gradients on NVMe they are not at hand to
+  // scan, and the message says so.
+  double first = static_cast<double>(params.size());
+  if (nvme_grads == nullptr) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float* g = static_cast<const float*>(grad_acc.data()) + params[i].flat_offset;
+      const uint64_t n = params[i].shard_size;
+      bool finite = true;
+      for (uint64_t k = 0; k < n && finite; ++k) finite = std::isfinite(g[k]);
+      if (!finite) {
+        first = static_cast<double>(i);
+        break;
+      }
+    }
+  }
+  ZINF_RETURN_IF_ERROR(Context(comm->AllReduce(&first, 1, ElementType::kFp64, ReduceOp::kMin),
+                               "finding the first non-finite gradient"));
+  const size_t index = static_cast<size_t>(first);
+  const std::string which =
+      index < params.size()
+          ? fmt::format(
+                "parameter '{}' (module '{}') is the first, in registration order, with a "
+                "non-finite gradient",
+                params[index].spec.name, modules[params[index].module].name)
+          : std::string(
+                "the gradients are on NVMe (zinf.gradients_on_nvme), where zinf does not "
+                "look for the parameter");
+  return DataLoss(fmt::format(
+      "non-finite gradients without fp16 loss scaling; the step was not applied: {}. Check the "
+      "loss and the inputs for inf/NaN, lower the learning rate or set gradient_clipping; a "
+      "parameter that reads as NaN is one its module's forward did not fetch (used outside it: "
+      "with the C++ or C API, fetch that module around the use; zinf.zero finds such uses "
+      "itself, see Note [Module hooks])",
+      which));
+}
+
 Status Engine::Impl::AddReducedGradient(uint64_t flat_offset, const float* reduced, uint64_t size) {
   if (nvme_grads != nullptr) return nvme_grads->Add(flat_offset, reduced, size);
   AccumulateFp32(grad_acc.as<float>() + flat_offset, reduced, size);
@@ -234,12 +272,7 @@ StatusOr<StepSummary> Engine::Step() {
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(std::nullopt, &summary), "skipping the step"));
     }
-    if (!m.config.fp16) {
-      return DataLoss(
-          fmt::format("rank {}: non-finite gradients without fp16 loss scaling; "
-                      "the step was not applied",
-                      m.rank()));
-    }
+    if (!m.config.fp16) return m.NonFiniteGradientError();
     summary.skipped = true;
   } else {
     if (m.config.gradient_clipping > 0 && summary.grad_norm > m.config.gradient_clipping) {

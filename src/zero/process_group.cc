@@ -18,7 +18,8 @@ StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options) {
   place.global_size = options.world_size >= 0 ? options.world_size : env.world_size;
   place.local_rank = env.local_rank;
   place.master_addr = options.master_addr.empty() ? env.master_addr : options.master_addr;
-  place.master_port = options.master_port > 0 ? options.master_port : env.master_port;
+  // zinf's own store, never MASTER_PORT itself: Note [Beside torch.distributed].
+  place.master_port = options.master_port > 0 ? options.master_port : env.store_port;
   place.store_secret = env.store_secret;
   place.socket_ifname = env.socket_ifname;
   const int rank = place.global_rank, world = place.global_size;

@@ -853,7 +853,28 @@ static void TestEngine(const char* dir) {
   EXPECT_OK(zinf_engine_info(engine, &info, &err));
   CHECK(info.rank == 0 && info.world_size == 1 && info.zero_stage == 3);
   CHECK(info.loss_scale == 1.0 && info.learning_rate == 0.1);
-  CHECK(info.gradient_accumulation_steps == 1);
+  CHECK(info.gradient_accumulation_steps == 1 && info.train_batch_size == 1);
+  {
+    /* The trainer's values for "auto" keys: "not given" is -1 or NaN; a value fills "auto". */
+    zinf_trainer_values_t tv;
+    zinf_trainer_values_init(&tv);
+    CHECK(tv.micro_batch_size == -1 && tv.total_num_steps == -1 && isnan(tv.lr) && tv.fp16 == -1);
+    tv.lr = 0.25;
+    zinf_engine_options_t to = o;
+    to.trainer = &tv;
+    zinf_engine_t* auto_engine = NULL;
+    REQUIRE_OK(
+        zinf_engine_create("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}}}",
+                           &to, &auto_engine, &err));
+    zinf_engine_info_t auto_info;
+    auto_info.struct_size = sizeof(auto_info);
+    EXPECT_OK(zinf_engine_info(auto_engine, &auto_info, &err));
+    CHECK(auto_info.learning_rate == 0.25);
+    zinf_engine_destroy(auto_engine);
+    tv.fp16 = 2;
+    EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_create("{}", &to, &auto_engine, &err));
+    EXPECT_ERR_HAS("options->trainer->fp16");
+  }
 
   MicroBatch(engine, hd, 1.0f);
   MicroBatch(engine, fc, 1.0f);
@@ -879,10 +900,25 @@ static void TestEngine(const char* dir) {
   EXPECT_OK(zinf_engine_mean_over_ranks(engine, 2.5, &mean, &err));
   CHECK(mean == 2.5);
 
-  /* Checkpoints: save, change, load; the saved values and client state come back. */
+  /* Checkpoints: save, change, load; the saved values, buffers and client state come back. */
+  const int64_t stats_shape[] = {2};
+  const float stats[2] = {0.5f, -2.0f}, moved[2] = {9.0f, 9.0f};
+  const int64_t tracked = 4;
+  EXPECT_OK(zinf_engine_set_buffer(engine, "bn.running_mean", "F32", stats_shape, 1, stats,
+                                   sizeof(stats), &err));
+  EXPECT_OK(zinf_engine_set_buffer(engine, "bn.num_batches_tracked", "I64", NULL, 0, &tracked,
+                                   sizeof(tracked), &err));
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_set_buffer(engine, "bn.x", "F33", stats_shape, 1,
+                                                            stats, sizeof(stats), &err));
+  EXPECT_ERR_HAS("F33");
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_set_buffer(engine, "bn.x", "F32", stats_shape, 1,
+                                                            NULL, sizeof(stats), &err));
+  EXPECT_ERR_HAS("data is NULL");
   char ckpt[300];
   snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
   REQUIRE_OK(zinf_engine_save_checkpoint(engine, ckpt, "step1", "{\"epoch\": 3}", &err));
+  EXPECT_OK(zinf_engine_set_buffer(engine, "bn.running_mean", "F32", stats_shape, 1, moved,
+                                   sizeof(moved), &err));
   const float set[4] = {5, 6, 7, 8};
   EXPECT_OK(zinf_engine_set_parameter(engine, "fc.b", set, 4, &err));
   EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_set_parameter(engine, "fc.b", set, 3, &err));
@@ -895,6 +931,13 @@ static void TestEngine(const char* dir) {
   REQUIRE_OK(zinf_engine_load_checkpoint(engine, ckpt, &client_state, &err));
   CHECK(client_state != NULL && strstr(client_state, "\"epoch\"") != NULL);
   zinf_free(client_state);
+  float stats_back[2];
+  EXPECT_OK(
+      zinf_engine_get_buffer(engine, "bn.running_mean", stats_back, sizeof(stats_back), &err));
+  CHECK(stats_back[0] == 0.5f && stats_back[1] == -2.0f);
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT,
+              zinf_engine_get_buffer(engine, "bn.nope", stats_back, sizeof(stats_back), &err));
+  EXPECT_ERR_HAS("bn.nope");
   EXPECT_OK(zinf_engine_gather_parameter(engine, "fc.b", after, 4, &err));
   CHECK(memcmp(after, b, sizeof(b)) == 0);
   char missing[300];

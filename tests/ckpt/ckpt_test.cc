@@ -231,6 +231,68 @@ TEST_F(CkptTest, CorruptTruncatedMissingAndMismatchedAreRefused) {
   EXPECT_EQ(*AllCkptParams(*target), *AllCkptParams(*saver));
 }
 
+// Module buffers (BatchNorm's statistics): replicated, rank 0's saved, restored on load, and
+// exported beside the parameters in their own dtype.
+TEST_F(CkptTest, BuffersAreSavedRestoredAndExported) {
+  auto e = Make();
+  const std::vector<float> mean = {0.5f, -1.25f, 3.0f};
+  const int64_t count = 7;
+  ASSERT_TRUE(e->SetBuffer("bn.running_mean", "F32", {3}, mean.data(), 12).ok());
+  ASSERT_TRUE(e->SetBuffer("bn.num_batches_tracked", "I64", {}, &count, 8).ok());
+  ASSERT_TRUE(TrainCkptEngine(*e, 0, 1).ok());
+  ASSERT_TRUE(e->SaveCheckpoint(Ckpt(), "step-1").ok());
+  std::ifstream manifest_file(Ckpt() + "/step-1/manifest.json");
+  const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
+  EXPECT_EQ(manifest["format_version"], 3);
+  EXPECT_EQ(manifest["buffers"].size(), 2u);
+
+  // The buffers move on after the save; a load brings back the saved values.
+  const std::vector<float> later = {9.f, 9.f, 9.f};
+  const int64_t later_count = 8;
+  ASSERT_TRUE(e->SetBuffer("bn.running_mean", "F32", {3}, later.data(), 12).ok());
+  ASSERT_TRUE(e->SetBuffer("bn.num_batches_tracked", "I64", {}, &later_count, 8).ok());
+  auto fresh = Make("memory", 2);
+  ASSERT_TRUE(fresh->SetBuffer("bn.running_mean", "F32", {3}, later.data(), 12).ok());
+  ASSERT_TRUE(fresh->SetBuffer("bn.num_batches_tracked", "I64", {}, &later_count, 8).ok());
+  ASSERT_TRUE(fresh->LoadCheckpoint(Ckpt()).ok());
+  std::vector<float> got(3);
+  int64_t got_count = 0;
+  ASSERT_TRUE(fresh->GetBuffer("bn.running_mean", got.data(), 12).ok());
+  ASSERT_TRUE(fresh->GetBuffer("bn.num_batches_tracked", &got_count, 8).ok());
+  EXPECT_EQ(got, mean);
+  EXPECT_EQ(got_count, 7);
+
+  // Exported after the parameters, as saved.
+  ASSERT_TRUE(ckpt::ExportSafetensors(Ckpt(), root_ + "/m.safetensors", ElementType::kBf16).ok());
+  const auto tensors = testing::ReadSafeTensors(root_ + "/m.safetensors").tensors;
+  EXPECT_EQ(tensors.size(), 5u);
+  EXPECT_EQ(tensors.at("bn.running_mean").dtype, "F32");
+  ASSERT_EQ(tensors.at("bn.running_mean").bytes.size(), 12u);
+  EXPECT_EQ(std::memcmp(tensors.at("bn.running_mean").bytes.data(), mean.data(), 12), 0);
+  EXPECT_EQ(tensors.at("bn.num_batches_tracked").dtype, "I64");
+  EXPECT_TRUE(tensors.at("bn.num_batches_tracked").shape.empty());
+
+  // A model with another set of buffers is refused by name, and nothing changes.
+  auto other = Make("memory", 3);
+  ASSERT_TRUE(other->SetBuffer("bn.running_var", "F32", {3}, later.data(), 12).ok());
+  auto refused = other->LoadCheckpoint(Ckpt());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("no buffer 'bn.running_var'"), std::string::npos)
+      << refused.status();
+  auto none = Make("memory", 4);
+  refused = none->LoadCheckpoint(Ckpt());
+  EXPECT_NE(refused.status().message().find("buffer 'bn.running_mean', which this model does "
+                                            "not have"),
+            std::string::npos)
+      << refused.status();
+  // Bad input names the buffer.
+  EXPECT_EQ(e->SetBuffer("bn.running_mean", "F32", {4}, later.data(), 16).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->SetBuffer("x", "F33", {1}, later.data(), 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->SetBuffer("a.w", "F32", {1}, later.data(), 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->GetBuffer("nope", got.data(), 12).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CkptTest, ExportHoldsEveryParameterInFp32AndBf16) {
   auto e = Make("all_nvme");
   ASSERT_TRUE(TrainCkptEngine(*e, 0, 2).ok());
@@ -431,9 +493,9 @@ TEST_F(ManifestTest, SizesAreCheckedAgainstTheShardFiles) {
 }
 
 TEST_F(ManifestTest, VersionsOlderAreReadNewerAreRefused) {
-  Edit([](nlohmann::json& j) { j["format_version"] = 3; });
+  Edit([](nlohmann::json& j) { j["format_version"] = 4; });
   ExpectExportRefused(StatusCode::kFailedPrecondition,
-                      "format_version 3 is not supported by this build of zinf");
+                      "format_version 4 is not supported by this build of zinf");
   Edit([](nlohmann::json& j) { j["format_version"] = "2"; });
   ExpectExportRefused(StatusCode::kDataLoss, "format_version must be an integer");
 

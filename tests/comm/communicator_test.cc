@@ -330,7 +330,7 @@ class EnvironmentTest : public ::testing::Test {
  protected:
   void TearDown() override {
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                          "MASTER_PORT", kStoreSecretEnv}) {
+                          "MASTER_PORT", "ZINF_MASTER_PORT", kStoreSecretEnv}) {
       unsetenv(v);
     }
   }
@@ -361,6 +361,13 @@ TEST_F(EnvironmentTest, TorchrunVariables) {
   EXPECT_EQ(env->local_rank, 3);
   EXPECT_EQ(env->master_addr, "10.0.0.1");
   EXPECT_EQ(env->master_port, 29501);
+  // zinf's store takes the next port: MASTER_PORT is torch.distributed's.
+  EXPECT_EQ(env->store_port, 29502);
+  setenv("ZINF_MASTER_PORT", "40000", 1);
+  env = ReadDistEnvironment();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->store_port, 40000);
+  unsetenv("ZINF_MASTER_PORT");
 }
 
 TEST_F(EnvironmentTest, BadValuesNameTheVariable) {

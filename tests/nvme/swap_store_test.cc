@@ -183,6 +183,14 @@ TEST(SwapStore, ReadBeforeWriteAndUnknownExtents) {
   auto big = (*store)->Allocate(1ull << 40, "huge");
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(big.status().message(), HasSubstr("'huge'"));
+  // Past the capacity: the message says so and what to do, whoever passes it on.
+  EXPECT_THAT(big.status().message(), HasSubstr("in a swap store of capacity"));
+  EXPECT_THAT(big.status().message(), HasSubstr("larger capacity_bytes"));
+  Status full;
+  for (int i = 0; i < 1000 && full.ok(); ++i) full = (*store)->Allocate(1 << 20, "piece").status();
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("swap space exhausted"));
+  EXPECT_THAT(full.message(), HasSubstr("larger capacity_bytes"));
 }
 
 TEST(SwapStoreOpen, MissingPath) {

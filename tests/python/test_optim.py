@@ -176,8 +176,18 @@ class OptimTest(unittest.TestCase):
 
         p = torch.nn.Parameter(torch.ones(4))
         p.grad = torch.ones(4)
-        with self.assertRaisesRegex(ValueError, "amsgrad"):
-            zoptim.AdamW([p], amsgrad=True).step()
+        # Options zinf does not implement are refused when the optimizer is made (or a group
+        # added), not at the first step.
+        for make in (lambda: zoptim.AdamW([p], amsgrad=True),
+                     lambda: zoptim.Adam([p], maximize=True),
+                     lambda: zoptim.Adagrad([p], maximize=True),
+                     lambda: zoptim.AdamW([{"params": [p], "amsgrad": True}])):
+            with self.assertRaisesRegex(ValueError, "does not implement (amsgrad|maximize)"):
+                make()
+        opt = zoptim.AdamW([p])
+        with self.assertRaisesRegex(ValueError, "does not implement maximize"):
+            opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))],
+                                 "maximize": True})
         opt = zoptim.AdamW([p])
         opt.param_groups[0]["betas"] = (1.5, 0.9)
         with self.assertRaises(zinf.InvalidArgumentError) as ctx:

@@ -316,7 +316,6 @@ TEST(EngineConfigTest, UnimplementedKeysAreWarnedAboutByName) {
                                 "zero_optimization.offload_param.buffer_count",
                                 "zero_optimization.offload_param.buffer_size",
                                 "zero_optimization.offload_param.max_in_cpu",
-                                "zero_optimization.offload_param.pin_memory",
                                 "zero_optimization.overlap_comm",
                                 "zero_optimization.stage3_gather_16bit_weights_on_model_save",
                                 "zero_optimization.stage3_max_reuse_distance",
@@ -540,7 +539,6 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroInfinityNvme) {
                                 "zero_optimization.offload_param.buffer_count",
                                 "zero_optimization.offload_param.buffer_size",
                                 "zero_optimization.offload_param.max_in_cpu",
-                                "zero_optimization.offload_param.pin_memory",
                                 "zero_optimization.stage3_max_reuse_distance",
                                 "zero_optimization.sub_group_size",
                             }));
@@ -578,7 +576,6 @@ TEST(PublishedDeepSpeedConfigsTest, HuggingFaceZero3Auto) {
   EXPECT_EQ(c->offload_param_device, OffloadDevice::kCpu);
   EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
                                 "steps_per_print",
-                                "zero_optimization.offload_param.pin_memory",
                                 "zero_optimization.stage3_gather_16bit_weights_on_model_save",
                                 "zero_optimization.stage3_max_reuse_distance",
                                 "zero_optimization.sub_group_size",
@@ -615,6 +612,291 @@ TEST(PublishedDeepSpeedConfigsTest, ZeroOffloadCpuFp16) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ((*engine)->config().micro_batch_size, 10);
   EXPECT_EQ((*engine)->learning_rate(), 0.0);  // warmup_min_lr
+}
+
+// ---- DeepSpeed's own leniencies: the old bf16 name, dropped "auto", 0-sized buckets ----
+
+TEST(EngineConfigTest, TheOldBfloat16NameIsBf16) {
+  auto c = EngineConfig::FromJson(R"({"bfloat16": {"enabled": true}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->bf16);
+  EXPECT_TRUE(c->warnings.empty());
+  // "auto" there too, from the trainer as for bf16.
+  c = EngineConfig::FromJson(R"({"bfloat16": {"enabled": "auto"}})", {.bf16 = true});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->bf16);
+  // Both: DeepSpeed reads bf16 and ignores the old name; a warning says so.
+  c = EngineConfig::FromJson(R"({"bf16": {"enabled": false}, "bfloat16": {"enabled": true}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->bf16);
+  EXPECT_EQ(WarnedKeys(*c), std::vector<std::string>{"bfloat16"});
+  // Its keys are bf16's: another is refused by name, as DeepSpeed's model refuses it.
+  EXPECT_HAS(ErrorOf(R"({"bfloat16": {"enabled": true, "loss_scale": 1.0}})"),
+             "'bfloat16.loss_scale' is not recognized");
+}
+
+TEST(EngineConfigTest, AutoWhereDeepSpeedDropsItKeepsTheDefaultWithAWarning) {
+  const EngineConfig defaults;
+  auto c = EngineConfig::FromJson(R"({"zero_optimization": {"stage": 3,
+      "stage3_gather_16bit_weights_on_model_save": "auto", "overlap_comm": "auto",
+      "sub_group_size": "auto", "stage3_max_reuse_distance": "auto",
+      "offload_param": {"device": "auto", "pin_memory": "auto"},
+      "offload_optimizer": {"device": "cpu", "ratio": "auto"}},
+      "fp16": {"enabled": true, "loss_scale_window": "auto", "hysteresis": "auto"},
+      "bf16": {"enabled": false}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->offload_param_device, OffloadDevice::kNone);  // DeepSpeed's default device
+  EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kCpu);
+  EXPECT_EQ(c->offload_optimizer_cpu_ratio, defaults.offload_optimizer_cpu_ratio);
+  EXPECT_EQ(c->loss_scale_window, defaults.loss_scale_window);
+  EXPECT_EQ(c->hysteresis, defaults.hysteresis);
+  EXPECT_EQ(c->sub_group_size, defaults.sub_group_size);
+  EXPECT_FALSE(c->pin_memory);
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
+                                "fp16.hysteresis",
+                                "fp16.loss_scale_window",
+                                "zero_optimization.offload_optimizer.ratio",
+                                "zero_optimization.offload_param.device",
+                                "zero_optimization.offload_param.pin_memory",
+                                "zero_optimization.overlap_comm",
+                                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                "zero_optimization.stage3_max_reuse_distance",
+                                "zero_optimization.sub_group_size",
+                            }));
+  for (const std::string& w : c->warnings) EXPECT_HAS(w, "\"auto\"");
+  // An unknown key stays an error even when its value is "auto".
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"stage3_no_such_key": "auto"}})"),
+             "'zero_optimization.stage3_no_such_key' is not recognized");
+  // The stage: DeepSpeed's default is 0, which zinf does not have; never silently stage 3.
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"stage": "auto"}})"),
+             "'zero_optimization.stage' is \"auto\"");
+  // Where DeepSpeed reads a key one by one, "auto" is a type error naming the key, as there.
+  EXPECT_HAS(ErrorOf(R"({"aio": {"queue_depth": "auto"}})"), "aio.queue_depth");
+  EXPECT_HAS(ErrorOf(R"({"steps_per_print": 10, "prescale_gradients": "auto"})"),
+             "prescale_gradients");
+}
+
+TEST(EngineConfigTest, AnAutoWithoutTheTrainersValueIsAWarningNamingItsSource) {
+  auto c = EngineConfig::FromJson(R"({"zero_optimization": {"reduce_bucket_size": "auto"},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{"optimizer.params.lr",
+                                                      "zero_optimization.reduce_bucket_size"}));
+  for (const std::string& w : c->warnings) EXPECT_HAS(w, "the trainer gave no value");
+  c = EngineConfig::FromJson(R"({"zero_optimization": {"reduce_bucket_size": "auto"},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})",
+                             {.lr = 0.5, .hidden_size = 8});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->warnings.empty());
+  EXPECT_EQ(c->optimizer.lr, 0.5);
+  EXPECT_EQ(c->reduce_bucket_size, 64u);
+}
+
+TEST(EngineConfigTest, ZeroBucketSizesAreDeepSpeeds) {
+  auto c = EngineConfig::FromJson(R"({"zero_optimization": {"reduce_bucket_size": 0,
+      "stage3_prefetch_bucket_size": 0, "allgather_bucket_size": 0,
+      "stage3_param_persistence_threshold": 0}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->reduce_bucket_size, 0u);
+  EXPECT_EQ(c->stage3_prefetch_bucket_size, 0u);
+  // A bucket per parameter trains the same numbers: reductions are exact and in rank order.
+  auto run = [](const EngineConfig& config) {
+    auto engine = Engine::Create(config, {.device = "host", .rank = 0, .world_size = 1});
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    Engine& e = **engine;
+    const int a = *e.RegisterModule("a", {{.name = "a.w", .shape = {4, 3}}});
+    const int b = *e.RegisterModule("b", {{.name = "b.w", .shape = {5}}});
+    EXPECT_TRUE(e.Initialize().ok());
+    for (int step = 0; step < 3; ++step) {
+      for (int m : {a, b}) {
+        EXPECT_TRUE(e.Fetch(m).ok());
+        std::vector<float*> grads = *e.Gradients(m);
+        for (size_t i = 0; i < grads.size(); ++i) {
+          for (int k = 0; k < (m == a ? 12 : 5); ++k) grads[i][k] = 0.1f * (k + 1) + step;
+        }
+        EXPECT_TRUE(e.ReduceGradients(m).ok());
+        EXPECT_TRUE(e.Release(m).ok());
+      }
+      EXPECT_TRUE(e.Step().ok());
+    }
+    std::vector<float> out, all;
+    for (const char* name : {"a.w", "b.w"}) {
+      EXPECT_TRUE(e.GatherParameter(name, &out).ok());
+      all.insert(all.end(), out.begin(), out.end());
+    }
+    return all;
+  };
+  EXPECT_EQ(run(*c), run(EngineConfig{}));
+}
+
+TEST(EngineConfigTest, OffloadParamPinMemoryPinsTheHostTier) {
+  auto c = EngineConfig::FromJson(
+      R"({"zero_optimization": {"offload_param": {"device": "cpu", "pin_memory": true}}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->pin_memory);
+  EXPECT_TRUE(c->warnings.empty());  // it is acted on: no warning that it is not
+}
+
+TEST(EngineConfigTest, TheTrainersTotalStepsFillsAutoOnly) {
+  auto c = EngineConfig::FromJson(R"({"scheduler": {"type": "WarmupDecayLR",
+      "params": {"total_num_steps": 1000, "warmup_num_steps": 10}}})",
+                                  {.total_num_steps = 300});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.total_num_steps, 1000);  // the schedule is longer than this run
+  c = EngineConfig::FromJson(R"({"scheduler": {"type": "WarmupDecayLR",
+      "params": {"total_num_steps": "auto", "warmup_num_steps": 10}}})",
+                             {.total_num_steps = 300});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.total_num_steps, 300);
+}
+
+TEST(EngineConfigTest, BatchShapeSaysWhatTheEngineTrainsAt) {
+  auto c = EngineConfig::FromJson(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->ResolveBatchSize(2).ok());
+  EXPECT_EQ(c->BatchShape(2),
+            "train_batch_size 32 = micro-batch 8 x gradient accumulation 2 x 2 data-parallel "
+            "rank(s)");
+}
+
+TEST(EngineNonFiniteTest, TheErrorNamesTheFirstParameterWithOne) {
+  auto engine = Engine::Create(EngineConfig{}, {.device = "host", .rank = 0, .world_size = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  const int a = *e.RegisterModule("attn", {{.name = "attn.in_proj", .shape = {4}}});
+  const int b = *e.RegisterModule("attn.out_proj", {{.name = "attn.out_proj.weight", .shape = {3}},
+                                                    {.name = "attn.out_proj.bias", .shape = {2}}});
+  ASSERT_TRUE(e.Initialize().ok());
+  for (int m : {a, b}) {
+    ASSERT_TRUE(e.Fetch(m).ok());
+    std::vector<float*> grads = *e.Gradients(m);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      for (int k = 0; k < (m == a ? 4 : i == 0 ? 3 : 2); ++k) grads[i][k] = 1.0f;
+    }
+    if (m == b) grads[1][1] = NAN;  // the bias, not the weight before it
+    ASSERT_TRUE(e.ReduceGradients(m).ok());
+    ASSERT_TRUE(e.Release(m).ok());
+  }
+  StatusOr<StepSummary> step = e.Step();
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), StatusCode::kDataLoss);
+  const std::string message(step.status().message());
+  EXPECT_HAS(message, "parameter 'attn.out_proj.bias' (module 'attn.out_proj') is the first");
+  EXPECT_HAS(message, "gradient_clipping");  // and what to do
+}
+
+// ---- more published configs: HF transformers, Accelerate, DeepSpeedExamples, Megatron ----
+
+// Hugging Face's Trainer fills these for every config it is given.
+const TrainerValues kHfTrainer = {.micro_batch_size = 4,
+                                  .gradient_accumulation_steps = 1,
+                                  .gradient_clipping = 1.0,
+                                  .lr = 5e-5,
+                                  .beta1 = 0.9,
+                                  .beta2 = 0.999,
+                                  .eps = 1e-8,
+                                  .weight_decay = 0.0,
+                                  .total_num_steps = 100,
+                                  .warmup_num_steps = 10,
+                                  .fp16 = false,
+                                  .bf16 = true,
+                                  .hidden_size = 64};
+
+TEST(PublishedDeepSpeedConfigsTest, EachIsAcceptedOrRefusedNamingItsKey) {
+  struct Case {
+    const char* file;
+    const char* refused_key;  // nullptr: accepted
+  };
+  const Case cases[] = {
+      {"hf_transformers_ds_config_zero2.json", nullptr},
+      {"hf_transformers_ds_config_zero3_bf16.json", nullptr},
+      {"accelerate_zero_stage2_config.json", nullptr},
+      {"accelerate_zero_stage3_offload_config.json", nullptr},
+      {"dsexamples_cifar_ds_config.json", nullptr},
+      {"megatron_ds_sequence_parallel_gbs16_mbs1_zero3.json", nullptr},
+      // A misspelt key (DeepSpeed's pydantic model refuses it too).
+      {"dsexamples_megatron_zero3_infinity_config.json",
+       "'zero_optimization.stage3_param_persitance_threshold' is not recognized"},
+      // DeepSpeed's long-gone CPU Adam name.
+      {"dsexamples_megatron_zero_offload_config.json", "'optimizer.type'"},
+      // loss_scale is not a bf16 key (DeepSpeed's bf16 model refuses it too).
+      {"megatron_ds_zero2_config_bf16.json", "'bfloat16.loss_scale' is not recognized"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.file);
+    const std::string text = ReadConfig(k.file);
+    // Hugging Face's and Accelerate's templates come with the trainer's values; the others are
+    // complete as they stand.
+    const std::string_view name(k.file);
+    const bool hf = name.rfind("hf_", 0) == 0 || name.rfind("accelerate_", 0) == 0;
+    TrainerValues trainer = hf ? kHfTrainer : TrainerValues{};
+    // A template that spells out its precision is run as it says.
+    if (text.find("\"enabled\": true") != std::string::npos) trainer.fp16 = trainer.bf16 = {};
+    auto c = EngineConfig::FromJson(text, trainer);
+    if (k.refused_key != nullptr) {
+      ASSERT_FALSE(c.ok());
+      EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_HAS(std::string(c.status().message()), k.refused_key);
+      continue;
+    }
+    ASSERT_TRUE(c.ok()) << c.status();
+    ExpectNoDuplicateWarnings(*c);
+    auto engine = Engine::Create(*c, {.device = "host", .rank = 0, .world_size = 1});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+  }
+}
+
+TEST(PublishedDeepSpeedConfigsTest, WhatTheyMeanIsWhatDeepSpeedMeans) {
+  // The old section name: bf16 from the trainer.
+  auto c =
+      EngineConfig::FromJson(ReadConfig("hf_transformers_ds_config_zero3_bf16.json"), kHfTrainer);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->bf16);
+  EXPECT_TRUE(c->pin_memory);
+  EXPECT_EQ(c->reduce_bucket_size, 64u * 64u);
+  // Accelerate's WarmupDecayLR takes its total from the trainer; "auto" for the 16-bit save
+  // keeps DeepSpeed's default (off), which zinf does anyway.
+  c = EngineConfig::FromJson(ReadConfig("accelerate_zero_stage3_offload_config.json"),
+                             {.micro_batch_size = 4,
+                              .gradient_clipping = 1.0,
+                              .lr = 1e-3,
+                              .weight_decay = 0.0,
+                              .total_num_steps = 100,
+                              .warmup_num_steps = 10});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(c->scheduler.total_num_steps, 100);
+  EXPECT_EQ(c->scheduler.warmup_max_lr, 1e-3);
+  EXPECT_TRUE(c->fp16);
+  EXPECT_EQ(WarnedKeys(*c),
+            (std::vector<std::string>{
+                "steps_per_print",
+                "zero_optimization.reduce_bucket_size",  // no hidden_size from this trainer
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                "zero_optimization.stage3_max_reuse_distance",
+                "zero_optimization.stage3_param_persistence_threshold",
+                "zero_optimization.stage3_prefetch_bucket_size",
+                "zero_optimization.sub_group_size",
+            }));
+  // Without the trainer's total the template is refused, naming the key.
+  EXPECT_HAS(ErrorOf(ReadConfig("accelerate_zero_stage2_config.json")),
+             "scheduler.params.total_num_steps");
+  // DeepSpeedExamples' CIFAR: the deprecated cpu_offload puts the optimizer on the CPU, and
+  // the fp16 master weights it asks for are a warning (zinf keeps fp32 masters).
+  c = EngineConfig::FromJson(ReadConfig("dsexamples_cifar_ds_config.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kCpu);
+  EXPECT_EQ(c->optimizer.type, OptimizerType::kAdamW);
+  EXPECT_EQ(c->optimizer.beta1, 0.8);
+  const std::vector<std::string> cifar = WarnedKeys(*c);
+  EXPECT_NE(std::find(cifar.begin(), cifar.end(), "fp16.fp16_master_weights_and_grads"),
+            cifar.end());
+  // Megatron-DeepSpeed's sequence parallel config: 16 = 1 x 16 accumulation on one rank.
+  c = EngineConfig::FromJson(ReadConfig("megatron_ds_sequence_parallel_gbs16_mbs1_zero3.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->ResolveBatchSize(1).ok());
+  EXPECT_EQ(c->gradient_accumulation_steps, 16);
+  EXPECT_EQ(c->micro_batch_size, 1);
 }
 
 }  // namespace
