@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the test suite; exits non-zero on any failure.
-# Tests labelled `slow` run only with --all. GPU tests skip (with the reason) without a GPU.
+# Tests labelled `slow` run only with --all, and so does the suite's second run under
+# AddressSanitizer and UBSan (the asan preset, build-asan/: about 8 minutes of build and 25 of
+# tests on 2 cores, too long for every CI run; the fuzzers below are instrumented with both
+# and always run). GPU tests skip (with the reason) without a GPU.
 # First the libFuzzer targets (clang, the `fuzz` preset, in build-fuzz/) run, each for
 # ZINF_FUZZ_SECONDS: 20 by default, 60 with --all.
 # Usage: scripts/test.sh [--all] [extra ctest arguments]
@@ -10,9 +13,11 @@ scripts/install_deps.sh
 
 exclude=(-LE slow)
 fuzz_seconds=20
+sanitized=""
 if [ "${1:-}" = "--all" ]; then
   exclude=()
   fuzz_seconds=60
+  sanitized=1
   shift
 fi
 
@@ -23,3 +28,9 @@ cmake --build build-fuzz --target fuzzers -j "$(nproc)"
 ZINF_FUZZ_SECONDS="${ZINF_FUZZ_SECONDS:-$fuzz_seconds}" \
   ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)" -L fuzz
 ctest --test-dir build --output-on-failure -j "$(nproc)" "${exclude[@]}" "$@"
+if [ -n "$sanitized" ]; then
+  [ -f build-asan/build.ninja ] || cmake --preset asan >/dev/null
+  cmake --build build-asan -j "$(nproc)"
+  # The Python tests need the sanitizer's runtime preloaded (they skip, saying so).
+  ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -LE "slow|python|cuda" "$@"
+fi

@@ -17,6 +17,7 @@
 
 #include "python/csrc/binding.h"
 #include "zinf/dtype.h"
+#include "zinf/input_file.h"
 
 namespace zinf::python {
 
@@ -110,4 +111,12 @@ PYBIND11_MODULE(_zinf, m) {
   BindOptim(m);
   BindNvme(m);
   BindEngine(m);
+  m.def(
+      "read_input_file",
+      [](const std::string& path, const std::string& what) {
+        return ValueOrThrow(zinf::ReadInputFile(path, what));
+      },
+      py::arg("path"), py::arg("what"),
+      "A config or other input file's text, read as zinf reads every input: a regular file (or "
+      "'-') of at most 64 MiB (Note [Bounded input])");
 }

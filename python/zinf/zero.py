@@ -155,8 +155,8 @@ def _config_json(config):
         text = os.fspath(config)
         if text.lstrip().startswith("{"):
             return text
-        with open(text) as f:
-            return f.read()
+        # Bounded as every input zinf reads: not /dev/zero, a FIFO or a 10 GB file.
+        return _zinf.read_input_file(text, "config")
     raise TypeError(f"config must be a dict, a JSON string or a path, got {type(config).__name__}")
 
 
@@ -190,6 +190,11 @@ class ZeroEngine:
     def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if any(getattr(m, "_zinf_managed", False) for m in model.modules()):
+            # Its parameters are the first engine's placeholders now, not values.
+            raise ValueError("this model is already under a zinf engine (its parameters hold "
+                             "placeholders): build the model anew for a second engine, or keep "
+                             "training with the first")
         self.module = model
         self._engine = _zinf.Engine(_config_json(config), optimizer_threads=optimizer_threads,
                                     timeout_s=timeout_s,
@@ -245,6 +250,8 @@ class ZeroEngine:
                 acc.register_hook(self._make_grad_hook(s))
                 self._grad_accumulators.append(acc)
                 s.param.data = self._placeholder(s)
+        for sub in model.modules():
+            sub._zinf_managed = True  # a second initialize would take placeholders as values
         # The root's pre-hook first: it clears what a forward that raised left behind (the
         # stack of running forwards among it) before the root's own fetch.
         self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))

@@ -260,8 +260,18 @@ class ZeroTest(unittest.TestCase):
         self.assertIn(missing, str(ctx.exception))
         with self.assertRaisesRegex(TypeError, "config must be"):
             zinf.zero.initialize(torch.nn.Linear(2, 2), 42)
-        with self.assertRaises(FileNotFoundError):
+        with self.assertRaisesRegex(OSError, "none.json: No such file"):
             zinf.zero.initialize(torch.nn.Linear(2, 2), os.path.join(self.dir, "none.json"))
+        # A config that never ends is refused, not read until the OOM killer comes.
+        with self.assertRaisesRegex(ValueError, "/dev/zero is not a regular file"):
+            zinf.zero.initialize(torch.nn.Linear(2, 2), "/dev/zero")
+        # A model already under an engine holds placeholders, not values: a second is refused.
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        first = zinf.zero.initialize(model, small_config())
+        for again in (model, model[0]):
+            with self.assertRaisesRegex(ValueError, "already under a zinf engine"):
+                zinf.zero.initialize(again, small_config())
+        del first
 
 
 if __name__ == "__main__":
