@@ -2,7 +2,9 @@
 # Installs what is missing, builds, and runs the test suite; exits non-zero on any failure.
 # Tests labelled `slow` run only with --all. GPU tests skip (with the reason) without a GPU.
 # First the libFuzzer targets (clang, the `fuzz` preset, in build-fuzz/) run, each for
-# ZINF_FUZZ_SECONDS: 20 by default, 60 with --all.
+# ZINF_FUZZ_SECONDS: 20 by default, 60 with --all. Last, the Python package as pip installs it:
+# scripts/venv_test.sh builds the wheel and tests it in a fresh virtualenv under Debian's torch
+# 1.13 and in build/venv-torch2/ under torch 2.x from pip (made on the first run: a few GB).
 # Usage: scripts/test.sh [--all] [extra ctest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +25,4 @@ cmake --build build-fuzz --target fuzzers -j "$(nproc)"
 ZINF_FUZZ_SECONDS="${ZINF_FUZZ_SECONDS:-$fuzz_seconds}" \
   ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)" -L fuzz
 ctest --test-dir build --output-on-failure -j "$(nproc)" "${exclude[@]}" "$@"
+scripts/venv_test.sh --torch2
