@@ -7,9 +7,10 @@
 # metadata, the `zinf` console script (--version, info), the RUNPATHs of the installed files,
 # and the Python tests (tests/python/run.py) against it.
 #
-# With --torch2 (or ZINF_VENV_TORCH2=1) the same wheel is also tested against PyTorch 2.x from
-# pip, in build/venv-torch2/: made once (PyPI's torch and its CUDA wheels, about 5.4 GiB and
-# 1.5 minutes here) and kept; the zinf wheel is reinstalled into it on every run.
+# With --torch2 (unless ZINF_VENV_TORCH2=0; or ZINF_VENV_TORCH2=1 alone) the same wheel is also
+# tested against PyTorch 2.x from pip, in build/venv-torch2/: made once (PyPI's torch and its
+# CUDA wheels, about 5.4 GiB and 1.5 to 3 minutes here) and kept; the zinf wheel is
+# reinstalled into it on every run.
 #
 # Build requirements (scikit-build-core, pybind11) come from PyPI once and are kept in
 # build/wheelhouse/; later runs install them from there without the network.
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 torch2=${ZINF_VENV_TORCH2:-0}
-[ "${1:-}" = "--torch2" ] && torch2=1
+[ "${1:-}" = "--torch2" ] && torch2=${ZINF_VENV_TORCH2:-1}
 
 python=/usr/bin/python3
 wheelhouse=$root/build/wheelhouse
