@@ -1,7 +1,28 @@
 # What `cmake --install` puts under the prefix: libzinf.so, include/zinf/, the CMake package
-# (find_package(zinf CONFIG) gives the imported target zinf::zinf) and zinf.pc for pkg-config.
-# tests/install builds programs against exactly this.
+# (find_package(zinf CONFIG) gives the imported target zinf::zinf), zinf.pc for pkg-config and
+# the `zinf` command line in bin/. tests/install builds programs against exactly this.
+# A wheel (`pip install .`, SKBUILD) takes only the library and the command line, into the
+# package directory (Note [Wheel layout] in python/CMakeLists.txt).
 include(CMakePackageConfigHelpers)
+
+# C++ consumers of zinf::zinf compile as C++20 (include/zinf/ needs it), whatever their own
+# default: the requirement travels with the exported target.
+target_compile_features(zinf_shared INTERFACE cxx_std_20)
+
+# No build machine's directory in any installed RUNPATH: libzinf.so needs nothing beside it,
+# and its dependencies (NCCL in a CUDA build, in the toolkit's lib/) are the loader's to find
+# (ld.so.conf, LD_LIBRARY_PATH, or a torch that loaded them first). The build tree keeps
+# CMake's BUILD_RPATH, so its tests run as before.
+set_target_properties(zinf_shared zinf PROPERTIES INSTALL_RPATH "")
+
+if(SKBUILD)
+  # A wheel is a zip and keeps no symlinks: one unversioned file, libzinf.so.
+  set_property(TARGET zinf_shared PROPERTY VERSION)
+  set_property(TARGET zinf_shared PROPERTY SOVERSION)
+  install(TARGETS zinf_shared LIBRARY DESTINATION zinf)
+  install(TARGETS zinf RUNTIME DESTINATION zinf/bin)
+  return()
+endif()
 
 set(ZINF_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/zinf)
 
@@ -9,6 +30,7 @@ install(TARGETS zinf_shared EXPORT zinfTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS zinf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zinf
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.h")

@@ -50,7 +50,7 @@ std::string UnknownSubcommand(CLI::App& app, std::string* path, std::string* kno
 int main(int argc, char** argv) {
   CLI::App app("zinf: ZeRO-3 sharding with CPU and NVMe offload", "zinf");
   app.require_subcommand(1);
-  app.set_version_flag("--version", "zinf 0.1.0");
+  app.set_version_flag("--version", "zinf " ZINF_VERSION_STRING);  // tools/CMakeLists.txt
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "Log debug messages (same as ZINF_LOG_LEVEL=debug)");
   app.parse_complete_callback([&] {

@@ -12,6 +12,7 @@ Errors from zinf raise ``zinf.ZinfError`` subclasses named after the status code
 message.
 """
 
+from zinf._version import __version__  # noqa: F401  (written by python/CMakeLists.txt)
 from zinf._zinf import (  # noqa: F401
     CancelledError,
     DataLossError,

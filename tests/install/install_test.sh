@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs zinf from a build tree into a temporary prefix, then builds the out-of-tree programs
-# in consumer/ against that prefix alone, once through CMake (find_package(zinf CONFIG),
-# target zinf::zinf) and once through pkg-config (zinf.pc), and runs them. Registered with CTest
+# Installs zinf from a build tree into a temporary prefix, checks that no installed file has a
+# RUNPATH outside $ORIGIN and that bin/zinf says the package's version, then builds the
+# out-of-tree programs in consumer/ against that prefix alone, once through CMake
+# (find_package(zinf CONFIG), target zinf::zinf, which must bring C++20) and once through
+# pkg-config (zinf.pc), and runs them. Registered with CTest
 # by tests/install/CMakeLists.txt; exits non-zero on any failure.
 # Usage: install_test.sh BUILD_DIR CONSUMER_DIR CMAKE GENERATOR CC CXX [CFLAGS] [LDFLAGS] [PYTHON]
 # (CFLAGS and LDFLAGS: the build's own, so that a sanitizer build links its runtime first.
@@ -19,6 +21,28 @@ mkdir -p "$tmp/scratch"
 echo "== cmake --install $build --prefix $prefix"
 "$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" || {
   cat "$tmp/install.log"
+  exit 1
+}
+
+# Installed binaries find their libraries relative to themselves or through the loader's
+# search path, never through a directory of the build machine.
+bash "$(dirname "$0")/check_runpath.sh" "$prefix"
+
+# The command line is installed, and says the package's version.
+version=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$prefix"/lib*/cmake/zinf/zinfConfigVersion.cmake)
+[ -n "$version" ] || { echo "no PACKAGE_VERSION in the installed zinfConfigVersion.cmake" >&2; exit 1; }
+[ -x "$prefix/bin/zinf" ] || { echo "cmake --install did not install bin/zinf" >&2; exit 1; }
+cli_version=$("$prefix/bin/zinf" --version)
+[ "$cli_version" = "zinf $version" ] || {
+  echo "bin/zinf --version says '$cli_version', the package is $version" >&2
+  exit 1
+}
+echo "bin/zinf --version: $cli_version"
+
+# zinf::zinf carries its C++20 requirement (consumer_cxx sets no standard of its own and
+# static_asserts C++20, so its build below proves the flag arrives; this names the cause).
+grep -q 'INTERFACE_COMPILE_FEATURES "cxx_std_20"' "$prefix"/lib*/cmake/zinf/zinfTargets.cmake || {
+  echo "the exported zinf::zinf does not carry cxx_std_20" >&2
   exit 1
 }
 
@@ -45,7 +69,8 @@ echo "== CMake: find_package(zinf CONFIG)"
 echo "== pkg-config zinf"
 pc=$(find "$prefix" -name zinf.pc -print -quit)
 [ -n "$pc" ] || { echo "no zinf.pc under $prefix" >&2; exit 1; }
-export PKG_CONFIG_PATH=$(dirname "$pc")
+PKG_CONFIG_PATH=$(dirname "$pc")
+export PKG_CONFIG_PATH
 echo "zinf $(pkg-config --modversion zinf): $(pkg-config --cflags --libs zinf)"
 read -r -a pc_cflags <<<"$(pkg-config --cflags zinf)"
 read -r -a pc_libs <<<"$(pkg-config --libs zinf)"
@@ -65,6 +90,7 @@ if [ -n "$python" ] && [ -n "$package" ]; then
   (cd "$tmp/scratch" && PYTHONPATH=$(dirname "$(dirname "$package")") "$python" -c '
 import zinf, zinf.nvme, zinf.optim, zinf.zero, zinf.cuda
 assert zinf.__file__.startswith("'"$prefix"'"), zinf.__file__
+assert zinf.__version__ == "'"$version"'", zinf.__version__
 import torch
 p = torch.nn.Parameter(torch.ones(8)); p.grad = torch.ones(8)
 zinf.optim.AdamW([p], lr=0.5, weight_decay=0.0).step()

@@ -1,6 +1,7 @@
 // A C++ program using an installed zinf: every public header (each must compile from the
 // installed include directory alone), the C++ API of the tiered store and the CPU optimizer,
-// and the C ABI from C++. Prints "consumer_cxx: ok" on success.
+// and the C ABI from C++. Prints "consumer_cxx: ok" on success. Its CMake target sets no C++
+// standard: the C++20 it needs comes from zinf::zinf, or this does not compile.
 #include <zinf/c_api.h>
 #include <zinf/cpu_info.h>
 #include <zinf/cpu_optimizer.h>
@@ -14,6 +15,9 @@
 #include <cstring>
 #include <iostream>
 #include <vector>
+
+static_assert(__cplusplus >= 202002L,
+              "zinf's public C++ headers need C++20: zinf::zinf must carry cxx_std_20");
 
 namespace {
 
