@@ -60,14 +60,21 @@ def make_model(seed=0):
     return TinyLM()
 
 
-def batches(steps, global_batch, seq=8, vocab=64, seed=1):
-    """Sequences that follow t -> (5t + 3) mod vocab from a random start: learnable."""
+def sequences(steps, global_batch, seq, vocab, seed=1):
+    """Sequences of seq + 1 tokens that follow t -> (5t + 3) mod vocab from a random start:
+    learnable. torch_models_train.py uses them too."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         tokens = torch.empty(global_batch, seq + 1, dtype=torch.long)
         tokens[:, 0] = torch.randint(0, vocab, (global_batch,), generator=g)
         for t in range(seq):
             tokens[:, t + 1] = (5 * tokens[:, t] + 3) % vocab
+        yield tokens
+
+
+def batches(steps, global_batch, seq=8, vocab=64, seed=1):
+    """Inputs and next-token targets."""
+    for tokens in sequences(steps, global_batch, seq, vocab, seed):
         yield tokens[:, :-1], tokens[:, 1:]
 
 
