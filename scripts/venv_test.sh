@@ -10,7 +10,8 @@
 # With --torch2 (unless ZINF_VENV_TORCH2=0; or ZINF_VENV_TORCH2=1 alone) the same wheel is also
 # tested against PyTorch 2.x from pip, in build/venv-torch2/: made once (PyPI's torch and its
 # CUDA wheels, about 5.4 GiB and 1.5 to 3 minutes here) and kept; the zinf wheel is
-# reinstalled into it on every run.
+# reinstalled into it on every run. transformers is installed there too, so that test_torch_models
+# trains Hugging Face's GPT-2 and Llama under zinf.
 #
 # Build requirements (scikit-build-core, pybind11) come from PyPI once and are kept in
 # build/wheelhouse/; later runs install them from there without the network.
@@ -129,9 +130,10 @@ print("   import zinf:", zinf.__version__, "from", zinf.__file__)' "$version" "$
 # 2-process runs with $ZINF_BUILD_DIR/bin/zinf: here the console script.
 run_python_tests() {
   local env=$1
+  shift
   ln -sfn "$env/bin" "$scratch/bin"
   local failed=0 name rc
-  for name in optim nvme zero cuda_allocator; do
+  for name in optim nvme zero cuda_allocator "$@"; do
     local t0=$SECONDS
     set +e
     (cd "$away" && env -u PYTHONPATH ZINF_BUILD_DIR="$scratch" ZINF_SOURCE_DIR="$root" \
@@ -167,12 +169,18 @@ if [ "$torch2" = 1 ]; then
     logged "$python" -m venv "$t2"
     logged "$t2/bin/pip" install torch numpy
   fi
+  # Hugging Face's models built from a config (no weights downloaded) for test_torch_models.
+  if ! "$t2/bin/python" -c 'import transformers' >/dev/null 2>&1; then
+    logged "$t2/bin/pip" install transformers
+  fi
   logged "$t2/bin/pip" install --no-index --no-deps --force-reinstall "$wheel"
   check_installed "$t2"
   torch_version=$(cd "$away" && "$t2/bin/python" -c 'import torch; print(torch.__version__)')
   took
   step "tests/python against the installed package (torch $torch_version)"
-  run_python_tests "$t2"
+  # And torch's own modules and Hugging Face's GPT-2 and Llama (skipped in the build tree's
+  # run, whose Debian torch 1.13 has no transformers).
+  run_python_tests "$t2" torch_models
   took
 fi
 echo "venv_test: ok"
