@@ -146,7 +146,7 @@ TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
     ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
     // With parameters on NVMe, how many shards a step reads back depends on how far the
     // prefetch gets ahead of compute and what the device tier evicted meanwhile: measured
-    // 11-33% off on a loaded machine and under AddressSanitizer, both ways, against 0-2% on a
+    // 11-33% off on a loaded machine and under AddressSanitizer, both ways, against within 10% on a
     // quiet one; the plan's figure is the unhurried one.
     const bool timing_dependent = c.offload_param_device == OffloadDevice::kNvme;
     ExpectNear(est->time.nvme_read, measured->bytes_nvme_read, timing_dependent ? 0.40 : 0.10,
