@@ -126,7 +126,8 @@ print("   import zinf:", zinf.__version__, "from", zinf.__file__)' "$version" "$
   fi
 }
 
-# run_python_tests VENV: tests/python against the installed package. test_zero launches its
+passed_count=0 failed_count=0 skipped_count=0
+# run_python_tests VENV [NAME...]: tests/python against the installed package. test_zero launches its
 # 2-process runs with $ZINF_BUILD_DIR/bin/zinf: here the console script.
 run_python_tests() {
   local env=$1
@@ -142,9 +143,11 @@ run_python_tests() {
     rc=$?
     set -e
     case $rc in
-      0) echo "   test_$name: passed ($((SECONDS - t0)) s)" ;;
-      77) echo "   test_$name: skipped: $(grep -m1 '^SKIPPED' "$scratch/test_$name.log" || true)" ;;
-      *) cat "$scratch/test_$name.log"; echo "   test_$name: FAILED (exit $rc)"; failed=1 ;;
+      0) echo "   test_$name: passed ($((SECONDS - t0)) s)"; passed_count=$((passed_count + 1)) ;;
+      77) echo "   test_$name: skipped: $(grep -m1 '^SKIPPED' "$scratch/test_$name.log" || true)"
+          skipped_count=$((skipped_count + 1)) ;;
+      *) cat "$scratch/test_$name.log"; echo "   test_$name: FAILED (exit $rc)"; failed=1
+         failed_count=$((failed_count + 1)) ;;
     esac
   done
   return $failed
@@ -183,4 +186,4 @@ if [ "$torch2" = 1 ]; then
   run_python_tests "$t2" torch_models
   took
 fi
-echo "venv_test: ok"
+echo "venv_test: $passed_count passed, $failed_count failed, $skipped_count skipped"
