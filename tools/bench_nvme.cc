@@ -421,11 +421,11 @@ Status RunBenchNvme(const NvmeArgs& args) {
         fmt::format("{}", fmt::join(args.paths, ",")), FormatBytes(size), FormatBytes(c.block),
         c.qd, c.threads, single_submit ? "on" : "off", args.backend, args.checksum ? "on" : "off",
         args.reps,
-        fmt::format("  staging {} in {}",
-                    args.sweep && c.staging == 0 ? "block x depth"
-                                                 : FormatBytes(StagingBytes(c, args.paths.size())),
-                    args.fio_huge_pages && !args.no_huge_pages ? "2 MiB huge pages"
-                                                               : "4 KiB pages"));
+        fmt::format(
+            "  staging {} in {}",
+            args.sweep && c.staging == 0 ? "block x depth"
+                                         : FormatBytes(StagingBytes(c, args.paths.size())),
+            args.fio_huge_pages && !args.no_huge_pages ? "2 MiB huge pages" : "4 KiB pages"));
     if (fio.empty()) {
       fmt::print("  fio: {} — no limit measured\n", args.no_fio ? "disabled" : "not on PATH");
     } else {

@@ -4,8 +4,8 @@
 #include <fmt/core.h>
 
 #include <cmath>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/config_reader.h"
 #include "zinf/input_file.h"

@@ -192,8 +192,8 @@ TEST_F(SafetensorsTest, ManyTensorsParseInLinearTime) {
     for (int rep = 0; rep < 3; ++rep) {
       const auto start = std::chrono::steady_clock::now();
       auto tensors = ParseSafetensorsHeader(header, 4 * uint64_t(n), "many");
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                                .count());
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       EXPECT_TRUE(tensors.ok()) << tensors.status();
       if (tensors.ok()) {
         EXPECT_EQ(tensors->size(), size_t(n));
