@@ -28,7 +28,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-[ -n "${ZINF_KEEP_TWO_HOSTS_LOGS:-}" ] && trap "cp $work/host*.log /tmp/; cleanup" EXIT
 ip netns add "$h0" 2>/dev/null || skip "cannot make a network namespace here (not permitted)"
 ip netns add "$h1" || fail "a second namespace"
 ip link add "$v0" type veth peer name "$v1" || skip "cannot make a veth pair here"
