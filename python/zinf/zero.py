@@ -60,12 +60,11 @@ import collections
 import json
 import math
 import os
-import socket
 import weakref
 
 import torch
 
-from zinf import _zinf
+from zinf import _engine_inputs, _zinf
 
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter"]
 
@@ -93,51 +92,6 @@ def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=30
                       trainer=values)
 
 
-# Each of zinf's TrainerValues names (zinf/engine.h), and the other names it goes by: Hugging
-# Face's TrainingArguments and the DeepSpeed config key that "auto" stands in for.
-_TRAINER_NAMES = {
-    "micro_batch_size": ("per_device_train_batch_size", "train_micro_batch_size_per_gpu"),
-    "gradient_accumulation_steps": (),
-    "gradient_clipping": ("max_grad_norm",),
-    "lr": ("learning_rate", "optimizer.params.lr", "scheduler.params.warmup_max_lr"),
-    "beta1": ("adam_beta1",),
-    "beta2": ("adam_beta2",),
-    "eps": ("adam_epsilon", "optimizer.params.eps"),
-    "weight_decay": ("optimizer.params.weight_decay",),
-    "total_num_steps": ("max_steps", "num_training_steps", "scheduler.params.total_num_steps"),
-    "warmup_num_steps": ("warmup_steps", "scheduler.params.warmup_num_steps"),
-    "fp16": ("fp16.enabled",),
-    "bf16": ("bf16.enabled",),
-    "hidden_size": (),
-}
-_TRAINER_ALIASES = {alias: name for name, aliases in _TRAINER_NAMES.items()
-                    for alias in aliases}
-
-
-def _trainer_values(values):
-    """{TrainerValues name: value} from the names initialize() accepts; ValueError naming an
-    unknown name, or two names of one value that disagree."""
-    out = {}
-    for key, value in values.items():
-        if value is None:
-            continue
-        if key == "optimizer.params.betas":
-            pairs = [("beta1", value[0]), ("beta2", value[1])]
-        else:
-            name = key if key in _TRAINER_NAMES else _TRAINER_ALIASES.get(key)
-            if name is None:
-                raise ValueError(
-                    f"trainer value '{key}' is not one zinf fills \"auto\" from; known: "
-                    f"{', '.join(sorted(set(_TRAINER_NAMES) | set(_TRAINER_ALIASES)))}")
-            pairs = [(name, value)]
-        for name, v in pairs:
-            if name in out and out[name] != v:
-                raise ValueError(f"trainer value '{name}' given twice, as {out[name]} and {v} "
-                                 f"(the second as '{key}')")
-            out[name] = v
-    return out
-
-
 def register_external_parameter(module, parameter):
     """Declares that `module`'s forward uses `parameter`, which belongs to another module
     (tied weights read directly, e.g. ``F.linear(x, self.wte.weight)``): the parameter is
@@ -146,18 +100,6 @@ def register_external_parameter(module, parameter):
     fixed place."""
     external = module.__dict__.setdefault("_zinf_external_parameters", [])
     external.append(parameter)
-
-
-def _config_json(config):
-    if isinstance(config, dict):
-        return json.dumps(config)
-    if isinstance(config, (str, os.PathLike)):
-        text = os.fspath(config)
-        if text.lstrip().startswith("{"):
-            return text
-        # Bounded as every input zinf reads: not /dev/zero, a FIFO or a 10 GB file.
-        return _zinf.read_input_file(text, "config")
-    raise TypeError(f"config must be a dict, a JSON string or a path, got {type(config).__name__}")
 
 
 class _SavedParam:
@@ -196,10 +138,10 @@ class ZeroEngine:
                              "placeholders): build the model anew for a second engine, or keep "
                              "training with the first")
         self.module = model
-        self._engine = _zinf.Engine(_config_json(config), optimizer_threads=optimizer_threads,
-                                    timeout_s=timeout_s,
-                                    trainer=_trainer_values(trainer or {}),
-                                    master_port=_port_beside_torch())
+        self._engine = _zinf.Engine(_engine_inputs.config_json(config),
+                                    optimizer_threads=optimizer_threads, timeout_s=timeout_s,
+                                    trainer=_engine_inputs.trainer_values(trainer or {}),
+                                    master_port=_engine_inputs.port_beside_torch())
         self._slots = {}          # id(param) -> _Slot
         self._module_slots = []   # module id -> [_Slot]
         self._module_names = []
@@ -602,32 +544,6 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
     torch.uint8: "U8", torch.bool: "BOOL",
 }
-
-
-_engines_made = 0  # in this process: keys the ports agreed through torch's store
-
-
-def _port_beside_torch():
-    """zinf's rendezvous port, agreed through torch.distributed's own store when torch is
-    initialized over the same processes: rank 0 picks a free port and publishes it there, so
-    it cannot clash with torch's (Note [Beside torch.distributed] in src/comm/environment.h).
-    0 (the environment decides: ZINF_MASTER_PORT, else MASTER_PORT + 1) otherwise."""
-    global _engines_made
-    _engines_made += 1
-    dist = torch.distributed
-    if (os.environ.get("ZINF_MASTER_PORT") or not dist.is_available()
-            or not dist.is_initialized()):
-        return 0
-    world = dist.get_world_size()
-    if world == 1 or world != int(os.environ.get("WORLD_SIZE", "1")):
-        return 0
-    store = dist.distributed_c10d._get_default_store()
-    key = f"zinf/master_port/{_engines_made}"
-    if dist.get_rank() == 0:
-        with socket.socket() as free:
-            free.bind(("", 0))
-            store.set(key, str(free.getsockname()[1]))
-    return int(store.get(key))
 
 
 def _storage_ptr(tensor):
