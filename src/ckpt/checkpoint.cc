@@ -440,7 +440,7 @@ bool IsAbandonedSave(const fs::path& dir) {
   std::error_code ec;
   if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return false;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (!IsUncommittedSaveFile(*it) || it->path().filename() == "manifest.json") return false;
+    if (!IsUncommittedSaveFile(*it)) return false;  // a manifest, or not zinf's
   }
   return !ec;
 }

@@ -40,6 +40,24 @@ StatusOr<std::string> ReadCapped(int fd, std::string_view label, uint64_t max_by
   }
 }
 
+// The whole of `fd` when it is a regular file of at most `max_bytes`.
+StatusOr<std::string> ReadRegular(int fd, std::string_view label, uint64_t max_bytes) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return ErrnoStatus(errno, fmt::format("stat of {}", label));
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgument(fmt::format(
+        "{} is not a regular file (a directory, device, FIFO or socket); give a file, or - for "
+        "standard input",
+        label));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return ResourceExhausted(
+        fmt::format("{} is {} bytes; zinf reads at most {} from it", label, st.st_size, max_bytes));
+  }
+  // O_NONBLOCK only kept open() from blocking on a FIFO; a regular file ignores it.
+  return ReadCapped(fd, label, max_bytes);
+}
+
 }  // namespace
 
 StatusOr<std::string> ReadInputFile(const std::string& path, std::string_view what,
@@ -49,22 +67,7 @@ StatusOr<std::string> ReadInputFile(const std::string& path, std::string_view wh
   if (path == "-") return ReadCapped(STDIN_FILENO, label, max_bytes);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, fmt::format("opening {}", label));
-  struct stat st {};
-  StatusOr<std::string> text = ErrnoStatus(EBADF, label);
-  if (fstat(fd, &st) != 0) {
-    text = ErrnoStatus(errno, fmt::format("stat of {}", label));
-  } else if (!S_ISREG(st.st_mode)) {
-    text = InvalidArgument(fmt::format(
-        "{} is not a regular file (a directory, device, FIFO or socket); give a file, or - for "
-        "standard input",
-        label));
-  } else if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    text = ResourceExhausted(
-        fmt::format("{} is {} bytes; zinf reads at most {} from it", label, st.st_size, max_bytes));
-  } else {
-    // O_NONBLOCK only kept open() from blocking on a FIFO; a regular file ignores it.
-    text = ReadCapped(fd, label, max_bytes);
-  }
+  StatusOr<std::string> text = ReadRegular(fd, label, max_bytes);
   close(fd);
   return text;
 }
