@@ -155,56 +155,6 @@ class SwapHandleTest(unittest.TestCase):
             with self.assertRaises(zinf.DataLossError):
                 h.wait()  # the handle reports it too
 
-    def test_every_binding_error_carries_zinfs_text(self):
-        # Each call of the C ABI that the binding makes, failing: the exception's text is
-        # zinf's message. (The binding once read the message before the call wrote it, and
-        # users saw "ResourceExhausted: no message".)
-        from zinf import _zinf
-        with self.assertRaisesRegex(zinf.InvalidArgumentError, "aio_json is not valid JSON"):
-            _zinf.SwapStore([self.dir], MiB, aio_json="{")
-        store = _zinf.SwapStore([self.dir], MiB)
-        self.addCleanup(store.close)
-        buffer = torch.zeros(1024)
-        cases = [
-            (lambda: store.allocate(4 * MiB, "big"), zinf.ResourceExhaustedError,
-             "tensor 'big' (4194304 bytes) in a swap store of capacity 1.00 MiB"),
-            (lambda: store.free(12345, 4096), ValueError, "extent id 12345: no such extent"),
-            # Asynchronous: the completion's wait and done report the failure.
-            (lambda: store.write_async(12345, 4096, buffer.data_ptr()).wait(), ValueError,
-             "writing swap extent id 12345 (4096 bytes)"),
-            (lambda: store.read_async(12345, 4096, buffer.data_ptr()).done(), ValueError,
-             "reading swap extent id 12345 (4096 bytes)"),
-        ]
-        for call, kind, text in cases:
-            with self.assertRaises(kind) as ctx:
-                call()
-            message = str(ctx.exception)
-            self.assertNotIn("no message", message)
-            self.assertIn(text, message)
-        # Nor is the message leaked: 100,000 failed calls, each message about 140 bytes, would
-        # grow the heap by 14 MB if the binding lost them.
-        def rss_bytes():
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        for _ in range(1000):  # the interpreter's own allocations settle first
-            try:
-                store.allocate(4 * MiB, "big")
-            except zinf.ResourceExhaustedError:
-                pass
-        before = rss_bytes()
-        for _ in range(100000):
-            try:
-                store.allocate(4 * MiB, "big")
-            except zinf.ResourceExhaustedError:
-                pass
-        self.assertLess(rss_bytes() - before, 4 * MiB)
-        store.check_status()
-        self.assertGreater(store.info()["capacity_bytes"], 0)
-        store.close()
-        for call in (store.check_status, store.info, lambda: store.allocate(4096, "x")):
-            with self.assertRaisesRegex(zinf.ZinfError, "closed"):
-                call()
-
 
 if __name__ == "__main__":
     unittest.main()
