@@ -393,6 +393,7 @@ cpu_optim::StepCoeffs MakeCoeffs(const OptimizerHyperParams& hp, int64_t step, f
       }
       c.neg_step_size = static_cast<float>(-(hp.lr / bc1));
       c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+      c.inv_bc2_sqrt = 1.0f / c.bc2_sqrt;
       if (hp.type == OptimizerType::kAdamW) {
         c.param_decay = static_cast<float>(1.0 - hp.lr * hp.weight_decay);
       } else {

@@ -52,7 +52,9 @@ struct ScalarVec {
   static T Mul(T a, T b) { return a * b; }
   static T Div(T a, T b) { return a / b; }
   static T Sqrt(T a) { return __builtin_sqrtf(a); }
-  static T Fma(T a, T b, T c) { return __builtin_fmaf(a, b, c); }  // a*b + c, one rounding
+  static T Fma(T a, T b, T c) { return __builtin_fmaf(a, b, c); }    // a*b + c, one rounding
+  static T Fnma(T a, T b, T c) { return __builtin_fmaf(-a, b, c); }  // c - a*b, one rounding
+  static T NanTo(T x, T fallback) { return x != x ? fallback : x; }  // fallback where x is NaN
   static T Sign(T a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
   static void Prefetch(const void*) {}
   static void StoreFence() {}
@@ -69,13 +71,31 @@ struct Consts {
         omb2(V::Set1(c.one_minus_beta2)),
         eps(V::Set1(c.eps)),
         bc2_sqrt(V::Set1(c.bc2_sqrt)),
+        inv_bc2_sqrt(V::Set1(c.inv_bc2_sqrt)),
         neg_step(V::Set1(c.neg_step_size)),
         decay(V::Set1(c.param_decay)),
         l2(V::Set1(c.l2)),
         has_l2(c.has_l2) {}
-  T grad_scale, beta1, omb1, beta2, omb2, eps, bc2_sqrt, neg_step, decay, l2;
+  T grad_scale, beta1, omb1, beta2, omb2, eps, bc2_sqrt, inv_bc2_sqrt, neg_step, decay, l2;
   bool has_l2;
 };
+
+// Note [Division by a constant]
+// x / c for a c fixed over the step (torch's sqrt(v) / bias_correction2_sqrt), in the same
+// bits but with a multiply and two fused multiply-adds instead of a division, which is the
+// slowest instruction of the step (AdamW's other division, by a per-element denominator,
+// stays). With y = RN(1/c), q = RN(x*y) is within an ulp of x/c, so the remainder x - c*q is
+// exact in one fma, and RN(q + remainder*y) is RN(x/c) (Markstein's theorem, for round to
+// nearest without overflow or underflow: here x = sqrt(v) is 0 or at least 2^-75 and c is in
+// (0, 1]). An infinite x gives an infinite q and a NaN remainder: NanTo keeps q there, and a
+// NaN x stays NaN. DivisionByConstantTest checks the identity over every exponent.
+template <class V>
+inline typename V::T DivByConst(typename V::T x, typename V::T c, typename V::T inv_c) {
+  using T = typename V::T;
+  const T q = V::Mul(x, inv_c);
+  const T remainder = V::Fnma(q, c, x);
+  return V::NanTo(V::Fma(remainder, inv_c, q), q);
+}
 
 // One step for one vector of elements, in torch's order of operations (see the public header
 // for the formulas; the comments name the torch op each line mirrors).
@@ -92,8 +112,9 @@ inline void UpdateOne(const Consts<V>& c, typename V::T g, typename V::T& p, typ
     }
     s0 = V::Fma(g, c.omb1, V::Mul(s0, c.beta1));  // m.mul_(b1).add_(g, alpha=1-b1)
     s1 = V::Add(V::Mul(s1, c.beta2), V::Mul(V::Mul(c.omb2, g), g));  // v.mul_(b2).addcmul_
-    T denom = V::Add(V::Div(V::Sqrt(s1), c.bc2_sqrt), c.eps);        // sqrt(v)/bc2_sqrt + eps
-    p = V::Add(p, V::Mul(c.neg_step, V::Div(s0, denom)));            // addcdiv_
+    T denom = V::Add(DivByConst<V>(V::Sqrt(s1), c.bc2_sqrt, c.inv_bc2_sqrt),
+                     c.eps);                               // sqrt(v)/bc2_sqrt + eps
+    p = V::Add(p, V::Mul(c.neg_step, V::Div(s0, denom)));  // addcdiv_
   } else if constexpr (K == Kind::kAdagrad) {
     if (c.has_l2) g = V::Fma(p, c.l2, g);
     s0 = V::Add(s0, V::Mul(g, g));  // sum.addcmul_(g, g, value=1)

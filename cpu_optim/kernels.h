@@ -36,6 +36,7 @@ struct StepCoeffs {
   float one_minus_beta2 = 0.0f;  // Adam/AdamW/Lion
   float eps = 0.0f;              // Adam/AdamW/Adagrad
   float bc2_sqrt = 1.0f;         // sqrt(1 - beta2^t), Adam/AdamW
+  float inv_bc2_sqrt = 1.0f;     // 1 / bc2_sqrt, rounded once (Note [Division by a constant])
   float neg_step_size = 0.0f;    // -lr/(1 - beta1^t) (Adam/AdamW), -clr (Adagrad), -lr (Lion)
   float param_decay = 1.0f;      // 1 - lr*wd (AdamW, Lion)
   float l2 = 0.0f;               // L2 weight decay added to the gradient (Adam, Adagrad)

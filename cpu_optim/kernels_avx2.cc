@@ -71,6 +71,10 @@ struct Vec {
   static T Div(T a, T b) { return _mm256_div_ps(a, b); }
   static T Sqrt(T a) { return _mm256_sqrt_ps(a); }
   static T Fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T Fnma(T a, T b, T c) { return _mm256_fnmadd_ps(a, b, c); }
+  static T NanTo(T x, T fallback) {
+    return _mm256_blendv_ps(x, fallback, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
   static T Sign(T a) {
     const __m256 zero = _mm256_setzero_ps();
     const __m256 pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));

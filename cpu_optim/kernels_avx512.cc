@@ -68,6 +68,10 @@ struct Vec {
   static T Div(T a, T b) { return _mm512_div_ps(a, b); }
   static T Sqrt(T a) { return _mm512_sqrt_ps(a); }
   static T Fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T Fnma(T a, T b, T c) { return _mm512_fnmadd_ps(a, b, c); }
+  static T NanTo(T x, T fallback) {
+    return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), fallback);
+  }
   static T Sign(T a) {
     const __m512 zero = _mm512_setzero_ps();
     const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);

@@ -112,6 +112,7 @@ StepCoeffs Coeffs(Kind kind, bool l2) {
   c.one_minus_beta2 = 0.001f;
   c.eps = 1e-8f;
   c.bc2_sqrt = 0.0447101778f;
+  c.inv_bc2_sqrt = 1.0f / c.bc2_sqrt;
   c.neg_step_size = -1e-2f;
   c.param_decay = 0.9999f;
   c.has_l2 = l2;
