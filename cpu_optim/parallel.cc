@@ -1,4 +1,4 @@
-// oneTBB partitioning for cpu_optim. See Note [Static partitioning] in parallel.h.
+// oneTBB partitioning for cpu_optim. See Note [Partitioning] in parallel.h.
 #include "cpu_optim/parallel.h"
 
 #include <tbb/blocked_range.h>
@@ -60,7 +60,7 @@ Status Parallel::For(size_t count, const std::function<void(size_t, size_t)>& fn
             const size_t end = r.end() * kChunkElems < count ? r.end() * kChunkElems : count;
             fn(begin, end);
           },
-          tbb::static_partitioner());
+          tbb::auto_partitioner());
     });
   } catch (const std::exception& e) {
     return Internal(std::string("cpu optimizer worker failed: ") + e.what());
@@ -86,7 +86,7 @@ StatusOr<double> Parallel::Sum(size_t count, const std::function<double(size_t, 
         tbb::parallel_for(
             tbb::blocked_range<size_t>(0, chunks, 1),
             [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); },
-            tbb::static_partitioner());
+            tbb::auto_partitioner());
       });
     } catch (const std::exception& e) {
       return Internal(std::string("cpu optimizer worker failed: ") + e.what());

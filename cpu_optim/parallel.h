@@ -1,5 +1,5 @@
 // The one place cpu_optim splits work across threads (oneTBB; no TBB type leaves this file
-// pair). See Note [Static partitioning].
+// pair). See Note [Partitioning].
 //
 // Thread-safety: For and Sum may be called from several threads at once; they share the
 // arena's workers.
@@ -14,16 +14,18 @@
 
 namespace zinf::cpu_optim {
 
-// Note [Static partitioning]
+// Note [Partitioning]
 // The element range [0, count) is cut into chunks of kChunkElems (64 KiB of each fp32 array:
 // big enough that the per-chunk overhead and the prefetchers' ramp-up are noise, small enough
 // that two threads still get an even split of a 1M-element shard). Chunks start at multiples
-// of kChunkElems from the span's start, so every chunk keeps the span's alignment. With more
-// than one thread, tbb::static_partitioner hands each thread one contiguous run of chunks, the
-// same run on every call with the same count: the thread that first-touched a page (InitState
-// uses the same split) keeps updating it, which keeps pages on its NUMA node. Element-wise
-// updates are then independent of the split, and reductions are summed per chunk and the
-// partial sums added in chunk order, so results do not depend on the thread count.
+// of kChunkElems from the span's start, so every chunk keeps the span's alignment. Threads take
+// contiguous runs of chunks dynamically (tbb::auto_partitioner, split further only when a
+// thread runs out of work): a thread the OS does not run, because another process holds its
+// core, or that wakes late, does not hold up the call; the others take its chunks. (A static
+// split, one fixed run per thread, made a 2-thread step as slow as a 1-thread one on a loaded
+// machine.) Element-wise updates are independent of the split, and reductions are summed per
+// chunk and the partial sums added in chunk order, so results do not depend on the thread
+// count or on which thread ran which chunk.
 inline constexpr size_t kChunkElems = size_t{1} << 14;
 
 class Parallel {

@@ -485,8 +485,7 @@ ZINF_EXPORT zinf_code_t zinf_cpu_optimizer_get_group(zinf_cpu_optimizer_t* optim
                                                      char** errptr);
 ZINF_EXPORT zinf_code_t zinf_cpu_optimizer_set_step(zinf_cpu_optimizer_t* optimizer, int group,
                                                     int64_t step, char** errptr);
-/* Fills the span's state arrays with their initial values, first-touching each page on the
- * thread that will update it. */
+/* Fills the span's state arrays with their initial values, on the optimizer's threads. */
 ZINF_EXPORT zinf_code_t zinf_cpu_optimizer_init_state(zinf_cpu_optimizer_t* optimizer, int group,
                                                       const zinf_optimizer_span_t* span,
                                                       char** errptr);

@@ -183,8 +183,9 @@ class ZINF_EXPORT CpuOptimizer {
   Status SetStep(int group, int64_t step);
 
   // Fills the state arrays of `span` with their initial values (zeros; Adagrad's sum with
-  // initial_accumulator_value), with the same thread partition as the updates so that each
-  // page is first touched by the thread that will update it. Params and grads are not touched.
+  // initial_accumulator_value), on the optimizer's threads. Params and grads are not touched.
+  // (Threads take chunks dynamically, so pages are not tied to a thread: to place state on a
+  // NUMA node, allocate it there, e.g. HostAllocOptions::numa_node.)
   Status InitState(int group, const OptimizerSpan& span);
 
   // ---- Whole-shard step ----

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 namespace zinf::cpu_optim {
@@ -47,6 +49,38 @@ TEST(ParallelTest, SumIsTheSameForAnyThreadCount) {
     sums.push_back(*s);
   }
   for (double s : sums) EXPECT_EQ(s, sums[0]);
+}
+
+// Note [Partitioning]: a thread that stops running (here: asleep in its first chunk, as a
+// thread the OS does not schedule) does not keep its share of the chunks; the caller takes them.
+TEST(ParallelTest, AStalledThreadsChunksAreTakenByTheOthers) {
+  auto par = Parallel::Create(2);
+  ASSERT_TRUE(par.ok());
+  const size_t chunks = 64;
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> worker_started{false};
+  std::atomic<int> by_worker{0};
+  ASSERT_TRUE((*par)
+                  ->For(chunks * kChunkElems,
+                        [&](size_t begin, size_t end) {
+                          if (std::this_thread::get_id() != caller) {
+                            by_worker += static_cast<int>((end - begin) / kChunkElems);
+                            if (!worker_started.exchange(true)) {
+                              std::this_thread::sleep_for(std::chrono::seconds(2));
+                            }
+                            return;
+                          }
+                          // The caller goes on only once the worker holds chunks of its own.
+                          const auto give_up =
+                              std::chrono::steady_clock::now() + std::chrono::seconds(30);
+                          while (!worker_started && std::chrono::steady_clock::now() < give_up) {
+                            std::this_thread::yield();
+                          }
+                        })
+                  .ok());
+  if (!worker_started) GTEST_SKIP() << "the worker thread never ran within 30 s";
+  // A static split leaves the worker its half, 32 chunks, however long it sleeps.
+  EXPECT_LT(by_worker.load(), static_cast<int>(chunks / 2));
 }
 
 TEST(ParallelTest, RejectsZeroThreads) {
