@@ -34,9 +34,10 @@ struct Layout {
   std::vector<std::vector<Laid>> modules;
   uint64_t shard_elements = 0;
   uint64_t total = 0;
+  bool fp32_view = true;  // 16-bit parameters are also widened to fp32 (the host device)
 };
 
-Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world);
+Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world, bool fp32_view = true);
 // The engine's tier budgets for the layout (Note [Tier budgets] in src/zero/tier_budgets.h),
 // on the host device (the fp32 view handed out).
 TierBudgets Budgets(const Layout& l, const EngineConfig& c, int world);
@@ -47,8 +48,9 @@ uint64_t ChunkElements(const EngineConfig& c, uint64_t shard_elements);
 
 // The bytes the device tier holds for one module while it is fetched, beyond the shard copies
 // (which the cache simulation counts): the gathered copy with several ranks, the fp32 widening
-// of a 16-bit tier, and backward's fp32 gradients.
-uint64_t LiveBeyondShards(const std::vector<Laid>& params, uint64_t element, int world);
+// of a 16-bit tier (with the fp32 view), and backward's fp32 gradients.
+uint64_t LiveBeyondShards(const std::vector<Laid>& params, uint64_t element, int world,
+                          bool fp32_view);
 uint64_t ShardBytes(const std::vector<Laid>& params, uint64_t element);
 uint64_t CountNonPersistent(const std::vector<Laid>& params);
 

@@ -12,8 +12,9 @@
 namespace zinf::plan {
 namespace internal {
 
-Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world) {
+Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world, bool fp32_view) {
   Layout l;
+  l.fp32_view = fp32_view;
   for (const ModuleShape& m : model.modules) {
     std::vector<Laid> params;
     for (uint64_t n : m.numels) {
@@ -29,7 +30,8 @@ Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world) {
 }
 
 TierBudgets Budgets(const Layout& l, const EngineConfig& c, int world) {
-  BudgetModel shapes{.world_size = world, .state_count = c.optimizer.state_count()};
+  BudgetModel shapes{
+      .world_size = world, .state_count = c.optimizer.state_count(), .fp32_view = l.fp32_view};
   for (const std::vector<Laid>& params : l.modules) {
     std::vector<BudgetParam>& shape = shapes.modules.emplace_back();
     for (const Laid& p : params) shape.push_back({p.shard, p.persistent});
@@ -48,13 +50,14 @@ uint64_t ChunkElements(const EngineConfig& c, uint64_t shard_elements) {
   return std::min(chunk, fit);
 }
 
-uint64_t LiveBeyondShards(const std::vector<Laid>& params, uint64_t element, int world) {
+uint64_t LiveBeyondShards(const std::vector<Laid>& params, uint64_t element, int world,
+                          bool fp32_view) {
   uint64_t bytes = 0;
   for (const Laid& p : params) {
     if (p.persistent) continue;
     const uint64_t full = p.shard * world;
     if (world > 1) bytes += full * element;
-    if (element != 4) bytes += full * 4;
+    if (element != 4 && fp32_view) bytes += full * 4;
     bytes += full * 4;  // gradient buffer
   }
   return bytes;
@@ -89,18 +92,20 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
     for (const Laid& p : l.modules[i]) {
       const uint64_t full = p.shard * world;
       if (p.persistent) {
-        persistent_live += full * e + (world > 1 ? p.shard * e : 0) + (e != 4 ? full * 4 : 0);
+        persistent_live +=
+            full * e + (world > 1 ? p.shard * e : 0) + (e != 4 && l.fp32_view ? full * 4 : 0);
       } else {
         shard_bytes[i] += PageUp(p.shard * e);
       }
     }
-    largest_live = std::max(largest_live, LiveBeyondShards(l.modules[i], e, world));
+    largest_live = std::max(largest_live, LiveBeyondShards(l.modules[i], e, world, l.fp32_view));
   }
   const int64_t room =
       std::max<int64_t>(0, static_cast<int64_t>(device_budget) -
                                static_cast<int64_t>(persistent_live + largest_live));
   auto live_at = [&](size_t i) {
-    uint64_t live = persistent_live + LiveBeyondShards(l.modules[sim.order[i]], e, world);
+    uint64_t live =
+        persistent_live + LiveBeyondShards(l.modules[sim.order[i]], e, world, l.fp32_view);
     if (world > 1 && i + 1 < n) live += ShardBytes(l.modules[sim.order[i + 1]], e) * world;
     return live;
   };
@@ -161,9 +166,10 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
 
 using namespace internal;
 
-MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int world) {
+MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int world,
+                              bool fp32_view) {
   MemoryEstimate m;
-  const Layout l = LayOut(model, c, world);
+  const Layout l = LayOut(model, c, world, fp32_view);
   // The budgets the engine gives its store (Note [Tier budgets]).
   const TierBudgets budgets = Budgets(l, c, world);
   const bool params_nvme = c.offload_param_device == OffloadDevice::kNvme;

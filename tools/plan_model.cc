@@ -79,6 +79,13 @@ StatusOr<ModelSpec> GptModel(int vocab_size, int seq_len, int d_model, int n_lay
       (L + 1) * r(nd) + sets * (4 * r(nd) + 4 * r(n) + r(3 * nd) + r(probs) + 2 * r(4 * nd)) +
       7 * r(nd) + 2 * r(n) + r(n * V) + r(3 * nd) + r(probs) + r(4 * nd) + r(4 * nd);
   m.activation_bytes = floats * 4;
+  m.tokens_per_micro_batch = static_cast<double>(n);
+  // On a GPU in 16 bits: s b h (34 + 5 a s / h) bytes for each block kept whole (all of them
+  // without recomputation, one with it, beside every block's 16-bit input), and the logits'
+  // fp32 values and gradients.
+  const uint64_t block_bytes = n * d * 34 + 5 * B * n_head * T * T;
+  m.gpu_activation_bytes =
+      (activation_checkpointing ? L * n * d * 2 + block_bytes : L * block_bytes) + n * V * 8;
   // The non-matmul passes: each block's activations (layer norms, attention's softmax, GELU,
   // residuals: about 15 n d floats and the probabilities) are written and read once in
   // forward, again in the recomputation and twice in backward; the logits four times. (The
@@ -122,6 +129,8 @@ StatusOr<ModelSpec> MlpModel(int layers, int width, int batch) {
   }
   m.matmul_flops_per_micro_batch = 3 * forward * layers;
   m.activation_bytes = (2 * static_cast<uint64_t>(layers) + 3) * batch * W * 4;
+  m.gpu_activation_bytes = m.activation_bytes / 2;
+  m.tokens_per_micro_batch = batch;
   return m;
 }
 
@@ -149,6 +158,9 @@ StatusOr<ModelSpec> UniformModel(uint64_t params, int layers, uint64_t tokens_pe
   m.matmul_flops_per_micro_batch = 8.0 * static_cast<double>(params) * tokens_per_micro_batch;
   // About 16 floats of d per token and layer kept with recomputation, as the GPT's.
   m.activation_bytes = tokens_per_micro_batch * m.hidden_size * 4 * (16 + layers);
+  // As the GPT's on a GPU with recomputation: each layer's 16-bit input and one layer whole.
+  m.gpu_activation_bytes = tokens_per_micro_batch * m.hidden_size * (2 * layers + 34);
+  m.tokens_per_micro_batch = static_cast<double>(tokens_per_micro_batch);
   return m;
 }
 

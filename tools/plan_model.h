@@ -110,7 +110,13 @@ struct ModelSpec {
   // The matmuls are oneDNN's (GPT) or a plain single-threaded loop (the MLP example).
   bool plain_loop_compute = false;
   uint64_t activation_bytes = 0;  // the trainer's, per rank
+  // A PyTorch trainer's on a GPU, in 16 bits (Note [Plan on described hardware] in
+  // tools/plan_hardware.h): with recomputation, each block's input kept and one block's
+  // activations while it is recomputed (Korthikanti et al., 2022: s b h (34 + 5 a s / h) bytes
+  // a block), and the logits in fp32.
+  uint64_t gpu_activation_bytes = 0;
   uint64_t hidden_size = 0;
+  double tokens_per_micro_batch = 0;
 
   uint64_t parameter_count() const;
 };
@@ -267,7 +273,9 @@ struct PlanOptions {
 int ThreadsPerRank(const MachineProfile& profile, const PlanOptions& options);
 bool ComputeTakesEveryCore(const MachineProfile& profile, const PlanOptions& options);
 
-MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world);
+// `fp32_view`: the engine hands out 16-bit parameters widened to fp32 too (the host device).
+MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world,
+                              bool fp32_view = true);
 StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig& config,
                                      const MachineProfile& profile, const PlanOptions& options);
 
