@@ -126,8 +126,8 @@ TEST(PlanPublishedTest, ATrillionOnOneDgx2NeedsTiling) {
 // Rajbhandari et al., 2021 (abstract) and DeepSpeed's ZeRO-3 Offload announcement: 49 TFLOPS
 // per GPU for 1T on 512 V100s (32 DGX-2). The plan is one node's, and its V100 sustains
 // training_efficiency x 125 TFLOPS at most whatever the batch: its ceiling is below the
-// published figure, by the amount RESULTS.md states (the efficiency comes from 1536-wide
-// layers; 25600-wide ones run their matmuls nearer the peak).
+// published figure, by the amount RESULTS.md states (the efficiency comes from a 1.2B model's
+// narrow layers; 25600-wide ones run their matmuls nearer the peak).
 TEST(PlanPublishedTest, TheV100CeilingIsBelowZeroInfinitysTrillionRun) {
   StatusOr<NodeHardware> node = Shipped("dgx2-v100");
   ASSERT_TRUE(node.ok()) << node.status();
