@@ -40,7 +40,8 @@ struct PlanArgs {
   int64_t tokens = 2048;
   std::string profile;
   std::string hardware;
-  int world_size = 0;  // 0: the described node's GPUs, else 1
+  int world_size = 1;
+  bool world_size_given = false;  // else: the described node's GPUs, or 1
   int threads = 0;
   std::string memory, gpu_memory, nvme_free;
   std::string nvme_path;
@@ -108,9 +109,8 @@ Status RunPlan(PlanArgs args) {
                           plan::ResolveShipped(args.hardware, "hardware", "--hardware"));
     ZINF_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, "--hardware"));
     ZINF_ASSIGN_OR_RETURN(node, plan::NodeHardware::FromJson(text, path));
-    if (args.world_size == 0) args.world_size = node->gpus;
+    if (!args.world_size_given) args.world_size = node->gpus;
   }
-  if (args.world_size == 0) args.world_size = 1;
   if (args.world_size < 1) {
     return InvalidArgument(fmt::format("--world-size must be >= 1, got {}", args.world_size));
   }
@@ -401,9 +401,10 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--hardware", args->hardware,
                   "Or: a described node, a file or a shipped name (8xh100-pcie-8nvme, "
                   "h100-workstation, rtx4090-workstation, dgx2-v100, v100-zero-offload, ...)");
-  cmd->add_option("--world-size", args->world_size,
-                  "Data-parallel ranks on this machine (default: the described node's GPUs, "
-                  "else 1)");
+  CLI::Option* world_size =
+      cmd->add_option("--world-size", args->world_size,
+                      "Data-parallel ranks on this machine (default: the described node's GPUs, "
+                      "else 1)");
   cmd->add_option("--threads", args->threads, "Threads per rank (default: cores / ranks)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--memory", args->memory, "Host memory to plan for (default: the profile's)");
@@ -422,7 +423,10 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_flag("--clipped", args->clipped,
                 "The steps clip their gradients (early training, a norm far above "
                 "gradient_clipping): the NVMe optimizer step is not hidden behind backward");
-  cmd->callback([args] { Report("zinf plan", RunPlan(*args)); });
+  cmd->callback([args, world_size] {
+    args->world_size_given = world_size->count() > 0;
+    Report("zinf plan", RunPlan(*args));
+  });
 }
 
 }  // namespace zinf::tools
