@@ -1,8 +1,8 @@
 // The model behind `zinf plan`: for a model's shapes, a machine profile (`zinf bench profile`)
 // and a placement (an EngineConfig: offload_param, offload_optimizer, the NVMe share, the
 // precision), the bytes each tier holds per rank and the predicted step time, taken from what
-// the engine really allocates and moves (src/zero/engine_tiers.cc for the budgets,
-// src/zero/param_tier.cc for what is cached, src/zero/engine_step.cc and
+// the engine really allocates and moves (src/zero/tier_budgets.h for the budgets, which the
+// engine calls too, src/zero/param_tier.cc for what is cached, src/zero/engine_step.cc and
 // offload/pipelined_optimizer.cc for the NVMe pass).
 //
 // Note [Plan memory]
