@@ -27,23 +27,23 @@
 //    Shoeybi et al., 2019, 30%); fp32 placements at half of it (TF32 tensor cores);
 //  - lanes beside the compute, each busy for its bytes at its rate: the PCIe link to the GPU
 //    (the parameter shards the device tier does not keep, in the cache simulation of Note [Plan
-//    memory]), the link from it (the reduced fp32 gradient shard, with the optimizer off the
-//    GPU), the peers (each fetch's all-gather and each micro-batch's reduce-scatter), and the
-//    node's drives shared by its GPUs (parameter shards read from NVMe). Prefetching overlaps
-//    them with the compute: forward and backward take the longest of the compute and the lanes;
+//    memory]), the link from it (each micro-batch's reduced fp32 gradient shard), the peers (each
+//    fetch's all-gather and each micro-batch's reduce-scatter), and the node's drives shared by its
+//    GPUs (parameter shards read from NVMe). Prefetching overlaps them with the compute: forward
+//    and backward take the longest of the compute and the lanes;
 //  - the optimizer step after backward: CPU Adam on the rank's share of the node's rate (the
 //    engine keeps the fp32 master, gradients and optimizer state in host memory whatever the
 //    placement, so the reduced gradient shard always crosses to the host); with the
 //    optimizer on NVMe, its pass (12 bytes a parameter each way, more with the gradients
 //    there) on the rank's share of the drives, at the slower of it and Adam; then the new
 //    parameters written to their tier (over PCIe, or to NVMe).
-// Tokens per step to hide the offload: the micro-batch tokens at which the compute alone would
-// last as long as the step's offload (the lanes' busiest plus the optimizer step): beyond it the
-// GPU, not the transfers, sets the pace (with zinf.delayed_param_update, or the overlapped
-// NVMe step, hiding the optimizer behind the next batch).
-// Not modelled: the matmuls' efficiency by d_model (one figure per GPU), zinf.overlap_optimizer
-// and zinf.delayed_param_update (nothing of the optimizer step is hidden), several nodes
-// (collectives are within the node), tiling of layers larger than the GPU.
+// Tokens per step to hide the offload: the tokens per step (at the config's gradient
+// accumulation) at which the compute alone would last as long as the step's offload (the lanes'
+// busiest plus the optimizer step): beyond it the GPU, not the transfers, sets the pace (with
+// zinf.delayed_param_update, or the overlapped NVMe step, hiding the optimizer behind the next
+// batch). Not modelled: the matmuls' efficiency by d_model (one figure per GPU),
+// zinf.overlap_optimizer and zinf.delayed_param_update (nothing of the optimizer step is hidden),
+// several nodes (collectives are within the node), tiling of layers larger than the GPU.
 //
 // Thread-safety: plain functions over values.
 #ifndef ZINF_TOOLS_PLAN_HARDWARE_H_
