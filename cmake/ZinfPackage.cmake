@@ -1,6 +1,7 @@
 # What `cmake --install` puts under the prefix: libzinf.so, include/zinf/, the CMake package
 # (find_package(zinf CONFIG) gives the imported target zinf::zinf), zinf.pc for pkg-config and
-# the `zinf` command line in bin/. tests/install builds programs against exactly this.
+# the `zinf` command line in bin/, and the node descriptions and model shapes `zinf plan` ships in
+# share/zinf/. tests/install builds programs against exactly this.
 # A wheel (`pip install .`, SKBUILD) takes only the library and the command line, into the
 # package directory (Note [Wheel layout] in python/CMakeLists.txt).
 include(CMakePackageConfigHelpers)
@@ -21,6 +22,8 @@ if(SKBUILD)
   set_property(TARGET zinf_shared PROPERTY SOVERSION)
   install(TARGETS zinf_shared LIBRARY DESTINATION zinf)
   install(TARGETS zinf RUNTIME DESTINATION zinf/bin)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/hardware ${PROJECT_SOURCE_DIR}/tools/models
+          DESTINATION zinf/share/zinf FILES_MATCHING PATTERN "*.json")
   return()
 endif()
 
@@ -31,6 +34,9 @@ install(TARGETS zinf_shared EXPORT zinfTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS zinf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# `zinf plan --hardware NAME` and `--model NAME` read these, found beside bin/.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/hardware ${PROJECT_SOURCE_DIR}/tools/models
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/zinf FILES_MATCHING PATTERN "*.json")
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zinf
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.h")

@@ -1,8 +1,10 @@
-// `zinf plan`: for a model (a GPT or MLP example config, or --params N) and a machine profile
-// (`zinf bench profile`), every stage-3 placement's bytes per tier per rank, whether it fits,
-// and its predicted step time split into compute, gather, reduce, optimizer and NVMe; the
-// fastest placement that fits is marked and can be written as a DeepSpeed config. The model
-// behind the figures is tools/plan_model.h (Note [Plan memory], Note [Plan time]).
+// `zinf plan`: for a model (a GPT or MLP example config, a shipped GPT-like shape, or --params N)
+// and a machine profile (`zinf bench profile`) or a described node (--hardware), every stage-3
+// placement's bytes per tier per rank, whether it fits, and its predicted step time split into
+// compute, gather, reduce, optimizer and NVMe (on described GPUs also the model TFLOPS per GPU and
+// the tokens per step that hide the offload); the fastest placement that fits is marked and can
+// be written as a DeepSpeed config. The models behind the figures are tools/plan_model.h (Note
+// [Plan memory], Note [Plan time]) and tools/plan_hardware.h (Note [Plan on described hardware]).
 //
 // Single-threaded.
 #include <fmt/core.h>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +23,7 @@
 #include "core/units.h"
 #include "nvme/path_probe.h"
 #include "tools/commands.h"
+#include "tools/plan_hardware.h"
 #include "tools/plan_model.h"
 #include "tools/plot.h"
 #include "zinf/cpu_info.h"
@@ -35,7 +39,9 @@ struct PlanArgs {
   int width = 1024;    // MLP
   int64_t tokens = 2048;
   std::string profile;
+  std::string hardware;
   int world_size = 1;
+  bool world_size_given = false;  // else: the described node's GPUs, or 1
   int threads = 0;
   std::string memory, gpu_memory, nvme_free;
   std::string nvme_path;
@@ -90,26 +96,39 @@ std::string Seconds(double s) {
   return fmt::format("{:.1f}", s);
 }
 
-Status RunPlan(const PlanArgs& args) {
+Status RunPlan(PlanArgs args) {
   if (args.model.empty() == args.params.empty()) {
     return InvalidArgument("give one of --model CONFIG and --params N");
+  }
+  if (!args.profile.empty() && !args.hardware.empty()) {
+    return InvalidArgument("give one of --profile FILE and --hardware NODE");
+  }
+  std::optional<plan::NodeHardware> node;
+  if (!args.hardware.empty()) {
+    ZINF_ASSIGN_OR_RETURN(std::string path,
+                          plan::ResolveShipped(args.hardware, "hardware", "--hardware"));
+    ZINF_ASSIGN_OR_RETURN(std::string text, ReadInputFile(path, "--hardware"));
+    ZINF_ASSIGN_OR_RETURN(node, plan::NodeHardware::FromJson(text, path));
+    if (!args.world_size_given) args.world_size = node->gpus;
   }
   if (args.world_size < 1) {
     return InvalidArgument(fmt::format("--world-size must be >= 1, got {}", args.world_size));
   }
+  const bool have_times = !args.profile.empty() || node.has_value();
   if (!args.plot.empty()) {
-    if (args.profile.empty()) return InvalidArgument("--plot needs --profile: it plots times");
+    if (!have_times) return InvalidArgument("--plot needs --profile or --hardware: it plots times");
     ZINF_RETURN_IF_ERROR(CheckPlotOutput(args.plot));
   }
   plan::ModelSpec model;
   EngineConfig base;
   std::string base_json = "{}";
   if (!args.model.empty()) {
-    ZINF_ASSIGN_OR_RETURN(base_json, ReadInputFile(args.model, "--model"));
+    ZINF_ASSIGN_OR_RETURN(std::string path, plan::ResolveShipped(args.model, "models", "--model"));
+    ZINF_ASSIGN_OR_RETURN(base_json, ReadInputFile(path, "--model"));
     ZINF_ASSIGN_OR_RETURN(
         plan::ConfigModel cm,
-        plan::ModelFromConfigText(base_json, args.model, args.layers > 0 ? args.layers : 4,
-                                  args.width, args.world_size));
+        plan::ModelFromConfigText(base_json, path, args.layers > 0 ? args.layers : 4, args.width,
+                                  args.world_size));
     model = std::move(cm.model);
     base = std::move(cm.config);
   } else {
@@ -125,7 +144,12 @@ Status RunPlan(const PlanArgs& args) {
 
   plan::MachineProfile profile;
   const bool have_profile = !args.profile.empty();
-  if (have_profile) {
+  if (node) {
+    // For the table's heading and the NVMe path only: the node's figures plan it.
+    profile.memory_bytes = node->host_memory_bytes;
+    profile.gpu_memory_bytes = node->gpu_memory_bytes;
+    profile.nvme_free_bytes = node->nvme_bytes();
+  } else if (have_profile) {
     ZINF_ASSIGN_OR_RETURN(std::string text, ReadInputFile(args.profile, "--profile"));
     ZINF_ASSIGN_OR_RETURN(profile, plan::MachineProfile::FromJson(text, args.profile));
   } else {
@@ -144,22 +168,36 @@ Status RunPlan(const PlanArgs& args) {
   std::string nvme_path = args.nvme_path;
   if (nvme_path.empty() && !profile.nvme_paths.empty()) nvme_path = profile.nvme_paths.front();
   if (nvme_path.empty()) nvme_path = "/local_nvme";
-  if (options.nvme_free_bytes == 0 && profile.nvme_free_bytes == 0) {
+  if (!node && options.nvme_free_bytes == 0 && profile.nvme_free_bytes == 0) {
     StatusOr<uint64_t> free = FreeBytes(args.nvme_path.empty() ? "." : args.nvme_path);
     if (free.ok()) profile.nvme_free_bytes = *free;
   }
 
+  if (node && (options.memory_bytes || options.gpu_memory_bytes || options.nvme_free_bytes ||
+               args.threads || args.clipped)) {
+    return InvalidArgument(
+        "--hardware describes the node: --memory, --gpu-memory, --nvme-free, --threads and "
+        "--clipped are for a measured profile");
+  }
   struct Row {
     EngineConfig config;
     plan::Estimate estimate;
+    double hide_tokens = 0, model_tflops = 0, tokens_per_step = 0;
   };
   std::vector<Row> rows;
   int best = -1;
   for (EngineConfig& c : plan::Placements(base, nvme_path)) {
-    ZINF_ASSIGN_OR_RETURN(plan::Estimate e, plan::EstimatePlacement(model, c, profile, options));
-    rows.push_back({std::move(c), std::move(e)});
+    if (node) {
+      ZINF_ASSIGN_OR_RETURN(plan::HardwareEstimate h,
+                            plan::EstimateOnHardware(model, c, *node, args.world_size));
+      rows.push_back(
+          {std::move(c), std::move(h.estimate), h.hide_tokens, h.model_tflops, h.tokens_per_step});
+    } else {
+      ZINF_ASSIGN_OR_RETURN(plan::Estimate e, plan::EstimatePlacement(model, c, profile, options));
+      rows.push_back({std::move(c), std::move(e)});
+    }
     const Row& r = rows.back();
-    if (r.estimate.fits && have_profile &&
+    if (r.estimate.fits && have_times &&
         (best < 0 || r.estimate.time.step < rows[best].estimate.time.step)) {
       best = static_cast<int>(rows.size()) - 1;
     }
@@ -169,7 +207,8 @@ Status RunPlan(const PlanArgs& args) {
     nlohmann::json out = {{"model", model.description},
                           {"parameters", model.parameter_count()},
                           {"world_size", args.world_size},
-                          {"profile", have_profile ? nlohmann::json(args.profile) : nullptr}};
+                          {"profile", have_profile ? nlohmann::json(args.profile) : nullptr},
+                          {"hardware", node ? nlohmann::json(node->name) : nullptr}};
     nlohmann::json list = nlohmann::json::array();
     for (const Row& r : rows) {
       const plan::MemoryEstimate& m = r.estimate.memory;
@@ -193,7 +232,12 @@ Status RunPlan(const PlanArgs& args) {
           {"nvme_bytes", m.nvme},
           {"fits", r.estimate.fits},
           {"why", r.estimate.why}};
-      if (have_profile) {
+      if (node) {
+        row["tokens_per_step"] = r.tokens_per_step;
+        row["hide_tokens"] = r.hide_tokens;
+        row["model_tflops_per_gpu"] = r.model_tflops;
+      }
+      if (have_times) {
         row["step_s"] = t.step;
         row["compute_s"] = t.compute;
         row["gather_s"] = t.gather;
@@ -210,13 +254,15 @@ Status RunPlan(const PlanArgs& args) {
     out["best"] = best >= 0 ? nlohmann::json(plan::PlacementName(rows[best].config)) : nullptr;
     fmt::print("{}\n", out.dump());
   } else {
+    fmt::print("zinf plan: {} ({:.2f}M parameters), {} rank(s), stage 3, compute on {}\n",
+               model.description, model.parameter_count() / 1e6, args.world_size,
+               node ? fmt::format("{} GPU(s) of {}", args.world_size, node->name)
+                    : std::string("the host device"));
     fmt::print(
-        "zinf plan: {} ({:.2f}M parameters), {} rank(s), stage 3, compute on the host "
-        "device\n",
-        model.description, model.parameter_count() / 1e6, args.world_size);
-    fmt::print(
-        "  profile {}; memory {}{}; NVMe free {}\n",
-        have_profile ? args.profile : "none (sizes only; `zinf bench profile` for times)",
+        "  {}; memory {}{}; NVMe {}\n",
+        node           ? fmt::format("hardware {}", args.hardware)
+        : have_profile ? "profile " + args.profile
+                       : "profile none (sizes only; `zinf bench profile` for times)",
         FormatBytes(options.memory_bytes ? options.memory_bytes : profile.memory_bytes),
         options.gpu_memory_bytes || profile.gpu_memory_bytes
             ? ", GPU " + FormatBytes(options.gpu_memory_bytes ? options.gpu_memory_bytes
@@ -226,6 +272,13 @@ Status RunPlan(const PlanArgs& args) {
     fmt::print(
         "  bytes per rank at the peak of a step: device tier, host arrays and pools, the "
         "trainer's activations; gradients accumulate in host memory unless \"grads nvme\"\n");
+    if (node) {
+      fmt::print(
+          "  on the GPUs: activations of a PyTorch trainer in 16 bits; TFLOPS: 8 x parameters x "
+          "tokens per step time, per GPU; hide: tokens per step for the compute to outlast the "
+          "offload (now {:.0f})\n",
+          rows.empty() ? 0.0 : rows.front().tokens_per_step);
+    }
     if (have_profile && plan::ComputeTakesEveryCore(profile, options)) {
       // The plan does not charge the NVMe lane for it (bench/RESULTS.md, the 2-rank demo).
       fmt::print(
@@ -234,18 +287,20 @@ Status RunPlan(const PlanArgs& args) {
           args.world_size, plan::ThreadsPerRank(profile, options), profile.cores);
     }
     fmt::print(
-        "\n  {:>3} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
+        "\n  {:>3} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>8} "
+        "{:>8}{}\n",
         "#", "placement", "device", "host", "activ.", "NVMe", "fits", "step s", "compute", "gather",
-        "reduce", "optim", "nvme");
+        "reduce", "optim", "nvme", node ? fmt::format(" {:>7} {:>9}", "TFLOPS", "hide tok") : "");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       const plan::MemoryEstimate& m = r.estimate.memory;
       const plan::TimeEstimate& t = r.estimate.time;
       std::string times =
-          have_profile ? fmt::format("{:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", Seconds(t.step),
-                                     Seconds(t.compute), Seconds(t.gather), Seconds(t.reduce),
-                                     Seconds(t.optimizer), Seconds(t.nvme))
-                       : "";
+          have_times ? fmt::format("{:>8} {:>8} {:>8} {:>8} {:>8} {:>8}", Seconds(t.step),
+                                   Seconds(t.compute), Seconds(t.gather), Seconds(t.reduce),
+                                   Seconds(t.optimizer), Seconds(t.nvme))
+                     : "";
+      if (node) times += fmt::format(" {:>7.1f} {:>9.0f}", r.model_tflops, r.hide_tokens);
       fmt::print("{} {:>3} {:<46} {:>10} {:>10} {:>10} {:>10} {:>4} {}\n",
                  static_cast<int>(i) == best ? "*" : " ", i + 1, plan::PlacementName(r.config),
                  FormatBytes(m.peak_device), FormatBytes(m.peak_host), FormatBytes(m.activations),
@@ -260,7 +315,7 @@ Status RunPlan(const PlanArgs& args) {
     if (best >= 0) {
       fmt::print("\nfastest that fits: {} ({} s per step)\n",
                  plan::PlacementName(rows[best].config), Seconds(rows[best].estimate.time.step));
-    } else if (have_profile) {
+    } else if (have_times) {
       fmt::print("\nno placement fits this machine\n");
     }
   }
@@ -311,8 +366,9 @@ Status RunPlan(const PlanArgs& args) {
   }
 
   if (!args.write_config.empty()) {
-    if (!have_profile) {
-      return InvalidArgument("--write-config needs --profile: the fastest placement needs rates");
+    if (!have_times) {
+      return InvalidArgument(
+          "--write-config needs --profile or --hardware: the fastest placement needs rates");
     }
     if (best < 0) return ResourceExhausted("no placement fits: no config written");
     ZINF_ASSIGN_OR_RETURN(std::string text, plan::DeepSpeedJson(rows[best].config, base_json));
@@ -333,7 +389,8 @@ void AddPlanCommand(CLI::App& app) {
       "plan",
       "Bytes per tier and predicted step time of every placement for a model on this machine");
   cmd->add_option("--model", args->model,
-                  "A GPT example config (with a \"model\" object) or an MLP example config");
+                  "A GPT example config (with a \"model\" object), an MLP example config, or a "
+                  "shipped GPT-like shape (gpt-10b, gpt-13b, gpt-30b, gpt-70b)");
   cmd->add_option("--params", args->params, "Or: a model of N parameters (350M, 1.3B, ...)");
   cmd->add_option("--layers", args->layers,
                   "Modules of --params (default 24), or the MLP's layers (default 4)");
@@ -341,8 +398,13 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--tokens", args->tokens, "With --params: tokens per micro-batch")
       ->capture_default_str();
   cmd->add_option("--profile", args->profile, "Machine profile from `zinf bench profile`");
-  cmd->add_option("--world-size", args->world_size, "Data-parallel ranks on this machine")
-      ->capture_default_str();
+  cmd->add_option("--hardware", args->hardware,
+                  "Or: a described node, a file or a shipped name (8xh100-pcie-8nvme, "
+                  "h100-workstation, rtx4090-workstation, dgx2-v100, v100-zero-offload, ...)");
+  CLI::Option* world_size =
+      cmd->add_option("--world-size", args->world_size,
+                      "Data-parallel ranks on this machine (default: the described node's GPUs, "
+                      "else 1)");
   cmd->add_option("--threads", args->threads, "Threads per rank (default: cores / ranks)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--memory", args->memory, "Host memory to plan for (default: the profile's)");
@@ -361,7 +423,10 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_flag("--clipped", args->clipped,
                 "The steps clip their gradients (early training, a norm far above "
                 "gradient_clipping): the NVMe optimizer step is not hidden behind backward");
-  cmd->callback([args] { Report("zinf plan", RunPlan(*args)); });
+  cmd->callback([args, world_size] {
+    args->world_size_given = world_size->count() > 0;
+    Report("zinf plan", RunPlan(*args));
+  });
 }
 
 }  // namespace zinf::tools

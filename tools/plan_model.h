@@ -1,8 +1,8 @@
 // The model behind `zinf plan`: for a model's shapes, a machine profile (`zinf bench profile`)
 // and a placement (an EngineConfig: offload_param, offload_optimizer, the NVMe share, the
 // precision), the bytes each tier holds per rank and the predicted step time, taken from what
-// the engine really allocates and moves (src/zero/engine_tiers.cc for the budgets,
-// src/zero/param_tier.cc for what is cached, src/zero/engine_step.cc and
+// the engine really allocates and moves (src/zero/tier_budgets.h for the budgets, which the
+// engine calls too, src/zero/param_tier.cc for what is cached, src/zero/engine_step.cc and
 // offload/pipelined_optimizer.cc for the NVMe pass).
 //
 // Note [Plan memory]
@@ -110,7 +110,13 @@ struct ModelSpec {
   // The matmuls are oneDNN's (GPT) or a plain single-threaded loop (the MLP example).
   bool plain_loop_compute = false;
   uint64_t activation_bytes = 0;  // the trainer's, per rank
+  // A PyTorch trainer's on a GPU, in 16 bits (Note [Plan on described hardware] in
+  // tools/plan_hardware.h): with recomputation, each block's input kept and one block's
+  // activations while it is recomputed (Korthikanti et al., 2022: s b h (34 + 5 a s / h) bytes
+  // a block), and the logits in fp32.
+  uint64_t gpu_activation_bytes = 0;
   uint64_t hidden_size = 0;
+  double tokens_per_micro_batch = 0;
 
   uint64_t parameter_count() const;
 };
@@ -267,7 +273,9 @@ struct PlanOptions {
 int ThreadsPerRank(const MachineProfile& profile, const PlanOptions& options);
 bool ComputeTakesEveryCore(const MachineProfile& profile, const PlanOptions& options);
 
-MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world);
+// `fp32_view`: the engine hands out 16-bit parameters widened to fp32 too (the host device).
+MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world,
+                              bool fp32_view = true);
 StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig& config,
                                      const MachineProfile& profile, const PlanOptions& options);
 

@@ -340,6 +340,11 @@ struct StepSummary {
   // swap files it keeps on NVMe.
   uint64_t host_bytes = 0;
   uint64_t nvme_bytes = 0;
+  // The budgets the engine gave its store's tiers (its device tier, host memory, and the swap
+  // files' capacity): what `zinf plan` predicts for the placement.
+  uint64_t device_budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;
+  uint64_t nvme_capacity_bytes = 0;
 };
 
 class ZINF_EXPORT Engine {

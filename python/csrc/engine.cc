@@ -153,6 +153,9 @@ class PyEngine {
     d["seconds_optimizer"] = s.seconds_optimizer;
     d["host_bytes"] = s.host_bytes;
     d["nvme_bytes"] = s.nvme_bytes;
+    d["device_budget_bytes"] = s.device_budget_bytes;
+    d["host_budget_bytes"] = s.host_budget_bytes;
+    d["nvme_capacity_bytes"] = s.nvme_capacity_bytes;
     return d;
   }
 

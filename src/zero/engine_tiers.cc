@@ -11,6 +11,7 @@
 #include "nvme/path_probe.h"
 #include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
+#include "zero/tier_budgets.h"
 #include "zinf/cpu_info.h"
 
 namespace zinf {
@@ -75,10 +76,7 @@ Status Engine::Impl::CheckHostMemory() const {
 }
 
 uint64_t Engine::Impl::OptimizerChunkElements() const {
-  constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
-  return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
-                              PipelinedOptimizerOptions::kMinChunkElements,
-                              PipelinedOptimizerOptions().chunk_elements);
+  return zinf::OptimizerChunkElements(shard_elements);
 }
 
 namespace {
@@ -98,81 +96,24 @@ uint64_t StripedFreeBytes(const std::vector<std::string>& paths) {
 }  // namespace
 
 Status Engine::Impl::OpenTiers(const std::string& device) {
-  const uint64_t element = param_bytes();
-  uint64_t tier_bytes = 0, largest_tier = 0, persistent = 0, working_set = 0;
+  // The budgets are the plan's too (Note [Tier budgets] in zero/tier_budgets.h).
+  BudgetModel shapes{.world_size = world(), .state_count = state_count(), .fp32_view = fp32_view};
   for (const Module& module : modules) {
-    uint64_t bytes = 0;
-    for (int pi : module.params) {
-      const Param& p = params[pi];
-      // The shard's copy, the gathered parameter (with one rank, the shard itself), its fp32
-      // widening (16-bit parameters, when the fp32 view is handed out) and the gradient.
-      const uint64_t full = p.shard_size * world();
-      const uint64_t gathered = world() > 1 ? full * element : 0;
-      const uint64_t widened = element != 4 && fp32_view ? full * 4 : 0;
-      (p.persistent ? persistent : bytes) += p.shard_size * element + gathered + widened + full * 4;
-    }
-    working_set = std::max(working_set, bytes);
+    std::vector<BudgetParam>& shape = shapes.modules.emplace_back();
+    for (int pi : module.params) shape.push_back({params[pi].shard_size, params[pi].persistent});
   }
-  for (const Param& p : params) {
-    tier_bytes += p.shard_size * element;
-    largest_tier = std::max(largest_tier, p.shard_size * element);
-  }
+  const TierBudgets budgets = ComputeTierBudgets(config, shapes);
   const Tier home = params_on_nvme                                       ? Tier::kNvme
                     : config.offload_param_device == OffloadDevice::kCpu ? Tier::kHost
                                                                          : Tier::kDevice;
   TieredStoreOptions options;
   options.device = device;
-  // The fetched module with backward's gradients, the next one being gathered, and the
-  // read-ahead window; cached shard copies use what is left and are evicted first. On the
-  // host device this is host memory: no more than the working set needs (a cache of every
-  // shard would hold the model twice).
-  // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter.
-  uint64_t largest_shard = 0;
-  for (const Param& p : params) largest_shard = std::max(largest_shard, p.shard_size);
-  const uint64_t bucket_slice =
-      GradientBuckets::SliceCapacity(BucketElements(), world(), largest_shard);
-  const uint64_t buckets = world() > 1 ? 2 * bucket_slice * (world() + 1) * 4 : 0;
-  options.device_budget_bytes = (home == Tier::kDevice ? tier_bytes : 0) + persistent +
-                                2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
-                                buckets + (64 << 20);
-  // The flat shard's arrays (StoreArray), page-aligned; the parameter tier when it lives
-  // here; room for the NVMe tier's host copies while they are written.
-  const uint64_t array = (std::max<uint64_t>(shard_elements, 1) * 4 + 4095) / 4096 * 4096;
-  const bool states_here = config.offload_optimizer_device != OffloadDevice::kNvme;
-  const uint64_t arrays =
-      array * ((config.gradients_on_nvme ? 0 : 1) + (host_master ? 1 : 0) +
-               (states_here ? state_count() : 0) + (config.delayed_param_update ? 1 : 0));
-  // The buckets' reduced slices, where the device's memory is not the host's.
-  const uint64_t landed = 2 * bucket_slice * 4;
-  // The pipelined step's staging buffers and the chunks it keeps in host memory (all of
-  // them at most, with offload_optimizer.ratio < 1).
-  uint64_t step_buffers = 0;
-  if (config.offload_optimizer_device == OffloadDevice::kNvme) {
-    const PipelinedOptimizerOptions step = NvmeOptimizerOptions();
-    const uint64_t chunk = step.chunk_elements;
-    step_buffers = step.num_buffers * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
-    if (step.nvme_ratio < 1) {
-      const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-      step_buffers += chunks * PipelinedOptimizer::ChunkBytes(chunk, state_count());
-    }
-  }
-  // The persistent parameters' next values while the NVMe step writes the tier from its
-  // chunks (ParamTier::ChunkWriter).
-  uint64_t persistent_next = 0;
-  for (const Param& p : params) {
-    if (p.persistent) persistent_next += (p.shard_size * 4 + 4095) / 4096 * 4096;
-  }
-  // The staging of the gradients on NVMe (Note [Gradients on NVMe]).
-  const uint64_t gradient_staging =
-      config.gradients_on_nvme ? NvmeGradients::StagingBudget(OptimizerChunkElements()) : 0;
-  options.host_budget_bytes = arrays + (home == Tier::kHost ? tier_bytes : 0) + landed +
-                              gradient_staging + step_buffers + persistent_next +
-                              std::max<uint64_t>(256 << 20, 4 * largest_tier);
+  options.device_budget_bytes = budgets.device_budget_bytes;
+  options.host_budget_bytes = budgets.host_budget_bytes;
   // A GPU copies at full speed only from page-locked memory; the host device copies with
   // memcpy, where pinning buys nothing.
   options.pin_host = device != "host" && config.pin_memory;
-  options.piece_bytes =
-      std::clamp<uint64_t>((largest_tier + 4095) / 4096 * 4096, 1 << 20, 64 << 20);
+  options.piece_bytes = budgets.piece_bytes;
   options.staging_buffers = 4;
   options.transfer_threads = 4;
   SwapStoreOptions swap_options;
@@ -181,22 +122,9 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     swap_options.rank = global_rank;  // groups of other processes may share the nvme_path
     swap_options.checksum = config.nvme_checksum;
     swap_options.aio = config.aio;
-    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
-    const uint64_t slack = swap_options.aio.block_size;
-    const uint64_t chunk = OptimizerChunkElements();
-    const uint64_t chunks = (shard_elements + chunk - 1) / chunk;
-    const uint64_t chunk_state = chunk * 12 + slack;  // fp32 params and two state arrays
-    if (config.offload_optimizer_device == OffloadDevice::kNvme) {
-      swap_options.capacity_bytes += chunks * chunk_state;
-      if (config.gradients_on_nvme) swap_options.capacity_bytes += chunks * (chunk * 4 + slack);
-    }
-    if (params_on_nvme) {
-      for (const Param& p : params) {
-        const uint64_t bytes = p.shard_size * element;
-        const uint64_t pieces = (bytes + options.piece_bytes - 1) / options.piece_bytes;
-        swap_options.capacity_bytes += bytes + pieces * slack;
-      }
-    }
+    swap_options.capacity_bytes = budgets.swap_capacity_bytes;
+    const uint64_t chunks = budgets.optimizer_chunks;
+    const uint64_t chunk_state = budgets.chunk_swap_bytes;
     speculative_chunks = 0;
     if (config.offload_optimizer_device == OffloadDevice::kNvme && config.overlap_optimizer) {
       // The overlapped step's new state goes beside the old until the step is known to stand
@@ -245,6 +173,9 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
       stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
   summary->host_bytes = host;
   summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
+  summary->device_budget_bytes = stats.tiers[int(Tier::kDevice)].budget_bytes;
+  summary->host_budget_bytes = stats.tiers[int(Tier::kHost)].budget_bytes;
+  summary->nvme_capacity_bytes = stats.tiers[int(Tier::kNvme)].budget_bytes;
   // The parameter tier's NVMe traffic since the last step (the optimizer's is counted by
   // the pipelined step).
   summary->bytes_nvme_read += stats.nvme_to_host.bytes - nvme_read_at.bytes;

@@ -39,6 +39,15 @@ cli_version=$("$prefix/bin/zinf" --version)
 }
 echo "bin/zinf --version: $cli_version"
 
+# `zinf plan --hardware NAME` and `--model NAME` read the shipped descriptions beside bin/.
+for f in share/zinf/hardware/dgx2-v100.json share/zinf/models/gpt-10b.json; do
+  [ -f "$prefix/$f" ] || { echo "cmake --install did not install $f" >&2; exit 1; }
+done
+"$prefix/bin/zinf" plan --json --model gpt-10b --hardware dgx2-v100 >"$tmp/plan.json" || {
+  echo "the installed zinf plan --hardware dgx2-v100 failed" >&2
+  exit 1
+}
+
 # zinf::zinf carries its C++20 requirement (consumer_cxx sets no standard of its own and
 # static_asserts C++20, so its build below proves the flag arrives; this names the cause).
 grep -q 'INTERFACE_COMPILE_FEATURES "cxx_std_20"' "$prefix"/lib*/cmake/zinf/zinfTargets.cmake || {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/tools/plan_training.h"
 #include "zinf/engine.h"
 
 namespace zinf::plan {
@@ -57,50 +58,6 @@ nlohmann::json MinimalProfileJson() {
           {"cpu_optimizer", {{{"threads", 1}, {"params_per_s", 1e8}}}},
           {"matmul", {{{"threads", 1}, {"fp32_GFLOPs", 50}}}},
           {"loop_fp32_GFLOPs", 5}};
-}
-
-struct Measured {
-  StepSummary summary;
-};
-
-// Trains `model` for `steps` steps with one rank under `config`: each micro-batch fetches
-// along model.fetch_order, the first pass over a module being forward and the second backward
-// (gradients of 1e-3). Returns the last step's summary.
-StatusOr<StepSummary> Train(const ModelSpec& model, const EngineConfig& config, int steps) {
-  ZINF_ASSIGN_OR_RETURN(
-      auto engine,
-      Engine::Create(config,
-                     {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1}));
-  std::vector<int> ids;
-  for (const ModuleShape& m : model.modules) {
-    std::vector<ParamSpec> specs;
-    for (size_t i = 0; i < m.numels.size(); ++i) {
-      specs.push_back({m.name + "." + std::to_string(i), {static_cast<int64_t>(m.numels[i])}});
-    }
-    ZINF_ASSIGN_OR_RETURN(int id, engine->RegisterModule(m.name, specs));
-    ids.push_back(id);
-  }
-  ZINF_RETURN_IF_ERROR(engine->Initialize());
-  StepSummary last;
-  for (int s = 0; s < steps; ++s) {
-    for (int k = 0; k < config.gradient_accumulation_steps; ++k) {
-      std::vector<int> seen(model.modules.size(), 0);
-      for (int mod : model.fetch_order) {
-        ZINF_ASSIGN_OR_RETURN(FetchedModule f, engine->Fetch(ids[mod]));
-        (void)f;
-        if (seen[mod]++ > 0) {
-          ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, engine->Gradients(ids[mod]));
-          for (size_t i = 0; i < g.size(); ++i) {
-            std::fill(g[i], g[i] + model.modules[mod].numels[i], 1e-3f);
-          }
-          ZINF_RETURN_IF_ERROR(engine->ReduceGradients(ids[mod]));
-        }
-        ZINF_RETURN_IF_ERROR(engine->Release(ids[mod]));
-      }
-    }
-    ZINF_ASSIGN_OR_RETURN(last, engine->Step());
-  }
-  return last;
 }
 
 class PlanMemoryTest : public ::testing::TestWithParam<std::tuple<int, int>> {

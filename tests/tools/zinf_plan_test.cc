@@ -273,5 +273,72 @@ TEST_F(ZinfPlanTest, SizesWithoutAProfile) {
   EXPECT_FALSE(memory_fits) << r.output;
 }
 
+// `--hardware`: a described node instead of a profile. Each shipped GPT-like shape on the
+// shipped 8x H100 node: every placement with its bytes, fit, step time, TFLOPS per GPU and the
+// tokens that hide its offload; the fastest written as a config that EngineConfig accepts.
+TEST(ZinfPlanHardwareTest, PlansEveryShippedShapeOnADescribedNode) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-plan-hw-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  for (const char* shape : {"gpt-10b", "gpt-13b", "gpt-30b", "gpt-70b"}) {
+    SCOPED_TRACE(shape);
+    const std::string written = dir + "/" + shape + ".json";
+    testing::ZinfRun r = RunZinf(std::string("plan --json --model ") + shape +
+                                 " --hardware 8xh100-pcie-8nvme-gen5 --write-config " + written);
+    const nlohmann::json j = testing::JsonOutput(r);
+    ASSERT_TRUE(j.is_object()) << r.output;
+    EXPECT_EQ(j["world_size"], 8);
+    ASSERT_EQ(j["placements"].size(), 45u);
+    int fitting = 0;
+    for (const auto& row : j["placements"]) {
+      EXPECT_GT(row["step_s"].get<double>(), 0) << row.dump();
+      EXPECT_GT(row["hide_tokens"].get<double>(), 0) << row.dump();
+      EXPECT_GT(row["model_tflops_per_gpu"].get<double>(), 0) << row.dump();
+      fitting += row["fits"].get<bool>() ? 1 : 0;
+    }
+    EXPECT_GT(fitting, 0);
+    ASSERT_TRUE(j["best"].is_string()) << r.output;
+    StatusOr<EngineConfig> config = EngineConfig::FromJson(Slurp(written));
+    EXPECT_TRUE(config.ok()) << config.status();
+  }
+  // A 70B model's bf16 parameters alone (140 GB) are more than one 80 GB GPU: with one rank
+  // they fit only off the GPU.
+  testing::ZinfRun r =
+      RunZinf("plan --json --model gpt-70b --hardware h100-workstation --world-size 1");
+  const nlohmann::json j = testing::JsonOutput(r);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  for (const auto& row : j["placements"]) {
+    if (row["offload_param"] == "none") {
+      EXPECT_FALSE(row["fits"].get<bool>()) << row.dump();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ZinfPlanHardwareTest, BadHardwareIsRefusedByName) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zinf-plan-bad-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/node.json";
+  std::ofstream(file) << R"({"zinf_hardware": 1, "gpus": {"count": 1, "bf16_tflops": -1}})";
+  testing::ZinfRun r = RunZinf("plan --model gpt-10b --hardware " + file);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("gpus.bf16_tflops must be a number in (0"), std::string::npos)
+      << r.output;
+  r = RunZinf("plan --model gpt-10b --hardware no-such-node");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("8xh100-pcie-8nvme-gen5"), std::string::npos) << r.output;
+  r = RunZinf("plan --model gpt-10b --hardware dgx2-v100 --profile " + file);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("one of --profile FILE and --hardware NODE"), std::string::npos)
+      << r.output;
+  r = RunZinf("plan --model gpt-10b --hardware dgx2-v100 --world-size 17");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("[1, 16]"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace zinf

@@ -1,0 +1,118 @@
+// See src/zero/tier_budgets.h, Note [Tier budgets].
+#include "zero/tier_budgets.h"
+
+#include <algorithm>
+
+#include "offload/pipelined_optimizer.h"
+#include "zero/gradient_buckets.h"
+#include "zero/nvme_gradients.h"
+
+namespace zinf {
+namespace {
+uint64_t PageUp(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+}  // namespace
+
+uint64_t OptimizerChunkElements(uint64_t shard_elements) {
+  constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
+  return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
+                              PipelinedOptimizerOptions::kMinChunkElements,
+                              PipelinedOptimizerOptions().chunk_elements);
+}
+
+TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model) {
+  TierBudgets b;
+  const uint64_t world = static_cast<uint64_t>(std::max(model.world_size, 1));
+  const uint64_t element = config.bf16 || config.fp16 ? 2 : 4;
+  const bool params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
+  const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
+  const bool host_master = !(params_on_nvme && optimizer_on_nvme);
+  const bool params_on_device = config.offload_param_device == OffloadDevice::kNone;
+  const bool params_on_host = config.offload_param_device == OffloadDevice::kCpu;
+
+  uint64_t persistent = 0, working_set = 0, largest_shard = 0, persistent_next = 0;
+  for (const std::vector<BudgetParam>& module : model.modules) {
+    uint64_t bytes = 0;
+    for (const BudgetParam& p : module) {
+      // The shard's copy, the gathered parameter (with one rank, the shard itself), its fp32
+      // widening (16-bit parameters, when the fp32 view is handed out) and the gradient.
+      const uint64_t full = p.shard_elements * world;
+      const uint64_t gathered = world > 1 ? full * element : 0;
+      const uint64_t widened = element != 4 && model.fp32_view ? full * 4 : 0;
+      (p.persistent ? persistent : bytes) +=
+          p.shard_elements * element + gathered + widened + full * 4;
+      b.shard_elements += p.shard_elements;
+      b.param_tier_bytes += p.shard_elements * element;
+      largest_shard = std::max(largest_shard, p.shard_elements);
+      // The persistent parameters' next values while the NVMe step writes the tier from its
+      // chunks (ParamTier::ChunkWriter).
+      if (p.persistent) persistent_next += PageUp(p.shard_elements * 4);
+    }
+    working_set = std::max(working_set, bytes);
+  }
+  b.largest_shard_bytes = largest_shard * element;
+
+  // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter.
+  const uint64_t bucket_elements =
+      std::min<uint64_t>(config.reduce_bucket_size, b.shard_elements * world);
+  b.bucket_slice_elements =
+      GradientBuckets::SliceCapacity(bucket_elements, static_cast<int>(world), largest_shard);
+  const uint64_t buckets = world > 1 ? 2 * b.bucket_slice_elements * (world + 1) * 4 : 0;
+  // The fetched module with backward's gradients, the next one being gathered, and the
+  // read-ahead window; cached shard copies use what is left and are evicted first.
+  b.device_budget_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent +
+                          2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
+                          buckets + (64 << 20);
+
+  // The flat shard's arrays (StoreArray), page-aligned.
+  const uint64_t array = PageUp(std::max<uint64_t>(b.shard_elements, 1) * 4);
+  const uint64_t arrays =
+      array * ((config.gradients_on_nvme ? 0 : 1) + (host_master ? 1 : 0) +
+               (optimizer_on_nvme ? 0 : model.state_count) + (config.delayed_param_update ? 1 : 0));
+  // The buckets' reduced slices, where the device's memory is not the host's.
+  const uint64_t landed = 2 * b.bucket_slice_elements * 4;
+  const uint64_t chunk = OptimizerChunkElements(b.shard_elements);
+  // The pipelined step's staging buffers and the chunks it keeps in host memory (all of them
+  // at most, with offload_optimizer.ratio < 1).
+  uint64_t step_buffers = 0;
+  if (optimizer_on_nvme) {
+    const PipelinedOptimizerOptions step;
+    step_buffers = step.num_buffers * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
+    if (config.optimizer_nvme_ratio < 1) {
+      const uint64_t chunks = (b.shard_elements + chunk - 1) / chunk;
+      step_buffers += chunks * PipelinedOptimizer::ChunkBytes(chunk, model.state_count);
+    }
+  }
+  // The staging of the gradients on NVMe (Note [Gradients on NVMe]).
+  const uint64_t gradient_staging =
+      config.gradients_on_nvme ? NvmeGradients::StagingBudget(chunk) : 0;
+  b.host_budget_bytes = arrays + (params_on_host ? b.param_tier_bytes : 0) + landed +
+                        gradient_staging + step_buffers + persistent_next +
+                        std::max<uint64_t>(256 << 20, 4 * b.largest_shard_bytes);
+  b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);
+
+  if (params_on_nvme || optimizer_on_nvme) {
+    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
+    const uint64_t slack = config.aio.block_size;
+    if (optimizer_on_nvme) {
+      b.optimizer_chunk_elements = chunk;
+      b.optimizer_chunks = (b.shard_elements + chunk - 1) / chunk;
+      b.chunk_swap_bytes = chunk * 12 + slack;  // fp32 params and two state arrays
+      b.swap_capacity_bytes += b.optimizer_chunks * b.chunk_swap_bytes;
+      if (config.gradients_on_nvme) {
+        b.swap_capacity_bytes += b.optimizer_chunks * (chunk * 4 + slack);
+      }
+    }
+    if (params_on_nvme) {
+      for (const std::vector<BudgetParam>& module : model.modules) {
+        for (const BudgetParam& p : module) {
+          const uint64_t bytes = p.shard_elements * element;
+          const uint64_t pieces = (bytes + b.piece_bytes - 1) / b.piece_bytes;
+          b.swap_capacity_bytes += bytes + pieces * slack;
+        }
+      }
+    }
+  }
+  return b;
+}
+
+}  // namespace zinf

@@ -1,0 +1,73 @@
+// The bytes the engine gives each tier of its store for a placement: one pure function of the
+// config and the model's parameter shapes, called by the engine (Engine::Impl::OpenTiers) and
+// by `zinf plan` (tools/plan_memory.cc), so that what the plan predicts is what the engine
+// reserves.
+//
+// Note [Tier budgets]
+// The device tier holds the parameter tier when it lives there, the persistent parameters
+// (their shard, gathered copy, fp32 widening and gradient), twice the largest module's working
+// set (the fetched module with backward's gradients, and the next one being gathered), the
+// read-ahead window twice, the two reduce-scatter buckets (Note [Gradient buckets]) and 64 MiB
+// of slack. The host tier holds the flat shard's page-aligned arrays (gradient accumulators,
+// fp32 master, in-memory optimizer state, the delayed update's copy), the parameter tier when
+// it lives there, the buckets' reduced slices, the NVMe gradients' staging, the pipelined
+// step's staging buffers and host-resident chunks, the persistent parameters' next values and
+// room for the NVMe tier's write-backs. The swap store holds every optimizer chunk's fp32
+// parameters and two states (and gradients, with zinf.gradients_on_nvme) and the parameter
+// tier on NVMe, each extent with a block of alignment slack; the overlapped step's room beside
+// it depends on the disk's free space and is the caller's (OpenTiers asks the disk; the plan
+// assumes room for all of it).
+//
+// Thread-safety: pure functions.
+#ifndef ZINF_ZERO_TIER_BUDGETS_H_
+#define ZINF_ZERO_TIER_BUDGETS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "zinf/engine.h"
+
+namespace zinf {
+
+// A parameter as Partition lays it out on one rank.
+struct BudgetParam {
+  uint64_t shard_elements = 0;  // this rank's shard: numel / world, rounded up
+  bool persistent = false;      // gathered once and kept (stage3_param_persistence_threshold)
+};
+
+// What the budgets depend on beyond the config.
+struct BudgetModel {
+  std::vector<std::vector<BudgetParam>> modules;  // each registered module's parameters
+  int world_size = 1;
+  int state_count = 2;  // optimizer state arrays per element (AdamW: 2)
+  // 16-bit parameters are also handed out widened to fp32 (EngineOptions::fp32_view, which
+  // the engine honours on the host device only).
+  bool fp32_view = true;
+};
+
+struct TierBudgets {
+  uint64_t param_tier_bytes = 0;     // every shard in the compute precision
+  uint64_t largest_shard_bytes = 0;  // the largest parameter's shard, compute precision
+  uint64_t shard_elements = 0;       // the rank's flat shard
+  uint64_t bucket_slice_elements = 0;
+  uint64_t device_budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;
+  uint64_t piece_bytes = 0;  // the store's unit of NVMe and staging transfers
+  // The NVMe optimizer's chunks (zero without the optimizer on NVMe) and the swap store's room
+  // for one chunk's fp32 parameters and two states, slack included.
+  uint64_t optimizer_chunk_elements = 0;
+  uint64_t optimizer_chunks = 0;
+  uint64_t chunk_swap_bytes = 0;
+  // The swap store's capacity before the overlapped step's room (zero without NVMe).
+  uint64_t swap_capacity_bytes = 0;
+};
+
+// Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
+uint64_t OptimizerChunkElements(uint64_t shard_elements);
+
+// Note [Tier budgets].
+TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model);
+
+}  // namespace zinf
+
+#endif  // ZINF_ZERO_TIER_BUDGETS_H_
