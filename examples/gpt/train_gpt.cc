@@ -397,7 +397,9 @@ struct StepRecord {
 
 nlohmann::json ToJson(const StepRecord& r) {
   return {{"step", r.step},
+          {"time", r.summary.unix_time_s},
           {"loss", r.loss},
+          {"lr", r.summary.learning_rate},
           {"tokens_per_s", r.tokens_per_s},
           {"step_s", r.seconds},
           {"compute_s", r.timing.compute_s},

@@ -631,6 +631,10 @@ typedef struct zinf_step_summary_t {
   double seconds_gather, seconds_reduce, seconds_optimizer, seconds_optimizer_compute;
   uint64_t host_bytes;
   uint64_t nvme_bytes;
+  /* Added after the first version: the learning rate this step applied, and when it finished
+   * (seconds since the Unix epoch). */
+  double learning_rate;
+  double unix_time_s;
 } zinf_step_summary_t;
 
 /* An engine from a DeepSpeed JSON config (the text; "auto" values from options->trainer, else

@@ -345,6 +345,10 @@ struct StepSummary {
   uint64_t device_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   uint64_t nvme_capacity_bytes = 0;
+  // The learning rate this step applied (what learning_rate() read before the step; a skipped
+  // step's too), and when the step finished: seconds since the Unix epoch, system clock.
+  double learning_rate = 0;
+  double unix_time_s = 0;
 };
 
 class ZINF_EXPORT Engine {

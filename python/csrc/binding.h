@@ -72,6 +72,7 @@ ElementType ElementTypeFromName(const std::string& name, const char* what);
 void BindOptim(py::module_& m);
 void BindNvme(py::module_& m);
 void BindEngine(py::module_& m);
+void BindLogging(py::module_& m);
 
 }  // namespace zinf::python
 

@@ -156,6 +156,8 @@ class PyEngine {
     d["device_budget_bytes"] = s.device_budget_bytes;
     d["host_budget_bytes"] = s.host_budget_bytes;
     d["nvme_capacity_bytes"] = s.nvme_capacity_bytes;
+    d["lr"] = s.learning_rate;
+    d["time"] = s.unix_time_s;
     return d;
   }
 

@@ -1,5 +1,5 @@
 // The `zinf._zinf` extension module: exception classes for zinf's status codes, and the parts
-// bound in optim.cc, nvme.cc and engine.cc.
+// bound in optim.cc, nvme.cc, engine.cc and log_bridge.cc.
 //
 // Every zinf::StatusCode has a Python exception class, all subclasses of zinf.ZinfError (a
 // RuntimeError); those with a built-in meaning also derive from it, so that plain `except
@@ -111,6 +111,7 @@ PYBIND11_MODULE(_zinf, m) {
   BindOptim(m);
   BindNvme(m);
   BindEngine(m);
+  BindLogging(m);
   m.def(
       "read_input_file",
       [](const std::string& path, const std::string& what) {

@@ -6,6 +6,11 @@
 - ``zinf.zero``: ``initialize(model, config)`` runs an ``nn.Module`` under zinf's ZeRO-3
   engine (parameters sharded across ranks, on the CPU or on NVMe).
 - ``zinf.cuda``: PyTorch's pluggable CUDA allocator backed by zinf's device pool.
+- ``zinf.initialize(model=, config=, ...)``: DeepSpeed's ``deepspeed.initialize`` on that
+  engine (``zinf.engine``), returning (engine, optimizer, dataloader, lr_scheduler);
+  ``zinf.add_config_arguments(parser)`` as DeepSpeed's.
+
+zinf's log lines go to Python's ``logging``, logger ``"zinf"`` (``zinf._logging``).
 
 Errors from zinf raise ``zinf.ZinfError`` subclasses named after the status code
 (``InvalidArgumentError`` is also a ``ValueError``, ``IoError`` an ``OSError``), with zinf's
@@ -26,17 +31,21 @@ from zinf._zinf import (  # noqa: F401
     ZinfError,
     supported_isas,
 )
+from zinf import _logging  # noqa: F401  (zinf's log lines go to the "zinf" logger from here on)
 
 __all__ = [
     "ZinfError", "InvalidArgumentError", "FailedPreconditionError", "ResourceExhaustedError",
     "UnavailableError", "IoError", "DataLossError", "CancelledError", "DeadlineExceededError",
-    "InternalError", "supported_isas", "optim", "nvme", "zero", "cuda",
+    "InternalError", "supported_isas", "optim", "nvme", "zero", "cuda", "engine", "monitor",
+    "initialize", "add_config_arguments",
 ]
 
 
 def __getattr__(name):
     # The submodules import torch; load them on first use so that `import zinf` does not.
-    if name in ("optim", "nvme", "zero", "cuda"):
-        import importlib
+    import importlib
+    if name in ("optim", "nvme", "zero", "cuda", "engine", "monitor"):
         return importlib.import_module("zinf." + name)
+    if name in ("initialize", "add_config_arguments"):
+        return getattr(importlib.import_module("zinf.engine"), name)
     raise AttributeError(f"module 'zinf' has no attribute {name!r}")

@@ -387,8 +387,8 @@ zinf_code_t zinf_engine_step(zinf_engine_t* engine, zinf_step_summary_t* summary
     ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
     // Checked before the step (a collective) so that a bad struct fails on this rank early.
     if (summary != nullptr) {
-      ZINF_RETURN_IF_ERROR(
-          zinf::capi::CheckOutputStruct(summary, "summary", "zinf_step_summary_t"));
+      ZINF_RETURN_IF_ERROR(zinf::capi::CheckOutputStruct(
+          summary, "summary", "zinf_step_summary_t", offsetof(zinf_step_summary_t, learning_rate)));
     }
     ZINF_ASSIGN_OR_RETURN(zinf::StepSummary s, e->engine->Step());
     if (summary == nullptr) return OkStatus();
@@ -409,7 +409,10 @@ zinf_code_t zinf_engine_step(zinf_engine_t* engine, zinf_step_summary_t* summary
     c.seconds_optimizer_compute = s.seconds_optimizer_compute;
     c.host_bytes = s.host_bytes;
     c.nvme_bytes = s.nvme_bytes;
-    return zinf::capi::WriteStruct(c, "summary", "zinf_step_summary_t", summary);
+    c.learning_rate = s.learning_rate;
+    c.unix_time_s = s.unix_time_s;
+    return zinf::capi::WriteStruct(c, "summary", "zinf_step_summary_t", summary,
+                                   offsetof(zinf_step_summary_t, learning_rate));
   });
 }
 

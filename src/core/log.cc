@@ -1,4 +1,5 @@
-// Logging backend: one spdlog logger on stderr, level from ZINF_LOG_LEVEL.
+// Logging backend: one spdlog logger on stderr, or the program's sink; level from
+// ZINF_LOG_LEVEL.
 #include "core/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -6,7 +7,10 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 namespace zinf::log {
 namespace {
@@ -62,14 +66,53 @@ spdlog::level::level_enum ToSpdlog(Level level) {
   return spdlog::level::info;
 }
 
+// The program's sink, if any. Each line copies the pointer under the lock and calls the sink
+// outside it, so a slow sink delays no other thread's line and may itself log.
+struct SinkSlot {
+  std::mutex mu;
+  std::shared_ptr<const LogSink> sink;
+};
+
+SinkSlot& Sink() {
+  static SinkSlot* slot = new SinkSlot();  // never destroyed: threads may log during exit
+  return *slot;
+}
+
 }  // namespace
 
 bool Enabled(Level level) {
   return level != Level::kOff && level >= CurrentLevel().load(std::memory_order_relaxed);
 }
 
-void Write(Level level, std::string_view message) { Logger().log(ToSpdlog(level), message); }
+void Write(Level level, std::string_view message) {
+  std::shared_ptr<const LogSink> sink;
+  {
+    SinkSlot& slot = Sink();
+    std::lock_guard<std::mutex> lock(slot.mu);
+    sink = slot.sink;
+  }
+  if (sink != nullptr) {
+    (*sink)(level, message);
+  } else {
+    Logger().log(ToSpdlog(level), message);
+  }
+}
 
 void SetLevel(Level level) { CurrentLevel().store(level, std::memory_order_relaxed); }
 
 }  // namespace zinf::log
+
+namespace zinf {
+
+void SetLogSink(LogSink sink) {
+  auto next = sink ? std::make_shared<const LogSink>(std::move(sink)) : nullptr;
+  log::SinkSlot& slot = log::Sink();
+  std::lock_guard<std::mutex> lock(slot.mu);
+  slot.sink = std::move(next);
+}
+
+void SetLogLevel(LogLevel level) { log::SetLevel(level); }
+
+LogLevel GetLogLevel() { return log::CurrentLevel().load(std::memory_order_relaxed); }
+
+}  // namespace zinf

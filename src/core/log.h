@@ -1,8 +1,8 @@
 // Logging for zinf's own code (private; not part of the public API).
 //
 // ZINF_LOG_LEVEL=trace|debug|info|warn|error|off sets the level (default: info).
-// Messages go to stderr as "[zinf] [warn] ...", through spdlog. The format strings are
-// checked at compile time by fmt.
+// Messages go to stderr as "[zinf] [warn] ...", through spdlog, or to the sink a program set
+// (zinf/log_sink.h). The format strings are checked at compile time by fmt.
 //
 // Thread-safe.
 #ifndef ZINF_CORE_LOG_H_
@@ -15,11 +15,12 @@
 #include <string_view>
 #include <utility>
 
+#include "zinf/log_sink.h"
 #include "zinf/status.h"
 
 namespace zinf::log {
 
-enum class Level { kTrace, kDebug, kInfo, kWarn, kError, kOff };
+using Level = LogLevel;
 
 bool Enabled(Level level);
 void Write(Level level, std::string_view message);

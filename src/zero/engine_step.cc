@@ -16,6 +16,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -251,6 +252,11 @@ StatusOr<StepSummary> Engine::Step() {
     }
   }
 
+  {
+    ZINF_ASSIGN_OR_RETURN(ParamGroupState applied, m.optimizer->group(m.group));
+    summary.learning_rate = applied.hyper_params.lr;
+  }
+
   // Global norm and overflow over every rank's shard, in one all-reduce.
   ZINF_ASSIGN_OR_RETURN(
       GradStats stats,
@@ -322,6 +328,8 @@ StatusOr<StepSummary> Engine::Step() {
   summary.step = m.steps;
   summary.loss_scale = m.scaler.scale;
   summary.seconds_optimizer = SecondsSince(t0);
+  summary.unix_time_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   m.MeasureTiers(&summary);
   ZINF_RETURN_IF_ERROR(scheduled);
   return summary;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "zinf/c_api.h"
@@ -886,6 +887,8 @@ static void TestEngine(const char* dir) {
   REQUIRE_OK(zinf_engine_step(engine, &summary, &err));
   CHECK(summary.step == 1 && summary.skipped == 0);
   CHECK(fabs(summary.grad_norm - sqrt(21.0)) < 1e-5); /* 12 + 4 + 5 ones */
+  CHECK(fabs(summary.learning_rate - 0.1) < 1e-12);
+  CHECK(fabs(summary.unix_time_s - (double)time(NULL)) < 60.0);
 
   /* AdamW's first step with lr 0.1 moves every element by about lr against the gradient. */
   float b[4], w[12];

@@ -69,6 +69,10 @@ TEST_F(TrainGptTest, LossFallsAndMetricsAreJsonLines) {
 
   std::ifstream in(metrics);
   std::vector<double> losses;
+  const double started_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      600;
+  double last_time_s = started_s;
   for (std::string line; std::getline(in, line);) {
     const auto m = nlohmann::json::parse(line, nullptr, false);
     ASSERT_FALSE(m.is_discarded()) << line;
@@ -79,11 +83,18 @@ TEST_F(TrainGptTest, LossFallsAndMetricsAreJsonLines) {
       ASSERT_TRUE(m.contains(key) && m[key].is_number()) << key << " in " << line;
     }
     EXPECT_GT(m["tokens_per_s"].get<double>(), 0) << line;
+    EXPECT_EQ(m.at("lr").get<double>(), 0.01) << line;
+    // When the step finished, Unix seconds: within this run, in step order.
+    EXPECT_GE(m.at("time").get<double>(), last_time_s) << line;
+    last_time_s = m["time"].get<double>();
     EXPECT_EQ(m.at("nvme_read_bytes").get<uint64_t>(), 0u) << "no NVMe in this config";
     EXPECT_TRUE(m.contains("nvme_written_bytes")) << line;
     losses.push_back(m.at("loss").get<double>());
   }
   ASSERT_EQ(losses.size(), 40u);
+  EXPECT_LE(
+      last_time_s,
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   // A byte-level model starts near ln 256 = 5.5 and learns the corpus's byte frequencies
   // within a few dozen steps, which alone takes it below 3.5.
   EXPECT_NEAR(losses.front(), std::log(256.0), 0.3);

@@ -1,0 +1,469 @@
+"""DeepSpeed's entry points on zinf's ZeRO-3 engine: a DeepSpeed training loop runs unchanged
+but for the import.
+
+    model_engine, optimizer, train_loader, lr_scheduler = zinf.initialize(
+        args=args, model=net, model_parameters=net.parameters(), training_data=dataset)
+    for step, batch in enumerate(train_loader):
+        loss = model_engine(batch)
+        model_engine.backward(loss)
+        model_engine.step()
+    model_engine.save_checkpoint(save_dir, client_state={"step": step})
+    _, client_state = model_engine.load_checkpoint(save_dir)
+
+``initialize`` puts the model under ``zinf.zero.initialize`` (Note [Module hooks] in
+zinf/zero.py) and returns DeepSpeed's four values: the engine (``DeepSpeedEngine``: DeepSpeed's
+``forward``, ``backward``, ``step``, checkpoints, batch-size and learning-rate accessors), the
+optimizer (a view of the engine's own: zinf steps the sharded fp32 master with its CPU kernels),
+a ``torch.utils.data.DataLoader`` over ``training_data`` as DeepSpeed builds it, and the
+learning-rate schedule of the config's ``"scheduler"`` (a view; None without one).
+
+What cannot work is refused with the reason: a ``torch.optim`` optimizer or scheduler object
+(it would hold and step full parameters; name it in the config instead), parameter groups
+with options of their own, model parallelism (``mpu``, ``mesh_param``).
+
+The config's ``csv_monitor`` and ``tensorboard`` blocks are written here (zinf/monitor.py), and
+``dataloader_drop_last`` shapes the data loader; the rest of the config is the engine's.
+"""
+
+import json
+import logging
+import os
+
+import torch
+
+from zinf import _engine_inputs, _logging, monitor, zero
+
+__all__ = ["initialize", "add_config_arguments", "DeepSpeedEngine"]
+
+logger = logging.getLogger("zinf")
+
+# Config keys this module acts on; the engine's config reader sees the rest.
+_PYTHON_KEYS = ("csv_monitor", "tensorboard", "dataloader_drop_last")
+
+
+def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
+               collate_fn=None, config=None, mesh_param=None, config_params=None, *,
+               trainer=None, optimizer_threads=0, timeout_s=300.0, **trainer_values):
+    """DeepSpeed's ``deepspeed.initialize``: returns (engine, optimizer, training_dataloader,
+    lr_scheduler).
+
+    args: an object with ``deepspeed_config`` (a path), as ``add_config_arguments`` adds it;
+        or pass ``config`` (a dict, JSON text or a path; ``config_params`` is its old name).
+    model: the ``nn.Module`` (float32 CPU parameters).
+    model_parameters: optional; must be the model's trainable parameters (zinf trains every
+        parameter with requires_grad), as one group.
+    training_data: a ``torch.utils.data.Dataset``: the returned loader gives each rank its
+        share (``DistributedSampler``) in micro-batches of ``train_micro_batch_size_per_gpu``,
+        through ``collate_fn``.
+    dist_init_required: True initializes torch.distributed (gloo, from the environment) for the
+        trainer's own collectives; zinf's engine does not need it.
+    distributed_port: unused: the ranks meet where the launcher's environment says.
+    trainer, **trainer_values: values for the config's "auto" keys, as Hugging Face's
+        integration fills them: a ``transformers.TrainingArguments`` (or any object with its
+        attribute names), a dict, or keywords (see ``zinf.zero.initialize``).
+    optimizer_threads, timeout_s: as ``zinf.zero.initialize``.
+    """
+    if model is None:
+        raise ValueError("initialize needs a model")
+    _refuse_torch_objects(optimizer, lr_scheduler, mpu, mesh_param)
+    config = _config_dict(args, config, config_params)
+    python_keys = {k: config.pop(k) for k in _PYTHON_KEYS if k in config}
+    if model_parameters is not None:
+        _check_model_parameters(model, model_parameters)
+    if dist_init_required:
+        dist = torch.distributed
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+    values = _trainer_values(trainer, model)
+    values.update(trainer_values)
+    _logging.follow_logger_level()
+    zero_engine = zero.initialize(model, config, trainer=values,
+                                  optimizer_threads=optimizer_threads, timeout_s=timeout_s)
+    engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
+                             monitors=monitor.from_config(python_keys, zero_engine.rank),
+                             drop_last=bool(python_keys.get("dataloader_drop_last", False)),
+                             collate_fn=collate_fn)
+    loader = engine.deepspeed_io(training_data) if training_data is not None else None
+    return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def add_config_arguments(parser):
+    """DeepSpeed's ``add_config_arguments``: adds ``--deepspeed`` and ``--deepspeed_config``
+    to an ``argparse`` parser and returns it."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="enable DeepSpeed (a flag for the trainer's own code)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="DeepSpeed JSON configuration file")
+    return parser
+
+
+class DeepSpeedEngine:
+    """DeepSpeed's engine over a ``zinf.zero.ZeroEngine`` (``self.zero``): call it like the
+    model, then ``backward(loss)`` and ``step()`` every micro-batch; the parameters change at
+    each gradient accumulation boundary. Attributes it does not have are the model's, as in
+    DeepSpeed."""
+
+    def __init__(self, zero_engine, has_scheduler, monitors, drop_last=False, collate_fn=None):
+        self.zero = zero_engine
+        self.optimizer = EngineOptimizer(zero_engine)
+        self.lr_scheduler = LRSchedulerView(self) if has_scheduler else None
+        self.global_steps = 0     # optimizer steps, skipped ones included (as DeepSpeed)
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self.micro_steps = 0
+        self.last_step = None     # the summary of the last optimizer step (ZeroEngine.step())
+        self.collate_fn = collate_fn
+        self._drop_last = drop_last
+        self._monitors = monitors
+        self._batch_loss = 0.0    # sum over this batch's micro-batches of loss / gas
+
+    # -- what DeepSpeed's engine is ----------------------------------------------------------
+
+    @property
+    def module(self):
+        return self.zero.module
+
+    @property
+    def local_rank(self):
+        return self.zero.local_rank
+
+    @property
+    def global_rank(self):
+        return self.zero.rank
+
+    @property
+    def world_size(self):
+        return self.zero.world_size
+
+    dp_world_size = world_size
+
+    @property
+    def device(self):
+        """Where the model computes: the host (zinf.zero runs CPU modules)."""
+        return torch.device("cpu")
+
+    def train_batch_size(self):
+        return self.zero.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.zero.micro_batch_size
+
+    def gradient_accumulation_steps(self):
+        return self.zero.gradient_accumulation_steps
+
+    def zero_optimization_stage(self):
+        return 3
+
+    def get_lr(self):
+        """[the learning rate of the next step], as DeepSpeed lists one per parameter group."""
+        return [self.zero.learning_rate]
+
+    def get_global_grad_norm(self):
+        return None if self.last_step is None else self.last_step["grad_norm"]
+
+    def is_gradient_accumulation_boundary(self):
+        """Whether the current micro-batch's step() updates the parameters."""
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def train(self, mode=True):
+        self.zero.train(mode)
+
+    def eval(self):
+        self.zero.eval()
+
+    def zero_grad(self):
+        """Nothing to do: gradients go to the engine and leave no ``param.grad``."""
+
+    def __getattr__(self, name):
+        # Only reached for names this class lacks: the model's, as DeepSpeed's engine does.
+        if name in ("zero", "_monitors"):  # not set yet: __init__ failed or is running
+            raise AttributeError(name)
+        return getattr(self.zero.module, name)
+
+    # -- training ----------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        return self.zero(*args, **kwargs)
+
+    __call__ = forward
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """Backward of the micro-batch's loss; returns it divided by gradient_accumulation_steps
+        (as DeepSpeed). The engine averages gradients over the batch's micro-batches, which is
+        DeepSpeed's scale_wrt_gas; scale_wrt_gas=False sums them instead."""
+        if retain_graph:
+            raise ValueError("backward(retain_graph=True): zinf takes each gradient once per "
+                             "micro-batch; a second backward over the graph would add it twice")
+        gas = self.gradient_accumulation_steps()
+        self.zero.backward(loss if scale_wrt_gas else loss * gas)
+        scaled = loss / gas if scale_wrt_gas else loss
+        self._batch_loss += float(scaled.detach().mean())
+        return scaled
+
+    def step(self, lr_kwargs=None):
+        """Ends the micro-batch; at a gradient accumulation boundary, the optimizer step
+        (ZeroEngine.step()) and the schedule's. Returns that step's summary (step, lr, time,
+        grad_norm, ...), None between boundaries."""
+        if lr_kwargs:
+            raise ValueError("step(lr_kwargs=...): the engine's schedule comes from the config's "
+                             "\"scheduler\" and takes no arguments")
+        summary = None
+        if self.is_gradient_accumulation_boundary():
+            samples_before = self.global_samples
+            summary = self.zero.step()
+            self.last_step = summary
+            self.global_steps += 1
+            self.global_samples += self.train_batch_size()
+            self.skipped_steps += int(summary["skipped"])
+            self._monitors.write_step(self, summary, samples_before, self._batch_loss)
+            self._batch_loss = 0.0
+            _logging.flush()  # the step's log lines, whichever thread wrote them
+        self.micro_steps += 1
+        return summary
+
+    # -- data --------------------------------------------------------------------------------
+
+    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=False,
+                     data_sampler=None, collate_fn=None, num_local_io_workers=None):
+        """A DataLoader over `dataset` as DeepSpeed's: micro-batches of
+        train_micro_batch_size_per_gpu, each rank its share through a DistributedSampler
+        (shuffled, seed 0, the same order every epoch unless ``loader.sampler.set_epoch`` is
+        called), the config's dataloader_drop_last. num_local_io_workers defaults to 0: the
+        data is loaded in the training process, since worker processes forked from it would
+        inherit the engine's threads mid-operation."""
+        if not isinstance(dataset, torch.utils.data.Dataset):
+            raise ValueError(f"training data must be a torch.utils.data.Dataset, got "
+                             f"{type(dataset).__name__}")
+        if data_sampler is None and not isinstance(dataset, torch.utils.data.IterableDataset):
+            data_sampler = torch.utils.data.DistributedSampler(
+                dataset, num_replicas=self.world_size, rank=self.global_rank,
+                shuffle=route not in ("eval", "predict"))
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+            sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,
+            num_workers=num_local_io_workers or 0, pin_memory=pin_memory,
+            drop_last=self._drop_last)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """Saves `save_dir`/`tag`/ (a collective; tag defaults to global_step<N>) and points
+        `save_dir`/latest at it. client_state must be JSON-able (zinf's checkpoints are not
+        pickles). zinf keeps only the latest checkpoint in `save_dir` (Engine::SaveCheckpoint);
+        frozen parameters are the model's own and never saved, whatever
+        exclude_frozen_parameters says."""
+        if not save_latest:
+            raise ValueError("save_checkpoint(save_latest=False): zinf always points 'latest' at "
+                             "the newest complete checkpoint, which is how a crash mid-save "
+                             "leaves the previous one loadable")
+        if tag is None:
+            tag = f"global_step{self.global_steps}"
+        state = {"client_state": client_state or {}, "engine": self._counters()}
+        try:
+            json.dumps(state)
+        except TypeError as e:
+            raise TypeError(f"client_state must be JSON-able (zinf writes it as JSON): {e}") from e
+        self.zero.save_checkpoint(save_dir, str(tag), state)
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, custom_load_fn=None):
+        """Restores `load_dir`/`tag` (tag None: the one `load_dir`/latest names) and returns
+        (its path, client_state), or (None, None) when `load_dir` holds no checkpoint, as
+        DeepSpeed. The whole training state is restored: the optimizer and the schedule's
+        position go with the parameters."""
+        if load_module_only or not load_optimizer_states or not load_lr_scheduler_states:
+            raise ValueError("load_checkpoint restores the whole training state: the fp32 "
+                             "master shards, the optimizer state and the schedule's step are "
+                             "one checkpoint in zinf; load a module alone with `zinf ckpt "
+                             "export` and load_state_dict")
+        if custom_load_fn is not None:
+            raise ValueError("load_checkpoint(custom_load_fn=...): zinf reads its own format")
+        load_dir = os.fspath(load_dir)
+        if tag is None:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.isfile(latest):
+                logger.warning("unable to find a 'latest' file at %s: no checkpoint loaded",
+                               latest)
+                return None, None
+            with open(latest) as f:
+                tag = f.read().strip()
+        path = os.path.join(load_dir, str(tag))
+        state = self.zero.load_checkpoint(path)
+        counters = state.get("engine") if isinstance(state, dict) else None
+        if counters is None:  # saved by ZeroEngine.save_checkpoint: client_state alone
+            return path, state
+        self.global_steps = counters["global_steps"]
+        self.global_samples = counters["global_samples"]
+        self.skipped_steps = counters["skipped_steps"]
+        self.micro_steps = counters["micro_steps"]
+        return path, state["client_state"]
+
+    def _counters(self):
+        return {"global_steps": self.global_steps, "global_samples": self.global_samples,
+                "skipped_steps": self.skipped_steps, "micro_steps": self.micro_steps}
+
+
+class EngineOptimizer:
+    """What DeepSpeed's initialize returns as the optimizer, over the engine's own: one
+    parameter group whose "lr" reads (and, without a config scheduler, sets) the engine's
+    learning rate. The engine steps it in ``engine.step()``."""
+
+    def __init__(self, zero_engine):
+        self._zero = zero_engine
+        self.param_groups = [_ParamGroup(zero_engine)]
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: gradients go to the engine and leave no ``param.grad``."""
+
+    def step(self, closure=None):
+        raise RuntimeError("the optimizer is the engine's: call engine.step() (every "
+                           "micro-batch), which steps it at each gradient accumulation boundary")
+
+    @property
+    def loss_scale(self):
+        return self._zero.loss_scale
+
+    cur_scale = loss_scale
+
+
+class _ParamGroup(dict):
+    """The one parameter group: "params" and a live "lr"."""
+
+    def __init__(self, zero_engine):
+        super().__init__(params=[p for p in zero_engine.module.parameters() if p.requires_grad])
+        self._zero = zero_engine
+
+    def __getitem__(self, key):
+        return self._zero.learning_rate if key == "lr" else super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self[key] if key == "lr" or key in self else default
+
+    def __setitem__(self, key, value):
+        if key != "lr":
+            raise KeyError(f"param_groups[0]['{key}'] is fixed by the config; only 'lr' can be "
+                           f"set (without a config scheduler)")
+        self._zero.set_learning_rate(value)
+
+
+class LRSchedulerView:
+    """DeepSpeed's lr_scheduler (get_lr, get_last_lr, state_dict) for the config's "scheduler",
+    which the engine steps itself after each optimizer step, as DeepSpeed's engine steps a
+    scheduler from the config."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    get_last_lr = get_lr
+
+    @property
+    def last_batch_iteration(self):
+        return self._engine.global_steps - 1
+
+    def step(self, last_batch_iteration=None):
+        raise RuntimeError("the engine steps the config's scheduler in engine.step(), as "
+                           "DeepSpeed's engine does; a second step here would skip ahead")
+
+    def state_dict(self):
+        return {"last_batch_iteration": self.last_batch_iteration}
+
+    def load_state_dict(self, state):
+        if state.get("last_batch_iteration") != self.last_batch_iteration:
+            raise ValueError(f"the schedule's position is the engine's step count, restored "
+                             f"with load_checkpoint; got {state}, the engine is at "
+                             f"{self.state_dict()}")
+
+
+def _refuse_torch_objects(optimizer, lr_scheduler, mpu, mesh_param):
+    if optimizer is not None:
+        raise ValueError(
+            f"initialize(optimizer={type(optimizer).__name__}): zinf's engine steps its own "
+            f"optimizer on each rank's shard of the fp32 master (on the CPU or over NVMe); a "
+            f"torch optimizer holds and steps the full parameters, which zinf.zero never "
+            f"materializes. Name it in the config instead: \"optimizer\": {{\"type\": \"AdamW\", "
+            f"\"params\": {{\"lr\": ..., \"weight_decay\": ...}}}} (AdamW, Adam, Adagrad, Lion)")
+    if lr_scheduler is not None:
+        raise ValueError(
+            f"initialize(lr_scheduler={type(lr_scheduler).__name__}): the engine sets the "
+            f"learning rate of its own optimizer; name the schedule in the config: "
+            f"\"scheduler\": {{\"type\": \"WarmupDecayLR\", \"params\": {{...}}}} (WarmupLR, "
+            f"WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)")
+    if mpu is not None or mesh_param is not None:
+        raise ValueError("initialize(mpu=/mesh_param=): zinf is data-parallel only; it has no "
+                         "tensor, pipeline or sequence parallelism")
+
+
+def _config_dict(args, config, config_params):
+    if config is None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None)
+    if from_args is not None:
+        if config is not None:
+            raise ValueError("a config both in args.deepspeed_config and in config=: give one")
+        config = from_args
+    if config is None:
+        raise ValueError("initialize needs a config: config= (a dict, JSON text or a path) or "
+                         "args.deepspeed_config (see add_config_arguments)")
+    return json.loads(_engine_inputs.config_json(config))
+
+
+def _check_model_parameters(model, model_parameters):
+    given = list(model_parameters)
+    params = []
+    for item in given:
+        if isinstance(item, dict):
+            options = sorted(k for k in item if k != "params")
+            if options:
+                raise ValueError(
+                    f"model_parameters holds a parameter group with its own {options}: zinf's "
+                    f"engine has one group, with the config's optimizer params; freeze "
+                    f"parameters with requires_grad=False instead of leaving them out")
+            params.extend(item["params"])
+        else:
+            params.append(item)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    listed = {id(p) for p in params}
+    if listed != trainable:
+        raise ValueError(
+            f"model_parameters lists {len(listed)} tensor(s), the model has {len(trainable)} "
+            f"trainable parameter(s), {len(listed & trainable)} in common: zinf trains exactly "
+            f"the model's parameters with requires_grad=True")
+
+
+# TrainingArguments' attributes that Hugging Face's DeepSpeed integration fills "auto" keys
+# from (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig).
+_TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps",
+                       "max_grad_norm", "learning_rate", "adam_beta1", "adam_beta2",
+                       "adam_epsilon", "weight_decay")
+
+
+def _trainer_values(trainer, model):
+    """The trainer's values from a dict, or read from a TrainingArguments as Hugging Face's
+    integration reads them: fp16/bf16 from the training or eval flag, total and warmup steps
+    when max_steps is set, the hidden size from the model's config."""
+    if trainer is None:
+        return {}
+    if isinstance(trainer, dict):
+        return dict(trainer)
+    values = {name: getattr(trainer, name) for name in _TRAINING_ARGUMENTS
+              if hasattr(trainer, name)}
+    for flag in ("fp16", "bf16"):
+        values[flag] = bool(getattr(trainer, flag, False)
+                            or getattr(trainer, flag + "_full_eval", False))
+    max_steps = getattr(trainer, "max_steps", -1)
+    if max_steps and max_steps > 0:
+        values["max_steps"] = max_steps
+        if hasattr(trainer, "get_warmup_steps"):
+            values["warmup_steps"] = max(1, trainer.get_warmup_steps(max_steps))
+    hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(hidden_size, int):
+        values["hidden_size"] = hidden_size
+    return values
