@@ -242,7 +242,16 @@ void BindEngine(py::module_& m) {
           "gradient_accumulation_steps",
           [](PyEngine& e) { return e.engine().config().gradient_accumulation_steps; })
       .def_property_readonly("train_batch_size",
-                             [](PyEngine& e) { return e.engine().config().train_batch_size; });
+                             [](PyEngine& e) { return e.engine().config().train_batch_size; })
+      .def_property_readonly("resolved_config", [](PyEngine& e) {
+        const EngineConfig& c = e.engine().config();
+        py::dict d;
+        d["zero_stage"] = c.zero_stage;
+        d["fp16"] = c.fp16;
+        d["bf16"] = c.bf16;
+        d["gradient_clipping"] = c.gradient_clipping;
+        return d;
+      });
 }
 
 }  // namespace zinf::python

@@ -8,7 +8,7 @@
 - ``zinf.cuda``: PyTorch's pluggable CUDA allocator backed by zinf's device pool.
 - ``zinf.initialize(model=, config=, ...)``: DeepSpeed's ``deepspeed.initialize`` on that
   engine (``zinf.engine``), returning (engine, optimizer, dataloader, lr_scheduler);
-  ``zinf.add_config_arguments(parser)`` as DeepSpeed's.
+  ``zinf.add_config_arguments(parser)`` and ``zinf.init_distributed()`` as DeepSpeed's.
 
 zinf's log lines go to Python's ``logging``, logger ``"zinf"`` (``zinf._logging``).
 
@@ -37,7 +37,7 @@ __all__ = [
     "ZinfError", "InvalidArgumentError", "FailedPreconditionError", "ResourceExhaustedError",
     "UnavailableError", "IoError", "DataLossError", "CancelledError", "DeadlineExceededError",
     "InternalError", "supported_isas", "optim", "nvme", "zero", "cuda", "engine", "monitor",
-    "initialize", "add_config_arguments",
+    "initialize", "init_distributed", "add_config_arguments",
 ]
 
 
@@ -46,6 +46,6 @@ def __getattr__(name):
     import importlib
     if name in ("optim", "nvme", "zero", "cuda", "engine", "monitor"):
         return importlib.import_module("zinf." + name)
-    if name in ("initialize", "add_config_arguments"):
+    if name in ("initialize", "init_distributed", "add_config_arguments"):
         return getattr(importlib.import_module("zinf.engine"), name)
     raise AttributeError(f"module 'zinf' has no attribute {name!r}")

@@ -33,7 +33,7 @@ import torch
 
 from zinf import _engine_inputs, _logging, monitor, zero
 
-__all__ = ["initialize", "add_config_arguments", "DeepSpeedEngine"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine"]
 
 logger = logging.getLogger("zinf")
 
@@ -72,9 +72,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if model_parameters is not None:
         _check_model_parameters(model, model_parameters)
     if dist_init_required:
-        dist = torch.distributed
-        if not dist.is_initialized():
-            dist.init_process_group("gloo")
+        init_distributed()
     values = _trainer_values(trainer, model)
     values.update(trainer_values)
     _logging.follow_logger_level()
@@ -86,6 +84,20 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                              collate_fn=collate_fn)
     loader = engine.deepspeed_io(training_data) if training_data is not None else None
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def init_distributed(dist_backend="gloo", timeout=None, init_method=None, rank=-1,
+                     world_size=-1, **unused):
+    """DeepSpeed's ``init_distributed``: torch.distributed for the trainer's own collectives
+    (the engine does not need it), from the launcher's environment unless `init_method`, on
+    gloo (zinf's tensors are CPU tensors); nothing when it is initialized already."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        return
+    kwargs = {"init_method": init_method, "rank": rank, "world_size": world_size}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    dist.init_process_group(dist_backend or "gloo", **kwargs)
 
 
 def add_config_arguments(parser):
@@ -154,7 +166,16 @@ class DeepSpeedEngine:
         return self.zero.gradient_accumulation_steps
 
     def zero_optimization_stage(self):
-        return 3
+        return self.zero.resolved_config["zero_stage"]
+
+    def fp16_enabled(self):
+        return self.zero.resolved_config["fp16"]
+
+    def bfloat16_enabled(self):
+        return self.zero.resolved_config["bf16"]
+
+    def gradient_clipping(self):
+        return self.zero.resolved_config["gradient_clipping"]
 
     def get_lr(self):
         """[the learning rate of the next step], as DeepSpeed lists one per parameter group."""

@@ -52,7 +52,7 @@ class Monitors:
             return
         events = [("Train/Samples/train_loss", batch_loss, samples_before),
                   ("Train/Samples/lr", engine.get_lr()[0], engine.global_samples)]
-        if engine.zero.loss_scale != 1.0:  # fp16: DeepSpeed writes the next step's scale
+        if engine.fp16_enabled():  # DeepSpeed writes the next step's scale
             events.append(("Train/Samples/loss_scale", summary["loss_scale"],
                            engine.global_samples))
         for m in self.monitors:

@@ -418,6 +418,12 @@ class ZeroEngine:
     def learning_rate(self):
         return self._engine.learning_rate
 
+    @property
+    def resolved_config(self):
+        """What the config resolved to ("auto" filled): zero_stage, fp16, bf16,
+        gradient_clipping."""
+        return self._engine.resolved_config
+
     def set_learning_rate(self, lr):
         self._engine.set_learning_rate(float(lr))
 

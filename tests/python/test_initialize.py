@@ -138,6 +138,11 @@ class InitializeTest(LoopRunner):
         engine, optimizer, loader, scheduler = zinf.initialize(
             model=net, config=loop_config(), training_data=initialize_train.dataset(16))
         self.assertIs(engine.module, net)
+        self.assertEqual((engine.zero_optimization_stage(), engine.fp16_enabled(),
+                          engine.bfloat16_enabled(), engine.gradient_clipping()),
+                         (3, False, False, CLIP))
+        self.assertEqual(engine.device, torch.device("cpu"))
+        self.assertIs(engine.fc1, net.fc1)  # the model's attributes, as DeepSpeed's engine
         self.assertEqual(len(loader), 16 // MICRO)
         self.assertEqual(scheduler.get_lr(), [0.002])  # before any step: warmup_min_lr
         self.assertEqual(optimizer.param_groups[0]["lr"], 0.002)
@@ -173,6 +178,17 @@ class InitializeTest(LoopRunner):
         self.assertIsNone(scheduler)
         optimizer.param_groups[0]["lr"] = 0.125
         self.assertEqual(engine.get_lr(), [0.125])
+
+    def test_init_distributed_initializes_torch_distributed_once(self):
+        script = ("import torch.distributed as dist, zinf\n"
+                  "zinf.init_distributed(); zinf.init_distributed()\n"
+                  "print(dist.get_backend(), dist.get_world_size())\n")
+        env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env=env, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.split(), ["gloo", "1"])
 
     def test_what_cannot_work_is_refused_saying_why(self):
         net = initialize_train.Net()

@@ -132,13 +132,17 @@ class MonitorTest(unittest.TestCase):
         with open(os.path.join(self.dir, "job", name), newline="") as f:
             return list(csv.reader(f))
 
-    def test_csv_monitor_writes_deepspeeds_files_and_rows(self):
+    def train_with(self, monitor):
+        """Trains 4 steps with the config's `monitor` block enabled, writing to DIR/job."""
         torch.manual_seed(0)
         engine, _, loader, _ = zinf.initialize(
             model=initialize_train.Net(), training_data=initialize_train.dataset(32),
-            config=config(csv_monitor={"enabled": True, "output_path": self.dir,
-                                       "job_name": "job"}))
-        losses, steps = train(engine, loader)
+            config=config(**{monitor: {"enabled": True, "output_path": self.dir,
+                                       "job_name": "job"}}))
+        return (engine, *train(engine, loader))
+
+    def test_csv_monitor_writes_deepspeeds_files_and_rows(self):
+        engine, losses, steps = self.train_with("csv_monitor")
         self.assertEqual(len(steps), 4)
         self.assertEqual(sorted(os.listdir(os.path.join(self.dir, "job"))),
                          ["Train_Samples_lr.csv", "Train_Samples_train_loss.csv"])
@@ -167,12 +171,7 @@ class MonitorTest(unittest.TestCase):
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError as e:
             self.skipTest(f"tensorboard is not installed for {sys.executable}: {e}")
-        torch.manual_seed(0)
-        engine, _, loader, _ = zinf.initialize(
-            model=initialize_train.Net(), training_data=initialize_train.dataset(32),
-            config=config(tensorboard={"enabled": True, "output_path": self.dir,
-                                       "job_name": "job"}))
-        _, steps = train(engine, loader)
+        _, _, steps = self.train_with("tensorboard")
         events = EventAccumulator(os.path.join(self.dir, "job"))
         events.Reload()
         lr = events.Scalars("Train/Samples/lr")
