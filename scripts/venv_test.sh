@@ -134,7 +134,7 @@ run_python_tests() {
   shift
   ln -sfn "$env/bin" "$scratch/bin"
   local failed=0 name rc
-  for name in optim nvme zero cuda_allocator "$@"; do
+  for name in optim nvme zero cuda_allocator initialize monitoring "$@"; do
     local t0=$SECONDS
     set +e
     (cd "$away" && env -u PYTHONPATH ZINF_BUILD_DIR="$scratch" ZINF_SOURCE_DIR="$root" \
@@ -181,9 +181,10 @@ if [ "$torch2" = 1 ]; then
   torch_version=$(cd "$away" && "$t2/bin/python" -c 'import torch; print(torch.__version__)')
   took
   step "tests/python against the installed package (torch $torch_version)"
-  # And torch's own modules and Hugging Face's GPT-2 and Llama (skipped in the build tree's
-  # run, whose Debian torch 1.13 has no transformers).
-  run_python_tests "$t2" torch_models
+  # And torch's own modules and Hugging Face's GPT-2 and Llama, under zinf.zero and under
+  # zinf.initialize with Hugging Face's DeepSpeed config (skipped in the build tree's run, whose
+  # Debian torch 1.13 has no transformers).
+  run_python_tests "$t2" torch_models hf_initialize
   took
 fi
 echo "venv_test: $passed_count passed, $failed_count failed, $skipped_count skipped"

@@ -69,6 +69,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     _refuse_torch_objects(optimizer, lr_scheduler, mpu, mesh_param)
     config = _config_dict(args, config, config_params)
     python_keys = {k: config.pop(k) for k in _PYTHON_KEYS if k in config}
+    monitors = monitor.from_config(python_keys)  # checked before the model is taken over
     if model_parameters is not None:
         _check_model_parameters(model, model_parameters)
     if dist_init_required:
@@ -79,20 +80,23 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     zero_engine = zero.initialize(model, config, trainer=values,
                                   optimizer_threads=optimizer_threads, timeout_s=timeout_s)
     engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
-                             monitors=monitor.from_config(python_keys, zero_engine.rank),
+                             monitors=monitors.open(zero_engine.rank),
                              drop_last=bool(python_keys.get("dataloader_drop_last", False)),
                              collate_fn=collate_fn)
     loader = engine.deepspeed_io(training_data) if training_data is not None else None
     return engine, engine.optimizer, loader, engine.lr_scheduler
 
 
-def init_distributed(dist_backend="gloo", timeout=None, init_method=None, rank=-1,
-                     world_size=-1, **unused):
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None,
+                     verbose=True, timeout=None, init_method=None, dist_init_required=None,
+                     config=None, rank=-1, world_size=-1):
     """DeepSpeed's ``init_distributed``: torch.distributed for the trainer's own collectives
     (the engine does not need it), from the launcher's environment unless `init_method`, on
-    gloo (zinf's tensors are CPU tensors); nothing when it is initialized already."""
+    gloo unless `dist_backend` (zinf's tensors are CPU tensors); nothing when it is initialized
+    already or dist_init_required is False. MPI discovery, the port, verbose and config are
+    DeepSpeed's launcher's business and unused here."""
     dist = torch.distributed
-    if dist.is_initialized():
+    if dist.is_initialized() or dist_init_required is False:
         return
     kwargs = {"init_method": init_method, "rank": rank, "world_size": world_size}
     if timeout is not None:

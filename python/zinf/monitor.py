@@ -21,10 +21,10 @@ __all__ = ["from_config", "Monitors", "CsvMonitor", "TensorBoardMonitor"]
 _DEFAULT_JOB = "DeepSpeedJobName"
 
 
-def from_config(blocks, rank):
-    """Monitors for the config's {"csv_monitor": {...}, "tensorboard": {...}} blocks: each
-    enabled one on rank 0; ValueError for a key DeepSpeed does not have."""
-    made = []
+def from_config(blocks):
+    """The monitors the config's {"csv_monitor": {...}, "tensorboard": {...}} blocks enable,
+    not yet opened; ValueError for a key DeepSpeed's blocks do not have."""
+    enabled = []
     for key, kind in (("csv_monitor", CsvMonitor), ("tensorboard", TensorBoardMonitor)):
         block = blocks.get(key)
         if block is None:
@@ -35,16 +35,26 @@ def from_config(blocks, rank):
         if unknown:
             raise ValueError(f"config key '{key}' has unknown key(s) {unknown}; it takes "
                              f"enabled, output_path and job_name")
-        if block.get("enabled", False) and rank == 0:
-            made.append(kind(block.get("output_path", ""), block.get("job_name", _DEFAULT_JOB)))
-    return Monitors(made)
+        if block.get("enabled", False):
+            if kind is TensorBoardMonitor:
+                kind.summary_writer_class()  # missing, it fails before the engine is made
+            enabled.append((kind, block.get("output_path", ""),
+                            block.get("job_name", _DEFAULT_JOB)))
+    return Monitors(enabled)
 
 
 class Monitors:
-    """The enabled monitors, written together."""
+    """The enabled monitors, written together; only rank 0's write, as DeepSpeed's."""
 
-    def __init__(self, monitors):
-        self.monitors = monitors
+    def __init__(self, enabled):
+        self._enabled = enabled  # [(class, output_path, job_name)]
+        self.monitors = []
+
+    def open(self, rank):
+        """Creates the output directories and writers (rank 0); returns self."""
+        if rank == 0:
+            self.monitors = [kind(path, job) for kind, path, job in self._enabled]
+        return self
 
     def write_step(self, engine, summary, samples_before, batch_loss):
         """The events of one optimizer step, as DeepSpeed's engine writes them."""
@@ -82,14 +92,18 @@ class TensorBoardMonitor:
     """DeepSpeed's TensorBoardMonitor: add_scalar(name, value, samples), flushed each step."""
 
     def __init__(self, output_path, job_name):
+        log_dir = os.path.join(output_path, job_name)
+        os.makedirs(log_dir, exist_ok=True)
+        self.writer = self.summary_writer_class()(log_dir=log_dir)
+
+    @staticmethod
+    def summary_writer_class():
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise ImportError(f"config key 'tensorboard' is enabled but TensorBoard cannot be "
                               f"imported ({e}); pip install tensorboard") from e
-        log_dir = os.path.join(output_path, job_name)
-        os.makedirs(log_dir, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=log_dir)
+        return SummaryWriter
 
     def write_events(self, events):
         for name, value, step in events:

@@ -104,6 +104,8 @@ class BindingErrorsTest(unittest.TestCase):
              "isa must be auto, scalar, avx2 or avx512, got sse9"),
             (lambda: optimizer.grad_stats(0, "float32", 4), zinf.InvalidArgumentError,
              "grads is a null pointer"),
+            (lambda: _zinf.set_log_level("loud"), zinf.InvalidArgumentError,
+             "log level must be trace, debug, info, warning, error or off, got 'loud'"),
         ]
 
     def test_every_failure_carries_zinfs_text(self):

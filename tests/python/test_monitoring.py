@@ -161,9 +161,11 @@ class MonitorTest(unittest.TestCase):
         zinf.initialize(model=initialize_train.Net(), config=config(
             csv_monitor={"enabled": False, "output_path": self.dir, "job_name": "job"}))
         self.assertEqual(os.listdir(self.dir), [])
+        model = initialize_train.Net()
         with self.assertRaisesRegex(ValueError, "unknown key\\(s\\) \\['path'\\]"):
-            zinf.initialize(model=initialize_train.Net(), config=config(
+            zinf.initialize(model=model, config=config(
                 csv_monitor={"enabled": True, "path": self.dir}))
+        zinf.initialize(model=model, config=config())  # refused before it took the model
 
     def test_tensorboard_writes_the_same_scalars(self):
         try:
