@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# zinf against DeepSpeed, on this machine, in the same run: every comparison interleaved (zinf,
+# DeepSpeed, zinf, DeepSpeed, ...), median of the repetitions, each figure beside its rival's
+# (bench/vs_deepspeed/*.py say what each measures):
+#   parts      DeepSpeedCPUAdam vs zinf.optim.AdamW vs the memory-bandwidth limit (`zinf bench
+#              adam`); DeepSpeed's aio_handle vs zinf.nvme.SwapHandle vs fio, read and write;
+#              DeepSpeed's ZeRO-3 memory estimator vs `zinf plan` vs the measured peak RSS.
+#   end to end examples/torch's GPT and Hugging Face's GPT-2 under DeepSpeed ZeRO-3 (its CPU
+#              accelerator, DS_ACCELERATOR=cpu) and under zinf.zero, and the native train_gpt,
+#              with the same dimensions, data, seed, batch, AdamW and clipping: everything in
+#              memory, optimizer on the CPU (ZeRO-Offload), parameters and optimizer on NVMe
+#              (ZeRO-Infinity); 1 and 2 processes; 50 steps.
+# Writes bench/vs_deepspeed.md (the report) and bench/vs_deepspeed.png (tokens/s, loss curves),
+# puts the report into bench/RESULTS.md and a summary line into README.md (between their
+# "vs_deepspeed" markers).
+#
+# DeepSpeed, its torch and transformers are this benchmark's own dependencies, never zinf's:
+# they go into a virtualenv, build/venv-deepspeed (made from /usr/bin/python3 once, then kept;
+# ZINF_DS_VENV=DIR uses an existing one instead and installs nothing into it). zinf's Python
+# package is built as a wheel (as scripts/venv_test.sh builds it) and unpacked into
+# build/vs-deepspeed/site, which is on PYTHONPATH; the CLI and train_gpt come from
+# scripts/build.sh. DeepSpeed JIT-builds its CPU Adam and async I/O ops (ninja, a C++
+# compiler; libaio-dev for async I/O, installed with apt when missing and root) into
+# build/vs-deepspeed/torch_extensions.
+#
+# Usage: bench/vs_deepspeed.sh [--quick] [--reps N] [--nvme-dir DIR] [--only parts|e2e]
+#   --quick     one repetition of small sizes (a smoke test of every path: minutes)
+#   --reps N    repetitions of every comparison (default 3)
+#   --nvme-dir  a directory on a real disk for the swap files (default /work/bench-nvme if it
+#               exists, else build/vs-deepspeed/nvme)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+quick=0 reps=3 only="" nvme_dir=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) quick=1 ;;
+    --reps) reps=$2; shift ;;
+    --nvme-dir) nvme_dir=$2; shift ;;
+    --only) only=$2; shift ;;
+    *) echo "vs_deepspeed: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ "$quick" = 1 ] && reps=1
+[ "$reps" -ge 1 ] || { echo "vs_deepspeed: --reps must be >= 1, got $reps" >&2; exit 2; }
+work=$root/build/vs-deepspeed
+[ -n "$nvme_dir" ] || { [ -d /work/bench-nvme ] && nvme_dir=/work/bench-nvme || nvme_dir=$work/nvme; }
+mkdir -p "$work" "$nvme_dir"
+log=$work/results.log
+: >"$log"
+
+step() { echo "== vs_deepspeed: $*"; }
+
+# -- the virtualenv ---------------------------------------------------------------------------
+venv=${ZINF_DS_VENV:-$root/build/venv-deepspeed}
+need_modules='import torch, deepspeed, transformers, ninja, cpuinfo, scikit_build_core, pybind11'
+if ! "$venv/bin/python" -c "$need_modules" >/dev/null 2>&1; then
+  if [ -n "${ZINF_DS_VENV:-}" ]; then
+    echo "vs_deepspeed: ZINF_DS_VENV=$venv lacks one of: $need_modules" >&2
+    exit 1
+  fi
+  step "making $venv (PyPI's torch, deepspeed, transformers: several GB, minutes)"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch deepspeed transformers ninja py-cpuinfo numpy \
+    scikit-build-core pybind11
+fi
+if [ ! -e /usr/include/libaio.h ]; then
+  # DeepSpeed's async I/O op needs libaio's headers; without them its row records the error.
+  if [ "$(id -u)" = 0 ]; then
+    step "apt-get install libaio-dev (DeepSpeed's async I/O op)"
+    apt-get install -y -q libaio-dev >/dev/null || echo "   apt-get install libaio-dev failed"
+  else
+    echo "   no libaio-dev and not root: DeepSpeed's async I/O rows will record the error"
+  fi
+fi
+
+# -- zinf --------------------------------------------------------------------------------------
+step "building zinf, train_gpt (scripts/build.sh) and zinf's wheel"
+scripts/build.sh zinf train_gpt >/dev/null
+zinf=$root/build/bin/zinf
+train_gpt=$root/build/bin/train_gpt
+rm -rf "$work/dist"
+"$venv/bin/pip" wheel --no-build-isolation --no-deps --no-index --wheel-dir "$work/dist" . \
+  >"$work/wheel.log" 2>&1 || { tail -40 "$work/wheel.log" >&2; exit 1; }
+rm -rf "$work/site"
+"$venv/bin/python" -m zipfile -e "$work"/dist/zinf-*.whl "$work/site"
+chmod +x "$work/site/zinf/bin/"* 2>/dev/null || true
+py=$venv/bin/python
+export PYTHONPATH=$work/site DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$work/torch_extensions
+export PYTHONWARNINGS=ignore
+cores=$(nproc)
+run_py() { "$py" "$@" 2>>"$work/stderr.log" | tee -a "$log" | grep '^RESULT' | cut -c1-160 || true; }
+
+cpu=$("$zinf" info 2>/dev/null | sed -n 's/^CPU  *//p' | head -1)  # as zinf labels its figures
+[ -n "$cpu" ] || cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)
+versions=$("$py" -c 'import torch, deepspeed, transformers, zinf
+print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers "
+      f"{transformers.__version__}, zinf {zinf.__version__}")' 2>/dev/null)
+echo "   $versions; $cores CPUs ($cpu); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# -- sizes -------------------------------------------------------------------------------------
+if [ "$quick" = 1 ]; then
+  adam_sizes="4M" aio_size=64M steps=5
+  e2e_sizes=("--layers 2 --d-model 64 --heads 4 --seq 32 --micro 4")
+  worlds="1 2" models="torch_gpt hf_gpt2"
+else
+  adam_sizes="64M 256M" aio_size=1G steps=50
+  # A step of about a second here (1 rank, memory); ZINF_VS_DS_LARGE adds a larger size.
+  e2e_sizes=("--layers 4 --d-model 256 --heads 4 --seq 128 --micro 8")
+  [ -n "${ZINF_VS_DS_LARGE:-}" ] && e2e_sizes+=("$ZINF_VS_DS_LARGE")
+  worlds="1 2" models="torch_gpt hf_gpt2"
+fi
+
+# -- parts -------------------------------------------------------------------------------------
+if [ "$only" != e2e ]; then
+  step "CPU Adam: zinf.optim.AdamW vs DeepSpeedCPUAdam vs the bandwidth limit"
+  : >"$work/adam_limits.jsonl"
+  for size in $adam_sizes; do
+    for threads in 1 2; do
+      for ((rep = 0; rep < reps; ++rep)); do
+        OMP_NUM_THREADS=$threads run_py bench/vs_deepspeed/parts.py adam --params "$size" \
+          --threads "$threads" --reps 3
+        "$zinf" bench adam --params "$size" --threads "$threads" --reps 3 --json \
+          >>"$work/adam_limits.jsonl"
+      done
+    done
+  done
+  step "swap I/O: zinf.nvme.SwapHandle vs DeepSpeed's aio_handle vs fio, in $nvme_dir"
+  run_py bench/vs_deepspeed/parts.py aio --dir "$nvme_dir" --size "$aio_size" --reps "$reps" ||
+    echo "   (the aio comparison failed: $work/stderr.log)"
+fi
+
+# -- end to end --------------------------------------------------------------------------------
+e2e_nvme=$nvme_dir/vs-deepspeed-e2e
+if [ "$only" != parts ]; then
+  for size in "${e2e_sizes[@]}"; do
+    for world in $worlds; do
+      # shellcheck disable=SC2086
+      run_py bench/vs_deepspeed/parts.py estimate $size --world "$world" --zinf "$zinf" \
+        --work-dir "$work"
+      for placement in memory cpu nvme; do
+        for model in $models; do
+          for ((rep = 0; rep < reps; ++rep)); do
+            step "$model $placement, $world rank(s), $size: zinf, DeepSpeed$([ "$model" = torch_gpt ] && echo ", train_gpt") (repetition $((rep + 1))/$reps)"
+            args=(--placement "$placement" --model "$model" --steps "$steps" $size)
+            [ "$placement" = nvme ] && { rm -rf "$e2e_nvme"; mkdir -p "$e2e_nvme"; args+=(--nvme-path "$e2e_nvme"); }
+            if [ "$world" = 1 ]; then
+              run_py bench/vs_deepspeed/train.py --side zinf "${args[@]}" || true
+            else
+              "$zinf" run -n "$world" -- "$py" bench/vs_deepspeed/train.py --side zinf \
+                "${args[@]}" 2>>"$work/stderr.log" | sed 's/^\[rank [0-9]*\] //' |
+                tee -a "$log" | grep '^RESULT' | cut -c1-160 || true
+            fi
+            [ "$placement" = nvme ] && { rm -rf "$e2e_nvme"; mkdir -p "$e2e_nvme"; }
+            OMP_NUM_THREADS=$((cores / world)) run_py -m torch.distributed.run \
+              --nproc-per-node "$world" --master-port 29533 bench/vs_deepspeed/train.py \
+              --side deepspeed "${args[@]}" || true
+            if [ "$model" = torch_gpt ]; then
+              [ "$placement" = nvme ] && { rm -rf "$e2e_nvme"; mkdir -p "$e2e_nvme"; }
+              run_py bench/vs_deepspeed/native.py --train-gpt "$train_gpt" --zinf "$zinf" \
+                --world "$world" --work-dir "$work/native" "${args[@]}" || true
+            fi
+          done
+        done
+      done
+    done
+  done
+  rm -rf "$e2e_nvme"
+fi
+
+# -- report ------------------------------------------------------------------------------------
+step "report: bench/vs_deepspeed.md, bench/vs_deepspeed.png"
+header=$work/header.md
+cat >"$header" <<EOF
+### zinf vs DeepSpeed, same machine, same run (\`bench/vs_deepspeed.sh$([ "$quick" = 1 ] && echo " --quick")\`)
+
+$(date -u +%F), $cpu, $cores CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end of
+the run; $versions. Median of $reps interleaved repetition(s) (zinf, DeepSpeed, zinf, ...).
+
+Settings, as each side's documentation recommends for this machine, the same for both where
+both have the setting: DeepSpeed on its CPU accelerator (\`DS_ACCELERATOR=cpu\`, torch.distributed
+over gloo: oneCCL is not installed), launched by \`torchrun\`; zinf by \`zinf run\`; fp32
+throughout (no bf16/fp16 section: the loss curves must agree); ZeRO stage 3; AdamW lr 1e-3, betas
+(0.9, 0.95), eps 1e-8, weight decay 0.1; gradient clipping 1.0; $cores / ranks threads per rank
+(torch.set_num_threads, OMP_NUM_THREADS, zinf's optimizer_threads); NVMe: DeepSpeed's documented
+\`aio\` defaults for both (block_size 1 MiB, queue_depth 8, intra_op_parallelism 1,
+single_submit false, overlap_events true), swap files in $nvme_dir. zinf checks a CRC32C of every
+swapped piece (its default); DeepSpeed does not. Peak RSS is summed over ranks; disk bytes are
+what /proc/self/io counts (the block layer's reads and writes), the same meter for both sides.
+EOF
+"$py" bench/vs_deepspeed/report.py "$log" --header "$header" \
+  --adam-limits "$work/adam_limits.jsonl" --markdown bench/vs_deepspeed.md \
+  --png bench/vs_deepspeed.png --summary "$work/summary.txt" $([ "$quick" = 1 ] && echo --strict)
+cat bench/vs_deepspeed.md
+
+# The report replaces the one between the markers in bench/RESULTS.md, the summary the line
+# between those in README.md (appended with its markers the first time).
+replace_between() {  # FILE CONTENT_FILE
+  local file=$1 content=$2 begin='<!-- vs_deepspeed begin -->' end='<!-- vs_deepspeed end -->'
+  if grep -qF "$begin" "$file"; then
+    awk -v b="$begin" -v e="$end" -v f="$content" '
+      $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
+      $0 == e { skip = 0 } !skip' "$file" >"$file.tmp" && mv "$file.tmp" "$file"
+  else
+    { echo; echo "$begin"; cat "$content"; echo "$end"; } >>"$file"
+  fi
+}
+if [ "$quick" = 0 ]; then
+  replace_between bench/RESULTS.md bench/vs_deepspeed.md
+  replace_between README.md "$work/summary.txt"
+fi
+echo "vs_deepspeed: done ($(grep -c '^RESULT' "$log") results; log $log, stderr $work/stderr.log)"

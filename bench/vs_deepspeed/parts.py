@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""zinf's parts against DeepSpeed's, on the same buffers, interleaved (zinf, DeepSpeed, zinf,
+...); each subcommand prints RESULT lines (common.py) that report.py turns into tables.
+
+  adam      zinf.optim.AdamW against deepspeed.ops.adam.DeepSpeedCPUAdam: one parameter of
+            --params elements, its gradient and its two moments shared by both optimizers (each
+            steps the same tensors in turn), --threads threads each (zinf's threads argument;
+            DeepSpeed's OpenMP loop reads OMP_NUM_THREADS, which the caller sets). The memory
+            bandwidth limit comes from `zinf bench adam`, run by the caller in the same loop.
+  aio       zinf.nvme.SwapHandle against DeepSpeed's aio_handle and fio, write then read of
+            --size bytes in --dir, from and into one page-locked buffer that both handles use
+            (DeepSpeed's new_cpu_locked_tensor). Both get DeepSpeed's documented "aio" defaults
+            (1 MiB blocks, queue depth 8); fio gets the same block size, depth, size and O_DIRECT.
+  estimate  DeepSpeed's ZeRO-3 memory estimator for the GPT of train.py against `zinf plan`.
+
+Run with DS_ACCELERATOR=cpu and the benchmark's virtualenv (bench/vs_deepspeed.sh does both).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    if text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+# -- CPU Adam ----------------------------------------------------------------------------------
+
+ADAM_HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def adam(args):
+    import zinf.optim
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    n = parse_size(args.params)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(n) * 0.02)
+    param.grad = torch.randn(n) * 1e-3
+    exp_avg, exp_avg_sq = torch.zeros(n), torch.zeros(n)
+
+    ours = zinf.optim.AdamW([param], threads=args.threads, **ADAM_HYPER)
+    ours.state[param] = {"step": torch.zeros(()), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    theirs = DeepSpeedCPUAdam([param], adamw_mode=True, **ADAM_HYPER)
+    theirs.state[param] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+
+    def timed(opt):
+        t0 = time.perf_counter()
+        opt.step()
+        return time.perf_counter() - t0
+
+    timed(ours), timed(theirs)  # first touch, thread pools, DeepSpeed's op table
+    times = {"zinf": [], "deepspeed": []}
+    for _ in range(args.reps):
+        times["zinf"].append(timed(ours))
+        times["deepspeed"].append(timed(theirs))
+    bytes_per_step = 28 * n  # reads p, g, m, v; writes p, m, v (fp32)
+    for side, runs in times.items():
+        step_s = common.median(runs)
+        common.emit("adam", side=side, params=n, threads=args.threads, step_s=step_s,
+                    runs_s=runs, GBps=bytes_per_step / step_s / 1e9,
+                    omp_num_threads=os.environ.get("OMP_NUM_THREADS", ""),
+                    isa=ours.isa if side == "zinf" else "DeepSpeed's build (-march=native)")
+
+
+# -- Async I/O ---------------------------------------------------------------------------------
+
+AIO = dict(block_size=1 << 20, queue_depth=8)  # DeepSpeed's documented "aio" defaults
+
+
+def fio(rw, path, size, fio_bin):
+    cmd = [fio_bin, "--ioengine=io_uring", "--direct=1", f"--rw={rw}",
+           f"--bs={AIO['block_size']}", f"--iodepth={AIO['queue_depth']}", f"--size={size}",
+           "--output-format=json", "--name=vs-deepspeed", f"--filename={path}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    direction = "read" if rw == "read" else "write"
+    return size / (job[direction]["runtime"] / 1e3)  # bytes per second
+
+
+def aio(args):
+    import zinf.nvme
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    size = parse_size(args.size)
+    ds = AsyncIOBuilder().load().aio_handle(AIO["block_size"], AIO["queue_depth"], False, True, 1)
+    buffer = ds.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+    assert buffer.data_ptr() % 4096 == 0, "DeepSpeed's locked tensor is not page-aligned"
+    buffer.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
+    ds_file = os.path.join(args.dir, "vs-deepspeed-ds.swp")
+    fio_file = os.path.join(args.dir, "vs-deepspeed-fio.dat")
+    ours = zinf.nvme.SwapHandle(args.dir, size, **AIO)
+
+    def zinf_write():
+        ours.pwrite(buffer, "t")
+
+    def zinf_read():
+        ours.pread(buffer, "t")
+
+    def ds_write():
+        ds.async_pwrite(buffer, ds_file)
+        assert ds.wait() >= 1
+
+    def ds_read():
+        ds.async_pread(buffer, ds_file)
+        assert ds.wait() >= 1
+
+    def rate(fn):
+        t0 = time.perf_counter()
+        fn()
+        return size / (time.perf_counter() - t0)
+
+    rates = {(side, rw): [] for side in ("zinf", "deepspeed", "fio") for rw in ("write", "read")}
+    try:
+        zinf_write(), ds_write()  # allocate the files
+        for _ in range(args.reps):
+            for rw, zfn, dfn in (("write", zinf_write, ds_write), ("read", zinf_read, ds_read)):
+                rates[("zinf", rw)].append(rate(zfn))
+                rates[("deepspeed", rw)].append(rate(dfn))
+                rates[("fio", rw)].append(fio(rw, fio_file, size, args.fio))
+    finally:
+        ours.close()
+        for f in (ds_file, fio_file):
+            if os.path.exists(f):
+                os.unlink(f)
+    for (side, rw), runs in rates.items():
+        common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
+                    runs_GBps=[r / 1e9 for r in runs], **AIO,
+                    buffer="DeepSpeed's new_cpu_locked_tensor" if side != "fio" else "fio's own")
+
+
+# -- Memory estimator --------------------------------------------------------------------------
+
+# DeepSpeed's estimator's (cpu_offload, cpu_offload_params) for each placement of train.py; it
+# has no NVMe case: "nvme" is estimated as parameters and optimizer offloaded to the CPU.
+ESTIMATOR_CASES = {"memory": (False, False), "cpu": (True, False), "nvme": (True, True)}
+# zinf plan's placement row for each.
+PLAN_ROWS = {"memory": "param none, optim none, fp32", "cpu": "param none, optim cpu, fp32",
+             "nvme": "param nvme, optim nvme, fp32"}
+
+
+def estimate(args):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    import train  # noqa: F401
+
+    model = train.build_model(args)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    config = {"model": {"vocab_size": 256, "seq_len": args.seq, "d_model": args.d_model,
+                        "n_layer": args.layers, "n_head": args.heads},
+              "train_micro_batch_size_per_gpu": args.micro, "zero_optimization": {"stage": 3}}
+    config_path = os.path.join(args.work_dir, "plan-model.json")
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    plan = json.loads(subprocess.run(
+        [args.zinf, "plan", "--model", config_path, "--world-size", str(args.world), "--json"],
+        check=True, capture_output=True, text=True).stdout)
+    rows = {row["placement"]: row for row in plan["placements"]}
+    for placement, (offload, offload_params) in ESTIMATOR_CASES.items():
+        # zero_init=False: train.py builds the model whole on every rank, as zinf's does.
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            total, largest, num_gpus_per_node=args.world, cpu_offload=offload,
+            cpu_offload_params=offload_params, zero_init=False)
+        row = rows.get(PLAN_ROWS[placement], {})
+        # On the CPU accelerator the "GPU" memory is host memory too: the node needs both.
+        common.emit("estimate", placement=placement, world=args.world, params=total,
+                    deepspeed_host_bytes=cpu + gpu * args.world,
+                    zinf_plan_steady_host_bytes=row.get("steady_host_bytes"),
+                    zinf_plan_peak_host_bytes=row.get("peak_host_bytes"),
+                    zinf_plan_nvme_bytes=row.get("nvme_bytes"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("adam")
+    a.add_argument("--params", default="64M")
+    a.add_argument("--threads", type=int, default=1)
+    a.add_argument("--reps", type=int, default=5)
+    a.set_defaults(fn=adam)
+    a = sub.add_parser("aio")
+    a.add_argument("--dir", required=True)
+    a.add_argument("--size", default="1G")
+    a.add_argument("--reps", type=int, default=3)
+    a.add_argument("--fio", default="fio")
+    a.set_defaults(fn=aio)
+    a = sub.add_parser("estimate")
+    import train  # noqa: F401
+    train.add_model_args(a)
+    a.add_argument("--world", type=int, default=1)
+    a.add_argument("--zinf", required=True, help="the zinf command line")
+    a.add_argument("--work-dir", required=True)
+    a.set_defaults(fn=estimate)
+    args = ap.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

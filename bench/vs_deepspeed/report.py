@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Turns the RESULT lines of bench/vs_deepspeed.sh's runs into a markdown report, a gnuplot PNG
+(tokens per second of each end-to-end row; the loss curves of the first) and a one-line
+summary. Every figure is the median over the repetitions; ratios are zinf / DeepSpeed, both
+measured in the same run.
+
+  python report.py LOG --header FILE --markdown OUT.md --png OUT.png --summary OUT.txt
+"""
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+LOSS_TOLERANCE = 1e-3  # relative, per step
+
+
+def read_results(path):
+    results = []
+    with open(path) as f:
+        for line in f:
+            at = line.find(common.RESULT_PREFIX)
+            if at >= 0:
+                results.append(json.loads(line[at + len(common.RESULT_PREFIX):]))
+    return results
+
+
+def mib(n):
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def max_relative_difference(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b)) if a and b else None
+
+
+def e2e_table(results, out):
+    rows = collections.defaultdict(lambda: collections.defaultdict(list))
+    errors = {}
+    for r in results:
+        if r["kind"] != "e2e":
+            continue
+        key = (r["model"] if r["side"] != "zinf native" else "torch_gpt", r["placement"],
+               r["world"], r["d_model"], r["layers"])
+        if "error" in r:
+            errors[(key, r["side"])] = r["error"]
+        else:
+            rows[key][r["side"]].append(r)
+    out.append("| model | d_model x layers | placement | ranks | zinf tokens/s | DeepSpeed "
+               "tokens/s | zinf / DeepSpeed | train_gpt tokens/s | peak RSS zinf / DeepSpeed / "
+               "train_gpt | disk read + written per step, zinf / DeepSpeed | step split (fwd / "
+               "bwd / step s) zinf; DeepSpeed | loss: max relative difference over the steps |")
+    out.append("|" + "---|" * 12)
+    plot_rows, curves = [], None
+    for key in sorted(set(rows) | {k for k, _ in errors}):
+        model, placement, world, d_model, layers = key
+        sides = rows[key]
+
+        def med(side, field):
+            runs = sides.get(side, [])
+            return common.median([r[field] for r in runs]) if runs else None
+
+        def split(side):
+            runs = sides.get(side, [])
+            if not runs:
+                return errors.get((key, side), "-")[:60] if (key, side) in errors else "-"
+            s = runs[0]["split"]
+            return f"{s['forward_s']:.3f} / {s['backward_s']:.3f} / {s['step_s']:.3f}"
+
+        def disk(side):
+            runs = sides.get(side, [])
+            if not runs or "disk_read_per_step" not in runs[0]:
+                return "-"
+            return (f"{mib(med(side, 'disk_read_per_step'))} + "
+                    f"{mib(med(side, 'disk_written_per_step'))}")
+
+        def tokens(side):
+            value = med(side, "tokens_per_s")
+            if value is None:
+                return "refused (below)" if (key, side) in errors else "-"
+            return f"{value:,.0f}"
+
+        z, d = med("zinf", "tokens_per_s"), med("deepspeed", "tokens_per_s")
+        losses_z = sides["zinf"][0]["losses"] if sides.get("zinf") else None
+        losses_d = sides["deepspeed"][0]["losses"] if sides.get("deepspeed") else None
+        diff = max_relative_difference(losses_z, losses_d)
+        verdict = "-" if diff is None else (
+            f"{diff:.1e} ({'within' if diff <= LOSS_TOLERANCE else 'OUTSIDE'} 1e-3)")
+        out.append(
+            f"| {model} | {d_model} x {layers} | {placement} | {world} | {tokens('zinf')} | "
+            f"{tokens('deepspeed')} | {ratio(z, d)} | {tokens('zinf native')} | "
+            f"{mib(med('zinf', 'peak_rss_bytes'))} / {mib(med('deepspeed', 'peak_rss_bytes'))} / "
+            f"{mib(med('zinf native', 'peak_rss_bytes'))} | {disk('zinf')} / {disk('deepspeed')} "
+            f"| {split('zinf')}; {split('deepspeed')} | {verdict} |")
+        plot_rows.append((f"{model.replace('_', '-')} {placement} n{world}", z or 0, d or 0,
+                          med("zinf native", "tokens_per_s") or 0))
+        if curves is None and losses_z and losses_d:
+            native = sides["zinf native"][0]["losses"] if sides.get("zinf native") else None
+            curves = (f"{model} {placement} {world} rank(s)", losses_z, losses_d, native)
+    for (key, side), error in sorted(errors.items()):
+        out.append("")
+        out.append(f"{side} refused {key[0]} / {key[1]} / {key[2]} rank(s): `{error[:400]}`")
+    return plot_rows, curves
+
+
+def adam_table(results, out, limits):
+    rows = collections.defaultdict(dict)
+    for r in results:
+        if r["kind"] == "adam":
+            rows[(r["params"], r["threads"])].setdefault(r["side"], []).append(r["GBps"])
+    if not rows:
+        return
+    out.append("")
+    out.append("| parameters | threads | zinf.optim.AdamW GB/s | DeepSpeedCPUAdam GB/s | "
+               "zinf / DeepSpeed | bandwidth limit GB/s (`zinf bench adam`) | zinf / limit | "
+               "DeepSpeed / limit |")
+    out.append("|" + "---|" * 8)
+    for (params, threads), sides in sorted(rows.items()):
+        z, d = common.median(sides.get("zinf", [])), common.median(sides.get("deepspeed", []))
+        limit = common.median(limits.get((params, threads), []))
+        out.append(f"| {params / 2**20:.0f}M | {threads} | {z:.2f} | {d:.2f} | {z / d:.2f}x | "
+                   f"{limit:.2f} | {z / limit:.2f} | {d / limit:.2f} |")
+
+
+def aio_table(results, out):
+    rows = collections.defaultdict(dict)
+    for r in results:
+        if r["kind"] == "aio":
+            rows[(r["size"], r["rw"])].setdefault(r["side"], []).append(r["GBps"])
+    if not rows:
+        return
+    out.append("")
+    out.append("| bytes | direction | zinf SwapHandle GB/s | DeepSpeed aio_handle GB/s | fio GB/s"
+               " | zinf / DeepSpeed | zinf / fio | DeepSpeed / fio |")
+    out.append("|" + "---|" * 8)
+    for (size, rw), sides in sorted(rows.items()):
+        z, d, f = (common.median(sides.get(s, [])) for s in ("zinf", "deepspeed", "fio"))
+        out.append(f"| {mib(size)} | {rw} | {z:.2f} | {d:.2f} | {f:.2f} | {z / d:.2f}x | "
+                   f"{z / f:.2f} | {d / f:.2f} |")
+
+
+def estimate_table(results, out):
+    measured = collections.defaultdict(dict)
+    for r in results:
+        if r["kind"] == "e2e" and "error" not in r and r["model"] in ("torch_gpt", "train_gpt"):
+            measured[(r["placement"], r["world"], r["d_model"])].setdefault(
+                r["side"], []).append(r["peak_rss_bytes"])
+    rows = [r for r in results if r["kind"] == "estimate"]
+    if not rows:
+        return
+    out.append("")
+    out.append("| placement | ranks | parameters | DeepSpeed estimate (model states, host) | "
+               "zinf plan steady / peak host | zinf plan NVMe | measured peak RSS zinf / "
+               "DeepSpeed / train_gpt |")
+    out.append("|" + "---|" * 7)
+    for r in rows:
+        m = measured.get((r["placement"], r["world"], r["d_model"]), {})
+        out.append(
+            f"| {r['placement']} | {r['world']} | {r['params'] / 1e6:.2f}M | "
+            f"{mib(r['deepspeed_host_bytes'])} | {mib(r['zinf_plan_steady_host_bytes'])} / "
+            f"{mib(r['zinf_plan_peak_host_bytes'])} | {mib(r['zinf_plan_nvme_bytes'])} | "
+            f"{mib(common.median(m.get('zinf', [])) if m.get('zinf') else None)} / "
+            f"{mib(common.median(m.get('deepspeed', [])) if m.get('deepspeed') else None)} / "
+            f"{mib(common.median(m.get('zinf native', [])) if m.get('zinf native') else None)} |")
+
+
+def plot(png, plot_rows, curves):
+    with tempfile.TemporaryDirectory() as tmp:
+        bars = os.path.join(tmp, "tokens.dat")
+        with open(bars, "w") as f:
+            for label, z, d, n in plot_rows:
+                f.write(f'"{label}" {z} {d} {n}\n')
+        script = [f'set terminal pngcairo size 1400,{900 if curves else 500}',
+                  f'set output "{png}"', "set multiplot layout %d,1" % (2 if curves else 1),
+                  'set title "tokens/s (median), zinf vs DeepSpeed ZeRO-3 (CPU accelerator)"',
+                  "set style data histograms", "set style fill solid 0.8", "set grid ytics",
+                  "set xtics rotate by -30", "set ylabel 'tokens/s'",
+                  f'plot "{bars}" using 2:xtic(1) title "zinf", "" using 3 title "DeepSpeed", '
+                  f'"" using 4 title "train_gpt (native)"']
+        if curves:
+            title, z, d, n = curves
+            loss = os.path.join(tmp, "loss.dat")
+            with open(loss, "w") as f:
+                for i, (a, b) in enumerate(zip(z, d)):
+                    f.write(f"{i + 1} {a} {b} {n[i] if n and i < len(n) else 'NaN'}\n")
+            script += ["set style data linespoints", "set xtics norotate", "set xlabel 'step'",
+                       "set ylabel 'loss'", f'set title "loss per step, {title}"',
+                       f'plot "{loss}" using 1:2 title "zinf", "" using 1:3 title "DeepSpeed", '
+                       f'"" using 1:4 title "train_gpt (own sampler, tied head)"']
+        script.append("unset multiplot")
+        subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("log")
+    ap.add_argument("--header", required=True, help="markdown that opens the report")
+    ap.add_argument("--adam-limits", default="", help="JSON lines of `zinf bench adam --json`")
+    ap.add_argument("--markdown", required=True)
+    ap.add_argument("--png", required=True)
+    ap.add_argument("--summary", required=True)
+    ap.add_argument("--strict", action="store_true",
+                    help="exit 1 when a zinf run failed or a loss curve is outside tolerance")
+    args = ap.parse_args()
+    results = read_results(args.log)
+    limits = collections.defaultdict(list)
+    if args.adam_limits and os.path.exists(args.adam_limits):
+        with open(args.adam_limits) as f:
+            for line in f:
+                if line.startswith("{"):
+                    j = json.loads(line)
+                    limits[(j["params"], j["threads"])].append(j["limit_GBps"])
+    with open(args.header) as f:
+        out = [f.read().rstrip()]
+    out += ["", "End to end (50 steps; tokens/s, RSS and disk bytes are medians over the "
+            "repetitions, the split and the losses are the first repetition's):", ""]
+    plot_rows, curves = e2e_table(results, out)
+    adam_table(results, out, limits)
+    aio_table(results, out)
+    estimate_table(results, out)
+    out.append("")
+    out.append(f"![zinf vs DeepSpeed]({os.path.basename(args.png)})")
+    with open(args.markdown, "w") as f:
+        f.write("\n".join(out) + "\n")
+    plot(os.path.abspath(args.png), plot_rows, curves)
+    ratios = [z / d for _, z, d, _ in plot_rows if z and d]
+    with open(args.summary, "w") as f:
+        f.write(f"zinf vs DeepSpeed ZeRO-3 on this CPU, same run: tokens/s ratio "
+                f"{min(ratios):.2f}x to {max(ratios):.2f}x over {len(ratios)} rows\n"
+                if ratios else "zinf vs DeepSpeed: no end-to-end row both sides ran\n")
+    if args.strict:
+        problems = check(results)
+        for p in problems:
+            print(f"vs_deepspeed: {p}", file=sys.stderr)
+        sys.exit(1 if problems else 0)
+
+
+def check(results):
+    """What makes a run fail: a zinf row that failed, no zinf row, or a loss curve that leaves
+    DeepSpeed's by more than LOSS_TOLERANCE."""
+    problems = [f"zinf ({r['side']}) failed on {r['model']} {r['placement']} {r['world']} "
+                f"rank(s): {r['error'][:300]}"
+                for r in results if r["kind"] == "e2e" and r["side"] != "deepspeed" and
+                "error" in r]
+    ran = {}
+    for r in results:
+        if r["kind"] == "e2e" and "error" not in r:
+            ran.setdefault((r["model"], r["placement"], r["world"], r["d_model"]), {}).setdefault(
+                r["side"], r["losses"])
+    if not any("zinf" in sides for sides in ran.values()):
+        problems.append("no end-to-end zinf run finished")
+    for key, sides in ran.items():
+        if "zinf" in sides and "deepspeed" in sides:
+            diff = max_relative_difference(sides["zinf"], sides["deepspeed"])
+            if diff > LOSS_TOLERANCE:
+                problems.append(f"{key}: zinf's loss leaves DeepSpeed's by {diff:.2e} relative")
+    return problems
+
+
+if __name__ == "__main__":
+    main()

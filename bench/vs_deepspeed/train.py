@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""One training run of a GPT under DeepSpeed ZeRO-3 or under zinf, for the same-run comparison
+of bench/vs_deepspeed.sh: the same model (examples/torch's GPT or Hugging Face's GPT-2 built
+from a config), the same initial values (seed 0), the same batches (examples/torch's sampler:
+seed 1234, every rank draws the global batch and takes its rows), the same DeepSpeed config
+(AdamW, gradient clipping, fp32) for both. Prints one RESULT line (common.py): the loss of each
+step (the mean over ranks), the step time and its split (forward, backward, optimizer step), the
+tokens per second, the peak RSS summed over ranks and the bytes each step made the disk read
+and write.
+
+  python train.py --side zinf|deepspeed --placement memory|cpu|nvme [--model torch_gpt|hf_gpt2]
+      [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
+
+Launch 2 ranks with `zinf run -n 2 -- python train.py --side zinf ...` or
+`torchrun --nproc-per-node 2 train.py --side deepspeed ...`. DeepSpeed runs on its CPU
+accelerator: DS_ACCELERATOR=cpu, which bench/vs_deepspeed.sh sets.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+
+VOCAB = 256
+HYPER = {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+WARMUP_STEPS = 2  # not counted in the step time: first touches, op caches, swap file growth
+
+
+def add_model_args(ap):
+    ap.add_argument("--model", choices=("torch_gpt", "hf_gpt2"), default="torch_gpt")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--micro", type=int, default=8, help="sequences per rank per step")
+
+
+def _torch_example():
+    spec = importlib.util.spec_from_file_location(
+        "torch_train_gpt", os.path.join(REPO, "examples", "torch", "train_gpt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class HfGpt2(torch.nn.Module):
+    """Hugging Face's GPT-2 (no dropout) returning the logits, as examples/torch's GPT does."""
+
+    def __init__(self, args):
+        super().__init__()
+        import transformers
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=args.seq,
+                                      n_embd=args.d_model, n_layer=args.layers,
+                                      n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0)
+        self.lm = transformers.GPT2LMHeadModel(cfg)
+
+    def forward(self, tokens):
+        return self.lm(input_ids=tokens).logits
+
+
+def build_model(args):
+    torch.manual_seed(0)  # every rank and both sides start from the same values
+    if args.model == "hf_gpt2":
+        return HfGpt2(args)
+    return _torch_example().GPT(VOCAB, args.seq, args.d_model, args.heads, args.layers)
+
+
+def ds_config(args):
+    """The DeepSpeed config both sides read. nvme: DeepSpeed's documented "aio" defaults and
+    its ZeRO-Infinity tutorial's placement (parameters and optimizer state on NVMe)."""
+    zero = {"stage": 3}
+    if args.placement in ("cpu", "nvme"):
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if args.placement == "nvme":
+        zero["offload_param"] = {"device": "nvme", "nvme_path": args.nvme_path}
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": args.nvme_path}
+    config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": 1,
+              "gradient_clipping": 1.0, "zero_optimization": zero,
+              "optimizer": {"type": "AdamW", "params": dict(HYPER)}}
+    if args.placement == "nvme":
+        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                         "single_submit": False, "overlap_events": True}
+    return config
+
+
+class Zinf:
+    def __init__(self, model, args, threads):
+        import zinf.zero
+        self.engine = zinf.zero.initialize(model, ds_config(args), optimizer_threads=threads)
+        self.rank, self.world = self.engine.rank, self.engine.world_size
+        self.summary = {}
+
+    def forward(self, x):
+        return self.engine(x)
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def step(self):
+        self.summary = self.engine.step()
+
+    def mean(self, value):
+        return self.engine.mean_over_ranks(value)
+
+    def split(self):
+        """The engine's own split of the step and its own count of NVMe bytes."""
+        return {k: self.summary[k] for k in ("seconds_gather", "seconds_reduce",
+                                             "seconds_optimizer", "bytes_nvme_read",
+                                             "bytes_nvme_written")}
+
+
+class DeepSpeed:
+    def __init__(self, model, args, threads):
+        import deepspeed
+        import torch.distributed as dist
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                           ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
+            os.environ.setdefault(key, value)
+        deepspeed.init_distributed()  # the CPU accelerator's backend (gloo without oneCCL)
+        self.dist = dist
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=ds_config(args))
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def forward(self, x):
+        return self.engine(x)
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def step(self):
+        self.engine.step()
+
+    def mean(self, value):
+        t = torch.tensor([value], dtype=torch.float64)
+        self.dist.all_reduce(t)
+        return t.item() / self.world
+
+    def split(self):
+        return {}
+
+
+def run(args):
+    threads = max(1, common.cores() // int(os.environ.get("WORLD_SIZE", "1")))
+    torch.set_num_threads(threads)
+    corpus = _torch_example().load_corpus("")
+    model = build_model(args)
+    params = sum(p.numel() for p in model.parameters())
+    side = (Zinf if args.side == "zinf" else DeepSpeed)(model, args, threads)
+    rank, world, micro, seq = side.rank, side.world, args.micro, args.seq
+
+    g = torch.Generator().manual_seed(1234)
+    losses, steps = [], []
+    for step in range(args.steps):
+        starts = torch.randint(0, len(corpus) - seq - 1, (micro * world,),
+                               generator=g)[rank * micro:(rank + 1) * micro]
+        batch = torch.stack([corpus[s:s + seq + 1] for s in starts.tolist()])
+        io0 = common.disk_io_bytes()
+        t0 = time.perf_counter()
+        logits = side.forward(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+        t1 = time.perf_counter()
+        side.backward(loss)
+        t2 = time.perf_counter()
+        side.step()
+        t3 = time.perf_counter()
+        io1 = common.disk_io_bytes()
+        losses.append(side.mean(loss.item()))
+        steps.append({"forward_s": t1 - t0, "backward_s": t2 - t1, "step_s": t3 - t2,
+                      "total_s": t3 - t0, "disk_read": io1[0] - io0[0],
+                      "disk_written": io1[1] - io0[1], **side.split()})
+    timed = steps[WARMUP_STEPS:] or steps
+    per_step = {k: common.median([s[k] for s in timed]) for k in timed[0]}
+    # Summed over ranks: the node's memory and disk traffic.
+    rss = side.mean(float(common.peak_rss_bytes())) * world
+    disk_read = side.mean(per_step["disk_read"]) * world
+    disk_written = side.mean(per_step["disk_written"]) * world
+    if rank == 0:
+        common.emit("e2e", side=args.side, model=args.model, placement=args.placement,
+                    world=world, threads_per_rank=threads, params=params, layers=args.layers,
+                    d_model=args.d_model, seq=seq, micro=micro, steps=args.steps,
+                    losses=losses, step_s=per_step["total_s"],
+                    tokens_per_s=micro * world * seq / per_step["total_s"],
+                    peak_rss_bytes=rss, disk_read_per_step=disk_read,
+                    disk_written_per_step=disk_written, split=per_step)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--side", choices=("zinf", "deepspeed"), required=True)
+    ap.add_argument("--placement", choices=("memory", "cpu", "nvme"), required=True)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--nvme-path", default="")
+    add_model_args(ap)
+    args = ap.parse_args()
+    if args.placement == "nvme" and not args.nvme_path:
+        ap.error("--placement nvme needs --nvme-path")
+    try:
+        run(args)
+    except Exception as e:  # the refusal is a result: report.py prints its exact text
+        if os.environ.get("RANK", "0") == "0":
+            common.emit("e2e", side=args.side, model=args.model, placement=args.placement,
+                        world=int(os.environ.get("WORLD_SIZE", "1")), layers=args.layers,
+                        d_model=args.d_model, error=f"{type(e).__name__}: {e}",
+                        traceback=traceback.format_exc()[-3000:])
+        raise
+
+
+if __name__ == "__main__":
+    main()
