@@ -24,21 +24,26 @@
 # build/vs-deepspeed/torch_extensions.
 #
 # Usage: bench/vs_deepspeed.sh [--quick] [--reps N] [--nvme-dir DIR] [--only parts|e2e]
-#   --quick     one repetition of small sizes (a smoke test of every path: minutes)
+#                               [--models "torch_gpt hf_gpt2"] [--worlds "1 2"] [--steps 50]
+#   --quick     one repetition of small sizes, 5 steps (a smoke test of every path)
 #   --reps N    repetitions of every comparison (default 3)
+#   --models, --worlds, --steps: a subset of the end-to-end runs (default: all, 50 steps)
 #   --nvme-dir  a directory on a real disk for the swap files (default /work/bench-nvme if it
 #               exists, else build/vs-deepspeed/nvme)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-quick=0 reps=3 only="" nvme_dir=""
+quick=0 reps=3 only="" nvme_dir="" models_arg="" worlds_arg="" steps_arg=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
     --reps) reps=$2; shift ;;
     --nvme-dir) nvme_dir=$2; shift ;;
     --only) only=$2; shift ;;
+    --models) models_arg=$2; shift ;;
+    --worlds) worlds_arg=$2; shift ;;
+    --steps) steps_arg=$2; shift ;;
     *) echo "vs_deepspeed: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
   shift
@@ -113,6 +118,7 @@ else
   [ -n "${ZINF_VS_DS_LARGE:-}" ] && e2e_sizes+=("$ZINF_VS_DS_LARGE")
   worlds="1 2" models="torch_gpt hf_gpt2"
 fi
+models=${models_arg:-$models} worlds=${worlds_arg:-$worlds} steps=${steps_arg:-$steps}
 
 # -- parts -------------------------------------------------------------------------------------
 if [ "$only" != e2e ]; then

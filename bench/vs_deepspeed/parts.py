@@ -156,7 +156,7 @@ PLAN_ROWS = {"memory": "param none, optim none, fp32", "cpu": "param none, optim
 
 def estimate(args):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    import train  # noqa: F401
+    import train
 
     model = train.build_model(args)
     total = sum(p.numel() for p in model.parameters())
@@ -179,6 +179,7 @@ def estimate(args):
         row = rows.get(PLAN_ROWS[placement], {})
         # On the CPU accelerator the "GPU" memory is host memory too: the node needs both.
         common.emit("estimate", placement=placement, world=args.world, params=total,
+                    d_model=args.d_model, layers=args.layers,
                     deepspeed_host_bytes=cpu + gpu * args.world,
                     zinf_plan_steady_host_bytes=row.get("steady_host_bytes"),
                     zinf_plan_peak_host_bytes=row.get("peak_host_bytes"),
@@ -200,7 +201,7 @@ def main():
     a.add_argument("--fio", default="fio")
     a.set_defaults(fn=aio)
     a = sub.add_parser("estimate")
-    import train  # noqa: F401
+    import train
     train.add_model_args(a)
     a.add_argument("--world", type=int, default=1)
     a.add_argument("--zinf", required=True, help="the zinf command line")

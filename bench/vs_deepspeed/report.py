@@ -180,7 +180,7 @@ def plot(png, plot_rows, curves):
         with open(bars, "w") as f:
             for label, z, d, n in plot_rows:
                 f.write(f'"{label}" {z} {d} {n}\n')
-        script = [f'set terminal pngcairo size 1400,{900 if curves else 500}',
+        script = [f'set terminal pngcairo noenhanced size 1400,{900 if curves else 500}',
                   f'set output "{png}"', "set multiplot layout %d,1" % (2 if curves else 1),
                   'set title "tokens/s (median), zinf vs DeepSpeed ZeRO-3 (CPU accelerator)"',
                   "set style data histograms", "set style fill solid 0.8", "set grid ytics",
@@ -222,8 +222,10 @@ def main():
                     limits[(j["params"], j["threads"])].append(j["limit_GBps"])
     with open(args.header) as f:
         out = [f.read().rstrip()]
-    out += ["", "End to end (50 steps; tokens/s, RSS and disk bytes are medians over the "
-            "repetitions, the split and the losses are the first repetition's):", ""]
+    steps = sorted({r["steps"] for r in results if r["kind"] == "e2e" and "steps" in r})
+    out += ["", f"End to end ({'/'.join(map(str, steps)) or 'no'} steps, the first "
+            "2 not timed; tokens/s, RSS and disk bytes are medians over the repetitions, "
+            "the split and the losses are the first repetition's):", ""]
     plot_rows, curves = e2e_table(results, out)
     adam_table(results, out, limits)
     aio_table(results, out)
