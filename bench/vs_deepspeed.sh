@@ -12,7 +12,8 @@
 #              (ZeRO-Infinity); 1 and 2 processes; 50 steps.
 # Writes bench/vs_deepspeed.md (the report) and bench/vs_deepspeed.png (tokens/s, loss curves),
 # puts the report into bench/RESULTS.md and a summary line into README.md (between their
-# "vs_deepspeed" markers).
+# "vs_deepspeed" markers); --quick writes its report into build/vs-deepspeed/ only and fails
+# when a zinf run fails or a loss curve leaves DeepSpeed's by more than 1e-3 relative.
 #
 # DeepSpeed, its torch and transformers are this benchmark's own dependencies, never zinf's:
 # they go into a virtualenv, build/venv-deepspeed (made from /usr/bin/python3 once, then kept;
@@ -178,7 +179,7 @@ if [ "$only" != parts ]; then
 fi
 
 # -- report ------------------------------------------------------------------------------------
-step "report: bench/vs_deepspeed.md, bench/vs_deepspeed.png"
+step "report: vs_deepspeed.md and vs_deepspeed.png"
 header=$work/header.md
 cat >"$header" <<EOF
 ### zinf vs DeepSpeed, same machine, same run (\`bench/vs_deepspeed.sh$([ "$quick" = 1 ] && echo " --quick")\`)
@@ -197,10 +198,15 @@ single_submit false, overlap_events true), swap files in $nvme_dir. zinf checks 
 swapped piece (its default); DeepSpeed does not. Peak RSS is summed over ranks; disk bytes are
 what /proc/self/io counts (the block layer's reads and writes), the same meter for both sides.
 EOF
+# A --quick run's report stays in the build tree: it is a smoke test, not figures to publish.
+out=bench
+[ "$quick" = 1 ] && out=$work
+status=0
 "$py" bench/vs_deepspeed/report.py "$log" --header "$header" \
-  --adam-limits "$work/adam_limits.jsonl" --markdown bench/vs_deepspeed.md \
-  --png bench/vs_deepspeed.png --summary "$work/summary.txt" $([ "$quick" = 1 ] && echo --strict)
-cat bench/vs_deepspeed.md
+  --adam-limits "$work/adam_limits.jsonl" --markdown "$out/vs_deepspeed.md" \
+  --png "$out/vs_deepspeed.png" --summary "$work/summary.txt" \
+  $([ "$quick" = 1 ] && echo --strict) || status=$?
+cat "$out/vs_deepspeed.md"
 
 # The report replaces the one between the markers in bench/RESULTS.md, the summary the line
 # between those in README.md (appended with its markers the first time).
@@ -219,3 +225,4 @@ if [ "$quick" = 0 ]; then
   replace_between README.md "$work/summary.txt"
 fi
 echo "vs_deepspeed: done ($(grep -c '^RESULT' "$log") results; log $log, stderr $work/stderr.log)"
+exit $status

@@ -237,9 +237,12 @@ def main():
     plot(os.path.abspath(args.png), plot_rows, curves)
     ratios = [z / d for _, z, d, _ in plot_rows if z and d]
     with open(args.summary, "w") as f:
-        f.write(f"zinf vs DeepSpeed ZeRO-3 on this CPU, same run: tokens/s ratio "
-                f"{min(ratios):.2f}x to {max(ratios):.2f}x over {len(ratios)} rows\n"
-                if ratios else "zinf vs DeepSpeed: no end-to-end row both sides ran\n")
+        f.write(f"Against DeepSpeed ZeRO-3 on its CPU accelerator, same machine, same run "
+                f"(`bench/vs_deepspeed.sh`, bench/RESULTS.md): zinf's tokens/s is "
+                f"{min(ratios):.2f}x to {max(ratios):.2f}x DeepSpeed's over {len(ratios)} "
+                f"model / placement / rank rows.\n"
+                if ratios else "Against DeepSpeed (`bench/vs_deepspeed.sh`): no end-to-end row "
+                "both sides ran.\n")
     if args.strict:
         problems = check(results)
         for p in problems:
