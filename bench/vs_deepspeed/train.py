@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One training run of a GPT under DeepSpeed ZeRO-3 or under zinf, for the same-run comparison
-of bench/vs_deepspeed.sh: the same model (examples/torch's GPT or Hugging Face's GPT-2 built
+of bench/vs_deepspeed.sh (zinf through `zinf.initialize`, DeepSpeed's `deepspeed.initialize`,
+called alike): the same model (examples/torch's GPT or Hugging Face's GPT-2 built
 from a config), the same initial values (seed 0), the same batches (examples/torch's sampler:
 seed 1234, every rank draws the global batch and takes its rows), the same DeepSpeed config
 (AdamW, gradient clipping, fp32) for both. Prints one RESULT line (common.py): the loss of each
@@ -95,10 +96,13 @@ def ds_config(args):
 
 
 class Zinf:
+    """zinf through its DeepSpeed-compatible entry point, called as the DeepSpeed side is."""
+
     def __init__(self, model, args, threads):
-        import zinf.zero
-        self.engine = zinf.zero.initialize(model, ds_config(args), optimizer_threads=threads)
-        self.rank, self.world = self.engine.rank, self.engine.world_size
+        import zinf
+        self.engine, *_ = zinf.initialize(model=model, model_parameters=model.parameters(),
+                                          config=ds_config(args), optimizer_threads=threads)
+        self.rank, self.world = self.engine.global_rank, self.engine.world_size
         self.summary = {}
 
     def forward(self, x):
@@ -111,7 +115,7 @@ class Zinf:
         self.summary = self.engine.step()
 
     def mean(self, value):
-        return self.engine.mean_over_ranks(value)
+        return self.engine.zero.mean_over_ranks(value)
 
     def split(self):
         """The engine's own split of the step and its own count of NVMe bytes."""
