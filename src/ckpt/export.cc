@@ -225,18 +225,23 @@ Status Export(const std::string& path, const std::string& out_file, ElementType 
 
 }  // namespace
 
-Status ExportSafetensors(const std::string& path, const std::string& out_file, ElementType dtype) {
+Status GuardedExport(const std::string& path, ElementType dtype,
+                     const std::function<Status()>& export_fn) {
   if (dtype != ElementType::kFp32 && dtype != ElementType::kBf16 && dtype != ElementType::kFp16) {
     return InvalidArgument(
         fmt::format("export dtype must be fp32, bf16 or fp16, got {}", ElementTypeName(dtype)));
   }
   try {
-    return Export(path, out_file, dtype);
+    return export_fn();
   } catch (const std::bad_alloc&) {
     return ResourceExhausted(fmt::format("exporting {}: out of memory", path));
   } catch (const std::exception& e) {  // a bug: say so rather than abort
     return Internal(fmt::format("exporting {}: unexpected exception: {}", path, e.what()));
   }
+}
+
+Status ExportSafetensors(const std::string& path, const std::string& out_file, ElementType dtype) {
+  return GuardedExport(path, dtype, [&] { return Export(path, out_file, dtype); });
 }
 
 }  // namespace zinf::ckpt

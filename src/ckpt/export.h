@@ -7,6 +7,7 @@
 #define ZINF_SRC_CKPT_EXPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +77,12 @@ class SafetensorsWriter {
   bool committed_ = false;
   uint64_t data_bytes_ = 0, written_ = 0;
 };
+
+// Runs an export of the checkpoint at `path` in parameter type `dtype`: InvalidArgument for a
+// type other than kFp32, kBf16, kFp16; an exception that escapes `export_fn` becomes a Status
+// (ResourceExhausted for out of memory, Internal otherwise), so none reaches the caller.
+Status GuardedExport(const std::string& path, ElementType dtype,
+                     const std::function<Status()>& export_fn);
 
 // `count` fp32 values as `dtype` (kFp32, kBf16 or kFp16, rounded to nearest even) into `out`,
 // count * ElementSize(dtype) bytes.

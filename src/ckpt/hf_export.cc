@@ -241,19 +241,8 @@ StatusOr<uint64_t> ParseShardSize(std::string_view text) {
 
 Status ExportHf(const std::string& path, const std::string& out_dir,
                 const HfExportOptions& options) {
-  if (options.dtype != ElementType::kFp32 && options.dtype != ElementType::kBf16 &&
-      options.dtype != ElementType::kFp16) {
-    return InvalidArgument(fmt::format("export dtype must be fp32, bf16 or fp16, got {}",
-                                       ElementTypeName(options.dtype)));
-  }
   if (options.max_shard_bytes == 0) return InvalidArgument("max_shard_bytes must be positive");
-  try {
-    return Export(path, out_dir, options);
-  } catch (const std::bad_alloc&) {
-    return ResourceExhausted(fmt::format("exporting {}: out of memory", path));
-  } catch (const std::exception& e) {  // a bug: say so rather than abort
-    return Internal(fmt::format("exporting {}: unexpected exception: {}", path, e.what()));
-  }
+  return GuardedExport(path, options.dtype, [&] { return Export(path, out_dir, options); });
 }
 
 }  // namespace zinf::ckpt

@@ -473,6 +473,27 @@ TEST_F(HfDirectoryTest, ImportKeepsIntegerTensorsAsBuffers) {
   EXPECT_EQ(back.tensors.at("bn.weight").values<float>(), (std::vector<float>{1, 2}));
 }
 
+TEST_F(HfDirectoryTest, TheEngineKeepsItsMetadataAcrossSaveAndLoad) {
+  auto make = [] {
+    auto config = EngineConfig::FromJson(R"({"zero_optimization": {"stage": 3}})");
+    auto engine = Engine::Create(*config, {.device = "host", .rank = 0, .world_size = 1});
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    EXPECT_TRUE((*engine)->RegisterModule("m", {{"w", {3}}}).ok());
+    EXPECT_TRUE((*engine)->Initialize().ok());
+    return std::move(*engine);
+  };
+  auto saver = make();
+  EXPECT_EQ(saver->checkpoint_metadata(), "{}");
+  const Status not_object = saver->SetCheckpointMetadata("[1]");
+  EXPECT_EQ(not_object.code(), StatusCode::kInvalidArgument) << not_object;
+  ASSERT_TRUE(saver->SetCheckpointMetadata(R"({"hf_config": {"model_type": "x"}})").ok());
+  ASSERT_TRUE(saver->SaveCheckpoint(root_ + "/m", "t").ok());
+  auto loader = make();
+  ASSERT_TRUE(loader->LoadCheckpoint(root_ + "/m").ok());
+  EXPECT_EQ(nlohmann::json::parse(loader->checkpoint_metadata()),
+            nlohmann::json::parse(R"({"hf_config": {"model_type": "x"}})"));
+}
+
 TEST(ManifestMetadataTest, MetadataRoundTripsAndRaisesTheVersionOnlyWhenPresent) {
   Manifest m = ManifestOf({{"w", {2}}}, nlohmann::json::object());
   m.engine_state = R"({"steps": 0, "iteration": 0, "last_overflow_iteration": -1,
