@@ -533,6 +533,28 @@ std::vector<std::string> GptConfig::parameter_names() const {
   return names;
 }
 
+std::string GptConfig::DescriptionJson() const {
+  // What the kernels compute (kLayerNormEps, eltwise_gelu_tanh and GeluForwardKernel, the
+  // attention's 1/sqrt(head_dim), the head's matmul with wte), stated for readers of the
+  // checkpoint: `zinf ckpt export --hf` writes a GPT-2 model only where every entry is GPT-2's.
+  const nlohmann::json description = {{"vocab_size", vocab_size},
+                                      {"seq_len", seq_len},
+                                      {"d_model", d_model},
+                                      {"n_layer", n_layer},
+                                      {"n_head", n_head},
+                                      {"norm", "layernorm"},
+                                      {"norm_position", "pre"},
+                                      {"norm_eps", 1e-5},
+                                      {"final_norm", true},
+                                      {"activation", "gelu_tanh"},
+                                      {"mlp_ratio", 4},
+                                      {"positions", "learned"},
+                                      {"biases", true},
+                                      {"tied_head", true},
+                                      {"attention_scale", "inverse_sqrt_head_dim"}};
+  return description.dump();
+}
+
 Gpt::Gpt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Gpt::~Gpt() = default;
 
@@ -625,6 +647,9 @@ StatusOr<std::unique_ptr<Gpt>> Gpt::Create(zinf::Engine& engine, const GptConfig
   ZINF_ASSIGN_OR_RETURN(impl->ln_f,
                         engine.RegisterModule("ln_f", {{"ln_f.weight", {d}, ParamInit::kOnes},
                                                        {"ln_f.bias", {d}, ParamInit::kZeros}}));
+  // Checkpoints say what model they hold (`zinf ckpt export --hf` maps it to GPT-2).
+  ZINF_RETURN_IF_ERROR(
+      engine.SetCheckpointMetadata("{\"zinf_gpt\": " + config.DescriptionJson() + "}"));
   return std::unique_ptr<Gpt>(new Gpt(std::move(impl)));
 }
 

@@ -57,6 +57,10 @@ struct GptConfig {
   zinf::StatusOr<uint64_t> ActivationBytes(int64_t batch) const;
   // Every parameter's name, in the order the model registers them.
   std::vector<std::string> parameter_names() const;
+  // The model as a JSON object: the sizes above and what the model computes (norm, its
+  // epsilon and place, activation, positions, biases, head), which Gpt::Create records in
+  // the engine's checkpoints as metadata "zinf_gpt" (Engine::SetCheckpointMetadata).
+  std::string DescriptionJson() const;
 };
 
 // The element type of every matmul's inputs (forward, both backward products, attention);

@@ -725,6 +725,12 @@ ZINF_EXPORT zinf_code_t zinf_engine_set_buffer(zinf_engine_t* engine, const char
                                                const void* data, uint64_t bytes, char** errptr);
 ZINF_EXPORT zinf_code_t zinf_engine_get_buffer(zinf_engine_t* engine, const char* name, void* out,
                                                uint64_t bytes, char** errptr);
+/* A JSON object describing the model that later checkpoints carry and `zinf ckpt export --hf`
+ * reads ("hf_config": a Hugging Face config.json's object); load_checkpoint replaces it with
+ * the checkpoint's (zinf::Engine::SetCheckpointMetadata). INVALID_ARGUMENT for text that is
+ * not a JSON object. */
+ZINF_EXPORT zinf_code_t zinf_engine_set_checkpoint_metadata(zinf_engine_t* engine,
+                                                            const char* json_object, char** errptr);
 /* Saves what resuming needs into dir/tag/ and points dir/latest at it (a collective, between
  * steps). client_state: a JSON object of the trainer's, or NULL for {}. A crash at any moment
  * leaves the previous checkpoint loadable. */

@@ -445,6 +445,14 @@ class ZINF_EXPORT Engine {
   Status SetBuffer(const std::string& name, const std::string& dtype,
                    const std::vector<int64_t>& shape, const void* data, uint64_t bytes);
   Status GetBuffer(const std::string& name, void* out, uint64_t bytes) const;
+  // ---- Checkpoint metadata ----
+  // A JSON object describing the model, which every later checkpoint carries (rank 0's) and
+  // resuming does not need: `zinf ckpt export --hf` reads "hf_config" (the Hugging Face config
+  // of a transformers model; zinf.zero sets it) and "zinf_gpt" (the GPT example's model
+  // config). LoadCheckpoint replaces it with the checkpoint's. Not a collective.
+  // InvalidArgument for text that is not a JSON object.
+  Status SetCheckpointMetadata(const std::string& json_object);
+  const std::string& checkpoint_metadata() const;  // "{}" until set
   // ---- Checkpoints (collectives: every rank calls them, between steps) ----
   // Saves what resuming needs to continue bitwise: the fp32 master shard, the optimizer state
   // and step counts, the loss scaler, and `client_state` (a JSON object of the trainer's, such

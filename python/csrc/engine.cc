@@ -187,6 +187,9 @@ class PyEngine {
     void* p = bytes > 0 ? Pointer(out, "out") : nullptr;
     ThrowIfError(engine_->GetBuffer(name, p, bytes));
   }
+  void SetCheckpointMetadata(const std::string& json_object) {
+    ThrowIfError(engine_->SetCheckpointMetadata(json_object));
+  }
   void SaveCheckpoint(const std::string& dir, const std::string& tag,
                       const std::string& client_state) {
     ThrowIfError(WithoutGil([&] { return engine_->SaveCheckpoint(dir, tag, client_state); }));
@@ -225,6 +228,7 @@ void BindEngine(py::module_& m) {
       .def("set_buffer", &PyEngine::SetBuffer, py::arg("name"), py::arg("dtype"), py::arg("shape"),
            py::arg("data"), py::arg("bytes"))
       .def("get_buffer", &PyEngine::GetBuffer, py::arg("name"), py::arg("out"), py::arg("bytes"))
+      .def("set_checkpoint_metadata", &PyEngine::SetCheckpointMetadata, py::arg("json_object"))
       .def("save_checkpoint", &PyEngine::SaveCheckpoint, py::arg("dir"), py::arg("tag"),
            py::arg("client_state") = "{}")
       .def("load_checkpoint", &PyEngine::LoadCheckpoint, py::arg("dir"))

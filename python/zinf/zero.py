@@ -484,8 +484,10 @@ class ZeroEngine:
 
     def save_checkpoint(self, directory, tag, client_state=None):
         """Saves what resuming needs (a collective): the engine's state, the module buffers
-        (rank 0's) and client_state, a JSON-able dict."""
+        (rank 0's) and client_state, a JSON-able dict; for a transformers model also its
+        config, so that ``zinf ckpt export --hf`` writes what ``from_pretrained`` loads."""
         self._push_buffers()
+        self._engine.set_checkpoint_metadata(json.dumps(_checkpoint_metadata(self.module)))
         self._engine.save_checkpoint(os.fspath(directory), str(tag),
                                      json.dumps(client_state or {}))
 
@@ -550,6 +552,17 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
     torch.uint8: "U8", torch.bool: "BOOL",
 }
+
+
+def _checkpoint_metadata(model):
+    """{"hf_config": config.json's object} for a transformers model (as save_pretrained writes
+    it, with the model's class as its architecture), {} for another."""
+    config = getattr(model, "config", None)
+    if not hasattr(model, "save_pretrained") or not hasattr(config, "to_json_string"):
+        return {}
+    hf_config = json.loads(config.to_json_string(use_diff=False))
+    hf_config["architectures"] = [type(model).__name__]
+    return {"hf_config": hf_config}
 
 
 def _storage_ptr(tensor):

@@ -521,6 +521,15 @@ zinf_code_t zinf_engine_set_buffer(zinf_engine_t* engine, const char* name, cons
   });
 }
 
+zinf_code_t zinf_engine_set_checkpoint_metadata(zinf_engine_t* engine, const char* json_object,
+                                                char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(json_object, "json_object"));
+    return e->engine->SetCheckpointMetadata(json_object);
+  });
+}
+
 zinf_code_t zinf_engine_get_buffer(zinf_engine_t* engine, const char* name, void* out,
                                    uint64_t bytes, char** errptr) {
   return Run(__func__, errptr, [&]() -> Status {

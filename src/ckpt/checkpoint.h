@@ -25,7 +25,11 @@
 // Version 3 adds "buffers" (name, dtype, shape, bytes): the model's module buffers (BatchNorm's
 // running statistics), replicated rather than sharded as DeepSpeed keeps them, rank 0's values
 // back to back in rank 0's "buffers" section; a checkpoint without buffers is still written as
-// version 2, which older builds read.
+// version 2, which older builds read. Version 4 adds "metadata", a JSON object describing the
+// model that resuming does not need and `zinf ckpt export --hf` reads (Engine::
+// SetCheckpointMetadata): "hf_config", the Hugging Face config of a transformers model
+// (zinf.zero writes it), "zinf_gpt", the GPT example's model config; a checkpoint with no
+// metadata is written as version 3 (or 2).
 //
 // A shard file is its sections back to back, each starting at a multiple of 4096, then a
 // JSON trailer that lists them (name, offset, bytes, crc32c) with the tag and rank, then the
@@ -77,6 +81,7 @@ struct Manifest {
   std::string engine_state = "{}";      // JSON: the engine's scalars (loss scaler...)
   std::string client_state = "{}";      // JSON: the trainer's (data position...)
   std::vector<ManifestBuffer> buffers;  // in rank 0's "buffers" section, in this order
+  std::string metadata = "{}";          // JSON: descriptions of the model (see above)
 };
 
 std::string ShardFileName(int rank);  // "rank-00003.zshard"
@@ -90,13 +95,13 @@ Status CheckTag(std::string_view tag);
 // non-empty list of uniquely named parameters whose shapes are non-negative and give numel,
 // whose shard_size is numel / world_size rounded up and whose shards lie within
 // shard_elements without overlapping (all arithmetic checked for overflow), and
-// engine_state and client_state JSON objects (engine_state with the scalars the engine
-// reads), and buffers uniquely named apart from the parameters, of a known dtype, whose bytes
-// match their shape. InvalidArgument naming the parameter, the field, its value and what was
+// engine_state, client_state and metadata JSON objects (engine_state with the scalars the
+// engine reads), and buffers uniquely named apart from the parameters, of a known dtype, whose
+// bytes match their shape. InvalidArgument naming the parameter, the field, its value and what was
 // expected.
 Status ValidateManifest(const Manifest& manifest);
 
-// ---- Writing ----
+// ---- Writing (checkpoint_write.cc) ----
 
 // Writes a shard file. Sections are declared with their sizes first (Add), then each is
 // written front to back (Write), sections in any interleaving: how NVMe-resident state is
@@ -146,7 +151,7 @@ Status CommitLatest(const std::string& root, const std::string& tag);
 // directory once empty. Best effort, never fails: what it leaves, CommitLatest removes.
 void RemoveUncommittedShard(const std::string& tag_dir, int rank);
 
-// ---- Reading ----
+// ---- Reading (checkpoint_read.cc) ----
 
 // The checkpoint directory `path` names: `path` itself when it holds a manifest, else
 // `path`/<contents of path/latest>. InvalidArgument when neither exists; DataLoss when
@@ -203,8 +208,8 @@ class ShardReader {
 // buffer as saved (its own dtype, from rank 0's "buffers" section). Memory: one
 // parameter at a time. The manifest and every rank file's "params" section (size against
 // the manifest, checksum) are verified before `out_file` is created; on any error nothing is
-// left at `out_file` (an existing file there is kept as it was). `dtype`: kFp32 or kBf16,
-// else InvalidArgument.
+// left at `out_file` (an existing file there is kept as it was). `dtype`: kFp32, kBf16 or
+// kFp16, else InvalidArgument. (A Hugging Face directory: ExportHf in ckpt/hf.h.)
 Status ExportSafetensors(const std::string& path, const std::string& out_file, ElementType dtype);
 
 }  // namespace zinf::ckpt

@@ -22,9 +22,26 @@ namespace {
 // The safetensors library refuses headers over 100 MB; so does zinf, before allocating one.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// The types zinf reads, with their sizes: the floats as values (`dtype`), the rest as bytes.
+struct KnownType {
+  std::string_view name;
+  uint64_t bytes;
+  bool is_float;
+  ElementType dtype;  // where is_float
+};
+constexpr KnownType kReadTypes[] = {{"F32", 4, true, ElementType::kFp32},
+                                    {"BF16", 2, true, ElementType::kBf16},
+                                    {"F16", 2, true, ElementType::kFp16},
+                                    {"F64", 8, false, {}},
+                                    {"I64", 8, false, {}},
+                                    {"I32", 4, false, {}},
+                                    {"I16", 2, false, {}},
+                                    {"I8", 1, false, {}},
+                                    {"U8", 1, false, {}},
+                                    {"BOOL", 1, false, {}}};
+
 // The types safetensors defines that zinf does not read, to tell them from a typo.
-constexpr std::string_view kOtherSafetensorsTypes[] = {
-    "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+constexpr std::string_view kOtherSafetensorsTypes[] = {"U64", "U32", "U16", "F8_E4M3", "F8_E5M2"};
 
 Status ReadAt(int fd, void* out, uint64_t bytes, uint64_t offset, const std::string& what) {
   char* p = static_cast<char*>(out);
@@ -64,21 +81,24 @@ StatusOr<std::vector<SafetensorsTensor>> Parse(std::string_view json, uint64_t d
     auto dtype = entry.find("dtype");
     if (dtype == entry.end() || !dtype->is_string()) return bad("no string \"dtype\"");
     const std::string type = dtype->get<std::string>();
-    if (type == "F32") {
-      t.dtype = ElementType::kFp32;
-    } else if (type == "BF16") {
-      t.dtype = ElementType::kBf16;
-    } else if (type == "F16") {
-      t.dtype = ElementType::kFp16;
-    } else {
-      const bool known =
+    const KnownType* known = nullptr;
+    for (const KnownType& k : kReadTypes) {
+      if (k.name == type) known = &k;
+    }
+    if (known == nullptr) {
+      const bool defined =
           std::find(std::begin(kOtherSafetensorsTypes), std::end(kOtherSafetensorsTypes), type) !=
           std::end(kOtherSafetensorsTypes);
-      return InvalidArgument(
-          fmt::format("{}: tensor '{}' has dtype '{}', {}; zinf reads F32, BF16 and F16", source,
-                      name, type.substr(0, 40),
-                      known ? "which zinf does not read" : "which safetensors does not define"));
+      return InvalidArgument(fmt::format(
+          "{}: tensor '{}' has dtype '{}', {}; zinf reads F32, BF16, F16, F64, I64, I32, I16, I8, "
+          "U8 and BOOL",
+          source, name, type.substr(0, 40),
+          defined ? "which zinf does not read" : "which safetensors does not define"));
     }
+    t.type = type;
+    t.is_float = known->is_float;
+    t.dtype = known->dtype;
+    t.element_bytes = known->bytes;
     auto shape = entry.find("shape");
     if (shape == entry.end() || !shape->is_array()) return bad("no \"shape\" array");
     t.numel = 1;
@@ -105,7 +125,7 @@ StatusOr<std::vector<SafetensorsTensor>> Parse(std::string_view json, uint64_t d
                              t.end, data_bytes));
     }
     uint64_t bytes = 0;
-    if (__builtin_mul_overflow(t.numel, ElementSize(t.dtype), &bytes) || bytes != t.end - t.begin) {
+    if (__builtin_mul_overflow(t.numel, t.element_bytes, &bytes) || bytes != t.end - t.begin) {
       return bad(fmt::format("shape [{}] of {} needs {} bytes, data_offsets span {}",
                              fmt::join(t.shape, ", "), type, bytes, t.end - t.begin));
     }
@@ -227,6 +247,10 @@ Status SafetensorsReader::ReadFp32(const SafetensorsTensor& t, uint64_t first, u
     return InvalidArgument(fmt::format("{}: elements [{}, {} + {}) are past its {} elements", what,
                                        first, first, count, t.numel));
   }
+  if (!t.is_float) {
+    return InvalidArgument(
+        fmt::format("{} is {}; values are read from F32, BF16 or F16 tensors", what, t.type));
+  }
   const uint64_t at = data_offset_ + t.begin + first * ElementSize(t.dtype);
   if (t.dtype == ElementType::kFp32) return ReadAt(fd_, out, count * 4, at, what);
   // 16-bit values: read in pieces into a small buffer and widen.
@@ -242,6 +266,11 @@ Status SafetensorsReader::ReadFp32(const SafetensorsTensor& t, uint64_t first, u
     done += n;
   }
   return OkStatus();
+}
+
+Status SafetensorsReader::ReadBytes(const SafetensorsTensor& t, void* out) const {
+  return ReadAt(fd_, out, t.end - t.begin, data_offset_ + t.begin,
+                fmt::format("{}: tensor '{}'", path_, t.name));
 }
 
 }  // namespace zinf::ckpt

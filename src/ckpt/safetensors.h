@@ -4,7 +4,9 @@
 // The format: an 8-byte little-endian header length N, N bytes of JSON mapping each tensor
 // name to {"dtype", "shape", "data_offsets": [begin, end)} (offsets relative to the data,
 // which follows the header), an optional "__metadata__" object of strings, then the data.
-// Tensors are row-major. zinf reads F32, BF16 and F16.
+// Tensors are row-major. zinf reads F32, BF16 and F16 as values (widened to fp32), and F64
+// and the integer types (I64, I32, I16, I8, U8, BOOL: BatchNorm's num_batches_tracked, masks)
+// as bytes.
 //
 // Thread-safety: a SafetensorsReader may be read from several threads at once (pread).
 #ifndef ZINF_SRC_CKPT_SAFETENSORS_H_
@@ -22,10 +24,13 @@ namespace zinf::ckpt {
 
 struct SafetensorsTensor {
   std::string name;
-  ElementType dtype = ElementType::kFp32;  // kFp32, kBf16 or kFp16
-  std::vector<int64_t> shape;              // [] for a scalar
-  uint64_t numel = 0;                      // the product of the shape
-  uint64_t begin = 0, end = 0;             // data_offsets: bytes relative to the data
+  std::string type;                        // the safetensors name: "F32", "I64", ...
+  bool is_float = true;                    // F32, BF16 or F16: `dtype` says which
+  ElementType dtype = ElementType::kFp32;  // kFp32, kBf16 or kFp16 where is_float
+  uint64_t element_bytes = 4;
+  std::vector<int64_t> shape;   // [] for a scalar
+  uint64_t numel = 0;           // the product of the shape
+  uint64_t begin = 0, end = 0;  // data_offsets: bytes relative to the data
 };
 
 // "F32", "BF16", "F16" for those types; "" for the others.
@@ -57,11 +62,14 @@ class SafetensorsReader {
   // The tensor named `name`, or nullptr.
   const SafetensorsTensor* Find(std::string_view name) const;
   // Reads `tensor` (one of tensors()) into `out`, numel values, widened to fp32. IoError (or
-  // DataLoss for a file that ends early) naming the file and tensor.
+  // DataLoss for a file that ends early) naming the file and tensor; InvalidArgument for a
+  // tensor that is not F32, BF16 or F16.
   Status ReadFp32(const SafetensorsTensor& tensor, float* out) const;
   // Elements [first, first + count) of the flattened tensor; InvalidArgument past its end.
   Status ReadFp32(const SafetensorsTensor& tensor, uint64_t first, uint64_t count,
                   float* out) const;
+  // The tensor's bytes as stored (any dtype): `out` holds tensor.end - tensor.begin bytes.
+  Status ReadBytes(const SafetensorsTensor& tensor, void* out) const;
 
  private:
   SafetensorsReader() = default;

@@ -79,6 +79,7 @@ ckpt::Manifest Engine::Impl::MakeManifest(const std::string& tag,
   }
   manifest.engine_state = ScalarState().dump();
   manifest.client_state = client_state;
+  manifest.metadata = checkpoint_metadata;
   for (const ModuleBuffer& b : buffers) {
     manifest.buffers.push_back({b.name, b.dtype, b.shape, b.bytes.size()});
   }
@@ -333,6 +334,7 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
     }
     at += s.bytes;
   }
+  checkpoint_metadata = manifest.metadata;
   return manifest.client_state;
 }
 
@@ -350,6 +352,11 @@ Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
           path, spec.name, ShapeText(spec.shape), file.tensors().size(),
           file.tensors().empty() ? "" : ", the first '",
           file.tensors().empty() ? "" : file.tensors()[0].name + "'"));
+    }
+    if (!source[i]->is_float) {
+      return InvalidArgument(fmt::format(
+          "{}: tensor '{}' has dtype '{}'; parameters load from F32, BF16 or F16 tensors", path,
+          spec.name, source[i]->type));
     }
     if (source[i]->shape != spec.shape) {
       return InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model's parameter {}",
@@ -502,6 +509,18 @@ Status Engine::SetBuffer(const std::string& name, const std::string& dtype,
   it->bytes.assign(static_cast<const char*>(data), bytes);
   return OkStatus();
 }
+
+Status Engine::SetCheckpointMetadata(const std::string& json_object) {
+  ZINF_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJson(json_object, "checkpoint metadata"));
+  if (!j.is_object()) {
+    return InvalidArgument(
+        fmt::format("checkpoint metadata must be a JSON object, got {}", DescribeJson(j)));
+  }
+  impl_->checkpoint_metadata = j.dump();
+  return OkStatus();
+}
+
+const std::string& Engine::checkpoint_metadata() const { return impl_->checkpoint_metadata; }
 
 Status Engine::GetBuffer(const std::string& name, void* out, uint64_t bytes) const {
   const Impl& m = *impl_;

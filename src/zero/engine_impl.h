@@ -81,6 +81,7 @@ struct Engine::Impl {
     std::string bytes;
   };
   std::vector<ModuleBuffer> buffers;
+  std::string checkpoint_metadata = "{}";  // Engine::SetCheckpointMetadata
   std::map<std::string, int, std::less<>> param_by_name;
   std::map<std::string, int, std::less<>> module_by_name;
   uint64_t registered_elements = 0;  // over all parameters, unsharded

@@ -917,9 +917,20 @@ static void TestEngine(const char* dir) {
   EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_set_buffer(engine, "bn.x", "F32", stats_shape, 1,
                                                             NULL, sizeof(stats), &err));
   EXPECT_ERR_HAS("data is NULL");
+  EXPECT_OK(zinf_engine_set_checkpoint_metadata(
+      engine, "{\"hf_config\": {\"model_type\": \"mlp\"}}", &err));
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_set_checkpoint_metadata(engine, "[1]", &err));
+  EXPECT_ERR_HAS("must be a JSON object");
   char ckpt[300];
   snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
   REQUIRE_OK(zinf_engine_save_checkpoint(engine, ckpt, "step1", "{\"epoch\": 3}", &err));
+  char manifest_path[400];
+  snprintf(manifest_path, sizeof(manifest_path), "%s/step1/manifest.json", ckpt);
+  FILE* manifest = fopen(manifest_path, "r");
+  char manifest_text[8192] = {0};
+  CHECK(manifest != NULL && fread(manifest_text, 1, sizeof(manifest_text) - 1, manifest) > 0);
+  if (manifest != NULL) fclose(manifest);
+  CHECK(strstr(manifest_text, "\"model_type\": \"mlp\"") != NULL);
   EXPECT_OK(zinf_engine_set_buffer(engine, "bn.running_mean", "F32", stats_shape, 1, moved,
                                    sizeof(moved), &err));
   const float set[4] = {5, 6, 7, 8};

@@ -493,9 +493,9 @@ TEST_F(ManifestTest, SizesAreCheckedAgainstTheShardFiles) {
 }
 
 TEST_F(ManifestTest, VersionsOlderAreReadNewerAreRefused) {
-  Edit([](nlohmann::json& j) { j["format_version"] = 4; });
+  Edit([](nlohmann::json& j) { j["format_version"] = 5; });
   ExpectExportRefused(StatusCode::kFailedPrecondition,
-                      "format_version 4 is not supported by this build of zinf");
+                      "format_version 5 is not supported by this build of zinf");
   Edit([](nlohmann::json& j) { j["format_version"] = "2"; });
   ExpectExportRefused(StatusCode::kDataLoss, "format_version must be an integer");
 

@@ -202,7 +202,7 @@ TEST_F(ImportTest, MismatchedFilesAreRefusedNamingTheTensor) {
   Tensor ints = tensor("a.b");
   ints.dtype = "I32";
   expect_refused({{"a.w", tensor("a.w")}, {"a.b", ints}, {"b.w", tensor("b.w")}},
-                 "tensor 'a.b' has dtype 'I32', which zinf does not read");
+                 "tensor 'a.b' has dtype 'I32'; parameters load from F32, BF16 or F16");
 
   // A truncated file is DataLoss, and also leaves the engine as it was.
   const std::string good = FileOf(*donor, testing::kCkptParams, "good.safetensors");

@@ -100,6 +100,30 @@ TEST_F(SafetensorsTest, ReadsF32Bf16AndF16AsFp32) {
   EXPECT_EQ(past.code(), StatusCode::kInvalidArgument) << past;
 }
 
+TEST_F(SafetensorsTest, ReadsIntegerTensorsAsBytesNotAsValues) {
+  const std::vector<int64_t> counts = {7, -1};
+  const std::vector<uint8_t> mask = {1, 0, 1};
+  const std::string header =
+      R"({"n": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]},
+          "m": {"dtype": "BOOL", "shape": [3], "data_offsets": [16, 19]}})";
+  auto r = SafetensorsReader::Open(Write(Build(header, Bytes(counts) + Bytes(mask))));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const SafetensorsTensor& n = *r->Find("n");
+  EXPECT_FALSE(n.is_float);
+  EXPECT_EQ(n.type, "I64");
+  EXPECT_EQ(n.element_bytes, 8u);
+  std::vector<int64_t> got(2);
+  ASSERT_TRUE(r->ReadBytes(n, got.data()).ok());
+  EXPECT_EQ(got, counts);
+  std::vector<uint8_t> got_mask(3);
+  ASSERT_TRUE(r->ReadBytes(*r->Find("m"), got_mask.data()).ok());
+  EXPECT_EQ(got_mask, mask);
+  std::vector<float> values(2);
+  const Status as_floats = r->ReadFp32(n, values.data());
+  EXPECT_EQ(as_floats.code(), StatusCode::kInvalidArgument) << as_floats;
+  EXPECT_THAT(as_floats.message(), HasSubstr("tensor 'n' is I64; values are read from F32"));
+}
+
 TEST_F(SafetensorsTest, TruncatedFilesAreDataLoss) {
   ExpectRefused("abc", StatusCode::kDataLoss, "3 bytes is too short");
   const std::string header = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
@@ -146,9 +170,10 @@ TEST_F(SafetensorsTest, CorruptHeadersAreRefusedNamingTheTensor) {
       {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
        StatusCode::kDataLoss, "tensors 'a' and 'b' overlap"},
-      {R"({"a": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}})",
-       StatusCode::kInvalidArgument,
-       "tensor 'a' has dtype 'I64', which zinf does not read; zinf reads F32, BF16 and F16"},
+      {R"({"a": {"dtype": "U32", "shape": [2], "data_offsets": [0, 8]}})",
+       StatusCode::kInvalidArgument, "tensor 'a' has dtype 'U32', which zinf does not read"},
+      {R"({"a": {"dtype": "I64", "shape": [3], "data_offsets": [0, 16]}})", StatusCode::kDataLoss,
+       "tensor 'a': shape [3] of I64 needs 24 bytes, data_offsets span 16"},
       {R"({"a": {"dtype": "F33", "shape": [2], "data_offsets": [0, 8]}})",
        StatusCode::kInvalidArgument, "has dtype 'F33', which safetensors does not define"},
   };

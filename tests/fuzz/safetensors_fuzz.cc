@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (d < 0 || __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) std::abort();
     }
     if (numel != t.numel || t.begin > t.end || t.end > data_bytes ||
-        t.end - t.begin != numel * zinf::ElementSize(t.dtype)) {
+        t.end - t.begin != numel * t.element_bytes) {
       std::abort();
     }
     if (t.end > t.begin) spans.emplace_back(t.begin, t.end);
