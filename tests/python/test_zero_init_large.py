@@ -1,6 +1,7 @@
 """zinf.zero.Init with parameters and optimizer state on NVMe: a model of 1 GiB of fp32 weights
-is built and initialized by a process whose peak resident memory (VmHWM, which counts what
-the process touched, torch's and zinf's own included) stays under half of that, then trains.
+is built and initialized by a process whose peak resident memory (VmHWM: all it touched,
+torch's and zinf's own included) grows by less than an eighth of that while the model is
+built and by less than half of it through initialize, then trains.
 
 How the limit is held: by measurement, not by a hard limit. A cgroup v2 memory.max is not
 available everywhere CI runs, and RLIMIT_DATA / RLIMIT_AS count the address space torch and
@@ -31,14 +32,17 @@ class ZeroInitLargeTest(unittest.TestCase):
         result = json.loads(done.stdout.strip().splitlines()[-1])
         model = result["model_bytes"]
         self.assertGreater(model, 1 << 30)
-        for when in ("after_build", "after_initialize"):
-            peak = result[f"peak_rss_{when}_bytes"]
-            self.assertLess(peak, model / 2,
-                            f"peak resident memory {when} is {peak / 2**20:.0f} MiB for a model "
-                            f"of {model / 2**20:.0f} MiB")
+        before = result["rss_before_build_bytes"]  # torch and zinf loaded (torch 2.x: more)
+        for when, bound in (("after_build", model / 8), ("after_initialize", model / 2)):
+            growth = result[f"peak_rss_{when}_bytes"] - before
+            self.assertLess(growth, bound,
+                            f"peak resident memory {when} is {growth / 2**20:.0f} MiB above the "
+                            f"{before / 2**20:.0f} MiB before the build, for a model of "
+                            f"{model / 2**20:.0f} MiB")
         self.assertEqual(len(result["losses"]), 2)
         self.assertTrue(all(math.isfinite(x) for x in result["losses"]), result)
-        print(f"model {model / 2**20:.0f} MiB fp32; peak RSS after build "
+        print(f"model {model / 2**20:.0f} MiB fp32; RSS before build {before / 2**20:.0f} MiB, "
+              f"peak after build "
               f"{result['peak_rss_after_build_bytes'] / 2**20:.0f} MiB, after initialize "
               f"{result['peak_rss_after_initialize_bytes'] / 2**20:.0f} MiB, after training "
               f"{result['peak_rss_bytes'] / 2**20:.0f} MiB")

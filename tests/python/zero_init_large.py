@@ -1,7 +1,8 @@
 """Builds a model whose fp32 weights are larger than this process may hold under
 zinf.zero.Init, parameters and optimizer state on NVMe, trains it a few steps, and prints one
-JSON line: the model's fp32 bytes, the process's peak resident memory (VmHWM) after building,
-after initialize and at the end, and the losses. test_zero_init.py checks the peaks.
+JSON line: the model's fp32 bytes, the process's resident memory before building (VmRSS, torch
+and zinf loaded), its peak (VmHWM) after building, after initialize and at the end, and the
+losses. test_zero_init_large.py checks the peaks.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/python/zero_init_large.py \
         --nvme-path build/zi --layers 64 --width 2048
@@ -43,12 +44,13 @@ def config(nvme_path):
     }
 
 
-def peak_rss_bytes():
+def memory_bytes(field):
+    """VmHWM (peak resident memory) or VmRSS (resident now) of this process."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def main():
@@ -60,11 +62,12 @@ def main():
     args = ap.parse_args()
     cfg = config(args.nvme_path)
     torch.manual_seed(0)
+    before_rss = memory_bytes("VmRSS")  # torch and zinf loaded, nothing built
     with zinf.zero.Init(config_dict_or_path=cfg):
         model = Stack(args.layers, args.width)
-    built_rss = peak_rss_bytes()
+    built_rss = memory_bytes("VmHWM")
     engine = zinf.zero.initialize(model, cfg)
-    initialized_rss = peak_rss_bytes()
+    initialized_rss = memory_bytes("VmHWM")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, args.width, generator=g)
     target = torch.tanh(torch.randn(4, args.width, generator=g))
@@ -75,7 +78,8 @@ def main():
         engine.step()
         losses.append(loss.item())
     model_bytes = sum(p.numel() for p in model.parameters()) * 4
-    print(json.dumps({"model_bytes": model_bytes, "peak_rss_bytes": peak_rss_bytes(),
+    print(json.dumps({"model_bytes": model_bytes, "rss_before_build_bytes": before_rss,
+                      "peak_rss_bytes": memory_bytes("VmHWM"),
                       "peak_rss_after_build_bytes": built_rss,
                       "peak_rss_after_initialize_bytes": initialized_rss,
                       "losses": losses}))
