@@ -1,8 +1,10 @@
 """zinf.zero.Init: a model built under it trains bitwise as the same model built normally, on
 one process and on two; ranks seeded differently are refused; initialization that writes a
 built module's parameters outside GatheredParameters is caught, naming the parameter; the
-block leaves nn.Module as it found it; bad arguments."""
+block leaves nn.Module as it found it; the engine binding's initial values from Python; bad
+arguments."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import torch
 
 import zinf.zero
 import zero_init_train
+from zinf import _zinf
 
 BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", "")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zero_init_train.py")
@@ -104,6 +107,30 @@ class ZeroInitTest(unittest.TestCase):
         model = torch.nn.Linear(3, 3)
         zinf.zero.Init(module=model)  # DeepSpeed's form for a model built already
         self.assertTrue(is_placeholder(model.weight))
+
+    def test_the_engine_takes_initial_values_from_python_and_passes_its_errors_on(self):
+        # The binding under zinf.zero.initialize: each piece of the shard from the callable;
+        # an exception it raises comes out of initialize as it was.
+        config = json.dumps(zero_init_train.CONFIG)
+        engine = _zinf.Engine(config)
+        engine.register_module("m", [("w", [2, 3]), ("b", [5])])
+        asked = []
+
+        def values(name, first, count, out):
+            asked.append((name, first, count))
+            torch.frombuffer(out, dtype=torch.float32).copy_(
+                torch.arange(first, first + count, dtype=torch.float32) + (name == "b") * 10)
+        engine.initialize(values=values)
+        self.assertEqual(asked, [("w", 0, 6), ("b", 0, 5)])
+        gathered = torch.frombuffer(bytearray(engine.gather_parameter("b")), dtype=torch.float32)
+        self.assertTrue(torch.equal(gathered, torch.arange(5, dtype=torch.float32) + 10))
+
+        def broken(name, first, count, out):
+            raise KeyError(f"no values for {name}")
+        engine = _zinf.Engine(config)
+        engine.register_module("m", [("w", [2, 3])])
+        with self.assertRaisesRegex(KeyError, "no values for w"):
+            engine.initialize(values=broken)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ValueError, "names no zero_optimization.offload_param"):

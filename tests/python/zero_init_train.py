@@ -100,6 +100,10 @@ def main():
         return 1
     torch.manual_seed(0)
     normal = train(TiedLM(), args.steps)
+    if "MASTER_PORT" in os.environ:
+        # The second engine rendezvouses on a port of its own: the first one's may not be
+        # free again yet on every rank.
+        os.environ["ZINF_MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 2)
     torch.manual_seed(0)
     with zinf.zero.Init(config_dict_or_path=CONFIG):
         model = TiedLM()
