@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -295,6 +296,15 @@ struct ParamTensor {
   uint64_t numel = 0;
 };
 
+// Where Initialize takes the parameters' initial values from, instead of ParamSpec::init:
+// writes elements [first, first + count) of parameter `name`'s flattened value (row-major, as
+// registered) into `out`. Initialize calls it only for the elements this rank owns, each once,
+// in registration order, on the calling thread, and writes them straight to the shard's home
+// (the fp32 master, the NVMe optimizer state, the parameter tier). A non-OK status stops
+// Initialize, which returns it with the rank and the parameter named.
+using InitialValues =
+    std::function<Status(const std::string& name, uint64_t first, uint64_t count, float* out)>;
+
 class Device;  // zinf/device.h
 class Event;
 
@@ -376,8 +386,11 @@ class ZINF_EXPORT Engine {
   StatusOr<int> RegisterModule(const std::string& name, const std::vector<ParamSpec>& params);
   // Partitions every parameter, creates this rank's shards and optimizer state, and checks
   // that all ranks registered the same modules with the same config (FailedPrecondition
-  // naming the difference otherwise).
-  Status Initialize();
+  // naming the difference otherwise). The parameters start from `initial_values` when given
+  // (not kept past this call): how a model built elsewhere comes in one piece at a time, in
+  // one pass and never whole in memory; else from each ParamSpec's init. Every rank must
+  // supply the same values (each keeps its own elements only).
+  Status Initialize(const InitialValues& initial_values = nullptr);
 
   StatusOr<FetchedModule> Fetch(int module);
   // Ends the module's use of its fetched tensors. `done` (optional): an event the trainer's

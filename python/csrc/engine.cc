@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -118,8 +119,33 @@ class PyEngine {
     return id;
   }
 
-  void Initialize() {
-    ThrowIfError(WithoutGil([&] { return engine_->Initialize(); }));
+  // `values` (optional): a callable (name, first, count, out) that writes elements
+  // [first, first + count) of parameter `name` into `out`, a writable memoryview of count
+  // floats valid during the call (zinf.zero hands over the model's values through it). An
+  // exception it raises is raised from here, as it was.
+  void Initialize(const py::object& values) {
+    if (values.is_none()) {
+      ThrowIfError(WithoutGil([&] { return engine_->Initialize(); }));
+      return;
+    }
+    std::optional<py::error_already_set> raised;
+    InitialValues source = [&](const std::string& name, uint64_t first, uint64_t count,
+                               float* out) -> Status {
+      py::gil_scoped_acquire gil;
+      try {
+        values(name, first, count,
+               py::memoryview::from_memory(static_cast<void*>(out),
+                                           static_cast<py::ssize_t>(count * sizeof(float)),
+                                           /*readonly=*/false));
+        return OkStatus();
+      } catch (py::error_already_set& e) {
+        raised.emplace(std::move(e));
+        return Cancelled("the initial values raised a Python exception");
+      }
+    };
+    Status s = WithoutGil([&] { return engine_->Initialize(source); });
+    if (raised) throw std::move(*raised);
+    ThrowIfError(std::move(s));
   }
 
   py::list Fetch(int module) {
@@ -214,7 +240,7 @@ void BindEngine(py::module_& m) {
            py::arg("optimizer_threads") = 0, py::arg("timeout_s") = 300.0,
            py::arg("trainer") = py::dict(), py::arg("master_port") = 0)
       .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"))
-      .def("initialize", &PyEngine::Initialize)
+      .def("initialize", &PyEngine::Initialize, py::arg("values") = py::none())
       .def("fetch", &PyEngine::Fetch, py::arg("module"))
       .def("release", &PyEngine::Release, py::arg("module"))
       .def("gradients", &PyEngine::Gradients, py::arg("module"))

@@ -52,6 +52,10 @@ How the module runs (Note [Module hooks]):
   beside the parameters. Non-persistent buffers (``persistent=False``) are left out, as
   ``state_dict`` leaves them out.
 
+A model too large for memory is built under ``zinf.zero.Init`` (DeepSpeed's ``zero.Init``):
+each module's values leave memory as its ``__init__`` finishes and reach the engine's shards
+at ``initialize`` (Note [Construction into shards] in zinf/_construction.py).
+
 Parameters must be float32 CPU tensors (the engine's compute device is the host). Frozen
 parameters (requires_grad False) stay ordinary tensors, outside the engine.
 """
@@ -64,9 +68,11 @@ import weakref
 
 import torch
 
-from zinf import _engine_inputs, _zinf
+from zinf import _construction, _engine_inputs, _zinf
+from zinf._construction import GatheredParameters, Init  # noqa: F401
 
-__all__ = ["initialize", "ZeroEngine", "register_external_parameter"]
+__all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
+           "GatheredParameters"]
 
 
 def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=300.0,
@@ -181,17 +187,20 @@ class ZeroEngine:
             self._module_names.append(mname or "<root>")
         if not self._module_slots:
             raise ValueError("the model has no trainable parameters")
-        self._engine.initialize()
+        # Each parameter's values go to its shard from where they are: its tensor, or the
+        # spill file of zinf.zero.Init (Note [Construction into shards]).
+        self._engine.initialize(values=_construction.initial_values(
+            {s.name: s.param for slots in self._module_slots for s in slots}))
+        _construction.check_ranks_built_alike(model, self._engine.mean_over_ranks)
         for slots in self._module_slots:
             for s in slots:
-                values = s.param.detach().contiguous()
-                self._engine.set_parameter(s.name, values.data_ptr(), s.numel)
                 # The gradient accumulator of a leaf lives as long as something holds it, and
                 # its input shape is the parameter's shape now (before the placeholder).
                 acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
                 acc.register_hook(self._make_grad_hook(s))
                 self._grad_accumulators.append(acc)
                 s.param.data = self._placeholder(s)
+        _construction.finish(model)  # frozen parameters built under Init get their values
         for sub in model.modules():
             sub._zinf_managed = True  # a second initialize would take placeholders as values
         # The root's pre-hook first: it clears what a forward that raised left behind (the

@@ -245,9 +245,15 @@ StatusOr<int> Engine::RegisterModule(const std::string& name,
   return id;
 }
 
-Status Engine::Initialize() {
+Status Engine::Initialize(const InitialValues& initial_values) {
   Impl& m = *impl_;
   if (m.initialized) return FailedPrecondition("Initialize called twice");
+  m.initial_values = initial_values;
+  // The caller's source is not kept past this call, however it ends.
+  struct Forget {
+    Impl& m;
+    ~Forget() { m.initial_values = nullptr; }
+  } forget{m};
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckRanksAgree(), "checking that ranks agree"));
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
                                m.config.stage3_param_persistence_threshold);
@@ -272,7 +278,8 @@ Status Engine::Initialize() {
   m.speculate = m.config.overlap_optimizer;
   if (m.host_master) {
     ZINF_ASSIGN_OR_RETURN(m.master, StoreArray::Create(m.tiers.get(), "fp32 master", bytes));
-    m.FillInitial(0, m.shard_elements, m.master.as<float>());
+    ZINF_RETURN_IF_ERROR(
+        m.Context(m.FillInitial(0, m.shard_elements, m.master.as<float>()), "initial values"));
   }
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
   if (m.config.offload_optimizer_device == OffloadDevice::kNvme) {

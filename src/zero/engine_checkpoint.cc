@@ -378,20 +378,10 @@ Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
 
   // Elements [begin, begin + count) of this rank's flat shard, from the file.
   auto read = [&](uint64_t begin, uint64_t count, float* out) -> Status {
-    std::fill(out, out + count, 0.0f);  // padding
-    auto it = std::upper_bound(params.begin(), params.end(), begin,
-                               [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-    for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
-      const Param& p = *it;
-      const auto [first, last] = Overlap(begin, count, p);
-      if (first >= last) continue;
-      const uint64_t x = static_cast<uint64_t>(rank()) * p.shard_size + (first - p.flat_offset);
-      const uint64_t end = std::min<uint64_t>(x + (last - first), p.numel);
-      if (x >= end) continue;
-      ZINF_RETURN_IF_ERROR(
-          file.ReadFp32(*source[&p - params.data()], x, end - x, out + (first - begin)));
-    }
-    return OkStatus();
+    return FillShard(params, rank(), begin, count, out,
+                     [&](const Param& p, uint64_t first, uint64_t n, float* values) {
+                       return file.ReadFp32(*source[&p - params.data()], first, n, values);
+                     });
   };
 
   // As LoadShardFile replaces the parameters, leaving the optimizer state and step counts.

@@ -161,9 +161,19 @@ struct Engine::Impl {
             .count = shard_elements};
   }
 
+  // Initialize's source of initial values; null: each ParamSpec's init.
+  InitialValues initial_values;
+
   // Initial values of the flat shard's elements [begin, begin + count) into `out`.
-  void FillInitial(uint64_t begin, uint64_t count, float* out) const {
-    zinf::FillInitial(params, config.seed, rank(), begin, count, out);
+  Status FillInitial(uint64_t begin, uint64_t count, float* out) const {
+    if (!initial_values) {
+      zinf::FillInitial(params, config.seed, rank(), begin, count, out);
+      return OkStatus();
+    }
+    return FillShard(params, rank(), begin, count, out,
+                     [this](const Param& p, uint64_t first, uint64_t n, float* values) {
+                       return initial_values(p.spec.name, first, n, values);
+                     });
   }
 
   size_t param_bytes() const { return ElementSize(param_type); }

@@ -72,7 +72,7 @@ Status Engine::Impl::OpenNvmeOptimizer() {
       std::memcpy(c.params, master.as<float>() + c.offset, c.count * 4);
       return OkStatus();
     }
-    FillInitial(c.offset, c.count, c.params);
+    ZINF_RETURN_IF_ERROR(FillInitial(c.offset, c.count, c.params));
     return params_on_nvme ? tier_writer->Write(c) : OkStatus();
   });
   Status written = tier_writer != nullptr ? tier_writer->Finish() : OkStatus();

@@ -53,20 +53,34 @@ uint64_t Partition(std::vector<Param>& params, int world, int zero_stage,
   return shard_elements;
 }
 
-void FillInitial(const std::vector<Param>& params, uint64_t seed, int rank, uint64_t begin,
-                 uint64_t count, float* out) {
+Status FillShard(const std::vector<Param>& params, int rank, uint64_t begin, uint64_t count,
+                 float* out, const ParamReader& read) {
+  std::fill(out, out + count, 0.0f);  // padding
   auto it = std::upper_bound(params.begin(), params.end(), begin,
                              [](uint64_t b, const Param& p) { return b < p.flat_offset; });
   for (--it; it != params.end() && it->flat_offset < begin + count; ++it) {
     const Param& p = *it;
-    const uint64_t key = HashName(seed, p.spec.name);
     const auto [first, last] = Overlap(begin, count, p);
-    const uint64_t element0 = rank * p.shard_size;  // this rank's first element of p
-    for (uint64_t f = first; f < last; ++f) {
-      const uint64_t index = element0 + (f - p.flat_offset);
-      out[f - begin] = index < p.numel ? InitialValue(key, index, p.spec) : 0.0f;
-    }
+    if (first >= last) continue;
+    // This rank's elements of p begin at rank * shard_size; past numel is padding.
+    const uint64_t element = static_cast<uint64_t>(rank) * p.shard_size + (first - p.flat_offset);
+    const uint64_t end = std::min<uint64_t>(element + (last - first), p.numel);
+    if (element >= end) continue;
+    Status s = read(p, element, end - element, out + (first - begin));
+    if (!s.ok()) return std::move(s).WithContext("parameter '" + p.spec.name + "'");
   }
+  return OkStatus();
+}
+
+void FillInitial(const std::vector<Param>& params, uint64_t seed, int rank, uint64_t begin,
+                 uint64_t count, float* out) {
+  FillShard(params, rank, begin, count, out,
+            [seed](const Param& p, uint64_t first, uint64_t n, float* values) {
+              const uint64_t key = HashName(seed, p.spec.name);
+              for (uint64_t i = 0; i < n; ++i) values[i] = InitialValue(key, first + i, p.spec);
+              return OkStatus();
+            })
+      .IgnoreError();  // the reader never fails
 }
 
 }  // namespace zinf

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,8 +54,19 @@ inline Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
 uint64_t Partition(std::vector<Param>& params, int world, int zero_stage,
                    uint64_t persistence_threshold);
 
-// The initial values of the flat shard's elements [begin, begin + count) of rank `rank` into
-// `out`. `params` is laid out (Partition) and ordered by flat_offset.
+// Writes elements [first, first + count) of parameter `p`'s flattened value into `out`.
+using ParamReader =
+    std::function<Status(const Param& p, uint64_t first, uint64_t count, float* out)>;
+
+// The flat shard's elements [begin, begin + count) of rank `rank` into `out`: each piece of a
+// parameter from `read` (called in flat order, once per parameter the range touches, never
+// with count 0), the padding zero. `params` is laid out (Partition) and ordered by
+// flat_offset. Returns the first error of `read`, with the parameter named.
+Status FillShard(const std::vector<Param>& params, int rank, uint64_t begin, uint64_t count,
+                 float* out, const ParamReader& read);
+
+// The initial values (ParamSpec::init) of the flat shard's elements [begin, begin + count) of
+// rank `rank` into `out`, as FillShard lays them out.
 void FillInitial(const std::vector<Param>& params, uint64_t seed, int rank, uint64_t begin,
                  uint64_t count, float* out);
 

@@ -1,0 +1,389 @@
+"""zinf.zero.Init: a model built straight into the engine's shards, never whole in memory.
+
+    with zinf.zero.Init(config_dict_or_path=ds_config):
+        model = MyModel()                        # each module's values leave memory as built
+    engine = zinf.zero.initialize(model, ds_config)
+
+Note [Construction into shards]
+The engine lays out its shards only once it knows every parameter (Engine::Initialize), and a
+model's parameters are known only once it is built; its values exist earlier, one module at
+a time, as each __init__ runs its own initialization. So under ``Init``:
+- every ``nn.Module`` subclass's ``__init__`` is wrapped (those defined inside the block too,
+  through ``__init_subclass__``), as DeepSpeed's ``zero.Init`` does. When a module's outermost
+  ``__init__`` returns, each float32 CPU parameter under it not yet taken is appended to a
+  spill file and its ``data`` becomes a placeholder of its shape (one NaN element, expanded),
+  as the engine's own placeholders are. The values are what the module's own code made
+  (``reset_parameters``, ``torch.randn`` in ``__init__``, ...), in the order plain PyTorch
+  makes them, so the same seed gives the same model bit for bit. At most the module being
+  built is in memory (with its children's placeholders).
+- The spill file is unlinked as soon as it is made: its space comes back when the last
+  parameter lets go of it. It lives in the config's ``offload_param.nvme_path`` (else
+  ``offload_optimizer.nvme_path``) when parameters go to NVMe or ``remote_device="nvme"``,
+  else in ``tempfile.gettempdir()``.
+- ``zinf.zero.initialize`` then gives the engine each parameter's values from where they are
+  (``initial_values``): the spill file, read straight into the shard's home one piece of this
+  rank's elements at a time (``Engine::Initialize(InitialValues)``), or the tensor itself
+  for a parameter made outside ``Init``. Frozen parameters, which stay ordinary tensors, get
+  their values back from the spill (``finish``).
+- Code that writes a parameter after its module was built (a parent's ``self.apply(init)``)
+  writes into a placeholder: most in-place ops refuse its overlapping memory, and a fill that
+  does not is caught at ``initialize``, naming the parameter. Such code runs inside
+  ``zinf.zero.GatheredParameters(params, modifier_rank=0)``, as under DeepSpeed, which brings
+  the values back for the block and spills what it changed.
+- Every rank builds the whole model and keeps the values it owns: ranks must be seeded alike
+  (no values are broadcast). ``initialize`` checks it: each spilled parameter's CRC-32 is
+  taken as it is spilled, and the ranks' sums must agree.
+
+Construction runs on one thread; ``Init`` blocks do not nest (an inner one does nothing, as
+in DeepSpeed).
+"""
+
+import ctypes
+import functools
+import json
+import math
+import os
+import tempfile
+import zlib
+
+import torch
+
+from zinf import _engine_inputs
+
+__all__ = ["Init", "GatheredParameters"]
+
+_active = []        # the Init blocks entered, outermost first
+_wrapped = []       # (class, its own __init__) while wrapped
+_building = {}      # id(module) -> depth of its __init__ calls under way
+_own_init_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+
+
+class Init:
+    """Builds the modules constructed inside the block into zinf's shards (Note [Construction
+    into shards]): DeepSpeed's ``deepspeed.zero.Init`` signature.
+
+    config_dict_or_path (or config): the DeepSpeed config ``zinf.zero.initialize`` will get;
+        it says where the values wait until then (offload_param.nvme_path).
+    remote_device: "nvme" spills to the config's nvme_path, "cpu" or "none" to the temporary
+        directory; None: as the config's offload_param.device.
+    module: a model built already, whose parameters are spilled at once.
+    enabled: False makes the block do nothing.
+    dtype: None, torch.float32, or the config's 16-bit type: zinf keeps fp32 parameters and
+        computes in the precision the config's bf16/fp16 says.
+    data_parallel_group, mem_efficient_linear, pin_memory, mpu, zero_param_parallel_group,
+    sequence_data_parallel_group, param_swapper: accepted; the engine's ranks and placement
+        come from the environment and the config.
+    """
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True,
+                 remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
+                 enabled=True, dtype=None, mpu=None, zero_param_parallel_group=None,
+                 zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
+                 sequence_data_parallel_group=None, param_swapper=None):
+        if config_dict_or_path is not None and config is not None:
+            raise ValueError("give the config once: config_dict_or_path or config")
+        if zero_quantized_weights or zero_quantized_nontrainable_weights:
+            raise ValueError("zinf.zero.Init: quantized weights (zero_quantized_weights) are not "
+                             "supported; zinf keeps fp32 parameters")
+        if dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"zinf.zero.Init: dtype {dtype} is not float32, float16 or bfloat16")
+        if remote_device not in (None, "none", "cpu", "nvme"):
+            raise ValueError(f"remote_device must be None, 'none', 'cpu' or 'nvme', got "
+                             f"{remote_device!r}")
+        self.enabled = enabled
+        self._config = config_dict_or_path if config_dict_or_path is not None else config
+        self._remote_device = remote_device
+        self._spill = None
+        if enabled and module is not None:
+            _capture(module, self._spill_file())
+
+    def __enter__(self):
+        if self.enabled:
+            _active.append(self)
+            if len(_active) == 1:
+                _wrap_module_inits()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            _active.remove(self)
+            if not _active:
+                _unwrap_module_inits()
+            self._spill = None  # the parameters hold it while they need it
+        return False
+
+    def _spill_file(self):
+        if self._spill is None:
+            self._spill = _SpillFile(self._spill_directory())
+        return self._spill
+
+    def _spill_directory(self):
+        zero = {}
+        if self._config is not None:
+            zero = json.loads(_engine_inputs.config_json(self._config)).get(
+                "zero_optimization", {})
+        device = self._remote_device or zero.get("offload_param", {}).get("device", "none")
+        if device != "nvme":
+            return tempfile.gettempdir()
+        for section in ("offload_param", "offload_optimizer"):
+            path = zero.get(section, {}).get("nvme_path")
+            if isinstance(path, list):
+                path = path[0] if path else None
+            if path:
+                return os.fspath(path)
+        raise ValueError("zinf.zero.Init: parameters go to NVMe, but the config names no "
+                         "zero_optimization.offload_param.nvme_path to build them into")
+
+
+class GatheredParameters:
+    """DeepSpeed's ``zero.GatheredParameters`` for code that runs while a model is built
+    under ``Init``: inside the block the given parameters (one or an iterable) hold their
+    values; on leaving it, with modifier_rank not None, what the block wrote is kept. Every
+    rank runs the same code on the same values, so no rank's values are broadcast.
+    Parameters not built under Init are ordinary tensors and are left as they are."""
+
+    def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        self._params = [p for p in params if getattr(p, "_zinf_spilled", None) is not None]
+        self._modify = modifier_rank is not None
+        self._enabled = enabled
+
+    def __enter__(self):
+        if self._enabled:
+            for p in self._params:
+                p.data = p._zinf_spilled.load()
+        return self
+
+    def __exit__(self, *exc):
+        if not self._enabled:
+            return False
+        for p in self._params:
+            spilled = p._zinf_spilled
+            if self._modify and exc[0] is None:
+                spilled.store(p.data)
+            p.data = spilled.placeholder
+        return False
+
+
+def initial_values(params):
+    """The engine's source of initial values (Engine::Initialize's InitialValues) for
+    {engine name: parameter}: from the spill file for parameters built under Init, from the
+    tensor for the others. ValueError, before anything is read, naming a parameter whose
+    placeholder something wrote into."""
+    sources = {}
+    for name, p in params.items():
+        spilled = _intact_spill(name, p)
+        if spilled is not None:
+            sources[name] = spilled.read
+        else:
+            sources[name] = functools.partial(_read_tensor, p)
+
+    def read(name, first, count, out):
+        sources[name](first, count, out)
+    return read
+
+
+def check_ranks_built_alike(model, mean_over_ranks):
+    """ValueError on every rank when the ranks built different values under Init (a
+    collective): the sums of the spilled parameters' CRC-32s must agree."""
+    mine = float(sum(_spill_of(p).crc for p in model.parameters() if _spill_of(p) is not None))
+    if mean_over_ranks(mine) != mine:
+        raise ValueError("the ranks built different parameter values under zinf.zero.Init: "
+                         "seed torch alike on every rank (torch.manual_seed) before building "
+                         "the model")
+
+
+def finish(model):
+    """After the engine took the values: frozen parameters built under Init (which the engine
+    does not hold) get theirs back, and every parameter lets go of the spill file."""
+    for p in model.parameters():
+        spilled = _spill_of(p)
+        if spilled is None:
+            continue
+        if not p.requires_grad and p.data.data_ptr() == spilled.nan.data_ptr():
+            p.data = spilled.load()
+        del p._zinf_spilled
+
+
+# -- how values are taken and given back -------------------------------------------------------
+
+class _SpillFile:
+    """Parameters' values, back to back, in a file that is already unlinked."""
+
+    def __init__(self, directory):
+        fd, path = tempfile.mkstemp(prefix="zinf-init-", suffix=".values", dir=directory)
+        os.unlink(path)
+        self.fd = fd
+        self.path = path  # for messages
+        self.size = 0
+
+    def __del__(self):
+        os.close(self.fd)
+
+    def write(self, tensor, offset):
+        view = _bytes_of(tensor)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+
+    def read(self, offset, out):
+        view = memoryview(out).cast("B")
+        done = 0
+        while done < len(view):
+            n = os.preadv(self.fd, [view[done:]], offset + done)
+            if n == 0:
+                raise OSError(f"{self.path}: {len(view) - done} bytes missing at offset "
+                              f"{offset + done}")
+            done += n
+
+
+class _Spilled:
+    """Where one parameter's values wait until the engine takes them."""
+    __slots__ = ("file", "offset", "shape", "numel", "crc", "nan", "placeholder")
+
+    def __init__(self, file, tensor):
+        self.file = file
+        self.offset = file.size
+        self.shape = tuple(tensor.shape)
+        self.numel = tensor.numel()
+        values = tensor.detach().contiguous()
+        file.write(values, self.offset)
+        file.size += self.numel * 4
+        self.crc = zlib.crc32(_bytes_of(values))
+        # One NaN element in the parameter's shape, as the engine's placeholders.
+        self.nan = torch.full((), math.nan)
+        self.placeholder = self.nan.expand(self.shape)
+
+    def read(self, first, count, out):
+        self.file.read(self.offset + 4 * first, out)
+
+    def load(self):
+        values = torch.empty(self.shape, dtype=torch.float32)
+        if self.numel:
+            self.file.read(self.offset, _bytes_of(values))
+        return values
+
+    def store(self, values):
+        if tuple(values.shape) != self.shape or values.dtype != torch.float32:
+            raise ValueError(f"a parameter of shape {list(self.shape)} (float32) became "
+                             f"{list(values.shape)} ({values.dtype}) under GatheredParameters")
+        values = values.detach().contiguous().cpu()
+        self.file.write(values, self.offset)
+        self.crc = zlib.crc32(_bytes_of(values))
+
+
+def _capture(module, spill):
+    freed = 0
+    for p in module.parameters():
+        if (_spill_of(p) is not None or p.dtype != torch.float32 or p.device.type != "cpu"
+                or p.numel() == 0):
+            continue  # taken already, or not what the engine holds
+        p._zinf_spilled = _Spilled(spill, p)
+        p.data = p._zinf_spilled.placeholder
+        freed += p._zinf_spilled.numel * 4
+    if freed >= 1 << 20:
+        _return_freed_memory()
+
+
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's
+    except (AttributeError, OSError):
+        return None
+
+
+_trim = _malloc_trim()
+
+
+def _return_freed_memory():
+    """Gives the heap's free pages back to the system. glibc serves a large tensor from its
+    heap once one of that size was freed (its mmap threshold grows), and a new aligned block
+    of the same size does not fit the hole the last one left: without this, every layer built
+    leaves its weights' pages resident (torch 2.x: a 1 GiB model built into 1 GiB of RSS)."""
+    if _trim is not None:
+        _trim(0)
+
+
+def _wrap_module_inits():
+    classes, todo = [], [torch.nn.Module]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    for cls in dict.fromkeys(classes):
+        _wrap_init(cls)
+    torch.nn.Module.__init_subclass__ = classmethod(_wrap_new_class)
+
+
+def _wrap_new_class(cls, **kwargs):
+    if _own_init_subclass is not None:
+        _own_init_subclass.__get__(None, cls)(**kwargs)
+    else:
+        super(torch.nn.Module, cls).__init_subclass__(**kwargs)
+    _wrap_init(cls)
+
+
+def _unwrap_module_inits():
+    if _own_init_subclass is None:
+        del torch.nn.Module.__init_subclass__
+    else:
+        torch.nn.Module.__init_subclass__ = _own_init_subclass
+    for cls, original in reversed(_wrapped):
+        cls.__init__ = original
+    _wrapped.clear()
+
+
+def _wrap_init(cls):
+    original = cls.__dict__.get("__init__")
+    if original is None or getattr(original, "_zinf_wraps", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def __init__(module, *args, **kwargs):
+        key = id(module)
+        depth = _building.get(key, 0)
+        _building[key] = depth + 1
+        try:
+            original(module, *args, **kwargs)
+        finally:
+            if depth == 0:
+                del _building[key]
+            else:
+                _building[key] = depth
+        if depth == 0 and _active:
+            _capture(module, _active[0]._spill_file())
+
+    __init__._zinf_wraps = original
+    _wrapped.append((cls, original))
+    cls.__init__ = __init__
+
+
+def _intact_spill(name, p):
+    """p's spill record when its values are still the spilled ones; None when p was not built
+    under Init or was given new values since (``p.data = ...``); ValueError when something
+    wrote into its placeholder."""
+    spilled = _spill_of(p)
+    if spilled is None or p.data.data_ptr() != spilled.nan.data_ptr():
+        return None
+    if not math.isnan(spilled.nan.item()):
+        raise ValueError(
+            f"parameter '{name}' was written after its module was built under zinf.zero.Init "
+            f"(its values had gone to the engine's side): run such initialization inside "
+            f"zinf.zero.GatheredParameters(params, modifier_rank=0)")
+    return spilled
+
+
+def _read_tensor(p, first, count, out):
+    torch.frombuffer(out, dtype=torch.float32).copy_(p.detach().reshape(-1)[first:first + count])
+
+
+def _spill_of(p):
+    return getattr(p, "_zinf_spilled", None)
+
+
+def _bytes_of(tensor):
+    """A writable byte view of a contiguous CPU tensor's memory (no numpy needed)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+

@@ -1,0 +1,89 @@
+"""Builds a model whose fp32 weights are larger than this process may hold under
+zinf.zero.Init, parameters and optimizer state on NVMe, trains it a few steps, and prints one
+JSON line: the model's fp32 bytes, the process's resident memory before building (VmRSS, torch
+and zinf loaded), its peak (VmHWM) after building, after initialize and at the end, and the
+losses. test_zero_init_large.py checks the peaks.
+
+    PYTHONPATH=build/python /usr/bin/python3 tests/python/zero_init_large.py \
+        --nvme-path build/zi --layers 64 --width 2048
+"""
+
+import argparse
+import json
+
+import torch
+
+import zinf.zero
+
+
+class Stack(torch.nn.Module):
+    """Square Linear layers with a tanh between: each layer's weights one engine module."""
+
+    def __init__(self, layers, width):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def config(nvme_path):
+    nvme = {"device": "nvme", "nvme_path": nvme_path}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": 3, "offload_param": nvme, "offload_optimizer": nvme,
+                              "stage3_param_persistence_threshold": 0,
+                              "stage3_max_live_parameters": 20_000_000,
+                              "stage3_prefetch_bucket_size": 10_000_000,
+                              "reduce_bucket_size": 5_000_000},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        # The gradient accumulators on NVMe too, and small staging: host memory stays flat.
+        "zinf": {"gradients_on_nvme": True, "host_budget": 64 << 20},
+    }
+
+
+def memory_bytes(field):
+    """VmHWM (peak resident memory) or VmRSS (resident now) of this process."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nvme-path", required=True)
+    ap.add_argument("--layers", type=int, default=64)
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=2)
+    args = ap.parse_args()
+    cfg = config(args.nvme_path)
+    torch.manual_seed(0)
+    before_rss = memory_bytes("VmRSS")  # torch and zinf loaded, nothing built
+    with zinf.zero.Init(config_dict_or_path=cfg):
+        model = Stack(args.layers, args.width)
+    built_rss = memory_bytes("VmHWM")
+    engine = zinf.zero.initialize(model, cfg)
+    initialized_rss = memory_bytes("VmHWM")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, args.width, generator=g)
+    target = torch.tanh(torch.randn(4, args.width, generator=g))
+    losses = []
+    for _ in range(args.steps):
+        loss = torch.nn.functional.mse_loss(engine(x), target)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    model_bytes = sum(p.numel() for p in model.parameters()) * 4
+    print(json.dumps({"model_bytes": model_bytes, "rss_before_build_bytes": before_rss,
+                      "peak_rss_bytes": memory_bytes("VmHWM"),
+                      "peak_rss_after_build_bytes": built_rss,
+                      "peak_rss_after_initialize_bytes": initialized_rss,
+                      "losses": losses}))
+
+
+if __name__ == "__main__":
+    main()
