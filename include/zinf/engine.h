@@ -345,6 +345,10 @@ struct StepSummary {
   uint64_t device_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   uint64_t nvme_capacity_bytes = 0;
+  // Entries in the tiered store's bookkeeping after the step (TieredStoreStats): bounded by
+  // what the engine holds, so a run's steps after the first few stay within the same range; a
+  // count that climbs step after step is a leak.
+  uint64_t store_entries = 0;
 };
 
 class ZINF_EXPORT Engine {
