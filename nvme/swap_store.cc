@@ -237,6 +237,16 @@ uint64_t SwapStore::free_bytes() const {
   return allocator_.free_bytes();
 }
 
+size_t SwapStore::extent_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return extents_.size();
+}
+
+size_t SwapStore::free_ranges() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_.free_ranges();
+}
+
 Status SwapStore::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sticky_;

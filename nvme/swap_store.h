@@ -27,8 +27,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "nvme/aio_options.h"
 #include "core/extent_allocator.h"
+#include "nvme/aio_options.h"
 #include "nvme/io_engine.h"
 #include "zinf/status.h"
 
@@ -117,6 +117,10 @@ class SwapStore {
   IoEngine& engine() { return *engine_; }
   uint64_t capacity_bytes() const;
   uint64_t free_bytes() const;
+  // Entries of the bookkeeping: live extents, and free ranges of the address space (for tests
+  // that check nothing grows with use).
+  size_t extent_count() const;
+  size_t free_ranges() const;
 
  private:
   struct Extent;

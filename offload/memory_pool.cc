@@ -268,6 +268,7 @@ MemoryPoolStats MemoryPool::stats() const {
     if (arena == nullptr) continue;
     ++s.arenas;
     s.free_bytes += arena->extents.free_bytes();
+    s.free_ranges += arena->extents.free_ranges();
     s.largest_free_bytes = std::max(s.largest_free_bytes, arena->extents.largest_free_bytes());
   }
   s.fragmentation =

@@ -24,8 +24,8 @@
 #include <variant>
 #include <vector>
 
-#include "core/memory_budget.h"
 #include "core/extent_allocator.h"
+#include "core/memory_budget.h"
 #include "zinf/device.h"
 #include "zinf/host_memory.h"
 #include "zinf/status.h"
@@ -48,6 +48,7 @@ struct MemoryPoolStats {
   uint64_t largest_free_bytes = 0;  // largest block that fits without a new arena
   size_t arenas = 0;
   size_t blocks = 0;
+  size_t free_ranges = 0;  // holes across the arenas
   // 1 - largest_free / free: 0 when the free space is one range (or there is none), near 1
   // when it is scattered in small holes.
   double fragmentation = 0.0;

@@ -50,6 +50,19 @@ namespace zinf {
 // invalid for the next Acquire to read again. The others (busy, pinned, behind a device link,
 // needing room made) are moved one at a time as Evict and Prefetch do, with the same errors.
 
+// Note [Scratch tensors]
+// A training step makes and frees the same short-lived tensors every time: a gather's
+// destination per parameter, a gradient buffer per parameter, the coalesced gathers' send and
+// receive tensors. Made new each time, each costs a pool allocation, a heap allocation for
+// its record and one for its name, and (with the names of freed tensors kept for errors) a
+// record that outlives it. So CreateScratch takes a freed scratch tensor of the same size and
+// home when there is one (a new id, the old memory, reading as zeros as a new tensor does), and
+// Free parks a scratch tensor instead of dropping its memory. What is parked is bounded by
+// what was live at once (a loop reuses what it freed), and by kIdleScratchKept; it gives its
+// memory back, oldest first, before any cached copy is evicted for room, so it never fails an
+// allocation that would have succeeded without it. Errors name a freed tensor from a ring of
+// the last kFreedNamesKept: older ids are still known freed (ids only grow), just not by name.
+
 // Note [Direct host device]
 // On the host device without a modelled link, device memory is host memory that nothing but
 // this store's own streams would order. Moving bytes through a stream there costs a thread
@@ -115,6 +128,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kTiers = 3;
+constexpr size_t kIdleScratchKept = 4096;  // Note [Scratch tensors]
+constexpr size_t kFreedNamesKept = 64;
 int Index(Tier tier) { return static_cast<int>(tier); }
 
 // Busy time of one link: the union of the intervals during which a transfer was running.
@@ -171,8 +186,9 @@ struct TieredStore::Impl {
     uint64_t size = 0;
     Tier home = Tier::kHost;
     std::array<Copy, kTiers> copies;
-    bool busy = false;    // a transfer uses the copies
-    bool writer = false;  // acquired for writing
+    bool busy = false;     // a transfer uses the copies
+    bool writer = false;   // acquired for writing
+    bool scratch = false;  // Free parks it for reuse: Note [Scratch tensors]
     int64_t next_use = -1;
     uint64_t last_use = 0;
     std::array<std::shared_future<Status>, kTiers> prefetch;  // in flight, if valid()
@@ -180,7 +196,8 @@ struct TieredStore::Impl {
   };
 
   TieredStoreOptions options;
-  std::unique_ptr<Device> device;
+  std::unique_ptr<Device> owned_device;  // opened from options.device by Create(options)
+  Device* device = nullptr;              // the device tier's; owned_device or the caller's
   // The device is the host device with no modelled link: its memory is plain host memory, so
   // moves touch it directly (memcpy, NVMe I/O into it) instead of going through a stream and
   // a staging buffer. See Note [Direct host device].
@@ -195,7 +212,11 @@ struct TieredStore::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::unordered_map<TensorId, std::unique_ptr<Tensor>> tensors;  // guarded by mu
-  std::unordered_map<TensorId, std::string> freed;                // names of freed tensors
+  // Freed scratch tensors with their home memory, oldest first. Guarded by mu.
+  std::deque<std::unique_ptr<Tensor>> idle_scratch;
+  // The last kFreedNamesKept freed tensors, a ring (id 0: empty). Guarded by mu.
+  std::array<std::pair<TensorId, std::string>, kFreedNamesKept> freed_names;
+  size_t freed_next = 0;
   TensorId next_id = 1;
   uint64_t tick = 0;
   uint64_t evictions = 0;
@@ -205,7 +226,7 @@ struct TieredStore::Impl {
   LinkMeter h2d, d2h, h2n, n2h;
 
   // Prefetch workers.
-  std::mutex queue_mu;
+  mutable std::mutex queue_mu;
   std::condition_variable queue_cv;
   std::deque<std::function<void()>> queue;
   bool stopping = false;
@@ -225,6 +246,7 @@ struct TieredStore::Impl {
     });
     for (auto& [id, t] : tensors) ReleaseMemory(*t);
     tensors.clear();
+    idle_scratch.clear();
     staging_free.clear();
   }
 
@@ -261,11 +283,110 @@ struct TieredStore::Impl {
   StatusOr<Tensor*> Find(TensorId id) {
     auto it = tensors.find(id);
     if (it != tensors.end()) return it->second.get();
-    auto f = freed.find(id);
-    if (f != freed.end()) {
-      return FailedPrecondition(fmt::format("tensor {} ('{}') was freed", id, f->second));
+    if (id == 0 || id >= next_id) {
+      return InvalidArgument(fmt::format("tiered store has no tensor with id {}", id));
     }
-    return InvalidArgument(fmt::format("tiered store has no tensor with id {}", id));
+    for (const auto& [freed_id, name] : freed_names) {
+      if (freed_id == id)
+        return FailedPrecondition(fmt::format("tensor {} ('{}') was freed", id, name));
+    }
+    return FailedPrecondition(fmt::format("tensor {} was freed", id));
+  }
+
+  // Takes t out of the live tensors for good: its memory goes back to the pools, or, for a
+  // scratch tensor, it is parked with its home memory (Note [Scratch tensors]). mu held.
+  void Retire(Tensor& t) {
+    std::pair<TensorId, std::string>& slot = freed_names[freed_next];
+    freed_next = (freed_next + 1) % freed_names.size();
+    slot.first = t.id;
+    slot.second.assign(t.name);
+    auto node = tensors.extract(t.id);
+    std::unique_ptr<Tensor>& owned = node.mapped();
+    for (int i = 0; i < kTiers; ++i) {
+      if (!owned->scratch || i != Index(owned->home)) DropCopy(*owned, static_cast<Tier>(i));
+    }
+    if (!owned->scratch) return;
+    owned->prefetch = {};
+    idle_scratch.push_back(std::move(owned));
+    if (idle_scratch.size() > kIdleScratchKept) {
+      ReleaseMemory(*idle_scratch.front());
+      idle_scratch.pop_front();
+    }
+  }
+
+  // A parked scratch tensor of `size` bytes homed in `home`, made live again under a new id as
+  // if just created; null when there is none. mu held.
+  Tensor* Revive(std::string_view name, uint64_t size, Tier home) {
+    for (auto it = idle_scratch.rbegin(); it != idle_scratch.rend(); ++it) {
+      Tensor& t = **it;
+      if (t.home != home || t.size != size) continue;
+      std::unique_ptr<Tensor> owned = std::move(*it);
+      idle_scratch.erase(std::next(it).base());
+      owned->id = next_id++;
+      owned->name.assign(name);
+      owned->next_use = -1;
+      owned->last_use = ++tick;
+      Copy& c = owned->copies[Index(home)];
+      c.valid = true;
+      c.zero = true;
+      return tensors.emplace(owned->id, std::move(owned)).first->second.get();
+    }
+    return nullptr;
+  }
+
+  // Gives the memory of the oldest parked scratch tensor in `tier` back to its pool; false
+  // when there is none. mu held.
+  bool DropIdleScratch(Tier tier) {
+    for (auto it = idle_scratch.begin(); it != idle_scratch.end(); ++it) {
+      if ((*it)->home != tier) continue;
+      ReleaseMemory(**it);
+      idle_scratch.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  // TieredStore::Create and CreateScratch past the checks: a new tensor homed in `home`.
+  StatusOr<TensorId> CreateLocked(std::unique_lock<std::mutex>& lock, std::string_view name,
+                                  uint64_t size, Tier home, bool scratch) {
+    auto owned = std::make_unique<Tensor>();
+    owned->id = next_id++;
+    owned->name = name;
+    owned->size = size;
+    owned->home = home;
+    owned->scratch = scratch;
+    Tensor& t = *owned;
+    tensors.emplace(t.id, std::move(owned));
+    t.busy = true;  // not visible as a victim or source while its home is set up
+    Status s;
+    while (s.ok() && !t.copies[Index(home)].present) s = TryAllocate(lock, t, home);
+    t.busy = false;
+    cv.notify_all();
+    if (!s.ok()) {
+      DropCopy(t, home);
+      tensors.erase(t.id);
+      return s;
+    }
+    Copy& c = t.copies[Index(home)];
+    c.valid = true;
+    c.zero = true;
+    t.last_use = ++tick;
+    return t.id;
+  }
+
+  // Entries of every container that could grow with use (TieredStoreStats).
+  uint64_t BookkeepingEntries() const {
+    // The ring of freed names counts whole: its slots are there from the start.
+    uint64_t n = tensors.size() + idle_scratch.size() + staging_free.size() + freed_names.size();
+    {
+      std::lock_guard queue_lock(queue_mu);
+      n += queue.size();
+    }
+    for (const MemoryPool* pool : {device_pool.get(), host_pool.get(), staging_pool.get()}) {
+      if (pool != nullptr) n += pool->stats().free_ranges;
+    }
+    if (swap != nullptr) n += swap->extent_count() + swap->free_ranges();
+    return n;
   }
 
   // One attempt at the memory of t's copy in `tier`: allocates it, or evicts one cached copy in
@@ -298,6 +419,7 @@ struct TieredStore::Impl {
         return OkStatus();
       }
       if (block.status().code() != StatusCode::kResourceExhausted) return block.status();
+      if (DropIdleScratch(tier)) return OkStatus();  // look again with its memory back
       Tensor* victim = PickVictim(tier, &t);
       if (victim == nullptr && MovingIn(tier, &t)) {
         cv.wait(lock);  // a transfer in flight will leave a copy to evict, or free one
@@ -783,53 +905,43 @@ TieredStore::TieredStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TieredStore::~TieredStore() = default;
 
 StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOptions& options) {
+  ZINF_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<Device> device;
+  if (!options.device.empty()) {
+    ZINF_ASSIGN_OR_RETURN(device, CreateDevice(options.device, options.device_budget_bytes));
+  }
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> store, Create(options, device.get()));
+  store->impl_->owned_device = std::move(device);
+  return store;
+}
+
+StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOptions& options,
+                                                           Device* device) {
   SwapStoreOptions swap;
   swap.paths = options.nvme_paths;
   swap.capacity_bytes = options.nvme_capacity_bytes;
   swap.checksum = options.nvme_checksum;
-  return internal::TieredStoreAccess::Create(options, swap);
+  return internal::TieredStoreAccess::Create(options, swap, device);
 }
 
 SwapStore* internal::TieredStoreAccess::Swap(TieredStore& store) { return store.impl_->swap.get(); }
-
-Device* internal::TieredStoreAccess::DeviceOf(TieredStore& store) {
-  return store.impl_->device.get();
-}
-
-bool internal::TieredStoreAccess::HostAddressable(const TieredStore& store) {
-  return store.impl_->direct;
-}
 
 MemoryPool* internal::TieredStoreAccess::HostPool(TieredStore& store) {
   return store.impl_->host_pool.get();
 }
 
 StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
-    const TieredStoreOptions& options, const SwapStoreOptions& swap) {
-  ZINF_RETURN_IF_ERROR(options.Validate());
+    const TieredStoreOptions& options, const SwapStoreOptions& swap, Device* device) {
+  // The options are checked as for the device given: a device tier needs a budget, whatever
+  // options.device names.
+  TieredStoreOptions checked = options;
+  checked.device = device != nullptr ? "host" : "";
+  ZINF_RETURN_IF_ERROR(checked.Validate());
   using Impl = TieredStore::Impl;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  if (options.device == "host") {
-    HostDeviceOptions d;
-    d.memory_budget_bytes = options.device_budget_bytes;
-    // ZINF_HOST_LINK_GBPS puts the device tier behind a modelled PCIe link, so that prefetch
-    // and eviction overlap can be seen without a GPU.
-    ZINF_RETURN_IF_ERROR(d.ApplyEnvironment());
-    ZINF_ASSIGN_OR_RETURN(impl->device, CreateHostDevice(d));
-    impl->direct = d.link_bytes_per_second == 0;
-  } else if (!options.device.empty()) {
-    CudaDeviceOptions d;
-    const std::string ordinal = options.device.substr(5);
-    char* end = nullptr;
-    d.ordinal = static_cast<int>(std::strtol(ordinal.c_str(), &end, 10));
-    if (ordinal.empty() || *end != '\0') {
-      return InvalidArgument(
-          fmt::format("tiered store device \"{}\": bad ordinal", options.device));
-    }
-    d.memory_budget_bytes = options.device_budget_bytes;
-    ZINF_ASSIGN_OR_RETURN(impl->device, CreateCudaDevice(d));
-  }
+  impl->device = device;
+  impl->direct = device != nullptr && device->host_addressable();
   if (impl->device != nullptr) {
     DevicePoolOptions dp;
     dp.name = impl->device->name() + " tier";
@@ -847,7 +959,7 @@ StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
   hp.numa_node = options.numa_node;
   hp.device =
       options.pin_host && impl->device != nullptr && impl->device->kind() == DeviceKind::kCuda
-          ? impl->device.get()
+          ? impl->device
           : nullptr;
   if (hp.device != nullptr) hp.numa_node = -1;
   ZINF_ASSIGN_OR_RETURN(impl->host_pool, MemoryPool::CreatePinned(hp));
@@ -890,28 +1002,22 @@ StatusOr<TensorId> TieredStore::Create(std::string name, uint64_t size_bytes, Ti
         fmt::format("tensor '{}': this store has no {} tier", name, TierName(home)));
   }
   std::unique_lock lock(m.mu);
-  auto t = std::make_unique<Impl::Tensor>();
-  t->id = m.next_id++;
-  t->name = std::move(name);
-  t->size = size_bytes;
-  t->home = home;
-  Impl::Tensor& ref = *t;
-  m.tensors.emplace(ref.id, std::move(t));
-  ref.busy = true;  // not visible as a victim or source while its home is set up
-  Status s;
-  while (s.ok() && !ref.copies[Index(home)].present) s = m.TryAllocate(lock, ref, home);
-  ref.busy = false;
-  m.cv.notify_all();
-  if (!s.ok()) {
-    m.DropCopy(ref, home);
-    m.tensors.erase(ref.id);
-    return s;
+  return m.CreateLocked(lock, name, size_bytes, home, /*scratch=*/false);
+}
+
+StatusOr<TensorId> TieredStore::CreateScratch(std::string_view name, uint64_t size_bytes,
+                                              Tier home) {
+  Impl& m = *impl_;
+  if (size_bytes == 0)
+    return InvalidArgument(fmt::format("tensor '{}': size_bytes must be > 0", name));
+  if (home == Tier::kNvme || !m.HasTier(home)) {
+    return InvalidArgument(fmt::format(
+        "scratch tensor '{}': its home must be the device or host tier of this store, not {}", name,
+        TierName(home)));
   }
-  Impl::Copy& c = ref.copies[Index(home)];
-  c.valid = true;
-  c.zero = true;
-  ref.last_use = ++m.tick;
-  return ref.id;
+  std::unique_lock lock(m.mu);
+  if (Impl::Tensor* t = m.Revive(name, size_bytes, home)) return t->id;
+  return m.CreateLocked(lock, name, size_bytes, home, /*scratch=*/true);
 }
 
 Status TieredStore::Free(TensorId id) {
@@ -927,9 +1033,7 @@ Status TieredStore::Free(TensorId id) {
       m.cv.wait(lock);
       continue;
     }
-    m.ReleaseMemory(*t);
-    m.freed.emplace(id, t->name);
-    m.tensors.erase(id);
+    m.Retire(*t);
     m.cv.notify_all();
     return OkStatus();
   }
@@ -1156,6 +1260,9 @@ TieredStoreStats TieredStore::stats() const {
   std::lock_guard lock(m.mu);
   s.evictions = m.evictions;
   s.write_backs = m.write_backs;
+  s.tensors = m.tensors.size();
+  s.idle_scratch = m.idle_scratch.size();
+  s.bookkeeping_entries = m.BookkeepingEntries();
   return s;
 }
 

@@ -27,20 +27,14 @@ using TieredStoreEngineFactory =
 void SetTieredStoreEngineFactoryForTest(TieredStoreEngineFactory factory);
 
 struct TieredStoreAccess {
-  // TieredStore::Create, with the NVMe tier opened from `swap` (when swap.paths is not empty)
-  // instead of options.nvme_paths, nvme_capacity_bytes and nvme_checksum.
+  // TieredStore::Create on `device`, with the NVMe tier opened from `swap` (when swap.paths is
+  // not empty) instead of options.nvme_paths, nvme_capacity_bytes and nvme_checksum.
   static StatusOr<std::unique_ptr<TieredStore>> Create(const TieredStoreOptions& options,
-                                                       const SwapStoreOptions& swap);
+                                                       const SwapStoreOptions& swap,
+                                                       Device* device);
   // The store's swap store, or null without an NVMe tier. It outlives nothing: valid while the
   // store is. Extents allocated on it by others are theirs to free.
   static SwapStore* Swap(TieredStore& store);
-  // The device of the store's device tier (null without one), valid while the store is: its
-  // clients enqueue their own work on streams of it (offload/device_ops.h).
-  static Device* DeviceOf(TieredStore& store);
-  // Whether the device tier's memory is host memory the host may touch directly: the host
-  // device with no modelled link (Note [Direct host device] in tiered_store.cc). Elsewhere
-  // device memory is reached only through the device's streams.
-  static bool HostAddressable(const TieredStore& store);
   // The host tier's pool, for clients whose buffers are not tensors (the pipelined optimizer
   // step's staging and host-resident chunks): blocks of it count in the host tier's budget and
   // stats, and are never evicted. Valid while the store is.

@@ -52,6 +52,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -385,6 +386,32 @@ int DefaultThreads() {
   return std::max(1, zinf::GetCpuInfo().usable_cpus / local_ranks);
 }
 
+// The losses the closing summary quotes: the first, and the last kKept, in a ring, so that a run
+// of any length holds the same few numbers.
+class LossSummary {
+ public:
+  static constexpr size_t kKept = 10;
+  void Add(double loss) {
+    if (steps_ == 0) first_ = loss;
+    last_[steps_ % kKept] = loss;
+    ++steps_;
+  }
+  size_t steps() const { return steps_; }
+  double first() const { return first_; }
+  double last() const { return last_[(steps_ - 1) % kKept]; }
+  size_t tail() const { return std::min(kKept, steps_); }
+  double tail_mean() const {
+    double sum = 0;  // oldest first
+    for (size_t i = steps_ - tail(); i < steps_; ++i) sum += last_[i % kKept] / tail();
+    return sum;
+  }
+
+ private:
+  size_t steps_ = 0;
+  double first_ = 0;
+  std::array<double, kKept> last_{};
+};
+
 // What one step did, as rank 0 saw it.
 struct StepRecord {
   int64_t step = 0;
@@ -393,6 +420,7 @@ struct StepRecord {
   double tokens_per_s = 0;
   gpt::Gpt::Timing timing;
   zinf::StepSummary summary;
+  uint64_t rss_bytes = 0;  // the process's resident set after the step (with --metrics)
 };
 
 nlohmann::json ToJson(const StepRecord& r) {
@@ -414,7 +442,9 @@ nlohmann::json ToJson(const StepRecord& r) {
           {"nvme_read_bytes", r.summary.bytes_nvme_read},
           {"nvme_written_bytes", r.summary.bytes_nvme_written},
           {"host_bytes", r.summary.host_bytes},
-          {"nvme_bytes", r.summary.nvme_bytes}};
+          {"nvme_bytes", r.summary.nvme_bytes},
+          {"store_entries", r.summary.store_entries},
+          {"rss_bytes", r.rss_bytes}};
 }
 
 void PrintStepLine(const StepRecord& r, int64_t steps) {
@@ -442,13 +472,16 @@ void PrintProgressBar(const StepRecord& r, int64_t steps, double elapsed_s) {
 }
 
 // Peak resident memory of this process (VmHWM), in bytes; 0 where /proc does not say.
-uint64_t PeakRssBytes() {
+// A field of /proc/self/status given in kB ("VmHWM:", "VmRSS:"), in bytes; 0 where absent.
+uint64_t ProcStatusBytes(const char* field) {
   std::ifstream status("/proc/self/status");
+  const size_t length = std::strlen(field);
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    if (line.rfind(field, 0) == 0) return std::strtoull(line.c_str() + length, nullptr, 10) * 1024;
   }
   return 0;
 }
+uint64_t PeakRssBytes() { return ProcStatusBytes("VmHWM:"); }
 
 // Saves under the tag "step-N"; the trainer's state is the step and the data seed.
 Status Save(zinf::Engine& engine, const std::string& dir, int64_t step, uint64_t seed) {
@@ -618,7 +651,7 @@ int Main(int argc, char** argv) {
   }
 
   std::vector<int32_t> tokens, targets;
-  std::vector<double> losses;
+  LossSummary losses;
   gpt::Gpt::Timing total_timing;
   double total_optimizer_s = 0;
   zinf::StepSummary last;
@@ -644,7 +677,7 @@ int Main(int argc, char** argv) {
                  .timing = (*model)->TakeTiming(),
                  .summary = *summary};
     r.tokens_per_s = tokens_per_step / r.seconds;
-    losses.push_back(loss);
+    losses.Add(loss);
     total_timing.compute_s += r.timing.compute_s;
     total_timing.param_wait_s += r.timing.param_wait_s;
     total_timing.grad_reduce_s += r.timing.grad_reduce_s;
@@ -654,7 +687,10 @@ int Main(int argc, char** argv) {
       if (Status s = Save(engine, args.save, r.step, args.seed); !s.ok()) return Fail(s);
     }
     if (!leader) continue;
-    if (metrics.is_open()) metrics << ToJson(r).dump() << std::endl;
+    if (metrics.is_open()) {
+      r.rss_bytes = ProcStatusBytes("VmRSS:");
+      metrics << ToJson(r).dump() << std::endl;
+    }
     if (terminal)
       PrintProgressBar(r, args.steps,
                        std::chrono::duration<double>(Clock::now() - t_start).count());
@@ -667,17 +703,14 @@ int Main(int argc, char** argv) {
   if (!args.save.empty() && first_step < args.steps) {
     if (Status s = Save(engine, args.save, args.steps, args.seed); !s.ok()) return Fail(s);
   }
-  if (leader && losses.empty()) {
+  if (leader && losses.steps() == 0) {
     std::printf("nothing to do: the run is at step %lld already (--steps %lld)\n",
                 static_cast<long long>(first_step), static_cast<long long>(args.steps));
   }
-  if (leader && !losses.empty()) {
+  if (leader && losses.steps() > 0) {
     if (terminal) std::printf("\n");
     const double seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const size_t tail = std::min<size_t>(10, losses.size());
-    double tail_loss = 0;
-    for (size_t i = losses.size() - tail; i < losses.size(); ++i) tail_loss += losses[i] / tail;
-    const double tokens = tokens_per_step * losses.size();
+    const double tokens = tokens_per_step * losses.steps();
     auto share = [&](double s) { return 100.0 * s / seconds; };
     std::printf(
         "done: %zu steps, %.0f tokens in %.1f s (%.0f tokens/s)\n"
@@ -685,9 +718,10 @@ int Main(int argc, char** argv) {
         "  time: compute %.0f%%, parameter gathers %.0f%%, gradient reduction %.0f%%, "
         "optimizer %.0f%%, other %.0f%%\n"
         "  memory (rank 0): engine host arrays %s, NVMe swap %s, peak RSS %s\n",
-        losses.size(), tokens, seconds, tokens / seconds, losses.front(), losses.back(), tail,
-        tail_loss, share(total_timing.compute_s), share(total_timing.param_wait_s),
-        share(total_timing.grad_reduce_s), share(total_optimizer_s),
+        losses.steps(), tokens, seconds, tokens / seconds, losses.first(), losses.last(),
+        losses.tail(), losses.tail_mean(), share(total_timing.compute_s),
+        share(total_timing.param_wait_s), share(total_timing.grad_reduce_s),
+        share(total_optimizer_s),
         share(seconds - total_timing.compute_s - total_timing.param_wait_s -
               total_timing.grad_reduce_s - total_optimizer_s),
         HumanBytes(last.host_bytes).c_str(), HumanBytes(last.nvme_bytes).c_str(),

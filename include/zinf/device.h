@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -149,6 +150,10 @@ class ZINF_EXPORT Device {
   virtual DeviceMemoryStats memory_stats() const = 0;
   // Host memory that copies to and from this device run fastest with: page-locked for CUDA.
   virtual StatusOr<HostBuffer> AllocateHost(size_t size_bytes) = 0;
+  // Whether the host may read and write this device's memory directly, outside its streams:
+  // the host device with no modelled link. Elsewhere device memory is reached only through
+  // the device's streams.
+  virtual bool host_addressable() const { return false; }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -189,6 +194,12 @@ struct CudaDeviceOptions {
 };
 // Unavailable when zinf was built without CUDA or no GPU is usable (the message says why).
 ZINF_EXPORT StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const CudaDeviceOptions& options);
+
+// A device by name, with a memory budget: "host" (its link from ZINF_HOST_LINK_GBPS, see
+// HostDeviceOptions::ApplyEnvironment) or "cuda:N". InvalidArgument for another name; the
+// factories' errors.
+ZINF_EXPORT StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view name,
+                                                           uint64_t memory_budget_bytes);
 
 struct GpuDescription {
   int ordinal = 0;

@@ -359,6 +359,10 @@ struct StepSummary {
   // step's too), and when the step finished: seconds since the Unix epoch, system clock.
   double learning_rate = 0;
   double unix_time_s = 0;
+  // Entries in the tiered store's bookkeeping after the step (TieredStoreStats): bounded by
+  // what the engine holds, so a run's steps after the first few stay within the same range; a
+  // count that climbs step after step is a leak.
+  uint64_t store_entries = 0;
 };
 
 class ZINF_EXPORT Engine {

@@ -28,7 +28,8 @@
 //
 // Errors. An NVMe failure reaches the call that needed the transfer (or the Prefetch future)
 // with the tensor named; a failed write-back leaves the cached copy in place (nothing is lost).
-// Any call on a freed tensor is FailedPrecondition naming it.
+// Any call on a freed tensor is FailedPrecondition (naming it when it was freed recently: the
+// store keeps no record that grows with the number of tensors ever made).
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef ZINF_TIERED_STORE_H_
@@ -42,6 +43,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/device.h"
 #include "zinf/export.h"
 #include "zinf/status.h"
 
@@ -99,13 +101,24 @@ struct TieredStoreStats {
   TierStats tiers[3];  // indexed by Tier
   uint64_t evictions = 0;
   uint64_t write_backs = 0;
+  uint64_t tensors = 0;       // live tensors
+  uint64_t idle_scratch = 0;  // freed scratch tensors kept for reuse (see CreateScratch)
+  // Entries in all of the store's bookkeeping: tensors, idle scratch, names of recently freed
+  // tensors, queued jobs, NVMe extents and free ranges, the pools' free ranges. It depends on
+  // what is live, never on how many tensors were made and freed before.
+  uint64_t bookkeeping_entries = 0;
 };
 
 class ZINF_EXPORT TieredStore {
  public:
-  // Opens the device, the pools and the swap files. Errors: InvalidArgument (options),
-  // Unavailable (no such device), the swap store's errors for the NVMe paths.
+  // Opens the device (options.device), the pools and the swap files. Errors: InvalidArgument
+  // (options), Unavailable (no such device), the swap store's errors for the NVMe paths.
   static StatusOr<std::unique_ptr<TieredStore>> Create(const TieredStoreOptions& options);
+  // Create with the device tier on `device`, the compute device of the store's clients (they
+  // enqueue their own work on its streams), instead of one named by options.device; the store
+  // does not own it, and it must outlive the store. Null: no device tier.
+  static StatusOr<std::unique_ptr<TieredStore>> Create(const TieredStoreOptions& options,
+                                                       Device* device);
   // Waits for transfers; frees everything (dirty cached copies are not written back: Flush first).
   ~TieredStore();
   TieredStore(const TieredStore&) = delete;
@@ -114,6 +127,12 @@ class ZINF_EXPORT TieredStore {
   // A tensor of `size_bytes` (> 0) whose home is `home`, reading as zeros. Errors:
   // InvalidArgument (size 0, a tier this store lacks), ResourceExhausted (home tier full).
   StatusOr<TensorId> Create(std::string name, uint64_t size_bytes, Tier home);
+  // Create for a tensor that is made and freed over and over (a gather's destination, a
+  // gradient buffer), whose home is the device or host tier (else InvalidArgument). Free keeps
+  // its memory for the next CreateScratch of the same size and home, which reads as zeros as
+  // Create's does; idle scratch memory goes back to its tier before any cached copy is
+  // evicted there. See Note [Scratch tensors] in offload/tiered_store.cc.
+  StatusOr<TensorId> CreateScratch(std::string_view name, uint64_t size_bytes, Tier home);
   // Frees every copy. FailedPrecondition while the tensor is acquired.
   Status Free(TensorId id);
 

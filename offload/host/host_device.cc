@@ -435,6 +435,7 @@ class HostDevice final : public Device {
   ~HostDevice() override { state_->closed.store(true, std::memory_order_release); }
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
+  bool host_addressable() const override { return state_->link == nullptr; }
   std::string name() const override {
     std::string link;
     if (state_->link != nullptr) {

@@ -48,7 +48,6 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
-#include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zero/lr_schedule.h"
 #include "zero/partition.h"
@@ -118,9 +117,7 @@ Engine::~Engine() = default;
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
 int Engine::local_rank() const { return impl_->local_rank; }
-Device* Engine::compute_device() const {
-  return impl_->tiers == nullptr ? nullptr : internal::TieredStoreAccess::DeviceOf(*impl_->tiers);
-}
+Device* Engine::compute_device() const { return impl_->compute.get(); }
 const std::string& Engine::compute_device_name() const { return impl_->device; }
 double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
@@ -270,7 +267,7 @@ Status Engine::Initialize(const InitialValues& initial_values) {
   }
   ZINF_ASSIGN_OR_RETURN(
       m.buckets,
-      GradientBuckets::Create(m.tiers.get(), m.DeviceComm(), m.BucketElements(),
+      GradientBuckets::Create(m.tiers.get(), m.compute.get(), m.DeviceComm(), m.BucketElements(),
                               [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
                                 return m.AddReducedGradient(flat_offset, reduced, size);
                               }));
@@ -350,8 +347,9 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
     } else if (g.data == nullptr) {
       // A device tensor reading as zeros: the padding stays zero and backward may accumulate
       // into it.
-      ZINF_ASSIGN_OR_RETURN(g.tensor, m.tiers->Create(p.spec.name + " (gradient)",
-                                                      p.shard_size * m.world() * 4, Tier::kDevice));
+      ZINF_ASSIGN_OR_RETURN(g.tensor,
+                            m.tiers->CreateScratch(p.spec.name + " (gradient)",
+                                                   p.shard_size * m.world() * 4, Tier::kDevice));
       StatusOr<void*> data = m.tiers->Acquire(g.tensor, Tier::kDevice, Access::kWrite);
       if (!data.ok()) {
         m.FreeGradient(pi);

@@ -94,6 +94,9 @@ struct Engine::Impl {
   // The compute precision (Note [Compute precision]): what the parameter tier holds and
   // gathers move.
   ElementType param_type = ElementType::kFp32;
+  // The compute device (EngineOptions::device), the tiered store's device tier: the engine's
+  // parts enqueue their own work on its streams. Declared before the store, which borrows it.
+  std::unique_ptr<Device> compute;
   // Where every parameter shard, gathered copy and gradient buffer lives and moves, on the
   // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
   // declared before its clients so that it outlives them.
@@ -101,8 +104,9 @@ struct Engine::Impl {
   SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
   // master is empty when !host_master, grad_acc with the gradients on NVMe (nvme_grads).
   StoreArray master, grad_acc, state0, state1;
-  // Whether the device tier is host memory the host may touch (Note [Direct host device] in
-  // offload/tiered_store.cc): backward may then write into the host accumulators directly.
+  // Whether the device tier is host memory the host may touch (Device::host_addressable;
+  // Note [Direct host device] in offload/tiered_store.cc): backward may then write into the
+  // host accumulators directly.
   bool host_addressable = false;
   std::unique_ptr<GradientBuckets> buckets;
   std::unique_ptr<ParamTier> param_tier;

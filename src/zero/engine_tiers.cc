@@ -151,9 +151,11 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       }
     }
   }
-  ZINF_ASSIGN_OR_RETURN(tiers, internal::TieredStoreAccess::Create(options, swap_options));
+  ZINF_ASSIGN_OR_RETURN(compute, CreateDevice(options.device, options.device_budget_bytes));
+  ZINF_ASSIGN_OR_RETURN(tiers,
+                        internal::TieredStoreAccess::Create(options, swap_options, compute.get()));
   swap = internal::TieredStoreAccess::Swap(*tiers);
-  host_addressable = internal::TieredStoreAccess::HostAddressable(*tiers);
+  host_addressable = compute->host_addressable();
   param_tier = std::make_unique<ParamTier>(
       tiers.get(), DeviceComm(), &params, &modules,
       ParamTierOptions{.param_type = param_type,
@@ -163,7 +165,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
                        .prefetch_bucket_elements = config.stage3_prefetch_bucket_size,
                        .max_live_elements = config.stage3_max_live_parameters});
   grads.assign(params.size(), GradBuffer());
-  return param_tier->Create();
+  return param_tier->Create(compute.get());
 }
 
 void Engine::Impl::MeasureTiers(StepSummary* summary) {
@@ -176,6 +178,7 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   summary->device_budget_bytes = stats.tiers[int(Tier::kDevice)].budget_bytes;
   summary->host_budget_bytes = stats.tiers[int(Tier::kHost)].budget_bytes;
   summary->nvme_capacity_bytes = stats.tiers[int(Tier::kNvme)].budget_bytes;
+  summary->store_entries = stats.bookkeeping_entries;
   // The parameter tier's NVMe traffic since the last step (the optimizer's is counted by
   // the pipelined step).
   summary->bytes_nvme_read += stats.nvme_to_host.bytes - nvme_read_at.bytes;

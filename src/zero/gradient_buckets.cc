@@ -7,19 +7,15 @@
 #include <cstring>
 
 #include "comm/communicator.h"
-#include "offload/tiered_store_internal.h"
 
 namespace zinf {
 
-StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(TieredStore* store,
-                                                                   Communicator* comm,
-                                                                   uint64_t bucket_elements,
-                                                                   Sink sink) {
-  Device* device = internal::TieredStoreAccess::DeviceOf(*store);
+StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(
+    TieredStore* store, Device* device, Communicator* comm, uint64_t bucket_elements, Sink sink) {
   if (device == nullptr) {
     return FailedPrecondition("gradient buckets need a tiered store with a device tier");
   }
-  const bool host_addressable = internal::TieredStoreAccess::HostAddressable(*store);
+  const bool host_addressable = device->host_addressable();
   std::unique_ptr<GradientBuckets> buckets(
       new GradientBuckets(store, device, host_addressable, comm, bucket_elements, std::move(sink)));
   if (!host_addressable) {
@@ -146,8 +142,8 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   if (world_ == 1) {  // nothing to reduce: the gradient comes down, then goes to the sink
     InFlight entry{.tensor = tensor, .flat_offset = flat_offset, .size = shard_size, .name = name};
     ZINF_ASSIGN_OR_RETURN(
-        entry.landed, StoreArray::Create(store_, name + " (gradient)", shard_size * 4, Tier::kHost,
-                                         Access::kOverwrite));
+        entry.landed, StoreArray::Scratch(store_, name + " (gradient)", shard_size * 4, Tier::kHost,
+                                          Access::kOverwrite));
     if (ready != nullptr) ZINF_RETURN_IF_ERROR(down_->Wait(*ready));
     ZINF_RETURN_IF_ERROR(down_->Copy(entry.landed.data(), grad, shard_size * sizeof(float),
                                      CopyKind::kDeviceToHost));

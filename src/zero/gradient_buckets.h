@@ -61,9 +61,10 @@ class GradientBuckets {
   using Sink = std::function<Status(uint64_t flat_offset, const float* reduced, uint64_t size)>;
 
   // `bucket_elements`: elements of gradient (over all ranks) per bucket, at least one per
-  // rank. `store` (with a device tier) and `comm` (whose collectives take that device's
-  // memory) must outlive this object.
-  static StatusOr<std::unique_ptr<GradientBuckets>> Create(TieredStore* store, Communicator* comm,
+  // rank. `store` (with its device tier on `device`) and `comm` (whose collectives take that
+  // device's memory) must outlive this object.
+  static StatusOr<std::unique_ptr<GradientBuckets>> Create(TieredStore* store, Device* device,
+                                                           Communicator* comm,
                                                            uint64_t bucket_elements, Sink sink);
   // Waits for collectives and copies still in flight (their buffers are ours).
   ~GradientBuckets();

@@ -44,8 +44,8 @@ StatusOr<StoreArray> NvmeGradients::TakeBuffer() {
   }
   // Page-aligned (the store's blocks are), as O_DIRECT writes need; every byte is written
   // before it is read.
-  StatusOr<StoreArray> b = StoreArray::Create(store_, "gradient staging", buffer_bytes_,
-                                              Tier::kHost, Access::kOverwrite);
+  StatusOr<StoreArray> b = StoreArray::Scratch(store_, "gradient staging", buffer_bytes_,
+                                               Tier::kHost, Access::kOverwrite);
   if (!b.ok()) staging_bytes_ -= buffer_bytes_;
   return b;
 }

@@ -12,7 +12,6 @@
 #include "comm/communicator.h"
 #include "core/log.h"
 #include "offload/device_ops.h"
-#include "offload/tiered_store_internal.h"
 #include "zero/param_tier_internal.h"
 
 namespace zinf {
@@ -43,8 +42,8 @@ ParamTier::~ParamTier() {
   }
 }
 
-Status ParamTier::Create() {
-  device_ = internal::TieredStoreAccess::DeviceOf(*store_);
+Status ParamTier::Create(Device* device) {
+  device_ = device;
   if (device_ == nullptr) return FailedPrecondition("the parameter tier needs a device tier");
   ZINF_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
   ZINF_ASSIGN_OR_RETURN(release_stream_, device_->CreateStream());
@@ -89,8 +88,8 @@ Status ParamTier::PrepareGather(int param) {
     return OkStatus();
   }
   if (s.gathered == 0) {
-    ZINF_ASSIGN_OR_RETURN(s.gathered, store_->Create(p.spec.name + " (gathered)",
-                                                     full_size * element, Tier::kDevice));
+    ZINF_ASSIGN_OR_RETURN(s.gathered, store_->CreateScratch(p.spec.name + " (gathered)",
+                                                            full_size * element, Tier::kDevice));
   }
   ZINF_ASSIGN_OR_RETURN(s.full, store_->Acquire(s.gathered, Tier::kDevice, Access::kOverwrite));
   return OkStatus();
@@ -142,10 +141,11 @@ Status ParamTier::StartGathers(const std::vector<int>& params) {
   }
   const uint64_t world = comm_->world_size();
   ZINF_ASSIGN_OR_RETURN(
-      c->send, store_->Create("coalesced gather (send)", c->slice * element, Tier::kDevice));
+      c->send, store_->CreateScratch("coalesced gather (send)", c->slice * element, Tier::kDevice));
   ZINF_ASSIGN_OR_RETURN(c->send_data, store_->Acquire(c->send, Tier::kDevice, Access::kOverwrite));
-  ZINF_ASSIGN_OR_RETURN(c->receive, store_->Create("coalesced gather (receive)",
-                                                   world * c->slice * element, Tier::kDevice));
+  ZINF_ASSIGN_OR_RETURN(
+      c->receive, store_->CreateScratch("coalesced gather (receive)", world * c->slice * element,
+                                        Tier::kDevice));
   ZINF_ASSIGN_OR_RETURN(c->receive_data,
                         store_->Acquire(c->receive, Tier::kDevice, Access::kOverwrite));
   // Until the collective has started, a failure drops what was prepared: a parameter is
@@ -218,8 +218,9 @@ Status ParamTier::Gather(int param) {
     s.fp32 = static_cast<float*>(s.full);
   } else if (options_.fp32_view) {
     if (s.widened == 0) {
-      ZINF_ASSIGN_OR_RETURN(s.widened, store_->Create((*params_)[param].spec.name + " (fp32)",
-                                                      full_size * 4, Tier::kDevice));
+      ZINF_ASSIGN_OR_RETURN(
+          s.widened, store_->CreateScratch((*params_)[param].spec.name + " (fp32)", full_size * 4,
+                                           Tier::kDevice));
     }
     ZINF_ASSIGN_OR_RETURN(void* fp32,
                           store_->Acquire(s.widened, Tier::kDevice, Access::kOverwrite));

@@ -72,7 +72,7 @@ class CommWork;
 struct ParamTierOptions {
   ElementType param_type = ElementType::kFp32;  // the compute precision
   Tier shard_home = Tier::kDevice;
-  // Whether the host may write the device tier's memory (TieredStoreAccess::HostAddressable):
+  // Whether the host may write the device tier's memory (Device::host_addressable):
   // else writes of device-homed shards go through a host copy, as NVMe ones do.
   bool device_host_addressable = true;
   // Whether Fetch hands out fp32 copies of 16-bit parameters: for trainers computing in fp32
@@ -122,8 +122,8 @@ class ParamTier {
   ParamTier& operator=(const ParamTier&) = delete;
 
   // Creates the shard tensors (reading as zeros until written), and the stream and events
-  // of the store's device that the gathers use.
-  Status Create();
+  // of `device`, the store's device tier's, that the gathers use; it must outlive this object.
+  Status Create(Device* device);
 
   // Gathers the module's parameters into the device tier: `out` gets one tensor each, in the
   // compute precision, and `fp32` (when not null, with options.fp32_view) the same values
@@ -211,7 +211,7 @@ class ParamTier {
   std::vector<Module>* const modules_;
   const ParamTierOptions options_;
   std::vector<State> state_;
-  Device* device_ = nullptr;                   // the store's
+  Device* device_ = nullptr;                   // the store's device tier's
   std::unique_ptr<Stream> stream_;             // widening on the device
   std::unique_ptr<Stream> release_stream_;     // where pending releases wait for the trainer
   std::vector<std::unique_ptr<Event>> ready_;  // by module: its last Fetch's work done

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "zinf/status.h"
@@ -37,13 +38,13 @@ class StoreArray {
   // whatever the memory held (for a caller that writes before it reads).
   static StatusOr<StoreArray> Create(TieredStore* store, const std::string& name, uint64_t bytes,
                                      Tier tier = Tier::kHost, Access access = Access::kWrite) {
-    StoreArray a;
-    ZINF_ASSIGN_OR_RETURN(a.id_, store->Create(name, bytes, tier));
-    a.store_ = store;
-    a.tier_ = tier;
-    ZINF_ASSIGN_OR_RETURN(a.data_, store->Acquire(a.id_, tier, access));
-    a.bytes_ = bytes;
-    return a;
+    return Make(store, store->Create(name, bytes, tier), bytes, tier, access);
+  }
+  // Create for an array made and dropped over and over (a staging buffer of every batch): a
+  // scratch tensor of the store, whose memory the next such array of its size reuses.
+  static StatusOr<StoreArray> Scratch(TieredStore* store, std::string_view name, uint64_t bytes,
+                                      Tier tier = Tier::kHost, Access access = Access::kWrite) {
+    return Make(store, store->CreateScratch(name, bytes, tier), bytes, tier, access);
   }
 
   void* data() const { return data_; }
@@ -64,6 +65,17 @@ class StoreArray {
   }
 
  private:
+  static StatusOr<StoreArray> Make(TieredStore* store, StatusOr<TensorId> created, uint64_t bytes,
+                                   Tier tier, Access access) {
+    StoreArray a;
+    ZINF_ASSIGN_OR_RETURN(a.id_, std::move(created));
+    a.store_ = store;
+    a.tier_ = tier;
+    ZINF_ASSIGN_OR_RETURN(a.data_, store->Acquire(a.id_, tier, access));
+    a.bytes_ = bytes;
+    return a;
+  }
+
   TieredStore* store_ = nullptr;
   TensorId id_ = 0;
   Tier tier_ = Tier::kHost;

@@ -16,6 +16,7 @@
 
 #include "offload/tiered_store_internal.h"
 #include "tests/nvme/nvme_test_util.h"
+#include "tests/offload/tiered_store_testing.h"
 #include "tests/testing/faulty_engine.h"
 
 namespace zinf {
@@ -23,23 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing_util::ScratchDir;
-
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
-
-TieredStoreOptions Options(const ScratchDir& dir) {
-  TieredStoreOptions o;
-  o.device = "host";
-  o.device_budget_bytes = 8 * kMiB;
-  o.host_budget_bytes = 8 * kMiB;
-  o.pin_host = false;
-  o.nvme_paths = {dir.path()};
-  o.nvme_capacity_bytes = 96 * kMiB;
-  o.piece_bytes = 256 * kKiB;
-  o.staging_buffers = 2;
-  o.transfer_threads = 2;
-  return o;
-}
 
 uint8_t PatternByte(uint64_t id, uint64_t version, uint64_t i) {
   uint64_t x = (id * 0x9E3779B97F4A7C15ull) ^ (version * 0xC2B2AE3D27D4EB4Full) ^ (i / 8);

@@ -34,7 +34,10 @@ class ParamTierTest : public ::testing::Test {
     options.device_budget_bytes = 64 << 20;
     options.host_budget_bytes = 64 << 20;
     options.pin_host = false;
-    auto store = TieredStore::Create(options);
+    auto device = CreateDevice(options.device, options.device_budget_bytes);
+    ASSERT_TRUE(device.ok()) << device.status();
+    device_ = std::move(*device);
+    auto store = TieredStore::Create(options, device_.get());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     auto comm = CreateLocalCommunicator();
@@ -56,7 +59,7 @@ class ParamTierTest : public ::testing::Test {
                          .shard_home = Tier::kHost,
                          .prefetch_bucket_elements = kElements,  // the next module
                          .max_live_elements = 1 << 30});
-    ASSERT_TRUE(tier_->Create().ok());
+    ASSERT_TRUE(tier_->Create(device_.get()).ok());
     for (const Param& p : params_) {
       std::vector<float> values(kElements, static_cast<float>(p.module));
       ASSERT_TRUE(tier_->WriteFp32(p, values.data()).ok());
@@ -91,6 +94,7 @@ class ParamTierTest : public ::testing::Test {
     return tiers.ok() && std::count(tiers->begin(), tiers->end(), Tier::kDevice) == 1;
   }
 
+  std::unique_ptr<Device> device_;  // the compute device, outliving the store
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<Communicator> comm_;
   std::vector<Param> params_;
