@@ -182,9 +182,10 @@ if [ "$torch2" = 1 ]; then
   took
   step "tests/python against the installed package (torch $torch_version)"
   # And torch's own modules and Hugging Face's GPT-2 and Llama, under zinf.zero and under
-  # zinf.initialize with Hugging Face's DeepSpeed config (skipped in the build tree's run, whose
-  # Debian torch 1.13 has no transformers).
-  run_python_tests "$t2" torch_models hf_initialize
+  # zinf.initialize with Hugging Face's DeepSpeed config, and their round trips through
+  # `zinf ckpt export --hf` and import (skipped in the build tree's run, whose Debian torch 1.13
+  # has no transformers).
+  run_python_tests "$t2" torch_models hf_initialize hf_checkpoints
   took
 fi
 echo "venv_test: $passed_count passed, $failed_count failed, $skipped_count skipped"
