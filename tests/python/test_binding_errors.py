@@ -9,8 +9,8 @@ the one Python test that runs: CTest preloads ASan's and UBSan's runtimes into t
 (PYTHONMALLOC=malloc, so every Python object is a malloc block LeakSanitizer can see) with the
 leak check at exit off, since the interpreter's own teardown leaves blocks behind. Instead
 test_failed_calls_leak_nothing asks LeakSanitizer for a report before and after thousands of
-failing calls, in this process, and requires the same leaked allocations both times: a binding
-that drops a message adds one leaked block per call. The module needs no PyTorch (buffers are
+failing calls, in this process: a binding that drops a message adds one leaked block per call,
+and no leaked block may come from zinf's code. The module needs no PyTorch (buffers are
 ctypes arrays), because PyTorch is not instrumented.
 """
 
@@ -141,9 +141,15 @@ class BindingErrorsTest(unittest.TestCase):
 
         fail_every_call(3)  # the interpreter's and pybind11's one-time allocations first
         before, _ = leaked_allocations(check, self.dir)
-        fail_every_call(300)
+        rounds = 300
+        fail_every_call(rounds)
         after, report = leaked_allocations(check, self.dir)
-        self.assertEqual(after, before, "failing calls leaked memory:\n" + report[-4000:])
+        # A binding that drops a message leaks a block per failing call: thousands here. The
+        # interpreter itself holds a block or two in ways the checker cannot follow, so the
+        # count may move by a few, but no leaked block may have been allocated in zinf's code.
+        self.assertLess(after - before, rounds // 10, "failing calls leak:\n" + report[-4000:])
+        for leak in report.split("leak of ")[1:]:
+            self.assertNotRegex(leak, r"libzinf|_zinf\.", "zinf's code leaked:\n" + leak)
 
 
 if __name__ == "__main__":
