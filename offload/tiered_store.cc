@@ -60,8 +60,12 @@ namespace zinf {
 // Free parks a scratch tensor instead of dropping its memory. What is parked is bounded by
 // what was live at once (a loop reuses what it freed), and by kIdleScratchKept; it gives its
 // memory back, oldest first, before any cached copy is evicted for room, so it never fails an
-// allocation that would have succeeded without it. Errors name a freed tensor from a ring of
-// the last kFreedNamesKept: older ids are still known freed (ids only grow), just not by name.
+// allocation that would have succeeded without it. The engine hands what is parked back after
+// each step (ReleaseIdleScratch): reuse is within a step, where the same sizes come back module
+// after module, and between steps the tiers hold only what is live (the step's host figures,
+// and the memory NVMe gradients save, count no parked buffers). Errors name a freed tensor from a
+// ring of the last kFreedNamesKept: older ids are still known freed (ids only grow), just not by
+// name.
 
 // Note [Direct host device]
 // On the host device without a modelled link, device memory is host memory that nothing but
@@ -1018,6 +1022,13 @@ StatusOr<TensorId> TieredStore::CreateScratch(std::string_view name, uint64_t si
   std::unique_lock lock(m.mu);
   if (Impl::Tensor* t = m.Revive(name, size_bytes, home)) return t->id;
   return m.CreateLocked(lock, name, size_bytes, home, /*scratch=*/true);
+}
+
+void TieredStore::ReleaseIdleScratch() {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  for (const auto& t : m.idle_scratch) m.ReleaseMemory(*t);
+  m.idle_scratch.clear();
 }
 
 Status TieredStore::Free(TensorId id) {

@@ -133,6 +133,10 @@ class ZINF_EXPORT TieredStore {
   // Create's does; idle scratch memory goes back to its tier before any cached copy is
   // evicted there. See Note [Scratch tensors] in offload/tiered_store.cc.
   StatusOr<TensorId> CreateScratch(std::string_view name, uint64_t size_bytes, Tier home);
+  // Gives the memory of every idle scratch tensor back to its tier: a caller's loop that is
+  // done for now (the engine, after each step) so that what the tiers hold between loops is
+  // what is live.
+  void ReleaseIdleScratch();
   // Frees every copy. FailedPrecondition while the tensor is acquired.
   Status Free(TensorId id);
 
