@@ -11,7 +11,9 @@
 //   streams may overlap; Record() on one stream and Wait() on another orders them.
 // - An Event marks a point in a stream. Wait() captures the event's most recent Record() at
 //   the time of the call (later records do not affect it), as CUDA does, so waiting on an
-//   event that was never recorded is a no-op and cannot deadlock.
+//   event that was never recorded is a no-op and cannot deadlock. Streams take the events of
+//   their own device; on CUDA also those of any other CudaDevice (one GPU: Record and Wait;
+//   another GPU: Wait), since CUDA orders work across devices by events.
 // - Errors raised by queued work (a failed host function, a CUDA fault) are sticky on the
 //   stream: every later call on it, and Synchronize(), return the first error.
 // - Streams, events and buffers may outlive their Device: the memory is still freed, and

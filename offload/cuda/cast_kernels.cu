@@ -10,11 +10,32 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One element's conversion: round to nearest even into 16 bits, exact back to fp32.
-__device__ __nv_bfloat16 CastTo(float v, __nv_bfloat16*) { return __float2bfloat16_rn(v); }
-__device__ __half CastTo(float v, __half*) { return __float2half_rn(v); }
+// One element's conversion: round to nearest even into 16 bits, exact back to fp32, with the
+// host conversions' bits (cpu_optim/kernels_scalar.cc) also for NaN, where CUDA's intrinsics
+// give a canonical NaN instead: the NaN made quiet, its payload truncated (as x86's vcvtps2ph).
+__device__ bool IsNan(uint32_t u) { return (u & 0x7FFFFFFFu) > 0x7F800000u; }
+
+__device__ __nv_bfloat16 CastTo(float v, __nv_bfloat16*) {
+  const uint32_t u = __float_as_uint(v);
+  if (IsNan(u)) return __ushort_as_bfloat16(static_cast<unsigned short>((u >> 16) | 0x0040u));
+  return __float2bfloat16_rn(v);
+}
+__device__ __half CastTo(float v, __half*) {
+  const uint32_t u = __float_as_uint(v);
+  if (IsNan(u)) {
+    return __ushort_as_half(
+        static_cast<unsigned short>(((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu)));
+  }
+  return __float2half_rn(v);
+}
 __device__ float CastTo(__nv_bfloat16 v, float*) { return __bfloat162float(v); }
-__device__ float CastTo(__half v, float*) { return __half2float(v); }
+__device__ float CastTo(__half v, float*) {
+  const uint32_t h = __half_as_ushort(v);
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0) {  // NaN, made quiet
+    return __uint_as_float(((h & 0x8000u) << 16) | 0x7FC00000u | ((h & 0x3FFu) << 13));
+  }
+  return __half2float(v);
+}
 
 template <typename Src, typename Dst>
 __global__ void CastKernel(const Src* __restrict__ src, Dst* __restrict__ dst, size_t count) {

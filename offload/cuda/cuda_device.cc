@@ -188,20 +188,30 @@ class CudaStream final : public Stream {
   }
 
   Status Record(Event& event) override {
-    ZINF_RETURN_IF_ERROR(Check());
+    // Note [Events across CudaDevices]
+    // Every CudaDevice uses the runtime's primary context of its GPU, so an event of another
+    // CudaDevice object on the same GPU (a trainer's own device beside the engine's, say) is
+    // as good as one of this device: CUDA records it on any stream of that GPU, and a stream
+    // may wait on an event of any GPU. Only a record on another GPU is refused, as CUDA would.
     auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
-    if (cuda_event == nullptr || cuda_event->device() != device_) {
-      return InvalidArgument("Record: the event belongs to another device");
+    if (cuda_event == nullptr || cuda_event->device()->ordinal != device_->ordinal) {
+      return InvalidArgument(
+          fmt::format("Record: the event belongs to another device than {}", device_->name));
     }
+    ZINF_RETURN_IF_ERROR(cuda_event->device()->CheckOpen());
+    ZINF_RETURN_IF_ERROR(Check());  // last: the current GPU is this stream's
     return CudaStatus(cudaEventRecord(cuda_event->handle(), stream_), "cudaEventRecord");
   }
 
   Status Wait(const Event& event) override {
-    ZINF_RETURN_IF_ERROR(Check());
+    // Any CudaDevice's event (Note [Events across CudaDevices]).
     const auto* cuda_event = dynamic_cast<const CudaEvent*>(&event);
-    if (cuda_event == nullptr || cuda_event->device() != device_) {
-      return InvalidArgument("Wait: the event belongs to another device");
+    if (cuda_event == nullptr) {
+      return InvalidArgument(fmt::format(
+          "Wait: the event is not a CUDA event, and {} can wait only on those", device_->name));
     }
+    ZINF_RETURN_IF_ERROR(cuda_event->device()->CheckOpen());
+    ZINF_RETURN_IF_ERROR(Check());
     return CudaStatus(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0), "cudaStreamWaitEvent");
   }
 

@@ -90,9 +90,8 @@ Status CudaError(cudaError_t err, const char* what) {
   return Internal(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-StatusOr<DevicePool*> PoolFor(int device) {
-  auto it = pools.find(device);
-  if (it != pools.end()) return &it->second;
+// A pool on `device` made with the current config.
+StatusOr<DevicePool> OpenPool(int device) {
   CudaDeviceOptions device_options;
   device_options.ordinal = device;
   device_options.memory_budget_bytes = config.budget_bytes;
@@ -103,10 +102,18 @@ StatusOr<DevicePool*> PoolFor(int device) {
   pool_options.name = "torch allocator pool on cuda:" + std::to_string(device);
   StatusOr<std::unique_ptr<MemoryPool>> pool = MemoryPool::CreateOnDevice(**created, pool_options);
   if (!pool.ok()) return pool.status();
-  DevicePool& p = pools[device];
+  DevicePool p;
   p.device = std::move(*created);
   p.pool = std::move(*pool);
-  return &p;
+  return p;
+}
+
+StatusOr<DevicePool*> PoolFor(int device) {
+  auto it = pools.find(device);
+  if (it != pools.end()) return &it->second;
+  StatusOr<DevicePool> opened = OpenPool(device);
+  if (!opened.ok()) return opened.status();
+  return &pools.emplace(device, std::move(*opened)).first->second;
 }
 
 // Returns parked blocks whose event has completed (all of them, waiting, with `wait`).
@@ -260,7 +267,10 @@ ZINF_TORCH_API int zinf_torch_allocator_probe(int device) {
   try {
     std::lock_guard<std::mutex> lock(mu);
     DeviceGuard guard;
-    zinf::StatusOr<DevicePool*> pool = PoolFor(device);
+    // A pool opened here and dropped again, so that zinf_torch_allocator_configure still
+    // applies to the pool the first allocation makes.
+    if (pools.count(device) != 0) return 0;
+    zinf::StatusOr<DevicePool> pool = OpenPool(device);
     if (!pool.ok()) {
       last_error = pool.status().ToString();
       return -1;

@@ -77,7 +77,9 @@ def unavailable_reason():
         return f"PyTorch {torch.__version__} was built without CUDA"
     if not torch.cuda.is_available():
         return "PyTorch sees no GPU (torch.cuda.is_available() is False)"
-    return probe(torch.cuda.current_device())
+    # Not torch.cuda.current_device(): that initializes PyTorch's own allocator, after which
+    # PyTorch refuses to swap it ("Can't swap an already initialized allocator").
+    return probe(0)
 
 
 def pluggable_allocator(budget_bytes=0, arena_bytes=0):

@@ -29,6 +29,43 @@ TEST(CudaDeviceTest, BadOrdinalOrNoGpu) {
       << device.status();
 }
 
+// Two CudaDevice objects on one GPU (the engine's and a trainer's own, as the GPT example
+// has) order their streams by each other's events (Note [Events across CudaDevices]): the
+// second device's copy reads what the first device's copy wrote.
+TEST(CudaDeviceTest, EventsOrderStreamsOfTwoDevicesOnOneGpu) {
+  auto engine_device = CreateCudaDevice({.ordinal = 0, .memory_budget_bytes = 64 << 20});
+  if (!engine_device.ok()) GTEST_SKIP() << engine_device.status().message();
+  auto trainer_device = CreateCudaDevice({.ordinal = 0, .memory_budget_bytes = 64 << 20});
+  ASSERT_TRUE(trainer_device.ok()) << trainer_device.status();
+  constexpr size_t kBytes = 32 << 20;
+  auto source = (*engine_device)->AllocateHost(kBytes);
+  auto result = (*trainer_device)->AllocateHost(kBytes);
+  auto staged = (*engine_device)->Allocate(kBytes);
+  auto copied = (*trainer_device)->Allocate(kBytes);
+  auto producer = (*engine_device)->CreateStream();
+  auto consumer = (*trainer_device)->CreateStream();
+  auto ready = (*engine_device)->CreateEvent();
+  auto consumed = (*trainer_device)->CreateEvent();
+  ASSERT_TRUE(source.ok() && result.ok() && staged.ok() && copied.ok() && producer.ok() &&
+              consumer.ok() && ready.ok() && consumed.ok());
+  std::memset(source->data(), 0x3c, kBytes);
+  std::memset(result->data(), 0, kBytes);
+  Stream& p = **producer;
+  Stream& c = **consumer;
+  ASSERT_TRUE(p.Copy(staged->data(), source->data(), kBytes, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(p.Record(**ready).ok());
+  ASSERT_TRUE(c.Wait(**ready).ok());
+  ASSERT_TRUE(c.Copy(copied->data(), staged->data(), kBytes, CopyKind::kDeviceToDevice).ok());
+  ASSERT_TRUE(c.Copy(result->data(), copied->data(), kBytes, CopyKind::kDeviceToHost).ok());
+  // And the other way: the engine's stream records the trainer's event.
+  ASSERT_TRUE(p.Record(**consumed).ok());
+  ASSERT_TRUE(c.Synchronize().ok());
+  ASSERT_TRUE(p.Synchronize().ok());
+  EXPECT_EQ(std::memcmp(result->data(), source->data(), kBytes), 0);
+  StatusOr<bool> ready_done = (*ready)->Query();
+  EXPECT_TRUE(ready_done.ok() && *ready_done) << ready_done.status();
+}
+
 TEST(CudaDeviceTest, CastKernelsRoundTrip) {
   auto device = CreateCudaDevice({});
   if (!device.ok()) GTEST_SKIP() << device.status().message();

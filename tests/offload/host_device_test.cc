@@ -46,6 +46,20 @@ TEST(HostDeviceTest, NameShowsBudget) {
   EXPECT_EQ((*device)->kind(), DeviceKind::kHost);
 }
 
+// Each host device runs its own threads, and an event of another may never complete once that
+// device is gone, so streams take only their own device's events (CUDA's differ: see
+// cuda_device_test.cc).
+TEST(HostDeviceTest, EventsOfAnotherDeviceAreRejected) {
+  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+  auto other = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+  ASSERT_TRUE(device.ok() && other.ok());
+  auto stream = (*device)->CreateStream();
+  auto foreign = (*other)->CreateEvent();
+  ASSERT_TRUE(stream.ok() && foreign.ok());
+  EXPECT_EQ((*stream)->Record(**foreign).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*stream)->Wait(**foreign).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(HostDeviceTest, StreamDestructorDrainsQueuedWork) {
   auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
   ASSERT_TRUE(device.ok());
