@@ -28,7 +28,7 @@
 # step and exits 1 at the end if any failed.
 #
 # Usage: scripts/gpu_check.sh [--dry-run] [--out FILE] [--build-dir DIR] [--no-build]
-#                             [--steps N] [--budget-s S]
+#                             [--steps N] [--budget-s S] [--list-targets]
 #   --dry-run      needs no GPU: configures the build (nvcc needed) and checks that every step's
 #                  command exists (the build targets in `ninja -t targets`, that they are every
 #                  `cuda`-labelled test, the configs, the test files, the commands' options),
@@ -39,6 +39,9 @@
 #   --steps        train_gpt's steps per run (default 30)
 #   --budget-s     the whole run's deadline in seconds (default 480); each step's time box is
 #                  cut to what is left, and a step with no time left fails as not run
+#   --list-targets prints the build targets the steps need, and exits
+# A GPU machine that cannot install the packages or build (no network): build and pack here
+# with scripts/gpu_bundle.sh pack, and run this script there with scripts/gpu_bundle.sh run.
 # Exit codes: 0 every step passed (or skipped, saying why); 1 a step failed; 2 bad usage;
 # 77 no NVIDIA GPU here (nvidia-smi missing or listing none): nothing was done (CTest's skip
 # code); --dry-run exits 77 too where no nvcc is found to configure with.
@@ -116,6 +119,7 @@ while [ $# -gt 0 ]; do
     --build-dir) build_dir="${2:?--build-dir needs a directory}"; shift ;;
     --steps) steps="${2:?--steps needs a number}"; shift ;;
     --budget-s) budget_s="${2:?--budget-s needs seconds}"; shift ;;
+    --list-targets) echo "${targets[*]}"; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac

@@ -40,6 +40,7 @@
 #include "tools/commands.h"
 #include "zero/process_group.h"
 #include "zinf/cpu_info.h"
+#include "zinf/device.h"
 #include "zinf/engine.h"
 
 #ifdef ZINF_TOOLS_HAVE_DNNL
@@ -820,6 +821,15 @@ Status RunProfile(const ProfileArgs& args) {
                  {"model_GBps", link.model_GBps},
                  {"h2d_GBps", link.h2d_GBps},
                  {"d2h_GBps", link.d2h_GBps}};
+  // The GPU whose link was measured (cuda:0) is the one a plan from this profile computes
+  // on: without its memory the plan would place everything as on the host device.
+  if (link.gpu) {
+    const GpuReport gpus = ProbeGpus();
+    if (!gpus.gpus.empty()) {
+      out["machine"]["gpu"] = gpus.gpus.front().name;
+      out["machine"]["gpu_memory_bytes"] = gpus.gpus.front().total_memory_bytes;
+    }
+  }
   // A link that is memcpy has no rate of its own: the plan uses memory bandwidth for it.
   if (!link.gpu && link.model_GBps == 0) {
     out["link"]["h2d_GBps"] = nullptr;
