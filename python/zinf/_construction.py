@@ -48,7 +48,7 @@ import zlib
 
 import torch
 
-from zinf import _engine_inputs
+from zinf import _engine_inputs, _heap
 
 __all__ = ["Init", "GatheredParameters"]
 
@@ -99,6 +99,7 @@ class Init:
 
     def __enter__(self):
         if self.enabled:
+            _heap.bound_heap_growth()
             _active.append(self)
             if len(_active) == 1:
                 _wrap_module_inits()
@@ -286,23 +287,13 @@ def _capture(module, spill):
         _return_freed_memory()
 
 
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's
-    except (AttributeError, OSError):
-        return None
-
-
-_trim = _malloc_trim()
-
-
 def _return_freed_memory():
     """Gives the heap's free pages back to the system. glibc serves a large tensor from its
     heap once one of that size was freed (its mmap threshold grows), and a new aligned block
     of the same size does not fit the hole the last one left: without this, every layer built
-    leaves its weights' pages resident (torch 2.x: a 1 GiB model built into 1 GiB of RSS)."""
-    if _trim is not None:
-        _trim(0)
+    leaves its weights' pages resident (torch 2.x: a 1 GiB model built into 1 GiB of RSS).
+    Init also fixes the threshold (Note [Heap growth] in zinf/_heap.py)."""
+    _heap.return_freed_memory()
 
 
 def _wrap_module_inits():

@@ -68,7 +68,7 @@ import weakref
 
 import torch
 
-from zinf import _construction, _engine_inputs, _zinf
+from zinf import _construction, _engine_inputs, _heap, _zinf
 from zinf._construction import GatheredParameters, Init  # noqa: F401
 
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
@@ -144,6 +144,7 @@ class ZeroEngine:
                              "placeholders): build the model anew for a second engine, or keep "
                              "training with the first")
         self.module = model
+        _heap.bound_heap_growth()
         self._engine = _zinf.Engine(_engine_inputs.config_json(config),
                                     optimizer_threads=optimizer_threads, timeout_s=timeout_s,
                                     trainer=_engine_inputs.trainer_values(trainer or {}),

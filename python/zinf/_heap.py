@@ -1,0 +1,49 @@
+"""The process heap under zinf's Python side (Note [Heap growth]).
+
+Note [Heap growth]
+A zinf engine driven from Python makes and frees a module's worth of large tensors at every
+fetch (the gathered parameters torch computes with, backward's copies, the gradients autograd
+hands over). glibc serves an allocation of at least its mmap threshold with a mapping of its
+own, returned to the system when freed, but it raises that threshold to the size of every
+such block freed (up to 32 MiB), so from the second fetch on the same tensors come from the
+heap, and a new aligned block of the same size seldom fits the hole the last one left: the
+resident memory of a 512 MiB model on NVMe grew from 0.9 to 1.5 GiB over 3 steps and kept
+growing, where with the threshold fixed it stays at 0.9 GiB for a 256 MiB model and for a
+1 GiB one alike (bench/RESULTS.md). So the engine fixes the threshold at 4 MiB (no heap use
+for a block that large, and no threshold growth) unless the user set MALLOC_MMAP_THRESHOLD_
+(glibc's own variable, which wins). The price: each such tensor's pages are faulted in anew,
+about 1 ms per 4 MiB here, small beside the step's NVMe traffic."""
+
+import ctypes
+import os
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+_THRESHOLD_BYTES = 4 << 20
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_libc = _glibc()
+_bounded = False
+
+
+def bound_heap_growth():
+    """Fixes glibc's mmap threshold (Note [Heap growth]), once per process; a no-op without
+    glibc or where the user set MALLOC_MMAP_THRESHOLD_."""
+    global _bounded
+    if _bounded or _libc is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    _libc.mallopt(_M_MMAP_THRESHOLD, _THRESHOLD_BYTES)
+    _bounded = True
+
+
+def return_freed_memory():
+    """Gives the heap's free pages back to the system (glibc's malloc_trim)."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
