@@ -337,6 +337,16 @@ def _wrap_init(cls):
         _building[key] = depth + 1
         try:
             original(module, *args, **kwargs)
+        except RuntimeError as e:
+            if "single memory location" not in str(e) or not _active:
+                raise
+            # An in-place write into a placeholder (Note [Construction into shards]).
+            raise RuntimeError(
+                f"{type(module).__name__}.__init__ wrote into the parameters of a submodule "
+                f"built before it under zinf.zero.Init, whose values had already gone to the "
+                f"engine's side (Hugging Face's post_init does, to initialize every weight at "
+                f"the end): zinf does not support that yet. Build such a model outside Init, "
+                f"or initialize each module's weights in its own __init__") from e
         finally:
             if depth == 0:
                 del _building[key]

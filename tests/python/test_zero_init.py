@@ -81,11 +81,23 @@ class ZeroInitTest(unittest.TestCase):
             model = Parent(gathered=True)
         engine = zinf.zero.initialize(model, config)
         self.assertTrue(torch.equal(engine.gather_parameters()["child.bias"], torch.ones(4)))
-        # Most in-place initializations refuse the placeholder at once.
+        # Most in-place initializations refuse the placeholder at once; inside a parent's
+        # __init__ (Hugging Face's post_init) the error says what happened.
         with zinf.zero.Init():
             layer = torch.nn.Linear(4, 4)
         with self.assertRaisesRegex(RuntimeError, "more than one element"):
             torch.nn.init.normal_(layer.weight)
+
+        class PostInit(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.child = torch.nn.Linear(4, 4)
+                torch.nn.init.normal_(self.child.weight)
+
+        with zinf.zero.Init():
+            with self.assertRaisesRegex(RuntimeError, r"PostInit.__init__ wrote into the "
+                                        r"parameters of a submodule built before it"):
+                PostInit()
 
     def test_the_block_leaves_nn_module_as_it_found_it(self):
         linear_init = torch.nn.Linear.__init__
