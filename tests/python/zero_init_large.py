@@ -1,8 +1,8 @@
 """Builds a model whose fp32 weights are larger than this process may hold under
 zinf.zero.Init, parameters and optimizer state on NVMe, trains it a few steps, and prints one
 JSON line: the model's fp32 bytes, the process's resident memory before building (VmRSS, torch
-and zinf loaded), its peak (VmHWM) after building, after initialize and at the end, and the
-losses. test_zero_init_large.py checks the peaks.
+and zinf loaded), its peak (VmHWM) after building, after initialize and at the end, its
+resident memory after each step, and the losses. test_zero_init_large.py checks the peaks.
 
     PYTHONPATH=build/python /usr/bin/python3 tests/python/zero_init_large.py \
         --nvme-path build/zi --layers 64 --width 2048
@@ -71,17 +71,19 @@ def main():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, args.width, generator=g)
     target = torch.tanh(torch.randn(4, args.width, generator=g))
-    losses = []
+    losses, rss_after_steps = [], []
     for _ in range(args.steps):
         loss = torch.nn.functional.mse_loss(engine(x), target)
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+        rss_after_steps.append(memory_bytes("VmRSS"))
     model_bytes = sum(p.numel() for p in model.parameters()) * 4
     print(json.dumps({"model_bytes": model_bytes, "rss_before_build_bytes": before_rss,
                       "peak_rss_bytes": memory_bytes("VmHWM"),
                       "peak_rss_after_build_bytes": built_rss,
                       "peak_rss_after_initialize_bytes": initialized_rss,
+                      "rss_after_step_bytes": rss_after_steps,
                       "losses": losses}))
 
 
