@@ -42,10 +42,6 @@ Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world, bool fp3
 // on the host device (the fp32 view handed out).
 TierBudgets Budgets(const Layout& l, const EngineConfig& c, int world);
 
-// The NVMe optimizer's chunk: OptimizerChunkElements, then PipelinedOptimizer::Create's fit to
-// the staging budget.
-uint64_t ChunkElements(const EngineConfig& c, uint64_t shard_elements);
-
 // The bytes the device tier holds for one module while it is fetched, beyond the shard copies
 // (which the cache simulation counts): the gathered copy with several ranks, the fp32 widening
 // of a 16-bit tier (with the fp32 view), and backward's fp32 gradients.

@@ -39,17 +39,6 @@ TierBudgets Budgets(const Layout& l, const EngineConfig& c, int world) {
   return ComputeTierBudgets(c, shapes);
 }
 
-uint64_t ChunkElements(const EngineConfig& c, uint64_t shard_elements) {
-  constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
-  const uint64_t chunk = OptimizerChunkElements(shard_elements);
-  const uint64_t k = PipelinedOptimizerOptions().num_buffers;
-  const uint64_t budget = std::max<uint64_t>(
-      c.nvme_staging_budget_bytes, k * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement);
-  uint64_t fit = budget / (k * PipelinedOptimizerOptions::kStagingBytesPerElement);
-  fit -= fit % kAlign;
-  return std::min(chunk, fit);
-}
-
 uint64_t LiveBeyondShards(const std::vector<Laid>& params, uint64_t element, int world,
                           bool fp32_view) {
   uint64_t bytes = 0;
@@ -190,7 +179,7 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   }
   if (!params_nvme) m.param_tier = tier;
   if (optim_nvme) {
-    const uint64_t chunk = ChunkElements(c, S);
+    const uint64_t chunk = OptimizerChunkElements(S, c.nvme_staging_budget_bytes);
     m.nvme_staging = PipelinedOptimizerOptions().num_buffers * chunk *
                      PipelinedOptimizerOptions::kStagingBytesPerElement;
     const uint64_t chunks = (S + chunk - 1) / chunk;

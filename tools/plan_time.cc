@@ -272,7 +272,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const double update = S / profile.OptimizerRate(threads);
   double pass = 0, tier_write = 0;
   if (optim_nvme) {
-    const uint64_t chunk = ChunkElements(c, S);
+    const uint64_t chunk = OptimizerChunkElements(S, c.nvme_staging_budget_bytes);
     const uint64_t chunks = (S + chunk - 1) / chunk;
     double on_nvme = 0;  // elements
     for (uint64_t i = 0; i < chunks; ++i) {

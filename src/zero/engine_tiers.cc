@@ -76,7 +76,7 @@ Status Engine::Impl::CheckHostMemory() const {
 }
 
 uint64_t Engine::Impl::OptimizerChunkElements() const {
-  return zinf::OptimizerChunkElements(shard_elements);
+  return zinf::OptimizerChunkElements(shard_elements, config.nvme_staging_budget_bytes);
 }
 
 namespace {

@@ -12,11 +12,17 @@ namespace {
 uint64_t PageUp(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
 }  // namespace
 
-uint64_t OptimizerChunkElements(uint64_t shard_elements) {
+uint64_t OptimizerChunkElements(uint64_t shard_elements, uint64_t staging_budget_bytes) {
   constexpr uint64_t kAlign = PipelinedOptimizerOptions::kChunkAlignElements;
-  return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign,
-                              PipelinedOptimizerOptions::kMinChunkElements,
-                              PipelinedOptimizerOptions().chunk_elements);
+  constexpr uint64_t kMin = PipelinedOptimizerOptions::kMinChunkElements;
+  const PipelinedOptimizerOptions defaults;
+  // The largest chunk whose num_buffers staging buffers fit the budget (not below the least
+  // the step takes), and not above the default chunk.
+  uint64_t fit = staging_budget_bytes /
+                 (defaults.num_buffers * PipelinedOptimizerOptions::kStagingBytesPerElement);
+  fit -= fit % kAlign;
+  const uint64_t most = std::clamp<uint64_t>(fit, kMin, defaults.chunk_elements);
+  return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign, kMin, most);
 }
 
 TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model) {
@@ -70,7 +76,7 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
                (optimizer_on_nvme ? 0 : model.state_count) + (config.delayed_param_update ? 1 : 0));
   // The buckets' reduced slices, where the device's memory is not the host's.
   const uint64_t landed = 2 * b.bucket_slice_elements * 4;
-  const uint64_t chunk = OptimizerChunkElements(b.shard_elements);
+  const uint64_t chunk = OptimizerChunkElements(b.shard_elements, config.nvme_staging_budget_bytes);
   // The pipelined step's staging buffers and the chunks it keeps in host memory (all of them
   // at most, with offload_optimizer.ratio < 1).
   uint64_t step_buffers = 0;

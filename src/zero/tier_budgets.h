@@ -62,8 +62,11 @@ struct TierBudgets {
   uint64_t swap_capacity_bytes = 0;
 };
 
-// Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
-uint64_t OptimizerChunkElements(uint64_t shard_elements);
+// Elements per chunk of the NVMe optimizer step: the whole shard when it is small, at most
+// the default chunk (1M elements), and small enough that the step's staging buffers fit
+// `staging_budget_bytes` (zinf.host_budget), down to PipelinedOptimizerOptions'
+// kMinChunkElements.
+uint64_t OptimizerChunkElements(uint64_t shard_elements, uint64_t staging_budget_bytes);
 
 // Note [Tier budgets].
 TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model);

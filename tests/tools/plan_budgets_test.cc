@@ -14,7 +14,9 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "offload/pipelined_optimizer.h"
 #include "tests/tools/plan_training.h"
 #include "tools/plan_model.h"
 #include "zero/tier_budgets.h"
@@ -48,7 +50,14 @@ TEST_F(PlanBudgetsTest, TheEnginesBudgetsAreThePlans) {
     // The overlapped step's room depends on the disk's free space (the plan assumes it has
     // it); the budgets compared here do not.
     base.overlap_optimizer = false;
-    for (const EngineConfig& c : Placements(base, dir_)) {
+    std::vector<EngineConfig> configs = Placements(base, dir_);
+    // zinf.host_budget below the default staging shrinks the NVMe optimizer's chunks.
+    for (EngineConfig c : Placements(base, dir_)) {
+      if (c.offload_optimizer_device != OffloadDevice::kNvme || c.fp16) continue;
+      c.nvme_staging_budget_bytes = 24 << 20;
+      configs.push_back(c);
+    }
+    for (const EngineConfig& c : configs) {
       if (c.fp16) continue;  // the same bytes as bf16
       SCOPED_TRACE(model->description + ": " + PlacementName(c));
       StatusOr<StepSummary> engine = Train(*model, c, 1);
@@ -86,6 +95,30 @@ TEST(TierBudgetsTest, BudgetsFollowThePlacement) {
             plain.host_budget_bytes + 8 * on_nvme.optimizer_chunk_elements * 18);
   EXPECT_EQ(on_nvme.optimizer_chunks, 3u);  // 2M + 1024 elements in chunks of 1M
   EXPECT_EQ(on_nvme.swap_capacity_bytes, 3 * on_nvme.chunk_swap_bytes);
+}
+
+// zinf.host_budget bounds the NVMe step's staging: below the default chunk's 144 MiB of
+// buffers the chunks shrink to fit, down to the step's least; above it nothing changes.
+TEST(TierBudgetsTest, HostBudgetBoundsTheStagingBuffers) {
+  BudgetModel shapes{.world_size = 1, .state_count = 2, .fp32_view = true};
+  shapes.modules = {{{4 << 20, false}}};
+  EngineConfig c;
+  c.offload_optimizer_device = OffloadDevice::kNvme;
+  c.offload_optimizer_nvme_path = {"/tmp"};
+  const TierBudgets standard = ComputeTierBudgets(c, shapes);
+  EXPECT_EQ(standard.optimizer_chunk_elements, uint64_t{1} << 20);
+  c.nvme_staging_budget_bytes = 24 << 20;
+  const TierBudgets small = ComputeTierBudgets(c, shapes);
+  // 24 MiB / (8 buffers x 18 bytes) = 174762 elements, down to a multiple of 2048.
+  EXPECT_EQ(small.optimizer_chunk_elements, 174080u);
+  EXPECT_LE(8 * small.optimizer_chunk_elements * 18, uint64_t{24} << 20);
+  EXPECT_EQ(standard.host_budget_bytes - small.host_budget_bytes,
+            8 * (standard.optimizer_chunk_elements - small.optimizer_chunk_elements) * 18);
+  c.nvme_staging_budget_bytes = 1 << 20;  // below 8 chunks of the least: the least
+  EXPECT_EQ(ComputeTierBudgets(c, shapes).optimizer_chunk_elements,
+            PipelinedOptimizerOptions::kMinChunkElements);
+  c.nvme_staging_budget_bytes = uint64_t{4} << 30;  // above the default: the default
+  EXPECT_EQ(ComputeTierBudgets(c, shapes).optimizer_chunk_elements, uint64_t{1} << 20);
 }
 
 }  // namespace
