@@ -96,7 +96,10 @@ read -r -a extra_ldflags <<<"$ldflags"
 package=$(find "$prefix" -path '*-packages/zinf/__init__.py' -print -quit)
 if [ -n "$python" ] && [ -n "$package" ]; then
   echo "== Python: import zinf from $(dirname "$(dirname "$package")")"
-  (cd "$tmp/scratch" && PYTHONPATH=$(dirname "$(dirname "$package")") "$python" -c '
+  # ZINF_PYTHON_PRELOAD: the sanitizers' runtimes, in a sanitizer build (tests/install).
+  (cd "$tmp/scratch" && PYTHONPATH=$(dirname "$(dirname "$package")") \
+    LD_PRELOAD=${ZINF_PYTHON_PRELOAD:-} ASAN_OPTIONS=${ZINF_PYTHON_PRELOAD:+detect_leaks=0} \
+    "$python" -c '
 import zinf, zinf.nvme, zinf.optim, zinf.zero, zinf.cuda
 assert zinf.__file__.startswith("'"$prefix"'"), zinf.__file__
 assert zinf.__version__ == "'"$version"'", zinf.__version__
