@@ -185,7 +185,7 @@ if [ "$torch2" = 1 ]; then
   # zinf.initialize with Hugging Face's DeepSpeed config, and their round trips through
   # `zinf ckpt export --hf` and import (skipped in the build tree's run, whose Debian torch 1.13
   # has no transformers).
-  run_python_tests "$t2" torch_models hf_initialize hf_checkpoints
+  run_python_tests "$t2" torch_models hf_initialize hf_checkpoints zero_init_large
   took
 fi
 echo "venv_test: $passed_count passed, $failed_count failed, $skipped_count skipped"
