@@ -9,12 +9,17 @@ such block freed (up to 32 MiB), so from the second fetch on the same tensors co
 heap, and a new aligned block of the same size seldom fits the hole the last one left: the
 resident memory of a 512 MiB model on NVMe grew from 0.9 to 1.5 GiB over 3 steps and kept
 growing, where with the threshold fixed it stays at 0.9 GiB for a 256 MiB model and for a
-1 GiB one alike (bench/RESULTS.md). So the engine fixes the threshold at 4 MiB (no heap use
-for a block that large, and no threshold growth) unless the user set MALLOC_MMAP_THRESHOLD_
-(glibc's own variable, which wins). The price: each such tensor's pages are faulted in anew,
-about 1 ms per 4 MiB here, small beside the step's NVMe traffic."""
+1 GiB one alike (bench/RESULTS.md). So where memory is what binds, the threshold is fixed at
+4 MiB (no heap use for a block that large, and no threshold growth): from zinf.zero.Init on
+(a model built not to be whole in memory) and for an engine whose parameters live on NVMe;
+unless the user set MALLOC_MMAP_THRESHOLD_ (glibc's own variable, which wins). The price:
+each such tensor's pages are faulted in anew, 17-20 ms per 16 MiB tensor here against 2-3 ms
+from the heap, which made a step of the 512 MiB model on NVMe 15-35% slower; so an engine
+with its parameters in memory (which holds the model anyway) keeps glibc's behaviour. Reusing
+the fetch copies instead of allocating them would give both; not done yet."""
 
 import ctypes
+import json
 import os
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
@@ -41,6 +46,15 @@ def bound_heap_growth():
         return
     _libc.mallopt(_M_MMAP_THRESHOLD, _THRESHOLD_BYTES)
     _bounded = True
+
+
+def parameters_on_nvme(config_json):
+    """Whether a config (JSON text) puts the parameters on NVMe."""
+    try:
+        zero = json.loads(config_json).get("zero_optimization") or {}
+        return (zero.get("offload_param") or {}).get("device") == "nvme"
+    except (ValueError, AttributeError):
+        return False  # the engine reports a bad config itself
 
 
 def return_freed_memory():

@@ -144,8 +144,10 @@ class ZeroEngine:
                              "placeholders): build the model anew for a second engine, or keep "
                              "training with the first")
         self.module = model
-        _heap.bound_heap_growth()
-        self._engine = _zinf.Engine(_engine_inputs.config_json(config),
+        config_json = _engine_inputs.config_json(config)
+        if _heap.parameters_on_nvme(config_json):
+            _heap.bound_heap_growth()
+        self._engine = _zinf.Engine(config_json,
                                     optimizer_threads=optimizer_threads, timeout_s=timeout_s,
                                     trainer=_engine_inputs.trainer_values(trainer or {}),
                                     master_port=_engine_inputs.port_beside_torch())
