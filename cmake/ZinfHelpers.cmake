@@ -57,9 +57,17 @@ function(zinf_test name)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
-  gtest_discover_tests(${name}
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-    DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(${name} TEST_LIST ${name}_tests DISCOVERY_TIMEOUT 60)
+  # The labels and timeout are set by a file CTest reads after the discovered list: CMake
+  # 3.25's PROPERTIES argument flattens a list of labels, so that a test kept only its first
+  # label and lost its timeout.
+  set(properties_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_properties.cmake)
+  file(WRITE ${properties_file}
+    "if(${name}_tests)\n"
+    "  set_tests_properties(\${${name}_tests} PROPERTIES LABELS \"${ARG_LABELS}\"\n"
+    "    TIMEOUT ${ARG_TIMEOUT})\n"
+    "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${properties_file})
 endfunction()
 
 function(zinf_add_subdirectory_if_present dir)
