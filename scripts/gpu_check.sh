@@ -202,11 +202,10 @@ if [ $dry_run -eq 1 ]; then
     for t in "${targets[@]}"; do
       grep -qx "$t" <<<"$known" || problem "no build target '$t' in the CMake project"
     done
-    # Every GoogleTest executable whose discovery gives it the label cuda must be built here.
-    # (Each discovery command names its executable, then its properties.)
-    labelled="$(grep -o 'TEST_EXECUTABLE=[^ ]*\|TEST_PROPERTIES=LABELS;[^"]*' "$build_dir/build.ninja" |
-      paste - - | awk '{ exe = $1; sub(/.*\//, "", exe); if ($2 ~ /^TEST_PROPERTIES=LABELS;([^;]*;)*cuda(;|$)/) print exe }' |
-      sort -u)"
+    # Every GoogleTest executable labelled cuda must be built here. (zinf_test writes each
+    # executable's labels into NAME_properties.cmake: LABELS "unit;cuda".)
+    labelled="$(find "$build_dir/tests" -name '*_properties.cmake' -exec grep -l 'LABELS "\([^"]*;\)*cuda[;"]' {} + 2>/dev/null |
+      sed 's|.*/||; s|_properties\.cmake$||' | sort -u)"
     [ -n "$labelled" ] || problem "no GoogleTest executable carries the label cuda"
     for t in $labelled; do
       grep -qx "$t" <<<"$(printf '%s\n' "${cuda_tests[@]}")" ||
