@@ -284,16 +284,9 @@ def _capture(module, spill):
         p.data = p._zinf_spilled.placeholder
         freed += p._zinf_spilled.numel * 4
     if freed >= 1 << 20:
-        _return_freed_memory()
-
-
-def _return_freed_memory():
-    """Gives the heap's free pages back to the system. glibc serves a large tensor from its
-    heap once one of that size was freed (its mmap threshold grows), and a new aligned block
-    of the same size does not fit the hole the last one left: without this, every layer built
-    leaves its weights' pages resident (torch 2.x: a 1 GiB model built into 1 GiB of RSS).
-    Init also fixes the threshold (Note [Heap growth] in zinf/_heap.py)."""
-    _heap.return_freed_memory()
+        # glibc keeps the freed weights' pages otherwise (Note [Heap growth] in zinf/_heap.py):
+        # without it torch 2.x built a 1 GiB model into 1 GiB of RSS.
+        _heap.return_freed_memory()
 
 
 def _wrap_module_inits():
