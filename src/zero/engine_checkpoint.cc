@@ -444,9 +444,11 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
   if (m.rank() == 0) fs::remove_all(tag_dir, ec);
   fs::create_directories(tag_dir, ec);
   if (ec) prepared = IoError(fmt::format("creating {}: {}", tag_dir, ec.message()));
-  ZINF_RETURN_IF_ERROR(m.AgreeAll(std::move(prepared), "preparing checkpoint " + tag_dir));
-  if (m.rank() != 0) fs::create_directories(tag_dir, ec);  // rank 0 may have just removed it
-  Status saved = m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir);
+  Status saved = m.AgreeAll(std::move(prepared), "preparing checkpoint " + tag_dir);
+  if (saved.ok()) {
+    if (m.rank() != 0) fs::create_directories(tag_dir, ec);  // rank 0 may have just removed it
+    saved = m.AgreeAll(m.WriteShardFile(tag_dir, tag), "writing checkpoint " + tag_dir);
+  }
   if (saved.ok()) {
     Status committed;
     if (m.rank() == 0) {
@@ -455,8 +457,9 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag,
     }
     saved = m.AgreeAll(std::move(committed), "committing checkpoint " + tag_dir);
   }
-  // Nothing half-written stays behind (a peer lost mid-save, a full disk): the previous
-  // checkpoint is still `latest`, and this tag, without its manifest, never will be.
+  // Nothing half-written stays behind, not even the empty directory (a peer lost as the save
+  // began or during it, a full disk): the previous checkpoint is still `latest`, and this tag,
+  // without its manifest, never will be.
   if (!saved.ok()) ckpt::RemoveUncommittedShard(tag_dir, m.rank());
   return saved;
 }

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -262,6 +263,28 @@ TEST_F(CkptMultiprocTest, SaveKilledAtAnyMomentLeavesALoadableCheckpoint) {
   // Both outcomes happened.
   EXPECT_GT(saw_new, 0);
   EXPECT_GT(saw_old, 0);
+}
+
+// A peer lost as a save begins (its host's link down, its process gone): the save fails on the
+// ranks left, and the directory holds only committed checkpoints, no tag without its manifest.
+TEST_F(CkptMultiprocTest, PeerLostAsASaveBeginsLeavesNoUncommittedTag) {
+  const std::string ckpt = root_ + "/ckpt";
+  const std::vector<int> codes = Ranks(2, "memory", root_ + "/nvme", [&](Engine& e) {
+    if (!TrainCkptEngine(e, 0, 1).ok() || !e.SaveCheckpoint(ckpt, "step-1").ok()) return 1;
+    if (e.rank() == 1) return 0;  // gone before the next save
+    const Status s = e.SaveCheckpoint(ckpt, "step-2");
+    if (s.ok()) return 2;
+    std::fprintf(stderr, "rank 0, as expected: %s\n", s.ToString().c_str());
+    return 0;
+  });
+  ASSERT_EQ(codes, (std::vector<int>{0, 0}));
+  std::vector<std::string> entries;
+  for (const auto& entry : fs::directory_iterator(ckpt)) {
+    entries.push_back(entry.path().filename().string());
+  }
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"latest", "step-1"}));
+  EXPECT_TRUE(fs::exists(ckpt + "/step-1/manifest.json"));
 }
 
 }  // namespace
