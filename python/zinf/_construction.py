@@ -30,6 +30,13 @@ a time, as each __init__ runs its own initialization. So under ``Init``:
   does not is caught at ``initialize``, naming the parameter. Such code runs inside
   ``zinf.zero.GatheredParameters(params, modifier_rank=0)``, as under DeepSpeed, which brings
   the values back for the block and spills what it changed.
+- Hugging Face models are such code: ``post_init`` re-initializes every weight at the end of
+  the outermost ``__init__``. Under Init a model's ``initialize_weights`` is replaced, for its
+  ``__init__``, by the walk transformers runs under DeepSpeed (``initialize_weights_zero3``):
+  the same modules in the same order (children first, each sub-model with its own
+  ``_initialize_weights``), each with its own and its direct children's parameters gathered.
+  Every rank runs it, so the values are plain PyTorch's for the same seed, bit for bit, and
+  at most one module's parameters are in memory at once.
 - Every rank builds the whole model and keeps the values it owns: ranks must be seeded alike
   (no values are broadcast). ``initialize`` checks it: each spilled parameter's CRC-32 is
   taken as it is spilled, and the ranks' sums must agree.
@@ -38,11 +45,14 @@ Construction runs on one thread; ``Init`` blocks do not nest (an inner one does 
 in DeepSpeed).
 """
 
+import contextlib
 import ctypes
 import functools
+import inspect
 import json
 import math
 import os
+import sys
 import tempfile
 import zlib
 
@@ -328,6 +338,10 @@ def _wrap_init(cls):
         key = id(module)
         depth = _building.get(key, 0)
         _building[key] = depth + 1
+        gathers_for_hf = depth == 0 and bool(_active) and _is_hf_model(module)
+        if gathers_for_hf:
+            object.__setattr__(module, "initialize_weights",
+                               functools.partial(_hf_initialize_weights, module))
         try:
             original(module, *args, **kwargs)
         except RuntimeError as e:
@@ -337,10 +351,12 @@ def _wrap_init(cls):
             raise RuntimeError(
                 f"{type(module).__name__}.__init__ wrote into the parameters of a submodule "
                 f"built before it under zinf.zero.Init, whose values had already gone to the "
-                f"engine's side (Hugging Face's post_init does, to initialize every weight at "
-                f"the end): zinf does not support that yet. Build such a model outside Init, "
-                f"or initialize each module's weights in its own __init__") from e
+                f"engine's side: run that initialization inside "
+                f"zinf.zero.GatheredParameters(params, modifier_rank=0), or in each "
+                f"module's own __init__") from e
         finally:
+            if gathers_for_hf:
+                module.__dict__.pop("initialize_weights", None)
             if depth == 0:
                 del _building[key]
             else:
@@ -351,6 +367,42 @@ def _wrap_init(cls):
     __init__._zinf_wraps = original
     _wrapped.append((cls, original))
     cls.__init__ = __init__
+
+
+def _is_hf_model(module):
+    """Whether module is a Hugging Face PreTrainedModel (duck-typed: transformers need not be
+    imported): one whose post_init initializes every weight through initialize_weights."""
+    return all(callable(getattr(module, name, None))
+               for name in ("post_init", "initialize_weights", "_initialize_weights"))
+
+
+def _hf_initialize_weights(model):
+    """PreTrainedModel.initialize_weights for a model built under Init (Note [Construction
+    into shards]): transformers' own walk (smart_apply), each module's initialization inside
+    GatheredParameters of its own and its direct children's parameters, as transformers'
+    initialize_weights_zero3 does under DeepSpeed."""
+    hf_init = sys.modules.get("transformers.initialization")
+    guard = getattr(hf_init, "guard_torch_init_functions", contextlib.nullcontext)
+    custom = model.is_custom_code() if hasattr(model, "is_custom_code") else False
+    # transformers 5 passes whether the model is remote code; 4.x passed the module alone.
+    takes_custom = len(inspect.signature(model._initialize_weights).parameters) >= 2
+
+    def apply(module, initialize):
+        for child in module.children():
+            apply(child, child._initialize_weights if _is_hf_model(child) else initialize)
+        args = (module, custom) if takes_custom else (module,)
+        if getattr(module, "_is_hf_initialized", False):
+            initialize(*args)  # returns at once: nothing to bring back
+            return
+        params = list(module.parameters(recurse=False))
+        for child in module.children():
+            if not _is_hf_model(child):
+                params.extend(child.parameters(recurse=False))
+        with GatheredParameters(list({id(p): p for p in params}.values()), modifier_rank=0):
+            initialize(*args)
+
+    with torch.no_grad(), guard():
+        apply(model, model._initialize_weights)
 
 
 def _intact_spill(name, p):

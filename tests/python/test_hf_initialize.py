@@ -2,7 +2,10 @@
 downloaded) train with the ZeRO-3 DeepSpeed config of Hugging Face's documentation ("auto"
 everywhere), its "auto" values filled from the training arguments as Hugging Face's DeepSpeed
 integration fills them, to plain PyTorch's losses on the same batches; a number in the config
-that the training arguments contradict is refused naming both. Skips without transformers."""
+that the training arguments contradict is refused naming both; built under zinf.zero.Init
+(where post_init initializes every weight of modules already built), each model holds no
+weights after construction and trains to the losses of the model built normally, bit for
+bit. Skips without transformers."""
 
 import copy
 import math
@@ -12,6 +15,7 @@ import unittest
 import torch
 
 import zinf
+import zinf.zero
 
 try:
     import transformers
@@ -74,7 +78,12 @@ def training_arguments(**values):
         return args
 
 
-def make(kind):
+def make(kind, under_init=False):
+    """GPT-2 or Llama from a small config, seeded alike; under_init: built inside
+    zinf.zero.Init."""
+    if under_init:
+        with zinf.zero.Init(config_dict_or_path=copy.deepcopy(HF_ZERO3)):
+            return make(kind)
     torch.manual_seed(0)
     if kind == "gpt2":
         # No dropout: both runs must see the same function.
@@ -131,6 +140,12 @@ class HuggingFaceTest(unittest.TestCase):
                 opt.zero_grad()
         return losses
 
+    def check_built_under_init(self, kind):
+        model = make(kind, under_init=True)
+        for name, p in model.named_parameters():
+            self.assertEqual(p.data.stride(), (0,) * p.dim(), f"'{name}' holds its values")
+        self.assertEqual(self.train_zinf(model), self.train_zinf(make(kind)))
+
     def check(self, kind):
         plain = make(kind)
         losses, lrs = self.train_zinf(make(kind))
@@ -142,6 +157,12 @@ class HuggingFaceTest(unittest.TestCase):
         for got, ref in zip(losses, want):
             self.assertAlmostEqual(got, ref, delta=1e-4 * abs(ref), msg=f"{losses} vs {want}")
         self.assertLess(sum(losses[-GAS:]), sum(losses[:GAS]) - 0.05 * GAS, losses)
+
+    def test_gpt2_built_under_zero_init_trains_bitwise_as_built_normally(self):
+        self.check_built_under_init("gpt2")
+
+    def test_llama_built_under_zero_init_trains_bitwise_as_built_normally(self):
+        self.check_built_under_init("llama")
 
     def test_gpt2_trains_under_the_hf_zero3_config(self):
         self.check("gpt2")

@@ -1,5 +1,7 @@
 """Builds a model whose fp32 weights are larger than this process may hold under
-zinf.zero.Init, parameters and optimizer state on NVMe, trains it a few steps, and prints one
+zinf.zero.Init (a stack of Linear layers, or with --model gpt2 a Hugging Face GPT-2 from a
+config, whose post_init re-initializes every weight), parameters and optimizer state on NVMe,
+trains it a few steps, and prints one
 JSON line: the model's fp32 bytes, the process's resident memory before building (VmRSS, torch
 and zinf loaded), its peak (VmHWM) after building, after initialize and at the end, its
 resident memory after each step, and the losses. test_zero_init_large.py checks the peaks.
@@ -27,6 +29,14 @@ class Stack(torch.nn.Module):
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return x
+
+
+def hf_gpt2(layers, width):
+    """Hugging Face's GPT-2 from a config: a vocabulary of 256, sequences of 16, no dropout."""
+    import transformers
+    config = transformers.GPT2Config(vocab_size=256, n_positions=16, n_embd=width, n_layer=layers,
+                                     n_head=16, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config)
 
 
 def config(nvme_path):
@@ -59,21 +69,34 @@ def main():
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--model", choices=("stack", "gpt2"), default="stack")
     args = ap.parse_args()
     cfg = config(args.nvme_path)
+    if args.model == "gpt2":
+        hf_gpt2(1, 64)  # what transformers imports on first use, before the baseline is read
     torch.manual_seed(0)
     before_rss = memory_bytes("VmRSS")  # torch and zinf loaded, nothing built
     with zinf.zero.Init(config_dict_or_path=cfg):
-        model = Stack(args.layers, args.width)
+        model = Stack(args.layers, args.width) if args.model == "stack" else hf_gpt2(
+            args.layers, args.width)
     built_rss = memory_bytes("VmHWM")
     engine = zinf.zero.initialize(model, cfg)
     initialized_rss = memory_bytes("VmHWM")
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(4, args.width, generator=g)
-    target = torch.tanh(torch.randn(4, args.width, generator=g))
+    if args.model == "stack":
+        x = torch.randn(4, args.width, generator=g)
+        target = torch.tanh(torch.randn(4, args.width, generator=g))
+
+        def compute_loss():
+            return torch.nn.functional.mse_loss(engine(x), target)
+    else:
+        tokens = torch.randint(0, 256, (4, 16), generator=g)
+
+        def compute_loss():
+            return engine(input_ids=tokens, labels=tokens).loss
     losses, rss_after_steps = [], []
     for _ in range(args.steps):
-        loss = torch.nn.functional.mse_loss(engine(x), target)
+        loss = compute_loss()
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
