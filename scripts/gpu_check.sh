@@ -357,12 +357,12 @@ s_configure() {
     extra+=("-DPython_EXECUTABLE=$py")
     if d="$("$py" -m pybind11 --cmakedir 2>/dev/null)"; then extra+=("-Dpybind11_DIR=$d"); fi
   fi
-  # NCCL: where the toolkit has none, the one PyTorch's wheels bring (nvidia-nccl-cu*), whose
-  # library has only its versioned name, which find_library does not try.
+  # NCCL's header: where the toolkit has none, the one PyTorch's wheels bring (nvidia-nccl-cu*;
+  # its library is loaded at run time, from LD_LIBRARY_PATH below).
   if [ ! -f "$(dirname "$(command -v nvcc)")/../include/nccl.h" ] &&
      d="$("${py:-python3}" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)" &&
-     [ -f "$d/include/nccl.h" ] && [ -f "$d/lib/libnccl.so.2" ]; then
-    extra+=("-DNCCL_INCLUDE_DIR=$d/include" "-DNCCL_LIBRARY=$d/lib/libnccl.so.2")
+     [ -f "$d/include/nccl.h" ]; then
+    extra+=("-DNCCL_INCLUDE_DIR=$d/include")
   fi
   # shellcheck disable=SC2046
   if ! eval cmake $(configure_args) '"${extra[@]}"' 2>&1 | tee "$build_dir/gpu_check_cmake.txt"; then
@@ -563,6 +563,17 @@ EOF
 export -f configure_args torch_python s_gpu s_deps s_configure s_build s_ctest_cuda s_train \
   s_torch_allocator s_bench_pcie s_bench_profile
 
+# zinf loads NCCL when it first needs it (Note [NCCL loaded on first use]): where the loader's
+# path has none, PyTorch's (nvidia-nccl-cu*).
+if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+  for py in python3 /usr/bin/python3 /opt/torch/.venv/bin/python3; do
+    if nccl="$("$py" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)"
+    then
+      export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl/lib"
+      break
+    fi
+  done
+fi
 echo "gpu_check: figures -> $out, logs -> $logs/ (deadline ${budget_s} s)"
 step gpu 30 s_gpu
 if [ $no_build -eq 0 ]; then

@@ -6,7 +6,7 @@
 
 // ZINF_HAVE_NCCL is set by CMake when it found NCCL beside the toolkit.
 #ifdef ZINF_HAVE_NCCL
-#include <nccl.h>
+#include "offload/cuda/nccl_library.h"
 #endif
 
 namespace zinf {
@@ -23,8 +23,9 @@ GpuReport ProbeGpus() {
     report.driver_version = fmt::format("{}.{}", driver / 1000, (driver % 1000) / 10);
   }
 #ifdef ZINF_HAVE_NCCL
+  // The NCCL this process loads (Note [NCCL loaded on first use]); none: no version.
   int nccl = 0;
-  if (ncclGetVersion(&nccl) == ncclSuccess) {
+  if (auto library = LoadNccl(); library.ok() && (*library)->GetVersion(&nccl) == ncclSuccess) {
     report.nccl_version = fmt::format("{}.{}.{}", nccl / 10000, (nccl % 10000) / 100, nccl % 100);
   }
 #endif

@@ -1,10 +1,10 @@
 // The NCCL backend: GPU buffers, collectives on the communicator's own CUDA stream. The
 // communicator is created non-blocking and every wait polls the stream and
 // ncclCommGetAsyncError against a deadline, so a dead peer aborts the communicator and fails
-// the call instead of hanging it (NCCL's blocking calls would wait forever).
+// the call instead of hanging it (NCCL's blocking calls would wait forever). NCCL itself is
+// loaded by the first communicator (Note [NCCL loaded on first use]).
 #include <cuda_runtime.h>
 #include <fmt/core.h>
-#include <nccl.h>
 
 #include <chrono>
 #include <cstring>
@@ -12,14 +12,15 @@
 
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
+#include "offload/cuda/nccl_library.h"
 
 namespace zinf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Status NcclError(ncclResult_t r, std::string_view what) {
-  const std::string m = fmt::format("{}: {}", what, ncclGetErrorString(r));
+Status NcclError(const NcclLibrary& nccl, ncclResult_t r, std::string_view what) {
+  const std::string m = fmt::format("{}: {}", what, nccl.GetErrorString(r));
   switch (r) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
@@ -61,16 +62,16 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 }
 
 // Waits until NCCL has left the in-progress state (init) or `stream` is idle, or the deadline.
-Status WaitFor(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds timeout,
-               std::string_view what) {
+Status WaitFor(const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t stream,
+               std::chrono::milliseconds timeout, std::string_view what) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
-    if (r != ncclSuccess) return NcclError(r, what);
+    const ncclResult_t r = nccl.CommGetAsyncError(comm, &async);
+    if (r != ncclSuccess) return NcclError(nccl, r, what);
     if (async != ncclSuccess && async != ncclInProgress) {
-      ncclCommAbort(comm);
-      return NcclError(async, what);
+      nccl.CommAbort(comm);
+      return NcclError(nccl, async, what);
     }
     if (async == ncclSuccess) {
       if (stream == nullptr) return OkStatus();
@@ -81,7 +82,7 @@ Status WaitFor(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds t
       }
     }
     if (Clock::now() > deadline) {
-      ncclCommAbort(comm);
+      nccl.CommAbort(comm);
       return DeadlineExceeded(
           fmt::format("{}: no progress within {} ms; a peer rank may have "
                       "died or stalled (the communicator was aborted)",
@@ -93,8 +94,10 @@ Status WaitFor(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds t
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(const NcclOptions& options, ncclComm_t comm, cudaStream_t stream, float* scratch)
+  NcclCommunicator(const NcclLibrary& nccl, const NcclOptions& options, ncclComm_t comm,
+                   cudaStream_t stream, float* scratch)
       : Communicator(options.rank, options.world_size),
+        nccl_(nccl),
         device_(options.device),
         timeout_(options.timeout),
         comm_(comm),
@@ -105,7 +108,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     StopWorker();
     cudaSetDevice(device_);
-    if (status().ok()) ncclCommDestroy(comm_);  // an aborted communicator is already gone
+    if (status().ok()) nccl_.CommDestroy(comm_);  // an aborted communicator is already gone
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
   }
@@ -114,27 +117,27 @@ class NcclCommunicator final : public Communicator {
  protected:
   Status DoAllReduce(void* data, size_t count, ElementType type, ReduceOp op) override {
     return Run("ncclAllReduce", [&] {
-      return ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), comm_, stream_);
+      return nccl_.AllReduce(data, data, count, NcclType(type), NcclOp(op), comm_, stream_);
     });
   }
   Status DoAllGather(const void* send, void* recv, size_t count, ElementType type) override {
     return Run("ncclAllGather",
-               [&] { return ncclAllGather(send, recv, count, NcclType(type), comm_, stream_); });
+               [&] { return nccl_.AllGather(send, recv, count, NcclType(type), comm_, stream_); });
   }
   Status DoReduceScatter(void* send, void* recv, size_t count, ElementType type,
                          ReduceOp op) override {
     return Run("ncclReduceScatter", [&] {
-      return ncclReduceScatter(send, recv, count, NcclType(type), NcclOp(op), comm_, stream_);
+      return nccl_.ReduceScatter(send, recv, count, NcclType(type), NcclOp(op), comm_, stream_);
     });
   }
   Status DoBroadcast(void* data, size_t count, ElementType type, int root) override {
     return Run("ncclBroadcast", [&] {
-      return ncclBroadcast(data, data, count, NcclType(type), root, comm_, stream_);
+      return nccl_.Broadcast(data, data, count, NcclType(type), root, comm_, stream_);
     });
   }
   Status DoBarrier() override {
     return Run("barrier (ncclAllReduce of one float)", [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
+      return nccl_.AllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
     });
   }
 
@@ -143,10 +146,11 @@ class NcclCommunicator final : public Communicator {
   Status Run(std::string_view what, Fn&& launch) {
     cudaSetDevice(device_);
     const ncclResult_t r = launch();
-    if (r != ncclSuccess && r != ncclInProgress) return NcclError(r, what);
-    return WaitFor(comm_, stream_, timeout_, what);
+    if (r != ncclSuccess && r != ncclInProgress) return NcclError(nccl_, r, what);
+    return WaitFor(nccl_, comm_, stream_, timeout_, what);
   }
 
+  const NcclLibrary& nccl_;
   const int device_;
   const std::chrono::milliseconds timeout_;
   ncclComm_t comm_;
@@ -159,6 +163,8 @@ class NcclCommunicator final : public Communicator {
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore& store,
                                                                const NcclOptions& options) {
   ZINF_RETURN_IF_ERROR(options.Validate());
+  ZINF_ASSIGN_OR_RETURN(const NcclLibrary* loaded, LoadNccl());
+  const NcclLibrary& nccl = *loaded;
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     cudaGetLastError();
@@ -170,8 +176,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore& store,
   const std::string key = fmt::format("nccl/{}/unique_id", options.group_name);
   ncclUniqueId id;
   if (options.rank == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) return NcclError(r, "ncclGetUniqueId");
+    const ncclResult_t r = nccl.GetUniqueId(&id);
+    if (r != ncclSuccess) return NcclError(nccl, r, "ncclGetUniqueId");
     ZINF_RETURN_IF_ERROR(
         store.Set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof(id.internal))));
   } else {
@@ -187,21 +193,21 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(TcpStore& store,
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const ncclResult_t r =
-      ncclCommInitRankConfig(&comm, options.world_size, id, options.rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) return NcclError(r, "ncclCommInitRankConfig");
-  ZINF_RETURN_IF_ERROR(WaitFor(comm, nullptr, options.timeout,
+      nccl.CommInitRankConfig(&comm, options.world_size, id, options.rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) return NcclError(nccl, r, "ncclCommInitRankConfig");
+  ZINF_RETURN_IF_ERROR(WaitFor(nccl, comm, nullptr, options.timeout,
                                fmt::format("rank {} of {} connecting NCCL group '{}'", options.rank,
                                            options.world_size, options.group_name)));
   cudaStream_t stream = nullptr;
   float* scratch = nullptr;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
       cudaMalloc(&scratch, sizeof(float)) != cudaSuccess) {
-    ncclCommDestroy(comm);
+    nccl.CommDestroy(comm);
     if (stream != nullptr) cudaStreamDestroy(stream);
     return Internal("creating the NCCL communicator's stream or scratch buffer failed");
   }
   return std::unique_ptr<Communicator>(
-      std::make_unique<NcclCommunicator>(options, comm, stream, scratch));
+      std::make_unique<NcclCommunicator>(nccl, options, comm, stream, scratch));
 }
 
 }  // namespace zinf

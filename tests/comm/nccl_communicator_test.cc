@@ -1,5 +1,7 @@
 // The NCCL backend on one GPU (world size 1; more ranks need more GPUs). Without a GPU, or in
 // a build without NCCL, it must refuse with Unavailable and say why; the collectives then skip.
+// NCCL is loaded on first use: where it loads, from the loader's path, it is 2.14 or later
+// (ncclCommInitRankConfig), and where it does not the refusal names it.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,6 +11,9 @@
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
 #include "zinf/device.h"
+#ifdef ZINF_HAVE_NCCL
+#include "offload/cuda/nccl_library.h"
+#endif
 
 namespace zinf {
 namespace {
@@ -47,6 +52,22 @@ TEST(NcclCommunicatorTest, CollectivesOnOneGpuOrAClearRefusal) {
   EXPECT_EQ(std::memcmp(host->data(), values.data(), 4096), 0) << "one rank: sums are copies";
   EXPECT_EQ(c.Broadcast(b->data(), 1, ElementType::kFp32, 1).code(), StatusCode::kInvalidArgument);
 }
+
+#ifdef ZINF_HAVE_NCCL
+TEST(NcclLibraryTest, LoadsTheProcessNcclOrSaysWhy) {
+  auto nccl = LoadNccl();
+  if (!nccl.ok()) {
+    ASSERT_EQ(nccl.status().code(), StatusCode::kUnavailable) << nccl.status();
+    EXPECT_NE(nccl.status().message().find("libnccl.so.2"), std::string::npos) << nccl.status();
+    GTEST_SKIP() << nccl.status().message();
+  }
+  int version = 0;
+  ASSERT_EQ((*nccl)->GetVersion(&version), ncclSuccess);
+  EXPECT_GE(version, 21400);
+  EXPECT_STRNE((*nccl)->GetErrorString(ncclInvalidArgument), "");
+  EXPECT_EQ(*LoadNccl(), *nccl) << "loaded once";
+}
+#endif
 
 TEST(NcclCommunicatorTest, BadRankIsInvalid) {
   auto store = TcpStore::Create({.port = 0, .is_server = true, .timeout = 1000ms});
