@@ -29,6 +29,7 @@
 #   --quick     one repetition of small sizes, 5 steps (a smoke test of every path)
 #   --reps N    repetitions of every comparison (default 3)
 #   --models, --worlds, --steps: a subset of the end-to-end runs (default: all, 50 steps)
+#   --only      one section (parts or e2e); the report keeps the other's results of the last run
 #   --nvme-dir  a directory on a real disk for the swap files (default /work/bench-nvme if it
 #               exists, else build/vs-deepspeed/nvme)
 set -euo pipefail
@@ -55,7 +56,15 @@ work=$root/build/vs-deepspeed
 [ -n "$nvme_dir" ] || { [ -d /work/bench-nvme ] && nvme_dir=/work/bench-nvme || nvme_dir=$work/nvme; }
 mkdir -p "$work" "$nvme_dir"
 log=$work/results.log
-: >"$log"
+if [ -n "$only" ] && [ -f "$log" ]; then
+  # --only redoes one section; the other's results from the last run stay in the report.
+  keep='"kind": "(adam|aio)"'
+  [ "$only" = parts ] && keep='"kind": "(e2e|estimate)"'
+  grep -E "^RESULT \{$keep" "$log" >"$log.kept" || true
+  mv "$log.kept" "$log"
+else
+  : >"$log"
+fi
 
 step() { echo "== vs_deepspeed: $*"; }
 
