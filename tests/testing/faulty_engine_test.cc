@@ -177,6 +177,28 @@ TEST(FaultyEngine, CorruptReadIsDataLossWithChecksumAndSilentWithout) {
   }
 }
 
+// Each piece is checked as its own request lands and the piece split off as an unaligned tail
+// once all have (Note [Checksums beside the I/O]): corruption in any request is caught.
+TEST(FaultyEngine, CorruptionInAnyRequestOfAManyPieceReadIsCaught) {
+  Fixture f;
+  ASSERT_TRUE(f.Open(/*checksum=*/true).ok());
+  const uint64_t size = 3 * 64 * 1024 + 5000;  // three whole pieces and a piece of 4096 + 904
+  auto e = f.store->Allocate(size, "big");
+  ASSERT_TRUE(e.ok()) << e.status();
+  const std::vector<uint8_t> data = RandomBytes(size, 5);
+  ASSERT_TRUE(f.store->Write(*e, data.data()).ok());
+  std::vector<uint8_t> back(size);
+  for (int request = 0; request < 5; ++request) {
+    f.faulty->Arm(IoOp::kRead, request, Fault::kCorruptRead);
+    Status r = f.store->Read(*e, back.data());
+    EXPECT_EQ(r.code(), StatusCode::kDataLoss) << "request " << request << ": " << r;
+    EXPECT_THAT(r.message(), HasSubstr("'big'"));
+  }
+  EXPECT_EQ(f.faulty->injected(), 5);
+  ASSERT_TRUE(f.store->Read(*e, back.data()).ok());
+  EXPECT_EQ(back, data);
+}
+
 TEST(FaultyEngine, ReadErrorIsReportedAndNotSticky) {
   Fixture f;
   ASSERT_TRUE(f.Open(false).ok());
