@@ -408,7 +408,9 @@ class ZeroEngine:
     def step(self):
         """The engine's Step(): after gradient_accumulation_steps micro-batches it updates the
         parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
-        return self._engine.step()
+        summary = self._engine.step()
+        _heap.after_step()
+        return summary
 
     @property
     def rank(self):
