@@ -141,9 +141,9 @@ class SwapStore {
   // one stripe piece each: Note [Checksums beside the I/O]), with an unaligned tail split off
   // so that only the tail needs a bounce copy.
   std::vector<Segment> Segments(uint64_t offset, uint64_t size) const;
-  // Checks the CRC32C of the read op's pieces that lie wholly in [begin, end) of the extent,
-  // or all that are left unchecked with `rest`.
-  Status VerifyPieces(Op& op, uint64_t begin, uint64_t end, bool rest) const;
+  // Checks the CRC32C of the read op's pieces that lie wholly in [begin, end) of the extent
+  // and are not checked yet.
+  Status VerifyPieces(Op& op, uint64_t begin, uint64_t end) const;
   void Finish(Op* op, Status status);
   void FailSticky(const Status& status);
 
