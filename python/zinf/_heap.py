@@ -19,10 +19,10 @@ with its parameters in memory (which holds the model anyway) keeps glibc's behav
 the fetch copies instead of allocating them would give both; not done yet.
 The smaller tensors of a step (biases, norms, activations, all under the threshold) still come
 from the heap, and free pages between live blocks stay with the process: glibc trims only the
-heap's top. A Hugging Face GPT-2 (width 1024) on NVMe held 1484, 1640 and 2008 MiB after its
-second step at 11, 22 and 44 blocks. So where the threshold is fixed, every step ends by giving
-those pages back (malloc_trim, 40-70 ms against a step of seconds): 1355 MiB at 11 blocks and
-1369 at 33, whatever the block count (bench/RESULTS.md)."""
+heap's top. A Hugging Face GPT-2 (width 1024) on NVMe held 1471, 1771 and 2008 MiB after its
+second step at 11, 33 and 44 blocks. So where the threshold is fixed, every step ends by giving
+those pages back (malloc_trim, tens of milliseconds against a step of seconds): 1332, 1335 and
+1400 MiB (bench/RESULTS.md)."""
 
 import ctypes
 import json
