@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "core/units.h"
+#include "offload/tiered_store_internal.h"
 
 namespace zinf {
 namespace {
@@ -131,6 +132,23 @@ uint64_t PipelinedOptimizer::ChunkBytes(uint64_t count, int state_count) {
 
 StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
     CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options) {
+  return Create(optimizer, swap, nullptr, options);
+}
+
+StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
+    CpuOptimizer* optimizer, TieredStore& store, const PipelinedOptimizerOptions& options) {
+  SwapStore* swap = internal::TieredStoreAccess::Swap(store);
+  if (options.nvme_ratio > 0 && swap == nullptr) {
+    return InvalidArgument(
+        fmt::format("pipelined optimizer: nvme_ratio is {} but the tiered store has no NVMe tier",
+                    options.nvme_ratio));
+  }
+  return Create(optimizer, swap, internal::TieredStoreAccess::HostPool(store), options);
+}
+
+StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
+    CpuOptimizer* optimizer, SwapStore* swap, MemoryPool* pool,
+    const PipelinedOptimizerOptions& options) {
   if (optimizer == nullptr) return InvalidArgument("pipelined optimizer: optimizer is null");
   ZINF_RETURN_IF_ERROR_CTX(options.Validate(), "pipelined optimizer options");
   if (options.nvme_ratio > 0 && swap == nullptr) {
@@ -147,8 +165,8 @@ StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
       self->chunk_elements_ * PipelinedOptimizerOptions::kStagingBytesPerElement;
 
   self->slot_bytes_ = slot_bytes;
-  if (options.pool != nullptr) {
-    self->staging_ = self->host_state_ = options.pool;
+  if (pool != nullptr) {
+    self->staging_ = self->host_state_ = pool;
   } else {
     PinnedPoolOptions staging;
     staging.name = "pipelined step staging";

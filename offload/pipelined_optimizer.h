@@ -33,6 +33,7 @@
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/status.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf {
 
@@ -110,11 +111,6 @@ struct PipelinedOptimizerOptions {
   int numa_node = -1;
   // For ParamCopyTier::kDevice: the device the copies go to (not owned).
   Device* device = nullptr;
-  // When set, the staging buffers and the host-resident chunks are blocks of this pool (the
-  // tiered store's host tier, internal::TieredStoreAccess::HostPool), counted in its budget,
-  // which must have room for them; `pinned`, `numa_node` and host_state_budget_bytes are then
-  // the pool's. Else the step makes pools of its own. Not owned; must outlive the step.
-  MemoryPool* pool = nullptr;
 
   static constexpr uint64_t kChunkAlignElements = 2048;  // keeps bf16 regions 4 KiB aligned
   static constexpr uint64_t kMinChunkElements = 64 * 1024;
@@ -196,6 +192,15 @@ class PipelinedOptimizer {
   // ResourceExhausted / pinning errors from the staging pool.
   static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
       CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options);
+  // The step as a client of a tiered store (how the ZeRO engine keeps its optimizer state:
+  // one mover, one budget per tier): NVMe-resident chunks are extents of the store's swap
+  // files, and the staging buffers and host-resident chunks are blocks of its host tier,
+  // counted in that tier's budget, which must have room for them (staging_bytes() and
+  // ChunkBytes of the host chunks). `pinned`, `numa_node` and host_state_budget_bytes are then
+  // the host tier's. `store` must outlive the optimizer; it needs an NVMe tier when
+  // nvme_ratio > 0.
+  static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
+      CpuOptimizer* optimizer, TieredStore& store, const PipelinedOptimizerOptions& options);
   // Waits for any outstanding I/O; frees the shards' extents and host blocks.
   ~PipelinedOptimizer();
   PipelinedOptimizer(const PipelinedOptimizer&) = delete;
@@ -282,6 +287,11 @@ class PipelinedOptimizer {
   struct Slot;
   PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
                      const PipelinedOptimizerOptions& options);
+  // Create with the staging buffers and host chunks in `pool` (not owned) when it is given,
+  // else in pools of the optimizer's own.
+  static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
+      CpuOptimizer* optimizer, SwapStore* swap, MemoryPool* pool,
+      const PipelinedOptimizerOptions& options);
   struct Item {
     Shard* shard;
     size_t chunk;
@@ -299,7 +309,7 @@ class PipelinedOptimizer {
   SwapStore* swap_;
   PipelinedOptimizerOptions options_;
   uint64_t chunk_elements_ = 0;
-  std::unique_ptr<MemoryPool> own_staging_, own_host_state_;  // without options_.pool
+  std::unique_ptr<MemoryPool> own_staging_, own_host_state_;  // without a store's pool
   MemoryPool* staging_ = nullptr;
   MemoryPool* host_state_ = nullptr;
   uint64_t slot_bytes_ = 0;

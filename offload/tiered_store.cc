@@ -1267,6 +1267,7 @@ TieredStoreStats TieredStore::stats() const {
     s.tiers[2].budget_bytes = m.swap->capacity_bytes();
     s.tiers[2].in_use_bytes = m.swap->capacity_bytes() - m.swap->free_bytes();
     s.tiers[2].peak_bytes = s.tiers[2].in_use_bytes;
+    s.nvme_file_bytes = m.swap->file_bytes() * m.swap->file_paths().size();
   }
   std::lock_guard lock(m.mu);
   s.evictions = m.evictions;

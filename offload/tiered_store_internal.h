@@ -1,7 +1,9 @@
 // TieredStore's private side (for zinf's own code): a store whose NVMe tier is a swap store
-// configured in full (aio settings, file naming per rank), access to that swap store for
-// clients that keep other state in the same swap files, and a test hook that puts a
-// fault-injecting IoEngine (tests/testing/faulty_engine.h) under the NVMe tier.
+// configured in full (aio settings, file naming per rank); for offload/'s clients of the store
+// that keep state in its swap files and host tier (PipelinedOptimizer::Create on a store),
+// that swap store and pool; and a test hook that puts a fault-injecting IoEngine
+// (tests/testing/faulty_engine.h) under the NVMe tier. The engine (src/zero) uses only Create:
+// tests/layering/layering_test.sh fails on the rest there.
 //
 // Thread-safety: set the hook before creating stores, and clear it after; not synchronized.
 // The rest as TieredStore.

@@ -101,8 +101,9 @@ struct TieredStoreStats {
   TierStats tiers[3];  // indexed by Tier
   uint64_t evictions = 0;
   uint64_t write_backs = 0;
-  uint64_t tensors = 0;       // live tensors
-  uint64_t idle_scratch = 0;  // freed scratch tensors kept for reuse (see CreateScratch)
+  uint64_t nvme_file_bytes = 0;  // the swap files' size on disk, all paths together
+  uint64_t tensors = 0;          // live tensors
+  uint64_t idle_scratch = 0;     // freed scratch tensors kept for reuse (see CreateScratch)
   // Entries in all of the store's bookkeeping: tensors, idle scratch, names of recently freed
   // tensors, queued jobs, NVMe extents and free ranges, the pools' free ranges. It depends on
   // what is live, never on how many tensors were made and freed before.

@@ -25,7 +25,6 @@
 #include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
-#include "nvme/swap_store.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/loss_scaler.h"
@@ -98,10 +97,10 @@ struct Engine::Impl {
   // parts enqueue their own work on its streams. Declared before the store, which borrows it.
   std::unique_ptr<Device> compute;
   // Where every parameter shard, gathered copy and gradient buffer lives and moves, on the
-  // compute device; its swap store also holds the NVMe optimizer state. Made by Initialize,
-  // declared before its clients so that it outlives them.
+  // compute device; its swap files and host tier also hold the optimizer state (the pipelined
+  // step is the store's client). Made by Initialize, declared before its clients so that it
+  // outlives them.
   std::unique_ptr<TieredStore> tiers;
-  SwapStore* swap = nullptr;  // the store's, when anything is on NVMe
   // master is empty when !host_master, grad_acc with the gradients on NVMe (nvme_grads).
   StoreArray master, grad_acc, state0, state1;
   // Whether the device tier is host memory the host may touch (Device::host_addressable;

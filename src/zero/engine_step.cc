@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zero/lr_schedule.h"
 
@@ -38,9 +37,8 @@ PipelinedOptimizerOptions Engine::Impl::NvmeOptimizerOptions() const {
 
 Status Engine::Impl::OpenNvmeOptimizer() {
   PipelinedOptimizerOptions options = NvmeOptimizerOptions();
-  // Its buffers are the store's host tier's (OpenTiers sized it for them).
-  options.pool = internal::TieredStoreAccess::HostPool(*tiers);
-  ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), swap, options));
+  // Its chunks live in the store's swap files and host tier (OpenTiers sized both for them).
+  ZINF_ASSIGN_OR_RETURN(pipelined, PipelinedOptimizer::Create(optimizer.get(), *tiers, options));
   // The new parameters of each chunk the step updates go to the host master, or with none
   // straight into the parameter tier.
   ChunkVisitor updated = [this](const ChunkView& c) {

@@ -154,7 +154,6 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
   ZINF_ASSIGN_OR_RETURN(compute, CreateDevice(options.device, options.device_budget_bytes));
   ZINF_ASSIGN_OR_RETURN(tiers,
                         internal::TieredStoreAccess::Create(options, swap_options, compute.get()));
-  swap = internal::TieredStoreAccess::Swap(*tiers);
   host_addressable = compute->host_addressable();
   param_tier = std::make_unique<ParamTier>(
       tiers.get(), DeviceComm(), &params, &modules,
@@ -174,7 +173,7 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   uint64_t host =
       stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
   summary->host_bytes = host;
-  summary->nvme_bytes = swap == nullptr ? 0 : swap->file_bytes() * swap->file_paths().size();
+  summary->nvme_bytes = stats.nvme_file_bytes;
   summary->device_budget_bytes = stats.tiers[int(Tier::kDevice)].budget_bytes;
   summary->host_budget_bytes = stats.tiers[int(Tier::kHost)].budget_bytes;
   summary->nvme_capacity_bytes = stats.tiers[int(Tier::kNvme)].budget_bytes;

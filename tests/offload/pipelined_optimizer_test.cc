@@ -332,6 +332,75 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
   EXPECT_EQ((*piped)->Step({3}).code(), StatusCode::kInvalidArgument);
 }
 
+// As the tiered store's client (the engine's way), the step's staging buffers and host chunks
+// are blocks of the store's host tier and its NVMe chunks extents of the store's swap files:
+// each counted in that tier, all of it given back with the shard and the optimizer, and the
+// step bitwise the in-memory one.
+TEST(PipelinedOptimizerTest, AsATieredStoresClientItsBytesCountInTheStoresTiers) {
+  ScratchDir dir;
+  TieredStoreOptions so;
+  so.device = "";
+  so.host_budget_bytes = 16 << 20;
+  so.pin_host = false;
+  so.nvme_paths = {dir.path()};
+  so.nvme_capacity_bytes = 32 << 20;
+  auto store = TieredStore::Create(so);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto opt = CpuOptimizer::Create();
+  auto ref_opt = CpuOptimizer::Create();  // steps the same shard in memory
+  ASSERT_TRUE(opt.ok() && ref_opt.ok());
+  ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
+  ASSERT_TRUE((*ref_opt)->AddParamGroup({}).ok());
+  auto tier_bytes = [&](Tier t) { return (*store)->stats().tiers[int(t)].in_use_bytes; };
+  {
+    auto piped = PipelinedOptimizer::Create(opt->get(), **store, PipeOptions(0.5));
+    ASSERT_TRUE(piped.ok()) << piped.status();
+    const uint64_t staging = (*piped)->staging_bytes();
+    EXPECT_EQ(tier_bytes(Tier::kHost), staging);
+    EXPECT_EQ(tier_bytes(Tier::kNvme), 0u);
+
+    const size_t n = 4 * kChunk;  // two chunks in host memory, two on NVMe
+    Reference ref(n, 7, ElementType::kFp32);
+    auto shard = (*piped)->AddShard({.name = "s", .count = n}, [&](const ChunkView& c) {
+      std::memcpy(c.params, ref.params.data() + c.offset, c.count * 4);
+      return OkStatus();
+    });
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    EXPECT_EQ(tier_bytes(Tier::kHost), staging + 2 * PipelinedOptimizer::ChunkBytes(kChunk, 2));
+    EXPECT_GE(tier_bytes(Tier::kNvme), 2 * kChunk * (12 + 4));  // state and gradients
+
+    ASSERT_TRUE((*ref_opt)->InitState(0, ref.Span(2)).ok());
+    ASSERT_TRUE((*ref_opt)->BeginStep(0).ok());
+    ref.NewGrads(11);
+    ASSERT_TRUE((*ref_opt)->Update(0, ref.Span(2)).ok());
+    ASSERT_TRUE((*piped)->WriteGradients(*shard, ref.grads.data()).ok());
+    ASSERT_TRUE((*piped)->Step().ok());
+    std::vector<float> params(n);
+    ASSERT_TRUE((*piped)->ReadParams(*shard, params.data()).ok());
+    EXPECT_EQ(std::memcmp(params.data(), ref.params.data(), n * 4), 0);
+
+    ASSERT_TRUE((*piped)->RemoveShard(*shard).ok());
+    EXPECT_EQ(tier_bytes(Tier::kHost), staging);
+    EXPECT_EQ(tier_bytes(Tier::kNvme), 0u);
+  }
+  EXPECT_EQ(tier_bytes(Tier::kHost), 0u);
+
+  // A host tier without room for the staging buffers, and a store without an NVMe tier.
+  so.host_budget_bytes = 1 << 20;
+  auto small = TieredStore::Create(so);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(PipelinedOptimizer::Create(opt->get(), **small, PipeOptions(0.5)).status().code(),
+            StatusCode::kResourceExhausted);
+  so.host_budget_bytes = 16 << 20;
+  so.nvme_paths.clear();
+  so.nvme_capacity_bytes = 0;
+  auto host_only = TieredStore::Create(so);
+  ASSERT_TRUE(host_only.ok()) << host_only.status();
+  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), **host_only, PipeOptions(0.5)).status(),
+              ::testing::Property(&Status::message, HasSubstr("no NVMe tier")));
+  EXPECT_TRUE(PipelinedOptimizer::Create(opt->get(), **host_only, PipeOptions(0.0)).ok());
+}
+
 // WriteGradients and ReadParams move only the gradient and parameter parts of each chunk; a
 // shard fed through them must step exactly like one fed through visits.
 // Three ways to give the step its gradients (a visit, WriteGradients, a host array through
@@ -559,10 +628,10 @@ TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
   fused.param_copy_type = ElementType::kBf16;
   fused.copy_targets = [&](const ChunkView& c) -> StatusOr<std::vector<CopyTarget>> {
     const uint64_t half = (c.count - gap) / 2;
-    return std::vector<CopyTarget>{{0, gap, nullptr},
-                                   {gap, half, copy.data() + c.offset + gap},
-                                   {gap + half, c.count - gap - half,
-                                    copy.data() + c.offset + gap + half}};
+    return std::vector<CopyTarget>{
+        {0, gap, nullptr},
+        {gap, half, copy.data() + c.offset + gap},
+        {gap + half, c.count - gap - half, copy.data() + c.offset + gap + half}};
   };
   auto a = f.piped->AddShard(plain, data.Fill());
   auto b = f.piped->AddShard(fused, data.Fill());
