@@ -3,9 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/units.h"
 
@@ -106,25 +113,70 @@ TEST(MemoryPoolTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ((*pool)->Allocate(0).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(MemoryPoolTest, NumaNodeZeroBindsWhereNumaExists) {
+// Where the kernel answers get_mempolicy, a pool on node 0 must hand out memory bound to node
+// 0 (MPOL_BIND, the page on node 0); where it refuses NUMA calls (no NUMA support, or a
+// container's seccomp profile), creating the pool must fail saying it could not bind.
+TEST(MemoryPoolTest, NumaNodeZeroBindsItsMemoryOrSaysWhyNot) {
   PinnedPoolOptions options = Pinned(4 * kMiB);
   options.numa_node = 0;
   options.preallocate = true;
   auto pool = MemoryPool::CreatePinned(options);
-  if (!pool.ok()) GTEST_SKIP() << "mbind to node 0 refused here: " << pool.status();
+  int probe_mode = -1;
+  const bool numa_calls = syscall(SYS_get_mempolicy, &probe_mode, nullptr, 0, nullptr, 0) == 0;
+  if (!numa_calls) {
+    ASSERT_FALSE(pool.ok()) << "get_mempolicy is refused here, yet mbind succeeded";
+    EXPECT_NE(pool.status().message().find("NUMA node 0"), std::string::npos) << pool.status();
+    return;
+  }
+  ASSERT_TRUE(pool.ok()) << pool.status();
   auto block = (*pool)->Allocate(kMiB);
   ASSERT_TRUE(block.ok());
   std::memset(block->data(), 7, kMiB);
+  constexpr int kMpolBind = 2, kMpolFNode = 1, kMpolFAddr = 2;
+  int mode = -1, node = -1;
+  ASSERT_EQ(syscall(SYS_get_mempolicy, &mode, nullptr, 0, block->data(), kMpolFAddr), 0);
+  EXPECT_EQ(mode, kMpolBind) << "the pool's memory is not bound";
+  ASSERT_EQ(syscall(SYS_get_mempolicy, &node, nullptr, 0, block->data(), kMpolFNode | kMpolFAddr),
+            0);
+  EXPECT_EQ(node, 0);
 }
 
-TEST(MemoryPoolTest, PinnedArenaWhenMemlockAllows) {
+// The process's locked memory (VmLck), in bytes.
+uint64_t LockedBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// A pinned pool's arena is locked while the pool lives and unlocked after, where mlock is
+// allowed; where it is not (RLIMIT_MEMLOCK without CAP_IPC_LOCK), creating the pool fails
+// naming the limit and how to raise it.
+TEST(MemoryPoolTest, PinnedArenaIsLockedOrTheRefusalNamesTheLimit) {
   PinnedPoolOptions options;
   options.budget_bytes = 2 * kMiB;
   options.preallocate = true;
-  auto pool = MemoryPool::CreatePinned(options);
-  if (!pool.ok()) GTEST_SKIP() << "pinning refused: " << pool.status();
-  auto block = (*pool)->Allocate(kMiB);
-  ASSERT_TRUE(block.ok());
+  const uint64_t before = LockedBytes();
+  // Whether this process may lock 2 MiB more, asked of the kernel directly.
+  std::vector<char> probe(2 * kMiB + 4096);
+  char* page = reinterpret_cast<char*>(AlignUp(reinterpret_cast<uintptr_t>(probe.data()), 4096));
+  const bool may_lock = mlock(page, 2 * kMiB) == 0;
+  if (may_lock) munlock(page, 2 * kMiB);
+  {
+    auto pool = MemoryPool::CreatePinned(options);
+    if (!may_lock) {
+      ASSERT_FALSE(pool.ok()) << "mlock of 2 MiB is refused here, yet the pinned pool was made";
+      EXPECT_NE(pool.status().message().find("RLIMIT_MEMLOCK"), std::string::npos) << pool.status();
+      return;
+    }
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    auto block = (*pool)->Allocate(kMiB);
+    ASSERT_TRUE(block.ok());
+    EXPECT_GE(LockedBytes(), before + 2 * kMiB);
+  }
+  EXPECT_EQ(LockedBytes(), before);
 }
 
 TEST(MemoryPoolTest, ConcurrentRandomBlocksNeverOverlapOrExceedBudget) {
