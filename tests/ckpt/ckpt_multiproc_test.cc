@@ -20,6 +20,7 @@
 #include "ckpt/checkpoint.h"
 #include "tests/ckpt/ckpt_testing.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/temp_dir.h"
 
 namespace zinf {
 namespace {
@@ -43,12 +44,8 @@ std::vector<float> ReadFloats(const std::string& path) {
 
 class CkptMultiprocTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = (fs::temp_directory_path() / ("zinf-ckpt-mp-" + std::to_string(getpid()))).string();
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  std::string root_;
+  testing::TempDir tmp_{"zinf-ckpt-mp"};
+  const std::string root_ = tmp_.path();
 };
 
 // Each rank: `body(engine)`; returns a process exit code.

@@ -22,6 +22,7 @@
 #include "core/crc32c.h"
 #include "tests/ckpt/ckpt_testing.h"
 #include "tests/testing/safetensors.h"
+#include "tests/testing/temp_dir.h"
 
 namespace zinf {
 namespace {
@@ -35,12 +36,10 @@ using testing::TrainCkptEngine;
 class CkptTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = (fs::temp_directory_path() / ("zinf-ckpt-" + std::to_string(getpid()))).string();
     fs::create_directories(root_ + "/nvme1");
     fs::create_directories(root_ + "/nvme2");
     fs::create_directories(root_ + "/nvme3");
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   std::unique_ptr<Engine> Make(const std::string& placement = "memory", int nvme = 1) {
     auto e = MakeCkptEngine(placement, root_ + "/nvme" + std::to_string(nvme), 0, 1, 0);
@@ -52,7 +51,8 @@ class CkptTest : public ::testing::Test {
     return Ckpt() + "/" + tag + "/" + ckpt::ShardFileName(0);
   }
 
-  std::string root_;
+  testing::TempDir tmp_{"zinf-ckpt"};
+  const std::string root_ = tmp_.path();
 };
 
 class CkptResumeTest : public CkptTest, public ::testing::WithParamInterface<const char*> {};

@@ -20,6 +20,7 @@
 #include "ckpt/hf.h"
 #include "ckpt/hf_layout.h"
 #include "tests/testing/safetensors.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 #include "zinf/engine.h"
 
@@ -212,12 +213,6 @@ TEST(HfLayoutTest, ShardSizesReadAsTransformersReadsThem) {
 
 class HfDirectoryTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = (fs::temp_directory_path() / ("zinf-hf-" + std::to_string(getpid()))).string();
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // A checkpoint of the GPT example's layout whose values are their own flat index + 1000 x
   // the parameter's index, saved by an engine with `metadata`.
   std::string SaveGpt(const nlohmann::json& metadata) {
@@ -259,7 +254,8 @@ class HfDirectoryTest : public ::testing::Test {
     return w.ok() ? "" : std::string(w.status().ToString());
   }
 
-  std::string root_;
+  testing::TempDir tmp_{"zinf-hf"};
+  const std::string root_ = tmp_.path();
 };
 
 TEST_F(HfDirectoryTest, ExportWritesGpt2WithTheCheckpointsValuesShardedAsHfDoes) {

@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint.h"
 #include "tests/ckpt/ckpt_testing.h"
 #include "tests/testing/safetensors.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 
 namespace zinf {
@@ -40,10 +41,8 @@ constexpr char kImportConfig[] =
 class ImportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = (fs::temp_directory_path() / ("zinf-import-" + std::to_string(getpid()))).string();
     for (int i = 1; i <= 3; ++i) fs::create_directories(root_ + "/nvme" + std::to_string(i));
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   std::unique_ptr<Engine> Make(const std::string& placement = "memory", int nvme = 1) {
     auto e = MakeCkptEngine(placement, root_ + "/nvme" + std::to_string(nvme), 0, 1, 0);
@@ -65,7 +64,8 @@ class ImportTest : public ::testing::Test {
     return p == "a.w" ? std::vector<int64_t>{37, 11} : std::vector<int64_t>{p == "a.b" ? 37 : 5001};
   }
 
-  std::string root_;
+  testing::TempDir tmp_{"zinf-import"};
+  const std::string root_ = tmp_.path();
 };
 
 class ImportPlacementTest : public ImportTest, public ::testing::WithParamInterface<const char*> {};

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
+
 namespace zinf::ckpt {
 namespace {
 
@@ -37,12 +39,6 @@ std::string Bytes(const std::vector<T>& v) {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zinf-safetensors-" + std::to_string(getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Write(const std::string& bytes) {
     const std::string path = (dir_ / "t.safetensors").string();
     std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
@@ -58,7 +54,8 @@ class SafetensorsTest : public ::testing::Test {
     EXPECT_THAT(r.status().message(), HasSubstr(path));
   }
 
-  fs::path dir_;
+  testing::TempDir tmp_{"zinf-safetensors"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(SafetensorsTest, ReadsF32Bf16AndF16AsFp32) {

@@ -13,24 +13,20 @@
 #include <string>
 
 #include "core/config_reader.h"
+#include "tests/testing/temp_dir.h"
 
 namespace zinf {
 namespace {
 
 class InputFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (std::filesystem::temp_directory_path() / "zinf-input-XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Write(const std::string& name, const std::string& text) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path, std::ios::binary) << text;
     return path;
   }
-  std::string dir_;
+  testing::TempDir tmp_{"zinf-input"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(InputFileTest, ReadsARegularFileWhole) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "tests/testing/temp_dir.h"
 
 namespace {
 
@@ -41,9 +42,9 @@ void Die(const zinf::Status& s) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  g_root =
-      (std::filesystem::temp_directory_path() / ("zinf-export-fuzz-" + std::to_string(getpid())))
-          .string();
+  // Removed at exit, with the static objects.
+  static const zinf::testing::TempDir root("zinf-export-fuzz");
+  g_root = root.path();
   std::filesystem::create_directories(g_root + "/step-1");
   const zinf::ckpt::Manifest m = Reference();
   for (int rank = 0; rank < m.world_size; ++rank) {
@@ -60,10 +61,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!text.ok()) Die(text.status());
   if (zinf::Status s = zinf::ckpt::WriteManifest(g_root + "/step-1", m); !s.ok()) Die(s);
   if (zinf::Status s = zinf::ckpt::CommitLatest(g_root, m.tag); !s.ok()) Die(s);
-  std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(g_root, ec);
-  });
   if (const char* seed = std::getenv("ZINF_FUZZ_WRITE_SEED")) std::ofstream(seed) << *text;
   return 0;
 }

@@ -18,6 +18,7 @@
 
 #include "examples/gpt/gpt_model.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
 
 namespace gpt {
@@ -113,11 +114,9 @@ struct Training {
 
 Training TrainAndRead(int world, int batch, int gas, const GptConfig& model = kModel,
                       uint64_t bucket = 500000000) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("zinf-gpt-" + std::to_string(getpid()) + "-" + std::to_string(world) +
-                            "x" + std::to_string(batch) + "x" + std::to_string(gas)))
-                              .string();
-  std::filesystem::create_directories(dir);
+  const zinf::testing::TempDir tmp("zinf-gpt-" + std::to_string(world) + "x" +
+                                   std::to_string(batch) + "x" + std::to_string(gas));
+  const std::string& dir = tmp.path();
   const int port = zinf::testing::FreePort();
   EXPECT_EQ(
       zinf::testing::ForkRanks(
@@ -140,7 +139,6 @@ Training TrainAndRead(int world, int batch, int gas, const GptConfig& model = kM
     in.read(reinterpret_cast<char*>(params->data()), params->size() * 4);
     EXPECT_TRUE(in.good()) << file;
   }
-  std::filesystem::remove_all(dir);
   return run;
 }
 

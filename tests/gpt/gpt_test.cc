@@ -23,6 +23,7 @@
 #include "examples/gpt/gpt_kernels.h"
 #include "examples/gpt/gpt_model.h"
 #include "tests/testing/safetensors.h"
+#include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
 
 namespace gpt {
@@ -453,9 +454,8 @@ TEST(GptConfigTest, DeepNestingIsRefusedNotACrash) {
 // A model trained a few steps and saved; its export loaded into a fresh model gives the same
 // loss, bitwise, as the checkpoint loaded into another: the weights made the round trip.
 TEST(GptTest, InitFromAnExportGivesTheCheckpointsLoss) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("zinf-gpt-init-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const zinf::testing::TempDir tmp("zinf-gpt-init");
+  const std::filesystem::path dir = tmp.path();
   const GptConfig config{.seq_len = 16, .d_model = 32, .n_layer = 2, .n_head = 4};
   std::vector<int32_t> tokens, targets;
   auto make = [&](std::unique_ptr<Engine>* engine, std::unique_ptr<Gpt>* model) {
@@ -495,7 +495,6 @@ TEST(GptTest, InitFromAnExportGivesTheCheckpointsLoss) {
   ASSERT_TRUE(loaded.ok()) << loaded;
   EXPECT_EQ(loss(*model), from_checkpoint);
   EXPECT_EQ(from_checkpoint, trained);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

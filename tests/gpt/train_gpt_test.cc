@@ -25,6 +25,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "tests/testing/safetensors.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 
 namespace {
@@ -34,12 +35,6 @@ using zinf::testing::ZinfRun;
 
 class TrainGptTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("zinf-train-gpt-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string WriteConfig(const std::string& json) {
     const std::string path = (dir_ / "config.json").string();
     std::ofstream(path) << json;
@@ -51,7 +46,8 @@ class TrainGptTest : public ::testing::Test {
     return RunZinf("run -n " + std::to_string(ranks) + " -- " + TRAIN_GPT_BINARY + " " + args);
   }
 
-  std::filesystem::path dir_;
+  zinf::testing::TempDir tmp_{"zinf-train-gpt"};
+  const std::filesystem::path dir_ = tmp_.path();
 };
 
 TEST_F(TrainGptTest, LossFallsAndMetricsAreJsonLines) {

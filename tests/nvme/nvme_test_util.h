@@ -16,31 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
+
 namespace zinf::testing_util {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents at destruction.
-class ScratchDir {
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents at destruction; Sub
+// makes a directory inside it.
+class ScratchDir : public ::zinf::testing::TempDir {
  public:
-  ScratchDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/zinf-nvme-test-XXXXXX";
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string Sub(const std::string& name) const {
-    const std::string p = path_ + "/" + name;
-    std::filesystem::create_directories(p);
-    return p;
-  }
-
- private:
-  std::string path_;
+  ScratchDir() : TempDir("zinf-nvme-test") {}
 };
 
 // A tmpfs of `size` mounted on a new directory (root only); unmounted at destruction.

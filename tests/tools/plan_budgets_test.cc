@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "offload/pipelined_optimizer.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/plan_training.h"
 #include "tools/plan_model.h"
 #include "zero/tier_budgets.h"
@@ -26,14 +27,8 @@ namespace {
 
 class PlanBudgetsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ =
-        (std::filesystem::temp_directory_path() / ("zinf-plan-budgets-" + std::to_string(getpid())))
-            .string();
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
+  testing::TempDir tmp_{"zinf-plan-budgets"};
+  const std::string dir_ = tmp_.path();
 };
 
 // Every placement of the plan (fp32, bf16; parameters and optimizer in memory, in host memory,

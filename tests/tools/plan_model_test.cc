@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/plan_training.h"
 #include "zinf/engine.h"
 
@@ -62,13 +63,8 @@ nlohmann::json MinimalProfileJson() {
 
 class PlanMemoryTest : public ::testing::TestWithParam<std::tuple<int, int>> {
  protected:
-  void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() / ("zinf-plan-" + std::to_string(getpid())))
-               .string();
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
+  testing::TempDir tmp_{"zinf-plan"};
+  const std::string dir_ = tmp_.path();
 };
 
 // Within `tolerance` of each other (relative), or both below 1 MiB apart.

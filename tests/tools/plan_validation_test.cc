@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 
 namespace zinf {
@@ -39,12 +40,7 @@ class PlanValidationTest : public ::testing::Test {
 #ifdef ZINF_SLOW_BUILD
     GTEST_SKIP() << "timings mean nothing in a sanitizer build";
 #endif
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("zinf-plan-validation-" + std::to_string(getpid())))
-               .string();
-    std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // The plan's row for the config's own placement under a fresh quick profile.
   nlohmann::json Predict(const std::string& config, const std::string& extra,
@@ -62,7 +58,8 @@ class PlanValidationTest : public ::testing::Test {
     return nullptr;
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"zinf-plan-validation"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(PlanValidationTest, MlpStepWithinTwentyPercent) {

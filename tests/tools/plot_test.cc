@@ -13,6 +13,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/testing/temp_dir.h"
+
 namespace zinf::tools {
 namespace {
 
@@ -47,21 +49,16 @@ Figure TwoPanels() {
 
 class PlotTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zinf-plot-test-" + std::to_string(getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    chmod(dir_.c_str(), 0755);
-    fs::remove_all(dir_);
-  }
+  // A directory the test made unwritable is removable again.
+  void TearDown() override { chmod(dir_.c_str(), 0755); }
   // No file but `keep` is left in the directory (no temporary output, no script).
   void ExpectOnly(const std::string& keep) {
     for (const auto& entry : fs::directory_iterator(dir_)) {
       EXPECT_EQ(entry.path().filename().string(), keep) << "left behind: " << entry.path();
     }
   }
-  fs::path dir_;
+  testing::TempDir tmp_{"zinf-plot-test"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(PlotTest, WritesAPng) {

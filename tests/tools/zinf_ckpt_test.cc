@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 
 namespace {
@@ -19,14 +20,8 @@ namespace fs = std::filesystem;
 
 class ZinfCkptTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zinf-ckpt-cmd-" + std::to_string(getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    chmod((dir_ / "ckpt").c_str(), 0755);
-    fs::remove_all(dir_);
-  }
+  // A directory the test made unreadable is removable again.
+  void TearDown() override { chmod((dir_ / "ckpt").c_str(), 0755); }
 
   // Exports `from`; the run must fail cleanly with `message` and write nothing.
   void ExpectRefused(const std::string& from, const std::string& message) {
@@ -39,7 +34,8 @@ class ZinfCkptTest : public ::testing::Test {
     EXPECT_FALSE(fs::exists(out));
   }
 
-  fs::path dir_;
+  zinf::testing::TempDir tmp_{"zinf-ckpt-cmd"};
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(ZinfCkptTest, DirectoryThatCannotBeSearchedIsAnError) {

@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 #include "tools/plan_model.h"
 #include "zinf/engine.h"
@@ -32,18 +34,19 @@ class ZinfPlanTest : public ::testing::Test {
  protected:
   // One quick profile for the whole suite (it takes seconds).
   static void SetUpTestSuite() {
-    dir_ = (std::filesystem::temp_directory_path() / ("zinf-plan-cli-" + std::to_string(getpid())))
-               .string();
+    tmp_.emplace("zinf-plan-cli");
+    dir_ = tmp_->path();
     std::filesystem::create_directories(dir_ + "/nvme");
     profile_ = dir_ + "/profile.json";
     profile_run_ = RunZinf("bench profile --quick --path " + dir_ + "/nvme --out " + profile_);
   }
-  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  static void TearDownTestSuite() { tmp_.reset(); }
 
   static std::string Config(const std::string& name) {
     return std::string(ZINF_SOURCE_DIR) + "/examples/" + name;
   }
 
+  static inline std::optional<testing::TempDir> tmp_;
   static inline std::string dir_, profile_;
   static inline testing::ZinfRun profile_run_;
 };
@@ -277,10 +280,8 @@ TEST_F(ZinfPlanTest, SizesWithoutAProfile) {
 // shipped 8x H100 node: every placement with its bytes, fit, step time, TFLOPS per GPU and the
 // tokens that hide its offload; the fastest written as a config that EngineConfig accepts.
 TEST(ZinfPlanHardwareTest, PlansEveryShippedShapeOnADescribedNode) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-plan-hw-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
+  const testing::TempDir tmp("zinf-plan-hw");
+  const std::string& dir = tmp.path();
   for (const char* shape : {"gpt-10b", "gpt-13b", "gpt-30b", "gpt-70b"}) {
     SCOPED_TRACE(shape);
     const std::string written = dir + "/" + shape + ".json";
@@ -313,14 +314,11 @@ TEST(ZinfPlanHardwareTest, PlansEveryShippedShapeOnADescribedNode) {
       EXPECT_FALSE(row["fits"].get<bool>()) << row.dump();
     }
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ZinfPlanHardwareTest, BadHardwareIsRefusedByName) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-plan-bad-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
+  const testing::TempDir tmp("zinf-plan-bad");
+  const std::string& dir = tmp.path();
   const std::string file = dir + "/node.json";
   std::ofstream(file) << R"({"zinf_hardware": 1, "gpus": {"count": 1, "bf16_tflops": -1}})";
   testing::ZinfRun r = RunZinf("plan --model gpt-10b --hardware " + file);
@@ -337,7 +335,6 @@ TEST(ZinfPlanHardwareTest, BadHardwareIsRefusedByName) {
   r = RunZinf("plan --model gpt-10b --hardware dgx2-v100 --world-size 17");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("[1, 16]"), std::string::npos) << r.output;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "tests/nvme/nvme_test_util.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 
 namespace {
@@ -34,12 +35,6 @@ void ExpectPng(const fs::path& path) {
 
 class ZinfPlotTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zinf-plot-cmd-" + std::to_string(getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& text) {
     std::ofstream(dir_ / name) << text;
     return (dir_ / name).string();
@@ -52,7 +47,8 @@ class ZinfPlotTest : public ::testing::Test {
     EXPECT_FALSE(fs::exists(dir_ / "out.png"));
   }
 
-  fs::path dir_;
+  zinf::testing::TempDir tmp_{"zinf-plot-cmd"};
+  const fs::path dir_ = tmp_.path();
 };
 
 // Lines as train_gpt --metrics writes them (fewer keys).

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
 #include "tests/tools/run_zinf.h"
 
 namespace {
@@ -38,8 +39,6 @@ bool Alive(pid_t pid) {
 class BackgroundRun {
  public:
   BackgroundRun(int ranks, const std::string& launcher_args, const std::string& script) {
-    char tmpl[] = "/tmp/zinf-run-test-XXXXXX";
-    dir_ = mkdtemp(tmpl) != nullptr ? tmpl : "/tmp";
     ranks_ = ranks;
     std::string script_here = script;
     for (size_t at; (at = script_here.find("@DIR@")) != std::string::npos;) {
@@ -74,8 +73,6 @@ class BackgroundRun {
       kill(launcher_, SIGKILL);
       waitpid(launcher_, nullptr, 0);
     }
-    std::error_code ec;
-    if (dir_ != "/tmp") std::filesystem::remove_all(dir_, ec);
   }
 
   // Waits until every rank has written its pid; false after 10 s.
@@ -127,7 +124,9 @@ class BackgroundRun {
   }
 
  private:
-  std::string dir_;
+  // Removed after the processes are killed: members go after the destructor's body.
+  const zinf::testing::TempDir tmp_{"zinf-run-test", "/tmp"};
+  const std::string& dir_ = tmp_.path();
   int ranks_ = 0;
   pid_t launcher_ = -1;
   bool reaped_ = false;

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
@@ -33,15 +34,6 @@ void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
 
 class EngineApiTest : public ::testing::TestWithParam<Placement> {
  protected:
-  void SetUp() override {
-    dir_ =
-        (std::filesystem::temp_directory_path() / ("zinf-engine-api-" + std::to_string(getpid())))
-            .string();
-    std::filesystem::create_directories(dir_);
-    root_ = dir_;
-  }
-  void TearDown() override { std::filesystem::remove_all(root_); }
-
   // A one-rank engine with modules "a" {a.w [3, 5], a.b [3]} and "b" {b.w [7]}, placed as
   // the test parameter says.
   std::unique_ptr<Engine> MakeEngine(int accumulation = 1) {
@@ -87,7 +79,8 @@ class EngineApiTest : public ::testing::TestWithParam<Placement> {
     return seen;
   }
 
-  std::string root_, dir_;
+  testing::TempDir root_{"zinf-engine-api"};
+  std::string dir_ = root_.path();  // where the next engine's swap files go
 };
 
 TEST_P(EngineApiTest, SetParameterIsWhatFetchAndGatherSee) {
@@ -168,11 +161,9 @@ TEST_P(EngineApiTest, FetchOrderChangeStaysCorrect) {
 // stage3_max_live_parameters bounds what prefetching keeps live: with room for module a
 // (18 elements) alone, fetching a must not read b (7) ahead; with the default it does.
 TEST(EnginePrefetchTest, MaxLiveParametersBoundsPrefetching) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-max-live-" + std::to_string(getpid())))
-          .string();
   for (const uint64_t max_live : {18u, 1000u}) {
-    std::filesystem::create_directories(dir);
+    const testing::TempDir tmp("zinf-max-live");
+    const std::string& dir = tmp.path();
     auto config = EngineConfig::FromJson(
         R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
             "stage3_max_live_parameters": )" +
@@ -200,8 +191,6 @@ TEST(EnginePrefetchTest, MaxLiveParametersBoundsPrefetching) {
       peak = summary->peak_live_parameters;  // steps after the first prefetch
     }
     EXPECT_EQ(peak, max_live == 18u ? 18u : 25u) << "max_live " << max_live;
-    engine->reset();
-    std::filesystem::remove_all(dir);
   }
 }
 
@@ -209,10 +198,8 @@ TEST(EnginePrefetchTest, MaxLiveParametersBoundsPrefetching) {
 // reads already in flight included: with 8 modules of 7 elements and a window of 14, at most
 // the fetched module and the next two are live, however many steps run.
 TEST(EnginePrefetchTest, PrefetchWindowDoesNotGrow) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-window-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
+  const testing::TempDir tmp("zinf-window");
+  const std::string& dir = tmp.path();
   auto config = EngineConfig::FromJson(
       R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
           "stage3_prefetch_bucket_size": 14, "offload_param": {"device": "nvme",
@@ -238,8 +225,6 @@ TEST(EnginePrefetchTest, PrefetchWindowDoesNotGrow) {
     ASSERT_TRUE(summary.ok()) << summary.status();
     EXPECT_EQ(summary->peak_live_parameters, step == 0 ? 7u : 21u) << "step " << step;
   }
-  engine->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A model of 2^18 modules (as n_layer 2^18 would give) registers in linear time: the name
@@ -289,10 +274,9 @@ TEST(EngineRegistrationTest, ImpossibleSizesFailAtOnceSayingWhatTheyNeed) {
 // on disk under a parameter is DataLoss naming the file and offset, not a silently wrong
 // weight. With the key off the same flip goes unnoticed, which is what the key costs.
 TEST(EngineChecksumTest, FlippedSwapByteIsDataLoss) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-flip-" + std::to_string(getpid()))).string();
   for (const bool checksum : {true, false}) {
-    std::filesystem::create_directories(dir);
+    const testing::TempDir tmp("zinf-flip");
+    const std::string& dir = tmp.path();
     auto config = EngineConfig::FromJson(
         R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
             "offload_param": {"device": "nvme", "nvme_path": ")" +
@@ -333,8 +317,6 @@ TEST(EngineChecksumTest, FlippedSwapByteIsDataLoss) {
       EXPECT_NE(fetched->params[0][0], before[0]) << "the flip reached the weight unnoticed";
       EXPECT_EQ(fetched->params[0][1], before[1]);
     }
-    engine->reset();
-    std::filesystem::remove_all(dir);
   }
 }
 
@@ -366,12 +348,9 @@ struct MultiChunkRun {
 
 TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
   const ElementType precision = GetParam();
-  const std::string root =
-      (std::filesystem::temp_directory_path() / ("zinf-multichunk-" + std::to_string(getpid())))
-          .string();
+  const testing::TempDir root("zinf-multichunk");
   auto run = [&](const std::string& placement) {
-    const std::string dir = root + "/" + placement;
-    std::filesystem::create_directories(dir);
+    const std::string dir = root.Sub(placement);
     const std::string nvme = R"({"device": "nvme", "nvme_path": ")" + dir + "\"}";
     // Half the optimizer's chunks on NVMe, half in host memory (zinf.optimizer_nvme_ratio).
     const std::string half_nvme = R"({"device": "nvme", "nvme_path": ")" + dir + "\"}";
@@ -455,7 +434,6 @@ TEST_P(EngineMultiChunkTest, EveryPlacementMatchesMemoryBitwise) {
     for (size_t i = 0; i < back.size(); ++i) unrounded += back[i] != memory.master[i];
     EXPECT_GT(unrounded, memory.master.size() / 2);
   }
-  std::filesystem::remove_all(root);
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, EngineMultiChunkTest,

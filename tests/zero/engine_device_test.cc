@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
 #include "zero/process_group.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
@@ -38,11 +39,10 @@ StatusOr<std::vector<float>> TrainOnDevice(const std::string& device, const std:
                      std::string(nvme.empty() ? "cpu" : "nvme") + R"(", "nvme_path": ")" + nvme +
                      R"("}}, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
   ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(json));
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                        Engine::Create(config, {.device = device,
-                                                .rank = 0,
-                                                .world_size = 1,
-                                                .optimizer_threads = 1}));
+  ZINF_ASSIGN_OR_RETURN(
+      std::unique_ptr<Engine> engine,
+      Engine::Create(config,
+                     {.device = device, .rank = 0, .world_size = 1, .optimizer_threads = 1}));
   std::vector<int> ids;
   for (size_t m = 0; m < kModules.size(); ++m) {
     ZINF_ASSIGN_OR_RETURN(int id, engine->RegisterModule("m" + std::to_string(m), kModules[m]));
@@ -96,16 +96,9 @@ StatusOr<std::vector<float>> TrainOnDevice(const std::string& device, const std:
 
 class EngineDeviceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() / ("zinf-device-" + std::to_string(getpid())))
-               .string();
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override {
-    ::unsetenv("ZINF_HOST_LINK_GBPS");
-    std::filesystem::remove_all(dir_);
-  }
-  std::string dir_;
+  void TearDown() override { ::unsetenv("ZINF_HOST_LINK_GBPS"); }
+  testing::TempDir tmp_{"zinf-device"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(EngineDeviceTest, ModelledLinkTrainsBitwiseAsTheHostDevice) {
@@ -147,8 +140,7 @@ TEST(ComputeDeviceTest, NamesAreCheckedAndAutoFallsBackToHost) {
   EXPECT_EQ(*picked, gpus.gpus.empty() ? "host" : "cuda:0");
   StatusOr<std::string> missing = ResolveComputeDevice("cuda:99", 0);
   EXPECT_EQ(missing.status().code(), StatusCode::kUnavailable);
-  EXPECT_NE(missing.status().message().find("\"cuda:99\""), std::string::npos)
-      << missing.status();
+  EXPECT_NE(missing.status().message().find("\"cuda:99\""), std::string::npos) << missing.status();
 }
 
 }  // namespace

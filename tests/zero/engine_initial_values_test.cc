@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -89,14 +90,8 @@ Outcome RunRank(const std::string& placement, const std::string& dir, int rank, 
 
 class InitialValuesTest : public ::testing::TestWithParam<const char*> {
  protected:
-  void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("zinf-initial-values-" + std::to_string(getpid()) + "-" + GetParam()))
-               .string();
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
+  testing::TempDir tmp_{std::string("zinf-initial-values-") + GetParam()};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_P(InitialValuesTest, OneRankIsAskedForEveryElementOnceAndKeepsIt) {

@@ -24,6 +24,7 @@
 #include "offload/tiered_store_internal.h"
 #include "tests/testing/faulty_engine.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/temp_dir.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 
@@ -403,10 +404,8 @@ class MlpTest : public ::testing::TestWithParam<Case> {};
 // The Fetch reports the error with the parameter named; the next Fetch gathers the whole
 // module anew and hands back the parameters' own values, not buffers no collective filled.
 TEST(EngineGatherTest, AGatherThatFailsWhilePackingLeavesNothingHalfDone) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-gather-fault-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
+  const testing::TempDir tmp("zinf-gather-fault");
+  const std::string& dir = tmp.path();
   const std::vector<int> codes = RunRanks(2, [&dir](int rank, int port) {
     FaultyEngine* faulty = nullptr;
     internal::SetTieredStoreEngineFactoryForTest(
@@ -445,16 +444,13 @@ TEST(EngineGatherTest, AGatherThatFailsWhilePackingLeavesNothingHalfDone) {
     }
     return e.Release(m).ok() ? 0 : 10;
   });
-  std::filesystem::remove_all(dir);
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
 TEST_P(MlpTest, MatchesSingleProcessReference) {
   const Case c = GetParam();
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("zinf-mlp-" + std::to_string(getpid()) + "-" + std::to_string(c.world)))
-                              .string();
-  std::filesystem::create_directories(dir);
+  const testing::TempDir tmp("zinf-mlp-" + std::to_string(c.world));
+  const std::string& dir = tmp.path();
   const std::vector<int> codes = RunRanks(c.world, [&](int rank, int port) {
     return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir, false,
                      c.placement);
@@ -475,7 +471,6 @@ TEST_P(MlpTest, MatchesSingleProcessReference) {
   for (int s = 0; s < kSteps; ++s) {
     EXPECT_NEAR(norms[s], reference_norms[s], 1e-5 * reference_norms[s]) << "step " << s;
   }
-  std::filesystem::remove_all(dir);
 }
 
 std::string Describe(const Case& c) {
@@ -512,11 +507,8 @@ TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
   const int world = 4;
   std::vector<std::string> finals;
   for (uint64_t bucket : {500000000u, 100u, 1000u}) {
-    const std::string dir =
-        (std::filesystem::temp_directory_path() /
-         ("zinf-mlp-bucket-" + std::to_string(getpid()) + "-" + std::to_string(bucket)))
-            .string();
-    std::filesystem::create_directories(dir);
+    const testing::TempDir tmp("zinf-mlp-bucket-" + std::to_string(bucket));
+    const std::string& dir = tmp.path();
     Placement placement;
     placement.reduce_bucket_size = bucket;
     const std::vector<int> codes = RunRanks(world, [&](int rank, int port) {
@@ -525,7 +517,6 @@ TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
     ASSERT_EQ(codes, std::vector<int>(world, 0)) << "bucket " << bucket;
     std::ifstream in(dir + "/final.bin", std::ios::binary);
     finals.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    std::filesystem::remove_all(dir);
   }
   ASSERT_FALSE(finals[0].empty());
   EXPECT_TRUE(finals[1] == finals[0]) << "bucket 100 differs from one bucket";
@@ -542,10 +533,8 @@ TEST(MlpTest, TheModelledLinkChangesNoBit) {
     SCOPED_TRACE(Describe(c));
     std::vector<std::string> finals;
     for (const char* link : {"", "20"}) {
-      const std::string dir = (std::filesystem::temp_directory_path() /
-                               ("zinf-mlp-link-" + std::to_string(getpid()) + "-" + link))
-                                  .string();
-      std::filesystem::create_directories(dir);
+      const testing::TempDir tmp(std::string("zinf-mlp-link-") + link);
+      const std::string& dir = tmp.path();
       ::setenv("ZINF_HOST_LINK_GBPS", link, 1);
       const std::vector<int> codes = RunRanks(c.world, [&](int rank, int port) {
         return TrainRank(rank, c.world, port, c.stage, c.accumulation, c.clipping, dir, false,
@@ -555,7 +544,6 @@ TEST(MlpTest, TheModelledLinkChangesNoBit) {
       ASSERT_EQ(codes, std::vector<int>(c.world, 0)) << "link " << link;
       std::ifstream in(dir + "/final.bin", std::ios::binary);
       finals.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      std::filesystem::remove_all(dir);
     }
     ASSERT_FALSE(finals[0].empty());
     EXPECT_TRUE(finals[1] == finals[0]) << "the modelled link changed the trained model";
@@ -565,9 +553,8 @@ TEST(MlpTest, TheModelledLinkChangesNoBit) {
 // Data parallelism over a subset of the processes, as beside tensor parallelism of 2 on 4
 // processes: groups {0, 2} and {1, 3} each train as a world of 2, through one store.
 TEST(MlpTest, DataParallelSubgroupsTrainAsTheirOwnWorld) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-mlp-groups-" + std::to_string(getpid())))
-          .string();
+  const testing::TempDir tmp("zinf-mlp-groups");
+  const std::string& dir = tmp.path();
   for (const char* g : {"/g0", "/g1"}) std::filesystem::create_directories(dir + g);
   const std::vector<int> codes = RunRanks(4, [&](int rank, int port) {
     const std::vector<int> group = rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
@@ -580,7 +567,6 @@ TEST(MlpTest, DataParallelSubgroupsTrainAsTheirOwnWorld) {
     const Model reference = Reference(init, 2, 2, 0);
     EXPECT_LT(MaxDiff(ReadModel(dir + g + "/final.bin"), reference), 2e-5) << g;
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(EngineFailureTest, BadDataParallelGroupIsRefused) {
@@ -599,16 +585,12 @@ TEST(EngineFailureTest, BadDataParallelGroupIsRefused) {
 TEST(MlpTest, SameInitialModelForEveryWorldSize) {
   std::vector<Model> inits;
   for (int world : {1, 3}) {
-    const std::string dir =
-        (std::filesystem::temp_directory_path() /
-         ("zinf-init-" + std::to_string(getpid()) + "-" + std::to_string(world)))
-            .string();
-    std::filesystem::create_directories(dir);
+    const testing::TempDir tmp("zinf-init-" + std::to_string(world));
+    const std::string& dir = tmp.path();
     EXPECT_EQ(RunRanks(world, [&](int rank,
                                   int port) { return TrainRank(rank, world, port, 3, 1, 0, dir); }),
               std::vector<int>(world, 0));
     inits.push_back(ReadModel(dir + "/init.bin"));
-    std::filesystem::remove_all(dir);
   }
   EXPECT_EQ(MaxDiff(inits[0], inits[1]), 0.0);
 }
@@ -616,9 +598,8 @@ TEST(MlpTest, SameInitialModelForEveryWorldSize) {
 TEST(MlpTest, Fp16OverflowSkipsTheStepOnAllRanks) {
   // The last rank injects an Inf at step 2; every rank must skip that step (TrainRank checks
   // summary.skipped on each rank), and the result equals the reference without that step.
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zinf-fp16-" + std::to_string(getpid()))).string();
-  std::filesystem::create_directories(dir);
+  const testing::TempDir tmp("zinf-fp16");
+  const std::string& dir = tmp.path();
   EXPECT_EQ(
       RunRanks(2, [&](int rank,
                       int port) { return TrainRank(rank, 2, port, 3, 1, 0, dir, /*fp16=*/true); }),
@@ -630,7 +611,6 @@ TEST(MlpTest, Fp16OverflowSkipsTheStepOnAllRanks) {
   // the reference; none lands on the other side of a rounding boundary in this (deterministic)
   // run, so the difference stays at fp32's (2.4e-7 measured).
   EXPECT_LT(MaxDiff(ReadModel(dir + "/final.bin"), reference), 2e-5);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(EngineFailureTest, MismatchedConfigIsReportedAtStart) {

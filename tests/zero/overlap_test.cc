@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
 
 namespace zinf {
@@ -158,11 +159,8 @@ struct Outcome {
 };
 
 Outcome Train(TrainRun r, const std::string& label) {
-  r.dir = (std::filesystem::temp_directory_path() /
-           ("zinf-overlap-" + std::to_string(getpid()) + "-" + label))
-              .string();
-  std::filesystem::remove_all(r.dir);
-  std::filesystem::create_directories(r.dir);
+  const testing::TempDir tmp("zinf-overlap-" + label);
+  r.dir = tmp.path();
   const int port = testing::FreePort();
   const std::vector<int> codes =
       testing::ForkRanks(r.world, [&](int rank) { return TrainRank(rank, port, r); });
@@ -172,7 +170,6 @@ Outcome Train(TrainRun r, const std::string& label) {
   o.params.assign(std::istreambuf_iterator<char>(in), {});
   std::ifstream steps(r.dir + "/steps.txt");
   for (std::string line; std::getline(steps, line);) o.steps.push_back(line);
-  std::filesystem::remove_all(r.dir);
   return o;
 }
 
@@ -288,11 +285,8 @@ TEST(GradientsOnNvmeTest, TrainLikeHostAccumulators) {
 // itself; with the overlap off the same calls work.
 TEST(OverlapGuardTest, FetchAfterTheLastReductionAndParameterAccessAreRefused) {
   for (bool overlap : {true, false}) {
-    TrainRun r{.overlap = overlap};
-    r.dir = (std::filesystem::temp_directory_path() /
-             ("zinf-overlap-guard-" + std::to_string(getpid()) + (overlap ? "-on" : "-off")))
-                .string();
-    std::filesystem::create_directories(r.dir);
+    const testing::TempDir tmp(overlap ? "zinf-overlap-guard-on" : "zinf-overlap-guard-off");
+    TrainRun r{.overlap = overlap, .dir = tmp.path()};
     auto config = EngineConfig::FromJson(Config(r));
     ASSERT_TRUE(config.ok()) << config.status();
     auto engine = Engine::Create(
@@ -327,7 +321,6 @@ TEST(OverlapGuardTest, FetchAfterTheLastReductionAndParameterAccessAreRefused) {
     auto summary = e.Step();
     ASSERT_TRUE(summary.ok()) << summary.status();
     EXPECT_TRUE(e.GatherParameter("a.weight", &v).ok()) << "allowed again after the step";
-    std::filesystem::remove_all(r.dir);
   }
 }
 
