@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "examples/gpt/gpt_model.h"
+#include "tests/testing/engine_setup.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
@@ -70,19 +71,13 @@ int TrainRank(int rank, int world, int port, int batch, int gas, const std::stri
   // is rounding noise that differs between the runs, and Adam divides it by sqrt(v) + eps.
   // With eps 1e-8 the key bias ends up 1.3e-5 apart between the runs (measured) while
   // everything else agrees to 1e-7; with eps 1e-3 the noise moves nothing measurably.
-  auto config = zinf::EngineConfig::FromJson(
+  auto engine = zinf::testing::CreateRankEngine(
       R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
           "reduce_bucket_size": )" +
-      std::to_string(bucket) + R"(}, "gradient_accumulation_steps": )" + std::to_string(gas) +
-      R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01,
-          "eps": 0.001, "weight_decay": 0.01}}})");
-  if (!config.ok()) return 10;
-  auto engine = zinf::Engine::Create(*config, {.device = "host",
-                                               .rank = rank,
-                                               .world_size = world,
-                                               .master_port = port,
-                                               .timeout = 20000ms,
-                                               .optimizer_threads = 1});
+          std::to_string(bucket) + R"(}, "gradient_accumulation_steps": )" + std::to_string(gas) +
+          R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01,
+          "eps": 0.001, "weight_decay": 0.01}}})",
+      zinf::testing::HostRankOptions(rank, world, port, 20000ms));
   if (!engine.ok()) return 11;
   auto model = Gpt::Create(**engine, model_config);
   if (!model.ok() || !(*engine)->Initialize().ok()) return 12;
@@ -117,12 +112,12 @@ Training TrainAndRead(int world, int batch, int gas, const GptConfig& model = kM
   const zinf::testing::TempDir tmp("zinf-gpt-" + std::to_string(world) + "x" +
                                    std::to_string(batch) + "x" + std::to_string(gas));
   const std::string& dir = tmp.path();
-  const int port = zinf::testing::FreePort();
-  EXPECT_EQ(
-      zinf::testing::ForkRanks(
-          world,
-          [&](int rank) { return TrainRank(rank, world, port, batch, gas, dir, model, bucket); }),
-      std::vector<int>(world, 0));
+  EXPECT_EQ(zinf::testing::RunRanks(world,
+                                    [&](int rank, int port) {
+                                      return TrainRank(rank, world, port, batch, gas, dir, model,
+                                                       bucket);
+                                    }),
+            std::vector<int>(world, 0));
   Training run{std::vector<double>(kSteps), {}};
   for (int rank = 0; rank < world; ++rank) {
     std::ifstream in(dir + "/loss." + std::to_string(rank));

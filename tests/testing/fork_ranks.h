@@ -58,6 +58,13 @@ inline int FreePort() {
   return port;
 }
 
+// ForkRanks of body(rank, port): `world` ranks that rendezvous on one FreePort. Returns their
+// exit codes in rank order.
+inline std::vector<int> RunRanks(int world, const std::function<int(int rank, int port)>& body) {
+  const int port = FreePort();
+  return ForkRanks(world, [&](int rank) { return body(rank, port); });
+}
+
 }  // namespace zinf::testing
 
 #endif  // ZINF_TESTS_TESTING_FORK_RANKS_H_

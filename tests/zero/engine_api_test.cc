@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/engine_setup.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
@@ -26,27 +27,21 @@
 namespace zinf {
 namespace {
 
-struct Placement {
+struct NamedPlacement {
   const char* name;
-  bool optimizer_nvme, params_nvme;
+  testing::Placement placement;
 };
-void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
+void PrintTo(const NamedPlacement& p, std::ostream* os) { *os << p.name; }
 
-class EngineApiTest : public ::testing::TestWithParam<Placement> {
+class EngineApiTest : public ::testing::TestWithParam<NamedPlacement> {
  protected:
   // A one-rank engine with modules "a" {a.w [3, 5], a.b [3]} and "b" {b.w [7]}, placed as
   // the test parameter says.
   std::unique_ptr<Engine> MakeEngine(int accumulation = 1) {
-    auto offload = [&](bool nvme) {
-      return nvme ? R"({"device": "nvme", "nvme_path": ")" + dir_ + "\"}"
-                  : std::string(R"({"device": "cpu"})");
-    };
     auto config = EngineConfig::FromJson(
-        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-            "offload_optimizer": )" +
-        offload(GetParam().optimizer_nvme) + R"(, "offload_param": )" +
-        (GetParam().params_nvme ? offload(true) : R"({"device": "none"})") +
-        R"(}, "gradient_accumulation_steps": )" + std::to_string(accumulation) + "}");
+        R"({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, )" +
+        testing::OffloadJson(GetParam().placement, dir_) + R"(}, "gradient_accumulation_steps": )" +
+        std::to_string(accumulation) + "}");
     EXPECT_TRUE(config.ok()) << config.status();
     auto engine = Engine::Create(
         *config, {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1});
@@ -117,7 +112,8 @@ TEST_P(EngineApiTest, SetParameterSurvivesAStepAsTheOptimizerSeesIt) {
   EXPECT_EQ(got, w) << "a zero gradient must leave the set value in place";
   // Memory per tier: gradient accumulators at least on the host; swap files only with NVMe.
   EXPECT_GE(summary->host_bytes, 25u * 4);
-  EXPECT_EQ(summary->nvme_bytes > 0, GetParam().optimizer_nvme || GetParam().params_nvme);
+  EXPECT_EQ(summary->nvme_bytes > 0,
+            GetParam().placement.optimizer_nvme || GetParam().placement.params_nvme);
 }
 
 TEST_P(EngineApiTest, GatherGradientIsTheMeanOverMicroBatches) {
@@ -321,10 +317,10 @@ TEST(EngineChecksumTest, FlippedSwapByteIsDataLoss) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, EngineApiTest,
-                         ::testing::Values(Placement{"memory", false, false},
-                                           Placement{"optimizer_nvme", true, false},
-                                           Placement{"params_nvme", false, true},
-                                           Placement{"all_nvme", true, true}),
+                         ::testing::Values(NamedPlacement{"memory", {false, false}},
+                                           NamedPlacement{"optimizer_nvme", {true, false}},
+                                           NamedPlacement{"params_nvme", {false, true}},
+                                           NamedPlacement{"all_nvme", {true, true}}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

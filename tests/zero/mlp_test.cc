@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "offload/tiered_store_internal.h"
+#include "tests/testing/engine_setup.h"
 #include "tests/testing/faulty_engine.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
@@ -32,6 +33,7 @@ namespace zinf {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::RunRanks;
 
 constexpr int kIn = 12, kHidden = 40, kOut = 5;
 constexpr int kMicroRows = 8;  // rows per micro-batch on each rank
@@ -95,25 +97,19 @@ struct Model {
   std::vector<float> w1, b1, w2, b2;
 };
 
-// Where the optimizer state and the parameters live (ZeRO-Offload, ZeRO-Infinity).
-struct Placement {
-  bool optimizer_nvme = false;
-  bool params_nvme = false;
+// Where the optimizer state, the parameters (testing::Placement) and the gradient
+// accumulators live, and the gradient buckets' size.
+struct MlpPlacement : testing::Placement {
   uint64_t reduce_bucket_size = 500000000;  // elements; DeepSpeed's default
   bool gradients_nvme = false;              // zinf.gradients_on_nvme
 };
 
 std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
-                       Placement placement = {}, const std::string& nvme_dir = "") {
-  auto offload = [&](bool nvme) {
-    return nvme ? "{\"device\": \"nvme\", \"nvme_path\": \"" + nvme_dir + "\"}"
-                : std::string("{\"device\": \"cpu\"}");
-  };
+                       MlpPlacement placement = {}, const std::string& nvme_dir = "") {
   return "{\"zero_optimization\": {\"stage\": " + std::to_string(stage) +
          ", \"stage3_param_persistence_threshold\": 64, \"reduce_bucket_size\": " +
-         std::to_string(placement.reduce_bucket_size) +
-         ", \"offload_optimizer\": " + offload(placement.optimizer_nvme) +
-         (placement.params_nvme ? ", \"offload_param\": " + offload(true) : std::string()) +
+         std::to_string(placement.reduce_bucket_size) + ", " +
+         testing::OffloadJson(placement, nvme_dir) +
          "}, \"gradient_accumulation_steps\": " + std::to_string(accumulation) +
          ", \"gradient_clipping\": " + std::to_string(clipping) +
          ", \"fp16\": {\"enabled\": " + (fp16 ? "true" : "false") +
@@ -127,24 +123,11 @@ std::string ConfigJson(int stage, int accumulation, double clipping, bool fp16,
 // Returns a process exit code: 0 on success.
 int TrainRank(int global_rank, int global_world, int port, int stage, int accumulation,
               double clipping, const std::string& out_dir, bool fp16 = false,
-              Placement placement = {}, const std::vector<int>& group = {}) {
-  auto config =
-      EngineConfig::FromJson(ConfigJson(stage, accumulation, clipping, fp16, placement, out_dir));
-  if (!config.ok()) {
-    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
-    return 10;
-  }
-  auto engine = Engine::Create(*config, {.device = "host",
-                                         .rank = global_rank,
-                                         .world_size = global_world,
-                                         .master_port = port,
-                                         .timeout = 20000ms,
-                                         .optimizer_threads = 1,
-                                         .data_parallel_ranks = group});
-  if (!engine.ok()) {
-    std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
-    return 11;
-  }
+              MlpPlacement placement = {}, const std::vector<int>& group = {}) {
+  auto engine = testing::CreateRankEngine(
+      ConfigJson(stage, accumulation, clipping, fp16, placement, out_dir),
+      testing::HostRankOptions(global_rank, global_world, port, 20000ms, group));
+  if (!engine.ok()) return 11;
   Engine& e = **engine;
   const int rank = e.rank(), world = e.world_size();  // within the data-parallel group
   const int fc1 =
@@ -291,21 +274,9 @@ double MaxDiff(const Model& a, const Model& b) {
   return d;
 }
 
-// Runs `world` ranks of body(rank, port) as processes; returns their exit codes.
-std::vector<int> RunRanks(int world, const std::function<int(int, int)>& body) {
-  const int port = testing::FreePort();
-  return testing::ForkRanks(world, [&](int rank) { return body(rank, port); });
-}
-
 // Rank `rank` of two on the host device, from a JSON config.
 StatusOr<std::unique_ptr<Engine>> TwoRankEngine(const std::string& json, int rank, int port) {
-  ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(json));
-  return Engine::Create(config, {.device = "host",
-                                 .rank = rank,
-                                 .world_size = 2,
-                                 .master_port = port,
-                                 .timeout = 20000ms,
-                                 .optimizer_threads = 1});
+  return testing::CreateRankEngine(json, testing::HostRankOptions(rank, 2, port));
 }
 
 // Note [Coalesced gathers]: a module's parameters are gathered by one collective, and each
@@ -394,7 +365,7 @@ TEST(EngineGatherTest, PersistentParametersAreRegatheredTogether) {
 struct Case {
   int world, stage, accumulation;
   double clipping;
-  Placement placement;
+  MlpPlacement placement;
 };
 
 class MlpTest : public ::testing::TestWithParam<Case> {};
@@ -509,7 +480,7 @@ TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
   for (uint64_t bucket : {500000000u, 100u, 1000u}) {
     const testing::TempDir tmp("zinf-mlp-bucket-" + std::to_string(bucket));
     const std::string& dir = tmp.path();
-    Placement placement;
+    MlpPlacement placement;
     placement.reduce_bucket_size = bucket;
     const std::vector<int> codes = RunRanks(world, [&](int rank, int port) {
       return TrainRank(rank, world, port, 3, 3, 0.05, dir, false, placement);

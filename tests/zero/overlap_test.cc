@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/engine_setup.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
@@ -72,21 +73,9 @@ double Amplitude(int step) { return step % 2 == 1 ? 1e-2 : 1e-5; }
 // half-updated fetch changes it); rank 0 writes every parameter, then a line per step
 // "skipped clip_coefficient overlapped_seconds" to `dir`/out.bin and steps.txt.
 int TrainRank(int rank, int port, const TrainRun& r) {
-  auto config = EngineConfig::FromJson(Config(r));
-  if (!config.ok()) {
-    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
-    return 10;
-  }
-  auto created = Engine::Create(*config, {.device = "host",
-                                          .rank = rank,
-                                          .world_size = r.world,
-                                          .master_port = port,
-                                          .timeout = 30000ms,
-                                          .optimizer_threads = 1});
-  if (!created.ok()) {
-    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
-    return 11;
-  }
+  auto created =
+      testing::CreateRankEngine(Config(r), testing::HostRankOptions(rank, r.world, port, 30000ms));
+  if (!created.ok()) return 11;
   Engine& e = **created;
   std::vector<int> modules;
   std::vector<std::string> names;
@@ -161,9 +150,8 @@ struct Outcome {
 Outcome Train(TrainRun r, const std::string& label) {
   const testing::TempDir tmp("zinf-overlap-" + label);
   r.dir = tmp.path();
-  const int port = testing::FreePort();
   const std::vector<int> codes =
-      testing::ForkRanks(r.world, [&](int rank) { return TrainRank(rank, port, r); });
+      testing::RunRanks(r.world, [&](int rank, int port) { return TrainRank(rank, port, r); });
   EXPECT_EQ(codes, std::vector<int>(r.world, 0)) << label;
   Outcome o;
   std::ifstream in(r.dir + "/out.bin", std::ios::binary);
