@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/log.h"
 #include "core/units.h"
-#include "offload/tiered_store_internal.h"
 
 namespace zinf {
 namespace {
@@ -45,12 +45,39 @@ struct ChunkLayout {
 }  // namespace
 
 struct PipelinedOptimizer::Slot {
-  PoolBlock block;
+  TensorId tensor = 0;   // a host-tier tensor, acquired for the optimizer's lifetime
+  char* data = nullptr;  // its memory
   IoWaiter reads;
   IoWaiter writes;
   std::unique_ptr<Event> copy_done;
   bool copy_pending = false;
-  char* base() const { return block.as<char>(); }
+  char* base() const { return data; }
+};
+
+// A host-resident chunk's tensor, acquired in the host tier for one use (RAII).
+class PipelinedOptimizer::HostChunk {
+ public:
+  HostChunk(TieredStore* store, TensorId id) : store_(store), id_(id) {
+    StatusOr<void*> data = store->Acquire(id, Tier::kHost, Access::kWrite);
+    if (data.ok()) {
+      data_ = static_cast<char*>(*data);
+    } else {
+      status_ = std::move(data).status();
+    }
+  }
+  ~HostChunk() {
+    if (data_ != nullptr) store_->Release(id_, Tier::kHost).IgnoreError();
+  }
+  HostChunk(const HostChunk&) = delete;
+  HostChunk& operator=(const HostChunk&) = delete;
+  const Status& status() const { return status_; }
+  char* data() const { return data_; }
+
+ private:
+  TieredStore* store_;
+  TensorId id_;
+  char* data_ = nullptr;
+  Status status_;
 };
 
 struct PipelinedOptimizer::Shard {
@@ -58,11 +85,12 @@ struct PipelinedOptimizer::Shard {
     size_t offset = 0;
     size_t count = 0;
     bool on_nvme = false;
-    SwapExtent state;  // on_nvme
-    SwapExtent grads;  // on_nvme
-    SwapExtent copy;   // ParamCopyTier::kNvme
-    SwapExtent undo;   // a speculative step's old state, until resolved
-    PoolBlock host;    // !on_nvme
+    // Store tensors; 0 for none.
+    TensorId state = 0;  // on_nvme: the fp32 parameters and the state arrays
+    TensorId grads = 0;  // on_nvme, without ShardSpec::host_grads
+    TensorId copy = 0;   // ParamCopyTier::kNvme
+    TensorId undo = 0;   // a speculative step's old state, until resolved
+    TensorId host = 0;   // !on_nvme: the whole chunk, homed in the host tier
   };
   ShardSpec spec;
   int state_count = 2;
@@ -119,9 +147,9 @@ Status PipelinedOptimizerOptions::Validate() const {
   return OkStatus();
 }
 
-PipelinedOptimizer::PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
+PipelinedOptimizer::PipelinedOptimizer(CpuOptimizer* optimizer, TieredStore* store,
                                        const PipelinedOptimizerOptions& options)
-    : optimizer_(optimizer), swap_(swap), options_(options) {}
+    : optimizer_(optimizer), store_(store), options_(options) {}
 
 uint64_t PipelinedOptimizer::staging_bytes() const { return slot_bytes_ * slots_.size(); }
 
@@ -131,74 +159,41 @@ uint64_t PipelinedOptimizer::ChunkBytes(uint64_t count, int state_count) {
 }
 
 StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
-    CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options) {
-  return Create(optimizer, swap, nullptr, options);
-}
-
-StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
     CpuOptimizer* optimizer, TieredStore& store, const PipelinedOptimizerOptions& options) {
-  SwapStore* swap = internal::TieredStoreAccess::Swap(store);
-  if (options.nvme_ratio > 0 && swap == nullptr) {
+  if (optimizer == nullptr) return InvalidArgument("pipelined optimizer: optimizer is null");
+  ZINF_RETURN_IF_ERROR_CTX(options.Validate(), "pipelined optimizer options");
+  const bool has_nvme = store.stats().tiers[int(Tier::kNvme)].budget_bytes > 0;
+  if (options.nvme_ratio > 0 && !has_nvme) {
     return InvalidArgument(
         fmt::format("pipelined optimizer: nvme_ratio is {} but the tiered store has no NVMe tier",
                     options.nvme_ratio));
   }
-  return Create(optimizer, swap, internal::TieredStoreAccess::HostPool(store), options);
-}
-
-StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
-    CpuOptimizer* optimizer, SwapStore* swap, MemoryPool* pool,
-    const PipelinedOptimizerOptions& options) {
-  if (optimizer == nullptr) return InvalidArgument("pipelined optimizer: optimizer is null");
-  ZINF_RETURN_IF_ERROR_CTX(options.Validate(), "pipelined optimizer options");
-  if (options.nvme_ratio > 0 && swap == nullptr) {
-    return InvalidArgument(fmt::format(
-        "pipelined optimizer: nvme_ratio is {} but no swap store was given", options.nvme_ratio));
-  }
-  std::unique_ptr<PipelinedOptimizer> self(new PipelinedOptimizer(optimizer, swap, options));
+  std::unique_ptr<PipelinedOptimizer> self(new PipelinedOptimizer(optimizer, &store, options));
+  self->has_nvme_ = has_nvme;
   const uint64_t k = options.num_buffers;
   uint64_t fit =
       options.host_budget_bytes / (k * PipelinedOptimizerOptions::kStagingBytesPerElement);
   fit -= fit % PipelinedOptimizerOptions::kChunkAlignElements;
   self->chunk_elements_ = std::min<uint64_t>(options.chunk_elements, fit);
-  const uint64_t slot_bytes =
-      self->chunk_elements_ * PipelinedOptimizerOptions::kStagingBytesPerElement;
-
-  self->slot_bytes_ = slot_bytes;
-  if (pool != nullptr) {
-    self->staging_ = self->host_state_ = pool;
-  } else {
-    PinnedPoolOptions staging;
-    staging.name = "pipelined step staging";
-    staging.budget_bytes = k * slot_bytes;
-    staging.preallocate = true;
-    staging.pinned = options.pinned;
-    staging.numa_node = options.numa_node;
-    ZINF_ASSIGN_OR_RETURN(self->own_staging_, MemoryPool::CreatePinned(staging));
-    PinnedPoolOptions state;
-    state.name = "host optimizer state";
-    state.budget_bytes = options.host_state_budget_bytes != 0 ? options.host_state_budget_bytes
-                                                              : (uint64_t{1} << 62);
-    state.arena_bytes = std::min<uint64_t>(state.budget_bytes, 1ull << 30);
-    state.pinned = options.pinned;
-    state.numa_node = options.numa_node;
-    ZINF_ASSIGN_OR_RETURN(self->own_host_state_, MemoryPool::CreatePinned(state));
-    self->staging_ = self->own_staging_.get();
-    self->host_state_ = self->own_host_state_.get();
-  }
+  self->slot_bytes_ = self->chunk_elements_ * PipelinedOptimizerOptions::kStagingBytesPerElement;
   for (uint64_t i = 0; i < k; ++i) {
     auto slot = std::make_unique<Slot>();
-    ZINF_ASSIGN_OR_RETURN(slot->block, self->staging_->Allocate(slot_bytes));
-    if (swap != nullptr) {
-      Status registered = swap->RegisterBuffer(slot->block.data(), slot_bytes);
-      if (!registered.ok()) {
-        log::Debug("pipelined step: staging buffer not registered for fixed I/O: {}", registered);
-      }
+    ZINF_ASSIGN_OR_RETURN(slot->tensor, store.Create(fmt::format("pipelined step staging {}", i),
+                                                     self->slot_bytes_, Tier::kHost));
+    StatusOr<void*> data = store.Acquire(slot->tensor, Tier::kHost, Access::kOverwrite);
+    if (!data.ok()) {
+      store.Free(slot->tensor).IgnoreError();
+      return std::move(data).status();
+    }
+    slot->data = static_cast<char*>(*data);
+    self->slots_.push_back(std::move(slot));
+    Status registered = store.RegisterStreamBuffer(self->slots_.back()->data, self->slot_bytes_);
+    if (!registered.ok()) {
+      log::Debug("pipelined step: staging buffer not registered for fixed I/O: {}", registered);
     }
     if (options.device != nullptr) {
-      ZINF_ASSIGN_OR_RETURN(slot->copy_done, options.device->CreateEvent());
+      ZINF_ASSIGN_OR_RETURN(self->slots_.back()->copy_done, options.device->CreateEvent());
     }
-    self->slots_.push_back(std::move(slot));
   }
   if (options.device != nullptr) {
     ZINF_ASSIGN_OR_RETURN(self->copy_stream_, options.device->CreateStream());
@@ -217,6 +212,10 @@ PipelinedOptimizer::~PipelinedOptimizer() {
       Status status = RemoveShard(static_cast<int>(id));
       if (!status.ok()) log::Warn("pipelined optimizer: {}", status);
     }
+  }
+  for (auto& slot : slots_) {
+    store_->Release(slot->tensor, Tier::kHost).IgnoreError();
+    store_->Free(slot->tensor).IgnoreError();
   }
 }
 
@@ -250,8 +249,8 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     return InvalidArgument(what +
                            ": the parameter copy goes to the caller but copy_targets is empty");
   }
-  if (spec.param_copy_tier == ParamCopyTier::kNvme && swap_ == nullptr) {
-    return InvalidArgument(what + ": the parameter tier is NVMe but there is no swap store");
+  if (spec.param_copy_tier == ParamCopyTier::kNvme && !has_nvme_) {
+    return InvalidArgument(what + ": the parameter tier is NVMe but the store has no NVMe tier");
   }
 
   auto shard = std::make_unique<Shard>();
@@ -280,29 +279,32 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
   for (size_t c = 0; c < s.chunks.size(); ++c) {
     Shard::Chunk& chunk = s.chunks[c];
     ChunkLayout layout = s.Layout(chunk);
-    char* base = nullptr;
+    auto create = [&](uint64_t bytes, std::string_view part, Tier home) -> StatusOr<TensorId> {
+      return store_->Create(fmt::format("{} chunk {} {}", spec.name, c, part), bytes, home);
+    };
+    std::optional<HostChunk> host;
+    char* base = slot.base();
     if (chunk.on_nvme) {
-      StatusOr<SwapExtent> e =
-          swap_->Allocate(layout.state_bytes, fmt::format("{} chunk {} state", spec.name, c));
-      if (!e.ok()) return fail(std::move(e).status());
-      chunk.state = *e;
+      StatusOr<TensorId> t = create(layout.state_bytes, "state", Tier::kNvme);
+      if (!t.ok()) return fail(std::move(t).status());
+      chunk.state = *t;
       if (spec.host_grads == nullptr) {
-        e = swap_->Allocate(layout.grad_bytes, fmt::format("{} chunk {} grads", spec.name, c));
-        if (!e.ok()) return fail(std::move(e).status());
-        chunk.grads = *e;
+        t = create(layout.grad_bytes, "grads", Tier::kNvme);
+        if (!t.ok()) return fail(std::move(t).status());
+        chunk.grads = *t;
       }
-      base = slot.base();
     } else {
-      StatusOr<PoolBlock> block = host_state_->Allocate(layout.data_bytes());
-      if (!block.ok()) return fail(std::move(block).status());
-      chunk.host = std::move(*block);
-      base = chunk.host.as<char>();
+      StatusOr<TensorId> t = create(layout.data_bytes(), "in host memory", Tier::kHost);
+      if (!t.ok()) return fail(std::move(t).status());
+      chunk.host = *t;
+      host.emplace(store_, chunk.host);
+      if (!host->status().ok()) return fail(host->status());
+      base = host->data();
     }
     if (spec.param_copy_tier == ParamCopyTier::kNvme) {
-      StatusOr<SwapExtent> e =
-          swap_->Allocate(layout.copy_bytes, fmt::format("{} chunk {} param copy", spec.name, c));
-      if (!e.ok()) return fail(std::move(e).status());
-      chunk.copy = *e;
+      StatusOr<TensorId> t = create(layout.copy_bytes, "param copy", Tier::kNvme);
+      if (!t.ok()) return fail(std::move(t).status());
+      chunk.copy = *t;
     }
     std::memset(base, 0, layout.data_bytes());
     ChunkView view = s.View(chunk, base);
@@ -313,9 +315,9 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     span.count = chunk.count;
     Status status = optimizer_->InitState(spec.group, span);
     if (status.ok() && init) status = init(view);
-    if (status.ok() && chunk.on_nvme) status = swap_->Write(chunk.state, base);
-    if (status.ok() && chunk.grads.valid()) {
-      status = swap_->Write(chunk.grads, base + layout.state_bytes);
+    if (status.ok() && chunk.on_nvme) status = store_->WriteHome(chunk.state, base);
+    if (status.ok() && chunk.grads != 0) {
+      status = store_->WriteHome(chunk.grads, base + layout.state_bytes);
     }
     if (!status.ok()) return fail(std::move(status).WithContext(s.ChunkName(c)));
   }
@@ -326,14 +328,12 @@ Status PipelinedOptimizer::RemoveShard(int id) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   Status first;
   for (Shard::Chunk& chunk : shard->chunks) {
-    for (SwapExtent* e : {&chunk.state, &chunk.grads, &chunk.copy, &chunk.undo}) {
-      if (e->valid()) {
-        Status status = swap_->Free(*e);
+    for (TensorId* t : {&chunk.state, &chunk.grads, &chunk.copy, &chunk.undo, &chunk.host}) {
+      if (*t != 0) {
+        Status status = store_->Free(std::exchange(*t, 0));
         if (first.ok() && !status.ok()) first = status;
-        *e = SwapExtent();
       }
     }
-    chunk.host.Reset();
   }
   shards_[id].reset();
   return first;
@@ -369,19 +369,21 @@ Status PipelinedOptimizer::VisitChunks(Shard* shard, const std::vector<size_t>& 
   for (size_t c : chunks) {
     Shard::Chunk& chunk = shard->chunks[c];
     ChunkLayout layout = shard->Layout(chunk);
-    char* base = chunk.on_nvme ? slot.base() : chunk.host.as<char>();
-    Status status;
+    std::optional<HostChunk> host;
+    if (!chunk.on_nvme) host.emplace(store_, chunk.host);
+    char* base = host ? host->data() : slot.base();
+    Status status = host ? host->status() : OkStatus();
     if (chunk.on_nvme) {
-      status = swap_->Read(chunk.state, base);
-      if (status.ok() && chunk.grads.valid()) {
-        status = swap_->Read(chunk.grads, base + layout.state_bytes);
+      status = store_->ReadHome(chunk.state, base);
+      if (status.ok() && chunk.grads != 0) {
+        status = store_->ReadHome(chunk.grads, base + layout.state_bytes);
       }
     }
     if (status.ok()) status = visit(shard->View(chunk, base));
     if (status.ok() && write_back && chunk.on_nvme) {
-      status = swap_->Write(chunk.state, base);
-      if (status.ok() && chunk.grads.valid()) {
-        status = swap_->Write(chunk.grads, base + layout.state_bytes);
+      status = store_->WriteHome(chunk.state, base);
+      if (status.ok() && chunk.grads != 0) {
+        status = store_->WriteHome(chunk.grads, base + layout.state_bytes);
       }
     }
     if (!status.ok()) {
@@ -400,14 +402,16 @@ Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     Shard::Chunk& chunk = shard->chunks[c];
     const char* src = static_cast<const char*>(grads) + chunk.offset * elem;
-    if (!chunk.grads.valid()) {  // a host block or the caller's host_grads array
-      char* base = chunk.on_nvme ? staging : chunk.host.as<char>();
-      void* dst = shard->View(chunk, base).grads;
+    if (chunk.grads == 0) {  // a host chunk or the caller's host_grads array
+      std::optional<HostChunk> host;
+      if (!chunk.on_nvme) host.emplace(store_, chunk.host);
+      if (host) ZINF_RETURN_IF_ERROR(host->status());
+      void* dst = shard->View(chunk, host ? host->data() : staging).grads;
       if (dst != src) std::memcpy(dst, src, chunk.count * elem);
       continue;
     }
     std::memcpy(staging, src, chunk.count * elem);
-    ZINF_RETURN_IF_ERROR_CTX(swap_->Write(chunk.grads, staging),
+    ZINF_RETURN_IF_ERROR_CTX(store_->WriteHome(chunk.grads, staging),
                              fmt::format("writing the gradients of {}", shard->ChunkName(c)));
   }
   return OkStatus();
@@ -433,11 +437,13 @@ void PipelinedOptimizer::WriteChunkGradientsAsync(int id, size_t c, const void* 
   if (!shard.ok()) return done(shard.status());
   const Shard::Chunk& chunk = (*shard)->chunks[c];
   if (!chunk.on_nvme) {
-    std::memcpy((*shard)->View(chunk, chunk.host.as<char>()).grads, buffer, chunk.count * 4);
+    HostChunk host(store_, chunk.host);
+    if (!host.status().ok()) return done(host.status());
+    std::memcpy((*shard)->View(chunk, host.data()).grads, buffer, chunk.count * 4);
     return done(OkStatus());
   }
   const std::string name = (*shard)->ChunkName(c);
-  swap_->WriteAsync(chunk.grads, buffer, [done = std::move(done), name](Status s) {
+  store_->WriteHomeAsync(chunk.grads, buffer, [done = std::move(done), name](Status s) {
     done(s.ok() ? s : std::move(s).WithContext("writing the gradients of " + name));
   });
 }
@@ -446,10 +452,12 @@ Status PipelinedOptimizer::ReadChunkGradients(int id, size_t c, void* buffer) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, FindGradientChunk(id, c, buffer));
   const Shard::Chunk& chunk = shard->chunks[c];
   if (!chunk.on_nvme) {
-    std::memcpy(buffer, shard->View(chunk, chunk.host.as<char>()).grads, chunk.count * 4);
+    HostChunk host(store_, chunk.host);
+    ZINF_RETURN_IF_ERROR(host.status());
+    std::memcpy(buffer, shard->View(chunk, host.data()).grads, chunk.count * 4);
     return OkStatus();
   }
-  ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.grads, buffer),
+  ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.grads, buffer),
                            fmt::format("reading the gradients of {}", shard->ChunkName(c)));
   return OkStatus();
 }
@@ -460,13 +468,15 @@ Status PipelinedOptimizer::ReadParams(int id, float* out) {
   char* staging = slots_[0]->base();
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     const Shard::Chunk& chunk = shard->chunks[c];
-    const char* base = chunk.host.as<char>();
     if (chunk.on_nvme) {
-      ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.state, staging),
+      ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.state, staging),
                                fmt::format("reading the parameters of {}", shard->ChunkName(c)));
-      base = staging;
+      std::memcpy(out + chunk.offset, staging, chunk.count * 4);  // params lead the chunk
+      continue;
     }
-    std::memcpy(out + chunk.offset, base, chunk.count * 4);  // params lead the chunk
+    HostChunk host(store_, chunk.host);
+    ZINF_RETURN_IF_ERROR(host.status());
+    std::memcpy(out + chunk.offset, host.data(), chunk.count * 4);
   }
   return OkStatus();
 }
@@ -482,7 +492,7 @@ Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
   char* staging = slots_[0]->base();
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     const Shard::Chunk& chunk = shard->chunks[c];
-    ZINF_RETURN_IF_ERROR_CTX(swap_->Read(chunk.copy, staging),
+    ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.copy, staging),
                              fmt::format("reading the parameter copy of {}", shard->ChunkName(c)));
     std::memcpy(static_cast<char*>(out) + chunk.offset * elem, staging, chunk.count * elem);
   }
@@ -536,13 +546,13 @@ Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks,
   for (size_t c : chunks) {
     const Shard::Chunk& chunk = shard->chunks[c];
     const ParamCopyTier copy = shard->spec.param_copy_tier;
-    if (speculative && (!chunk.on_nvme || chunk.undo.valid() ||
+    if (speculative && (!chunk.on_nvme || chunk.undo != 0 ||
                         (copy != ParamCopyTier::kNone && copy != ParamCopyTier::kCaller))) {
       return InvalidArgument(fmt::format(
           "{} cannot be stepped speculatively: {}", shard->ChunkName(c),
-          !chunk.on_nvme       ? "its home is host memory, where nothing keeps the old state"
-          : chunk.undo.valid() ? "it was already stepped speculatively in this step"
-                               : "the shard writes a parameter copy, which would not be undone"));
+          !chunk.on_nvme    ? "its home is host memory, where nothing keeps the old state"
+          : chunk.undo != 0 ? "it was already stepped speculatively in this step"
+                            : "the shard writes a parameter copy, which would not be undone"));
     }
     items.push_back({shard, c});
   }
@@ -555,13 +565,13 @@ StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, boo
   Status first;
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     Shard::Chunk& chunk = shard->chunks[c];
-    if (!chunk.undo.valid()) continue;
+    if (chunk.undo == 0) continue;
     if (commit) {
-      Status freed = swap_->Free(std::exchange(chunk.undo, SwapExtent()));
+      Status freed = store_->Free(std::exchange(chunk.undo, 0));
       if (first.ok()) first = freed;
     } else {
-      Status freed = swap_->Free(std::exchange(chunk.state, chunk.undo));
-      chunk.undo = SwapExtent();
+      Status freed = store_->Free(std::exchange(chunk.state, chunk.undo));
+      chunk.undo = 0;
       if (first.ok()) first = freed;
       undone.push_back(c);
     }
@@ -612,11 +622,11 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
     if (chunk.on_nvme && do_io) {
       ChunkLayout layout = item.shard->Layout(chunk);
       slot.reads.Add(1);
-      swap_->ReadAsync(chunk.state, slot.base(), slot.reads.Callback());
+      store_->ReadHomeAsync(chunk.state, slot.base(), slot.reads.Callback());
       stats_.bytes_read += layout.state_bytes;
-      if (chunk.grads.valid()) {
+      if (chunk.grads != 0) {
         slot.reads.Add(1);
-        swap_->ReadAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
+        store_->ReadHomeAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
         stats_.bytes_read += layout.grad_bytes;
       }
     }
@@ -642,7 +652,13 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
       stats_.wait_seconds += SecondsSince(t);
       if (!failure.ok()) break;
     }
-    char* base = chunk.on_nvme ? slot.base() : chunk.host.as<char>();
+    std::optional<HostChunk> host;  // held through the update
+    if (!chunk.on_nvme) {
+      host.emplace(store_, chunk.host);
+      failure = host->status();
+      if (!failure.ok()) break;
+    }
+    char* base = host ? host->data() : slot.base();
     ChunkView view = shard.View(chunk, base);
     const ShardSpec& spec = shard.spec;
     const size_t copy_elem = ElementSize(spec.param_copy_type);
@@ -695,8 +711,9 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
     if (do_io) {
       if (chunk.on_nvme && speculative) {  // the new state beside the old
         Shard::Chunk& c = shard.chunks[item.chunk];
-        StatusOr<SwapExtent> fresh = swap_->Allocate(
-            layout.state_bytes, fmt::format("{} chunk {} state", spec.name, item.chunk));
+        StatusOr<TensorId> fresh =
+            store_->Create(fmt::format("{} chunk {} new state", spec.name, item.chunk),
+                           layout.state_bytes, Tier::kNvme);
         if (!fresh.ok()) {
           failure = std::move(fresh).status();
           break;
@@ -705,12 +722,12 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
       }
       if (chunk.on_nvme) {
         slot.writes.Add(1);
-        swap_->WriteAsync(chunk.state, base, slot.writes.Callback());
+        store_->WriteHomeAsync(chunk.state, base, slot.writes.Callback());
         stats_.bytes_written += layout.state_bytes;
       }
       if (spec.param_copy_tier == ParamCopyTier::kNvme) {
         slot.writes.Add(1);
-        swap_->WriteAsync(chunk.copy, copy, slot.writes.Callback());
+        store_->WriteHomeAsync(chunk.copy, copy, slot.writes.Callback());
         stats_.bytes_written += layout.copy_bytes;
       } else if (spec.param_copy_tier == ParamCopyTier::kDevice) {
         failure = copy_stream_->Copy(static_cast<char*>(spec.param_copy) + chunk.offset * copy_elem,

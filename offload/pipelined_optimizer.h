@@ -1,9 +1,11 @@
 // PipelinedOptimizer: the optimizer step over shards whose fp32 parameters, optimizer state and
 // gradients live on NVMe, in pinned host memory, or split between the two.
 //
-// Each shard is cut into chunks. A chunk's home is either NVMe (two SwapStore extents: the
-// fp32 parameters with the state arrays, and the gradients) or a block of the host state pool.
-// Step() streams the chunks through a fixed set of staging buffers:
+// Each shard is cut into chunks, each chunk's arrays tensors of a TieredStore: homed on NVMe
+// (two tensors: the fp32 parameters with the state arrays, and the gradients) or in the host
+// tier (one tensor). Step() streams the chunks through a fixed set of staging buffers (host-tier
+// tensors too), moving each NVMe chunk with the store's streams (TieredStore::ReadHomeAsync,
+// WriteHomeAsync), so that the store is the one place bytes move between tiers:
 //
 //     read chunk i+1  ||  CpuOptimizer::Update(chunk i)  ||  write chunk i-1
 //
@@ -11,7 +13,7 @@
 // is num_buffers staging buffers whatever the model size (See Note [Pipelined step]). The
 // update also writes the compute-precision (bf16/fp16) parameter copy, which goes to the
 // shard's parameter tier: a host pointer, a device pointer (through a copy stream of the
-// Device), or the shard's own NVMe extents.
+// Device), or the shard's own NVMe tensors.
 //
 // Stepping in chunks is bitwise identical to CpuOptimizer::Step over the whole shard in memory
 // (the update is element-wise), which the tests check.
@@ -28,8 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "nvme/swap_store.h"
-#include "offload/memory_pool.h"
+#include "nvme/io_engine.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/status.h"
@@ -58,19 +59,20 @@ namespace zinf {
 // A caller that wants the step to start before it knows whether it may (the global gradient
 // norm decides clipping and fp16 overflow, and needs every gradient) steps chunks as their
 // gradients become final with the scale it expects, speculatively: the new state of each goes
-// to a fresh extent and the old one stays. Once the norm is known the caller keeps the new
+// to a fresh tensor and the old one stays. Once the norm is known the caller keeps the new
 // state (ResolveSpeculation(commit)) or drops it, which gives the chunks their old state
 // back to step again with the right scale, or not at all for a skipped step. The update is
 // element-wise, so the order and grouping of the chunks never changes a bit of the result.
-// Only the write target changes, so speculation costs no extra I/O, only swap space for the
-// chunks in flight (at most the shard's state once more).
+// Only the write target changes (a new store tensor, swapped in for the chunk's state; the old
+// one freed or swapped back), so speculation costs no extra I/O, only swap space for the chunks
+// in flight (at most the shard's state once more).
 
 // Where the compute-precision parameter copy of a shard goes.
 enum class ParamCopyTier {
   kNone,    // not written
   kHost,    // ShardSpec::param_copy is a host pointer to `count` elements
   kDevice,  // ShardSpec::param_copy is device memory of PipelinedOptimizerOptions::device
-  kNvme,    // extents owned by the shard; ReadParamCopy reads them back
+  kNvme,    // NVMe tensors owned by the shard; ReadParamCopy reads them back
   // The caller's own memory, chunk by chunk: ShardSpec::copy_targets says where each chunk's
   // elements go just before the update, which writes them there in the same pass (the ZeRO
   // engine's parameter tier: one tensor per parameter). The caller undoes it after a dropped
@@ -92,23 +94,18 @@ using CopyTargets = std::function<StatusOr<std::vector<CopyTarget>>(const ChunkV
 
 struct PipelinedOptimizerOptions {
   // Bytes of host memory for the staging buffers (DeepSpeed: the pinned buffers of
-  // offload_optimizer's swapper). The chunk size shrinks to fit; a budget that cannot hold
-  // num_buffers chunks of kMinChunkElements is InvalidArgument naming the minimum.
+  // offload_optimizer's swapper), taken from the store's host tier. The chunk size shrinks to
+  // fit; a budget that cannot hold num_buffers chunks of kMinChunkElements is InvalidArgument
+  // naming the minimum.
   uint64_t host_budget_bytes = 2ull << 30;
   // Staging buffers, >= 3: read ahead, update, write behind. More buffers absorb jitter.
   int num_buffers = 8;
   // Elements per chunk, a multiple of kChunkAlignElements. 1M elements = 16 MiB of fp32
   // parameters, two state arrays and fp32 gradients.
   uint64_t chunk_elements = 1ull << 20;
-  // Fraction of each shard's chunks whose home is NVMe; the rest live in the host state pool.
-  // DeepSpeed: offload_optimizer.ratio. In [0, 1]; > 0 needs a SwapStore.
+  // Fraction of each shard's chunks whose home is NVMe; the rest live in the store's host
+  // tier. DeepSpeed: offload_optimizer.ratio. In [0, 1]; > 0 needs a store with an NVMe tier.
   double nvme_ratio = 1.0;
-  // Budget of the host state pool (host-resident chunks); 0 means unlimited.
-  uint64_t host_state_budget_bytes = 0;
-  // Page-lock the staging buffers and the host state (pinned memory DMAs at full speed; the
-  // staging buffers are also registered with the I/O engine).
-  bool pinned = true;
-  int numa_node = -1;
   // For ParamCopyTier::kDevice: the device the copies go to (not owned).
   Device* device = nullptr;
 
@@ -131,7 +128,7 @@ struct ShardSpec {
   ElementType param_copy_type = ElementType::kBf16;  // kBf16 or kFp16
   void* param_copy = nullptr;  // kHost, kDevice: `count` elements; must outlive the shard
   CopyTargets copy_targets;    // kCaller
-  // Where the gradients live: null for the shard's own storage (NVMe extents or host blocks,
+  // Where the gradients live: null for the shard's own storage (its chunks' store tensors,
   // filled by WriteGradients or a visit); else a host array of `count` elements of grad_type
   // that must outlive the shard, which the step reads in place: for a caller that accumulates
   // gradients in host memory anyway, this saves writing them to disk and reading them back.
@@ -184,24 +181,18 @@ class PipelinedOptimizer {
   struct Shard;
 
  public:
-  // `optimizer` must outlive this object; `swap` (not owned) may be null when nvme_ratio is 0.
-  // Create registers the staging buffers with the swap store's engine (SwapStore::
-  // RegisterBuffer), so no I/O may run on that store while it does; a refused registration
-  // only costs per-I/O page pinning.
-  // Errors: InvalidArgument for bad options (the host budget message names the minimum);
-  // ResourceExhausted / pinning errors from the staging pool.
-  static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
-      CpuOptimizer* optimizer, SwapStore* swap, const PipelinedOptimizerOptions& options);
-  // The step as a client of a tiered store (how the ZeRO engine keeps its optimizer state:
-  // one mover, one budget per tier): NVMe-resident chunks are extents of the store's swap
-  // files, and the staging buffers and host-resident chunks are blocks of its host tier,
-  // counted in that tier's budget, which must have room for them (staging_bytes() and
-  // ChunkBytes of the host chunks). `pinned`, `numa_node` and host_state_budget_bytes are then
-  // the host tier's. `store` must outlive the optimizer; it needs an NVMe tier when
-  // nvme_ratio > 0.
+  // The step on `store`'s tiers (how the ZeRO engine keeps its optimizer state: one mover, one
+  // budget per tier): NVMe chunks are tensors homed in its NVMe tier, host chunks and the
+  // staging buffers tensors of its host tier, counted in that tier's budget, which must have
+  // room for them (staging_bytes() and ChunkBytes of the host chunks); pinning and NUMA
+  // placement are the host tier's. The staging buffers are registered for the NVMe tier's
+  // fixed-buffer I/O (TieredStore::RegisterStreamBuffer), so no I/O may run on the store while
+  // Create does. `optimizer` and `store` must outlive this object.
+  // Errors: InvalidArgument for bad options (the host budget message names the minimum) or
+  // nvme_ratio > 0 on a store without an NVMe tier; ResourceExhausted from the host tier.
   static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
       CpuOptimizer* optimizer, TieredStore& store, const PipelinedOptimizerOptions& options);
-  // Waits for any outstanding I/O; frees the shards' extents and host blocks.
+  // Waits for any outstanding I/O; frees the shards' tensors and the staging buffers.
   ~PipelinedOptimizer();
   PipelinedOptimizer(const PipelinedOptimizer&) = delete;
   PipelinedOptimizer& operator=(const PipelinedOptimizer&) = delete;
@@ -209,10 +200,10 @@ class PipelinedOptimizer {
   // Adds a shard: parameters and gradients zero, state as CpuOptimizer::InitState makes it;
   // then `init` (optional) is called once per chunk, in order, to fill parameters, gradients
   // or state, and the chunk is stored in its home tier. Returns the shard's id.
-  // Errors: InvalidArgument (bad spec), ResourceExhausted (swap space or host state budget),
-  // errors from `init` and from the swap store, with the shard and chunk named.
+  // Errors: InvalidArgument (bad spec), ResourceExhausted (the store's NVMe or host tier),
+  // errors from `init` and from the store, with the shard and chunk named.
   StatusOr<int> AddShard(const ShardSpec& spec, const ChunkVisitor& init = nullptr);
-  // Frees the shard's extents and blocks. InvalidArgument for an unknown id.
+  // Frees the shard's tensors. InvalidArgument for an unknown id.
   Status RemoveShard(int shard);
 
   // Calls `visit` for each chunk of the shard in order, with its current values. With
@@ -224,7 +215,7 @@ class PipelinedOptimizer {
   // involved, then every chunk through the pipeline; the parameter copies are in their tier
   // when it returns (device copies synchronized). `grad_scale` as in CpuOptimizer::Update.
   // An I/O error stops the step after the outstanding I/O has drained and is returned with
-  // the shard and chunk named; the swap store keeps a failed write as its sticky error.
+  // the shard and chunk named; the store's swap files keep a failed write as a sticky error.
   // `updated` (optional) sees each chunk right after its update, on the calling thread, with
   // the new parameters: how the engine writes its parameter tier without reading it back. An
   // error from it stops the step like an I/O error (the chunks already updated stay updated).
@@ -239,9 +230,9 @@ class PipelinedOptimizer {
   Status BeginPartialStep(int shard);
   // Updates the given chunks (in that order) through the pipeline, as Step does every chunk;
   // stats add up over the parts. With `speculative`, each chunk's new state is written to a
-  // new extent and the old one kept until ResolveSpeculation, which keeps one or the other:
+  // new tensor and the old one kept until ResolveSpeculation, which keeps one or the other:
   // only NVMe chunks of a shard without a parameter copy, each once per step, can be stepped
-  // so (else InvalidArgument). The swap store needs room for the new extents.
+  // so (else InvalidArgument). The store's NVMe tier needs room for the new tensors.
   Status StepChunks(int shard, const std::vector<size_t>& chunks, float grad_scale,
                     bool speculative, const ChunkVisitor& updated = nullptr);
   // Ends the speculation of the shard's chunks: `commit` frees their old state; otherwise
@@ -272,12 +263,7 @@ class PipelinedOptimizer {
   const PipelinedStepStats& last_step_stats() const { return stats_; }
   uint64_t chunk_elements() const { return chunk_elements_; }
   int num_buffers() const { return static_cast<int>(slots_.size()); }
-  // The staging pool (peak = the host memory the pipeline used) and the host state pool: the
-  // same one, PipelinedOptimizerOptions::pool, when given.
-  const MemoryPool& staging_pool() const { return *staging_; }
-  const MemoryPool& host_state_pool() const { return *host_state_; }
-  // Host bytes the staging buffers take: what `pool` must have room for beside the
-  // host-resident chunks (StateBytes).
+  // Host-tier bytes the staging buffers take, beside the host-resident chunks (ChunkBytes).
   uint64_t staging_bytes() const;
   // Host bytes of one chunk's arrays of `count` elements, where it lives in host memory.
   static uint64_t ChunkBytes(uint64_t count, int state_count);
@@ -285,13 +271,9 @@ class PipelinedOptimizer {
 
  private:
   struct Slot;
-  PipelinedOptimizer(CpuOptimizer* optimizer, SwapStore* swap,
+  PipelinedOptimizer(CpuOptimizer* optimizer, TieredStore* store,
                      const PipelinedOptimizerOptions& options);
-  // Create with the staging buffers and host chunks in `pool` (not owned) when it is given,
-  // else in pools of the optimizer's own.
-  static StatusOr<std::unique_ptr<PipelinedOptimizer>> Create(
-      CpuOptimizer* optimizer, SwapStore* swap, MemoryPool* pool,
-      const PipelinedOptimizerOptions& options);
+  class HostChunk;
   struct Item {
     Shard* shard;
     size_t chunk;
@@ -306,12 +288,10 @@ class PipelinedOptimizer {
              const ChunkVisitor& updated, bool speculative);
 
   CpuOptimizer* optimizer_;
-  SwapStore* swap_;
+  TieredStore* store_;
   PipelinedOptimizerOptions options_;
+  bool has_nvme_ = false;  // the store has an NVMe tier
   uint64_t chunk_elements_ = 0;
-  std::unique_ptr<MemoryPool> own_staging_, own_host_state_;  // without a store's pool
-  MemoryPool* staging_ = nullptr;
-  MemoryPool* host_state_ = nullptr;
   uint64_t slot_bytes_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Stream> copy_stream_;         // kDevice parameter copies

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -813,6 +814,92 @@ struct TieredStore::Impl {
     return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
   }
 
+  // TieredStore::ReadHomeAsync and WriteHomeAsync: every NVMe piece of the tensor between its
+  // home and `buffer` in flight together, the tensor busy until the last completes.
+  void StreamHome(TensorId id, char* buffer, bool write, std::function<void(Status)> done) {
+    struct Pending {
+      std::atomic<size_t> left{0};
+      std::mutex mu;
+      Status first;
+      std::function<void(Status)> done;
+    };
+    auto pending = std::make_shared<Pending>();
+    pending->done = std::move(done);
+    Tensor* t = nullptr;
+    std::vector<SwapExtent> extents;
+    std::string name;
+    uint64_t size = 0;
+    {
+      std::unique_lock lock(mu);
+      while (true) {
+        StatusOr<Tensor*> found = Find(id);
+        if (!found.ok()) return pending->done(std::move(found).status());
+        t = *found;
+        if (!t->busy) break;
+        cv.wait(lock);
+      }
+      const std::string what =
+          fmt::format("{} tensor {} ('{}') {} NVMe", write ? "writing" : "reading", id, t->name,
+                      write ? "to" : "from");
+      if (t->home != Tier::kNvme) {
+        return pending->done(InvalidArgument(
+            fmt::format("{}: its home is the {} tier, not NVMe", what, TierName(t->home))));
+      }
+      if (reinterpret_cast<uintptr_t>(buffer) % 4096 != 0) {
+        return pending->done(InvalidArgument(what + ": the buffer is not 4096-aligned"));
+      }
+      if (t->pins() > 0 || t->copies[Index(Tier::kDevice)].present ||
+          t->copies[Index(Tier::kHost)].present) {
+        return pending->done(FailedPrecondition(
+            what + ": it is acquired or cached, so its home is not its only copy"));
+      }
+      size = t->size;
+      if (!write && t->copies[Index(Tier::kNvme)].zero) {  // never written: zeros
+        lock.unlock();
+        std::memset(buffer, 0, AlignUp(size, 4096));
+        return pending->done(OkStatus());
+      }
+      t->busy = true;
+      extents = t->copies[Index(Tier::kNvme)].extents;
+      name = what;
+    }
+    LinkMeter& meter = write ? h2n : n2h;
+    meter.Begin();
+    pending->left = extents.size();
+    auto piece_done = [this, t, write, size, &meter, pending, name](Status s) {
+      if (!s.ok()) {
+        std::lock_guard lock(pending->mu);
+        if (pending->first.ok()) pending->first = std::move(s);
+      }
+      if (--pending->left != 0) return;
+      meter.End(size);
+      Status result;
+      {
+        std::lock_guard lock(pending->mu);
+        result = pending->first;
+      }
+      {
+        std::lock_guard lock(mu);
+        t->busy = false;
+        if (write && result.ok()) {
+          t->copies[Index(Tier::kNvme)].valid = true;
+          t->copies[Index(Tier::kNvme)].zero = false;
+        }
+        cv.notify_all();
+      }
+      // Nothing of the store is touched past this point: its destructor may run now.
+      pending->done(result.ok() ? result : std::move(result).WithContext(name));
+    };
+    for (size_t k = 0; k < extents.size(); ++k) {
+      char* at = buffer + k * options.piece_bytes;
+      if (write) {
+        swap->WriteAsync(extents[k], at, piece_done);
+      } else {
+        swap->ReadAsync(extents[k], at, piece_done);
+      }
+    }
+  }
+
   // All of `from`'s NVMe pieces into host-addressable memory at `out`, in flight together.
   Status ReadPieces(const Copy& from, char* out) {
     IoWaiter waiter;
@@ -926,12 +1013,6 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
   swap.capacity_bytes = options.nvme_capacity_bytes;
   swap.checksum = options.nvme_checksum;
   return internal::TieredStoreAccess::Create(options, swap, device);
-}
-
-SwapStore* internal::TieredStoreAccess::Swap(TieredStore& store) { return store.impl_->swap.get(); }
-
-MemoryPool* internal::TieredStoreAccess::HostPool(TieredStore& store) {
-  return store.impl_->host_pool.get();
 }
 
 StatusOr<std::unique_ptr<TieredStore>> internal::TieredStoreAccess::Create(
@@ -1276,6 +1357,39 @@ TieredStoreStats TieredStore::stats() const {
   s.idle_scratch = m.idle_scratch.size();
   s.bookkeeping_entries = m.BookkeepingEntries();
   return s;
+}
+
+void TieredStore::ReadHomeAsync(TensorId id, void* buffer, std::function<void(Status)> done) {
+  impl_->StreamHome(id, static_cast<char*>(buffer), /*write=*/false, std::move(done));
+}
+
+void TieredStore::WriteHomeAsync(TensorId id, const void* buffer,
+                                 std::function<void(Status)> done) {
+  // Only read from: the one path serves both directions.
+  impl_->StreamHome(id, const_cast<char*>(static_cast<const char*>(buffer)), /*write=*/true,
+                    std::move(done));
+}
+
+namespace {
+// Runs an asynchronous stream and waits for its outcome.
+Status WaitFor(const std::function<void(std::function<void(Status)>)>& start) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> outcome = promise->get_future();
+  start([promise](Status s) { promise->set_value(std::move(s)); });
+  return outcome.get();
+}
+}  // namespace
+
+Status TieredStore::ReadHome(TensorId id, void* buffer) {
+  return WaitFor([&](auto done) { ReadHomeAsync(id, buffer, std::move(done)); });
+}
+
+Status TieredStore::WriteHome(TensorId id, const void* buffer) {
+  return WaitFor([&](auto done) { WriteHomeAsync(id, buffer, std::move(done)); });
+}
+
+Status TieredStore::RegisterStreamBuffer(void* data, uint64_t size_bytes) {
+  return impl_->swap != nullptr ? impl_->swap->RegisterBuffer(data, size_bytes) : OkStatus();
 }
 
 std::string TieredStore::device_name() const {

@@ -1,9 +1,7 @@
 // TieredStore's private side (for zinf's own code): a store whose NVMe tier is a swap store
-// configured in full (aio settings, file naming per rank); for offload/'s clients of the store
-// that keep state in its swap files and host tier (PipelinedOptimizer::Create on a store),
-// that swap store and pool; and a test hook that puts a fault-injecting IoEngine
-// (tests/testing/faulty_engine.h) under the NVMe tier. The engine (src/zero) uses only Create:
-// tests/layering/layering_test.sh fails on the rest there.
+// configured in full (aio settings, file naming per rank), and a test hook that puts a
+// fault-injecting IoEngine (tests/testing/faulty_engine.h) under the NVMe tier. Nothing reaches
+// past the store to its swap store or pools: its clients use its tensors.
 //
 // Thread-safety: set the hook before creating stores, and clear it after; not synchronized.
 // The rest as TieredStore.
@@ -15,7 +13,6 @@
 
 #include "nvme/io_engine.h"
 #include "nvme/swap_store.h"
-#include "offload/memory_pool.h"
 #include "zinf/device.h"
 #include "zinf/status.h"
 #include "zinf/tiered_store.h"
@@ -34,13 +31,6 @@ struct TieredStoreAccess {
   static StatusOr<std::unique_ptr<TieredStore>> Create(const TieredStoreOptions& options,
                                                        const SwapStoreOptions& swap,
                                                        Device* device);
-  // The store's swap store, or null without an NVMe tier. It outlives nothing: valid while the
-  // store is. Extents allocated on it by others are theirs to free.
-  static SwapStore* Swap(TieredStore& store);
-  // The host tier's pool, for clients whose buffers are not tensors (the pipelined optimizer
-  // step's staging and host-resident chunks): blocks of it count in the host tier's budget and
-  // stats, and are never evicted. Valid while the store is.
-  static MemoryPool* HostPool(TieredStore& store);
 };
 
 }  // namespace zinf::internal

@@ -22,12 +22,13 @@
 #include <vector>
 
 #include "core/units.h"
-#include "nvme/swap_store.h"
+#include "nvme/path_probe.h"
 #include "offload/pipelined_optimizer.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/host_memory.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf::tools {
 namespace {
@@ -80,17 +81,23 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
   options.chunk_elements = chunk;
   options.nvme_ratio = nvme ? 1.0 : 0.0;
 
-  std::unique_ptr<SwapStore> store;
-  if (!args.path.empty() && (nvme || param_tier == "nvme")) {
-    SwapStoreOptions so;
-    so.paths = {args.path};
+  // The step's tiers, as the engine gives them: a host tier for the staging buffers and the
+  // host-resident chunks, and swap space when anything is on NVMe.
+  TieredStoreOptions so;
+  so.device = "";
+  const uint64_t chunks = (params + chunk - 1) / chunk + 1;
+  so.host_budget_bytes =
+      host_budget + (nvme ? 0 : chunks * PipelinedOptimizer::ChunkBytes(chunk, 2)) + kGiB / 4;
+  const bool swap = !args.path.empty() && (nvme || param_tier == "nvme");
+  if (swap) {
+    so.nvme_paths = {args.path};
     // 16 bytes of state and gradients and 2 of parameter copy per element, plus alignment.
-    so.capacity_bytes = params * 18 +
-                        (params / PipelinedOptimizerOptions::kMinChunkElements + 4) * 3 * 4096 +
-                        kGiB / 4;
-    so.checksum = args.checksum;
-    ZINF_ASSIGN_OR_RETURN(store, SwapStore::Open(so));
+    so.nvme_capacity_bytes = params * 18 + chunks * 3 * (1 << 20) + kGiB / 4;
+    so.nvme_checksum = args.checksum;
   }
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> store, TieredStore::Create(so));
+  StatusOr<PathProbe> probe = swap ? ProbePath(args.path) : StatusOr<PathProbe>(PathProbe());
+  const bool direct_io = probe.ok() && probe->o_direct;
   CpuOptimizerOptions co;
   co.threads = args.threads;
   co.store_mode = args.store_mode == "cached" ? StoreMode::kCached
@@ -101,7 +108,7 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
   hp.weight_decay = 0.01;
   ZINF_ASSIGN_OR_RETURN(const int group, optimizer->AddParamGroup(hp));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<PipelinedOptimizer> piped,
-                        PipelinedOptimizer::Create(optimizer.get(), store.get(), options));
+                        PipelinedOptimizer::Create(optimizer.get(), *store, options));
 
   HostBuffer host_copy;  // page-aligned, as a pinned parameter tier would be
   ShardSpec spec;
@@ -128,11 +135,10 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
         "  host budget {} -> {} buffers of {} elements ({} staging), cpu_optim {} x{} "
         "threads, {} stores, {} reps{}\n",
         FormatBytes(host_budget), piped->num_buffers(), piped->chunk_elements(),
-        FormatBytes(piped->staging_pool().stats().arena_bytes), isa, threads, args.store_mode,
-        args.reps,
-        store ? fmt::format(", swap {} (O_DIRECT {}, checksum {})", args.path,
-                            store->direct_io() ? "on" : "off", args.checksum ? "on" : "off")
-              : "");
+        FormatBytes(piped->staging_bytes()), isa, threads, args.store_mode, args.reps,
+        swap ? fmt::format(", swap {} (O_DIRECT {}, checksum {})", args.path,
+                           direct_io ? "on" : "off", args.checksum ? "on" : "off")
+             : "");
     std::fflush(stdout);
   }
 
@@ -189,8 +195,7 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
                                      *std::min_element(compute_s.begin(), compute_s.end()));
   const double ratio_best = best_bound > 0 ? best_step / best_bound : 0.0;
   const uint64_t rss = PeakRssBytes();
-  const MemoryPoolStats staging = piped->staging_pool().stats();
-  const MemoryPoolStats state = piped->host_state_pool().stats();
+  const uint64_t host_tier_peak = store->stats().tiers[int(Tier::kHost)].peak_bytes;
   const double io_GBps = io > 0 ? (bytes_read + bytes_written) / io / 1e9 : 0.0;
   const double params_per_s = compute > 0 ? params / compute : 0.0;
 
@@ -218,8 +223,8 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
       {"io_only_GBps", io_GBps},
       {"compute_only_params_per_s", params_per_s},
       {"peak_rss_bytes", rss},
-      {"staging_pool_peak_bytes", staging.peak_in_use_bytes},
-      {"host_state_pool_peak_bytes", state.peak_in_use_bytes},
+      {"staging_bytes", piped->staging_bytes()},
+      {"host_tier_peak_bytes", host_tier_peak},
       {"step_s_runs", step_s},
       {"io_only_s_runs", io_s},
       {"compute_only_s_runs", compute_s},
@@ -239,9 +244,10 @@ Status RunOptimizerStep(const OptimizerStepArgs& args) {
       "compute_only {:.3f}\n",
       ratio, ratio_per_rep, ratio_best, vs_compute);
   fmt::print(
-      "peak host memory: RSS {} (budget {}), staging pool peak {}, host state pool peak {}\n",
-      FormatBytes(rss), FormatBytes(host_budget), FormatBytes(staging.peak_in_use_bytes),
-      FormatBytes(state.peak_in_use_bytes));
+      "peak host memory: RSS {} (staging budget {}), staging {}, host tier peak {} (staging "
+      "and host-resident chunks)\n",
+      FormatBytes(rss), FormatBytes(host_budget), FormatBytes(piped->staging_bytes()),
+      FormatBytes(host_tier_peak));
   return OkStatus();
 }
 

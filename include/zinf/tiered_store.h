@@ -36,6 +36,7 @@
 #define ZINF_TIERED_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <span>
@@ -170,6 +171,23 @@ class ZINF_EXPORT TieredStore {
   // Eviction hint: the tensor's next use, in the caller's units (e.g. the index of the module
   // that needs it next in the traced order). Smaller is sooner. Negative clears the hint.
   Status SetNextUse(TensorId id, int64_t next_use);
+
+  // ---- Streaming NVMe-homed tensors through the caller's buffers ----
+  // For a client that streams many tensors through a few buffers of its own (the pipelined
+  // optimizer step reads chunk i+1 and writes chunk i-1 while it updates chunk i): the home's
+  // bytes move straight between NVMe and `buffer`, making no cached copy, every piece in
+  // flight together; `done` runs once, on an I/O thread, with the first error (the tensor
+  // named). `buffer` is host memory, 4096-aligned, of the tensor's size rounded up to 4096.
+  // A tensor never written reads as zeros. The link meters count these moves. Errors, through
+  // `done`: InvalidArgument (home not NVMe, buffer not aligned), FailedPrecondition (freed,
+  // cached in another tier, or acquired). A stream waits for a transfer already on the tensor.
+  void ReadHomeAsync(TensorId id, void* buffer, std::function<void(Status)> done);
+  void WriteHomeAsync(TensorId id, const void* buffer, std::function<void(Status)> done);
+  Status ReadHome(TensorId id, void* buffer);  // ReadHomeAsync, waiting for it
+  Status WriteHome(TensorId id, const void* buffer);
+  // Registers a host buffer that streams will use for the NVMe tier's fixed-buffer I/O;
+  // OK without an NVMe tier. A refusal costs only per-I/O page pinning. Must not race with I/O.
+  Status RegisterStreamBuffer(void* data, uint64_t size_bytes);
 
   // Tiers where a current copy is resident (for tests and tools).
   StatusOr<std::vector<Tier>> ResidentTiers(TensorId id);

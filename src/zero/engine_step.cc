@@ -57,7 +57,7 @@ Status Engine::Impl::OpenNvmeOptimizer() {
                  .group = group,
                  .count = shard_elements,
                  // Host accumulators are read where they are; with gradients on NVMe the
-                 // shard keeps them in its chunk extents (Note [Gradients on NVMe]).
+                 // shard keeps them in its chunks' tensors (Note [Gradients on NVMe]).
                  .host_grads = grad_acc.empty() ? nullptr : grad_acc.data()};
   if (tier_writer != nullptr && param_type != ElementType::kFp32) {
     // The update writes the 16-bit parameters straight into the tier, in its own pass.
@@ -183,13 +183,7 @@ Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summ
     written = WriteParamTierFromMaster();
   }
   summary->seconds_optimizer_compute = pipelined->last_step_stats().compute_seconds;
-  summary->bytes_nvme_read += pipelined->last_step_stats().bytes_read;
-  summary->bytes_nvme_written += pipelined->last_step_stats().bytes_written;
-  if (nvme_grads != nullptr) {  // the accumulators' writes and read-backs during backward
-    const NvmeGradients::Traffic traffic = nvme_grads->TakeTraffic();
-    summary->bytes_nvme_read += traffic.read;
-    summary->bytes_nvme_written += traffic.written;
-  }
+  // Its NVMe bytes, and the gradient accumulators', are the store's: MeasureTiers counts them.
   ZINF_RETURN_IF_ERROR(stepped);
   return written;
 }

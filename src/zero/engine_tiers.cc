@@ -178,8 +178,8 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   summary->host_budget_bytes = stats.tiers[int(Tier::kHost)].budget_bytes;
   summary->nvme_capacity_bytes = stats.tiers[int(Tier::kNvme)].budget_bytes;
   summary->store_entries = stats.bookkeeping_entries;
-  // The parameter tier's NVMe traffic since the last step (the optimizer's is counted by
-  // the pipelined step).
+  // Every NVMe byte since the last step: the parameter tier's, the optimizer's chunks' and the
+  // gradient accumulators' all move through the store.
   summary->bytes_nvme_read += stats.nvme_to_host.bytes - nvme_read_at.bytes;
   summary->bytes_nvme_written += stats.host_to_nvme.bytes - nvme_written_at.bytes;
   nvme_read_at = stats.nvme_to_host;

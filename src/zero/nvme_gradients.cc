@@ -92,7 +92,6 @@ Status NvmeGradients::Flush(size_t c) {
   if (chunk.flushes > 0) {  // acc + g, as AccumulateFp32 adds into host accumulators
     ZINF_ASSIGN_OR_RETURN(StoreArray previous, TakeBuffer());
     Status read = optimizer_->ReadChunkGradients(shard_, c, previous.data());
-    if (chunk.info.on_nvme) traffic_.read += chunk.info.count * 4;
     if (read.ok()) AccumulateFp32(static_cast<float*>(previous.data()), g, chunk.info.count);
     free_.push_back(std::exchange(chunk.staging, std::move(previous)));
     staging_bytes_ -= buffer_bytes_;
@@ -107,7 +106,6 @@ Status NvmeGradients::Flush(size_t c) {
   chunk.writing = std::make_unique<IoWaiter>();
   chunk.writing->Add(1);
   in_flight_.push_back(c);
-  if (chunk.info.on_nvme) traffic_.written += chunk.info.count * 4;
   chunk.written = std::move(chunk.staging);
   chunk.arrived = 0;
   optimizer_->WriteChunkGradientsAsync(

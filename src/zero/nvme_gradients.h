@@ -1,6 +1,6 @@
 // NvmeGradients: the flat shard's fp32 gradient accumulators on NVMe (zinf.gradients_on_nvme),
-// in the pipelined optimizer's chunk extents, so that host memory holds only the chunks
-// being filled.
+// the pipelined optimizer's chunk gradient tensors (homed on NVMe in the tiered store), so that
+// host memory holds only the chunks being filled.
 //
 // Note [Gradients on NVMe]
 // Reduced gradients arrive a parameter at a time (backward's order, last layer first), each
@@ -69,11 +69,6 @@ class NvmeGradients {
                                 uint64_t max_staging_bytes = kMaxStagingBytes) {
     return max_staging_bytes + 8 * PipelinedOptimizer::GradientBufferBytes(chunk_elements);
   }
-  // NVMe bytes the accumulators wrote and read back since the last call.
-  struct Traffic {
-    uint64_t read = 0, written = 0;
-  };
-  Traffic TakeTraffic() { return std::exchange(traffic_, {}); }
   // Host bytes of the staging buffers at most (this batch and before).
   uint64_t peak_staging_bytes() const { return peak_staging_bytes_; }
 
@@ -113,7 +108,6 @@ class NvmeGradients {
   std::deque<size_t> in_flight_;  // chunks whose write is in flight, oldest first
   uint64_t buffer_bytes_ = 0;
   uint64_t staging_bytes_ = 0, peak_staging_bytes_ = 0;
-  Traffic traffic_;
 };
 
 }  // namespace zinf

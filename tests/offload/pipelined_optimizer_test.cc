@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/units.h"
+#include "offload/tiered_store_internal.h"
 #include "tests/nvme/nvme_test_util.h"
 #include "tests/testing/faulty_engine.h"
 
@@ -37,27 +38,40 @@ PipelinedOptimizerOptions PipeOptions(double ratio) {
   o.num_buffers = 3;
   o.host_budget_bytes = 3 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
   o.nvme_ratio = ratio;
-  o.pinned = false;
   return o;
 }
 
-// A swap store in a scratch directory, an optimizer with `groups` default AdamW groups, and
-// a pipelined optimizer over them at NVMe ratio `ratio`.
+// The step's tiered store: a host tier for the staging buffers and the host chunks and, with
+// `swap`, an NVMe tier in `dir` with StoreOptions' aio settings.
+std::unique_ptr<TieredStore> StepStore(const std::string& dir, bool swap = true) {
+  TieredStoreOptions o;
+  o.device = "";
+  o.host_budget_bytes = 256 << 20;
+  o.pin_host = false;  // accounting is the same; keeps the test within RLIMIT_MEMLOCK
+  o.piece_bytes = 4 << 20;
+  o.staging_buffers = 1;
+  SwapStoreOptions so;
+  if (swap) so = StoreOptions(dir);
+  auto s = internal::TieredStoreAccess::Create(o, so, nullptr);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// A tiered store with swap space in a scratch directory, an optimizer with `groups` default
+// AdamW groups, and a pipelined optimizer over them at NVMe ratio `ratio`.
 struct Piped {
   ScratchDir dir;
-  std::unique_ptr<SwapStore> store;
+  std::unique_ptr<TieredStore> store;
   std::unique_ptr<CpuOptimizer> opt;
   std::unique_ptr<PipelinedOptimizer> piped;
 
   explicit Piped(double ratio, int groups = 1) {
-    auto s = SwapStore::Open(StoreOptions(dir.path()));
-    EXPECT_TRUE(s.ok()) << s.status();
-    store = std::move(*s);
+    store = StepStore(dir.path());
     auto o = CpuOptimizer::Create();
     EXPECT_TRUE(o.ok());
     opt = std::move(*o);
     for (int g = 0; g < groups; ++g) EXPECT_TRUE(opt->AddParamGroup({}).ok());
-    auto p = PipelinedOptimizer::Create(opt.get(), store.get(), PipeOptions(ratio));
+    auto p = PipelinedOptimizer::Create(opt.get(), *store, PipeOptions(ratio));
     EXPECT_TRUE(p.ok()) << p.status();
     piped = std::move(*p);
   }
@@ -143,12 +157,9 @@ class PipelinedStepTest : public ::testing::TestWithParam<StepCase> {};
 TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
   const StepCase& c = GetParam();
   ScratchDir dir;
-  std::unique_ptr<SwapStore> store;
-  if (c.ratio > 0 || c.tier == ParamCopyTier::kNvme) {
-    auto s = SwapStore::Open(StoreOptions(dir.path()));
-    ASSERT_TRUE(s.ok()) << s.status();
-    store = std::move(*s);
-  }
+  std::unique_ptr<TieredStore> store =
+      StepStore(dir.path(), c.ratio > 0 || c.tier == ParamCopyTier::kNvme);
+  ASSERT_NE(store, nullptr);
   std::unique_ptr<Device> device;
   PipelinedOptimizerOptions options = PipeOptions(c.ratio);
   if (c.tier == ParamCopyTier::kDevice) {
@@ -168,7 +179,7 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
     ASSERT_TRUE(opt->AddParamGroup(adamw).ok());
     ASSERT_TRUE(opt->AddParamGroup(lion).ok());
   }
-  auto piped = PipelinedOptimizer::Create(piped_opt->get(), store.get(), options);
+  auto piped = PipelinedOptimizer::Create(piped_opt->get(), *store, options);
   ASSERT_TRUE(piped.ok()) << piped.status();
   ASSERT_EQ((*piped)->chunk_elements(), kChunk);
 
@@ -269,8 +280,8 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
       }
     }
   }
-  // The staging pool never exceeded the budget it was given.
-  EXPECT_LE((*piped)->staging_pool().stats().peak_in_use_bytes, options.host_budget_bytes);
+  // The staging buffers fit the budget they were given.
+  EXPECT_LE((*piped)->staging_bytes(), options.host_budget_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -288,7 +299,8 @@ TEST(PipelinedOptimizerTest, BudgetTooSmallForOneChunkNamesTheMinimum) {
   ASSERT_TRUE(opt.ok());
   PipelinedOptimizerOptions options = PipeOptions(0.0);
   options.host_budget_bytes = 1 << 20;
-  auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
+  auto store = StepStore("", /*swap=*/false);
+  auto piped = PipelinedOptimizer::Create(opt->get(), *store, options);
   ASSERT_FALSE(piped.ok());
   EXPECT_EQ(piped.status().code(), StatusCode::kInvalidArgument);
   const uint64_t minimum = 3 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
@@ -303,23 +315,26 @@ TEST(PipelinedOptimizerTest, LargeBudgetShrinksNothingAndSmallBudgetShrinksTheCh
   options.chunk_elements = 16 * kChunk;
   options.host_budget_bytes =
       3 * 5 * kChunk * PipelinedOptimizerOptions::kStagingBytesPerElement + 100;
-  auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
+  auto store = StepStore("", /*swap=*/false);
+  auto piped = PipelinedOptimizer::Create(opt->get(), *store, options);
   ASSERT_TRUE(piped.ok()) << piped.status();
   EXPECT_EQ((*piped)->chunk_elements(), 5 * kChunk);
-  EXPECT_LE((*piped)->staging_pool().stats().arena_bytes, options.host_budget_bytes);
+  EXPECT_LE((*piped)->staging_bytes(), options.host_budget_bytes);
+  EXPECT_EQ(store->stats().tiers[int(Tier::kHost)].in_use_bytes, (*piped)->staging_bytes());
 }
 
 TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
   auto opt = CpuOptimizer::Create();
   ASSERT_TRUE(opt.ok());
+  auto store = StepStore("", /*swap=*/false);
   PipelinedOptimizerOptions options = PipeOptions(0.5);
-  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), nullptr, options).status().message(),
-              HasSubstr("no swap store"));
+  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), *store, options).status().message(),
+              HasSubstr("no NVMe tier"));
   options = PipeOptions(1.5);
-  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), nullptr, options).status().message(),
+  EXPECT_THAT(PipelinedOptimizer::Create(opt->get(), *store, options).status().message(),
               HasSubstr("nvme_ratio"));
   options = PipeOptions(0.0);
-  auto piped = PipelinedOptimizer::Create(opt->get(), nullptr, options);
+  auto piped = PipelinedOptimizer::Create(opt->get(), *store, options);
   ASSERT_TRUE(piped.ok());
   ShardSpec spec;
   spec.count = 10;
@@ -332,10 +347,9 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
   EXPECT_EQ((*piped)->Step({3}).code(), StatusCode::kInvalidArgument);
 }
 
-// As the tiered store's client (the engine's way), the step's staging buffers and host chunks
-// are blocks of the store's host tier and its NVMe chunks extents of the store's swap files:
-// each counted in that tier, all of it given back with the shard and the optimizer, and the
-// step bitwise the in-memory one.
+// The step's staging buffers and host chunks are tensors of the store's host tier and its NVMe
+// chunks tensors homed on NVMe: each counted in that tier, all of it given back with the shard
+// and the optimizer, and the step bitwise the in-memory one.
 TEST(PipelinedOptimizerTest, AsATieredStoresClientItsBytesCountInTheStoresTiers) {
   ScratchDir dir;
   TieredStoreOptions so;
@@ -666,25 +680,28 @@ TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
 struct FaultyFixture {
   ScratchDir dir;
   FaultyEngine* faulty = nullptr;
-  std::unique_ptr<SwapStore> store;
+  std::unique_ptr<TieredStore> store;
   std::unique_ptr<CpuOptimizer> opt;
   std::unique_ptr<PipelinedOptimizer> piped;
   int shard = -1;
 
   void SetUp() {
-    SwapStoreOptions so = StoreOptions(dir.path());
-    auto base = CreateIoEngine(so.aio);
-    ASSERT_TRUE(base.ok());
-    auto wrapper = std::make_unique<FaultyEngine>(std::move(*base));
-    faulty = wrapper.get();
-    auto s = SwapStore::Open(so, std::move(wrapper));
-    ASSERT_TRUE(s.ok()) << s.status();
-    store = std::move(*s);
+    internal::SetTieredStoreEngineFactoryForTest(
+        [this](const AioOptions& aio) -> StatusOr<std::unique_ptr<IoEngine>> {
+          ZINF_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> base, CreateIoEngine(aio));
+          auto wrapper = std::make_unique<FaultyEngine>(std::move(base));
+          faulty = wrapper.get();
+          return std::unique_ptr<IoEngine>(std::move(wrapper));
+        });
+    store = StepStore(dir.path());
+    internal::SetTieredStoreEngineFactoryForTest(nullptr);
+    ASSERT_NE(store, nullptr);
+    ASSERT_NE(faulty, nullptr);
     auto o = CpuOptimizer::Create();
     ASSERT_TRUE(o.ok());
     opt = std::move(*o);
     ASSERT_TRUE(opt->AddParamGroup({}).ok());
-    auto p = PipelinedOptimizer::Create(opt.get(), store.get(), PipeOptions(1.0));
+    auto p = PipelinedOptimizer::Create(opt.get(), *store, PipeOptions(1.0));
     ASSERT_TRUE(p.ok()) << p.status();
     piped = std::move(*p);
     ShardSpec spec;
@@ -705,8 +722,7 @@ TEST(PipelinedOptimizerFaults, WriteErrorSurfacesNamingShardAndIsSticky) {
   EXPECT_EQ(status.code(), StatusCode::kIoError) << status;
   EXPECT_THAT(status.message(), HasSubstr("pipelined optimizer step"));
   EXPECT_THAT(status.message(), HasSubstr("wte"));
-  EXPECT_FALSE(f.store->status().ok());
-  EXPECT_FALSE(f.piped->Step().ok());  // the store's sticky error
+  EXPECT_FALSE(f.piped->Step().ok());  // the swap files' sticky error
 }
 
 TEST(PipelinedOptimizerFaults, ReadErrorAndCorruptReadSurface) {
@@ -725,12 +741,12 @@ TEST(PipelinedOptimizerFaults, ReadErrorAndCorruptReadSurface) {
 
 TEST(PipelinedOptimizerTest, BenchmarkModesRunAndIoOnlyKeepsTheState) {
   ScratchDir dir;
-  auto store = SwapStore::Open(StoreOptions(dir.path()));
-  ASSERT_TRUE(store.ok());
+  auto store = StepStore(dir.path());
+  ASSERT_NE(store, nullptr);
   auto opt = CpuOptimizer::Create();
   ASSERT_TRUE(opt.ok());
   ASSERT_TRUE(opt->get()->AddParamGroup({}).ok());
-  auto piped = PipelinedOptimizer::Create(opt->get(), store->get(), PipeOptions(1.0));
+  auto piped = PipelinedOptimizer::Create(opt->get(), *store, PipeOptions(1.0));
   ASSERT_TRUE(piped.ok());
   ShardSpec spec;
   spec.name = "h";

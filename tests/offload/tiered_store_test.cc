@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "tests/nvme/nvme_test_util.h"
 #include "tests/offload/tiered_store_testing.h"
 #include "tests/testing/faulty_engine.h"
+#include "zinf/host_memory.h"
 
 namespace zinf {
 namespace {
@@ -639,6 +641,69 @@ TEST(TieredStoreTest, NvmeIoErrorsSurfaceAndLoseNothing) {
   ASSERT_TRUE((*store)->Release(*b, Tier::kHost).ok());
   // The swap store's sticky error: Flush reports it too.
   EXPECT_FALSE((*store)->Flush().ok());
+}
+
+// Streams (ReadHome, WriteHome) move an NVMe-homed tensor's bytes straight between its home
+// and the caller's buffer, in pieces, metered like any move, and agree with the cache: what a
+// stream wrote, Acquire reads. A tensor the cache holds, one homed elsewhere, an unaligned
+// buffer, a freed tensor and an I/O error are each refused with the tensor named.
+TEST(TieredStoreTest, StreamsMoveTheHomeThroughTheCallersBuffer) {
+  ScratchDir dir;
+  FaultyEngine* faulty = nullptr;
+  auto store = CreateWithFaultyEngine(Options(dir), &faulty);
+  ASSERT_TRUE(store.ok()) << store.status();
+  TieredStore& s = **store;
+  const uint64_t size = 600 * kKiB + 123;  // three pieces, the last one short
+  auto id = s.Create("chunk 7 state", size, Tier::kNvme);
+  ASSERT_TRUE(id.ok());
+  auto buffer = HostBuffer::Allocate((size + 4095) / 4096 * 4096);
+  ASSERT_TRUE(buffer.ok());
+  char* b = static_cast<char*>(buffer->data());
+
+  std::memset(b, 0xAB, buffer->size_bytes());
+  ASSERT_TRUE(s.ReadHome(*id, b).ok());  // never written: zeros, and no I/O
+  EXPECT_TRUE(std::all_of(b, b + buffer->size_bytes(), [](char c) { return c == 0; }));
+  Fill(b, size, 7, 1);
+  ASSERT_TRUE(s.WriteHome(*id, b).ok());
+  std::memset(b, 0, buffer->size_bytes());
+  std::promise<Status> read;
+  s.ReadHomeAsync(*id, b, [&](Status st) { read.set_value(std::move(st)); });
+  ASSERT_TRUE(read.get_future().get().ok());
+  EXPECT_EQ(Check(b, size, 7, 1), -1);
+  TieredStoreStats stats = s.stats();
+  EXPECT_EQ(stats.host_to_nvme.bytes, size);
+  EXPECT_EQ(stats.nvme_to_host.bytes, size);
+
+  // The cache sees what the stream wrote; while it holds a copy, streams are refused.
+  auto p = s.Acquire(*id, Tier::kHost, Access::kRead);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Check(*p, size, 7, 1), -1);
+  Status refused = s.ReadHome(*id, b);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("chunk 7 state"));
+  ASSERT_TRUE(s.Release(*id, Tier::kHost).ok());
+  ASSERT_TRUE(s.Evict(*id, Tier::kHost).ok());
+  EXPECT_TRUE(s.ReadHome(*id, b).ok());
+
+  // Bad input.
+  EXPECT_EQ(s.ReadHome(*id, b + 8).code(), StatusCode::kInvalidArgument);
+  auto host = s.Create("host homed", 4096, Tier::kHost);
+  ASSERT_TRUE(host.ok());
+  Status elsewhere = s.WriteHome(*host, b);
+  EXPECT_EQ(elsewhere.code(), StatusCode::kInvalidArgument) << elsewhere;
+  EXPECT_THAT(elsewhere.message(), HasSubstr("not NVMe"));
+
+  // An I/O error names the tensor and loses nothing: the next read has the bytes.
+  faulty->Arm(IoOp::kRead, 1, Fault::kEio);
+  Status failed = s.ReadHome(*id, b);
+  EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("chunk 7 state"));
+  std::memset(b, 0, buffer->size_bytes());
+  ASSERT_TRUE(s.ReadHome(*id, b).ok());
+  EXPECT_EQ(Check(b, size, 7, 1), -1);
+
+  ASSERT_TRUE(s.Free(*id).ok());
+  EXPECT_EQ(s.ReadHome(*id, b).code(), StatusCode::kFailedPrecondition);
 }
 
 // A batched write-back that fails (Note [Batched write-backs]): the error names a tensor, and
