@@ -85,10 +85,7 @@ Status GradientBuckets::Retire(size_t keep) {
       copied = done.status();
     }
     if (copied.ok() && !oldest.landed.empty()) {
-      copied = sink_(oldest.flat_offset, oldest.landed.as<float>(), oldest.size);
-      if (!copied.ok()) {
-        copied = std::move(copied).WithContext(fmt::format("the gradient of '{}'", oldest.name));
-      }
+      copied = HandOver(oldest.flat_offset, oldest.landed.as<float>(), oldest.size, oldest.name);
     }
     if (first.ok()) first = std::move(copied);
     if (oldest.tensor != 0) Free(oldest.tensor);
@@ -124,19 +121,27 @@ Status GradientBuckets::CopyOnDevice(float* dst, const float* src, uint64_t coun
   return copy_->Copy(dst, src, count * sizeof(float), CopyKind::kDeviceToDevice);
 }
 
+Status GradientBuckets::HandOver(uint64_t flat_offset, const float* reduced, uint64_t size,
+                                 const std::string& name) {
+  if (!sink_error_.ok()) return sink_error_;
+  Status sunk = sink_(flat_offset, reduced, size);
+  if (!sunk.ok())
+    sink_error_ = std::move(sunk).WithContext(fmt::format("the gradient of '{}'", name));
+  return sink_error_;
+}
+
 Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t flat_offset,
                             const std::string& name, Event* ready, TensorId tensor) {
-  if (shard_size == 0) {
+  if (shard_size == 0 || !sink_error_.ok()) {
     if (tensor != 0) Free(tensor);
-    return OkStatus();
+    return sink_error_;
   }
   if (host_addressable_) {
     if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
     if (world_ == 1) {  // the gradient is its own reduced shard, at hand
-      Status sunk = sink_(flat_offset, grad, shard_size);
+      Status sunk = HandOver(flat_offset, grad, shard_size, name);
       if (tensor != 0) Free(tensor);
-      return sunk.ok() ? sunk
-                       : std::move(sunk).WithContext(fmt::format("the gradient of '{}'", name));
+      return sunk;
     }
   }
   if (world_ == 1) {  // nothing to reduce: the gradient comes down, then goes to the sink
@@ -237,11 +242,8 @@ Status GradientBuckets::Complete(Bucket& bucket) {
   }
   Status sunk;
   for (const Piece& piece : bucket.pieces) {
-    sunk = sink_(piece.flat_offset, reduced + piece.at, piece.size);
-    if (!sunk.ok()) {
-      sunk = std::move(sunk).WithContext(fmt::format("the gradient of '{}'", piece.name));
-      break;
-    }
+    sunk = HandOver(piece.flat_offset, reduced + piece.at, piece.size, piece.name);
+    if (!sunk.ok()) break;
   }
   bucket.pieces.clear();
   bucket.used = 0;
@@ -250,6 +252,7 @@ Status GradientBuckets::Complete(Bucket& bucket) {
 
 Status GradientBuckets::Finish() {
   ZINF_RETURN_IF_ERROR(Retire(0));  // one rank's gradients on their way down
+  ZINF_RETURN_IF_ERROR(sink_error_);
   Bucket& filling = buckets_[filling_];
   if (filling.used > 0) ZINF_RETURN_IF_ERROR(Start(filling));
   // The other bucket was started first: its additions come first.

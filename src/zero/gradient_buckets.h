@@ -57,7 +57,8 @@ class GradientBuckets {
  public:
   // Receives this rank's reduced shard of one parameter (`size` elements in host memory that
   // belong at `flat_offset` of the flat shard), to add into its accumulators; its error stops
-  // the reduction.
+  // the reduction: no later gradient goes to it (those already in flight are dropped), and
+  // every later call returns that error.
   using Sink = std::function<Status(uint64_t flat_offset, const float* reduced, uint64_t size)>;
 
   // `bucket_elements`: elements of gradient (over all ranks) per bucket, at least one per
@@ -142,7 +143,11 @@ class GradientBuckets {
   Communicator* const comm_;
   const int world_;
   const uint64_t slice_elements_;  // bucket_elements / world
+  // The sink, until it fails: from then on its error, with no call (the reduction stopped).
+  Status HandOver(uint64_t flat_offset, const float* reduced, uint64_t size,
+                  const std::string& name);
   const Sink sink_;
+  Status sink_error_;             // the sink's first error
   std::unique_ptr<Stream> copy_;  // packing gradients into buckets
   std::unique_ptr<Stream> down_;  // reduced slices to the host tier
   std::array<Bucket, 2> buckets_;

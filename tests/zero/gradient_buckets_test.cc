@@ -484,12 +484,9 @@ TEST_P(GradientBucketsTest, AFailedReductionNamesTheParametersOfItsBucket) {
   EXPECT_THAT(finished.message(), HasSubstr("reducing the gradient of 'p0'")) << finished;
 }
 
-// The sink's error comes back from the call that handed the slice over, naming the parameter.
-// In a bucket it stops the handing over: no later parameter reaches the sink. With one rank
-// on the host device it is Add's own error. With one rank behind the link, gradients are
-// handed over as their copies land and the error comes from the call that saw it (Add or
-// Finish), which is not fixed: whether a later gradient already in flight reached the sink
-// is not checked there.
+// The sink's error comes back from the call that handed the slice over, naming the parameter,
+// and stops the reduction: no later parameter reaches the sink, not even one whose copy was
+// already in flight (one rank behind the link), and every later call returns the error.
 TEST_P(GradientBucketsTest, TheSinksErrorStopsTheReductionNamingTheParameter) {
   const std::vector<uint64_t> shards = {2, 2, 3};
   const std::vector<uint64_t> offsets = FlatOffsets(shards);
@@ -512,9 +509,12 @@ TEST_P(GradientBucketsTest, TheSinksErrorStopsTheReductionNamingTheParameter) {
     EXPECT_THAT(first.message(), HasSubstr("the accumulators' disk is full"));
     ASSERT_GE(recorder.sunk().size(), 1u);
     EXPECT_EQ(recorder.sunk()[0].flat_offset, 0u);
-    if (world > 1 || !GetParam()) {
-      EXPECT_EQ(recorder.sunk().size(), 1u) << "p2 is not handed over after p1 failed";
-    }
+    EXPECT_EQ(recorder.sunk().size(), 1u) << "p2 is not handed over after p1 failed";
+    Status again = Add(**buckets, grads[2], 2, shards[2], offsets[2]);
+    EXPECT_EQ(again.code(), StatusCode::kIoError) << again;
+    EXPECT_THAT(again.message(), HasSubstr("the gradient of 'p1'"));
+    EXPECT_EQ((*buckets)->Finish().code(), StatusCode::kIoError);
+    EXPECT_EQ(recorder.sunk().size(), 1u);
   }
 }
 
