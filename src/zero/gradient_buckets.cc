@@ -133,7 +133,11 @@ Status GradientBuckets::HandOver(uint64_t flat_offset, const float* reduced, uin
 Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t flat_offset,
                             const std::string& name, Event* ready, TensorId tensor) {
   if (shard_size == 0 || !sink_error_.ok()) {
-    if (tensor != 0) Free(tensor);
+    if (tensor != 0) {
+      // Whatever produces the gradient may still be writing it: its memory goes back after.
+      if (ready != nullptr && shard_size > 0) ready->Synchronize().IgnoreError();
+      Free(tensor);
+    }
     return sink_error_;
   }
   if (host_addressable_) {
