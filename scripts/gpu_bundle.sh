@@ -56,7 +56,7 @@ pack() {
   trap "rm -rf '$stage'" EXIT
   mkdir -p "$stage/build-gpu" "$stage/lib"
   (cd "$build" && find . \( -name CTestTestfile.cmake -o -name '*_tests.cmake' -o -name '*_include.cmake' \
-      -o -name CMakeCache.txt \) -print0 | tar --null -T - -cf -) | tar -C "$stage/build-gpu" -xf -
+      -o -name '*_properties.cmake' -o -name CMakeCache.txt \) -print0 | tar --null -T - -cf -) | tar -C "$stage/build-gpu" -xf -
   (cd "$build" && tar -cf - python bin lib/libzinf.so*) | tar -C "$stage/build-gpu" -xf -
   rm -f "$stage/build-gpu/lib/"*.a
   for f in $(cd "$build" && find tests -maxdepth 1 -type f -executable); do
@@ -69,6 +69,14 @@ pack() {
     awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u | while read -r lib f; do
       grep -Eq "$system_libs" <<<"$lib" || [[ "$f" == "$build"/* ]] || cp -L "$f" "$stage/lib/$lib"
     done
+  # What ctest reads must come along whole: list the cuda tests from the stage, as `run` will.
+  local listed
+  listed="$(cd "$stage/build-gpu" && find . \( -name CTestTestfile.cmake -o -name '*.cmake' \) -print0 |
+      xargs -0 sed -i "s|$build|$stage/build-gpu|g" && ctest -N -L cuda 2>&1)"
+  if grep -q 'CMake Error' <<<"$listed" || ! grep -q 'Total Tests: [1-9]' <<<"$listed"; then
+    echo "gpu_bundle pack: the packed test lists do not load:" >&2; head -n 20 <<<"$listed" >&2; exit 1
+  fi
+  (cd "$stage/build-gpu" && find . -name '*.cmake' -print0 | xargs -0 sed -i "s|$stage/build-gpu|$build|g")
   echo "$root" >"$stage/build-gpu/gpu_bundle.root"
   sed -n 's/^_Python_EXECUTABLE:INTERNAL=//p' "$build/CMakeCache.txt" >"$stage/build-gpu/gpu_bundle.python"
   tar -C "$stage" -cJf "$out" build-gpu lib
@@ -98,7 +106,7 @@ run() {
   python="$(torch_python)"
   # The test lists name the packing checkout and interpreter: point them at these.
   find "$build" \( -name CTestTestfile.cmake -o -name '*_tests.cmake' -o -name '*_include.cmake' \
-      -o -name CMakeCache.txt \) -print0 |
+      -o -name '*_properties.cmake' -o -name CMakeCache.txt \) -print0 |
     xargs -0 sed -i -e "s|$packed_root|$root|g" ${packed_python:+-e "s|$packed_python|$python|g"}
   export LD_LIBRARY_PATH="$build/lib:$build/bundled-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 ' && [ ! -f /usr/local/cuda/lib64/libnccl.so.2 ] &&
