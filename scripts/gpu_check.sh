@@ -21,6 +21,10 @@
 #                   allocator) under torch 2.x, skipped with the reason if no python3 here
 #                   imports a torch 2.x that sees the GPU, or zinf's package cannot be built
 #                   for it (no headers); with one, its GPU test must run, not skip;
+#   torch_models    tests/python/test_torch_models_cuda.py: PyTorch's own modules and Hugging
+#                   Face's models on cuda under zinf.zero (the engine on the GPU), against torch
+#                   alone, with parameters in GPU memory and on NVMe; skipped as torch_allocator
+#                   is, and its tests must run, not skip;
 #   bench_pcie      `zinf bench pcie` on cuda:0 (must measure the GPU, not say it has none);
 #   bench_profile   `zinf bench profile` (its link must be the GPU's PCIe link).
 # Every figure goes to one file (--out; default build-gpu/gpu_check/gpu_check.txt), each step's
@@ -65,6 +69,9 @@
 #   train_* (3)     90 each   3 x 10 (30 steps of a 0.8M-parameter GPT on the CPU, then on cuda:
 #                             about 0.03 s a step on the CPU here when the machine is quiet)
 #   torch_allocator     120   20 (fresh interpreters import torch and open CUDA)
+#   torch_models        240   60 (5 models x 2 placements x 30 steps of zinf and torch, plus
+#                             bf16, a side stream and the zero-copy check; 2 minutes here on
+#                             the CPU)
 #   bench_pcie           90   15 (3 sizes x pinned/pageable x 3 directions x 6 batches of 1 GiB)
 #   bench_profile       180   100 (65 s here: the collectives 20, NVMe 2 GiB x 3 passes 9, the
 #                             optimizer and oneDNN matmuls at 1 and 2 threads 33; the H100
@@ -181,6 +188,7 @@ if [ $dry_run -eq 1 ]; then
     [ -f "examples/gpt/configs/$c.json" ] || problem "examples/gpt/configs/$c.json is missing"
   done
   [ -f tests/python/test_cuda_allocator.py ] || problem "tests/python/test_cuda_allocator.py is missing"
+  [ -f tests/python/test_torch_models_cuda.py ] || problem "tests/python/test_torch_models_cuda.py is missing"
   # The options the steps pass, where the commands declare them.
   for opt in --config --device --steps --metrics --nvme-path --log-every; do
     grep -q "\"$opt\"" examples/gpt/train_gpt.cc || problem "train_gpt has no $opt option"
@@ -215,8 +223,9 @@ if [ $dry_run -eq 1 ]; then
       grep -qx "$t" <<<"$labelled" || problem "'$t' is in cuda_tests but not labelled cuda"
     done
     listed="$(ctest --test-dir "$build_dir" -N -L cuda 2>&1)"
-    grep -q 'python_cuda_allocator_test' <<<"$listed" ||
-      problem "ctest -L cuda lists no python_cuda_allocator_test"
+    for t in python_cuda_allocator_test python_torch_models_cuda_test; do
+      grep -q "$t" <<<"$listed" || problem "ctest -L cuda lists no $t"
+    done
   fi
   cat <<EOF
 gpu_check plan (on a machine with an NVIDIA GPU; ${budget_s} s deadline):
@@ -231,6 +240,7 @@ EOF
   done
   cat <<EOF
   torch_allocator(120 s) ctest -R python_cuda_allocator_test (skipped, saying why, without torch 2.x on CUDA)
+  torch_models(240 s) ctest -R python_torch_models_cuda_test (skipped likewise)
   bench_pcie (90 s) zinf bench pcie --json   (gpu must be true)
   bench_profile(180 s) zinf bench profile --path $work/nvme-profile --out $work/profile.json (link kind pcie; --quick with under 150 s left)
   figures -> ${out}
@@ -480,8 +490,9 @@ sys.exit(1 if problems else 0)
 EOF
 }
 
-s_torch_allocator() {
-  local py out rc
+# torch_package_or_skip: returns 77 saying why when the package's torch tests cannot run here.
+torch_package_or_skip() {
+  local py
   if ! py="$(torch_python 2>"$work/torch_why")"; then
     echo "NOTE: no python3 here imports torch 2.x with a usable GPU: $(xargs <"$work/torch_why" | tr '\n' ' ')"
     return 77
@@ -501,6 +512,11 @@ s_torch_allocator() {
     echo "NOTE: zinf's Python package (zinf_python_package) was not built for ${configured:-any python}"
     return 1
   fi
+}
+
+s_torch_allocator() {
+  local out rc
+  torch_package_or_skip || return $?
   out="$work/torch_allocator.out"
   ctest --test-dir "$build_dir" -R '^python_cuda_allocator_test$' -V --timeout 110 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
@@ -515,6 +531,22 @@ s_torch_allocator() {
     return 1
   fi
   echo "NOTE: torch tensors lived in zinf's pool under $configured"
+}
+
+s_torch_models() {
+  local out rc ran verdict
+  torch_package_or_skip || return $?
+  out="$work/torch_models.out"
+  ctest --test-dir "$build_dir" -R '^python_torch_models_cuda_test$' -V --timeout 230 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  grep -E ' \.\.\. |^[0-9]+: (Ran|OK|FAILED)|SKIPPED|MISMATCH|step [0-9]+:' "$out" | sed -E 's/^[0-9]+: //' >"$fig"
+  ran="$(grep -oE 'Ran [0-9]+ tests?' "$out" | tail -n 1)"
+  verdict="$(grep -oE '^[0-9]+: (OK|FAILED).*' "$out" | tail -n 1 | sed -E 's/^[0-9]+: //')"
+  [ $rc -eq 0 ] || { echo "NOTE: the models on cuda failed: $(grep -m1 -E '^[0-9]+: (FAIL|ERROR):' "$out" | sed -E 's/^[0-9]+: //')"; return 1; }
+  if grep -q '\*\*\*Skipped' "$out"; then  # run.py's 77: every test skipped
+    echo "NOTE: every test skipped: $(grep -m1 -o 'skipped .*' "$out")"; return 1
+  fi
+  echo "NOTE: $ran on cuda: $verdict (subtests of two ranks skip on one GPU; the figures say why)"
 }
 
 s_bench_pcie() {
@@ -561,7 +593,7 @@ EOF
 }
 
 export -f configure_args torch_python s_gpu s_deps s_configure s_build s_ctest_cuda s_train \
-  s_torch_allocator s_bench_pcie s_bench_profile
+  torch_package_or_skip s_torch_allocator s_torch_models s_bench_pcie s_bench_profile
 
 # zinf loads NCCL when it first needs it (Note [NCCL loaded on first use]): where the loader's
 # path has none, PyTorch's (nvidia-nccl-cu*).
@@ -584,6 +616,7 @@ fi
 step ctest_cuda 150 s_ctest_cuda
 for c in "${train_configs[@]}"; do step "train_$c" 90 s_train "$c"; done
 step torch_allocator 120 s_torch_allocator
+step torch_models 240 s_torch_models
 step bench_pcie 90 s_bench_pcie
 # The full profile takes a minute or two; --quick, seconds, when the deadline is closer.
 if [ $((deadline - SECONDS)) -ge 150 ]; then

@@ -148,6 +148,12 @@ class ZINF_EXPORT Device {
 
   virtual StatusOr<DeviceBuffer> Allocate(size_t size_bytes) = 0;
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  // A Stream over a native stream another library owns (PyTorch's current stream, a
+  // cudaStream_t of this GPU): work queued and events recorded through it go on that stream,
+  // and destroying it neither synchronizes nor destroys the native one. How a trainer with
+  // streams of its own orders them with the engine's events. FailedPrecondition where the
+  // backend has no native streams (the host device).
+  virtual StatusOr<std::unique_ptr<Stream>> BorrowStream(void* native_handle) = 0;
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) = 0;
   virtual DeviceMemoryStats memory_stats() const = 0;
   // Host memory that copies to and from this device run fastest with: page-locked for CUDA.

@@ -148,10 +148,16 @@ class CudaEvent final : public Event {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(std::shared_ptr<DeviceState> device, cudaStream_t stream)
-      : device_(std::move(device)), stream_(stream), sticky_(std::make_shared<Sticky>()) {}
+  // `owned`: created here, synchronized and destroyed with this object; else borrowed
+  // (Device::BorrowStream) and left as it is.
+  CudaStream(std::shared_ptr<DeviceState> device, cudaStream_t stream, bool owned = true)
+      : device_(std::move(device)),
+        stream_(stream),
+        owned_(owned),
+        sticky_(std::make_shared<Sticky>()) {}
 
   ~CudaStream() override {
+    if (!owned_) return;
     cudaSetDevice(device_->ordinal);
     const cudaError_t err = cudaStreamSynchronize(stream_);
     if (err != cudaSuccess)
@@ -255,6 +261,7 @@ class CudaStream final : public Stream {
 
   std::shared_ptr<DeviceState> device_;
   cudaStream_t stream_;
+  bool owned_;
   std::shared_ptr<Sticky> sticky_;
 };
 
@@ -277,6 +284,22 @@ class CudaDevice final : public Device {
     ZINF_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                     "cudaStreamCreateWithFlags"));
     return std::unique_ptr<Stream>(std::make_unique<CudaStream>(state_, stream));
+  }
+
+  StatusOr<std::unique_ptr<Stream>> BorrowStream(void* native_handle) override {
+    ZINF_RETURN_IF_ERROR(state_->CheckOpen());
+    auto stream = static_cast<cudaStream_t>(native_handle);
+    // The legacy default stream (0) has no device of its own; any other must be this GPU's.
+    if (stream != nullptr) {
+      int stream_device = -1;
+      ZINF_RETURN_IF_ERROR(
+          CudaStatus(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice"));
+      if (stream_device != state_->ordinal) {
+        return InvalidArgument(fmt::format("BorrowStream: the stream is cuda:{}'s, not {}'s",
+                                           stream_device, state_->name));
+      }
+    }
+    return std::unique_ptr<Stream>(std::make_unique<CudaStream>(state_, stream, false));
   }
 
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing) override {

@@ -454,6 +454,12 @@ class HostDevice final : public Device {
     return std::unique_ptr<Stream>(std::make_unique<HostStream>(state_, allocator_));
   }
 
+  StatusOr<std::unique_ptr<Stream>> BorrowStream(void*) override {
+    return FailedPrecondition(
+        "BorrowStream: the host device has no native streams (its compute runs on the "
+        "caller's thread)");
+  }
+
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing) override {
     ZINF_RETURN_IF_ERROR(state_->CheckOpen());
     return std::unique_ptr<Event>(std::make_unique<HostEvent>(state_, enable_timing));

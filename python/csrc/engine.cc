@@ -1,8 +1,14 @@
 // zinf._zinf.Engine: the ZeRO engine (zinf/engine.h) for zinf.zero, which drives it from
-// nn.Module hooks. Gathered parameters and gradient buffers are handed out as writable
-// memoryviews over the engine's memory: valid until the module's Release (parameters) or
-// ReduceGradients (gradients). zinf.zero copies out of and into them and keeps no view
-// past those calls.
+// nn.Module hooks. On the host device, gathered parameters and gradient buffers are handed
+// out as writable memoryviews over the engine's memory: valid until the module's Release
+// (parameters) or ReduceGradients (gradients). zinf.zero copies out of and into them and keeps
+// no view past those calls.
+//
+// On a GPU ("cuda:N") they are handed out as (address, dtype, numel) of device memory, which
+// zinf.zero wraps as torch CUDA tensors without a copy, and each call names the torch stream
+// (a cudaStream_t as an integer) it is ordered with: *_on_stream. The stream waits for the
+// gather before it computes with the parameters; Release and ReduceGradients record it, so
+// that the engine reuses or reads the memory only after the work queued on it so far.
 //
 // Calls that may block on peers or on I/O (Initialize, Fetch, ReduceGradients, Step,
 // collectives, checkpoints) release the GIL.
@@ -12,6 +18,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "python/csrc/binding.h"
+#include "zinf/device.h"
 #include "zinf/engine.h"
 
 namespace zinf::python {
@@ -29,6 +37,18 @@ template <typename F>
 auto WithoutGil(F&& f) {
   py::gil_scoped_release release;
   return f();
+}
+
+// (address, dtype, numel) of device tensors, the dtype as torch names it.
+py::list DeviceTensors(const std::vector<ParamTensor>& tensors) {
+  py::list out;
+  for (const ParamTensor& t : tensors) {
+    const char* dtype = t.dtype == ElementType::kBf16   ? "bfloat16"
+                        : t.dtype == ElementType::kFp16 ? "float16"
+                                                        : "float32";
+    out.append(py::make_tuple(reinterpret_cast<uintptr_t>(t.data), dtype, t.numel));
+  }
+  return out;
 }
 
 py::list Views(const std::vector<float*>& data, const std::vector<uint64_t>& numel) {
@@ -84,11 +104,14 @@ TrainerValues ToTrainerValues(const py::dict& d) {
 class PyEngine {
  public:
   PyEngine(const std::string& config_json, int rank, int world_size, int optimizer_threads,
-           double timeout_s, const py::dict& trainer, int master_port) {
+           double timeout_s, const py::dict& trainer, int master_port, const std::string& device) {
     EngineConfig config =
         ValueOrThrow(EngineConfig::FromJson(config_json, ToTrainerValues(trainer)));
     EngineOptions options;
-    options.device = "host";  // the hooks read and write the tensors as host memoryviews
+    // "host": the hooks read and write the tensors as host memoryviews; "cuda:N": as torch
+    // CUDA tensors over the engine's memory, which need no fp32 copy of 16-bit parameters.
+    options.device = device;
+    options.fp32_view = device == "host";
     options.rank = rank;
     options.world_size = world_size;
     options.master_port = master_port;  // 0: from the environment
@@ -161,6 +184,33 @@ class PyEngine {
     ThrowIfError(WithoutGil([&] { return engine_->ReduceGradients(module); }));
   }
 
+  // ---- On a GPU (see the top of this file) ----
+  py::list FetchOnStream(int module, uintptr_t stream) {
+    Stream& on = Borrowed(stream);
+    FetchedModule fetched = ValueOrThrow(WithoutGil([&]() -> StatusOr<FetchedModule> {
+      ZINF_ASSIGN_OR_RETURN(FetchedModule f, engine_->Fetch(module));
+      if (f.ready != nullptr) ZINF_RETURN_IF_ERROR(on.Wait(*f.ready));
+      return f;
+    }));
+    return DeviceTensors(fetched.tensors);
+  }
+  void ReleaseOnStream(int module, uintptr_t stream) {
+    ThrowIfError(engine_->Release(module, &RecordOn(stream)));
+  }
+  py::list GradientsOnDevice(int module) {
+    std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module));
+    py::list out;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      out.append(py::make_tuple(reinterpret_cast<uintptr_t>(grads[i]), "float32",
+                                numel_.at(module).at(i)));
+    }
+    return out;
+  }
+  void ReduceGradientsOnStream(int module, uintptr_t stream) {
+    Event& ready = RecordOn(stream);
+    ThrowIfError(WithoutGil([&] { return engine_->ReduceGradients(module, &ready); }));
+  }
+
   py::dict Step() {
     StepSummary s = ValueOrThrow(WithoutGil([&] { return engine_->Step(); }));
     py::dict d;
@@ -227,24 +277,54 @@ class PyEngine {
   Engine& engine() { return *engine_; }
 
  private:
+  // torch's stream `handle` as a zinf Stream, borrowed once per handle.
+  Stream& Borrowed(uintptr_t handle) {
+    Device* device = engine_->compute_device();
+    if (device == nullptr || device->kind() != DeviceKind::kCuda) {
+      throw StatusError(FailedPrecondition("the engine's compute device is not a GPU"));
+    }
+    std::unique_ptr<Stream>& stream = borrowed_[handle];
+    if (stream == nullptr) {
+      stream = ValueOrThrow(device->BorrowStream(reinterpret_cast<void*>(handle)));
+    }
+    return *stream;
+  }
+  // The event of the work queued on `handle` so far. The engine's calls take it at once (its
+  // streams wait on it then), so that one event serves every call.
+  Event& RecordOn(uintptr_t handle) {
+    Stream& stream = Borrowed(handle);
+    if (done_ == nullptr) done_ = ValueOrThrow(engine_->compute_device()->CreateEvent());
+    ThrowIfError(stream.Record(*done_));
+    return *done_;
+  }
+
   std::unique_ptr<Engine> engine_;
   std::vector<std::vector<uint64_t>> numel_;  // per module id, per parameter
+  std::map<uintptr_t, std::unique_ptr<Stream>> borrowed_;
+  std::unique_ptr<Event> done_;
 };
 
 }  // namespace
 
 void BindEngine(py::module_& m) {
   py::class_<PyEngine>(m, "Engine", "zinf's ZeRO engine (zinf.zero.initialize uses it)")
-      .def(py::init<const std::string&, int, int, int, double, const py::dict&, int>(),
+      .def(py::init<const std::string&, int, int, int, double, const py::dict&, int,
+                    const std::string&>(),
            py::arg("config_json"), py::arg("rank") = -1, py::arg("world_size") = -1,
            py::arg("optimizer_threads") = 0, py::arg("timeout_s") = 300.0,
-           py::arg("trainer") = py::dict(), py::arg("master_port") = 0)
+           py::arg("trainer") = py::dict(), py::arg("master_port") = 0, py::arg("device") = "host")
       .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"))
       .def("initialize", &PyEngine::Initialize, py::arg("values") = py::none())
       .def("fetch", &PyEngine::Fetch, py::arg("module"))
       .def("release", &PyEngine::Release, py::arg("module"))
       .def("gradients", &PyEngine::Gradients, py::arg("module"))
       .def("reduce_gradients", &PyEngine::ReduceGradients, py::arg("module"))
+      .def("fetch_on_stream", &PyEngine::FetchOnStream, py::arg("module"), py::arg("stream"))
+      .def("release_on_stream", &PyEngine::ReleaseOnStream, py::arg("module"), py::arg("stream"))
+      .def("gradients_on_device", &PyEngine::GradientsOnDevice, py::arg("module"))
+      .def("reduce_gradients_on_stream", &PyEngine::ReduceGradientsOnStream, py::arg("module"),
+           py::arg("stream"))
+      .def_property_readonly("device", [](PyEngine& e) { return e.engine().compute_device_name(); })
       .def("step", &PyEngine::Step)
       .def("mean_over_ranks", &PyEngine::MeanOverRanks, py::arg("value"))
       .def("gather_parameter", &PyEngine::GatherParameter, py::arg("name"))

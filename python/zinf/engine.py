@@ -50,7 +50,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     args: an object with ``deepspeed_config`` (a path), as ``add_config_arguments`` adds it;
         or pass ``config`` (a dict, JSON text or a path; ``config_params`` is its old name).
-    model: the ``nn.Module`` (float32 CPU parameters).
+    model: the ``nn.Module``: float32 CPU parameters, or floating-point parameters on one GPU
+        (moved there first: ``model.to(f"cuda:{local_rank}")``), where the engine then runs.
     model_parameters: optional; must be the model's trainable parameters (zinf trains every
         parameter with requires_grad), as one group.
     training_data: a ``torch.utils.data.Dataset``: the returned loader gives each rank its
@@ -157,8 +158,9 @@ class DeepSpeedEngine:
 
     @property
     def device(self):
-        """Where the model computes: the host (zinf.zero runs CPU modules)."""
-        return torch.device("cpu")
+        """Where the model computes: the GPU its parameters are on, else the CPU (inputs go
+        there: ``batch.to(engine.device)``)."""
+        return self.zero.device
 
     def train_batch_size(self):
         return self.zero.train_batch_size

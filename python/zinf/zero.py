@@ -56,8 +56,18 @@ A model too large for memory is built under ``zinf.zero.Init`` (DeepSpeed's ``ze
 each module's values leave memory as its ``__init__`` finishes and reach the engine's shards
 at ``initialize`` (Note [Construction into shards] in zinf/_construction.py).
 
-Parameters must be float32 CPU tensors (the engine's compute device is the host). Frozen
-parameters (requires_grad False) stay ordinary tensors, outside the engine.
+Where the model computes is where its trainable parameters are (Note [On a GPU]):
+- float32 CPU parameters: the engine's compute device is the host; fetched parameters are
+  copied into torch-owned CPU tensors, gradients copied into the engine's buffers.
+- floating-point parameters all on one GPU (``model.to("cuda")`` first; DeepSpeed moves the
+  model itself, zinf leaves that to the caller): the engine runs on that GPU (gathers and
+  reduce-scatters over NCCL). Fetched parameters are torch CUDA tensors over the engine's own
+  memory, in the config's precision (bf16, fp16, else fp32), with no copy; gradients are copied
+  into its fp32 buffers on the device. Every engine call is ordered with torch's current
+  stream by events, never by synchronizing the host. With bf16 or fp16 the module's floating
+  buffers and frozen parameters are cast to that precision too, as DeepSpeed casts the
+  module, so that the model computes in one dtype.
+Frozen parameters (requires_grad False) stay ordinary tensors, outside the engine.
 """
 
 import collections
@@ -144,13 +154,24 @@ class ZeroEngine:
                              "placeholders): build the model anew for a second engine, or keep "
                              "training with the first")
         self.module = model
+        self.device = _model_device(model)  # where the model computes (Note [On a GPU])
         config_json = _engine_inputs.config_json(config)
         if _heap.parameters_on_nvme(config_json):
             _heap.bound_heap_growth()
+        on_gpu = self.device.type == "cuda"
         self._engine = _zinf.Engine(config_json,
                                     optimizer_threads=optimizer_threads, timeout_s=timeout_s,
                                     trainer=_engine_inputs.trainer_values(trainer or {}),
-                                    master_port=_engine_inputs.port_beside_torch())
+                                    master_port=_engine_inputs.port_beside_torch(),
+                                    device=f"cuda:{self.device.index}" if on_gpu else "host")
+        self._memory = (_GpuMemory(self._engine, self.device) if on_gpu
+                        else _HostMemory(self._engine))
+        # What the model computes in: the engine's precision on a GPU; fp32 on the host, where
+        # the engine hands out fp32 values whatever its precision.
+        self._compute_dtype = _COMPUTE_DTYPES[
+            next((k for k in ("bf16", "fp16") if self._engine.resolved_config[k]), "fp32")
+            if on_gpu else "fp32"]
+        self._held = {}           # module id -> [its fetched tensors, holders]
         self._slots = {}          # id(param) -> _Slot
         self._module_slots = []   # module id -> [_Slot]
         self._module_names = []
@@ -158,7 +179,7 @@ class ZeroEngine:
         self._grad_accumulators = []
         self._forward_refs = {}   # module id -> references of modules in forward
         self._forward_stack = []  # [module ids fetched on read] per running forward, innermost last
-        self._backward_params = {}  # module id -> fetched tensors for backward
+        self._backward_params = {}  # module id -> fetched tensors backward reads
         self._grad_views = {}     # module id -> gradient buffers (torch views)
         self._grads_pending = {}  # module id -> slots whose gradient has not come yet
         self._reduced = set()     # module ids reduced this micro-batch
@@ -174,9 +195,12 @@ class ZeroEngine:
             for pname, p in sub.named_parameters(recurse=False):
                 if not p.requires_grad or id(p) in self._slots:
                     continue
-                if p.dtype != torch.float32 or p.device.type != "cpu":
+                if p.device != self.device or not (
+                        p.dtype == torch.float32 or (p.is_floating_point() and p.is_cuda)):
                     raise ValueError(f"parameter '{_join(mname, pname)}' is {p.dtype} on "
-                                     f"{p.device}; zinf.zero needs float32 CPU parameters")
+                                     f"{p.device}; zinf.zero needs float32 CPU parameters, or "
+                                     f"floating-point parameters all on one GPU (the model's "
+                                     f"are on {self.device})")
                 own.append((_join(mname, pname), p))
             if not own:
                 continue
@@ -197,13 +221,16 @@ class ZeroEngine:
         _construction.check_ranks_built_alike(model, self._engine.mean_over_ranks)
         for slots in self._module_slots:
             for s in slots:
-                # The gradient accumulator of a leaf lives as long as something holds it, and
-                # its input shape is the parameter's shape now (before the placeholder).
+                # The placeholder first: a new dtype or device would make torch drop the
+                # parameter's gradient accumulator. The accumulator of a leaf lives as long as
+                # something holds it; the placeholder has the parameter's shape.
+                s.param.data = self._placeholder(s)
                 acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
                 acc.register_hook(self._make_grad_hook(s))
                 self._grad_accumulators.append(acc)
-                s.param.data = self._placeholder(s)
         _construction.finish(model)  # frozen parameters built under Init get their values
+        if self._compute_dtype != torch.float32:
+            _cast_the_rest(model, self._compute_dtype, self._slots)
         for sub in model.modules():
             sub._zinf_managed = True  # a second initialize would take placeholders as values
         # The root's pre-hook first: it clears what a forward that raised left behind (the
@@ -230,10 +257,11 @@ class ZeroEngine:
                 mids.append(s.module_id)
         return mids
 
-    @staticmethod
-    def _placeholder(slot):
-        # Full shape (p.shape stays true, autograd's metadata matches), one element of storage.
-        return torch.full((1,), math.nan).expand(slot.shape)
+    def _placeholder(self, slot):
+        # Full shape (p.shape stays true, autograd's metadata matches), one element of storage,
+        # of the fetched tensors' dtype and device.
+        return torch.full((1,), math.nan, dtype=self._compute_dtype,
+                          device=self.device).expand(slot.shape)
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -266,11 +294,14 @@ class ZeroEngine:
         for mid in list(self._forward_refs):
             for s in self._module_slots[mid]:
                 s.param.data = self._placeholder(s)
+        self._forward_refs.clear()
+        self._backward_params.clear()
+        for mid in list(self._held):
             try:
-                self._engine.release(mid)
+                self._memory.release(mid)
             except _zinf.ZinfError:
                 pass  # the engine's own error is what the caller sees
-        self._forward_refs.clear()
+        self._held.clear()
 
     def _make_pre_hook(self, mids):
         def pre_hook(module, inputs):
@@ -297,21 +328,27 @@ class ZeroEngine:
         self._acquire(s.module_id)
         self._forward_stack[-1].append(s.module_id)
 
-    def _fetch_copy(self, mid):
-        """Fetches module `mid` and returns torch-owned copies of its parameters."""
-        views = self._engine.fetch(mid)
-        try:
-            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).clone().view(s.shape)
-                    for v, s in zip(views, self._module_slots[mid])]
-        except BaseException:
-            self._engine.release(mid)
-            raise
+    def _hold(self, mid):
+        """Module `mid`'s fetched parameters, fetched by the first holder: a forward using it,
+        or (on a GPU) backward until the module's gradients are reduced."""
+        held = self._held.get(mid)
+        if held is None:
+            held = self._held[mid] = [self._memory.fetch(mid, self._module_slots[mid]), 0]
+        held[1] += 1
+        return held[0]
+
+    def _unhold(self, mid):
+        """Released by the last holder."""
+        held = self._held[mid]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._held[mid]
+            self._memory.release(mid)
 
     def _acquire(self, mid):
         refs = self._forward_refs.get(mid, 0)
         if refs == 0:
-            tensors = self._fetch_copy(mid)  # engine-fetched until _drop
-            for s, t in zip(self._module_slots[mid], tensors):
+            for s, t in zip(self._module_slots[mid], self._hold(mid)):
                 s.param.data = t
         self._forward_refs[mid] = refs + 1
 
@@ -322,12 +359,12 @@ class ZeroEngine:
             del self._forward_refs[mid]
             for s in self._module_slots[mid]:
                 s.param.data = self._placeholder(s)
-            self._engine.release(mid)
+            self._unhold(mid)
 
     # -- saved tensors ----------------------------------------------------------------------
 
     def _pack(self, tensor):
-        if tensor.device.type == "cpu" and tensor.dtype == torch.float32:
+        if tensor.device == self.device and tensor.dtype == self._compute_dtype:
             ptr = _storage_ptr(tensor)
             for mid in self._forward_refs:
                 for s in self._module_slots[mid]:
@@ -341,8 +378,9 @@ class ZeroEngine:
         s = saved.slot
         tensors = self._backward_params.get(s.module_id)
         if tensors is None:
-            tensors = self._fetch_copy(s.module_id)
-            self._engine.release(s.module_id)
+            tensors = self._hold(s.module_id)
+            if not self._memory.views:
+                self._unhold(s.module_id)  # copies: the engine's fetch may go at once
             self._backward_params[s.module_id] = tensors
         return tensors[s.index].as_strided(saved.size, saved.stride, saved.offset)
 
@@ -374,8 +412,7 @@ class ZeroEngine:
                                f"backward once per micro-batch")
         views = self._grad_views.get(mid)
         if views is None:
-            views = [torch.frombuffer(v, dtype=torch.float32, count=t.numel)
-                     for v, t in zip(self._engine.gradients(mid), self._module_slots[mid])]
+            views = self._memory.gradients(mid, self._module_slots[mid])
             self._grad_views[mid] = views
             self._grads_pending[mid] = {t.index for t in self._module_slots[mid]}
         views[s.index].copy_(grad.reshape(-1))
@@ -387,19 +424,19 @@ class ZeroEngine:
     def _reduce(self, mid):
         self._grad_views.pop(mid, None)  # no view outlives the buffers
         self._grads_pending.pop(mid, None)
-        self._backward_params.pop(mid, None)
-        self._engine.reduce_gradients(mid)
+        if self._backward_params.pop(mid, None) is not None and self._memory.views:
+            self._unhold(mid)  # backward's use of the parameters is over
+        self._memory.reduce(mid)
         self._reduced.add(mid)
 
     def _end_backward(self):
         # Every module is reduced once per micro-batch; one that got no gradient (not used,
         # or its output did not reach the loss) gives zeros, as torch's optimizers see None.
         self._in_backward = False
-        self._backward_params.clear()
         for mid in range(len(self._module_slots)):
             if mid not in self._reduced:
                 if mid not in self._grad_views:
-                    self._engine.gradients(mid)
+                    self._memory.gradients(mid, self._module_slots[mid])
                 self._reduce(mid)
         self._reduced.clear()
 
@@ -511,7 +548,7 @@ class ZeroEngine:
         self._push_buffers()  # registers them, so the checkpoint must hold the same set
         client = json.loads(self._engine.load_checkpoint(os.fspath(directory)))
         for name, buf in self._buffers():
-            out = torch.empty_like(buf, memory_format=torch.contiguous_format)
+            out = torch.empty(buf.shape, dtype=buf.dtype)  # on the host, where the engine reads
             self._engine.get_buffer(name, out.data_ptr(), out.numel() * out.element_size())
             with torch.no_grad():
                 buf.copy_(out)
@@ -528,11 +565,12 @@ class ZeroEngine:
     def _push_buffers(self):
         for name, buf in self._buffers():
             dtype = _SAFETENSORS_DTYPES.get(buf.dtype)
-            if dtype is None or buf.device.type != "cpu":
+            if dtype is None or buf.device not in (torch.device("cpu"), self.device):
                 known = ", ".join(sorted(map(str, _SAFETENSORS_DTYPES)))
                 raise ValueError(f"buffer '{name}' is {buf.dtype} on {buf.device}; zinf.zero "
-                                 f"checkpoints CPU buffers of {known}")
-            data = buf.detach().contiguous()
+                                 f"checkpoints buffers of {known} on the CPU or the model's "
+                                 f"device ({self.device})")
+            data = buf.detach().to("cpu").contiguous()
             self._engine.set_buffer(name, dtype, list(data.shape), data.data_ptr(),
                                     data.numel() * data.element_size())
 
@@ -542,6 +580,130 @@ class ZeroEngine:
 
     def eval(self):
         return self.train(False)
+
+
+# Note [On a GPU]
+# The engine runs on the GPU that holds the model's parameters; zinf.zero hands torch the
+# engine's own memory. _GpuMemory wraps each gathered parameter (and each fp32 gradient buffer)
+# as a torch CUDA tensor through __cuda_array_interface__: no copy, and torch keeps only a
+# reference to the wrapper, never ownership. Ordering goes through torch's current stream,
+# borrowed by the engine (Device::BorrowStream): the stream waits for the gather before the
+# module computes; Release and ReduceGradients record it, so the engine reuses a parameter's
+# memory, or reads a gradient, only after the work torch queued on it so far. Backward holds
+# the module fetched from its first saved-tensor unpack to its ReduceGradients (the host copies
+# its parameters and releases the engine's at once instead), so a tensor autograd saved stays
+# valid exactly as long as backward reads it. A reference kept past that (a module that
+# returns its own weight) sees the memory reused: read parameters after training through
+# gather_parameters or consolidated_state_dict.
+
+_COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _HostMemory:
+    """The engine's tensors on the host device: memoryviews, copied out of (parameters) and
+    into (gradients)."""
+    views = False  # fetched parameters are torch-owned copies
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def fetch(self, mid, slots):
+        """Fetches module `mid` (engine-fetched until release) and returns its parameters."""
+        views = self._engine.fetch(mid)
+        try:
+            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).clone().view(s.shape)
+                    for v, s in zip(views, slots)]
+        except BaseException:
+            self._engine.release(mid)
+            raise
+
+    def release(self, mid):
+        self._engine.release(mid)
+
+    def gradients(self, mid, slots):
+        return [torch.frombuffer(v, dtype=torch.float32, count=s.numel)
+                for v, s in zip(self._engine.gradients(mid), slots)]
+
+    def reduce(self, mid):
+        self._engine.reduce_gradients(mid)
+
+
+class _GpuMemory:
+    """The engine's tensors on a GPU, as torch CUDA tensors over its memory, every call
+    ordered with torch's current stream (Note [On a GPU])."""
+    views = True  # fetched parameters are the engine's memory
+
+    def __init__(self, engine, device):
+        self._engine = engine
+        self._device = device
+
+    def _stream(self):
+        return torch.cuda.current_stream(self._device).cuda_stream
+
+    def _tensor(self, address, dtype, numel):
+        typestr, view_as = _CUDA_ARRAY_TYPES[dtype]
+        t = torch.as_tensor(_CudaArray(address, typestr, numel), device=self._device)
+        return t.view(view_as) if view_as is not None else t
+
+    def fetch(self, mid, slots):
+        fetched = self._engine.fetch_on_stream(mid, self._stream())
+        try:
+            return [self._tensor(a, d, n).view(s.shape) for (a, d, n), s in zip(fetched, slots)]
+        except BaseException:
+            self._engine.release_on_stream(mid, self._stream())
+            raise
+
+    def release(self, mid):
+        self._engine.release_on_stream(mid, self._stream())
+
+    def gradients(self, mid, slots):
+        return [self._tensor(a, d, n) for a, d, n in self._engine.gradients_on_device(mid)]
+
+    def reduce(self, mid):
+        self._engine.reduce_gradients_on_stream(mid, self._stream())
+
+
+# The engine's dtype names: (__cuda_array_interface__'s typestr, the torch dtype to view it as).
+# The interface has no bfloat16: its values travel as int16 and are reinterpreted, no copy.
+_CUDA_ARRAY_TYPES = {"float32": ("<f4", None), "float16": ("<f2", None),
+                     "bfloat16": ("<i2", torch.bfloat16)}
+
+
+class _CudaArray:
+    """Device memory as torch.as_tensor takes it without a copy."""
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, address, typestr, numel):
+        self.__cuda_array_interface__ = {"data": (address, False), "shape": (numel,),
+                                         "typestr": typestr, "version": 2}
+
+
+def _model_device(model):
+    """The one device of the model's trainable parameters (the host's when it has none: the
+    engine then says the model has nothing to train)."""
+    devices = {p.device for p in model.parameters() if p.requires_grad}
+    if len(devices) > 1:
+        raise ValueError(f"the model's trainable parameters are on {len(devices)} devices "
+                         f"({', '.join(sorted(map(str, devices)))}); zinf.zero trains a model on "
+                         f"one: the CPU or one GPU")
+    device = next(iter(devices), torch.device("cpu"))
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the model's parameters are on {device}; zinf.zero trains on the CPU "
+                         f"or a CUDA GPU")
+    return device
+
+
+def _cast_the_rest(model, dtype, slots):
+    """Floating buffers and frozen parameters to the compute dtype, as DeepSpeed casts the
+    whole module under bf16 or fp16."""
+    with torch.no_grad():
+        for sub in model.modules():
+            for p in sub.parameters(recurse=False):
+                if id(p) not in slots and p.is_floating_point() and p.dtype != dtype:
+                    p.data = p.data.to(dtype)
+            for name, buf in sub.named_buffers(recurse=False):
+                if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
+                    sub._buffers[name] = buf.to(dtype)
 
 
 class _FetchingParameters(collections.OrderedDict):

@@ -66,6 +66,42 @@ TEST(CudaDeviceTest, EventsOrderStreamsOfTwoDevicesOnOneGpu) {
   EXPECT_TRUE(ready_done.ok() && *ready_done) << ready_done.status();
 }
 
+// A borrowed stream (Device::BorrowStream: PyTorch's current stream, as zinf.zero orders it)
+// queues on the native stream and leaves it alive and unsynchronized when it goes: the owner
+// keeps using it after, and events order it with the device's own streams.
+TEST(CudaDeviceTest, BorrowedStreamQueuesOnTheNativeOneAndLeavesItAlive) {
+  auto device = CreateCudaDevice({.ordinal = 0, .memory_budget_bytes = 64 << 20});
+  if (!device.ok()) GTEST_SKIP() << device.status().message();
+  constexpr size_t kBytes = 16 << 20;
+  auto owner = (*device)->CreateStream();  // stands in for the other library's stream
+  auto engine = (*device)->CreateStream();
+  auto source = (*device)->AllocateHost(kBytes);
+  auto result = (*device)->AllocateHost(kBytes);
+  auto staged = (*device)->Allocate(kBytes);
+  auto ready = (*device)->CreateEvent();
+  ASSERT_TRUE(owner.ok() && engine.ok() && source.ok() && result.ok() && staged.ok() && ready.ok());
+  std::memset(source->data(), 0x5a, kBytes);
+  std::memset(result->data(), 0, kBytes);
+  {
+    auto borrowed = (*device)->BorrowStream((*owner)->native_handle());
+    ASSERT_TRUE(borrowed.ok()) << borrowed.status();
+    EXPECT_EQ((*borrowed)->native_handle(), (*owner)->native_handle());
+    ASSERT_TRUE(
+        (*borrowed)->Copy(staged->data(), source->data(), kBytes, CopyKind::kHostToDevice).ok());
+    ASSERT_TRUE((*borrowed)->Record(**ready).ok());
+  }  // gone: the native stream stays
+  ASSERT_TRUE((*engine)->Wait(**ready).ok());
+  ASSERT_TRUE(
+      (*engine)->Copy(result->data(), staged->data(), kBytes, CopyKind::kDeviceToHost).ok());
+  ASSERT_TRUE((*engine)->Synchronize().ok());
+  EXPECT_EQ(std::memcmp(result->data(), source->data(), kBytes), 0);
+  ASSERT_TRUE((*owner)->Memset(staged->data(), 0, kBytes).ok());  // still a live stream
+  EXPECT_TRUE((*owner)->Synchronize().ok());
+  // The legacy default stream borrows too.
+  auto legacy = (*device)->BorrowStream(nullptr);
+  EXPECT_TRUE(legacy.ok()) << legacy.status();
+}
+
 TEST(CudaDeviceTest, CastKernelsRoundTrip) {
   auto device = CreateCudaDevice({});
   if (!device.ok()) GTEST_SKIP() << device.status().message();

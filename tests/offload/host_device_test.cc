@@ -39,6 +39,14 @@ TEST(HostDeviceTest, ZeroBudgetIsRejected) {
   EXPECT_EQ(device.status().message(), "host device memory_budget_bytes must be > 0, got 0");
 }
 
+TEST(HostDeviceTest, HasNoNativeStreamsToBorrow) {
+  auto device = CreateHostDevice({.memory_budget_bytes = 1 << 20});
+  ASSERT_TRUE(device.ok());
+  auto borrowed = (*device)->BorrowStream(nullptr);
+  ASSERT_FALSE(borrowed.ok());
+  EXPECT_EQ(borrowed.status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(HostDeviceTest, NameShowsBudget) {
   auto device = CreateHostDevice({.memory_budget_bytes = 1 << 30, .ordinal = 1});
   ASSERT_TRUE(device.ok());

@@ -3,7 +3,10 @@ train to plain PyTorch's loss curve within 1e-5 (relative) over 30 steps, on one
 on two (`zinf run -n 2`), with parameters in memory and on NVMe: nn.Transformer and
 nn.TransformerEncoder (nn.MultiheadAttention reads out_proj's weight without calling it), a
 CNN with BatchNorm, and, where `transformers` is importable, Hugging Face's GPT-2 and Llama
-built from a config. The training itself is tests/python/torch_models_train.py."""
+built from a config. The training itself is tests/python/torch_models_train.py.
+
+The same tests run on a GPU (the model on cuda, the engine there) in
+test_torch_models_cuda.py, which subclasses this one with `device = "cuda"`."""
 
 import argparse
 import json
@@ -49,6 +52,8 @@ def read_safetensors(path):
 
 
 class TorchModelsTest(unittest.TestCase):
+    device = "cpu"  # where the models and the engine compute
+
     def setUp(self):
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             self.assertNotIn(var, os.environ, "run these tests outside a launcher")
@@ -56,18 +61,22 @@ class TorchModelsTest(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
 
     def one_process(self, model, offload):
-        args = argparse.Namespace(model=model, offload=offload, nvme_path=self.dir, steps=30)
+        args = argparse.Namespace(model=model, offload=offload, nvme_path=self.dir, steps=30,
+                                  device=self.device)
         ref, got, _, _ = tm.train(args)
         problem = tm.check(ref, got)
         self.assertIsNone(problem, f"{model} {offload}: {problem}\ntorch {ref}\nzinf  {got}")
 
     def two_processes(self, model, offload):
+        if self.device == "cuda" and torch.cuda.device_count() < 2:
+            self.skipTest(f"two ranks on cuda need two GPUs; {torch.cuda.device_count()} here")
         launcher = os.path.join(BUILD_DIR, "bin", "zinf")
         self.assertTrue(os.path.exists(launcher), f"{launcher} is not built")
         done = subprocess.run(
             [launcher, "run", "-n", "2", "--", sys.executable,
              os.path.join(HERE, "torch_models_train.py"), "--model", model, "--offload", offload,
-             "--nvme-path", self.dir], capture_output=True, text=True, timeout=600)
+             "--nvme-path", self.dir, "--device", self.device],
+            capture_output=True, text=True, timeout=600)
         self.assertEqual(done.returncode, 0,
                          f"{model} {offload} on 2 processes:\n{done.stdout}\n{done.stderr}")
         self.assertIn("[rank 0] step 29", done.stdout)
@@ -89,7 +98,8 @@ class TorchModelsTest(unittest.TestCase):
         self.check_model("cnn_bn")
 
     def test_batchnorm_statistics_survive_a_resume_and_are_exported(self):
-        args = argparse.Namespace(model="cnn_bn", offload="none", nvme_path=self.dir, steps=10)
+        args = argparse.Namespace(model="cnn_bn", offload="none", nvme_path=self.dir, steps=10,
+                                  device=self.device)
         self.assertIsNone(tm.resume_check(args))
         # `zinf ckpt export` writes the buffers beside the parameters, in their own dtype.
         out = os.path.join(self.dir, "cnn.safetensors")
@@ -98,21 +108,25 @@ class TorchModelsTest(unittest.TestCase):
                               capture_output=True, text=True, timeout=120)
         self.assertEqual(done.returncode, 0, done.stderr)
         tensors = read_safetensors(out)
-        model = tm.make("cnn_bn")
+        model = tm.make("cnn_bn", device=self.device)
         engine = zinf.zero.initialize(model, tm.config(args, 4))
         engine.load_checkpoint(os.path.join(self.dir, "resume-ckpt"))
         for name, want in model.state_dict().items():
             if name.endswith(("running_mean", "running_var", "num_batches_tracked")):
                 self.assertIn(name, tensors)
-                self.assertTrue(torch.equal(tensors[name], want), name)
+                self.assertTrue(torch.equal(tensors[name], want.cpu()), name)
         self.assertEqual(tensors["net.1.num_batches_tracked"].dtype, torch.int64)
         self.assertEqual(int(tensors["net.1.num_batches_tracked"]), 10)
         # Two processes: every rank resumes with rank 0's statistics.
         with self.subTest(processes=2):
+            if self.device == "cuda" and torch.cuda.device_count() < 2:
+                self.skipTest(f"two ranks on cuda need two GPUs; {torch.cuda.device_count()} "
+                              f"here")
             done = subprocess.run(
                 [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", "2", "--", sys.executable,
                  os.path.join(HERE, "torch_models_train.py"), "--model", "cnn_bn",
-                 "--resume-check", "--nvme-path", os.path.join(self.dir, "two")],
+                 "--resume-check", "--nvme-path", os.path.join(self.dir, "two"),
+                 "--device", self.device],
                 capture_output=True, text=True, timeout=600)
             self.assertEqual(done.returncode, 0, f"{done.stdout}\n{done.stderr}")
             self.assertIn("[rank 1] [resume check] rank 1 ok", done.stdout)
@@ -128,22 +142,26 @@ class TorchModelsTest(unittest.TestCase):
     def test_a_parameter_read_outside_its_module_is_fetched_by_the_reader(self):
         # nn.MultiheadAttention alone: its forward passes out_proj.weight and .bias to
         # F.multi_head_attention_forward without calling out_proj.
+        tm.deterministic(self.device)
         torch.manual_seed(0)
-        ref = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).to(self.device)
         torch.manual_seed(0)
-        model = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        model = torch.nn.MultiheadAttention(8, 2, batch_first=True).to(self.device)
         engine = zinf.zero.initialize(model, {"train_micro_batch_size_per_gpu": 2,
                                               "zero_optimization": {"stage": 3}})
-        x = torch.randn(2, 3, 8)
+        x = torch.randn(2, 3, 8).to(self.device)
         want = ref(x, x, x, need_weights=False)[0]
         got = engine(x, x, x, need_weights=False)[0]
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         # Released with the reader: between forwards out_proj holds its placeholder again.
-        self.assertEqual(model.out_proj.weight.data.storage().size(), 1)
+        weight = model.out_proj.weight.data
+        elements = (weight.untyped_storage().nbytes() // weight.element_size()
+                    if hasattr(weight, "untyped_storage") else weight.storage().size())
+        self.assertEqual(elements, 1)
         engine.backward(got.square().sum())
         want.square().sum().backward()
         grads = engine.gather_gradients()
-        torch.testing.assert_close(grads["out_proj.weight"], ref.out_proj.weight.grad)
+        torch.testing.assert_close(grads["out_proj.weight"], ref.out_proj.weight.grad.cpu())
         # Outside any forward nothing is fetched: the placeholder reads as NaN.
         self.assertTrue(torch.isnan(model.out_proj.weight).all())
 

@@ -57,9 +57,10 @@ class TransformerLM(torch.nn.Module):
         self.head = torch.nn.Linear(32, 16)
 
     def forward(self, tokens):
-        src, tgt = tokens[:, :6], tokens[:, 6:-1]
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
-        out = self.t(self.embed(src), self.embed(tgt), tgt_mask=mask)
+        src, tgt = self.embed(tokens[:, :6]), self.embed(tokens[:, 6:-1])
+        # In the model's dtype (bf16 under a bf16 config on a GPU), as attention wants it.
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1]).to(tgt)
+        out = self.t(src, tgt, tgt_mask=mask)
         return F.cross_entropy(self.head(out).reshape(-1, 16), tokens[:, 7:].reshape(-1))
 
 
@@ -73,9 +74,9 @@ class EncoderLM(torch.nn.Module):
         self.head = torch.nn.Linear(32, 16)
 
     def forward(self, tokens):
-        x = tokens[:, :-1]
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
-        out = self.enc(self.embed(x), mask=mask)
+        x = self.embed(tokens[:, :-1])
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1]).to(x)
+        out = self.enc(x, mask=mask)
         return F.cross_entropy(self.head(out).reshape(-1, 16), tokens[:, 1:].reshape(-1))
 
 
@@ -144,13 +145,24 @@ MODELS = {
 }
 
 
-def make(name, seed=0):
+def make(name, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    return MODELS[name]()
+    return MODELS[name]().to(device)
 
 
-def batches(steps, global_batch, seed=1):
-    return sequences(steps, global_batch, seq=12, vocab=16, seed=seed)
+def batches(steps, global_batch, seed=1, device="cpu"):
+    for tokens in sequences(steps, global_batch, seq=12, vocab=16, seed=seed):
+        yield tokens.to(device)
+
+
+def deterministic(device):
+    """On a GPU, kernels that give the same bits every run and no TF32, so that zinf's run and
+    the reference compute alike (as the CPU does by itself)."""
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
 
 
 LR = {"cnn_bn": 1e-2}  # a larger step for the CNN: its task is simple
@@ -169,12 +181,15 @@ def train(args):
     """(reference losses, zinf losses, engine, reference model); zinf's losses are the global
     batch's (the mean over ranks)."""
     micro = 4
-    engine = zinf.zero.initialize(make(args.model), config(args, micro), timeout_s=120)
+    device = device_of(args)
+    deterministic(device)
+    engine = zinf.zero.initialize(make(args.model, device=device), config(args, micro),
+                                  timeout_s=120)
     rank, world = engine.rank, engine.world_size
-    ref = make(args.model)
+    ref = make(args.model, device=device)
     opt = torch.optim.AdamW(ref.parameters(), lr=LR.get(args.model, 1e-3), weight_decay=0.01)
     ref_losses, zinf_losses = [], []
-    for tokens in batches(args.steps, micro * world):
+    for tokens in batches(args.steps, micro * world, device=device):
         slices = [tokens[r * micro:(r + 1) * micro] for r in range(world)]
         opt.zero_grad()
         loss = sum(ref(s) for s in slices) / world
@@ -196,13 +211,15 @@ def resume_check(args):
     args.model = "cnn_bn"
     save_dir = os.path.join(args.nvme_path or ".", "resume-ckpt")
     micro = 4
-    model = make(args.model)
+    device = device_of(args)
+    deterministic(device)
+    model = make(args.model, device=device)
     engine = zinf.zero.initialize(model, config(args, micro), timeout_s=120)
     rank, world = engine.rank, engine.world_size
-    ref = make(args.model)
+    ref = make(args.model, device=device)
     opt = torch.optim.AdamW(ref.parameters(), lr=LR[args.model], weight_decay=0.01)
-    probe = next(batches(1, 8, seed=7))
-    data = batches(args.steps + 5, micro * world)
+    probe = next(batches(1, 8, seed=7, device=device))
+    data = batches(args.steps + 5, micro * world, device=device)
     for _ in range(args.steps):
         tokens = next(data)
         slices = [tokens[r * micro:(r + 1) * micro] for r in range(world)]
@@ -232,7 +249,7 @@ def resume_check(args):
             os.environ["ZINF_MASTER_PORT"] = str(round(engine.mean_over_ranks(port) * world))
     del engine, model
     gc.collect()
-    fresh = make(args.model, seed=3)
+    fresh = make(args.model, seed=3, device=device)
     resumed = zinf.zero.initialize(fresh, config(args, micro), timeout_s=120)
     client = resumed.load_checkpoint(save_dir)
     if client != {"step": args.steps}:
@@ -248,6 +265,12 @@ def resume_check(args):
     if world == 1 and not torch.allclose(got, want, rtol=LOSS_RTOL, atol=1e-6):
         return f"the eval output after resuming differs from torch's: {got} vs {want}"
     return None
+
+
+def device_of(args):
+    """The device the models train on: cuda is cuda:LOCAL_RANK, as each rank's own GPU."""
+    device = getattr(args, "device", "cpu")
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if device == "cuda" else device
 
 
 def check(ref_losses, zinf_losses):
@@ -267,6 +290,8 @@ def main():
     ap.add_argument("--offload", choices=["none", "nvme"], default="none")
     ap.add_argument("--nvme-path", default="")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the models compute (cuda: cuda:LOCAL_RANK)")
     ap.add_argument("--resume-check", action="store_true",
                     help="the CNN's BatchNorm statistics through a checkpoint (resume_check)")
     args = ap.parse_args()

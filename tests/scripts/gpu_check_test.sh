@@ -40,7 +40,7 @@ case "$mode" in
     [ $rc -eq 77 ] && { echo "SKIPPED: no nvcc"; exit 77; }
     [ $rc -eq 0 ] || fail "--dry-run exit $rc, want 0"
     grep -q 'every step.s command exists' <<<"$out" || fail "no verdict line"
-    for s in ctest_cuda train_memory train_cpu train_nvme torch_allocator bench_pcie bench_profile; do
+    for s in ctest_cuda train_memory train_cpu train_nvme torch_allocator torch_models bench_pcie bench_profile; do
       grep -q "^  $s" <<<"$out" || fail "the plan has no step $s"
     done
     ;;
