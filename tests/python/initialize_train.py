@@ -51,17 +51,20 @@ def main():
     parser.add_argument("--save_step", type=int, default=3)
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--device", default="cpu", help="where the model is put before "
+                        "initialize (cuda: its GPU, where zinf's engine then runs)")
     parser = X.add_config_arguments(parser)
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    net = Net()
+    net = Net().to(args.device)
     # ---- DeepSpeed's getting-started loop, the same text for X = zinf and X = deepspeed ----
     model_engine, optimizer, data_loader, _ = X.initialize(
         args=args, model=net, model_parameters=net.parameters(), training_data=dataset(args.samples))
 
     losses, lrs = [], []
     for step, batch in enumerate(data_loader):
+        batch = [t.to(model_engine.device) for t in batch]
         # forward() method
         loss = model_engine(batch)
         # runs backpropagation
@@ -84,6 +87,7 @@ def main():
         # advance data loader to ckpt step
         if step <= ckpt_step:
             continue
+        batch = [t.to(model_engine.device) for t in batch]
         loss = model_engine(batch)
         model_engine.backward(loss)
         model_engine.step()

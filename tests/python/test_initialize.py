@@ -83,12 +83,13 @@ class LoopRunner(unittest.TestCase):
             json.dump(config, f)
         return path
 
-    def run_loop(self, backend, world, config):
-        """Runs the loop on `world` processes; returns each rank's result, by rank."""
+    def run_loop(self, backend, world, config, device="cpu"):
+        """Runs the loop on `world` processes, the model put on `device` first; returns each
+        rank's result, by rank."""
         save_dir = os.path.join(self.dir, f"{backend}-{world}-ckpt")
         cmd = [sys.executable, SCRIPT, "--backend", backend, "--deepspeed_config",
                self.write_config(f"{backend}-{world}.json", config), "--save_dir", save_dir,
-               "--save_step", str(SAVE_STEP), "--samples", str(SAMPLES)]
+               "--save_step", str(SAVE_STEP), "--samples", str(SAMPLES), "--device", device]
         env = dict(os.environ)
         if world > 1:
             launcher = os.path.join(BUILD_DIR, "bin", "zinf")

@@ -10,6 +10,7 @@ import unittest
 
 import torch
 
+import test_initialize
 import test_torch_models as host
 import torch_models_train as tm
 import zinf.zero
@@ -90,6 +91,15 @@ class TorchModelsOnGpuTest(host.TorchModelsTest):
         with torch.cuda.stream(side):
             side_stream = tm.train(args)[1]
         self.assertEqual(default_stream, side_stream)
+
+
+@unittest.skipIf(GPU_MISSING, GPU_MISSING)
+class InitializeOnGpuTest(test_initialize.LoopRunner):
+    def test_getting_started_loop_with_the_model_on_cuda(self):
+        # DeepSpeed's loop with the model on the GPU: torch's losses, and the resume from the
+        # checkpoint bitwise.
+        results = self.run_loop("zinf", 1, test_initialize.loop_config(), device="cuda")
+        self.check_loop(1, results)
 
 
 if __name__ == "__main__":
