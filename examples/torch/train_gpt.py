@@ -7,13 +7,14 @@ Run:    PYTHONPATH=build/python /usr/bin/python3 examples/torch/train_gpt.py [--
         PYTHONPATH=build/python build/bin/zinf run -n 2 -- /usr/bin/python3 \\
             examples/torch/train_gpt.py --nvme-path /mnt/nvme
         [--config examples/torch/nvme.json] [--data FILE] [--layers 2] [--d-model 128]
-        [--heads 4] [--seq 64] [--save DIR]
+        [--heads 4] [--seq 64] [--save DIR] [--device cuda]
 
 Debian's /usr/bin/python3 is the interpreter python3-torch is installed for. The config is a
 DeepSpeed config; "@NVME_PATH@" in it becomes --nvme-path (default: a temporary directory,
 removed at the end). The model is byte-level; without --data it trains on zinf's own README
 and architecture notes. Rank 0 prints each step's loss (the mean over ranks), tokens per second
-and the bytes the engine read from NVMe.
+and the bytes the engine read from NVMe. With --device cuda the model is put on the rank's GPU
+(cuda:LOCAL_RANK) before initialize, and the engine runs there.
 """
 
 import argparse
@@ -111,7 +112,11 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--save", default="")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model computes (cuda: cuda:LOCAL_RANK)")
     args = ap.parse_args()
+    device = (f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if args.device == "cuda"
+              else "cpu")
 
     nvme_path, temporary = args.nvme_path, None
     if not nvme_path:
@@ -124,14 +129,14 @@ def main():
 
     corpus = load_corpus(args.data)
     torch.manual_seed(0)  # every rank starts from the same model
-    model = GPT(256, args.seq, args.d_model, args.heads, args.layers)
+    model = GPT(256, args.seq, args.d_model, args.heads, args.layers).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     engine = zinf.zero.initialize(model, config)
     rank, world, micro = engine.rank, engine.world_size, engine.micro_batch_size
     if rank == 0:
         print(f"GPT: {n_params / 1e6:.2f}M parameters, {args.layers} layers, d_model "
-              f"{args.d_model}, seq {args.seq}; {world} rank(s) x {micro} sequences; "
-              f"parameters on NVMe in {nvme_path}")
+              f"{args.d_model}, seq {args.seq}; {world} rank(s) x {micro} sequences on "
+              f"{engine.device}; NVMe path {nvme_path}")
 
     g = torch.Generator().manual_seed(1234)
     try:
@@ -142,7 +147,8 @@ def main():
                 # Every rank draws the global batch and takes its own rows.
                 starts = torch.randint(0, len(corpus) - args.seq - 1, (micro * world,),
                                        generator=g)[rank * micro:(rank + 1) * micro]
-                batch = torch.stack([corpus[s:s + args.seq + 1] for s in starts.tolist()])
+                batch = torch.stack([corpus[s:s + args.seq + 1]
+                                     for s in starts.tolist()]).to(engine.device)
                 logits = engine(batch[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, 256), batch[:, 1:].reshape(-1))
                 engine.backward(loss)
