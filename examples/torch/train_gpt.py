@@ -45,7 +45,7 @@ class CausalSelfAttention(torch.nn.Module):
         q, k, v = self.qkv(x).split(d, dim=2)
         q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         return self.proj(y)
@@ -79,7 +79,7 @@ class GPT(torch.nn.Module):
 
     def forward(self, tokens):
         t = tokens.shape[1]
-        x = self.tok(tokens) + self.pos(torch.arange(t))
+        x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
