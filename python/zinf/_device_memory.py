@@ -1,0 +1,128 @@
+"""Where zinf.zero's modules compute, and how the engine's tensors reach torch there: copies
+on the host (HostMemory), the engine's own memory on a GPU (GpuMemory).
+
+Note [On a GPU]
+The engine runs on the GPU that holds the model's parameters; zinf.zero hands torch the
+engine's own memory. GpuMemory wraps each gathered parameter (and each fp32 gradient buffer)
+as a torch CUDA tensor through __cuda_array_interface__: no copy, and torch keeps only a
+reference to the wrapper, never ownership. Ordering goes through torch's current stream,
+borrowed by the engine (Device::BorrowStream): the stream waits for the gather before the
+module computes; Release and ReduceGradients record it, so the engine reuses a parameter's
+memory, or reads a gradient, only after the work torch queued on it so far. Backward holds
+the module fetched from its first saved-tensor unpack to its ReduceGradients (the host copies
+its parameters and releases the engine's at once instead), so a tensor autograd saved stays
+valid exactly as long as backward reads it. A reference kept past that (a module that
+returns its own weight) sees the memory reused: read parameters after training through
+gather_parameters or consolidated_state_dict.
+"""
+
+import torch
+
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class HostMemory:
+    """The engine's tensors on the host device: memoryviews, copied out of (parameters) and
+    into (gradients)."""
+    views = False  # fetched parameters are torch-owned copies
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def fetch(self, mid, slots):
+        """Fetches module `mid` (engine-fetched until release) and returns its parameters."""
+        views = self._engine.fetch(mid)
+        try:
+            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).clone().view(s.shape)
+                    for v, s in zip(views, slots)]
+        except BaseException:
+            self._engine.release(mid)
+            raise
+
+    def release(self, mid):
+        self._engine.release(mid)
+
+    def gradients(self, mid, slots):
+        return [torch.frombuffer(v, dtype=torch.float32, count=s.numel)
+                for v, s in zip(self._engine.gradients(mid), slots)]
+
+    def reduce(self, mid):
+        self._engine.reduce_gradients(mid)
+
+
+class GpuMemory:
+    """The engine's tensors on a GPU, as torch CUDA tensors over its memory, every call
+    ordered with torch's current stream (Note [On a GPU])."""
+    views = True  # fetched parameters are the engine's memory
+
+    def __init__(self, engine, device):
+        self._engine = engine
+        self._device = device
+
+    def _stream(self):
+        return torch.cuda.current_stream(self._device).cuda_stream
+
+    def _tensor(self, address, dtype, numel):
+        typestr, view_as = _CUDA_ARRAY_TYPES[dtype]
+        t = torch.as_tensor(_CudaArray(address, typestr, numel), device=self._device)
+        return t.view(view_as) if view_as is not None else t
+
+    def fetch(self, mid, slots):
+        fetched = self._engine.fetch_on_stream(mid, self._stream())
+        try:
+            return [self._tensor(a, d, n).view(s.shape) for (a, d, n), s in zip(fetched, slots)]
+        except BaseException:
+            self._engine.release_on_stream(mid, self._stream())
+            raise
+
+    def release(self, mid):
+        self._engine.release_on_stream(mid, self._stream())
+
+    def gradients(self, mid, slots):
+        return [self._tensor(a, d, n) for a, d, n in self._engine.gradients_on_device(mid)]
+
+    def reduce(self, mid):
+        self._engine.reduce_gradients_on_stream(mid, self._stream())
+
+
+# The engine's dtype names: (__cuda_array_interface__'s typestr, the torch dtype to view it as).
+# The interface has no bfloat16: its values travel as int16 and are reinterpreted, no copy.
+_CUDA_ARRAY_TYPES = {"float32": ("<f4", None), "float16": ("<f2", None),
+                     "bfloat16": ("<i2", torch.bfloat16)}
+
+
+class _CudaArray:
+    """Device memory as torch.as_tensor takes it without a copy."""
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, address, typestr, numel):
+        self.__cuda_array_interface__ = {"data": (address, False), "shape": (numel,),
+                                         "typestr": typestr, "version": 2}
+
+
+def model_device(model):
+    """The one device of the model's trainable parameters (the host's when it has none: the
+    engine then says the model has nothing to train)."""
+    devices = {p.device for p in model.parameters() if p.requires_grad}
+    if len(devices) > 1:
+        raise ValueError(f"the model's trainable parameters are on {len(devices)} devices "
+                         f"({', '.join(sorted(map(str, devices)))}); zinf.zero trains a model on "
+                         f"one: the CPU or one GPU")
+    device = next(iter(devices), torch.device("cpu"))
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the model's parameters are on {device}; zinf.zero trains on the CPU "
+                         f"or a CUDA GPU")
+    return device
+
+
+def cast_the_rest(model, dtype, slots):
+    """Floating buffers and frozen parameters to the compute dtype, as DeepSpeed casts the
+    whole module under bf16 or fp16."""
+    with torch.no_grad():
+        for sub in model.modules():
+            for p in sub.parameters(recurse=False):
+                if id(p) not in slots and p.is_floating_point() and p.dtype != dtype:
+                    p.data = p.data.to(dtype)
+            for name, buf in sub.named_buffers(recurse=False):
+                if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
+                    sub._buffers[name] = buf.to(dtype)
