@@ -216,6 +216,17 @@ struct ZINF_EXPORT EngineConfig {
   // steps each chunk once its gradients are on disk.
   bool gradients_on_nvme = false;
   int64_t delayed_param_update_warmup_steps = 40;
+  // zinf.layer_major: the trainer runs every micro-batch of the step through a module before
+  // it fetches the next one (Note [Layer-major micro-batches] in src/zero/engine.cc). Each
+  // module is fetched once in forward and once in backward a step instead of
+  // gradient_accumulation_steps times each, its gradients accumulate over the step's
+  // micro-batches in the buffers of one Gradients() call, and it is reduced once a step
+  // (ReduceGradients once per module and step, not per micro-batch). On one rank the result is
+  // bitwise that of the micro-batch-major schedule; on several, each rank sums its
+  // micro-batches (in micro-batch order) before the ranks' sums are reduced.
+  bool layer_major = false;
+  // Reductions of each module per step: 1 with layer_major, else gradient_accumulation_steps.
+  int ReductionsPerStep() const { return layer_major ? 1 : gradient_accumulation_steps; }
 
   // One line per key the config sets that zinf accepts but does not act on as DeepSpeed
   // would, naming the key, its value and why (e.g. "config key 'zero_optimization.

@@ -360,6 +360,7 @@ void BindEngine(py::module_& m) {
         d["fp16"] = c.fp16;
         d["bf16"] = c.bf16;
         d["gradient_clipping"] = c.gradient_clipping;
+        d["layer_major"] = c.layer_major;
         return d;
       });
 }

@@ -165,6 +165,12 @@ class ZeroEngine:
                                     trainer=_engine_inputs.trainer_values(trainer or {}),
                                     master_port=_engine_inputs.port_beside_torch(),
                                     device=f"cuda:{self.device.index}" if on_gpu else "host")
+        if self._engine.resolved_config["layer_major"]:
+            raise ValueError(
+                "zinf.layer_major needs a trainer that runs every micro-batch through a module "
+                "before it fetches the next; zinf.zero follows autograd, whose backward runs one "
+                "micro-batch through the whole model at a time, so it cannot: leave the key off "
+                "(Note [Layer-major micro-batches] in src/zero/engine.cc)")
         self._memory = (_device_memory.GpuMemory(self._engine, self.device) if on_gpu
                         else _device_memory.HostMemory(self._engine))
         # What the model computes in: the engine's precision on a GPU; fp32 on the host, where

@@ -70,6 +70,7 @@ Status Engine::Impl::CheckRanksAgree() {
                               OffloadDeviceName(config.offload_param_device),
                               OffloadDeviceName(config.offload_optimizer_device),
                               config.gradient_accumulation_steps,
+                              config.layer_major,
                               config.gradient_clipping,
                               config.fp16,
                               config.bf16,
@@ -307,7 +308,7 @@ Status Engine::Initialize(const InitialValues& initial_values) {
 StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
-  if (module->reductions == m.config.gradient_accumulation_steps) {
+  if (module->reductions == m.config.ReductionsPerStep()) {
     ZINF_RETURN_IF_ERROR(m.QuiesceStep(fmt::format(
         "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
   }
@@ -362,11 +363,26 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   return out;
 }
 
+// Note [Layer-major micro-batches]
+// With gradient accumulation G, the micro-batch-major schedule runs each micro-batch through
+// the whole model: every module is fetched 2G times a step (a forward and a backward fetch per
+// micro-batch), which with parameters on NVMe is 2G reads of the model. zinf.layer_major lets
+// the trainer turn the loops around: forward runs all G micro-batches through module k (one
+// fetch) before module k+1, keeping each micro-batch's activations; backward takes the modules
+// in reverse, each fetched once, its G micro-batches' gradients accumulated in the buffers of
+// one Gradients() call, and reduced once. The engine's part is only the count: a module is
+// reduced ReductionsPerStep() times a step (1 here), which is when the overlapped step
+// begins, gradients on NVMe are final and Step may run; the mean still divides by G x world.
+// The sums: on one rank the accumulator receives ((0 + g_1) + g_2) + ... either way, so the
+// two schedules agree bit for bit; on several ranks each rank first sums its micro-batches in
+// micro-batch order, and the ranks' sums are reduced once (the collective's order), where the
+// micro-batch-major schedule reduces each micro-batch over the ranks and sums the reduced
+// micro-batches. The trainer pays with G micro-batches' activations held at once.
 Status Engine::ReduceGradients(int id, Event* ready) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = EngineClock::now();
-  if (module->reductions + 1 == m.config.gradient_accumulation_steps) {
+  if (module->reductions + 1 == m.config.ReductionsPerStep()) {
     ZINF_RETURN_IF_ERROR(m.BeginOverlappedStep());  // the batch's last micro-batch
   }
   for (int pi : module->params) {

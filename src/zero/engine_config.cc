@@ -609,6 +609,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
         .Bytes("overlap_optimizer_swap_bytes", &c.overlap_optimizer_swap_bytes, 0)
         .Bool("delayed_param_update", &c.delayed_param_update)
         .Bool("gradients_on_nvme", &c.gradients_on_nvme)
+        .Bool("layer_major", &c.layer_major)
         .Int("delayed_param_update_warmup_steps", &c.delayed_param_update_warmup_steps, 0,
              INT64_MAX)
         .Double("optimizer_nvme_ratio", &c.optimizer_nvme_ratio, 0.0, 1.0);

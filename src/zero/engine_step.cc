@@ -89,7 +89,7 @@ Status Engine::Impl::OpenNvmeOptimizer() {
     // A chunk's gradients are final when its last write of the batch is on disk.
     ZINF_ASSIGN_OR_RETURN(
         nvme_grads, NvmeGradients::Create(pipelined.get(), nvme_shard, optimizer.get(), tiers.get(),
-                                          config.gradient_accumulation_steps,
+                                          config.ReductionsPerStep(),
                                           [o = overlap.get()](size_t c) { o->MarkChunkFinal(c); }));
   }
   return OkStatus();
@@ -143,7 +143,7 @@ Status Engine::Impl::AddReducedGradient(uint64_t flat_offset, const float* reduc
 }
 
 void Engine::Impl::GradientAdded(int pi) {
-  if (overlap != nullptr && ++final_adds[pi] == config.gradient_accumulation_steps) {
+  if (overlap != nullptr && ++final_adds[pi] == config.ReductionsPerStep()) {
     overlap->MarkFinal(pi);
   }
 }
@@ -213,11 +213,13 @@ StatusOr<StepSummary> Engine::Step() {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("Step before Initialize");
   for (const Module& module : m.modules) {
-    if (module.reductions != m.config.gradient_accumulation_steps) {
-      return FailedPrecondition(
-          fmt::format("Step: module '{}' reduced its gradients {} time(s) since the last step; "
-                      "gradient_accumulation_steps is {}",
-                      module.name, module.reductions, m.config.gradient_accumulation_steps));
+    if (module.reductions != m.config.ReductionsPerStep()) {
+      return FailedPrecondition(fmt::format(
+          "Step: module '{}' reduced its gradients {} time(s) since the last step; {} expected "
+          "(gradient_accumulation_steps {}{})",
+          module.name, module.reductions, m.config.ReductionsPerStep(),
+          m.config.gradient_accumulation_steps,
+          m.config.layer_major ? ", zinf.layer_major: once a step" : ""));
     }
   }
   ZINF_RETURN_IF_ERROR(m.FinishReductions());

@@ -250,6 +250,10 @@ class ZeroTest(unittest.TestCase):
                                  small_config())
         with self.assertRaisesRegex(ValueError, "no trainable parameters"):
             zinf.zero.initialize(torch.nn.ReLU(), small_config())
+        # Autograd runs one micro-batch through the whole model: no layer-major schedule here.
+        layer_major = dict(small_config(), zinf={"layer_major": True})
+        with self.assertRaisesRegex(ValueError, "zinf.layer_major needs a trainer"):
+            zinf.zero.initialize(torch.nn.Linear(2, 2), layer_major)
         with self.assertRaises(zinf.InvalidArgumentError) as ctx:
             zinf.zero.initialize(torch.nn.Linear(2, 2), small_config(stage3_bogus_key=1))
         self.assertIn("stage3_bogus_key", str(ctx.exception))
