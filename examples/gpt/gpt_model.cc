@@ -226,6 +226,28 @@ struct Gpt::Impl {
   float* dprobs;                                     // [B, H, T, T]
   float *dgelu, *dfc;                                // [N, 4d]
 
+  // Note [Layer-major GPT]
+  // Under zinf.layer_major the batch's micro-batches go through each module together (Note
+  // [Layer-major micro-batches] in src/zero/engine.cc): TrainBatch fetches every module once
+  // in forward and once in backward. It keeps each micro-batch's block inputs (its
+  // checkpoints: backward recomputes a block's activations from them, as activation
+  // checkpointing does) and the gradient flowing back through it. Each micro-batch's
+  // parameter gradients are computed into zeroed scratch, exactly as the micro-batch-major
+  // schedule computes them into the engine's zeroed buffers, and added into the module's one
+  // buffer in micro-batch order, as the engine adds reduced micro-batches: on one rank the
+  // two schedules give the same bits. The tied embedding gets its head part early in backward
+  // and its lookup part at the end, so it keeps one scratch per micro-batch.
+  struct LayerMajor {
+    int micro = 0, batch = 0;
+    zinf::DeviceBuffer arena;             // owns every pointer below
+    std::vector<std::vector<float*>> xs;  // [micro][n_layer + 1]: the blocks' inputs, ln_f's
+    std::vector<float*> dxs;              // [micro]: the gradient flowing back
+    float* spare = nullptr;               // the next block's dxs, swapped in
+    std::vector<float*> block_grads;      // one block's gradients, per parameter
+    std::vector<float*> ln_f_grads;       // [weight, bias]
+    std::vector<std::vector<float*>> embed_grads;  // [micro][wte, wpe]
+  } lm;
+
   int64_t T() const { return config.seq_len; }
   int64_t D() const { return config.d_model; }
   int64_t H() const { return config.n_head; }
@@ -287,6 +309,64 @@ struct Gpt::Impl {
     activations = std::move(*arena);
     batch = new_batch;
     return zinf::OkStatus();
+  }
+
+  Status ResizeLayerMajor(int micro) {
+    if (lm.micro == micro && lm.batch == batch) return zinf::OkStatus();
+    (void)kernels->Synchronize();
+    lm = LayerMajor();
+    const int64_t nd = N() * D();
+    std::vector<std::pair<int64_t, float**>> arrays;
+    auto want = [&](int64_t count, float** v) { arrays.emplace_back((count + 63) / 64 * 64, v); };
+    lm.xs.assign(micro, std::vector<float*>(config.n_layer + 1));
+    lm.dxs.assign(micro, nullptr);
+    for (int g = 0; g < micro; ++g) {
+      for (float*& v : lm.xs[g]) want(nd, &v);
+      want(nd, &lm.dxs[g]);
+    }
+    want(nd, &lm.spare);
+    auto grads = [&](const std::vector<int64_t>& numel, std::vector<float*>* out) {
+      out->assign(numel.size(), nullptr);
+      for (size_t i = 0; i < numel.size(); ++i) want(numel[i], &(*out)[i]);
+    };
+    grads(block_numel, &lm.block_grads);
+    grads(ln_f_numel, &lm.ln_f_grads);
+    lm.embed_grads.resize(micro);
+    for (std::vector<float*>& e : lm.embed_grads) grads(embed_numel, &e);
+    int64_t total = 0;
+    for (const auto& [count, v] : arrays) total += count;
+    auto arena = kernels->device().Allocate(static_cast<size_t>(total) * sizeof(float));
+    if (!arena.ok()) {
+      return std::move(arena).status().WithContext(fmt::format(
+          "zinf.layer_major: the checkpoints and gradient scratch of {} micro-batches of {} "
+          "sequences on {}",
+          micro, batch, kernels->device().name()));
+    }
+    float* at = arena->as<float>();
+    for (const auto& [count, v] : arrays) {
+      *v = at;
+      at += count;
+    }
+    lm.arena = std::move(*arena);
+    lm.micro = micro;
+    lm.batch = batch;
+    return zinf::OkStatus();
+  }
+
+  // Scratch gradients `scratch` of one micro-batch into the module's buffers `into`: the first
+  // micro-batch's copied, the rest added, as the engine accumulates reduced micro-batches.
+  void AddMicroBatch(const std::vector<float*>& into, const std::vector<float*>& scratch,
+                     const std::vector<int64_t>& numel, bool first) {
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (first) {
+        kernels->Copy(into[i], scratch[i], numel[i]);
+      } else {
+        kernels->Add(into[i], scratch[i], into[i], numel[i]);
+      }
+    }
+  }
+  void ZeroAll(const std::vector<float*>& arrays, const std::vector<int64_t>& numel) {
+    for (size_t i = 0; i < arrays.size(); ++i) kernels->Zero(arrays[i], numel[i]);
   }
 
   // Engine calls, timed. Fetch hands back the module's parameters in backend memory, each in
@@ -456,6 +536,95 @@ struct Gpt::Impl {
     timing.compute_s += SecondsSince(t0) - (timing.param_wait_s - engine_before.param_wait_s) -
                         (timing.grad_reduce_s - engine_before.grad_reduce_s);
     return loss;
+  }
+
+  // The batch layer-major (Note [Layer-major GPT]); each micro-batch's mean loss.
+  StatusOr<std::vector<double>> RunLayerMajor(const std::vector<const int32_t*>& tokens,
+                                              const std::vector<const int32_t*>& targets,
+                                              int new_batch) {
+    if (new_batch < 1) return InvalidArgument(fmt::format("batch must be >= 1, got {}", new_batch));
+    if (tokens.empty() || tokens.size() != targets.size()) {
+      return InvalidArgument(fmt::format("TrainBatch: {} token and {} target micro-batches",
+                                         tokens.size(), targets.size()));
+    }
+    const auto t0 = Clock::now();
+    const Timing engine_before = timing;
+    const int micro = static_cast<int>(tokens.size());
+    const int64_t n = int64_t{new_batch} * T();
+    for (int g = 0; g < micro; ++g) {
+      ZINF_RETURN_IF_ERROR(CheckTokens(tokens[g], n, "tokens"));
+      ZINF_RETURN_IF_ERROR(CheckTokens(targets[g], n, "targets"));
+    }
+    ZINF_RETURN_IF_ERROR(Resize(new_batch));
+    ZINF_RETURN_IF_ERROR(ResizeLayerMajor(micro));
+    GptKernels& k = *kernels;
+    const int64_t d = D(), L = config.n_layer;
+    BlockActivations& a = acts[0];
+    // Forward: every micro-batch through a module, then the next module.
+    ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> e, Fetch(embed, Slot::kEmbed, embed_numel, fp32_2));
+    for (int g = 0; g < micro; ++g) {
+      k.SetTokens(tokens[g], targets[g], n);
+      k.EmbeddingForward(e[0].f32(), e[1].f32(), lm.xs[g][0], n, T(), d);
+    }
+    ZINF_RETURN_IF_ERROR(Release(embed));
+    for (int64_t l = 0; l < L; ++l) {
+      ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> p,
+                            Fetch(blocks[l], Slot::kBlock, block_numel, block_want));
+      for (int g = 0; g < micro; ++g) BlockForward(p, lm.xs[g][l], lm.xs[g][l + 1], a);
+      ZINF_RETURN_IF_ERROR(Release(blocks[l]));
+    }
+    // ln_f and the tied head, forward and backward per micro-batch while both are fetched.
+    ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> f, Fetch(ln_f, Slot::kLnF, ln_f_numel, fp32_2));
+    ZINF_ASSIGN_OR_RETURN(e, Fetch(embed, Slot::kEmbed, embed_numel, head_want));
+    ZINF_ASSIGN_OR_RETURN(std::vector<float*> ge, Gradients(embed));
+    ZINF_ASSIGN_OR_RETURN(std::vector<float*> gf, Gradients(ln_f));
+    const float grad_scale = static_cast<float>(engine.loss_scale() / n);
+    std::vector<double> losses;
+    for (int g = 0; g < micro; ++g) {
+      k.SetTokens(tokens[g], targets[g], n);
+      k.LayerNormForward(lm.xs[g][L], f[0].f32(), f[1].f32(), xf, lnf_mean, lnf_var, n, d);
+      k.Matmul(Matrix(xf, n, d), Transposed(Matrix(e[0], V(), d)), Matrix(logits, n, V()));
+      ZINF_ASSIGN_OR_RETURN(const double loss, k.CrossEntropy(logits, n, V(), grad_scale));
+      losses.push_back(loss);
+      ZeroAll(lm.embed_grads[g], embed_numel);
+      k.Matmul(Matrix(logits, n, V()), Matrix(e[0], V(), d), Matrix(dln, n, d));
+      k.Matmul(Transposed(Matrix(logits, n, V())), Matrix(xf, n, d),
+               Matrix(lm.embed_grads[g][0], V(), d), nullptr, 1.0f, /*accumulate=*/true);
+      ZeroAll(lm.ln_f_grads, ln_f_numel);
+      k.LayerNormBackward(lm.xs[g][L], f[0].f32(), f[1].f32(), lnf_mean, lnf_var, dln, lm.dxs[g],
+                          lm.ln_f_grads[0], lm.ln_f_grads[1], n, d);
+      AddMicroBatch(gf, lm.ln_f_grads, ln_f_numel, g == 0);
+    }
+    ZINF_RETURN_IF_ERROR(Release(embed));
+    ZINF_RETURN_IF_ERROR(ReduceGradients(ln_f));
+    ZINF_RETURN_IF_ERROR(Release(ln_f));
+    // Backward: a module's micro-batches, then the module before it.
+    for (int64_t l = L - 1; l >= 0; --l) {
+      ZINF_ASSIGN_OR_RETURN(std::vector<Tensor> p,
+                            Fetch(blocks[l], Slot::kBlock, block_numel, block_want));
+      ZINF_ASSIGN_OR_RETURN(std::vector<float*> g_block, Gradients(blocks[l]));
+      for (int g = 0; g < micro; ++g) {
+        ZeroAll(lm.block_grads, block_numel);
+        BlockForward(p, lm.xs[g][l], nullptr, a);  // the activations, from the checkpoint
+        BlockBackward(p, lm.block_grads, lm.xs[g][l], a, lm.dxs[g], lm.spare);
+        std::swap(lm.dxs[g], lm.spare);
+        AddMicroBatch(g_block, lm.block_grads, block_numel, g == 0);
+      }
+      ZINF_RETURN_IF_ERROR(ReduceGradients(blocks[l]));
+      ZINF_RETURN_IF_ERROR(Release(blocks[l]));
+    }
+    // The lookup's part of the embedding's gradient, after the head's part of each
+    // micro-batch; the buffers are the ones the head stage was handed.
+    ZINF_ASSIGN_OR_RETURN(ge, Gradients(embed));
+    for (int g = 0; g < micro; ++g) {
+      k.SetTokens(tokens[g], targets[g], n);
+      k.EmbeddingBackward(lm.dxs[g], lm.embed_grads[g][0], lm.embed_grads[g][1], n, T(), d);
+      AddMicroBatch(ge, lm.embed_grads[g], embed_numel, g == 0);
+    }
+    ZINF_RETURN_IF_ERROR(ReduceGradients(embed));
+    timing.compute_s += SecondsSince(t0) - (timing.param_wait_s - engine_before.param_wait_s) -
+                        (timing.grad_reduce_s - engine_before.grad_reduce_s);
+    return losses;
   }
 
   StatusOr<double> Compute(bool train, std::vector<float>* logits_out) {
@@ -659,6 +828,12 @@ ElementType Gpt::matmul_type() const { return impl_->kernels->matmul_type(); }
 
 StatusOr<double> Gpt::TrainMicroBatch(const int32_t* tokens, const int32_t* targets, int batch) {
   return impl_->Run(tokens, targets, batch, /*train=*/true, nullptr);
+}
+
+StatusOr<std::vector<double>> Gpt::TrainBatch(const std::vector<const int32_t*>& tokens,
+                                              const std::vector<const int32_t*>& targets,
+                                              int batch) {
+  return impl_->RunLayerMajor(tokens, targets, batch);
 }
 
 StatusOr<double> Gpt::Loss(const int32_t* tokens, const int32_t* targets, int batch,

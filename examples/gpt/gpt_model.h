@@ -113,6 +113,16 @@ class Gpt {
   // engine's error if a fetch or reduction fails, the backend's (Internal, naming the op) if
   // a kernel fails (the engine, or the Gpt, is then unusable).
   zinf::StatusOr<double> TrainMicroBatch(const int32_t* tokens, const int32_t* targets, int batch);
+  // A whole batch of gradient_accumulation_steps micro-batches (tokens[k], targets[k] as
+  // TrainMicroBatch takes them) layer-major, for an engine with zinf.layer_major: each module
+  // fetched once in forward and once in backward, every micro-batch through it in turn (Note
+  // [Layer-major GPT] in gpt_model.cc). On one rank the gradients, and so the step, are
+  // bitwise those of the micro-batches one by one. Returns each micro-batch's mean loss.
+  // Errors as TrainMicroBatch's; ResourceExhausted when the micro-batches' checkpoints do not
+  // fit.
+  zinf::StatusOr<std::vector<double>> TrainBatch(const std::vector<const int32_t*>& tokens,
+                                                 const std::vector<const int32_t*>& targets,
+                                                 int batch);
   // Forward only: the mean loss, and when `logits` is not null the logits
   // [batch, seq_len, vocab_size]. Leaves no gradients behind.
   zinf::StatusOr<double> Loss(const int32_t* tokens, const int32_t* targets, int batch,

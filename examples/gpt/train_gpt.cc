@@ -659,12 +659,26 @@ int Main(int argc, char** argv) {
   for (int64_t step = first_step; step < args.steps; ++step) {
     const auto t0 = Clock::now();
     double loss = 0;
-    for (int k = 0; k < gas; ++k) {
-      FillMicroBatch(*corpus, args.seed, step, k, gas, world, rank, batch, mc.seq_len, &tokens,
-                     &targets);
-      auto micro_loss = (*model)->TrainMicroBatch(tokens.data(), targets.data(), batch);
-      if (!micro_loss.ok()) return Fail(micro_loss.status());
-      loss += *micro_loss / gas;
+    if (config->engine.layer_major) {  // the batch's micro-batches through each module together
+      std::vector<std::vector<int32_t>> all_tokens(gas), all_targets(gas);
+      std::vector<const int32_t*> token_ptrs, target_ptrs;
+      for (int k = 0; k < gas; ++k) {
+        FillMicroBatch(*corpus, args.seed, step, k, gas, world, rank, batch, mc.seq_len,
+                       &all_tokens[k], &all_targets[k]);
+        token_ptrs.push_back(all_tokens[k].data());
+        target_ptrs.push_back(all_targets[k].data());
+      }
+      auto micro_losses = (*model)->TrainBatch(token_ptrs, target_ptrs, batch);
+      if (!micro_losses.ok()) return Fail(micro_losses.status());
+      for (double micro_loss : *micro_losses) loss += micro_loss / gas;
+    } else {
+      for (int k = 0; k < gas; ++k) {
+        FillMicroBatch(*corpus, args.seed, step, k, gas, world, rank, batch, mc.seq_len, &tokens,
+                       &targets);
+        auto micro_loss = (*model)->TrainMicroBatch(tokens.data(), targets.data(), batch);
+        if (!micro_loss.ok()) return Fail(micro_loss.status());
+        loss += *micro_loss / gas;
+      }
     }
     auto mean_loss = engine.MeanOverRanks(loss);
     if (!mean_loss.ok()) return Fail(mean_loss.status());
