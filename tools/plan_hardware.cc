@@ -211,6 +211,7 @@ StatusOr<HardwareEstimate> EstimateOnHardware(const ModelSpec& spec, const Engin
   const double S = static_cast<double>(l.shard_elements);
   const double total = static_cast<double>(l.total);
   const double gas = c.gradient_accumulation_steps;
+  const double passes = c.ReductionsPerStep();  // reductions per step (zinf.layer_major: 1)
   const double w = world;
   TimeEstimate& t = est.time;
   // Compute: the matmuls at the share of the peak that training sustains end to end; fp32 at
@@ -227,8 +228,9 @@ StatusOr<HardwareEstimate> EstimateOnHardware(const ModelSpec& spec, const Engin
   }
   const double drives_read = node.nvme_read_Bps() / w, drives_write = node.nvme_write_Bps() / w;
   const double h2d = c.offload_param_device == OffloadDevice::kNone ? 0.0 : missed / node.h2d_Bps;
-  const double d2h = gas * S * 4 / node.d2h_Bps;  // the reduced fp32 gradient shard
-  const double peer = world > 1 ? (gathered + gas * total * 4) * (w - 1) / w / node.peer_Bps : 0.0;
+  const double d2h = passes * S * 4 / node.d2h_Bps;  // the reduced fp32 gradient shard
+  const double peer =
+      world > 1 ? (gathered + passes * total * 4) * (w - 1) / w / node.peer_Bps : 0.0;
   double nvme_during = params_nvme ? SafeDiv(missed, drives_read) : 0.0;
   double read = 0, written = 0;  // the optimizer's NVMe pass
   if (optim_nvme) {
@@ -238,10 +240,10 @@ StatusOr<HardwareEstimate> EstimateOnHardware(const ModelSpec& spec, const Engin
     if (c.gradients_on_nvme) {
       read += on_nvme * 4;
       // Written each micro-batch and read back from the second on, during backward.
-      nvme_during +=
-          SafeDiv(on_nvme * 4 * gas, drives_write) + SafeDiv(on_nvme * 4 * (gas - 1), drives_read);
-      t.nvme_read += static_cast<uint64_t>(on_nvme * 4 * (gas - 1));
-      t.nvme_written += static_cast<uint64_t>(on_nvme * 4 * gas);
+      nvme_during += SafeDiv(on_nvme * 4 * passes, drives_write) +
+                     SafeDiv(on_nvme * 4 * (passes - 1), drives_read);
+      t.nvme_read += static_cast<uint64_t>(on_nvme * 4 * (passes - 1));
+      t.nvme_written += static_cast<uint64_t>(on_nvme * 4 * passes);
     }
   }
   const double forward_backward = std::max({t.compute, h2d, d2h, peer, nvme_during});

@@ -68,7 +68,8 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
                        uint64_t device_budget) {
   CacheSim sim;
   const uint64_t e = ElementBytes(c);
-  for (int k = 0; k < c.gradient_accumulation_steps; ++k) {
+  // One pass of the model's fetches per micro-batch; layer-major, one pass a step.
+  for (int k = 0; k < c.ReductionsPerStep(); ++k) {
     sim.order.insert(sim.order.end(), model.fetch_order.begin(), model.fetch_order.end());
   }
   const size_t n = sim.order.size();
@@ -222,7 +223,8 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
         std::min(m.device_budget,
                  sim.peak + (c.offload_param_device == OffloadDevice::kNone ? tier : 0) + buckets);
   }
-  m.activations = model.activation_bytes;
+  // Layer-major, the trainer holds every micro-batch of the step at once.
+  m.activations = model.activation_bytes * (c.layer_major ? c.gradient_accumulation_steps : 1);
   // In host memory at the peak: the host arrays, the parameter tier where it lives there, the
   // NVMe optimizer's pools, with parameters on NVMe the host copies the step writes back
   // (within the host tier's room) and the store's staging buffers for NVMe.

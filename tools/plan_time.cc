@@ -90,6 +90,9 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   }
   TimeEstimate& t = est.time;
   const int gas = c.gradient_accumulation_steps;
+  // Passes of the model's fetches, and reductions of each module, per step: one per
+  // micro-batch, or one with every micro-batch through each fetch (zinf.layer_major).
+  const int passes = c.ReductionsPerStep();
   // Attention's matmuls at their own rate where the profile has one; std::exp on one thread.
   const MachineProfile::CallRow& kernels = profile.KernelCall(threads);
   const double attention_extra =
@@ -108,8 +111,8 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const std::vector<uint64_t>& miss = sim.miss;
   const size_t n = order.size();
   std::vector<double> flops;
-  for (int k = 0; k < c.gradient_accumulation_steps; ++k) {
-    flops.insert(flops.end(), model.fetch_flops.begin(), model.fetch_flops.end());
+  for (int k = 0; k < passes; ++k) {
+    for (double f : model.fetch_flops) flops.push_back(f * gas / passes);
   }
   std::vector<uint64_t> gathered_bytes(l.modules.size()), gathers(l.modules.size());
   uint64_t persistent_gathered = 0, persistent_count = 0;
@@ -168,7 +171,7 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const double buckets =
       std::ceil(total / static_cast<double>(std::max<uint64_t>(1, c.reduce_bucket_size)));
   // The gradients' reduce-scatters run during backward: their CPU spread over the compute.
-  const double reduce_cpu = gas * collective_cpu(buckets, total * 4);
+  const double reduce_cpu = passes * collective_cpu(buckets, total * 4);
   double stolen = 0;  // compute seconds the collectives take
   // Event simulation: compute is one serial lane, reads another, all-gathers a third.
   double clock = 0, disk_free = 0, comm_free = 0;
@@ -256,12 +259,14 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
 
   // Gradients: zeroed buffers, the reduce-scatter in buckets (several ranks), and the
   // accumulation into fp32 (one rank's first micro-batch accumulates in place).
-  double memory_bytes = gas * total * 4;  // zeroing every gradient buffer
-  memory_bytes += (world == 1 ? (gas - 1) : gas) * static_cast<double>(S) * 12;
+  double memory_bytes = passes * total * 4;  // zeroing every gradient buffer
+  memory_bytes += (world == 1 ? (passes - 1) : passes) * static_cast<double>(S) * 12;
+  // Layer-major, the trainer adds each micro-batch's gradients into the module's buffer.
+  memory_bytes += (gas - passes) * total * 12;
   t.reduce = SafeDiv(memory_bytes, profile.memory_Bps);
   if (world > 1) {
-    t.reduce += gas * (buckets * profile.collective_latency_s +
-                       SafeDiv(total * 4, profile.reduce_scatter_Bps));
+    t.reduce += passes * (buckets * profile.collective_latency_s +
+                          SafeDiv(total * 4, profile.reduce_scatter_Bps));
     // The ranks meet at the step's norm all-reduce, the one waiting for the other's last
     // fetches (Note [Loaded rendezvous]).
     t.reduce += profile.LoadedWait(t.compute / static_cast<double>(n),
@@ -287,8 +292,8 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
     double backward_read = 0, backward_written = 0;
     if (c.gradients_on_nvme) {
       read += on_nvme * 4;
-      backward_written = on_nvme * 4 * gas;
-      backward_read = on_nvme * 4 * (gas - 1);
+      backward_written = on_nvme * 4 * passes;
+      backward_read = on_nvme * 4 * (passes - 1);
     }
     t.nvme_read += static_cast<uint64_t>(read + backward_read);
     t.nvme_written += static_cast<uint64_t>(written + backward_written);

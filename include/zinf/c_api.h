@@ -671,7 +671,10 @@ ZINF_EXPORT zinf_code_t zinf_engine_gradients(zinf_engine_t* engine, int module,
                                               zinf_tensor_t* grads, size_t capacity, size_t* count,
                                               char** errptr);
 /* Queues the module's gradients for reduce-scattering into this rank's accumulators and frees
- * the buffers. FAILED_PRECONDITION without zinf_engine_gradients first. */
+ * the buffers: once per micro-batch, or once per batch with every micro-batch's gradients
+ * summed in the buffers when the config sets "zinf": {"layer_major": true} (Note [Layer-major
+ * micro-batches] in src/zero/engine.cc). FAILED_PRECONDITION without zinf_engine_gradients
+ * first. */
 ZINF_EXPORT zinf_code_t zinf_engine_reduce_gradients(zinf_engine_t* engine, int module,
                                                      char** errptr);
 /* Ends a global batch: after gradient_accumulation_steps micro-batches, updates the

@@ -466,6 +466,34 @@ TEST(PlanModelTest, ClippedStepsHideNoOptimizerTime) {
   EXPECT_GT(grew, 0);
 }
 
+// zinf.layer_major: the parameters come from NVMe once a pass of the model, one pass a step
+// instead of one per micro-batch; the compute is the same; the trainer holds every
+// micro-batch's activations.
+TEST(PlanModelTest, LayerMajorReadsTheParametersOnceAStep) {
+  StatusOr<ModelSpec> m = GptModel(256, 128, 2048, 20, 16, 1);  // large.json
+  ASSERT_TRUE(m.ok());
+  EngineConfig base;
+  base.gradient_accumulation_steps = 4;
+  base.offload_param_device = OffloadDevice::kNvme;
+  base.offload_param_nvme_path = {"/nvme"};
+  base.offload_optimizer_device = OffloadDevice::kNvme;
+  base.offload_optimizer_nvme_path = {"/nvme"};
+  EngineConfig layer = base;
+  layer.layer_major = true;
+  StatusOr<Estimate> micro_est = EstimatePlacement(*m, base, TestProfile(), {});
+  StatusOr<Estimate> layer_est = EstimatePlacement(*m, layer, TestProfile(), {});
+  ASSERT_TRUE(micro_est.ok() && layer_est.ok());
+  EXPECT_DOUBLE_EQ(layer_est->time.compute, micro_est->time.compute);
+  // The optimizer's pass reads 12 bytes an element either way; the parameters' reads shrink.
+  const double optimizer_read = 12.0 * static_cast<double>(m->parameter_count());
+  const double micro_params = micro_est->time.nvme_read - optimizer_read;
+  const double layer_params = layer_est->time.nvme_read - optimizer_read;
+  EXPECT_GT(layer_params, 0);
+  EXPECT_NEAR(layer_params / micro_params, 0.25, 0.05);
+  EXPECT_EQ(layer_est->memory.activations, 4 * micro_est->memory.activations);
+  EXPECT_LT(layer_est->time.step, micro_est->time.step);
+}
+
 TEST(PlanModelTest, AModelTooLargeForTheMachineDoesNotFit) {
   StatusOr<ModelSpec> m = UniformModel(2'000'000'000, 8, 512);
   ASSERT_TRUE(m.ok());
