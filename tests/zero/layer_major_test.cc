@@ -19,6 +19,7 @@
 
 #include "tests/testing/engine_setup.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/rank_outcome.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
 
@@ -170,23 +171,14 @@ int TrainRank(int rank, int port, const TrainRun& r) {
   return out.good() ? 0 : 15;
 }
 
-struct Outcome {
-  std::string params;
-  std::vector<std::string> steps;
-};
+using Outcome = testing::RankOutcome;
 
 Outcome Train(TrainRun r, const std::string& label) {
-  const testing::TempDir tmp("zinf-layer-major-" + label);
-  r.dir = tmp.path();
-  const std::vector<int> codes =
-      testing::RunRanks(r.world, [&](int rank, int port) { return TrainRank(rank, port, r); });
-  EXPECT_EQ(codes, std::vector<int>(r.world, 0)) << label;
-  Outcome o;
-  std::ifstream in(r.dir + "/out.bin", std::ios::binary);
-  o.params.assign(std::istreambuf_iterator<char>(in), {});
-  std::ifstream steps(r.dir + "/steps.txt");
-  for (std::string line; std::getline(steps, line);) o.steps.push_back(line);
-  return o;
+  return testing::TrainRanks(r.world, "zinf-layer-major-" + label,
+                             [&](int rank, int port, const std::string& dir) {
+                               r.dir = dir;
+                               return TrainRank(rank, port, r);
+                             });
 }
 
 struct Case {
@@ -220,7 +212,9 @@ TEST_P(LayerMajorTest, OneRankIsBitwiseTheMicroBatchMajorSchedule) {
     std::printf("step %d: NVMe bytes read, layer-major %llu, micro-batch-major %llu\n", s, read_a,
                 read_b);
     // What it is for: parameters on NVMe are read twice a step, not twice per micro-batch.
-    if (GetParam().run.params_nvme) EXPECT_LT(read_a, read_b) << "step " << s;
+    if (GetParam().run.params_nvme) {
+      EXPECT_LT(read_a, read_b) << "step " << s;
+    }
   }
   EXPECT_TRUE(clipped) << "no step clipped: the case does not test the clipped step";
 }

@@ -17,6 +17,7 @@
 
 #include "tests/testing/engine_setup.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/rank_outcome.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
 
@@ -142,23 +143,14 @@ int TrainRank(int rank, int port, const TrainRun& r) {
   return rank != 0 || out.good() ? 0 : 19;
 }
 
-struct Outcome {
-  std::string params;  // every parameter's bytes
-  std::vector<std::string> steps;
-};
+using Outcome = testing::RankOutcome;
 
 Outcome Train(TrainRun r, const std::string& label) {
-  const testing::TempDir tmp("zinf-overlap-" + label);
-  r.dir = tmp.path();
-  const std::vector<int> codes =
-      testing::RunRanks(r.world, [&](int rank, int port) { return TrainRank(rank, port, r); });
-  EXPECT_EQ(codes, std::vector<int>(r.world, 0)) << label;
-  Outcome o;
-  std::ifstream in(r.dir + "/out.bin", std::ios::binary);
-  o.params.assign(std::istreambuf_iterator<char>(in), {});
-  std::ifstream steps(r.dir + "/steps.txt");
-  for (std::string line; std::getline(steps, line);) o.steps.push_back(line);
-  return o;
+  return testing::TrainRanks(r.world, "zinf-overlap-" + label,
+                             [&](int rank, int port, const std::string& dir) {
+                               r.dir = dir;
+                               return TrainRank(rank, port, r);
+                             });
 }
 
 struct Case {
