@@ -50,6 +50,10 @@ namespace zinf {
 // complete: a failed write-back keeps its copy, as Evict does; a failed read leaves the copy
 // invalid for the next Acquire to read again. The others (busy, pinned, behind a device link,
 // needing room made) are moved one at a time as Evict and Prefetch do, with the same errors.
+// WriteBackAsync is the same job keeping each copy once it is home: a step whose next
+// forward reads the shards soon after it writes them (Note [Step in the next forward's order]
+// in src/zero/optimizer_overlap.h) then costs no read, and the copies, clean, are dropped for
+// free when the tier needs their room.
 
 // Note [Scratch tensors]
 // A training step makes and frees the same short-lived tensors every time: a gather's
@@ -482,7 +486,8 @@ struct TieredStore::Impl {
   }
 
   // Drops t's cached copy in `tier`, writing it back home when the home is stale. mu held.
-  Status EvictLocked(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier) {
+  // `keep`: the copy stays, current in both tiers (TieredStore::WriteBackAsync).
+  Status EvictLocked(std::unique_lock<std::mutex>& lock, Tensor& t, Tier tier, bool keep = false) {
     Copy& c = t.copies[Index(tier)];
     Copy& home = t.copies[Index(t.home)];
     if (c.valid && !home.valid) {
@@ -500,6 +505,7 @@ struct TieredStore::Impl {
       home.zero = false;
       ++write_backs;
     }
+    if (keep) return OkStatus();
     DropCopy(t, tier);
     ++evictions;
     return OkStatus();
@@ -548,7 +554,7 @@ struct TieredStore::Impl {
   }
 
   // TieredStore::Evict.
-  Status Evict(TensorId id, Tier tier) {
+  Status Evict(TensorId id, Tier tier, bool keep = false) {
     Impl& m = *this;
     std::unique_lock lock(m.mu);
     while (true) {
@@ -566,7 +572,7 @@ struct TieredStore::Impl {
         continue;
       }
       if (!t->copies[Index(tier)].present) return OkStatus();
-      return m.EvictLocked(lock, *t, tier);
+      return m.EvictLocked(lock, *t, tier, keep);
     }
   }
 
@@ -610,8 +616,9 @@ struct TieredStore::Impl {
     }
   }
 
-  // TieredStore::EvictAsync of several tensors, run on one transfer thread.
-  Status EvictMany(const std::vector<TensorId>& ids, Tier tier) {
+  // TieredStore::EvictAsync (or with `keep`, WriteBackAsync) of several tensors, run on one
+  // transfer thread.
+  Status EvictMany(const std::vector<TensorId>& ids, Tier tier, bool keep) {
     Status first;
     std::vector<Tensor*> batch;
     std::vector<TensorId> alone;  // evicted one at a time, as Evict does
@@ -621,6 +628,7 @@ struct TieredStore::Impl {
       const bool idle = tier != t.home && !t.busy && !t.writer && c.pins == 0;
       if (idle && !c.present) return;
       if (idle && !(c.valid && !t.copies[Index(t.home)].valid)) {  // nothing to write back
+        if (keep) return;
         DropCopy(t, tier);
         ++evictions;
       } else if (idle && t.home == Tier::kNvme && Addressable(tier) && !c.zero) {
@@ -648,11 +656,12 @@ struct TieredStore::Impl {
           t.copies[Index(t.home)].valid = true;
           t.copies[Index(t.home)].zero = false;
           ++write_backs;
+          if (keep) return;
           DropCopy(t, tier);
           ++evictions;
         });
     for (TensorId id : alone) {
-      Status s = Evict(id, tier);
+      Status s = Evict(id, tier, keep);
       if (first.ok()) first = std::move(s);
     }
     return first;
@@ -1259,7 +1268,17 @@ std::shared_future<Status> TieredStore::EvictAsync(std::span<const TensorId> ids
   std::shared_future<Status> done = promise->get_future().share();
   Impl& m = *impl_;
   m.Enqueue([&m, ids = std::vector<TensorId>(ids.begin(), ids.end()), tier, promise] {
-    promise->set_value(m.EvictMany(ids, tier));
+    promise->set_value(m.EvictMany(ids, tier, /*keep=*/false));
+  });
+  return done;
+}
+
+std::shared_future<Status> TieredStore::WriteBackAsync(std::span<const TensorId> ids, Tier tier) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::shared_future<Status> done = promise->get_future().share();
+  Impl& m = *impl_;
+  m.Enqueue([&m, ids = std::vector<TensorId>(ids.begin(), ids.end()), tier, promise] {
+    promise->set_value(m.EvictMany(ids, tier, /*keep=*/true));
   });
   return done;
 }

@@ -108,11 +108,27 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
 
   const CacheSim sim = SimulateCache(model, c, world, l, m.device_budget);
   const std::vector<int>& order = sim.order;
-  const std::vector<uint64_t>& miss = sim.miss;
+  std::vector<uint64_t> miss = sim.miss;
   const size_t n = order.size();
   std::vector<double> flops;
   for (int k = 0; k < passes; ++k) {
     for (double f : model.fetch_flops) flops.push_back(f * gas / passes);
+  }
+  // The step beside the next forward (zinf.step_beside_forward), where the overlapped step
+  // does not run it beside backward (it clips, or the overlap is off): each module's first
+  // fetch of the batch takes the shards the step just wrote from memory, and that forward's
+  // compute is what the step's NVMe pass runs under.
+  const bool beside_forward = !host_master && c.step_beside_forward && c.zero_stage == 3 &&
+                              (options.clipped || !c.overlap_optimizer);
+  double first_pass_compute = 0;
+  if (beside_forward) {
+    std::vector<bool> seen(l.modules.size(), false);
+    for (size_t i = 0; i < n; ++i) {
+      if (seen[order[i]]) continue;
+      seen[order[i]] = true;
+      miss[i] = 0;
+      first_pass_compute += flops[i] / rate;
+    }
   }
   std::vector<uint64_t> gathered_bytes(l.modules.size()), gathers(l.modules.size());
   uint64_t persistent_gathered = 0, persistent_count = 0;
@@ -336,7 +352,9 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
       if (backward) hidden += flops[i] / rate;
     }
   }
-  const double optimizer_nvme = std::max(update, pass);
+  // Beside the next forward only the pass's I/O hides under its compute: the update's CPU
+  // time is the forward's cores' (or, on a GPU, what its fetches wait for).
+  const double optimizer_nvme = std::max(update, pass - first_pass_compute);
   const double exposed = std::max(optimizer_nvme - hidden, 0.0);
   t.optimizer = std::min(update, exposed) + tier_write;
   t.nvme = nvme_wait + std::max(0.0, exposed - update) + tier_nvme;

@@ -200,6 +200,15 @@ struct ZINF_EXPORT EngineConfig {
   // new state (0: as much as the NVMe path has free, up to the whole state); chunks beyond
   // it are stepped after backward.
   uint64_t overlap_optimizer_swap_bytes = 0;
+  // zinf.step_beside_forward: with parameters and optimizer state both on NVMe (stage 3),
+  // what is left of the step once the gradient norm is known runs beside the next batch's
+  // forward, chunk by chunk in the order that forward fetches the parameters: each fetch
+  // waits only for its own module's parameters, and takes them from memory as the step
+  // writes them instead of reading them back from NVMe (Note [Step in the next forward's
+  // order] in src/zero/optimizer_overlap.h). Bitwise the step run before the forward. The
+  // next Gradients call, and whatever reads or changes the model or the optimizer
+  // (GatherParameter, checkpoints, SetLearningRate), wait for it; its errors are theirs.
+  bool step_beside_forward = true;
   // zinf.delayed_param_update (DPU, from the ZeRO-Offload paper): with the optimizer state in
   // host memory, step t's update runs on the CPU during batch t+1 and its parameters are used
   // from batch t+2 on: each batch computes with parameters one step stale, and the update
@@ -346,7 +355,10 @@ struct StepSummary {
   // gathered, its parameters together (each a rendezvous of every rank).
   uint64_t gather_collectives = 0;
   uint64_t bytes_reduce_scattered = 0;
-  uint64_t bytes_nvme_read = 0;  // optimizer state and parameters to and from NVMe
+  // Optimizer state and parameters to and from NVMe since the last step. A step whose last
+  // part runs beside the next forward (zinf.step_beside_forward) counts that part in the next
+  // summary, as it does its optimizer seconds.
+  uint64_t bytes_nvme_read = 0;
   uint64_t bytes_nvme_written = 0;
   // The most parameter elements gathered or being prefetched at once (persistent ones not
   // counted): what stage3_max_live_parameters bounds, beyond the module being fetched.

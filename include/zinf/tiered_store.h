@@ -165,6 +165,10 @@ class ZINF_EXPORT TieredStore {
   // transfer thread's wake-up for all). The future holds the first error; each tensor whose
   // write-back succeeded is evicted.
   std::shared_future<Status> EvictAsync(std::span<const TensorId> ids, Tier tier);
+  // EvictAsync of several tensors that keeps each copy, current in both tiers once its
+  // write-back is done: a later eviction costs no write, and a later read in `tier` (or a copy
+  // to a faster one) no NVMe read. How a writer that will read again soon sends its bytes home.
+  std::shared_future<Status> WriteBackAsync(std::span<const TensorId> ids, Tier tier);
   // Writes every cached copy that is newer than its home back to the home, and waits for
   // prefetches in flight.
   Status Flush();

@@ -113,7 +113,10 @@ Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // A step beside the forward (Note [Step in the next forward's order]) uses the parts below.
+  if (impl_ != nullptr && impl_->overlap != nullptr) impl_->overlap->Wait().IgnoreError();
+}
 
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
@@ -124,6 +127,11 @@ double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
 
 double Engine::learning_rate() const {
+  const Impl& m = *impl_;
+  // A step beside the forward applies its schedule once done; the rate is already this.
+  if (m.step_in_flight && !m.config.scheduler.type.empty()) {
+    return ScheduleAt(m.config.scheduler, m.config.optimizer.lr, m.steps).lr;
+  }
   StatusOr<ParamGroupState> state = impl_->optimizer->group(impl_->group);
   return state.ok() ? state->hyper_params.lr : std::nan("");
 }
@@ -312,6 +320,8 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
     ZINF_RETURN_IF_ERROR(m.QuiesceStep(fmt::format(
         "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
   }
+  // Note [Step in the next forward's order]: only this module's parameters need be stepped.
+  ZINF_RETURN_IF_ERROR(m.Context(m.WaitForStep(id), "the optimizer step beside forward"));
   FetchedModule out;
   ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params, &out.ready),
                                  fmt::format("fetching module '{}'", module->name)));
@@ -334,6 +344,7 @@ Status Engine::Release(int id, Event* done) {
 StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
+  ZINF_RETURN_IF_ERROR(m.WaitForStep(-1));  // the step still reads the accumulators
   m.param_tier->NoteBackward();
   std::vector<float*> out;
   for (int pi : module->params) {
@@ -476,6 +487,7 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
+  ZINF_RETURN_IF_ERROR(m.WaitForStep(-1));
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
   std::vector<float> from_nvme;

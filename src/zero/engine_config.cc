@@ -607,6 +607,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
         .Bool("nvme_checksum", &c.nvme_checksum)
         .Bool("overlap_optimizer", &c.overlap_optimizer)
         .Bytes("overlap_optimizer_swap_bytes", &c.overlap_optimizer_swap_bytes, 0)
+        .Bool("step_beside_forward", &c.step_beside_forward)
         .Bool("delayed_param_update", &c.delayed_param_update)
         .Bool("gradients_on_nvme", &c.gradients_on_nvme)
         .Bool("layer_major", &c.layer_major)

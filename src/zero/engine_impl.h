@@ -130,12 +130,18 @@ struct Engine::Impl {
   // Whether the next step speculates (Note [Overlapped step]): the last one was applied
   // unclipped, so this one likely will be too.
   bool speculate = true;
+  // zinf.step_beside_forward: the step's last part is running beside the next forward, and
+  // what Step leaves until it is done (Note [Step in the next forward's order]).
+  bool step_in_flight = false;
 
   LossScaler scaler;  // fp16 dynamic loss scaling (a fixed 1 otherwise)
   int64_t steps = 0;
   StepSummary pending;     // traffic and time since the last Step
   LinkStats nvme_read_at;  // the store's NVMe traffic at the last Step
   LinkStats nvme_written_at;
+  // ... and when the last step's part beside the forward began: the next Step's summary
+  // counts what that part moves, so that each summary holds one whole step's traffic.
+  LinkStats nvme_read_beside, nvme_written_beside;
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->world_size(); }
@@ -219,6 +225,14 @@ struct Engine::Impl {
   Status QuiesceStep(std::string_view what);
   // Waits for the delayed update in flight, if any (Note [Delayed parameter update]).
   Status WaitDelayedUpdate();
+  // Whether the NVMe step's last part runs beside the next forward (zinf.step_beside_forward
+  // where it applies: the parameter tier written from the step's chunks, stage 3).
+  bool StepsBesideForward() const;
+  // The step running beside the forward: waits for module `module`'s parameters and writes
+  // its persistent ones (-1: the whole step, and then does what Step left for after it).
+  Status WaitForStep(int module);
+  // The gradient accumulators zeroed for the next batch, in host memory or on NVMe.
+  void ResetGradients();
 
   // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster();

@@ -161,7 +161,41 @@ Status Engine::Impl::WaitDelayedUpdate() {
   return Context(delayed.get(), "the delayed parameter update");
 }
 
+bool Engine::Impl::StepsBesideForward() const {
+  return config.step_beside_forward && tier_writer != nullptr && config.zero_stage == 3;
+}
+
+Status Engine::Impl::WaitForStep(int module) {
+  if (!step_in_flight) return OkStatus();
+  if (module >= 0) {
+    const std::vector<int>& mine = modules[module].params;
+    ZINF_RETURN_IF_ERROR(overlap->WaitForParams(mine));
+    return tier_writer->WritePersistent(mine);
+  }
+  step_in_flight = false;
+  param_tier->SetWritten(nullptr);
+  Status stepped = overlap->Wait();
+  Status written = tier_writer->Finish();
+  tier_writer->KeepWrittenCopies(false);
+  // The next step's summary reports it: it ran during the next batch.
+  pending.seconds_optimizer_compute += pipelined->last_step_stats().compute_seconds;
+  pending.seconds_optimizer_overlapped += overlap->started_seconds();
+  ZINF_RETURN_IF_ERROR(Context(std::move(stepped), "the optimizer step beside forward"));
+  ZINF_RETURN_IF_ERROR(Context(std::move(written), "writing the parameter tier"));
+  ResetGradients();
+  return ApplySchedule();
+}
+
+void Engine::Impl::ResetGradients() {
+  if (nvme_grads != nullptr) {
+    nvme_grads->EndBatch();
+  } else {
+    std::memset(grad_acc.data(), 0, shard_elements * 4);
+  }
+}
+
 Status Engine::Impl::QuiesceStep(std::string_view what) {
+  ZINF_RETURN_IF_ERROR(WaitForStep(-1));
   ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
   if (overlap == nullptr || !overlap->armed()) return OkStatus();
   return FailedPrecondition(fmt::format(
@@ -174,8 +208,32 @@ Status Engine::Impl::QuiesceStep(std::string_view what) {
 
 Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summary) {
   if (tier_writer != nullptr && !overlap->armed()) tier_writer->Begin();
+  if (grad_scale && StepsBesideForward() && !overlap->KeepsSpeculation(*grad_scale)) {
+    // Note [Step in the next forward's order]: the parameters in the order the next forward
+    // fetches their modules, as the first batch recorded it (flat order before that).
+    std::vector<int> order;
+    std::vector<char> seen(modules.size(), 0);
+    for (int module : param_tier->fetch_order()) {
+      if (std::exchange(seen[module], 1) != 0) continue;
+      order.insert(order.end(), modules[module].params.begin(), modules[module].params.end());
+    }
+    tier_writer->KeepWrittenCopies(true);
+    const TieredStoreStats before = tiers->stats();
+    nvme_read_beside = before.nvme_to_host;
+    nvme_written_beside = before.host_to_nvme;
+    ZINF_RETURN_IF_ERROR(overlap->Start(grad_scale, overlap->ChunkOrder(order)));
+    summary->seconds_optimizer_overlapped += overlap->overlapped_seconds();
+    if (!overlap->in_flight()) {  // nothing was left to step
+      tier_writer->KeepWrittenCopies(false);
+      return tier_writer->Finish();
+    }
+    step_in_flight = true;
+    param_tier->SetWritten(
+        [this](int module) { return overlap->ParamsStepped(modules[module].params); });
+    return OkStatus();
+  }
   Status stepped = overlap->Finish(grad_scale);
-  summary->seconds_optimizer_overlapped = overlap->overlapped_seconds();
+  summary->seconds_optimizer_overlapped += overlap->overlapped_seconds();
   Status written;
   if (tier_writer != nullptr) {
     written = tier_writer->Finish();
@@ -212,6 +270,7 @@ Status Engine::Impl::FinishReductions() {
 StatusOr<StepSummary> Engine::Step() {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("Step before Initialize");
+  ZINF_RETURN_IF_ERROR(m.WaitForStep(-1));  // a batch without backward (no Gradients call)
   for (const Module& module : m.modules) {
     if (module.reductions != m.config.ReductionsPerStep()) {
       return FailedPrecondition(fmt::format(
@@ -302,8 +361,9 @@ StatusOr<StepSummary> Engine::Step() {
       ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
     }
     ++m.steps;
-    // As DeepSpeed's scheduler.step(), after the step (a delayed one: once it has run).
-    if (!delay) scheduled = m.ApplySchedule();
+    // As DeepSpeed's scheduler.step(), after the step (a delayed one, or one beside the next
+    // forward: once it has run).
+    if (!delay && !m.step_in_flight) scheduled = m.ApplySchedule();
     // Stages 1 and 2 keep the whole model gathered: refresh it now.
     if (m.config.zero_stage < 3 && !delay) {
       ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->GatherPersistent(), "re-gathering"));
@@ -311,11 +371,7 @@ StatusOr<StepSummary> Engine::Step() {
   }
   m.speculate = m.config.overlap_optimizer && !overflow && summary.clip_coefficient == 1.0;
   m.scaler.Update(overflow);
-  if (m.nvme_grads != nullptr) {
-    m.nvme_grads->EndBatch();
-  } else {
-    std::memset(m.grad_acc.data(), 0, m.shard_elements * 4);
-  }
+  if (!m.step_in_flight) m.ResetGradients();  // else the step still reads them
   std::fill(m.final_adds.begin(), m.final_adds.end(), 0);
   for (Module& module : m.modules) module.reductions = 0;
   m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order

@@ -180,10 +180,14 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   summary->store_entries = stats.bookkeeping_entries;
   // Every NVMe byte since the last step: the parameter tier's, the optimizer's chunks' and the
   // gradient accumulators' all move through the store.
-  summary->bytes_nvme_read += stats.nvme_to_host.bytes - nvme_read_at.bytes;
-  summary->bytes_nvme_written += stats.host_to_nvme.bytes - nvme_written_at.bytes;
-  nvme_read_at = stats.nvme_to_host;
-  nvme_written_at = stats.host_to_nvme;
+  // A step running beside the next forward is counted up to where that part began (the next
+  // summary counts the rest), so each summary holds one step's traffic, whatever the timing.
+  const LinkStats read = step_in_flight ? nvme_read_beside : stats.nvme_to_host;
+  const LinkStats written = step_in_flight ? nvme_written_beside : stats.host_to_nvme;
+  summary->bytes_nvme_read += read.bytes - nvme_read_at.bytes;
+  summary->bytes_nvme_written += written.bytes - nvme_written_at.bytes;
+  nvme_read_at = read;
+  nvme_written_at = written;
 }
 
 void Engine::Impl::FreeGradient(int pi) {

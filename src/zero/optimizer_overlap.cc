@@ -3,7 +3,9 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 
 #include "core/thread_name.h"
@@ -41,6 +43,7 @@ OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ChunkVisitor u
     : options_(options), updated_(std::move(updated)), restart_(std::move(restart)) {}
 
 OptimizerOverlap::~OptimizerOverlap() {
+  if (tail_.joinable()) tail_.join();
   if (!armed_) return;
   Stop().IgnoreError();
   Abandon().IgnoreError();
@@ -161,22 +164,24 @@ Status OptimizerOverlap::Abandon() {
   return restored.ok() ? reset : restored;
 }
 
-Status OptimizerOverlap::Finish(std::optional<float> scale) {
+StatusOr<std::vector<size_t>> OptimizerOverlap::Resolve(std::optional<float> scale) {
   std::vector<size_t> rest;
   if (!armed_) {
     overlapped_seconds_ = 0;
-    if (!scale) return OkStatus();  // skipped: nothing was begun
+    if (!scale) return rest;  // skipped: nothing was begun
     ZINF_RETURN_IF_ERROR(options_.optimizer->BeginPartialStep(options_.shard));
     for (size_t c = 0; c < chunks_.size(); ++c) rest.push_back(c);
-    return options_.optimizer->StepChunks(options_.shard, rest, *scale, false, updated_);
+    return rest;
   }
   Status worker = Stop();
   if (!worker.ok() || !scale) {
     Status abandoned = Abandon();
-    return worker.ok() ? abandoned : worker;
+    ZINF_RETURN_IF_ERROR(worker);
+    ZINF_RETURN_IF_ERROR(abandoned);
+    return rest;
   }
   // Kept when the step took the scale speculated with; else dropped and stepped again.
-  const bool keep = *scale == scale_;
+  const bool keep = *scale == scale_;  // (armed until Stop above)
   StatusOr<std::vector<size_t>> undone =
       options_.optimizer->ResolveSpeculation(options_.shard, keep);
   if (!undone.ok()) {
@@ -192,7 +197,114 @@ Status OptimizerOverlap::Finish(std::optional<float> scale) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (!keep || !stepped_[c]) rest.push_back(c);
   }
+  return rest;
+}
+
+Status OptimizerOverlap::Finish(std::optional<float> scale) {
+  ZINF_ASSIGN_OR_RETURN(std::vector<size_t> rest, Resolve(scale));
+  if (rest.empty()) return OkStatus();
   return options_.optimizer->StepChunks(options_.shard, rest, *scale, false, updated_);
+}
+
+std::vector<size_t> OptimizerOverlap::ChunkOrder(const std::vector<int>& params) const {
+  std::vector<size_t> order;
+  std::vector<bool> taken(chunks_.size(), false);
+  auto take = [&](size_t c) {
+    if (!taken[c]) order.push_back(c);
+    taken[c] = true;
+  };
+  for (int pi : params) {
+    if (pi >= 0 && static_cast<size_t>(pi) < of_.size()) {
+      for (size_t c : of_[pi]) take(c);
+    }
+  }
+  for (size_t c = 0; c < chunks_.size(); ++c) take(c);
+  return order;
+}
+
+Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<size_t>& order) {
+  ZINF_RETURN_IF_ERROR(Wait());
+  ZINF_ASSIGN_OR_RETURN(std::vector<size_t> rest, Resolve(scale));
+  if (rest.empty()) return OkStatus();
+  std::vector<bool> left(chunks_.size(), false);
+  for (size_t c : rest) left[c] = true;
+  std::vector<size_t> ordered;
+  for (size_t c : order) {
+    if (c < left.size() && left[c]) ordered.push_back(c);
+    if (c < left.size()) left[c] = false;
+  }
+  for (size_t c = 0; c < left.size(); ++c) {
+    if (left[c]) ordered.push_back(c);
+  }
+  {
+    std::lock_guard lock(mu_);
+    done_.assign(chunks_.size(), true);
+    for (size_t c : ordered) done_[c] = false;
+    tail_error_ = OkStatus();
+    tail_seconds_ = 0;
+    tail_running_ = true;
+  }
+  tail_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
+    NameThisThread("zinf-optim");
+    ChunkVisitor updated = [this](const ChunkView& c) {
+      Status s = updated_(c);
+      // chunks_ is in flat order: the chunk is the last one starting at or before c.offset.
+      auto it =
+          std::upper_bound(chunks_.begin(), chunks_.end(), c.offset,
+                           [](size_t offset, const ChunkInfo& k) { return offset < k.offset; });
+      if (s.ok()) {
+        std::lock_guard lock(mu_);
+        done_[std::prev(it) - chunks_.begin()] = true;
+      }
+      progress_.notify_all();
+      return s;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = options_.optimizer->StepChunks(options_.shard, ordered, scale, false, updated);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      std::lock_guard lock(mu_);
+      tail_seconds_ = seconds;
+      if (!s.ok()) tail_error_ = std::move(s).WithContext("the optimizer step beside forward");
+      tail_running_ = false;
+    }
+    progress_.notify_all();
+  });
+  return OkStatus();
+}
+
+bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
+  if (!tail_.joinable()) return true;
+  std::lock_guard lock(mu_);
+  for (int pi : params) {
+    for (size_t c : of_[pi]) {
+      if (!done_[c]) return false;
+    }
+  }
+  return true;
+}
+
+Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
+  if (!tail_.joinable()) return OkStatus();
+  std::unique_lock lock(mu_);
+  progress_.wait(lock, [&] {
+    if (!tail_running_) return true;
+    for (int pi : params) {
+      for (size_t c : of_[pi]) {
+        if (!done_[c]) return false;
+      }
+    }
+    return true;
+  });
+  return tail_error_;
+}
+
+Status OptimizerOverlap::Wait() {
+  if (!tail_.joinable()) return OkStatus();
+  tail_.join();
+  std::lock_guard lock(mu_);
+  return std::exchange(tail_error_, OkStatus());
 }
 
 }  // namespace zinf

@@ -26,6 +26,16 @@
 // refused: fetching a module already reduced for the last time, gathering or setting a
 // parameter, the learning rate, checkpoints.
 //
+// Note [Step in the next forward's order]
+// Once the norm is known, a step that did not run beside backward (nothing speculated, as in
+// a run that clips every step, or the speculation dropped) need not finish before the next
+// batch begins: Start steps its chunks on a thread in the order the next forward fetches their
+// parameters, and WaitForParams lets each fetch wait for its own parameters only. The forward's
+// compute then runs beside the optimizer's NVMe pass instead of after it, and since the step writes
+// each parameter just before the forward reads it, the parameter tier keeps the written copy
+// (TieredStore::WriteBackAsync) and the fetch takes it from memory instead of reading back
+// from NVMe what was just written. The update is element-wise, so the order changes no bit.
+//
 // Thread-safety: one thread (the engine's) calls it; the worker runs inside.
 #ifndef ZINF_ZERO_OPTIMIZER_OVERLAP_H_
 #define ZINF_ZERO_OPTIMIZER_OVERLAP_H_
@@ -88,6 +98,30 @@ class OptimizerOverlap {
   // wrongly, and returns the first error; after an error no chunk keeps a speculative state
   // and the step count is as before the step.
   Status Finish(std::optional<float> scale);
+  // Finish, with the chunks left to step stepped on a thread of their own in `order` (chunk
+  // indices; those it leaves out follow in flat order), so that the caller goes on meanwhile
+  // (Note [Step in the next forward's order]). The speculation is resolved before it returns
+  // (its errors are returned here); the step's own errors come from WaitForParams and Wait.
+  // A skipped step (`scale` nullopt) is done here, as Finish does it.
+  Status Start(std::optional<float> scale, const std::vector<size_t>& order);
+  // Whether a step of this scale keeps what was speculated beside backward (most of the
+  // step, then: the engine finishes such a step at once, so that a step runs either wholly
+  // before the next batch or wholly beside its forward).
+  bool KeepsSpeculation(float scale) const { return armed_ && scale == scale_; }
+  // Whether a step begun by Start has not been waited for.
+  bool in_flight() const { return tail_.joinable(); }
+  // Waits until every chunk the parameters touch is stepped (or the step has failed: its
+  // error). OK at once when no step is in flight.
+  Status WaitForParams(const std::vector<int>& params);
+  // Whether every chunk the parameters touch is stepped (true when no step is in flight).
+  bool ParamsStepped(const std::vector<int>& params);
+  // Waits for the step begun by Start; its first error.
+  Status Wait();
+  // Seconds the last step begun by Start took on its thread (once waited for).
+  double started_seconds() const { return tail_seconds_; }
+  // The chunks of the given parameters, in that order, each once, then the others in flat
+  // order: the order for Start.
+  std::vector<size_t> ChunkOrder(const std::vector<int>& params) const;
 
   // Seconds the worker spent stepping this step (hidden behind backward, when it was).
   double overlapped_seconds() const { return overlapped_seconds_; }
@@ -101,6 +135,9 @@ class OptimizerOverlap {
   // Every chunk's speculative state dropped, their old parameters shown to `updated` again,
   // and the step count set back.
   Status Abandon();
+  // Finish's first part: resolves the speculation and says which chunks are left to step with
+  // `*scale` (none for a skipped step, which it completes).
+  StatusOr<std::vector<size_t>> Resolve(std::optional<float> scale);
 
   const OverlapOptions options_;
   const ChunkVisitor updated_;
@@ -121,6 +158,14 @@ class OptimizerOverlap {
   bool stop_ = false;
   Status worker_error_;
   std::thread worker_;
+
+  // The step begun by Start (guarded by mu_).
+  std::vector<bool> done_;  // per chunk
+  std::condition_variable progress_;
+  Status tail_error_;
+  double tail_seconds_ = 0;
+  bool tail_running_ = false;
+  std::thread tail_;
 };
 
 }  // namespace zinf

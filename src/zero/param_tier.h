@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <vector>
@@ -95,6 +96,9 @@ struct ParamTierCounters {
 // [Batched write-backs] in offload/tiered_store.cc), and the batches in flight.
 class WriteBacks {
  public:
+  // Whether the host copies stay once written (TieredStore::WriteBackAsync), for a reader
+  // that comes soon; else they are evicted (the default).
+  void set_keep(bool keep) { keep_ = keep; }
   void Add(TensorId shard, uint64_t bytes) {
     unsent_.push_back(shard);
     unsent_bytes_ += bytes;
@@ -106,6 +110,7 @@ class WriteBacks {
   Status Wait(TieredStore& store);
 
  private:
+  bool keep_ = false;
   std::vector<TensorId> unsent_;
   uint64_t unsent_bytes_ = 0;
   std::vector<std::shared_future<Status>> sent_;
@@ -148,6 +153,17 @@ class ParamTier {
   // Backward has begun (a gradient was asked for): this batch's order ends at its step, not
   // at a repetition (Note [Prefetch]).
   void NoteBackward();
+  // The fetch order recorded (empty before the first batch ends, or while recording again).
+  const std::vector<int>& fetch_order() const {
+    static const std::vector<int> kNone;
+    return recording_ ? kNone : fetch_order_;
+  }
+  // While the step is still writing the tier (Note [Step in the next forward's order] in
+  // optimizer_overlap.h), `written` says whether a module's shards hold their new values:
+  // read-ahead stops at the first module that does not, and no gather starts ahead of its
+  // fetch (the ranks' steps progress apart, and every rank must start the same collectives).
+  // Null when the tier is written.
+  void SetWritten(std::function<bool(int module)> written) { written_ = std::move(written); }
 
   // Overwrites parameter `p`'s shard: BeginWrite returns host-addressable memory for its
   // TierBytes, EndWrite stores it (starting the write-back when the home is NVMe). Drops
@@ -226,6 +242,7 @@ class ParamTier {
   size_t period_ = 0;           // while recording: the repetition being checked, 0 for none
   bool warned_ = false;
   size_t fetch_cursor_ = 0;  // position in fetch_order_ this batch
+  std::function<bool(int module)> written_;
   ParamTierCounters counters_;
 };
 
@@ -246,6 +263,10 @@ class ParamTier::ChunkWriter {
 
   // Starts a step's writes: every parameter unwritten.
   void Begin();
+  // Whether the written shards' host copies stay once written back, for a forward that reads
+  // them soon (Note [Step in the next forward's order]); else they are evicted. Not while a
+  // step writes.
+  void KeepWrittenCopies(bool keep) { write_backs_.set_keep(keep); }
   // Drops the writes so far, to write every parameter touched again from the start (a
   // speculative step dropped): what is open is released as it is, without a write-back,
   // since all of it will be overwritten; then as Begin. The store's host tier must not stay
@@ -257,6 +278,9 @@ class ParamTier::ChunkWriter {
   // then finds them written (ChunkView::copy_written). Persistent parameters and padding get
   // no target. Only for a 16-bit compute precision (the kernels write bf16 or fp16 copies).
   StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c);
+  // Writes those of `params` that are persistent and whose chunks are all written, on the
+  // driving thread (as Finish does, ahead of it: their module is about to be fetched).
+  Status WritePersistent(const std::vector<int>& params);
   // Ends the writes left open (after a failure), writes the persistent parameters and waits
   // for every write-back; the first error.
   Status Finish();

@@ -20,7 +20,8 @@ StatusOr<void*> ParamTier::BeginWrite(const Param& p) {
 
 void WriteBacks::Send(TieredStore& store) {
   if (unsent_.empty()) return;
-  sent_.push_back(store.EvictAsync(unsent_, Tier::kHost));
+  sent_.push_back(keep_ ? store.WriteBackAsync(unsent_, Tier::kHost)
+                        : store.EvictAsync(unsent_, Tier::kHost));
   unsent_.clear();
   unsent_bytes_ = 0;
 }
@@ -172,6 +173,15 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     }
   }
   write_backs_.Send(*store);  // the parameters this chunk ended, as one batch
+  return OkStatus();
+}
+
+Status ParamTier::ChunkWriter::WritePersistent(const std::vector<int>& params) {
+  for (int pi : params) {
+    if (persistent_[pi].empty() || open_[pi].remaining != 0) continue;
+    ZINF_RETURN_IF_ERROR(tier_->WriteFp32((*tier_->params_)[pi], persistent_[pi].as<float>()));
+    open_[pi].remaining = (*tier_->params_)[pi].shard_size;  // written: not again this step
+  }
   return OkStatus();
 }
 

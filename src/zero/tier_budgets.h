@@ -12,10 +12,11 @@
 // fp32 master, in-memory optimizer state, the delayed update's copy), the parameter tier when
 // it lives there, the buckets' reduced slices, the NVMe gradients' staging, the pipelined
 // step's staging buffers and host-resident chunks, the persistent parameters' next values and
-// room for the NVMe tier's write-backs. The swap store holds every optimizer chunk's fp32
-// parameters and two states (and gradients, with zinf.gradients_on_nvme) and the parameter
-// tier on NVMe, each extent with a block of alignment slack; the overlapped step's room beside
-// it depends on the disk's free space and is the caller's (OpenTiers asks the disk; the plan
+// room for the NVMe tier's write-backs (which also keeps the shards a step beside the next
+// forward has just written, until that forward reads them). The swap store holds every optimizer
+// chunk's fp32 parameters and two states (and gradients, with zinf.gradients_on_nvme) and the
+// parameter tier on NVMe, each extent with a block of alignment slack; the overlapped step's room
+// beside it depends on the disk's free space and is the caller's (OpenTiers asks the disk; the plan
 // assumes room for all of it).
 //
 // Thread-safety: pure functions.

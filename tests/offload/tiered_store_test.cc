@@ -492,6 +492,54 @@ TEST(TieredStoreTest, BatchedEvictionWritesEveryIdleTensorHome) {
   }
 }
 
+// WriteBackAsync: the copies go home as EvictAsync sends them, and stay, current in both
+// tiers: a later read takes the host copy (no NVMe read) and a later eviction writes nothing;
+// the bytes on disk are the ones written.
+TEST(TieredStoreTest, WriteBackKeepsTheCopyCurrentInBothTiers) {
+  ScratchDir dir;
+  auto store = TieredStore::Create(Options(dir));
+  ASSERT_TRUE(store.ok()) << store.status();
+  const uint64_t sizes[] = {3 * 4096, 700 * kKiB, 1000};
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = (*store)->Create("w" + std::to_string(i), sizes[i], Tier::kNvme);
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(*p, sizes[i], *id, 3);
+    ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+    ids.push_back(*id);
+  }
+  ASSERT_TRUE((*store)->WriteBackAsync(ids, Tier::kHost).get().ok());
+  TieredStoreStats stats = (*store)->stats();
+  EXPECT_EQ(stats.write_backs, 3u);
+  EXPECT_EQ(stats.evictions, 0u);
+  const uint64_t read_before = stats.nvme_to_host.bytes;
+  for (int i = 0; i < 3; ++i) {
+    auto resident = (*store)->ResidentTiers(ids[i]);
+    ASSERT_TRUE(resident.ok());
+    EXPECT_EQ(*resident, (std::vector<Tier>{Tier::kHost, Tier::kNvme})) << "tensor " << i;
+    auto p = (*store)->Acquire(ids[i], Tier::kDevice, Access::kRead);  // from the host copy
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, sizes[i], ids[i], 3), -1) << "tensor " << i;
+    ASSERT_TRUE((*store)->Release(ids[i], Tier::kDevice).ok());
+  }
+  EXPECT_EQ((*store)->stats().nvme_to_host.bytes, read_before) << "nothing read from NVMe";
+  // A second write-back has nothing to write; eviction drops the clean copies.
+  ASSERT_TRUE((*store)->WriteBackAsync(ids, Tier::kHost).get().ok());
+  for (TensorId id : ids) ASSERT_TRUE((*store)->Evict(id, Tier::kHost).ok());
+  ASSERT_TRUE((*store)->EvictAsync(ids, Tier::kDevice).get().ok());
+  stats = (*store)->stats();
+  EXPECT_EQ(stats.write_backs, 3u);
+  for (int i = 0; i < 3; ++i) {
+    auto p = (*store)->Acquire(ids[i], Tier::kHost, Access::kRead);  // from the disk
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Check(*p, sizes[i], ids[i], 3), -1) << "tensor " << i;
+    ASSERT_TRUE((*store)->Release(ids[i], Tier::kHost).ok());
+  }
+  EXPECT_GT((*store)->stats().nvme_to_host.bytes, read_before);
+}
+
 // Prefetch of several tensors (Note [Batched write-backs]): each ends resident with the bytes
 // last written, whether it was read in the batch or needed room made (a device tier that holds
 // three of them evicts the copies not needed); a freed tensor is reported by name.

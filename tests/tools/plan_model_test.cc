@@ -478,6 +478,7 @@ TEST(PlanModelTest, LayerMajorReadsTheParametersOnceAStep) {
   base.offload_param_nvme_path = {"/nvme"};
   base.offload_optimizer_device = OffloadDevice::kNvme;
   base.offload_optimizer_nvme_path = {"/nvme"};
+  base.step_beside_forward = false;
   EngineConfig layer = base;
   layer.layer_major = true;
   StatusOr<Estimate> micro_est = EstimatePlacement(*m, base, TestProfile(), {});
@@ -492,6 +493,20 @@ TEST(PlanModelTest, LayerMajorReadsTheParametersOnceAStep) {
   EXPECT_NEAR(layer_params / micro_params, 0.25, 0.05);
   EXPECT_EQ(layer_est->memory.activations, 4 * micro_est->memory.activations);
   EXPECT_LT(layer_est->time.step, micro_est->time.step);
+
+  // zinf.step_beside_forward, in steps that clip: the forward takes the parameters from
+  // memory, so the one read a step left is backward's (less what the device tier still holds
+  // from the forward's last modules), and the pass hides under the forward.
+  EngineConfig beside = layer;
+  beside.step_beside_forward = true;
+  StatusOr<Estimate> clipped = EstimatePlacement(*m, layer, TestProfile(), {.clipped = true});
+  StatusOr<Estimate> beside_est = EstimatePlacement(*m, beside, TestProfile(), {.clipped = true});
+  ASSERT_TRUE(clipped.ok() && beside_est.ok());
+  const double beside_params = beside_est->time.nvme_read - optimizer_read;
+  EXPECT_GT(beside_params / layer_params, 0.35);
+  EXPECT_LT(beside_params / layer_params, 0.5);
+  EXPECT_LT(beside_est->time.step, clipped->time.step);
+  EXPECT_DOUBLE_EQ(beside_est->time.compute, clipped->time.compute);
 }
 
 TEST(PlanModelTest, AModelTooLargeForTheMachineDoesNotFit) {

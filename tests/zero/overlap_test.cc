@@ -43,6 +43,7 @@ struct TrainRun {
   int bad_step = -1;  // a non-finite gradient on the last rank at this step
   bool gradients_nvme = false;
   uint64_t overlap_swap_bytes = 0;  // zinf.overlap_optimizer_swap_bytes
+  bool beside_forward = true;       // zinf.step_beside_forward
   std::string dir;
 };
 
@@ -62,6 +63,7 @@ std::string Config(const TrainRun& r) {
          (r.gradients_nvme ? "true" : "false") +
          ", \"overlap_optimizer\": " + (r.overlap ? "true" : "false") +
          ", \"overlap_optimizer_swap_bytes\": " + std::to_string(r.overlap_swap_bytes) +
+         ", \"step_beside_forward\": " + (r.beside_forward ? "true" : "false") +
          ", \"optimizer_nvme_ratio\": " + std::to_string(r.nvme_ratio) + "}}";
 }
 
@@ -129,7 +131,7 @@ int TrainRank(int rank, int port, const TrainRun& r) {
     }
     steps << summary->skipped << " " << summary->clip_coefficient << " "
           << summary->seconds_optimizer_overlapped << " " << summary->host_bytes << " "
-          << summary->bytes_nvme_written << "\n";
+          << summary->bytes_nvme_written << " " << summary->bytes_nvme_read << "\n";
   }
   std::vector<float> v;
   std::ofstream out(r.dir + "/out.bin", std::ios::binary);
@@ -165,6 +167,7 @@ class OverlapTest : public ::testing::TestWithParam<Case> {};
 TEST_P(OverlapTest, BitwiseEqualToTheStepAfterBackward) {
   TrainRun on = GetParam().run, off = on;
   off.overlap = false;
+  off.beside_forward = false;
   const Outcome a = Train(on, std::string(GetParam().label) + "-on");
   const Outcome b = Train(off, std::string(GetParam().label) + "-off");
   const size_t bytes = kModules * (kWeight + kBias) * 4;
@@ -213,6 +216,73 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"two_ranks_gradients_and_params_nvme",
              {.world = 2, .params_nvme = true, .gradients_nvme = true}},
         Case{"bf16_refused", {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
+
+// Note [Step in the next forward's order]: the step's last part run beside the next batch's
+// forward, chunk by chunk in its order, gives bitwise the step run before that forward, for
+// each placement where it applies (parameters and optimizer state on NVMe), on one and two
+// ranks, with and without the overlapped step, in steps that clip, skip and are refused. The
+// gradient depends on the fetched weights, so a fetch that saw a parameter before its update
+// would change the result. And the forward takes the parameters from memory as the step
+// writes them: it reads less from NVMe than when they are read back.
+class BesideForwardTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BesideForwardTest, BitwiseEqualToTheStepBeforeForward) {
+  TrainRun beside = GetParam().run, before = beside;
+  beside.beside_forward = true;
+  before.beside_forward = false;
+  const Outcome a = Train(beside, std::string(GetParam().label) + "-beside");
+  const Outcome b = Train(before, std::string(GetParam().label) + "-before");
+  ASSERT_GE(a.params.size(), kModules * (kWeight + kBias) * 4);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_TRUE(a.params == b.params) << "the step beside the forward changed the result";
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  bool clipped = false, unclipped = false, skipped = false;
+  double beside_seconds = 0;
+  unsigned long long read_a = 0, read_b = 0;
+  for (size_t s = 0; s < a.steps.size(); ++s) {
+    if (a.steps[s].rfind("refused", 0) == 0) {
+      EXPECT_THAT(b.steps[s], HasSubstr("refused"));
+      continue;
+    }
+    int skipped_a = 0, skipped_b = 0;
+    double clip_a = 0, clip_b = 0, seconds_a = 0, seconds_b = 0;
+    unsigned long long ra = 0, rb = 0;
+    ASSERT_EQ(std::sscanf(a.steps[s].c_str(), "%d %lf %lf %*u %*u %llu", &skipped_a, &clip_a,
+                          &seconds_a, &ra),
+              4);
+    ASSERT_EQ(std::sscanf(b.steps[s].c_str(), "%d %lf %lf %*u %*u %llu", &skipped_b, &clip_b,
+                          &seconds_b, &rb),
+              4);
+    EXPECT_EQ(skipped_a, skipped_b) << "step " << s;
+    EXPECT_EQ(clip_a, clip_b) << "step " << s;
+    (clip_a < 1 ? clipped : unclipped) = true;
+    skipped |= skipped_a != 0;
+    beside_seconds += seconds_a - seconds_b;
+    read_a += ra;
+    read_b += rb;
+  }
+  EXPECT_TRUE(clipped && unclipped);
+  EXPECT_EQ(skipped, GetParam().run.fp16 && GetParam().run.bad_step >= 0);
+  EXPECT_LT(read_a, read_b) << "the forward read back from NVMe what the step had just written";
+  // Without the overlapped step all of it ran beside the forward; the summaries say so.
+  if (!GetParam().run.overlap) EXPECT_GT(beside_seconds, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, BesideForwardTest,
+    ::testing::Values(
+        Case{"params_nvme", {.world = 1, .overlap = false, .params_nvme = true}},
+        Case{"params_nvme_overlapped", {.world = 1, .params_nvme = true}},
+        Case{"params_nvme_bf16", {.world = 1, .overlap = false, .params_nvme = true, .bf16 = true}},
+        Case{"split_ratio", {.world = 1, .overlap = false, .params_nvme = true, .nvme_ratio = 0.5}},
+        Case{"gradients_nvme_gas2",
+             {.world = 1, .accumulation = 2, .params_nvme = true, .gradients_nvme = true}},
+        Case{"two_ranks_fp16_overflow",
+             {.world = 2, .overlap = false, .params_nvme = true, .fp16 = true, .bad_step = 0}},
+        Case{"two_ranks_gas2_overlapped", {.world = 2, .accumulation = 2, .params_nvme = true}},
+        Case{"bf16_refused",
+             {.world = 1, .overlap = false, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
 
 // Note [Gradients on NVMe]: the accumulators on NVMe train the model the host accumulators
