@@ -55,8 +55,8 @@
 //    reads and writes in flight together at the profile's mixed rate (bounded by each
 //    direction's own; without a mixed figure, one after the other), overlapped with
 //    the update and, with zinf.overlap_optimizer (the default), with the last micro-batch's
-//    backward; or, with parameters and optimizer both on NVMe, zinf.step_beside_forward (the
-//    default) and steps that clip (or no overlap), its I/O under the next forward's compute,
+//    backward; or, with parameters and optimizer both on NVMe, zinf.step_beside_forward
+//    and steps that clip (or no overlap), its I/O under the next forward's compute,
 //    whose first fetch of each module reads nothing from NVMe; and the parameter tier's
 //    write-back when it lives on NVMe (a request a shard,
 //    all in one batch, as many at once as aio.queue_depth x aio.thread_count; with several

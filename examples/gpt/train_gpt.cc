@@ -442,6 +442,8 @@ nlohmann::json ToJson(const StepRecord& r) {
           {"nvme_read_bytes", r.summary.bytes_nvme_read},
           {"nvme_written_bytes", r.summary.bytes_nvme_written},
           {"host_bytes", r.summary.host_bytes},
+          {"host_budget_bytes", r.summary.host_budget_bytes},
+          {"device_budget_bytes", r.summary.device_budget_bytes},
           {"nvme_bytes", r.summary.nvme_bytes},
           {"store_entries", r.summary.store_entries},
           {"rss_bytes", r.rss_bytes}};

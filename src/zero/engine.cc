@@ -325,6 +325,7 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   FetchedModule out;
   ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params, &out.ready),
                                  fmt::format("fetching module '{}'", module->name)));
+  if (m.step_in_flight) m.param_tier->DropHostCopies(id);  // the fetch has taken them
   return out;
 }
 

@@ -508,6 +508,16 @@ void ParamTier::PrefetchGathers() {
   (void)StartGathers(next.params);  // its Fetch gathers what is left and reports the error
 }
 
+void ParamTier::DropHostCopies(int module) {
+  if (options_.shard_home != Tier::kNvme) return;
+  std::vector<TensorId> ids;
+  for (int pi : (*modules_)[module].params) {
+    if (!(*params_)[pi].persistent) ids.push_back(state_[pi].shard);
+  }
+  // Errors would be a write-back's, which the step's own wait reports.
+  if (!ids.empty()) (void)store_->EvictAsync(ids, Tier::kHost);
+}
+
 ParamTierCounters ParamTier::TakeCounters() { return std::exchange(counters_, {}); }
 
 }  // namespace zinf

@@ -164,6 +164,9 @@ class ParamTier {
   // fetch (the ranks' steps progress apart, and every rank must start the same collectives).
   // Null when the tier is written.
   void SetWritten(std::function<bool(int module)> written) { written_ = std::move(written); }
+  // Drops the host copies of the module's shards (clean ones: no write), once its fetch has
+  // taken them: a step beside the forward keeps what it writes only until then.
+  void DropHostCopies(int module);
 
   // Overwrites parameter `p`'s shard: BeginWrite returns host-addressable memory for its
   // TierBytes, EndWrite stores it (starting the write-back when the home is NVMe). Drops
