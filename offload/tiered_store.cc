@@ -667,6 +667,16 @@ struct TieredStore::Impl {
     return first;
   }
 
+  // EvictMany as one job of a transfer thread; the future holds its outcome.
+  std::shared_future<Status> EvictManyAsync(std::span<const TensorId> ids, Tier tier, bool keep) {
+    auto promise = std::make_shared<std::promise<Status>>();
+    std::shared_future<Status> done = promise->get_future().share();
+    Enqueue([this, ids = std::vector<TensorId>(ids.begin(), ids.end()), tier, keep, promise] {
+      promise->set_value(EvictMany(ids, tier, keep));
+    });
+    return done;
+  }
+
   // TieredStore::Prefetch of several tensors, run on one transfer thread: those whose current
   // copy is only on NVMe and whose memory in `tier` is free now are read together; the others
   // are made valid one at a time, as Prefetch does (Note [Batched write-backs]).
@@ -1264,23 +1274,11 @@ std::shared_future<Status> TieredStore::EvictAsync(TensorId id, Tier tier) {
 }
 
 std::shared_future<Status> TieredStore::EvictAsync(std::span<const TensorId> ids, Tier tier) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  std::shared_future<Status> done = promise->get_future().share();
-  Impl& m = *impl_;
-  m.Enqueue([&m, ids = std::vector<TensorId>(ids.begin(), ids.end()), tier, promise] {
-    promise->set_value(m.EvictMany(ids, tier, /*keep=*/false));
-  });
-  return done;
+  return impl_->EvictManyAsync(ids, tier, /*keep=*/false);
 }
 
 std::shared_future<Status> TieredStore::WriteBackAsync(std::span<const TensorId> ids, Tier tier) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  std::shared_future<Status> done = promise->get_future().share();
-  Impl& m = *impl_;
-  m.Enqueue([&m, ids = std::vector<TensorId>(ids.begin(), ids.end()), tier, promise] {
-    promise->set_value(m.EvictMany(ids, tier, /*keep=*/true));
-  });
-  return done;
+  return impl_->EvictManyAsync(ids, tier, /*keep=*/true);
 }
 
 Status TieredStore::Flush() {
