@@ -274,9 +274,7 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
   return OkStatus();
 }
 
-bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
-  if (!tail_.joinable()) return true;
-  std::lock_guard lock(mu_);
+bool OptimizerOverlap::SteppedLocked(const std::vector<int>& params) const {
   for (int pi : params) {
     for (size_t c : of_[pi]) {
       if (!done_[c]) return false;
@@ -285,18 +283,16 @@ bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
   return true;
 }
 
+bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
+  if (!tail_.joinable()) return true;
+  std::lock_guard lock(mu_);
+  return SteppedLocked(params);
+}
+
 Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
   if (!tail_.joinable()) return OkStatus();
   std::unique_lock lock(mu_);
-  progress_.wait(lock, [&] {
-    if (!tail_running_) return true;
-    for (int pi : params) {
-      for (size_t c : of_[pi]) {
-        if (!done_[c]) return false;
-      }
-    }
-    return true;
-  });
+  progress_.wait(lock, [&] { return !tail_running_ || SteppedLocked(params); });
   return tail_error_;
 }
 

@@ -138,6 +138,8 @@ class OptimizerOverlap {
   // Finish's first part: resolves the speculation and says which chunks are left to step with
   // `*scale` (none for a skipped step, which it completes).
   StatusOr<std::vector<size_t>> Resolve(std::optional<float> scale);
+  // Whether every chunk the parameters touch is stepped; mu_ held.
+  bool SteppedLocked(const std::vector<int>& params) const;
 
   const OverlapOptions options_;
   const ChunkVisitor updated_;

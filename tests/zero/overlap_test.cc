@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,6 +156,21 @@ Outcome Train(TrainRun r, const std::string& label) {
                              });
 }
 
+// One line of steps.txt, as TrainRank writes it.
+struct StepLine {
+  int skipped = 0;
+  double clip = 0, overlapped_seconds = 0;
+  unsigned long long host_bytes = 0, written = 0, read = 0;
+};
+
+StepLine ParseStep(const std::string& line) {
+  StepLine l;
+  std::istringstream in(line);
+  in >> l.skipped >> l.clip >> l.overlapped_seconds >> l.host_bytes >> l.written >> l.read;
+  EXPECT_FALSE(in.fail()) << "a step line: " << line;
+  return l;
+}
+
 struct Case {
   const char* label;
   TrainRun run;
@@ -180,16 +196,13 @@ TEST_P(OverlapTest, BitwiseEqualToTheStepAfterBackward) {
       EXPECT_THAT(b.steps[s], HasSubstr("refused"));
       continue;
     }
-    int skipped_a = 0, skipped_b = 0;
-    double clip_a = 0, clip_b = 0, seconds_a = 0, seconds_b = 0;
-    ASSERT_EQ(std::sscanf(a.steps[s].c_str(), "%d %lf %lf", &skipped_a, &clip_a, &seconds_a), 3);
-    ASSERT_EQ(std::sscanf(b.steps[s].c_str(), "%d %lf %lf", &skipped_b, &clip_b, &seconds_b), 3);
-    EXPECT_EQ(skipped_a, skipped_b) << "step " << s;
-    EXPECT_EQ(clip_a, clip_b) << "step " << s;
-    EXPECT_EQ(seconds_b, 0.0) << "nothing overlaps when it is off";
-    (clip_a < 1 ? clipped : unclipped) = true;
-    skipped |= skipped_a != 0;
-    overlapped |= seconds_a > 0;
+    const StepLine sa = ParseStep(a.steps[s]), sb = ParseStep(b.steps[s]);
+    EXPECT_EQ(sa.skipped, sb.skipped) << "step " << s;
+    EXPECT_EQ(sa.clip, sb.clip) << "step " << s;
+    EXPECT_EQ(sb.overlapped_seconds, 0.0) << "nothing overlaps when it is off";
+    (sa.clip < 1 ? clipped : unclipped) = true;
+    skipped |= sa.skipped != 0;
+    overlapped |= sa.overlapped_seconds > 0;
   }
   // The cases are what they claim: steps that clip and steps that do not, and work done
   // while backward went on (the speculation was exercised, kept and dropped).
@@ -244,22 +257,14 @@ TEST_P(BesideForwardTest, BitwiseEqualToTheStepBeforeForward) {
       EXPECT_THAT(b.steps[s], HasSubstr("refused"));
       continue;
     }
-    int skipped_a = 0, skipped_b = 0;
-    double clip_a = 0, clip_b = 0, seconds_a = 0, seconds_b = 0;
-    unsigned long long ra = 0, rb = 0;
-    ASSERT_EQ(std::sscanf(a.steps[s].c_str(), "%d %lf %lf %*u %*u %llu", &skipped_a, &clip_a,
-                          &seconds_a, &ra),
-              4);
-    ASSERT_EQ(std::sscanf(b.steps[s].c_str(), "%d %lf %lf %*u %*u %llu", &skipped_b, &clip_b,
-                          &seconds_b, &rb),
-              4);
-    EXPECT_EQ(skipped_a, skipped_b) << "step " << s;
-    EXPECT_EQ(clip_a, clip_b) << "step " << s;
-    (clip_a < 1 ? clipped : unclipped) = true;
-    skipped |= skipped_a != 0;
-    beside_seconds += seconds_a - seconds_b;
-    read_a += ra;
-    read_b += rb;
+    const StepLine sa = ParseStep(a.steps[s]), sb = ParseStep(b.steps[s]);
+    EXPECT_EQ(sa.skipped, sb.skipped) << "step " << s;
+    EXPECT_EQ(sa.clip, sb.clip) << "step " << s;
+    (sa.clip < 1 ? clipped : unclipped) = true;
+    skipped |= sa.skipped != 0;
+    beside_seconds += sa.overlapped_seconds - sb.overlapped_seconds;
+    read_a += sa.read;
+    read_b += sb.read;
   }
   EXPECT_TRUE(clipped && unclipped);
   EXPECT_EQ(skipped, GetParam().run.fp16 && GetParam().run.bad_step >= 0);
@@ -314,13 +319,9 @@ TEST(GradientsOnNvmeTest, TrainLikeHostAccumulators) {
     }
     // Host memory no longer holds the accumulators (4 bytes an element of the rank's shard).
     const uint64_t shard = kModules * (kWeight + kBias) / run.world;
-    unsigned long long host_bytes = 0, disk_bytes = 0, host_written = 0, disk_written = 0;
-    ASSERT_EQ(
-        std::sscanf(host.steps.back().c_str(), "%*d %*f %*f %llu %llu", &host_bytes, &host_written),
-        2);
-    ASSERT_EQ(
-        std::sscanf(disk.steps.back().c_str(), "%*d %*f %*f %llu %llu", &disk_bytes, &disk_written),
-        2);
+    const StepLine h = ParseStep(host.steps.back()), d = ParseStep(disk.steps.back());
+    const unsigned long long host_bytes = h.host_bytes, disk_bytes = d.host_bytes;
+    const unsigned long long host_written = h.written, disk_written = d.written;
     EXPECT_GE(host_bytes, disk_bytes + shard * 4) << label;
     // ... and the step's NVMe traffic counts the accumulators' writes, once a micro-batch.
     EXPECT_GE(disk_written, host_written + run.accumulation * shard * 4) << label;
