@@ -329,6 +329,7 @@ using InitialValues =
 
 class Device;  // zinf/device.h
 class Event;
+struct TieredStoreStats;
 
 // A module's full parameters while it is fetched, in device memory of the compute device.
 // Pointers stay valid until Release.
@@ -375,6 +376,9 @@ struct StepSummary {
   // swap files it keeps on NVMe.
   uint64_t host_bytes = 0;
   uint64_t nvme_bytes = 0;
+  // The most the store's host tier held at once since the last step's summary (the first
+  // step's: since Initialize).
+  uint64_t host_peak_bytes = 0;
   // The budgets the engine gave its store's tiers (its device tier, host memory, and the swap
   // files' capacity): what `zinf plan` predicts for the placement.
   uint64_t device_budget_bytes = 0;
@@ -409,6 +413,9 @@ class ZINF_EXPORT Engine {
   // The compute device as Create resolved EngineOptions::device: "host" or "cuda:N". Where a
   // trainer's compute goes, known before Initialize.
   const std::string& compute_device_name() const;
+  // The tiered store's tiers, links and bookkeeping now (include zinf/tiered_store.h), once
+  // initialized: what each tier holds at this moment, where a StepSummary reports after steps.
+  StatusOr<TieredStoreStats> store_stats() const;
 
   // Registers a module before Initialize(); returns its id. InvalidArgument for empty or
   // duplicate names and non-positive dimensions.

@@ -123,6 +123,11 @@ int Engine::world_size() const { return impl_->world(); }
 int Engine::local_rank() const { return impl_->local_rank; }
 Device* Engine::compute_device() const { return impl_->compute.get(); }
 const std::string& Engine::compute_device_name() const { return impl_->device; }
+
+StatusOr<TieredStoreStats> Engine::store_stats() const {
+  if (impl_->tiers == nullptr) return FailedPrecondition("store_stats before Initialize");
+  return impl_->tiers->stats();
+}
 double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
 
@@ -309,6 +314,7 @@ Status Engine::Initialize(const InitialValues& initial_values) {
   // Initialization's traffic is not the first step's.
   m.nvme_read_at = m.tiers->stats().nvme_to_host;
   m.nvme_written_at = m.tiers->stats().host_to_nvme;
+  m.tiers->ResetPeaks();
   m.initialized = true;
   return OkStatus();
 }

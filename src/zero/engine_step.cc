@@ -174,9 +174,10 @@ Status Engine::Impl::WaitForStep(int module) {
   }
   step_in_flight = false;
   param_tier->SetWritten(nullptr);
+  // No forward takes what the step writes from here on (the end of a run, a checkpoint).
+  tier_writer->KeepWrittenCopies(false);
   Status stepped = overlap->Wait();
   Status written = tier_writer->Finish();
-  tier_writer->KeepWrittenCopies(false);
   // The next step's summary reports it: it ran during the next batch.
   pending.seconds_optimizer_compute += pipelined->last_step_stats().compute_seconds;
   pending.seconds_optimizer_overlapped += overlap->started_seconds();
@@ -211,17 +212,24 @@ Status Engine::Impl::NvmeStep(std::optional<float> grad_scale, StepSummary* summ
   if (grad_scale && StepsBesideForward() && !overlap->KeepsSpeculation(*grad_scale)) {
     // Note [Step in the next forward's order]: the parameters in the order the next forward
     // fetches their modules, as the first batch recorded it (flat order before that).
+    // The step keeps the parameters it writes in memory for the forward, but only the next
+    // module's (or stage3_prefetch_bucket_size elements) ahead of it, as a read-ahead would.
     std::vector<int> order;
     std::vector<char> seen(modules.size(), 0);
+    uint64_t lead = config.stage3_prefetch_bucket_size;
     for (int module : param_tier->fetch_order()) {
       if (std::exchange(seen[module], 1) != 0) continue;
-      order.insert(order.end(), modules[module].params.begin(), modules[module].params.end());
+      const std::vector<int>& mine = modules[module].params;
+      order.insert(order.end(), mine.begin(), mine.end());
+      uint64_t elements = 0;
+      for (int pi : mine) elements += params[pi].shard_size;
+      lead = std::max(lead, elements);
     }
     tier_writer->KeepWrittenCopies(true);
     const TieredStoreStats before = tiers->stats();
     nvme_read_beside = before.nvme_to_host;
     nvme_written_beside = before.host_to_nvme;
-    ZINF_RETURN_IF_ERROR(overlap->Start(grad_scale, overlap->ChunkOrder(order)));
+    ZINF_RETURN_IF_ERROR(overlap->Start(grad_scale, overlap->ChunkOrder(order), lead));
     summary->seconds_optimizer_overlapped += overlap->overlapped_seconds();
     if (!overlap->in_flight()) {  // nothing was left to step
       tier_writer->KeepWrittenCopies(false);

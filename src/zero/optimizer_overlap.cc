@@ -43,7 +43,7 @@ OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ChunkVisitor u
     : options_(options), updated_(std::move(updated)), restart_(std::move(restart)) {}
 
 OptimizerOverlap::~OptimizerOverlap() {
-  if (tail_.joinable()) tail_.join();
+  Wait().IgnoreError();
   if (!armed_) return;
   Stop().IgnoreError();
   Abandon().IgnoreError();
@@ -222,7 +222,8 @@ std::vector<size_t> OptimizerOverlap::ChunkOrder(const std::vector<int>& params)
   return order;
 }
 
-Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<size_t>& order) {
+Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<size_t>& order,
+                               uint64_t lead) {
   ZINF_RETURN_IF_ERROR(Wait());
   ZINF_ASSIGN_OR_RETURN(std::vector<size_t> rest, Resolve(scale));
   if (rest.empty()) return OkStatus();
@@ -240,6 +241,15 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
     std::lock_guard lock(mu_);
     done_.assign(chunks_.size(), true);
     for (size_t c : ordered) done_[c] = false;
+    begins_at_.assign(chunks_.size(), 0);
+    ends_at_.assign(chunks_.size(), 0);
+    uint64_t at = 0;
+    for (size_t c : ordered) {
+      begins_at_[c] = at;
+      ends_at_[c] = at += chunks_[c].count;
+    }
+    asked_ = 0;
+    lead_ = lead;
     tail_error_ = OkStatus();
     tail_seconds_ = 0;
     tail_running_ = true;
@@ -247,14 +257,21 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
   tail_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
     NameThisThread("zinf-optim");
     ChunkVisitor updated = [this](const ChunkView& c) {
-      Status s = updated_(c);
       // chunks_ is in flat order: the chunk is the last one starting at or before c.offset.
       auto it =
           std::upper_bound(chunks_.begin(), chunks_.end(), c.offset,
                            [](size_t offset, const ChunkInfo& k) { return offset < k.offset; });
+      const size_t chunk = std::prev(it) - chunks_.begin();
+      {
+        // Note [Step in the next forward's order]: at most `lead` elements ahead of the forward.
+        std::unique_lock lock(mu_);
+        asked_moved_.wait(
+            lock, [&] { return begins_at_[chunk] - std::min(begins_at_[chunk], asked_) <= lead_; });
+      }
+      Status s = updated_(c);
       if (s.ok()) {
         std::lock_guard lock(mu_);
-        done_[std::prev(it) - chunks_.begin()] = true;
+        done_[chunk] = true;
       }
       progress_.notify_all();
       return s;
@@ -292,12 +309,21 @@ bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
 Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
   if (!tail_.joinable()) return OkStatus();
   std::unique_lock lock(mu_);
+  for (int pi : params) {
+    for (size_t c : of_[pi]) asked_ = std::max(asked_, ends_at_[c]);
+  }
+  asked_moved_.notify_all();
   progress_.wait(lock, [&] { return !tail_running_ || SteppedLocked(params); });
   return tail_error_;
 }
 
 Status OptimizerOverlap::Wait() {
   if (!tail_.joinable()) return OkStatus();
+  {
+    std::lock_guard lock(mu_);
+    asked_ = UINT64_MAX;
+  }
+  asked_moved_.notify_all();
   tail_.join();
   std::lock_guard lock(mu_);
   return std::exchange(tail_error_, OkStatus());

@@ -102,8 +102,12 @@ class OptimizerOverlap {
   // indices; those it leaves out follow in flat order), so that the caller goes on meanwhile
   // (Note [Step in the next forward's order]). The speculation is resolved before it returns
   // (its errors are returned here); the step's own errors come from WaitForParams and Wait.
-  // A skipped step (`scale` nullopt) is done here, as Finish does it.
-  Status Start(std::optional<float> scale, const std::vector<size_t>& order);
+  // A skipped step (`scale` nullopt) is done here, as Finish does it. A chunk's new parameters
+  // reach `updated` only once the chunks before it in `order` that WaitForParams has not yet
+  // asked for come to at most `lead` elements: the step keeps no more than that ahead of the
+  // forward (Wait lifts the bound).
+  Status Start(std::optional<float> scale, const std::vector<size_t>& order,
+               uint64_t lead = UINT64_MAX);
   // Whether a step of this scale keeps what was speculated beside backward (most of the
   // step, then: the engine finishes such a step at once, so that a step runs either wholly
   // before the next batch or wholly beside its forward).
@@ -111,7 +115,8 @@ class OptimizerOverlap {
   // Whether a step begun by Start has not been waited for.
   bool in_flight() const { return tail_.joinable(); }
   // Waits until every chunk the parameters touch is stepped (or the step has failed: its
-  // error). OK at once when no step is in flight.
+  // error), letting the step run `lead` elements past them. OK at once when no step is in
+  // flight.
   Status WaitForParams(const std::vector<int>& params);
   // Whether every chunk the parameters touch is stepped (true when no step is in flight).
   bool ParamsStepped(const std::vector<int>& params);
@@ -163,6 +168,11 @@ class OptimizerOverlap {
 
   // The step begun by Start (guarded by mu_).
   std::vector<bool> done_;  // per chunk
+  // Per chunk: the elements of the chunks before it in the step's order, and with it.
+  std::vector<uint64_t> begins_at_, ends_at_;
+  uint64_t asked_ = 0;  // the furthest ends_at_ of the chunks WaitForParams asked for
+  uint64_t lead_ = UINT64_MAX;
+  std::condition_variable asked_moved_;
   std::condition_variable progress_;
   Status tail_error_;
   double tail_seconds_ = 0;

@@ -49,6 +49,7 @@
 #ifndef ZINF_ZERO_PARAM_TIER_H_
 #define ZINF_ZERO_PARAM_TIER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -97,7 +98,7 @@ struct ParamTierCounters {
 class WriteBacks {
  public:
   // Whether the host copies stay once written (TieredStore::WriteBackAsync), for a reader
-  // that comes soon; else they are evicted (the default).
+  // that comes soon; else they are evicted (the default). Any thread, while another writes.
   void set_keep(bool keep) { keep_ = keep; }
   void Add(TensorId shard, uint64_t bytes) {
     unsent_.push_back(shard);
@@ -110,7 +111,7 @@ class WriteBacks {
   Status Wait(TieredStore& store);
 
  private:
-  bool keep_ = false;
+  std::atomic<bool> keep_{false};
   std::vector<TensorId> unsent_;
   uint64_t unsent_bytes_ = 0;
   std::vector<std::shared_future<Status>> sent_;
@@ -267,8 +268,8 @@ class ParamTier::ChunkWriter {
   // Starts a step's writes: every parameter unwritten.
   void Begin();
   // Whether the written shards' host copies stay once written back, for a forward that reads
-  // them soon (Note [Step in the next forward's order]); else they are evicted. Not while a
-  // step writes.
+  // them soon (Note [Step in the next forward's order]); else they are evicted. Also while a
+  // step writes: from its next batch of write-backs on.
   void KeepWrittenCopies(bool keep) { write_backs_.set_keep(keep); }
   // Drops the writes so far, to write every parameter touched again from the start (a
   // speculative step dropped): what is open is released as it is, without a write-back,

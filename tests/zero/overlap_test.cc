@@ -21,6 +21,7 @@
 #include "tests/testing/rank_outcome.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/engine.h"
+#include "zinf/tiered_store.h"
 
 namespace zinf {
 namespace {
@@ -45,15 +46,21 @@ struct TrainRun {
   bool gradients_nvme = false;
   uint64_t overlap_swap_bytes = 0;  // zinf.overlap_optimizer_swap_bytes
   bool beside_forward = false;      // zinf.step_beside_forward
+  uint64_t prefetch_bucket = 0;     // stage3_prefetch_bucket_size (0: the default)
+  // Time the trainer takes between a step and the next forward (loading the next batch).
+  std::chrono::milliseconds between_batches{0};
   std::string dir;
 };
 
 std::string Config(const TrainRun& r) {
   const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + r.dir + "\"}";
+  const std::string prefetch =
+      r.prefetch_bucket == 0
+          ? ""
+          : " \"stage3_prefetch_bucket_size\": " + std::to_string(r.prefetch_bucket) + ",";
   return "{\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 1000,"
-         " \"reduce_bucket_size\": 800000,"
-         " \"offload_optimizer\": " +
-         nvme +
+         " \"reduce_bucket_size\": 800000," +
+         prefetch + " \"offload_optimizer\": " + nvme +
          ", \"offload_param\": " + (r.params_nvme ? nvme : std::string("{\"device\": \"cpu\"}")) +
          "}, \"gradient_accumulation_steps\": " + std::to_string(r.accumulation) +
          ", \"gradient_clipping\": 1.0, \"fp16\": {\"enabled\": " + (r.fp16 ? "true" : "false") +
@@ -130,9 +137,15 @@ int TrainRank(int rank, int port, const TrainRun& r) {
       steps << "refused " << summary.status().ToString() << "\n";
       break;
     }
+    // How far the step beside the next forward gets while the trainer waits before it.
+    auto at_step = e.store_stats();
+    std::this_thread::sleep_for(r.between_batches);
+    auto at_forward = e.store_stats();
+    if (!at_step.ok() || !at_forward.ok()) return 20;
     steps << summary->skipped << " " << summary->clip_coefficient << " "
           << summary->seconds_optimizer_overlapped << " " << summary->host_bytes << " "
-          << summary->bytes_nvme_written << " " << summary->bytes_nvme_read << "\n";
+          << summary->bytes_nvme_written << " " << summary->bytes_nvme_read << " "
+          << at_forward->host_to_nvme.bytes - at_step->host_to_nvme.bytes << "\n";
   }
   std::vector<float> v;
   std::ofstream out(r.dir + "/out.bin", std::ios::binary);
@@ -160,13 +173,14 @@ Outcome Train(TrainRun r, const std::string& label) {
 struct StepLine {
   int skipped = 0;
   double clip = 0, overlapped_seconds = 0;
-  unsigned long long host_bytes = 0, written = 0, read = 0;
+  unsigned long long host_bytes = 0, written = 0, read = 0, written_while_waiting = 0;
 };
 
 StepLine ParseStep(const std::string& line) {
   StepLine l;
   std::istringstream in(line);
-  in >> l.skipped >> l.clip >> l.overlapped_seconds >> l.host_bytes >> l.written >> l.read;
+  in >> l.skipped >> l.clip >> l.overlapped_seconds >> l.host_bytes >> l.written >> l.read >>
+      l.written_while_waiting;
   EXPECT_FALSE(in.fail()) << "a step line: " << line;
   return l;
 }
@@ -288,6 +302,32 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_refused",
              {.world = 1, .overlap = false, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
+
+// Note [Step in the next forward's order]: the step keeps in memory the parameters it writes
+// for the forward, but runs at most the next module (stage3_prefetch_bucket_size) ahead of
+// it: however long the trainer takes before that forward, the step goes no further meanwhile,
+// and the memory it keeps is one module's, not the model's.
+TEST(BesideForwardTest, RunsOnlyTheNextModuleAheadOfTheForward) {
+  TrainRun beside{.world = 1,
+                  .overlap = false,
+                  .params_nvme = true,
+                  .beside_forward = true,
+                  .prefetch_bucket = kWeight + kBias,
+                  .between_batches = 400ms};
+  TrainRun before = beside;
+  before.beside_forward = false;
+  const Outcome a = Train(beside, "lead-beside");
+  const Outcome b = Train(before, "lead-before");
+  EXPECT_TRUE(a.params == b.params);
+  ASSERT_EQ(a.steps.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    const StepLine sa = ParseStep(a.steps[s]);
+    // The step's writes: its optimizer chunks' state and the parameters. It goes on to the
+    // end of the optimizer chunk (two modules here) that holds the next module, and stops.
+    EXPECT_GT(sa.written_while_waiting, 0u) << "step " << s;
+    EXPECT_LE(sa.written_while_waiting, ParseStep(b.steps[s]).written / 2) << "step " << s;
+  }
+}
 
 // Note [Gradients on NVMe]: the accumulators on NVMe train the model the host accumulators
 // do, over several optimizer chunks, ranks and micro-batches, with clipped and skipped steps.
