@@ -114,8 +114,9 @@ Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
-  // A step beside the forward (Note [Step in the next forward's order]) uses the parts below.
-  if (impl_ != nullptr && impl_->overlap != nullptr) impl_->overlap->Wait().IgnoreError();
+  // A step beside the forward (Note [Step in the next forward's order]) uses the parts below;
+  // its result would go with them, so it stops at its next chunk.
+  if (impl_ != nullptr && impl_->overlap != nullptr) impl_->overlap->Cancel();
 }
 
 int Engine::rank() const { return impl_->rank(); }

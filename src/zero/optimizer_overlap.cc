@@ -43,7 +43,7 @@ OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ChunkVisitor u
     : options_(options), updated_(std::move(updated)), restart_(std::move(restart)) {}
 
 OptimizerOverlap::~OptimizerOverlap() {
-  Wait().IgnoreError();
+  Cancel();
   if (!armed_) return;
   Stop().IgnoreError();
   Abandon().IgnoreError();
@@ -267,6 +267,7 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
         std::unique_lock lock(mu_);
         asked_moved_.wait(
             lock, [&] { return begins_at_[chunk] - std::min(begins_at_[chunk], asked_) <= lead_; });
+        if (cancel_) return Cancelled("the engine is closing");
       }
       Status s = updated_(c);
       if (s.ok()) {
@@ -315,6 +316,17 @@ Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
   asked_moved_.notify_all();
   progress_.wait(lock, [&] { return !tail_running_ || SteppedLocked(params); });
   return tail_error_;
+}
+
+void OptimizerOverlap::Cancel() {
+  if (!tail_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    cancel_ = true;
+  }
+  Wait().IgnoreError();
+  std::lock_guard lock(mu_);
+  cancel_ = false;
 }
 
 Status OptimizerOverlap::Wait() {

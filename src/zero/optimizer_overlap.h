@@ -122,6 +122,9 @@ class OptimizerOverlap {
   bool ParamsStepped(const std::vector<int>& params);
   // Waits for the step begun by Start; its first error.
   Status Wait();
+  // Stops the step begun by Start before its next chunk and waits for it: the chunks it has
+  // not stepped stay as they were (for an engine that is closing, whose state goes with it).
+  void Cancel();
   // Seconds the last step begun by Start took on its thread (once waited for).
   double started_seconds() const { return tail_seconds_; }
   // The chunks of the given parameters, in that order, each once, then the others in flat
@@ -172,6 +175,7 @@ class OptimizerOverlap {
   std::vector<uint64_t> begins_at_, ends_at_;
   uint64_t asked_ = 0;  // the furthest ends_at_ of the chunks WaitForParams asked for
   uint64_t lead_ = UINT64_MAX;
+  bool cancel_ = false;
   std::condition_variable asked_moved_;
   std::condition_variable progress_;
   Status tail_error_;
