@@ -207,10 +207,11 @@ struct ZINF_EXPORT EngineConfig {
   // writes them instead of reading them back from NVMe (Note [Step in the next forward's
   // order] in src/zero/optimizer_overlap.h). Bitwise the step run before the forward. The
   // next Gradients call, and whatever reads or changes the model or the optimizer
-  // (GatherParameter, checkpoints, SetLearningRate), wait for it; its errors are theirs.
-  // Off by default for now: the written copies it keeps fill the host tier's free room, which
-  // raised the 1B `large` GPT's peak RSS from 5.7 to 8.9 GiB (bench/RESULTS.md).
-  bool step_beside_forward = false;
+  // (GatherParameter, checkpoints, SetLearningRate), wait for it; its errors are theirs. The
+  // step runs at most the next module (or stage3_prefetch_bucket_size elements) ahead of the
+  // forward, so the copies it keeps are that much host memory; an engine closed with the
+  // step in flight stops it. On by default.
+  bool step_beside_forward = true;
   // zinf.delayed_param_update (DPU, from the ZeRO-Offload paper): with the optimizer state in
   // host memory, step t's update runs on the CPU during batch t+1 and its parameters are used
   // from batch t+2 on: each batch computes with parameters one step stale, and the update

@@ -35,6 +35,11 @@
 // each parameter just before the forward reads it, the parameter tier keeps the written copy
 // (TieredStore::WriteBackAsync) and the fetch takes it from memory instead of reading back
 // from NVMe what was just written. The update is element-wise, so the order changes no bit.
+// The step runs at most a lead (the next module, as a read-ahead would) past the furthest
+// parameters the forward has asked for: a trainer that takes its time before the forward (a
+// slow data loader) does not find the step done and every parameter it wrote held in memory.
+// Waiting for the whole step lifts the bound, and the engine then keeps no copies, since no
+// forward is coming for them.
 //
 // Thread-safety: one thread (the engine's) calls it; the worker runs inside.
 #ifndef ZINF_ZERO_OPTIMIZER_OVERLAP_H_
