@@ -49,6 +49,9 @@ struct TrainRun {
   uint64_t prefetch_bucket = 0;     // stage3_prefetch_bucket_size (0: the default)
   // Time the trainer takes between a step and the next forward (loading the next batch).
   std::chrono::milliseconds between_batches{0};
+  // Close the engine right after the last step (its part beside the forward in flight) and
+  // record what the process wrote to disk while closing, instead of gathering the parameters.
+  bool close_after_step = false;
   std::string dir;
 };
 
@@ -73,6 +76,17 @@ std::string Config(const TrainRun& r) {
          ", \"overlap_optimizer_swap_bytes\": " + std::to_string(r.overlap_swap_bytes) +
          ", \"step_beside_forward\": " + (r.beside_forward ? "true" : "false") +
          ", \"optimizer_nvme_ratio\": " + std::to_string(r.nvme_ratio) + "}}";
+}
+
+// Bytes this process has sent to the disk (/proc/self/io write_bytes: O_DIRECT writes too).
+uint64_t DiskBytesWritten() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "write_bytes:") return value;
+  }
+  return 0;
 }
 
 // Gradient amplitude per step: steps 1 and 3 are large enough to be clipped (norm > 1). The
@@ -146,6 +160,12 @@ int TrainRank(int rank, int port, const TrainRun& r) {
           << summary->seconds_optimizer_overlapped << " " << summary->host_bytes << " "
           << summary->bytes_nvme_written << " " << summary->bytes_nvme_read << " "
           << at_forward->host_to_nvme.bytes - at_step->host_to_nvme.bytes << "\n";
+  }
+  if (r.close_after_step) {
+    const uint64_t before = DiskBytesWritten();
+    created->reset();
+    steps << "closed " << DiskBytesWritten() - before << "\n";
+    return 0;
   }
   std::vector<float> v;
   std::ofstream out(r.dir + "/out.bin", std::ios::binary);
@@ -327,6 +347,26 @@ TEST(BesideForwardTest, RunsOnlyTheNextModuleAheadOfTheForward) {
     EXPECT_GT(sa.written_while_waiting, 0u) << "step " << s;
     EXPECT_LE(sa.written_while_waiting, ParseStep(b.steps[s]).written / 2) << "step " << s;
   }
+}
+
+// An engine closed while the step beside the next forward is in flight stops that step at its
+// next chunk rather than finishing it: its result would go with the engine.
+TEST(BesideForwardTest, AnEngineClosedMidStepStopsTheStep) {
+  TrainRun run{.world = 1,
+               .overlap = false,
+               .params_nvme = true,
+               .beside_forward = true,
+               .prefetch_bucket = kWeight + kBias,
+               .close_after_step = true};
+  const Outcome closed = Train(run, "close-mid-step");
+  ASSERT_EQ(closed.steps.size(), static_cast<size_t>(kSteps) + 1);
+  const std::string& last = closed.steps.back();
+  ASSERT_EQ(last.rfind("closed ", 0), 0u) << last;
+  const unsigned long long written = std::stoull(last.substr(7));
+  // A whole step writes its chunks' state and the parameters; stopped, at most the first
+  // optimizer chunk's (of three) and what was in flight.
+  const unsigned long long step = ParseStep(closed.steps[kSteps - 1]).written;
+  EXPECT_LT(written, step / 2) << "the closing engine finished the step";
 }
 
 // Note [Gradients on NVMe]: the accumulators on NVMe train the model the host accumulators
