@@ -521,40 +521,63 @@ struct MatmulFigures {
 };
 
 #ifdef ZINF_TOOLS_HAVE_DNNL
-// oneDNN matmuls of [m, k] x [k, n] as the GPT's MLP layers run them (512 tokens x d_model by
-// d_model x 4 d_model), fp32 or bf16 inputs with fp32 output, on `threads` OpenMP threads.
-// Small d_model runs far below the peak, hence a row per size.
-StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
+// A GPT linear layer of d_model -> 4 d_model as examples/gpt runs it on oneDNN, `tokens` rows a
+// micro-batch, its weights stored [4d, d]: forward Y = X W^T, and backward's two products
+// dX = dY W and dW += dY^T X; fp32 or bf16 inputs with fp32 output, on `threads` OpenMP
+// threads. GFLOP/s over the three (the plan prices forward and backward FLOPs at one rate).
+// Small d_model, and few tokens a micro-batch, run far below the peak, hence a row per both.
+StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, int64_t tokens, bool quick) {
   try {
     omp_set_num_threads(threads);
-    const int64_t m = 512, k = d, n = 4 * d;
+    const int64_t t = tokens, k = d, n = 4 * d;
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     dnnl::stream stream(engine);
     using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
     const dt in = bf16 ? dt::bf16 : dt::f32;
-    dnnl::memory::desc a_md({m, k}, in, dnnl::memory::format_tag::ab);
-    dnnl::memory::desc b_md({k, n}, in, dnnl::memory::format_tag::ab);
-    dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::format_tag::ab);
-    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+    const dnnl::memory::desc x({t, k}, in, tag::ab), w_t({k, n}, in, tag::ba),
+        y({t, n}, dt::f32, tag::ab), dy({t, n}, in, tag::ab), w({n, k}, in, tag::ab),
+        dx({t, k}, dt::f32, tag::ab), dy_t({n, t}, in, tag::ba), x_again({t, k}, in, tag::ab),
+        dw({n, k}, dt::f32, tag::ab);
+    dnnl::primitive_attr accumulate;
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    accumulate.set_post_ops(sum);
+    struct Product {
+      dnnl::matmul primitive;
+      dnnl::memory::desc a, b, c;
+    };
+    const Product products[] = {
+        {dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(x, w_t, y), engine)), x, w_t,
+         y},
+        {dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(dy, w, dx), engine)), dy, w,
+         dx},
+        {dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(dy_t, x_again, dw),
+                                                   accumulate, engine)),
+         dy_t, x_again, dw}};
     // A training step's matmuls each find their operands cold (another layer's weights, other
     // activations): the calls rotate through operand sets four times the size of L2.
-    const size_t set_bytes = a_md.get_size() + b_md.get_size() + c_md.get_size();
+    const size_t set_bytes = 3 * (x.get_size() + w.get_size() + y.get_size() + dw.get_size());
     const size_t sets = std::max<size_t>(1, (8 << 20) / set_bytes + 1);
-    std::vector<std::unordered_map<int, dnnl::memory>> operands;
+    std::vector<std::vector<std::unordered_map<int, dnnl::memory>>> operands(sets);
     for (size_t i = 0; i < sets; ++i) {
-      dnnl::memory a(a_md, engine), b(b_md, engine), c(c_md, engine);
-      std::memset(a.get_data_handle(), 0, a_md.get_size());
-      std::memset(b.get_data_handle(), 0, b_md.get_size());
-      operands.push_back({{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      for (const Product& p : products) {
+        dnnl::memory a(p.a, engine), b(p.b, engine), c(p.c, engine);
+        for (dnnl::memory* m : {&a, &b, &c}) {
+          std::memset(m->get_data_handle(), 0, m->get_desc().get_size());
+        }
+        operands[i].push_back({{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      }
     }
     size_t next = 0;
     auto run = [&] {
-      mm.execute(stream, operands[next++ % sets]);
+      const auto& set = operands[next++ % sets];
+      for (size_t p = 0; p < set.size(); ++p) products[p].primitive.execute(stream, set[p]);
       stream.wait();
     };
     for (size_t i = 0; i < sets; ++i) run();
     // About 50 ms a repetition, 5 ms with --quick.
-    const double flops = 2.0 * m * k * n;
+    const double flops = 3 * 2.0 * t * k * n;
     const int calls = static_cast<int>(std::clamp((quick ? 5e8 : 5e9) / flops, 1.0, 1000.0));
     return flops / MedianSecondsPerCall(quick ? 7 : 9, calls, run) / 1e9;
   } catch (const dnnl::error& e) {
@@ -562,11 +585,6 @@ StatusOr<double> OneDnnGflops(bool bf16, int threads, int64_t d, bool quick) {
   }
 }
 
-// Attention's batched matmuls as the GPT runs them per sequence (examples/gpt/gpt_model.cc),
-// the demo's shape (8 sequences, 4 heads, T 64, d/H 32), fp32: each head's Q, K and V strided
-// inside the sequence's [T, 3d] projection, the output heads inside [T, d]. One forward (S = Q K^T,
-// Y = P V) and one backward (dP = dY V^T, dV = P^T dY, dQ = dS K, dK = dS^T Q), all of equal
-// FLOPs: GFLOP/s over the six, far below a large matmul's.
 StatusOr<double> OneDnnAttentionGflops(int threads, bool quick) {
   try {
     omp_set_num_threads(threads);
@@ -841,16 +859,21 @@ Status RunProfile(const ProfileArgs& args) {
   nlohmann::json call_overhead = nlohmann::json::array();
   for (int t : thread_counts) {
     progress.Start(fmt::format("oneDNN matmul fp32 and bf16, {} thread(s)", t));
-    for (int64_t d : {128, 512, 2048}) {
-      nlohmann::json row = {
-          {"threads", t}, {"d", d}, {"fp32_GFLOPs", nullptr}, {"bf16_GFLOPs", nullptr}};
+    for (int64_t tokens : {128, 512}) {
+      for (int64_t d : {128, 512, 2048}) {
+        nlohmann::json row = {{"threads", t},
+                              {"d", d},
+                              {"tokens", tokens},
+                              {"fp32_GFLOPs", nullptr},
+                              {"bf16_GFLOPs", nullptr}};
 #ifdef ZINF_TOOLS_HAVE_DNNL
-      ZINF_ASSIGN_OR_RETURN(row["fp32_GFLOPs"], OneDnnGflops(false, t, d, args.quick));
-      if (HasNativeBf16()) {
-        ZINF_ASSIGN_OR_RETURN(row["bf16_GFLOPs"], OneDnnGflops(true, t, d, args.quick));
-      }
+        ZINF_ASSIGN_OR_RETURN(row["fp32_GFLOPs"], OneDnnGflops(false, t, d, tokens, args.quick));
+        if (HasNativeBf16()) {
+          ZINF_ASSIGN_OR_RETURN(row["bf16_GFLOPs"], OneDnnGflops(true, t, d, tokens, args.quick));
+        }
 #endif
-      matmul.push_back(row);
+        matmul.push_back(row);
+      }
     }
 #ifdef ZINF_TOOLS_HAVE_DNNL
     ZINF_ASSIGN_OR_RETURN(const double call_us, OneDnnCallMicros(t));

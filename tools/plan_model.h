@@ -27,8 +27,9 @@
 // A step is gradient_accumulation_steps micro-batches of forward and backward, then the
 // optimizer step. Per rank:
 //  - compute: the micro-batches' linear matmul FLOPs at the profile's oneDNN rate for the
-//    compute precision, the model's d_model and the threads a rank gets (cores / ranks),
-//    measured on operands cold in cache; attention's small batched matmuls at their own
+//    compute precision, the model's d_model and tokens per micro-batch and the threads a rank
+//    gets (cores / ranks), measured as a linear layer's forward and backward products together
+//    on operands cold in cache; attention's small batched matmuls at their own
 //    measured rate; the tanh GELU's elements at its forward and backward rates; the softmax's
 //    and loss's std::exp calls at the rate of their loop; each oneDNN call's fixed cost; layer
 //    norms, residuals and the rest as passes over the activations at memory bandwidth. The
@@ -171,6 +172,8 @@ struct MachineProfile {
     int threads = 0;
     double d = 0;  // the inner dimension (d_model) measured; 0: any
     double fp32_flops = 0, bf16_flops = 0;
+    // The rows of the left operand (tokens per micro-batch); profiles without it measured 512.
+    double tokens = 512;
   };
   std::vector<MatmulRow> matmul;
   double loop_fp32_flops = 0;  // one thread, the plain loop
@@ -210,7 +213,9 @@ struct MachineProfile {
   double OptimizerRate(int threads) const;  // nearest measured thread count at or below
   // The rate at the most threads measured up to `threads`, interpolated in log(d) between the
   // sizes measured (the nearest outside them).
-  double MatmulRate(int threads, bool bf16, double d = 0) const;
+  // The GPT's linear layers' rate at `threads`, for d_model `d` and `tokens` per micro-batch
+  // (0: any), interpolated in log d and log tokens between the measured rows.
+  double MatmulRate(int threads, bool bf16, double d = 0, double tokens = 0) const;
 };
 
 // Bytes per rank, steady and peak (Note [Plan memory]).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/config_reader.h"
 #include "tools/plan_internal.h"
@@ -103,6 +104,7 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
     ZINF_RETURN_IF_ERROR(number(row, "threads", false, &x));
     r.threads = static_cast<int>(x);
     ZINF_RETURN_IF_ERROR(number(row, "d", true, &r.d));
+    if (row.contains("tokens")) ZINF_RETURN_IF_ERROR(number(row, "tokens", false, &r.tokens));
     ZINF_RETURN_IF_ERROR(number(row, "fp32_GFLOPs", true, &r.fp32_flops));
     ZINF_RETURN_IF_ERROR(number(row, "bf16_GFLOPs", true, &r.bf16_flops));
     r.fp32_flops *= 1e9;
@@ -173,7 +175,7 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   std::sort(p.optimizer.begin(), p.optimizer.end(),
             [](const auto& a, const auto& b) { return a.threads < b.threads; });
   std::sort(p.matmul.begin(), p.matmul.end(), [](const auto& a, const auto& b) {
-    return a.threads != b.threads ? a.threads < b.threads : a.d < b.d;
+    return std::tie(a.threads, a.tokens, a.d) < std::tie(b.threads, b.tokens, b.d);
   });
   return p;
 }
@@ -204,20 +206,37 @@ const MachineProfile::CallRow& MachineProfile::KernelCall(int threads) const {
   return *use;
 }
 
-double MachineProfile::MatmulRate(int threads, bool bf16, double d) const {
+double MachineProfile::MatmulRate(int threads, bool bf16, double d, double tokens) const {
   int use = matmul.front().threads;
   for (const auto& r : matmul) {
     if (r.threads <= threads) use = r.threads;
   }
-  std::vector<std::pair<double, double>> by_d;  // (log d, rate) at `use` threads
+  // Per tokens measured (ascending): the rate at `d`, interpolated in log d.
+  std::vector<std::pair<double, double>> by_tokens;  // (log tokens, rate) at `use` threads
+  std::vector<std::pair<double, double>> by_d;       // (log d, rate) of one tokens value
+  auto close = [&] {
+    if (by_d.empty()) return;
+    const double rate = by_d.size() == 1 || d <= 0
+                            ? by_d.back().second
+                            : InterpolateInLog(
+                                  by_d, std::log(d), [](const auto& r) { return r.first; },
+                                  [](const auto& r) { return r.second; });
+    by_d.clear();
+    by_tokens.back().second = rate;
+  };
   for (const auto& r : matmul) {
     if (r.threads != use) continue;
+    if (by_tokens.empty() || by_tokens.back().first != std::log(r.tokens)) {
+      close();
+      by_tokens.emplace_back(std::log(r.tokens), 0.0);
+    }
     const double rate = bf16 && r.bf16_flops > 0 ? r.bf16_flops : r.fp32_flops;
     by_d.emplace_back(r.d > 0 ? std::log(r.d) : 0.0, rate);
   }
-  if (by_d.size() == 1 || d <= 0) return by_d.back().second;
+  close();
+  if (by_tokens.size() == 1 || tokens <= 0) return by_tokens.back().second;
   return InterpolateInLog(
-      by_d, std::log(d), [](const auto& r) { return r.first; },
+      by_tokens, std::log(tokens), [](const auto& r) { return r.first; },
       [](const auto& r) { return r.second; });
 }
 

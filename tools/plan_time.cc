@@ -81,9 +81,10 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
 
   // Compute rate: the GPT's matmuls multiply in bf16 where the config enables it and the
   // machine has native bf16 (the profile's bf16 figure); the MLP's plain loop is one thread.
-  const double rate = model.plain_loop_compute
-                          ? profile.loop_fp32_flops
-                          : profile.MatmulRate(threads, c.bf16, model.hidden_size);
+  const double rate =
+      model.plain_loop_compute
+          ? profile.loop_fp32_flops
+          : profile.MatmulRate(threads, c.bf16, model.hidden_size, model.tokens_per_micro_batch);
   if (rate <= 0) {
     return InvalidArgument(fmt::format("the profile has no {} compute rate",
                                        model.plain_loop_compute ? "loop_fp32_GFLOPs" : "matmul"));

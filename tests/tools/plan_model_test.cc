@@ -283,6 +283,42 @@ TEST(PlanModelTest, LoadedWaitsInterpolateInLogCompute) {
   EXPECT_EQ(MachineProfile().LoadedWait(1e-3, &Row::wait_s), 0.0);
 }
 
+// The linear layers' rate depends on d_model and on the tokens of a micro-batch (a 128-token
+// micro-batch runs a matmul slower than a 512-token one): interpolated in log of each, flat
+// outside the rows measured; a row without "tokens" was measured at 512 (older profiles).
+TEST(PlanModelTest, MatmulRateInterpolatesInLogDAndLogTokens) {
+  nlohmann::json j = MinimalProfileJson();
+  j["matmul"] = {{{"threads", 1}, {"d", 512}, {"tokens", 128}, {"fp32_GFLOPs", 40}},
+                 {{"threads", 1}, {"d", 2048}, {"tokens", 128}, {"fp32_GFLOPs", 80}},
+                 {{"threads", 1}, {"d", 512}, {"fp32_GFLOPs", 60}},
+                 {{"threads", 1}, {"d", 2048}, {"fp32_GFLOPs", 100}}};
+  StatusOr<MachineProfile> p = MachineProfile::FromJson(j.dump(), "p.json");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->MatmulRate(1, false, 2048, 128), 80e9);
+  EXPECT_DOUBLE_EQ(p->MatmulRate(1, false, 2048, 512), 100e9);
+  EXPECT_NEAR(p->MatmulRate(1, false, 1024, 128), 60e9, 1);   // halfway in log d
+  EXPECT_NEAR(p->MatmulRate(1, false, 2048, 256), 90e9, 1);   // halfway in log tokens
+  EXPECT_NEAR(p->MatmulRate(1, false, 1024, 256), 70e9, 1);   // both
+  EXPECT_DOUBLE_EQ(p->MatmulRate(1, false, 2048, 64), 80e9);  // flat outside
+  EXPECT_DOUBLE_EQ(p->MatmulRate(1, false, 2048, 0), 100e9);  // any: the most tokens measured
+  // The plan's compute follows the model's tokens: fewer a micro-batch, a lower rate.
+  StatusOr<ModelSpec> few = UniformModel(20'000'000, 8, 128);
+  StatusOr<ModelSpec> many = UniformModel(20'000'000, 8, 512);
+  ASSERT_TRUE(few.ok() && many.ok());
+  EngineConfig c;
+  c.zero_stage = 3;
+  StatusOr<Estimate> few_tokens = EstimatePlacement(*few, c, *p, {});
+  StatusOr<Estimate> many_tokens = EstimatePlacement(*many, c, *p, {});
+  ASSERT_TRUE(few_tokens.ok() && many_tokens.ok());
+  // Four times the tokens at a higher rate (40 against 60 GFLOP/s at this d_model): about
+  // 4 * 40 / 60 times the compute, not 4 (the rest of the compute grows with the tokens).
+  const double rates = p->MatmulRate(1, false, few->hidden_size, 128) /
+                       p->MatmulRate(1, false, many->hidden_size, 512);
+  EXPECT_LT(rates, 0.9);
+  const double ratio = many_tokens->time.compute / few_tokens->time.compute;
+  EXPECT_NEAR(ratio, 4 * rates, 0.2);
+}
+
 // Two ranks whose rendezvous wait under load: each gather waits at least the loaded wait
 // after the compute it hid behind, and the step waits for the ranks' skew once. One rank
 // meets no other rank and is unchanged.
