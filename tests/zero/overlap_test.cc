@@ -327,13 +327,19 @@ INSTANTIATE_TEST_SUITE_P(
 // for the forward, but runs at most the next module (stage3_prefetch_bucket_size) ahead of
 // it: however long the trainer takes before that forward, the step goes no further meanwhile,
 // and the memory it keeps is one module's, not the model's.
+// One rank, parameters and optimizer on NVMe, the step wholly beside the forward and its lead
+// one module.
+TrainRun OneModuleLead() {
+  return {.world = 1,
+          .overlap = false,
+          .params_nvme = true,
+          .beside_forward = true,
+          .prefetch_bucket = kWeight + kBias};
+}
+
 TEST(BesideForwardTest, RunsOnlyTheNextModuleAheadOfTheForward) {
-  TrainRun beside{.world = 1,
-                  .overlap = false,
-                  .params_nvme = true,
-                  .beside_forward = true,
-                  .prefetch_bucket = kWeight + kBias,
-                  .between_batches = 400ms};
+  TrainRun beside = OneModuleLead();
+  beside.between_batches = 400ms;
   TrainRun before = beside;
   before.beside_forward = false;
   const Outcome a = Train(beside, "lead-beside");
@@ -352,12 +358,8 @@ TEST(BesideForwardTest, RunsOnlyTheNextModuleAheadOfTheForward) {
 // An engine closed while the step beside the next forward is in flight stops that step at its
 // next chunk rather than finishing it: its result would go with the engine.
 TEST(BesideForwardTest, AnEngineClosedMidStepStopsTheStep) {
-  TrainRun run{.world = 1,
-               .overlap = false,
-               .params_nvme = true,
-               .beside_forward = true,
-               .prefetch_bucket = kWeight + kBias,
-               .close_after_step = true};
+  TrainRun run = OneModuleLead();
+  run.close_after_step = true;
   const Outcome closed = Train(run, "close-mid-step");
   ASSERT_EQ(closed.steps.size(), static_cast<size_t>(kSteps) + 1);
   const std::string& last = closed.steps.back();
