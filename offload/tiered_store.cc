@@ -1345,12 +1345,6 @@ StatusOr<std::vector<Tier>> TieredStore::ResidentTiers(TensorId id) {
   return out;
 }
 
-void TieredStore::ResetPeaks() {
-  for (MemoryPool* pool : {impl_->device_pool.get(), impl_->host_pool.get()}) {
-    if (pool != nullptr) pool->ResetPeak();
-  }
-}
-
 TieredStoreStats TieredStore::stats() const {
   const Impl& m = *impl_;
   TieredStoreStats s;

@@ -443,7 +443,6 @@ nlohmann::json ToJson(const StepRecord& r) {
           {"nvme_written_bytes", r.summary.bytes_nvme_written},
           {"host_bytes", r.summary.host_bytes},
           {"host_budget_bytes", r.summary.host_budget_bytes},
-          {"host_peak_bytes", r.summary.host_peak_bytes},
           {"device_budget_bytes", r.summary.device_budget_bytes},
           {"nvme_bytes", r.summary.nvme_bytes},
           {"store_entries", r.summary.store_entries},

@@ -377,9 +377,6 @@ struct StepSummary {
   // swap files it keeps on NVMe.
   uint64_t host_bytes = 0;
   uint64_t nvme_bytes = 0;
-  // The most the store's host tier held at once since the last step's summary (the first
-  // step's: since Initialize).
-  uint64_t host_peak_bytes = 0;
   // The budgets the engine gave its store's tiers (its device tier, host memory, and the swap
   // files' capacity): what `zinf plan` predicts for the placement.
   uint64_t device_budget_bytes = 0;

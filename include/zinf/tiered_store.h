@@ -196,8 +196,6 @@ class ZINF_EXPORT TieredStore {
   // Tiers where a current copy is resident (for tests and tools).
   StatusOr<std::vector<Tier>> ResidentTiers(TensorId id);
   TieredStoreStats stats() const;
-  // Starts the tiers' peak_bytes over from what they hold now.
-  void ResetPeaks();
   std::string device_name() const;
 
  private:

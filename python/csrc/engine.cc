@@ -231,7 +231,6 @@ class PyEngine {
     d["nvme_bytes"] = s.nvme_bytes;
     d["device_budget_bytes"] = s.device_budget_bytes;
     d["host_budget_bytes"] = s.host_budget_bytes;
-    d["host_peak_bytes"] = s.host_peak_bytes;
     d["nvme_capacity_bytes"] = s.nvme_capacity_bytes;
     d["lr"] = s.learning_rate;
     d["time"] = s.unix_time_s;

@@ -315,7 +315,6 @@ Status Engine::Initialize(const InitialValues& initial_values) {
   // Initialization's traffic is not the first step's.
   m.nvme_read_at = m.tiers->stats().nvme_to_host;
   m.nvme_written_at = m.tiers->stats().host_to_nvme;
-  m.tiers->ResetPeaks();
   m.initialized = true;
   return OkStatus();
 }

@@ -174,8 +174,6 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
       stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
   summary->host_bytes = host;
   summary->nvme_bytes = stats.nvme_file_bytes;
-  summary->host_peak_bytes = stats.tiers[int(Tier::kHost)].peak_bytes;
-  tiers->ResetPeaks();
   summary->device_budget_bytes = stats.tiers[int(Tier::kDevice)].budget_bytes;
   summary->host_budget_bytes = stats.tiers[int(Tier::kHost)].budget_bytes;
   summary->nvme_capacity_bytes = stats.tiers[int(Tier::kNvme)].budget_bytes;
