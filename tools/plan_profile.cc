@@ -211,33 +211,30 @@ double MachineProfile::MatmulRate(int threads, bool bf16, double d, double token
   for (const auto& r : matmul) {
     if (r.threads <= threads) use = r.threads;
   }
-  // Per tokens measured (ascending): the rate at `d`, interpolated in log d.
-  std::vector<std::pair<double, double>> by_tokens;  // (log tokens, rate) at `use` threads
-  std::vector<std::pair<double, double>> by_d;       // (log d, rate) of one tokens value
-  auto close = [&] {
-    if (by_d.empty()) return;
-    const double rate = by_d.size() == 1 || d <= 0
-                            ? by_d.back().second
-                            : InterpolateInLog(
-                                  by_d, std::log(d), [](const auto& r) { return r.first; },
-                                  [](const auto& r) { return r.second; });
-    by_d.clear();
-    by_tokens.back().second = rate;
-  };
+  // The tokens measured at `use` threads, ascending (the rows are sorted).
+  std::vector<double> measured;
   for (const auto& r : matmul) {
-    if (r.threads != use) continue;
-    if (by_tokens.empty() || by_tokens.back().first != std::log(r.tokens)) {
-      close();
-      by_tokens.emplace_back(std::log(r.tokens), 0.0);
+    if (r.threads == use && (measured.empty() || measured.back() != r.tokens)) {
+      measured.push_back(r.tokens);
     }
-    const double rate = bf16 && r.bf16_flops > 0 ? r.bf16_flops : r.fp32_flops;
-    by_d.emplace_back(r.d > 0 ? std::log(r.d) : 0.0, rate);
   }
-  close();
-  if (by_tokens.size() == 1 || tokens <= 0) return by_tokens.back().second;
-  return InterpolateInLog(
-      by_tokens, std::log(tokens), [](const auto& r) { return r.first; },
-      [](const auto& r) { return r.second; });
+  auto log_x = [](const auto& row) { return row.first; };
+  auto y = [](const auto& row) { return row.second; };
+  // The rate at `d` among the rows of `t` tokens, interpolated in log d.
+  auto at_d = [&](double t) {
+    std::vector<std::pair<double, double>> by_d;  // (log d, rate)
+    for (const auto& r : matmul) {
+      if (r.threads != use || r.tokens != t) continue;
+      const double rate = bf16 && r.bf16_flops > 0 ? r.bf16_flops : r.fp32_flops;
+      by_d.emplace_back(r.d > 0 ? std::log(r.d) : 0.0, rate);
+    }
+    if (by_d.size() == 1 || d <= 0) return by_d.back().second;
+    return InterpolateInLog(by_d, std::log(d), log_x, y);
+  };
+  if (measured.size() == 1 || tokens <= 0) return at_d(measured.back());
+  std::vector<std::pair<double, double>> by_tokens;  // (log tokens, rate at d)
+  for (double t : measured) by_tokens.emplace_back(std::log(t), at_d(t));
+  return InterpolateInLog(by_tokens, std::log(tokens), log_x, y);
 }
 
 }  // namespace zinf::plan
