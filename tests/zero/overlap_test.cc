@@ -304,7 +304,9 @@ TEST_P(BesideForwardTest, BitwiseEqualToTheStepBeforeForward) {
   EXPECT_EQ(skipped, GetParam().run.fp16 && GetParam().run.bad_step >= 0);
   EXPECT_LT(read_a, read_b) << "the forward read back from NVMe what the step had just written";
   // Without the overlapped step all of it ran beside the forward; the summaries say so.
-  if (!GetParam().run.overlap) EXPECT_GT(beside_seconds, 0);
+  if (!GetParam().run.overlap) {
+    EXPECT_GT(beside_seconds, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
