@@ -25,21 +25,26 @@ double SecondsSince(Clock::time_point start) {
 
 // Where the arrays of one chunk sit in a buffer (a staging buffer or a host state block):
 // [params | state0 | state1 | grads], each region 4 KiB aligned so that the state regions form
-// one extent and the gradients another.
+// one extent and the gradients another. The chunk's NVMe state tensor holds [home_offset,
+// state_bytes): the parameters and the state arrays, or the state arrays alone where the
+// caller keeps the parameters (Note [Parameters kept by the caller]).
 struct ChunkLayout {
   uint64_t param_bytes = 0;  // one fp32 array, aligned
-  uint64_t state_bytes = 0;  // params and state arrays: what is written back
+  uint64_t state_bytes = 0;  // params and state arrays
+  uint64_t home_offset = 0;  // where the state tensor's bytes begin
   uint64_t grad_bytes = 0;   // aligned
   uint64_t copy_bytes = 0;   // aligned parameter copy (0 when there is none)
 
   ChunkLayout(size_t count, int state_count, ElementType grad_type, bool copy,
-              ElementType copy_type) {
+              ElementType copy_type, bool external_params = false) {
     param_bytes = AlignUp(count * 4, 4096);
     state_bytes = param_bytes * (1 + state_count);
+    home_offset = external_params ? param_bytes : 0;
     grad_bytes = AlignUp(count * ElementSize(grad_type), 4096);
     copy_bytes = copy ? AlignUp(count * ElementSize(copy_type), 4096) : 0;
   }
   uint64_t data_bytes() const { return state_bytes + grad_bytes; }
+  uint64_t home_bytes() const { return state_bytes - home_offset; }  // what is written back
 };
 
 }  // namespace
@@ -51,6 +56,9 @@ struct PipelinedOptimizer::Slot {
   IoWaiter writes;
   std::unique_ptr<Event> copy_done;
   bool copy_pending = false;
+  // A speculative step's old parameters, for shards whose parameters the caller keeps.
+  TensorId old_params_tensor = 0;
+  char* old_params = nullptr;
   char* base() const { return data; }
 };
 
@@ -86,11 +94,12 @@ struct PipelinedOptimizer::Shard {
     size_t count = 0;
     bool on_nvme = false;
     // Store tensors; 0 for none.
-    TensorId state = 0;  // on_nvme: the fp32 parameters and the state arrays
-    TensorId grads = 0;  // on_nvme, without ShardSpec::host_grads
-    TensorId copy = 0;   // ParamCopyTier::kNvme
-    TensorId undo = 0;   // a speculative step's old state, until resolved
-    TensorId host = 0;   // !on_nvme: the whole chunk, homed in the host tier
+    TensorId state = 0;       // on_nvme: the fp32 parameters and the state arrays
+    TensorId grads = 0;       // on_nvme, without ShardSpec::host_grads
+    TensorId copy = 0;        // ParamCopyTier::kNvme
+    TensorId undo = 0;        // a speculative step's old state, until resolved
+    TensorId old_params = 0;  // ... and old parameters, where the caller keeps them
+    TensorId host = 0;        // !on_nvme: the whole chunk, homed in the host tier
   };
   ShardSpec spec;
   int state_count = 2;
@@ -100,7 +109,8 @@ struct PipelinedOptimizer::Shard {
     // Staging room for the copy where it goes to NVMe or the device from there.
     const bool staged = spec.param_copy_tier == ParamCopyTier::kNvme ||
                         spec.param_copy_tier == ParamCopyTier::kDevice;
-    return ChunkLayout(chunk.count, state_count, spec.grad_type, staged, spec.param_copy_type);
+    return ChunkLayout(chunk.count, state_count, spec.grad_type, staged, spec.param_copy_type,
+                       static_cast<bool>(spec.params));
   }
   ChunkView View(const Chunk& chunk, char* base) const {
     ChunkLayout layout = Layout(chunk);
@@ -151,7 +161,13 @@ PipelinedOptimizer::PipelinedOptimizer(CpuOptimizer* optimizer, TieredStore* sto
                                        const PipelinedOptimizerOptions& options)
     : optimizer_(optimizer), store_(store), options_(options) {}
 
-uint64_t PipelinedOptimizer::staging_bytes() const { return slot_bytes_ * slots_.size(); }
+uint64_t PipelinedOptimizer::staging_bytes() const {
+  const bool old_params = !slots_.empty() && slots_[0]->old_params != nullptr;
+  return (slot_bytes_ + (old_params
+                             ? chunk_elements_ * PipelinedOptimizerOptions::kOldParamBytesPerElement
+                             : 0)) *
+         slots_.size();
+}
 
 uint64_t PipelinedOptimizer::ChunkBytes(uint64_t count, int state_count) {
   return ChunkLayout(count, state_count, ElementType::kFp32, false, ElementType::kBf16)
@@ -214,8 +230,11 @@ PipelinedOptimizer::~PipelinedOptimizer() {
     }
   }
   for (auto& slot : slots_) {
-    store_->Release(slot->tensor, Tier::kHost).IgnoreError();
-    store_->Free(slot->tensor).IgnoreError();
+    for (TensorId t : {slot->tensor, slot->old_params_tensor}) {
+      if (t == 0) continue;
+      store_->Release(t, Tier::kHost).IgnoreError();
+      store_->Free(t).IgnoreError();
+    }
   }
 }
 
@@ -252,6 +271,14 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
   if (spec.param_copy_tier == ParamCopyTier::kNvme && !has_nvme_) {
     return InvalidArgument(what + ": the parameter tier is NVMe but the store has no NVMe tier");
   }
+  if (spec.params && (!spec.params.read || !spec.params.write)) {
+    return InvalidArgument(what + ": the caller keeps the parameters but gave no read or write");
+  }
+  if (spec.params && spec.param_copy_tier != ParamCopyTier::kNone) {
+    return InvalidArgument(what +
+                           ": the caller keeps the parameters, so there is no copy to write");
+  }
+  if (spec.params) ZINF_RETURN_IF_ERROR_CTX(MakeOldParamBuffers(), what);
 
   auto shard = std::make_unique<Shard>();
   shard->spec = spec;
@@ -285,7 +312,7 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     std::optional<HostChunk> host;
     char* base = slot.base();
     if (chunk.on_nvme) {
-      StatusOr<TensorId> t = create(layout.state_bytes, "state", Tier::kNvme);
+      StatusOr<TensorId> t = create(layout.home_bytes(), "state", Tier::kNvme);
       if (!t.ok()) return fail(std::move(t).status());
       chunk.state = *t;
       if (spec.host_grads == nullptr) {
@@ -315,7 +342,9 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     span.count = chunk.count;
     Status status = optimizer_->InitState(spec.group, span);
     if (status.ok() && init) status = init(view);
-    if (status.ok() && chunk.on_nvme) status = store_->WriteHome(chunk.state, base);
+    if (status.ok() && chunk.on_nvme) {
+      status = store_->WriteHome(chunk.state, base + layout.home_offset);
+    }
     if (status.ok() && chunk.grads != 0) {
       status = store_->WriteHome(chunk.grads, base + layout.state_bytes);
     }
@@ -328,7 +357,8 @@ Status PipelinedOptimizer::RemoveShard(int id) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   Status first;
   for (Shard::Chunk& chunk : shard->chunks) {
-    for (TensorId* t : {&chunk.state, &chunk.grads, &chunk.copy, &chunk.undo, &chunk.host}) {
+    for (TensorId* t :
+         {&chunk.state, &chunk.grads, &chunk.copy, &chunk.undo, &chunk.old_params, &chunk.host}) {
       if (*t != 0) {
         Status status = store_->Free(std::exchange(*t, 0));
         if (first.ok() && !status.ok()) first = status;
@@ -374,18 +404,22 @@ Status PipelinedOptimizer::VisitChunks(Shard* shard, const std::vector<size_t>& 
     char* base = host ? host->data() : slot.base();
     Status status = host ? host->status() : OkStatus();
     if (chunk.on_nvme) {
-      status = store_->ReadHome(chunk.state, base);
+      status = store_->ReadHome(chunk.state, base + layout.home_offset);
       if (status.ok() && chunk.grads != 0) {
         status = store_->ReadHome(chunk.grads, base + layout.state_bytes);
       }
     }
-    if (status.ok()) status = visit(shard->View(chunk, base));
+    const ChunkView view = shard->View(chunk, base);
+    const ExternalParams& params = shard->spec.params;
+    if (status.ok() && params) status = params.read(view);
+    if (status.ok()) status = visit(view);
     if (status.ok() && write_back && chunk.on_nvme) {
-      status = store_->WriteHome(chunk.state, base);
+      status = store_->WriteHome(chunk.state, base + layout.home_offset);
       if (status.ok() && chunk.grads != 0) {
         status = store_->WriteHome(chunk.grads, base + layout.state_bytes);
       }
     }
+    if (status.ok() && write_back && params) status = params.write(view);
     if (!status.ok()) {
       return std::move(status).WithContext(fmt::format("visiting {}", shard->ChunkName(c)));
     }
@@ -468,6 +502,12 @@ Status PipelinedOptimizer::ReadParams(int id, float* out) {
   char* staging = slots_[0]->base();
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     const Shard::Chunk& chunk = shard->chunks[c];
+    if (shard->spec.params) {
+      ZINF_RETURN_IF_ERROR_CTX(shard->spec.params.read(shard->View(chunk, staging)),
+                               fmt::format("reading the parameters of {}", shard->ChunkName(c)));
+      std::memcpy(out + chunk.offset, staging, chunk.count * 4);  // the view's params lead
+      continue;
+    }
     if (chunk.on_nvme) {
       ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.state, staging),
                                fmt::format("reading the parameters of {}", shard->ChunkName(c)));
@@ -495,6 +535,25 @@ Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
     ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.copy, staging),
                              fmt::format("reading the parameter copy of {}", shard->ChunkName(c)));
     std::memcpy(static_cast<char*>(out) + chunk.offset * elem, staging, chunk.count * elem);
+  }
+  return OkStatus();
+}
+
+Status PipelinedOptimizer::MakeOldParamBuffers() {
+  const uint64_t bytes = chunk_elements_ * PipelinedOptimizerOptions::kOldParamBytesPerElement;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& slot = *slots_[i];
+    if (slot.old_params != nullptr) continue;
+    ZINF_ASSIGN_OR_RETURN(
+        TensorId t,
+        store_->Create(fmt::format("pipelined step old parameters {}", i), bytes, Tier::kHost));
+    StatusOr<void*> data = store_->Acquire(t, Tier::kHost, Access::kOverwrite);
+    if (!data.ok()) {
+      store_->Free(t).IgnoreError();
+      return std::move(data).status();
+    }
+    slot.old_params_tensor = t;
+    slot.old_params = static_cast<char*>(*data);
   }
   return OkStatus();
 }
@@ -566,6 +625,19 @@ StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, boo
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     Shard::Chunk& chunk = shard->chunks[c];
     if (chunk.undo == 0) continue;
+    if (chunk.old_params != 0) {
+      // Where the caller keeps the parameters, the step wrote them in place: back they go.
+      Status restored;
+      if (!commit) {
+        char* staging = slots_[0]->base();
+        restored = store_->ReadHome(chunk.old_params, staging);
+        if (restored.ok()) restored = shard->spec.params.write(shard->View(chunk, staging));
+        restored = std::move(restored).WithContext(
+            fmt::format("restoring the parameters of {}", shard->ChunkName(c)));
+      }
+      Status freed = store_->Free(std::exchange(chunk.old_params, 0));
+      if (first.ok()) first = restored.ok() ? freed : restored;
+    }
     if (commit) {
       Status freed = store_->Free(std::exchange(chunk.undo, 0));
       if (first.ok()) first = freed;
@@ -619,11 +691,13 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
     ZINF_RETURN_IF_ERROR(status);
     const Item& item = items[j];
     const Shard::Chunk& chunk = item.shard->chunks[item.chunk];
+    const ExternalParams& params = item.shard->spec.params;
+    if (params.prefetch && do_io) params.prefetch({chunk.offset, chunk.count, chunk.on_nvme});
     if (chunk.on_nvme && do_io) {
       ChunkLayout layout = item.shard->Layout(chunk);
       slot.reads.Add(1);
-      store_->ReadHomeAsync(chunk.state, slot.base(), slot.reads.Callback());
-      stats_.bytes_read += layout.state_bytes;
+      store_->ReadHomeAsync(chunk.state, slot.base() + layout.home_offset, slot.reads.Callback());
+      stats_.bytes_read += layout.home_bytes();
       if (chunk.grads != 0) {
         slot.reads.Add(1);
         store_->ReadHomeAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
@@ -682,19 +756,36 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
       // The caller's copy targets split the update into stretches (element-wise: the same
       // bits), each writing its stretch of the copy where the caller wants it.
       std::vector<CopyTarget> targets = {{0, chunk.count, copy}};
-      if (spec.param_copy_tier == ParamCopyTier::kCaller) {
-        StatusOr<std::vector<CopyTarget>> asked = spec.copy_targets(view);
+      const bool in_place = static_cast<bool>(spec.params);
+      if (spec.param_copy_tier == ParamCopyTier::kCaller || in_place) {
+        StatusOr<std::vector<CopyTarget>> asked =
+            in_place ? spec.params.targets(view) : spec.copy_targets(view);
         if (!asked.ok()) {
           failure = std::move(asked).status();
           break;
         }
         targets = std::move(asked).value();
       }
+      // The parameters where the caller keeps them; the padding's zeros in the staging buffer.
+      auto params_of = [&](const CopyTarget& target) {
+        if (target.dst != nullptr) return static_cast<float*>(target.dst);
+        std::memset(view.params + target.begin, 0, target.count * 4);
+        return view.params + target.begin;
+      };
+      if (in_place && speculative && do_io) {  // their old values, to write aside
+        for (const CopyTarget& target : targets) {
+          std::memcpy(slot.old_params + target.begin * 4, params_of(target), target.count * 4);
+        }
+      }
       const Clock::time_point t = Clock::now();
       for (const CopyTarget& target : targets) {
         if (!failure.ok()) break;
         OptimizerSpan part = span.Slice(target.begin, target.count);
-        part.param_copy = target.dst;
+        if (in_place) {
+          part.params = params_of(target);
+        } else {
+          part.param_copy = target.dst;
+        }
         if (mode == StepMode::kFull) {
           failure = optimizer_->Update(spec.group, part, grad_scale);
         } else {
@@ -705,6 +796,7 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
       }
       stats_.compute_seconds += SecondsSince(t);
       view.copy_written = spec.param_copy_tier == ParamCopyTier::kCaller;
+      view.params_in_place = in_place;
       if (failure.ok() && updated) failure = updated(view);
       if (!failure.ok()) break;
     }
@@ -713,17 +805,30 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
         Shard::Chunk& c = shard.chunks[item.chunk];
         StatusOr<TensorId> fresh =
             store_->Create(fmt::format("{} chunk {} new state", spec.name, item.chunk),
-                           layout.state_bytes, Tier::kNvme);
+                           layout.home_bytes(), Tier::kNvme);
         if (!fresh.ok()) {
           failure = std::move(fresh).status();
           break;
         }
         c.undo = std::exchange(c.state, *fresh);
+        if (spec.params) {
+          StatusOr<TensorId> old =
+              store_->Create(fmt::format("{} chunk {} old parameters", spec.name, item.chunk),
+                             layout.param_bytes, Tier::kNvme);
+          if (!old.ok()) {
+            failure = std::move(old).status();
+            break;
+          }
+          c.old_params = *old;
+          slot.writes.Add(1);
+          store_->WriteHomeAsync(c.old_params, slot.old_params, slot.writes.Callback());
+          stats_.bytes_written += layout.param_bytes;
+        }
       }
       if (chunk.on_nvme) {
         slot.writes.Add(1);
-        store_->WriteHomeAsync(chunk.state, base, slot.writes.Callback());
-        stats_.bytes_written += layout.state_bytes;
+        store_->WriteHomeAsync(chunk.state, base + layout.home_offset, slot.writes.Callback());
+        stats_.bytes_written += layout.home_bytes();
       }
       if (spec.param_copy_tier == ParamCopyTier::kNvme) {
         slot.writes.Add(1);

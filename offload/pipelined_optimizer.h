@@ -2,7 +2,8 @@
 // gradients live on NVMe, in pinned host memory, or split between the two.
 //
 // Each shard is cut into chunks, each chunk's arrays tensors of a TieredStore: homed on NVMe
-// (two tensors: the fp32 parameters with the state arrays, and the gradients) or in the host
+// (two tensors: the fp32 parameters with the state arrays, and the gradients; the parameters
+// stay out where the caller keeps them, Note [Parameters kept by the caller]) or in the host
 // tier (one tensor). Step() streams the chunks through a fixed set of staging buffers (host-tier
 // tensors too), moving each NVMe chunk with the store's streams (TieredStore::ReadHomeAsync,
 // WriteHomeAsync), so that the store is the one place bytes move between tiers:
@@ -114,8 +115,42 @@ struct PipelinedOptimizerOptions {
   // Staging bytes per element of a chunk: fp32 params, two state arrays, fp32 gradients, and a
   // 16-bit parameter copy (the widest shard the step accepts).
   static constexpr uint64_t kStagingBytesPerElement = 4 + 8 + 4 + 2;
+  // And per element of a buffer for the old parameters a speculative step writes aside, for
+  // shards whose parameters the caller keeps (one buffer per staging buffer, made with the
+  // first such shard).
+  static constexpr uint64_t kOldParamBytesPerElement = 4;
 
   [[nodiscard]] Status Validate() const;
+};
+
+// Note [Parameters kept by the caller]
+// A caller whose own store tensors already hold a shard's fp32 parameters (the ZeRO engine's
+// fp32 parameter tier, when parameters and optimizer are both on NVMe) keeps them there
+// instead of in the chunks, so each parameter has one NVMe copy and the step moves 8 bytes of
+// chunk state per element each way instead of 12. The chunks then hold the state arrays and
+// gradients; the update reads and writes each stretch of parameters where the caller says
+// (ExternalParams::targets, host memory), and the caller's `updated` finds them there
+// (ChunkView::params_in_place). Visits fill ChunkView::params with ExternalParams::read and
+// store them with ExternalParams::write. A speculative step writes the parameters' old values
+// to a tensor of their own (4 bytes per element, the chunk's old state is kept as before),
+// from which a dropped speculation writes them back.
+// Where a chunk of a shard lies: elements [offset, offset + count) of the shard, and its home.
+struct ChunkInfo {
+  size_t offset = 0;
+  size_t count = 0;
+  bool on_nvme = false;
+};
+
+struct ExternalParams {
+  // Where each stretch of a chunk's fp32 parameters is, in host memory that stays valid until
+  // the step's `updated` has seen the chunk; stretches with no `dst` (padding) read as zeros.
+  CopyTargets targets;
+  // Called as the chunk's state is read ahead: starts bringing its parameters to host memory.
+  std::function<void(const ChunkInfo& chunk)> prefetch;
+  // Fills ChunkView::params with the chunk's parameters / stores them as the chunk's.
+  std::function<Status(const ChunkView& chunk)> read;
+  std::function<Status(const ChunkView& chunk)> write;
+  explicit operator bool() const { return static_cast<bool>(targets); }
 };
 
 // A shard to step: `count` elements of parameter group `group` of the CpuOptimizer.
@@ -133,6 +168,9 @@ struct ShardSpec {
   // that must outlive the shard, which the step reads in place: for a caller that accumulates
   // gradients in host memory anyway, this saves writing them to disk and reading them back.
   void* host_grads = nullptr;
+  // Set: the caller keeps the fp32 parameters (Note [Parameters kept by the caller]); the
+  // shard then writes no parameter copy (param_copy_tier kNone).
+  ExternalParams params;
 };
 
 // One chunk of a shard as the visitor functions see it: the arrays are in host memory.
@@ -147,6 +185,9 @@ struct ChunkView {
   // The update just wrote this chunk's parameter copy to its ParamCopyTier::kCaller targets
   // (false in visits, and where the shard has no such copy).
   bool copy_written = false;
+  // The update just read and wrote the fp32 parameters in place, where ExternalParams::targets
+  // said; `params` holds only the padding's.
+  bool params_in_place = false;
 };
 using ChunkVisitor = std::function<Status(const ChunkView& chunk)>;
 
@@ -159,13 +200,6 @@ enum class StepMode {
   // after it are not a training state.
   kIoOnly,
   kComputeOnly,
-};
-
-// Where a chunk of a shard lies: elements [offset, offset + count) of the shard, and its home.
-struct ChunkInfo {
-  size_t offset = 0;
-  size_t count = 0;
-  bool on_nvme = false;
 };
 
 struct PipelinedStepStats {
@@ -254,7 +288,8 @@ class PipelinedOptimizer {
   Status ReadChunkGradients(int shard, size_t chunk, void* buffer);
 
   // Copies the shard's fp32 parameters into `out` (`count` floats), reading only the
-  // parameter-and-state part of each NVMe chunk.
+  // parameter-and-state part of each NVMe chunk (or, kept by the caller, through
+  // ExternalParams::read).
   Status ReadParams(int shard, float* out);
 
   // Reads a kNvme parameter copy into `out` (count elements of param_copy_type).
@@ -263,7 +298,8 @@ class PipelinedOptimizer {
   const PipelinedStepStats& last_step_stats() const { return stats_; }
   uint64_t chunk_elements() const { return chunk_elements_; }
   int num_buffers() const { return static_cast<int>(slots_.size()); }
-  // Host-tier bytes the staging buffers take, beside the host-resident chunks (ChunkBytes).
+  // Host-tier bytes the staging buffers take (with their buffers for old parameters, once a
+  // shard's parameters are kept by the caller), beside the host-resident chunks (ChunkBytes).
   uint64_t staging_bytes() const;
   // Host bytes of one chunk's arrays of `count` elements, where it lives in host memory.
   static uint64_t ChunkBytes(uint64_t count, int state_count);
@@ -279,6 +315,8 @@ class PipelinedOptimizer {
     size_t chunk;
   };
   StatusOr<Shard*> Find(int shard);
+  // The staging buffers' companions for a speculative step's old parameters (once).
+  Status MakeOldParamBuffers();
   static Status CheckChunks(const Shard& shard, const std::vector<size_t>& chunks);
   StatusOr<Shard*> FindGradientChunk(int shard, size_t chunk, const void* buffer);
   Status VisitChunks(Shard* shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit,

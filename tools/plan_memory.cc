@@ -181,8 +181,7 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   if (!params_nvme) m.param_tier = tier;
   if (optim_nvme) {
     const uint64_t chunk = OptimizerChunkElements(S, c.nvme_staging_budget_bytes);
-    m.nvme_staging = PipelinedOptimizerOptions().num_buffers * chunk *
-                     PipelinedOptimizerOptions::kStagingBytesPerElement;
+    m.nvme_staging = budgets.step_staging_bytes;
     const uint64_t chunks = (S + chunk - 1) / chunk;
     // Host-resident chunks (fp32 params, the states and room for gradients), blocks of the
     // store's host tier.
@@ -195,11 +194,12 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
     }
   }
   // The swap store reserves every chunk whatever the ratio, and twice for the overlapped step
-  // (its new state beside the old until the step stands: the plan assumes the disk has the
-  // room, where the engine takes less).
+  // (its new state beside the old, and the old parameters where the parameter tier is the
+  // master, until the step stands: the plan assumes the disk has the room, where the engine
+  // takes less).
   m.nvme = budgets.swap_capacity_bytes;
   if (optim_nvme && c.overlap_optimizer)
-    m.nvme += budgets.optimizer_chunks * budgets.chunk_swap_bytes;
+    m.nvme += budgets.optimizer_chunks * budgets.speculative_chunk_swap_bytes;
   if (m.nvme > 0) {
     // SwapStore: one file per path, each rounded up to the stripe (aio.block_size).
     const uint64_t paths = std::max<size_t>(1, c.NvmePaths().size());
@@ -229,9 +229,7 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
   // NVMe optimizer's pools, with parameters on NVMe the host copies the step writes back
   // (within the host tier's room) and the store's staging buffers for NVMe.
   const uint64_t write_backs =
-      params_nvme
-          ? std::min<uint64_t>(tier, std::max<uint64_t>(256 << 20, 4 * budgets.largest_shard_bytes))
-          : 0;
+      params_nvme ? std::min<uint64_t>(tier, budgets.write_back_room_bytes) : 0;
   const uint64_t store_staging = params_nvme || optim_nvme ? 4 * budgets.piece_bytes : 0;
   m.peak_host = m.host_arrays + (c.offload_param_device == OffloadDevice::kCpu ? tier : 0) +
                 m.nvme_staging + m.host_state_pool + write_backs + store_staging;

@@ -293,15 +293,26 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // The optimizer step.
   const double update = S / profile.OptimizerRate(threads);
   double pass = 0, tier_write = 0;
+  double on_nvme = 0;  // elements of the chunks homed on NVMe
+  const bool master = ParamTierIsMaster(c);
+  const bool params_cached = master && c.step_beside_forward && c.zero_stage == 3 &&
+                             S * 4 <= Budgets(l, c, world).write_back_room_bytes;
   if (optim_nvme) {
     const uint64_t chunk = OptimizerChunkElements(S, c.nvme_staging_budget_bytes);
     const uint64_t chunks = (S + chunk - 1) / chunk;
-    double on_nvme = 0;  // elements
     for (uint64_t i = 0; i < chunks; ++i) {
       if (std::floor((i + 1) * c.optimizer_nvme_ratio) > std::floor(i * c.optimizer_nvme_ratio))
         on_nvme += static_cast<double>(std::min(chunk, S - i * chunk));
     }
     double read = on_nvme * 12, written = on_nvme * 12;
+    if (master) {
+      // The chunks hold only the two states; the step reads the parameters from the tier
+      // (and writes them there, below), from host memory where a step beside the forward kept
+      // the last step's written copies and the tier fits the host tier's room for them (a
+      // larger tier, read in order through a smaller room, finds none of what comes next).
+      read = written = on_nvme * 8;
+      if (!params_cached) read += S * 4.0;
+    }
     // With the gradients on NVMe the step reads them (4 bytes an element); each micro-batch's
     // reductions also wrote them, and read them back from the second micro-batch on, through
     // the accumulators' staging (all counted in StepSummary). Those writes and read-backs run
@@ -357,6 +368,14 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // time is the forward's cores' (or, on a GPU, what its fetches wait for).
   const double optimizer_nvme = std::max(update, pass - first_pass_compute);
   const double exposed = std::max(optimizer_nvme - hidden, 0.0);
+  if (hidden > 0 && master) {
+    // The chunks stepped beside backward (as large a part as of the pass backward hides)
+    // write their old parameters aside (Note [Parameters kept by the caller]), and their
+    // parameters are not kept in memory for the next step.
+    const double part = on_nvme * 4 * std::min(1.0, hidden / optimizer_nvme);
+    t.nvme_written += static_cast<uint64_t>(part);
+    if (params_cached) t.nvme_read += static_cast<uint64_t>(part);
+  }
   t.optimizer = std::min(update, exposed) + tier_write;
   t.nvme = nvme_wait + std::max(0.0, exposed - update) + tier_nvme;
   t.step = t.compute + t.gather + t.reduce + t.optimizer + t.nvme;

@@ -469,8 +469,9 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
   if (m.host_master) std::memcpy(m.Master(p), shard.data(), p.shard_size * 4);
-  if (m.pipelined != nullptr) {
+  if (m.pipelined != nullptr && !ParamTierIsMaster(m.config)) {
     // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
+    // (Where the parameter tier is the master, writing it below is all.)
     auto store = [&](const ChunkView& c) {
       const auto [first, last] = Overlap(c.offset, c.count, p);
       if (first < last) {

@@ -386,7 +386,7 @@ Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
 
   // As LoadShardFile replaces the parameters, leaving the optimizer state and step counts.
   param_tier->DropAll();
-  if (pipelined != nullptr) {
+  if (pipelined != nullptr && !ParamTierIsMaster(config)) {  // else the tier is written below
     auto load = [&](const ChunkView& c) { return read(c.offset, c.count, c.params); };
     ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
   } else {

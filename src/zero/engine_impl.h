@@ -33,6 +33,7 @@
 #include "zero/param_tier.h"
 #include "zero/partition.h"
 #include "zero/store_array.h"
+#include "zero/tier_budgets.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
 #include "zinf/tiered_store.h"

@@ -46,8 +46,11 @@ Status Engine::Impl::OpenNvmeOptimizer() {
     return OkStatus();
   };
   std::function<Status()> restart;
+  // An fp32 parameter tier is the master itself: the chunks keep only the state (Note
+  // [Parameters kept by the caller]), so each parameter has one copy on NVMe.
+  const bool tier_is_master = ParamTierIsMaster(config);
   if (!host_master) {
-    tier_writer = std::make_unique<ParamTier::ChunkWriter>(param_tier.get());
+    tier_writer = std::make_unique<ParamTier::ChunkWriter>(param_tier.get(), tier_is_master);
     updated = [w = tier_writer.get()](const ChunkView& c) { return w->Write(c); };
     restart = [w = tier_writer.get()] { return w->Restart(); };
   }
@@ -64,6 +67,13 @@ Status Engine::Impl::OpenNvmeOptimizer() {
     spec.param_copy_tier = ParamCopyTier::kCaller;
     spec.param_copy_type = param_type;
     spec.copy_targets = [w = tier_writer.get()](const ChunkView& c) { return w->Targets(c); };
+  }
+  if (tier_is_master) {
+    ParamTier::ChunkWriter* w = tier_writer.get();
+    spec.params = {.targets = [w](const ChunkView& c) { return w->Targets(c); },
+                   .prefetch = [w](const ChunkInfo& c) { w->Prefetch(c); },
+                   .read = [w](const ChunkView& c) { return w->Read(c); },
+                   .write = [w](const ChunkView& c) { return w->Store(c); }};
   }
   StatusOr<int> shard = pipelined->AddShard(spec, [&](const ChunkView& c) {
     if (host_master) {

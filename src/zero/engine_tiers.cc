@@ -124,7 +124,7 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     swap_options.aio = config.aio;
     swap_options.capacity_bytes = budgets.swap_capacity_bytes;
     const uint64_t chunks = budgets.optimizer_chunks;
-    const uint64_t chunk_state = budgets.chunk_swap_bytes;
+    const uint64_t chunk_state = budgets.speculative_chunk_swap_bytes;
     speculative_chunks = 0;
     if (config.offload_optimizer_device == OffloadDevice::kNvme && config.overlap_optimizer) {
       // The overlapped step's new state goes beside the old until the step is known to stand

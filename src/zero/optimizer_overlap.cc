@@ -139,10 +139,12 @@ Status OptimizerOverlap::Stop() {
 }
 
 Status OptimizerOverlap::Abandon() {
+  // The writer lets go of the parameters first: dropping the speculation may write them (Note
+  // [Parameters kept by the caller]).
+  Status restarted = restart_ ? restart_() : OkStatus();
   StatusOr<std::vector<size_t>> undone =
       options_.optimizer->ResolveSpeculation(options_.shard, /*commit=*/false);
-  Status restored = undone.status();
-  if (restored.ok() && restart_) restored = restart_();
+  Status restored = restarted.ok() ? undone.status() : restarted;
   if (restored.ok() && !undone->empty()) {
     // The old values again for every parameter an undone chunk touched, whole: a parameter
     // the worker began writing has other chunks, not stepped, whose part must be written too.
@@ -182,17 +184,17 @@ StatusOr<std::vector<size_t>> OptimizerOverlap::Resolve(std::optional<float> sca
   }
   // Kept when the step took the scale speculated with; else dropped and stepped again.
   const bool keep = *scale == scale_;  // (armed until Stop above)
+  if (!keep && restart_) {             // before the speculation is dropped, as in Abandon
+    if (Status restarted = restart_(); !restarted.ok()) {
+      Abandon().IgnoreError();
+      return restarted;
+    }
+  }
   StatusOr<std::vector<size_t>> undone =
       options_.optimizer->ResolveSpeculation(options_.shard, keep);
   if (!undone.ok()) {
     Abandon().IgnoreError();
     return undone.status();
-  }
-  if (!keep && restart_) {
-    if (Status restarted = restart_(); !restarted.ok()) {
-      Abandon().IgnoreError();
-      return restarted;
-    }
   }
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (!keep || !stepped_[c]) rest.push_back(c);

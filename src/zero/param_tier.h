@@ -260,7 +260,10 @@ class ParamTier {
 // on the driving thread after ParamTier::DropAll.
 class ParamTier::ChunkWriter {
  public:
-  explicit ChunkWriter(ParamTier* tier);
+  // `in_place`: the tier is fp32 and is the optimizer's master: the update reads and writes
+  // the parameters where they are (Note [Parameters kept by the caller] in
+  // offload/pipelined_optimizer.h), through Targets, and the writer only ends their writes.
+  explicit ChunkWriter(ParamTier* tier, bool in_place = false);
   ~ChunkWriter();
   ChunkWriter(const ChunkWriter&) = delete;
   ChunkWriter& operator=(const ChunkWriter&) = delete;
@@ -281,7 +284,15 @@ class ParamTier::ChunkWriter {
   // straight into the tier (ParamCopyTier::kCaller), opening the parameters it covers; Write
   // then finds them written (ChunkView::copy_written). Persistent parameters and padding get
   // no target. Only for a 16-bit compute precision (the kernels write bf16 or fp16 copies).
+  // In place, the targets are the fp32 parameters themselves, persistent ones included (their
+  // next values, loaded from the tier at the step's first touch).
   StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c);
+  // In place: starts bringing the parameters of a chunk to be stepped to host memory; fills
+  // a visited chunk's parameters from the tier (Read); stores them there (Store), waiting for
+  // the write-back of each parameter the chunk ends. Not while a step writes (Begin..Finish).
+  void Prefetch(const ChunkInfo& c);
+  Status Read(const ChunkView& c);
+  Status Store(const ChunkView& c);
   // Writes those of `params` that are persistent and whose chunks are all written, on the
   // driving thread (as Finish does, ahead of it: their module is about to be fetched).
   Status WritePersistent(const std::vector<int>& params);
@@ -297,8 +308,15 @@ class ParamTier::ChunkWriter {
   };
   // Parameter `pi`'s tier memory, acquired for writing at its first opening in a step.
   StatusOr<void*> OpenParam(size_t pi);
+  // A persistent parameter's next values, loaded from the tier at the first opening in a step
+  // when in place.
+  StatusOr<float*> OpenPersistent(size_t pi);
+  // The parameters that overlap chunk [offset, offset + count), each with its overlap.
+  template <typename F>
+  Status ForEachOverlap(uint64_t offset, uint64_t count, F&& f);
 
   ParamTier* const tier_;
+  const bool in_place_;
   std::vector<Open> open_;
   std::vector<StoreArray> persistent_;  // by parameter, host tier; empty for the others
   WriteBacks write_backs_;  // its own: Write may run on another thread than the ParamTier's

@@ -71,8 +71,11 @@ Status ParamTier::ReadShard(const Param& p, void* out) {
 
 TensorId ParamTier::shard(int param) const { return state_[param].shard; }
 
-ParamTier::ChunkWriter::ChunkWriter(ParamTier* tier)
-    : tier_(tier), open_(tier->params_->size()), persistent_(tier->params_->size()) {}
+ParamTier::ChunkWriter::ChunkWriter(ParamTier* tier, bool in_place)
+    : tier_(tier),
+      in_place_(in_place),
+      open_(tier->params_->size()),
+      persistent_(tier->params_->size()) {}
 
 ParamTier::ChunkWriter::~ChunkWriter() { (void)Finish(); }
 
@@ -98,18 +101,90 @@ Status ParamTier::ChunkWriter::Restart() {
 StatusOr<void*> ParamTier::ChunkWriter::OpenParam(size_t pi) {
   Open& o = open_[pi];
   if (o.data == nullptr) {
-    // The first opening overwrites; a later one (a chunk written again) keeps the rest.
-    ZINF_ASSIGN_OR_RETURN(o.data,
-                          tier_->store_->Acquire(tier_->state_[pi].shard, tier_->WriteTier(),
-                                                 o.written ? Access::kWrite : Access::kOverwrite));
+    // The first opening overwrites; a later one (a chunk written again) keeps the rest, and
+    // so does every opening in place, where the update reads what it writes.
+    const Access access = o.written || in_place_ ? Access::kWrite : Access::kOverwrite;
+    ZINF_ASSIGN_OR_RETURN(
+        o.data, tier_->store_->Acquire(tier_->state_[pi].shard, tier_->WriteTier(), access));
     o.written = true;
   }
   return o.data;
 }
 
+StatusOr<float*> ParamTier::ChunkWriter::OpenPersistent(size_t pi) {
+  const Param& p = (*tier_->params_)[pi];
+  if (persistent_[pi].empty()) {  // kept for the writer's life: the next steps reuse it
+    ZINF_ASSIGN_OR_RETURN(persistent_[pi],
+                          StoreArray::Create(tier_->store_, p.spec.name + " (next values)",
+                                             p.shard_size * 4, Tier::kHost, Access::kOverwrite));
+  }
+  if (in_place_ && !std::exchange(open_[pi].written, true)) {
+    ZINF_RETURN_IF_ERROR(tier_->ReadShard(p, persistent_[pi].data()));
+  }
+  return persistent_[pi].as<float>();
+}
+
+template <typename F>
+Status ParamTier::ChunkWriter::ForEachOverlap(uint64_t offset, uint64_t count, F&& f) {
+  const std::vector<Param>& params = *tier_->params_;
+  auto it = std::upper_bound(params.begin(), params.end(), offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  for (--it; it != params.end() && it->flat_offset < offset + count; ++it) {
+    const auto [first, last] = Overlap(offset, count, *it);
+    if (first < last)
+      ZINF_RETURN_IF_ERROR(f(static_cast<size_t>(it - params.begin()), first, last));
+  }
+  return OkStatus();
+}
+
+void ParamTier::ChunkWriter::Prefetch(const ChunkInfo& c) {
+  std::vector<TensorId> ids;
+  (void)ForEachOverlap(c.offset, c.count, [&](size_t pi, uint64_t, uint64_t) {
+    // Not one already open: it is in memory, and a prefetch would wait for its writer.
+    if (!(*tier_->params_)[pi].persistent && !open_[pi].written) {
+      ids.push_back(tier_->state_[pi].shard);
+    }
+    return OkStatus();
+  });
+  if (!ids.empty()) (void)tier_->store_->Prefetch(ids, tier_->WriteTier());
+}
+
+Status ParamTier::ChunkWriter::Read(const ChunkView& c) {
+  std::fill(c.params, c.params + c.count, 0.0f);  // the padding
+  TieredStore& store = *tier_->store_;
+  return ForEachOverlap(c.offset, c.count, [&](size_t pi, uint64_t first, uint64_t last) {
+    const Param& p = (*tier_->params_)[pi];
+    const TensorId shard = tier_->state_[pi].shard;
+    ZINF_ASSIGN_OR_RETURN(void* tier, store.Acquire(shard, Tier::kHost, Access::kRead));
+    std::memcpy(c.params + (first - c.offset),
+                static_cast<const float*>(tier) + (first - p.flat_offset), (last - first) * 4);
+    return store.Release(shard, Tier::kHost);
+  });
+}
+
+Status ParamTier::ChunkWriter::Store(const ChunkView& c) {
+  TieredStore& store = *tier_->store_;
+  Status stored = ForEachOverlap(c.offset, c.count, [&](size_t pi, uint64_t first, uint64_t last) {
+    const Param& p = (*tier_->params_)[pi];
+    const TensorId shard = tier_->state_[pi].shard;
+    tier_->Drop(static_cast<int>(pi));  // a gathered copy holds the old values
+    ZINF_ASSIGN_OR_RETURN(void* tier, store.Acquire(shard, tier_->WriteTier(), Access::kWrite));
+    std::memcpy(static_cast<float*>(tier) + (first - p.flat_offset), c.params + (first - c.offset),
+                (last - first) * 4);
+    ZINF_RETURN_IF_ERROR(store.Release(shard, tier_->WriteTier()));
+    // Home once the chunk holding its last element is stored: one write-back a parameter.
+    if (last == p.flat_offset + p.shard_size && tier_->WriteTier() != tier_->options_.shard_home) {
+      write_backs_.Add(shard, tier_->TierBytes(p));
+    }
+    return OkStatus();
+  });
+  Status sent = write_backs_.Wait(store);
+  return stored.ok() ? sent : stored;
+}
+
 StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkView& c) {
   const std::vector<Param>& params = *tier_->params_;
-  const size_t element = ElementSize(tier_->options_.param_type);
+  const size_t element = in_place_ ? 4 : ElementSize(tier_->options_.param_type);
   std::vector<CopyTarget> targets;
   auto it = std::upper_bound(params.begin(), params.end(), c.offset,
                              [](uint64_t b, const Param& p) { return b < p.flat_offset; });
@@ -123,6 +198,9 @@ StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkVie
     if (!p.persistent) {  // persistent parameters are written whole by Finish, from fp32
       ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(&p - params.data()));
       dst = static_cast<char*>(tier) + (first - p.flat_offset) * element;
+    } else if (in_place_) {  // ... from their next values, updated in place
+      ZINF_ASSIGN_OR_RETURN(float* next, OpenPersistent(&p - params.data()));
+      dst = next + (first - p.flat_offset);
     }
     targets.push_back({first - c.offset, last - first, dst});
     covered = last;
@@ -147,18 +225,15 @@ Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
     const float* values = c.params + (first - c.offset);
     Open& o = open_[pi];
     if (p.persistent) {
-      if (persistent_[pi].empty()) {  // kept for the writer's life: the next steps reuse it
-        ZINF_ASSIGN_OR_RETURN(
-            persistent_[pi], StoreArray::Create(store, p.spec.name + " (next values)",
-                                                p.shard_size * 4, Tier::kHost, Access::kOverwrite));
+      ZINF_ASSIGN_OR_RETURN(float* next, OpenPersistent(pi));
+      if (!c.params_in_place) {
+        std::copy(values, values + (last - first), next + (first - p.flat_offset));
       }
-      std::copy(values, values + (last - first),
-                persistent_[pi].as<float>() + (first - p.flat_offset));
       o.remaining -= std::min(o.remaining, last - first);
       continue;
     }
     ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(pi));
-    if (!c.copy_written) {  // else the update wrote it there (Targets)
+    if (!c.copy_written && !c.params_in_place) {  // else the update wrote it there (Targets)
       ConvertFromFp32(values, type,
                       static_cast<char*>(tier) + (first - p.flat_offset) * ElementSize(type),
                       last - first);

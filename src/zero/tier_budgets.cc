@@ -25,6 +25,11 @@ uint64_t OptimizerChunkElements(uint64_t shard_elements, uint64_t staging_budget
   return std::clamp<uint64_t>((shard_elements + kAlign - 1) / kAlign * kAlign, kMin, most);
 }
 
+bool ParamTierIsMaster(const EngineConfig& config) {
+  return config.offload_param_device == OffloadDevice::kNvme &&
+         config.offload_optimizer_device == OffloadDevice::kNvme && !config.bf16 && !config.fp16;
+}
+
 TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model) {
   TierBudgets b;
   const uint64_t world = static_cast<uint64_t>(std::max(model.world_size, 1));
@@ -82,7 +87,11 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   uint64_t step_buffers = 0;
   if (optimizer_on_nvme) {
     const PipelinedOptimizerOptions step;
-    step_buffers = step.num_buffers * chunk * PipelinedOptimizerOptions::kStagingBytesPerElement;
+    b.step_staging_bytes =
+        step.num_buffers * chunk *
+        (PipelinedOptimizerOptions::kStagingBytesPerElement +
+         (ParamTierIsMaster(config) ? PipelinedOptimizerOptions::kOldParamBytesPerElement : 0));
+    step_buffers = b.step_staging_bytes;
     if (config.optimizer_nvme_ratio < 1) {
       const uint64_t chunks = (b.shard_elements + chunk - 1) / chunk;
       step_buffers += chunks * PipelinedOptimizer::ChunkBytes(chunk, model.state_count);
@@ -91,9 +100,9 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // The staging of the gradients on NVMe (Note [Gradients on NVMe]).
   const uint64_t gradient_staging =
       config.gradients_on_nvme ? NvmeGradients::StagingBudget(chunk) : 0;
+  b.write_back_room_bytes = std::max<uint64_t>(256 << 20, 4 * b.largest_shard_bytes);
   b.host_budget_bytes = arrays + (params_on_host ? b.param_tier_bytes : 0) + landed +
-                        gradient_staging + step_buffers + persistent_next +
-                        std::max<uint64_t>(256 << 20, 4 * b.largest_shard_bytes);
+                        gradient_staging + step_buffers + persistent_next + b.write_back_room_bytes;
   b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);
 
   if (params_on_nvme || optimizer_on_nvme) {
@@ -102,7 +111,9 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
     if (optimizer_on_nvme) {
       b.optimizer_chunk_elements = chunk;
       b.optimizer_chunks = (b.shard_elements + chunk - 1) / chunk;
-      b.chunk_swap_bytes = chunk * 12 + slack;  // fp32 params and two state arrays
+      const bool master = ParamTierIsMaster(config);
+      b.chunk_swap_bytes = chunk * (master ? 8 : 12) + slack;  // [fp32 params,] two states
+      b.speculative_chunk_swap_bytes = b.chunk_swap_bytes + (master ? chunk * 4 + slack : 0);
       b.swap_capacity_bytes += b.optimizer_chunks * b.chunk_swap_bytes;
       if (config.gradients_on_nvme) {
         b.swap_capacity_bytes += b.optimizer_chunks * (chunk * 4 + slack);

@@ -15,9 +15,10 @@
 // room for the NVMe tier's write-backs (which also keeps the shards a step beside the next
 // forward has just written, until that forward reads them). The swap store holds every optimizer
 // chunk's fp32 parameters and two states (and gradients, with zinf.gradients_on_nvme) and the
-// parameter tier on NVMe, each extent with a block of alignment slack; the overlapped step's room
-// beside it depends on the disk's free space and is the caller's (OpenTiers asks the disk; the plan
-// assumes room for all of it).
+// parameter tier on NVMe, each extent with a block of alignment slack; where the parameter tier
+// is the fp32 master (ParamTierIsMaster) the chunks hold only the two states. The overlapped
+// step's room beside it depends on the disk's free space and is the caller's (OpenTiers asks the
+// disk; the plan assumes room for all of it).
 //
 // Thread-safety: pure functions.
 #ifndef ZINF_ZERO_TIER_BUDGETS_H_
@@ -55,10 +56,18 @@ struct TierBudgets {
   uint64_t host_budget_bytes = 0;
   uint64_t piece_bytes = 0;  // the store's unit of NVMe and staging transfers
   // The NVMe optimizer's chunks (zero without the optimizer on NVMe) and the swap store's room
-  // for one chunk's fp32 parameters and two states, slack included.
+  // for one chunk's fp32 parameters (unless the parameter tier is the master) and two states,
+  // slack included; and for one chunk stepped speculatively: its new state beside the old (and
+  // its old parameters, where the parameter tier is the master).
   uint64_t optimizer_chunk_elements = 0;
   uint64_t optimizer_chunks = 0;
   uint64_t chunk_swap_bytes = 0;
+  uint64_t speculative_chunk_swap_bytes = 0;
+  // The pipelined step's staging buffers in the host tier (with their buffers for the old
+  // parameters, where the parameter tier is the master).
+  uint64_t step_staging_bytes = 0;
+  // The host tier's room for the NVMe tier's write-backs and the copies kept after them.
+  uint64_t write_back_room_bytes = 0;
   // The swap store's capacity before the overlapped step's room (zero without NVMe).
   uint64_t swap_capacity_bytes = 0;
 };
@@ -68,6 +77,11 @@ struct TierBudgets {
 // `staging_budget_bytes` (zinf.host_budget), down to PipelinedOptimizerOptions'
 // kMinChunkElements.
 uint64_t OptimizerChunkElements(uint64_t shard_elements, uint64_t staging_budget_bytes);
+
+// Whether the parameter tier holds the fp32 master the NVMe optimizer steps, so that its
+// chunks keep only the optimizer state (Note [Parameters kept by the caller] in
+// offload/pipelined_optimizer.h): parameters and optimizer both on NVMe, fp32 compute.
+bool ParamTierIsMaster(const EngineConfig& config);
 
 // Note [Tier budgets].
 TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model);

@@ -675,6 +675,143 @@ TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
   EXPECT_EQ(f.piped->AddShard(missing).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Note [Parameters kept by the caller]: a shard whose fp32 parameters live in the caller's
+// memory steps them in place, stretch by stretch, to the bits of a shard that keeps them in
+// its chunks, while moving two thirds of the chunk bytes; visits and ReadParams go through the
+// caller's read and write; a dropped speculation puts the old parameters back.
+TEST(PipelinedOptimizerTest, ParametersKeptByTheCallerStepInPlaceWithTwoThirdsTheBytes) {
+  Piped f(1.0, /*groups=*/2);
+  const size_t n = 3 * kChunk + 300;
+  const SineShard data(n);
+  std::vector<float> grads = data.grads;
+  std::vector<float> kept = data.init;  // the caller's parameters
+  size_t prefetched = 0;
+  ShardSpec plain;
+  plain.name = "plain";
+  plain.count = n;
+  plain.host_grads = grads.data();
+  ShardSpec outside = plain;
+  outside.name = "outside";
+  outside.group = 1;
+  const size_t gap = 5;  // the first elements of the shard are padding: no target
+  outside.params.targets = [&](const ChunkView& c) -> StatusOr<std::vector<CopyTarget>> {
+    const uint64_t skip = c.offset == 0 ? gap : 0;
+    const uint64_t half = (c.count - skip) / 2;
+    std::vector<CopyTarget> t;
+    if (skip > 0) t.push_back({0, skip, nullptr});
+    t.push_back({skip, half, kept.data() + c.offset + skip});
+    t.push_back({skip + half, c.count - skip - half, kept.data() + c.offset + skip + half});
+    return t;
+  };
+  outside.params.prefetch = [&](const ChunkInfo&) { ++prefetched; };
+  outside.params.read = [&](const ChunkView& c) {
+    std::memcpy(c.params, kept.data() + c.offset, c.count * 4);
+    return OkStatus();
+  };
+  outside.params.write = [&](const ChunkView& c) {
+    std::memcpy(kept.data() + c.offset, c.params, c.count * 4);
+    return OkStatus();
+  };
+  for (size_t i = 0; i < gap; ++i) kept[i] = 0;  // padding holds zeros, as the engine's does
+  std::vector<float> init = data.init;
+  for (size_t i = 0; i < gap; ++i) init[i] = 0;
+  auto fill = [&](const ChunkView& c) {
+    std::memcpy(c.params, init.data() + c.offset, c.count * 4);
+    return OkStatus();
+  };
+  auto a = f.piped->AddShard(plain, fill);
+  auto b = f.piped->AddShard(outside, fill);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  auto params_of = [&](int shard) {
+    std::vector<float> out(n);
+    EXPECT_TRUE(f.piped->ReadParams(shard, out.data()).ok());
+    return out;
+  };
+  auto state_of = [&](int shard) {
+    std::vector<float> m(n), v(n);
+    EXPECT_TRUE(f.piped
+                    ->Visit(
+                        shard,
+                        [&](const ChunkView& c) {
+                          std::memcpy(m.data() + c.offset, c.state0, c.count * 4);
+                          std::memcpy(v.data() + c.offset, c.state1, c.count * 4);
+                          return OkStatus();
+                        },
+                        /*write_back=*/false)
+                    .ok());
+    m.insert(m.end(), v.begin(), v.end());
+    return m;
+  };
+  auto same = [&](const std::vector<float>& x, const std::vector<float>& y) {
+    // The padding's parameters are the caller's zeros; the plain shard's move.
+    return std::memcmp(x.data() + gap, y.data() + gap, (n - gap) * 4) == 0;
+  };
+
+  ASSERT_TRUE(f.piped->Step({*a}, 0.5f).ok());
+  const uint64_t plain_bytes = f.piped->last_step_stats().bytes_written;
+  ASSERT_TRUE(f.piped
+                  ->Step({*b}, 0.5f, StepMode::kFull,
+                         [&](const ChunkView& c) {
+                           EXPECT_TRUE(c.params_in_place);
+                           return OkStatus();
+                         })
+                  .ok());
+  EXPECT_EQ(prefetched, 4u) << "one prefetch per chunk";
+  for (size_t i = 0; i < gap; ++i) EXPECT_EQ(kept[i], 0.0f) << "padding has no target";
+  EXPECT_EQ(f.piped->last_step_stats().bytes_written * 3, plain_bytes * 2)
+      << "the chunks hold the two state arrays, not the parameters";
+  EXPECT_EQ(f.piped->last_step_stats().bytes_read, f.piped->last_step_stats().bytes_written);
+  EXPECT_NE(kept, data.init);
+  EXPECT_TRUE(same(kept, params_of(*a))) << "stepped in place, bitwise";
+  EXPECT_TRUE(same(params_of(*b), kept)) << "ReadParams reads the caller's";
+  EXPECT_EQ(state_of(*a), state_of(*b));
+
+  // Speculated at 0.5, dropped: the caller's parameters are the old ones again; then stepped
+  // at 0.25 to the plain shard's bits.
+  const std::vector<float> before = kept;
+  ASSERT_TRUE(f.piped->Step({*a}, 0.25f).ok());
+  ASSERT_TRUE(f.piped->BeginPartialStep(*b).ok());
+  ASSERT_TRUE(f.piped->StepChunks(*b, {3, 1}, 0.5f, /*speculative=*/true).ok());
+  EXPECT_NE(kept, before);
+  auto undone = f.piped->ResolveSpeculation(*b, /*commit=*/false);
+  ASSERT_TRUE(undone.ok()) << undone.status();
+  EXPECT_EQ(*undone, (std::vector<size_t>{1, 3}));
+  EXPECT_EQ(kept, before) << "the old parameters written back";
+  ASSERT_TRUE(f.piped->StepChunks(*b, {0, 1, 2, 3}, 0.25f, false).ok());
+  EXPECT_TRUE(same(kept, params_of(*a)));
+  EXPECT_EQ(state_of(*a), state_of(*b));
+
+  // Speculated and kept.
+  ASSERT_TRUE(f.piped->Step({*a}, 1.0f).ok());
+  ASSERT_TRUE(f.piped->BeginPartialStep(*b).ok());
+  ASSERT_TRUE(f.piped->StepChunks(*b, {2, 0, 1, 3}, 1.0f, /*speculative=*/true).ok());
+  ASSERT_TRUE(f.piped->ResolveSpeculation(*b, /*commit=*/true).ok());
+  EXPECT_TRUE(same(kept, params_of(*a)));
+  EXPECT_EQ(state_of(*a), state_of(*b));
+
+  // A visit that writes back stores the parameters through the caller's write.
+  ASSERT_TRUE(f.piped
+                  ->Visit(
+                      *b,
+                      [](const ChunkView& c) {
+                        c.params[0] = 42.0f;
+                        return OkStatus();
+                      },
+                      /*write_back=*/true)
+                  .ok());
+  EXPECT_EQ(kept[kChunk], 42.0f);
+  EXPECT_EQ(kept[3 * kChunk], 42.0f);
+
+  ShardSpec no_read = outside;
+  no_read.params.read = nullptr;
+  EXPECT_EQ(f.piped->AddShard(no_read).status().code(), StatusCode::kInvalidArgument);
+  ShardSpec with_copy = outside;
+  with_copy.param_copy_tier = ParamCopyTier::kHost;
+  std::vector<uint16_t> copy(n);
+  with_copy.param_copy = copy.data();
+  EXPECT_EQ(f.piped->AddShard(with_copy).status().code(), StatusCode::kInvalidArgument);
+}
+
 // NVMe failures during the step surface with the shard and chunk named; a failed write stays
 // sticky in the store.
 struct FaultyFixture {

@@ -15,6 +15,7 @@
 
 #include "tests/testing/temp_dir.h"
 #include "tests/tools/plan_training.h"
+#include "zero/tier_budgets.h"
 #include "zinf/engine.h"
 
 namespace zinf::plan {
@@ -96,7 +97,13 @@ TEST_P(PlanMemoryTest, SteadyBytesAndTrafficMatchTheEngine) {
     ASSERT_TRUE(est.ok()) << est.status();
     ExpectNear(est->memory.steady_host(), measured->host_bytes, 0.10, "host bytes");
     ExpectNear(est->memory.nvme, measured->nvme_bytes, 0.10, "NVMe bytes");
-    ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, 0.10, "NVMe written");
+    // Where the parameter tier is the master, the chunks the unclipped step runs beside
+    // backward also write their old parameters (Note [Parameters kept by the caller]): how
+    // many depends on how far the step gets before backward ends, measured from a quarter of
+    // them to all (4 bytes an element on 12 to 16); the plan's part is its profile's.
+    const bool speculated = ParamTierIsMaster(c) && c.overlap_optimizer;
+    ExpectNear(est->time.nvme_written, measured->bytes_nvme_written, speculated ? 0.30 : 0.10,
+               "NVMe written");
     // With parameters on NVMe, how many shards a step reads back depends on how far the
     // prefetch gets ahead of compute and what the device tier evicted meanwhile: measured
     // 11-33% off on a loaded machine and under AddressSanitizer, both ways, against within 10% on a

@@ -264,6 +264,21 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_refused", {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
 
+// Note [Parameters kept by the caller]: with parameters and optimizer on NVMe in fp32 the
+// parameter tier is the master, so a step that is not speculated (step 2 follows a clipped
+// one) writes each parameter once, to the tier, and each chunk only its two state arrays: 12
+// bytes an element, where two copies took 16.
+TEST(OneNvmeCopyTest, AStepWritesEachParameterOnceAndTheChunksTheirStateAlone) {
+  const Outcome o = Train({.world = 1, .params_nvme = true}, "one-copy");
+  ASSERT_EQ(o.steps.size(), static_cast<size_t>(kSteps));
+  const StepLine clipped = ParseStep(o.steps[1]), after = ParseStep(o.steps[2]);
+  ASSERT_LT(clipped.clip, 1.0) << "step 1 clips, so step 2 is not speculated";
+  ASSERT_EQ(after.clip, 1.0);
+  const double elements = kModules * (kWeight + kBias);
+  EXPECT_GT(after.written, 11.5 * elements);
+  EXPECT_LT(after.written, 12.5 * elements) << "bytes written an element";
+}
+
 // Note [Step in the next forward's order]: the step's last part run beside the next batch's
 // forward, chunk by chunk in its order, gives bitwise the step run before that forward, for
 // each placement where it applies (parameters and optimizer state on NVMe), on one and two
