@@ -94,7 +94,8 @@ struct PipelinedOptimizer::Shard {
     size_t count = 0;
     bool on_nvme = false;
     // Store tensors; 0 for none.
-    TensorId state = 0;       // on_nvme: the fp32 parameters and the state arrays
+    TensorId state = 0;       // on_nvme: the fp32 parameters (unless the caller keeps them)
+                              // and the state arrays
     TensorId grads = 0;       // on_nvme, without ShardSpec::host_grads
     TensorId copy = 0;        // ParamCopyTier::kNvme
     TensorId undo = 0;        // a speculative step's old state, until resolved

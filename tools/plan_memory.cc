@@ -30,8 +30,11 @@ Layout LayOut(const ModelSpec& model, const EngineConfig& c, int world, bool fp3
 }
 
 TierBudgets Budgets(const Layout& l, const EngineConfig& c, int world) {
-  BudgetModel shapes{
-      .world_size = world, .state_count = c.optimizer.state_count(), .fp32_view = l.fp32_view};
+  // (A layout with the fp32 view is one for the host device, whose memory is the host's.)
+  BudgetModel shapes{.world_size = world,
+                     .state_count = c.optimizer.state_count(),
+                     .fp32_view = l.fp32_view,
+                     .device_host_addressable = l.fp32_view};
   for (const std::vector<Laid>& params : l.modules) {
     std::vector<BudgetParam>& shape = shapes.modules.emplace_back();
     for (const Laid& p : params) shape.push_back({p.shard, p.persistent});

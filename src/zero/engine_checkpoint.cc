@@ -294,6 +294,8 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
       return OkStatus();
     };
     ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
+    // Where the parameter tier is the master the visit stored into it: done with those writes.
+    if (tier_writer != nullptr) ZINF_RETURN_IF_ERROR(tier_writer->Finish());
   } else {
     StoreArray* arrays[] = {&master, &state0, &state1};
     for (int i = 0; i < sections; ++i) {

@@ -102,7 +102,12 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     std::vector<BudgetParam>& shape = shapes.modules.emplace_back();
     for (int pi : module.params) shape.push_back({params[pi].shard_size, params[pi].persistent});
   }
-  const TierBudgets budgets = ComputeTierBudgets(config, shapes);
+  TierBudgets budgets = ComputeTierBudgets(config, shapes);
+  // The device's own budget is the same either way; the host tier's depends on whether the
+  // device's memory is the host's, which only the device knows.
+  ZINF_ASSIGN_OR_RETURN(compute, CreateDevice(device, budgets.device_budget_bytes));
+  shapes.device_host_addressable = compute->host_addressable();
+  budgets = ComputeTierBudgets(config, shapes);
   const Tier home = params_on_nvme                                       ? Tier::kNvme
                     : config.offload_param_device == OffloadDevice::kCpu ? Tier::kHost
                                                                          : Tier::kDevice;
@@ -151,7 +156,6 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
       }
     }
   }
-  ZINF_ASSIGN_OR_RETURN(compute, CreateDevice(options.device, options.device_budget_bytes));
   ZINF_ASSIGN_OR_RETURN(tiers,
                         internal::TieredStoreAccess::Create(options, swap_options, compute.get()));
   host_addressable = compute->host_addressable();

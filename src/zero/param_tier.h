@@ -288,8 +288,10 @@ class ParamTier::ChunkWriter {
   // next values, loaded from the tier at the step's first touch).
   StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c);
   // In place: starts bringing the parameters of a chunk to be stepped to host memory; fills
-  // a visited chunk's parameters from the tier (Read); stores them there (Store), waiting for
-  // the write-back of each parameter the chunk ends. Not while a step writes (Begin..Finish).
+  // a visited chunk's parameters from the tier (Read); stores them there (Store), leaving
+  // open (as a step's writes do) each parameter that goes on past the chunk, until a later
+  // chunk ends it or Finish. Store wants the gathered copies dropped (ParamTier::DropAll) and
+  // no step writing (after Restart or Finish).
   void Prefetch(const ChunkInfo& c);
   Status Read(const ChunkView& c);
   Status Store(const ChunkView& c);

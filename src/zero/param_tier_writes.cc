@@ -155,9 +155,14 @@ Status ParamTier::ChunkWriter::Read(const ChunkView& c) {
   return ForEachOverlap(c.offset, c.count, [&](size_t pi, uint64_t first, uint64_t last) {
     const Param& p = (*tier_->params_)[pi];
     const TensorId shard = tier_->state_[pi].shard;
+    float* dst = c.params + (first - c.offset);
+    if (open_[pi].data != nullptr) {  // open for writing: acquiring it again would wait forever
+      std::memcpy(dst, static_cast<const float*>(open_[pi].data) + (first - p.flat_offset),
+                  (last - first) * 4);
+      return OkStatus();
+    }
     ZINF_ASSIGN_OR_RETURN(void* tier, store.Acquire(shard, Tier::kHost, Access::kRead));
-    std::memcpy(c.params + (first - c.offset),
-                static_cast<const float*>(tier) + (first - p.flat_offset), (last - first) * 4);
+    std::memcpy(dst, static_cast<const float*>(tier) + (first - p.flat_offset), (last - first) * 4);
     return store.Release(shard, Tier::kHost);
   });
 }
@@ -167,19 +172,27 @@ Status ParamTier::ChunkWriter::Store(const ChunkView& c) {
   Status stored = ForEachOverlap(c.offset, c.count, [&](size_t pi, uint64_t first, uint64_t last) {
     const Param& p = (*tier_->params_)[pi];
     const TensorId shard = tier_->state_[pi].shard;
-    tier_->Drop(static_cast<int>(pi));  // a gathered copy holds the old values
-    ZINF_ASSIGN_OR_RETURN(void* tier, store.Acquire(shard, tier_->WriteTier(), Access::kWrite));
+    if (p.persistent) {  // small; its next values are loaded from here at the step's first touch
+      ZINF_ASSIGN_OR_RETURN(void* tier, store.Acquire(shard, tier_->WriteTier(), Access::kWrite));
+      std::memcpy(static_cast<float*>(tier) + (first - p.flat_offset),
+                  c.params + (first - c.offset), (last - first) * 4);
+      return store.Release(shard, tier_->WriteTier());
+    }
+    ZINF_ASSIGN_OR_RETURN(void* tier, OpenParam(pi));
     std::memcpy(static_cast<float*>(tier) + (first - p.flat_offset), c.params + (first - c.offset),
                 (last - first) * 4);
+    // A parameter that goes on past the chunk stays open for the next chunk (chunks come in
+    // order), for the step that writes it next, or until Finish; one that ends here goes home.
+    if (last < p.flat_offset + p.shard_size) return OkStatus();
+    open_[pi].data = nullptr;
     ZINF_RETURN_IF_ERROR(store.Release(shard, tier_->WriteTier()));
-    // Home once the chunk holding its last element is stored: one write-back a parameter.
-    if (last == p.flat_offset + p.shard_size && tier_->WriteTier() != tier_->options_.shard_home) {
+    if (tier_->WriteTier() != tier_->options_.shard_home) {
       write_backs_.Add(shard, tier_->TierBytes(p));
     }
     return OkStatus();
   });
-  Status sent = write_backs_.Wait(store);
-  return stored.ok() ? sent : stored;
+  write_backs_.Send(store);
+  return stored;
 }
 
 StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkView& c) {

@@ -80,7 +80,7 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
       array * ((config.gradients_on_nvme ? 0 : 1) + (host_master ? 1 : 0) +
                (optimizer_on_nvme ? 0 : model.state_count) + (config.delayed_param_update ? 1 : 0));
   // The buckets' reduced slices, where the device's memory is not the host's.
-  const uint64_t landed = 2 * b.bucket_slice_elements * 4;
+  const uint64_t landed = model.device_host_addressable ? 0 : 2 * b.bucket_slice_elements * 4;
   const uint64_t chunk = OptimizerChunkElements(b.shard_elements, config.nvme_staging_budget_bytes);
   // The pipelined step's staging buffers and the chunks it keeps in host memory (all of them
   // at most, with offload_optimizer.ratio < 1).
@@ -100,7 +100,10 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // The staging of the gradients on NVMe (Note [Gradients on NVMe]).
   const uint64_t gradient_staging =
       config.gradients_on_nvme ? NvmeGradients::StagingBudget(chunk) : 0;
-  b.write_back_room_bytes = std::max<uint64_t>(256 << 20, 4 * b.largest_shard_bytes);
+  // Where the parameter tier is the master, the step also holds the parameters it updates in
+  // place and those it prefetches for the next chunks: twice the room, in whole shards.
+  b.write_back_room_bytes = std::max<uint64_t>(256 << 20, 4 * b.largest_shard_bytes) *
+                            (ParamTierIsMaster(config) ? 2 : 1);
   b.host_budget_bytes = arrays + (params_on_host ? b.param_tier_bytes : 0) + landed +
                         gradient_staging + step_buffers + persistent_next + b.write_back_room_bytes;
   b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);

@@ -10,15 +10,15 @@
 // read-ahead window twice, the two reduce-scatter buckets (Note [Gradient buckets]) and 64 MiB
 // of slack. The host tier holds the flat shard's page-aligned arrays (gradient accumulators,
 // fp32 master, in-memory optimizer state, the delayed update's copy), the parameter tier when
-// it lives there, the buckets' reduced slices, the NVMe gradients' staging, the pipelined
-// step's staging buffers and host-resident chunks, the persistent parameters' next values and
-// room for the NVMe tier's write-backs (which also keeps the shards a step beside the next
-// forward has just written, until that forward reads them). The swap store holds every optimizer
-// chunk's fp32 parameters and two states (and gradients, with zinf.gradients_on_nvme) and the
-// parameter tier on NVMe, each extent with a block of alignment slack; where the parameter tier
-// is the fp32 master (ParamTierIsMaster) the chunks hold only the two states. The overlapped
-// step's room beside it depends on the disk's free space and is the caller's (OpenTiers asks the
-// disk; the plan assumes room for all of it).
+// it lives there, the buckets' reduced slices (where the device's memory is not the host's),
+// the NVMe gradients' staging, the pipelined step's staging buffers and host-resident chunks,
+// the persistent parameters' next values and room for the NVMe tier's write-backs (which also keeps
+// the shards a step beside the next forward has just written, until that forward reads them). The
+// swap store holds every optimizer chunk's fp32 parameters and two states (and gradients, with
+// zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a block of alignment
+// slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the chunks hold only the
+// two states. The overlapped step's room beside it depends on the disk's free space and is the
+// caller's (OpenTiers asks the disk; the plan assumes room for all of it).
 //
 // Thread-safety: pure functions.
 #ifndef ZINF_ZERO_TIER_BUDGETS_H_
@@ -45,6 +45,9 @@ struct BudgetModel {
   // 16-bit parameters are also handed out widened to fp32 (EngineOptions::fp32_view, which
   // the engine honours on the host device only).
   bool fp32_view = true;
+  // The device's memory is the host's (the host device without a modelled link): the
+  // buckets' reduced slices land where they are, with no host copy (Note [Gradient buckets]).
+  bool device_host_addressable = false;
 };
 
 struct TierBudgets {

@@ -261,7 +261,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gradients_nvme_gas2", {.world = 1, .accumulation = 2, .gradients_nvme = true}},
         Case{"two_ranks_gradients_and_params_nvme",
              {.world = 2, .params_nvme = true, .gradients_nvme = true}},
-        Case{"bf16_refused", {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}}),
+        Case{"bf16_refused", {.world = 1, .params_nvme = true, .bf16 = true, .bad_step = 3}},
+        // fp32: the parameter tier is the master, and the dropped speculation puts parameters
+        // that span chunks back and visits them again.
+        Case{"params_nvme_refused", {.world = 1, .params_nvme = true, .bad_step = 3}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.label); });
 
 // Note [Parameters kept by the caller]: with parameters and optimizer on NVMe in fp32 the
