@@ -192,15 +192,17 @@ StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
     if (size < rounded) {
       budget_.Release(rounded);
       uint64_t largest = 0, free = 0;
+      size_t ranges = 0;
       for (const auto& a : arenas_) {
         if (a == nullptr) continue;
         largest = std::max(largest, a->extents.largest_free_bytes());
         free += a->extents.free_bytes();
+        ranges += a->extents.free_ranges();
       }
       return ResourceExhausted(fmt::format(
           "{}: no free range of {} (largest free range {}, {} free in {} scattered ranges, "
           "budget {} fully assigned to arenas); free blocks or Trim() the pool",
-          name_, FormatBytes(rounded), FormatBytes(largest), FormatBytes(free), arenas_.size(),
+          name_, FormatBytes(rounded), FormatBytes(largest), FormatBytes(free), ranges,
           FormatBytes(limit)));
     }
     StatusOr<size_t> added = AddArenaLocked(size);
@@ -211,7 +213,7 @@ StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
     best = *added;
   }
   Arena& arena = *arenas_[best];
-  StatusOr<uint64_t> offset = arena.extents.Allocate(rounded);
+  StatusOr<uint64_t> offset = arena.extents.Allocate(rounded, rounded < kSmallBlockBytes);
   if (!offset.ok()) {
     budget_.Release(rounded);
     return std::move(offset).status().WithContext(name_);

@@ -18,7 +18,7 @@ uint64_t ExtentAllocator::largest_free_bytes() const {
   return best;
 }
 
-StatusOr<uint64_t> ExtentAllocator::Allocate(uint64_t size_bytes) {
+StatusOr<uint64_t> ExtentAllocator::Allocate(uint64_t size_bytes, bool top) {
   if (size_bytes == 0) return InvalidArgument("swap extent size must be positive, got 0");
   if (size_bytes > capacity_) {
     return ResourceExhausted(fmt::format("swap extent of {} is larger than the swap space ({})",
@@ -26,10 +26,19 @@ StatusOr<uint64_t> ExtentAllocator::Allocate(uint64_t size_bytes) {
   }
   const uint64_t need = Round(size_bytes);
   auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second >= need && (best == free_.end() || it->second < best->second)) {
-      best = it;
-      if (it->second == need) break;
+  if (top) {
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+      if (it->second >= need) {
+        best = std::prev(it.base());
+        break;
+      }
+    }
+  } else {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second >= need && (best == free_.end() || it->second < best->second)) {
+        best = it;
+        if (it->second == need) break;
+      }
     }
   }
   if (best == free_.end()) {
@@ -39,12 +48,12 @@ StatusOr<uint64_t> ExtentAllocator::Allocate(uint64_t size_bytes) {
         FormatBytes(need), FormatBytes(largest_free_bytes()), FormatBytes(free_bytes_),
         FormatBytes(capacity_), free_.size()));
   }
-  const uint64_t offset = best->first;
+  const uint64_t start = best->first;
   const uint64_t left = best->second - need;
   free_.erase(best);
-  if (left > 0) free_.emplace(offset + need, left);
+  if (left > 0) free_.emplace(top ? start : start + need, left);
   free_bytes_ -= need;
-  return offset;
+  return top ? start + left : start;
 }
 
 Status ExtentAllocator::Free(uint64_t offset, uint64_t size_bytes) {

@@ -18,9 +18,12 @@ class ExtentAllocator {
   // `capacity_bytes` and `alignment` (a power of two) define the space [0, capacity).
   ExtentAllocator(uint64_t capacity_bytes, uint64_t alignment);
 
-  // An offset for `size_bytes` rounded up to the alignment. InvalidArgument for size 0;
-  // ResourceExhausted saying what was asked, the largest free range and the total free.
-  StatusOr<uint64_t> Allocate(uint64_t size_bytes);
+  // An offset for `size_bytes` rounded up to the alignment: the start of the smallest free
+  // range that holds it, or with `top` the end of the highest one, so that what is asked for
+  // that way gathers at the top of the space, clear of the rest (MemoryPool's small blocks).
+  // InvalidArgument for size 0; ResourceExhausted saying what was asked, the largest free
+  // range and the total free.
+  StatusOr<uint64_t> Allocate(uint64_t size_bytes, bool top = false);
   // Returns [offset, offset + size_bytes rounded up) to the free list. InvalidArgument when the
   // range was not allocated (double free, wrong size): the free list is left unchanged.
   [[nodiscard]] Status Free(uint64_t offset, uint64_t size_bytes);

@@ -26,6 +26,32 @@ TEST(ExtentAllocator, AlignsAndReuses) {
   EXPECT_EQ(*z, 0u);
 }
 
+// From the top: the end of the highest free range that holds the request, so that such
+// ranges gather at the end of the space while best fit fills it from the start.
+TEST(ExtentAllocator, TopAllocationsGatherAtTheEnd) {
+  ExtentAllocator a(16 * 4096, 4096);
+  auto t1 = a.Allocate(4096, /*top=*/true);
+  auto t2 = a.Allocate(5000, /*top=*/true);
+  auto b1 = a.Allocate(3 * 4096);
+  ASSERT_TRUE(t1.ok() && t2.ok() && b1.ok());
+  EXPECT_EQ(*t1, 15u * 4096);
+  EXPECT_EQ(*t2, 13u * 4096);
+  EXPECT_EQ(*b1, 0u);
+  EXPECT_EQ(a.free_ranges(), 1u);
+  EXPECT_EQ(a.largest_free_bytes(), 10u * 4096);
+  // A hole below the top blocks is taken from its end: the highest one that holds it.
+  ASSERT_TRUE(a.Free(*b1, 3 * 4096).ok());
+  auto t3 = a.Allocate(4096, /*top=*/true);
+  ASSERT_TRUE(t3.ok());
+  EXPECT_EQ(*t3, 12u * 4096);
+  for (auto [off, size] : {std::pair{*t1, 4096u}, {*t2, 5000u}, {*t3, 4096u}}) {
+    ASSERT_TRUE(a.Free(off, size).ok());
+  }
+  EXPECT_EQ(a.free_ranges(), 1u);
+  EXPECT_EQ(a.free_bytes(), 16u * 4096);
+  EXPECT_FALSE(a.Allocate(17 * 4096, /*top=*/true).ok());
+}
+
 TEST(ExtentAllocator, CoalescesToOneRange) {
   ExtentAllocator a(64 * 4096, 4096);
   std::vector<uint64_t> offs;
