@@ -1150,7 +1150,7 @@ Status TieredStore::Free(TensorId id) {
   }
 }
 
-std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
+std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier, Event* after) {
   Impl& m = *impl_;
   auto ready = [](Status s) {
     std::promise<Status> p;
@@ -1172,7 +1172,10 @@ std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier) {
   }
   auto promise = std::make_shared<std::promise<Status>>();
   inflight = promise->get_future().share();
-  m.Enqueue([&m, id, tier, promise] { promise->set_value(m.PrefetchOne(id, tier)); });
+  m.Enqueue([&m, id, tier, promise, after] {
+    Status written = after != nullptr ? after->Synchronize() : OkStatus();
+    promise->set_value(written.ok() ? m.PrefetchOne(id, tier) : std::move(written));
+  });
   return inflight;
 }
 

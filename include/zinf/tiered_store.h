@@ -143,8 +143,11 @@ class ZINF_EXPORT TieredStore {
   Status Free(TensorId id);
 
   // Starts making a current copy resident in `tier` (asynchronous); the future holds the
-  // outcome. Errors as for Acquire.
-  std::shared_future<Status> Prefetch(TensorId id, Tier tier);
+  // outcome. Errors as for Acquire. `after`: device work still writing the tensor (an event
+  // recorded after it, which must stay alive and unrecorded until the future is ready); the
+  // move waits for it on a transfer thread, so a copy brought down from the device tier holds
+  // what that work wrote, and the caller never waits on the host.
+  std::shared_future<Status> Prefetch(TensorId id, Tier tier, Event* after = nullptr);
   // Prefetch of several tensors as one job whose reads are in flight together; a tensor is
   // usable as soon as its own read is done. The future holds the first error.
   std::shared_future<Status> Prefetch(std::span<const TensorId> ids, Tier tier);

@@ -4,7 +4,9 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <future>
 
 #include "comm/communicator.h"
 
@@ -20,7 +22,6 @@ StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(
       new GradientBuckets(store, device, host_addressable, comm, bucket_elements, std::move(sink)));
   if (!host_addressable) {
     ZINF_ASSIGN_OR_RETURN(buckets->copy_, device->CreateStream());
-    ZINF_ASSIGN_OR_RETURN(buckets->down_, device->CreateStream());
   }
   return buckets;
 }
@@ -38,19 +39,27 @@ GradientBuckets::GradientBuckets(TieredStore* store, Device* device, bool host_a
 GradientBuckets::~GradientBuckets() {
   for (Bucket& bucket : buckets_) {
     if (bucket.work != nullptr) (void)bucket.work->Wait();
+    DropReduced(bucket);
   }
-  for (Stream* stream : {copy_.get(), down_.get()}) {
-    if (stream != nullptr) (void)stream->Synchronize();
-  }
+  if (copy_ != nullptr) (void)copy_->Synchronize();
   // What never reached the sink is dropped with the batch (the sink's owner is going too).
   for (InFlight& entry : in_flight_) {
-    if (entry.tensor != 0) Free(entry.tensor);
+    if (entry.landed.valid()) entry.landed.wait();  // its event must outlive the move
+    if (entry.tensor != 0) Free(entry.tensor, entry.pinned);
   }
 }
 
-void GradientBuckets::Free(TensorId tensor) {
-  store_->Release(tensor, Tier::kDevice).IgnoreError();
+void GradientBuckets::Free(TensorId tensor, bool pinned) {
+  if (pinned) store_->Release(tensor, Tier::kDevice).IgnoreError();
   store_->Free(tensor).IgnoreError();
+}
+
+void GradientBuckets::DropReduced(Bucket& bucket) {
+  if (bucket.received == 0) return;
+  if (bucket.reduced != nullptr) store_->Release(bucket.received, Tier::kDevice).IgnoreError();
+  store_->Free(bucket.received).IgnoreError();
+  bucket.received = 0;
+  bucket.reduced = nullptr;
 }
 
 Status GradientBuckets::RetireAfter(Stream& stream, InFlight entry) {
@@ -61,34 +70,53 @@ Status GradientBuckets::RetireAfter(Stream& stream, InFlight entry) {
     StatusOr<std::unique_ptr<Event>> created = device_->CreateEvent();
     if (!created.ok()) {
       (void)stream.Synchronize();
-      if (entry.tensor != 0) Free(entry.tensor);
+      if (entry.tensor != 0) Free(entry.tensor, entry.pinned);
       return created.status();
     }
     entry.copied = std::move(created).value();
   }
   Status recorded = stream.Record(*entry.copied);
+  if (recorded.ok() && world_ == 1) {
+    // The store may move the gradient once it is ours alone and backward has written it.
+    recorded = store_->Release(entry.tensor, Tier::kDevice);
+    entry.pinned = !recorded.ok();
+    if (recorded.ok())
+      entry.landed = store_->Prefetch(entry.tensor, Tier::kHost, entry.copied.get());
+  }
   in_flight_.push_back(std::move(entry));
   ZINF_RETURN_IF_ERROR(recorded);
   return Retire(kMaxInFlight);
+}
+
+Status GradientBuckets::HandOverLanded(const InFlight& entry) {
+  ZINF_ASSIGN_OR_RETURN(void* landed, store_->Acquire(entry.tensor, Tier::kHost, Access::kRead));
+  Status sunk =
+      HandOver(entry.flat_offset, static_cast<const float*>(landed), entry.size, entry.name);
+  Status released = store_->Release(entry.tensor, Tier::kHost);
+  return sunk.ok() ? released : sunk;
 }
 
 Status GradientBuckets::Retire(size_t keep) {
   Status first;
   while (!in_flight_.empty()) {
     InFlight& oldest = in_flight_.front();
+    const bool wait = in_flight_.size() > keep;
     Status copied;
-    if (in_flight_.size() > keep) {
+    if (oldest.landed.valid()) {
+      if (!wait && oldest.landed.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        break;
+      }
+      copied = oldest.landed.get();
+      if (copied.ok()) copied = HandOverLanded(oldest);
+    } else if (wait) {
       copied = oldest.copied->Synchronize();
     } else {
       StatusOr<bool> done = oldest.copied->Query();
       if (done.ok() && !*done) break;
       copied = done.status();
     }
-    if (copied.ok() && !oldest.landed.empty()) {
-      copied = HandOver(oldest.flat_offset, oldest.landed.as<float>(), oldest.size, oldest.name);
-    }
     if (first.ok()) first = std::move(copied);
-    if (oldest.tensor != 0) Free(oldest.tensor);
+    if (oldest.tensor != 0) Free(oldest.tensor, oldest.pinned);
     spare_events_.push_back(std::move(oldest.copied));
     in_flight_.pop_front();
   }
@@ -97,18 +125,12 @@ Status GradientBuckets::Retire(size_t keep) {
 
 Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
   if (bucket.capacity >= capacity) return OkStatus();
+  DropReduced(bucket);  // left by a failed reduction
   bucket = Bucket();
-  const std::string name = fmt::format("gradient bucket {}", created_++);
   // Every byte is written before it is read: nothing to zero.
-  ZINF_ASSIGN_OR_RETURN(bucket.send, StoreArray::Create(store_, name, capacity * world_ * 4,
-                                                        Tier::kDevice, Access::kOverwrite));
-  ZINF_ASSIGN_OR_RETURN(bucket.received,
-                        StoreArray::Create(store_, name + " (reduced)", capacity * 4, Tier::kDevice,
-                                           Access::kOverwrite));
-  if (!host_addressable_) {
-    ZINF_ASSIGN_OR_RETURN(bucket.landed, StoreArray::Create(store_, name + " (host)", capacity * 4,
-                                                            Tier::kHost, Access::kOverwrite));
-  }
+  ZINF_ASSIGN_OR_RETURN(
+      bucket.send, StoreArray::Create(store_, fmt::format("gradient bucket {}", created_++),
+                                      capacity * world_ * 4, Tier::kDevice, Access::kOverwrite));
   bucket.capacity = capacity;
   return OkStatus();
 }
@@ -148,16 +170,21 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
       return sunk;
     }
   }
-  if (world_ == 1) {  // nothing to reduce: the gradient comes down, then goes to the sink
-    InFlight entry{.tensor = tensor, .flat_offset = flat_offset, .size = shard_size, .name = name};
-    ZINF_ASSIGN_OR_RETURN(
-        entry.landed, StoreArray::Scratch(store_, name + " (gradient)", shard_size * 4, Tier::kHost,
-                                          Access::kOverwrite));
-    if (ready != nullptr) ZINF_RETURN_IF_ERROR(down_->Wait(*ready));
-    ZINF_RETURN_IF_ERROR(down_->Copy(entry.landed.data(), grad, shard_size * sizeof(float),
-                                     CopyKind::kDeviceToHost));
-    ZINF_RETURN_IF_ERROR(RetireAfter(*down_, std::move(entry)));
-    return tensor != 0 ? OkStatus() : Retire(0);  // the caller's `grad` may go on return
+  if (world_ == 1) {    // nothing to reduce: the gradient comes down, then goes to the sink
+    if (tensor == 0) {  // the caller's own memory, which the store cannot move
+      ZINF_RETURN_IF_ERROR(Retire(0));  // the sink takes gradients in the order added
+      if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
+      ZINF_ASSIGN_OR_RETURN(StoreArray landed,
+                            StoreArray::Scratch(store_, name + " (gradient)", shard_size * 4,
+                                                Tier::kHost, Access::kOverwrite));
+      ZINF_RETURN_IF_ERROR(
+          copy_->Copy(landed.data(), grad, shard_size * sizeof(float), CopyKind::kDeviceToHost));
+      ZINF_RETURN_IF_ERROR(copy_->Synchronize());
+      return HandOver(flat_offset, landed.as<float>(), shard_size, name);
+    }
+    if (ready != nullptr) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
+    return RetireAfter(
+        *copy_, {.tensor = tensor, .flat_offset = flat_offset, .size = shard_size, .name = name});
   }
   Bucket* bucket = &buckets_[filling_];
   if (bucket->used > 0 && bucket->used + shard_size > slice_elements_) {
@@ -215,8 +242,17 @@ Status GradientBuckets::Start(Bucket& bucket) {
     ZINF_RETURN_IF_ERROR(copy_->Synchronize());
     ZINF_RETURN_IF_ERROR(Retire(0));  // every packing copy has run
   }
-  bucket.work = comm_->ReduceScatterAsync(send, bucket.received.data(), bucket.used,
-                                          ElementType::kFp32, ReduceOp::kSum);
+  // The reduced slice, in a scratch tensor of its own size: that is all that comes down.
+  ZINF_ASSIGN_OR_RETURN(bucket.received, store_->CreateScratch("gradient bucket (reduced)",
+                                                               bucket.used * 4, Tier::kDevice));
+  StatusOr<void*> reduced = store_->Acquire(bucket.received, Tier::kDevice, Access::kOverwrite);
+  if (!reduced.ok()) {
+    DropReduced(bucket);
+    return reduced.status();
+  }
+  bucket.reduced = static_cast<float*>(*reduced);
+  bucket.work = comm_->ReduceScatterAsync(send, bucket.reduced, bucket.used, ElementType::kFp32,
+                                          ReduceOp::kSum);
   ++reductions_;
   return OkStatus();
 }
@@ -235,20 +271,23 @@ Status GradientBuckets::Complete(Bucket& bucket) {
       return std::move(reduced).WithContext(what);
     }
   }
-  const float* reduced = nullptr;
-  if (host_addressable_) {
-    reduced = bucket.received.as<float>();
-  } else {  // only this rank's slice crosses the link
-    ZINF_RETURN_IF_ERROR(down_->Copy(bucket.landed.data(), bucket.received.data(),
-                                     bucket.used * sizeof(float), CopyKind::kDeviceToHost));
-    ZINF_RETURN_IF_ERROR(down_->Synchronize());
-    reduced = bucket.landed.as<float>();
+  const float* reduced = bucket.reduced;  // where the host may read it, it stays
+  Tier pinned = Tier::kDevice;
+  if (!host_addressable_) {  // only this rank's slice crosses the link, moved by the store
+    ZINF_RETURN_IF_ERROR(store_->Release(bucket.received, Tier::kDevice));
+    bucket.reduced = nullptr;
+    ZINF_ASSIGN_OR_RETURN(void* landed,
+                          store_->Acquire(bucket.received, Tier::kHost, Access::kRead));
+    reduced = static_cast<const float*>(landed);
+    pinned = Tier::kHost;
   }
   Status sunk;
   for (const Piece& piece : bucket.pieces) {
     sunk = HandOver(piece.flat_offset, reduced + piece.at, piece.size, piece.name);
     if (!sunk.ok()) break;
   }
+  if (pinned == Tier::kHost) store_->Release(bucket.received, Tier::kHost).IgnoreError();
+  DropReduced(bucket);
   bucket.pieces.clear();
   bucket.used = 0;
   return sunk;

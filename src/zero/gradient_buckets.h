@@ -16,19 +16,23 @@
 // Where the bytes are. Gradients arrive in device memory, and the buckets are tensors of the
 // tiered store's device tier: the gradient is packed into the bucket on the device (a copy
 // on a stream), the collective reduces device memory (NCCL on a GPU, Gloo on the host
-// device), and only this rank's reduced slice goes down to the host tier, on a stream of its
-// own, before the sink reads it. With one rank there is nothing to reduce: the gradient
-// itself goes down. Where device memory is host memory the host may touch (the host device
-// without a modelled link), the packing is a memcpy and the sink reads the slice, or with one
-// rank the gradient, where it is: no copy beyond what the collective needs. Elsewhere the
-// copies run on the buckets' streams while backward goes on, a few at a time: each gradient
-// is freed, and with one rank handed to the sink, as soon as its copy has landed, so that the
-// overlapped optimizer step (Note [Overlapped step]) hears of final gradients during backward.
+// device) into a scratch tensor of the reduced slice's size, and only that slice goes down to
+// the host tier, moved by the store like any other tensor (metered on its device-to-host link)
+// before the sink reads it. With one rank there is nothing to reduce: the gradient itself goes
+// down, the store's move starting once backward's event says it is written
+// (TieredStore::Prefetch's `after`), so the engine's thread never waits for it. Where device
+// memory is host memory the host may touch (the host device without a modelled link), the
+// packing is a memcpy and the sink reads the slice, or with one rank the gradient, where it
+// is: no copy beyond what the collective needs. Elsewhere the packing copies and the moves
+// down run while backward goes on, a few at a time: each gradient is freed, and with one rank
+// handed to the sink, as soon as its copy has landed, so that the overlapped optimizer step
+// (Note [Overlapped step]) hears of final gradients during backward.
 //
 // Memory: two buckets of `bucket_elements` (grown to hold the largest parameter) in the
 // device tier, allocated when first used, plus this rank's slice of each, and that slice
-// again in the host tier when the device is not host-addressable (with one rank: no buckets,
-// the gradients in flight in the host tier, kMaxInFlight + 1 at most).
+// again in the host tier while the sink reads it when the device is not host-addressable
+// (with one rank: no buckets, the gradients in flight in the host tier, kMaxInFlight + 1 at
+// most).
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_GRADIENT_BUCKETS_H_
@@ -39,6 +43,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,21 +107,25 @@ class GradientBuckets {
     std::string name;
   };
   struct Bucket {
-    StoreArray send;      // device: world * capacity elements, rank r's slice at r * capacity
-    StoreArray received;  // device: capacity elements, this rank's reduced slice
-    StoreArray landed;    // host: the reduced slice, when the device is not host-addressable
+    StoreArray send;  // device: world * capacity elements, rank r's slice at r * capacity
     uint64_t capacity = 0;
     uint64_t used = 0;  // elements per rank slice
     std::vector<Piece> pieces;
+    // From the start of its reduction until its slice has gone to the sink: the reduced
+    // slice, a device-tier scratch tensor of `used` elements, acquired there at `reduced`.
+    TensorId received = 0;
+    float* reduced = nullptr;
     std::shared_ptr<CommWork> work;  // the reduction in flight
   };
 
   // A gradient whose copy is in flight: freed once `copied` has completed. With one rank the
-  // copy is the gradient itself coming down to `landed`, which then goes to the sink.
+  // copy is the store's move of the gradient to the host tier (`landed`, started after
+  // `copied`), and the gradient then goes to the sink from there.
   struct InFlight {
     std::unique_ptr<Event> copied;
     TensorId tensor = 0;
-    StoreArray landed;
+    bool pinned = true;  // `tensor` still acquired in the device tier
+    std::shared_future<Status> landed;
     uint64_t flat_offset = 0, size = 0;
     std::string name;
   };
@@ -126,12 +135,17 @@ class GradientBuckets {
   // Frees the gradients whose copies have run (handing those that came down to the sink),
   // waiting for the oldest while more than `keep` are in flight; the first error.
   Status Retire(size_t keep);
-  // `entry` is done once the work now on `stream` has run.
+  // `entry` is done once the work now on `stream` has run (with one rank: once the store has
+  // brought its gradient down, after that work).
   Status RetireAfter(Stream& stream, InFlight entry);
-  void Free(TensorId tensor);
+  // Hands one rank's gradient, landed in the host tier, to the sink.
+  Status HandOverLanded(const InFlight& entry);
+  void Free(TensorId tensor, bool pinned = true);
   Status Start(Bucket& bucket);
   // Waits for the bucket's reduction and hands it to the sink; leaves it empty.
   Status Complete(Bucket& bucket);
+  // Releases and frees the bucket's reduced slice.
+  void DropReduced(Bucket& bucket);
   Status Reserve(Bucket& bucket, uint64_t capacity);
   // Copies device memory to device memory, in order on copy_ (a memcpy now when the device is
   // host-addressable).
@@ -147,9 +161,9 @@ class GradientBuckets {
   Status HandOver(uint64_t flat_offset, const float* reduced, uint64_t size,
                   const std::string& name);
   const Sink sink_;
-  Status sink_error_;             // the sink's first error
-  std::unique_ptr<Stream> copy_;  // packing gradients into buckets
-  std::unique_ptr<Stream> down_;  // reduced slices to the host tier
+  Status sink_error_;  // the sink's first error
+  // Packing gradients into buckets; with one rank, where each gradient's move down waits.
+  std::unique_ptr<Stream> copy_;
   std::array<Bucket, 2> buckets_;
   std::deque<InFlight> in_flight_;
   std::vector<std::unique_ptr<Event>> spare_events_;

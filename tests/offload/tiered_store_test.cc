@@ -9,16 +9,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <future>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "offload/tiered_store_internal.h"
 #include "tests/nvme/nvme_test_util.h"
 #include "tests/offload/tiered_store_testing.h"
 #include "tests/testing/faulty_engine.h"
+#include "zinf/device.h"
 #include "zinf/host_memory.h"
 
 namespace zinf {
@@ -300,6 +303,47 @@ TEST(TieredStoreTest, HostLinkFromTheEnvironment) {
   EXPECT_EQ(up.bytes, kSize);
   EXPECT_GT(up.GBps(), 0.0);
   EXPECT_LE(up.GBps(), 0.5 / 0.9) << "the upload went over the modelled link";
+}
+
+// A tensor that device work is still writing (a gradient backward has just enqueued) comes
+// down once that work's event says so: Prefetch's `after` orders the store's move after it,
+// and the caller never waits on the host.
+TEST(TieredStoreTest, PrefetchAfterAnEventMovesWhatTheDeviceWorkWrote) {
+  constexpr uint64_t kSize = 1 * kMiB;
+  auto device =
+      CreateHostDevice({.memory_budget_bytes = 8 * kMiB, .link_bytes_per_second = 4'000'000'000u});
+  ASSERT_TRUE(device.ok()) << device.status();
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.nvme_paths.clear();
+  auto store = TieredStore::Create(options, device->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto id = (*store)->Create("gradient", kSize, Tier::kDevice);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto at = (*store)->Acquire(*id, Tier::kDevice, Access::kOverwrite);
+  ASSERT_TRUE(at.ok()) << at.status();
+  std::vector<uint8_t> values(kSize);
+  Fill(values.data(), kSize, 7, 1);
+  auto backward = (*device)->CreateStream();
+  auto written = (*device)->CreateEvent();
+  ASSERT_TRUE(backward.ok() && written.ok());
+  ASSERT_TRUE((*backward)
+                  ->HostFunc([] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                    return OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE((*backward)->Copy(*at, values.data(), kSize, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE((*backward)->Record(**written).ok());
+  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
+  std::shared_future<Status> landed = (*store)->Prefetch(*id, Tier::kHost, written->get());
+  ASSERT_TRUE(landed.get().ok()) << landed.get();
+  auto host = (*store)->Acquire(*id, Tier::kHost, Access::kRead);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(Check(*host, kSize, 7, 1), -1) << "moved before the device work had written it";
+  ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
+  EXPECT_EQ((*store)->stats().device_to_host.bytes, kSize);
+  ASSERT_TRUE((*backward)->Synchronize().ok());
 }
 
 TEST(TieredStoreTest, EvictionFollowsNextUseHintsThenLru) {

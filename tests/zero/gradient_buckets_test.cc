@@ -239,6 +239,16 @@ std::vector<float> ReducedShard(int param, uint64_t shard, int rank, float facto
   return v;
 }
 
+// Bytes the store moved down from the device tier: behind the link, each reduced slice (with
+// one rank, each gradient) exactly once, and nothing else; where the host reads device memory
+// in place, nothing.
+uint64_t BytesDown(const TieredStore& store) { return store.stats().device_to_host.bytes; }
+uint64_t SliceBytes(const std::vector<uint64_t>& shards) {
+  uint64_t elements = 0;
+  for (uint64_t s : shards) elements += s;
+  return elements * sizeof(float);
+}
+
 std::vector<uint64_t> FlatOffsets(const std::vector<uint64_t>& shards) {
   std::vector<uint64_t> offsets;
   uint64_t at = 0;
@@ -328,6 +338,7 @@ TEST_P(GradientBucketsTest, OneRankHandsEachGradientToTheSinkInOrder) {
     EXPECT_TRUE(Freed(*rig_.store, grads[p].tensor)) << p;
   }
   EXPECT_EQ((*buckets)->reductions(), 0u);
+  EXPECT_EQ(BytesDown(*rig_.store), GetParam() ? SliceBytes(shards) : 0u) << "moved by the store";
 }
 
 // Note [Gradient buckets]: with two ranks and buckets of 8 elements (4 a rank), p0 (3) and p1
@@ -367,6 +378,7 @@ TEST_P(GradientBucketsTest, BucketsHoldEachRanksSlicesAndAreReducedAsTheNextFill
     EXPECT_EQ(recorder.sunk()[p].values, ReducedShard(p, shards[p], 1, 2.0f)) << p;
     EXPECT_TRUE(Freed(*rig_.store, grads[p].tensor)) << p;
   }
+  EXPECT_EQ(BytesDown(*rig_.store), GetParam() ? SliceBytes(shards) : 0u) << "moved by the store";
 }
 
 // A bucket reduced before it is full has a gap after each rank's slice, which is closed
@@ -399,6 +411,8 @@ TEST_P(GradientBucketsTest, APartlyFilledBucketClosesItsGapsBeforeTheReduction) 
     EXPECT_EQ(recorder.sunk()[p].flat_offset, offsets[p]) << p;
     EXPECT_EQ(recorder.sunk()[p].values, ReducedShard(p, shards[p], 2, 3.0f)) << p;
   }
+  EXPECT_EQ(BytesDown(*rig_.store), GetParam() ? SliceBytes(shards) : 0u)
+      << "this rank's slices alone, the gaps left behind";
 }
 
 // With `tensor` 0 the caller keeps its gradient: it is copied before Add returns, so that
