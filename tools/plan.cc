@@ -230,6 +230,8 @@ Status RunPlan(PlanArgs args) {
           {"peak_host_bytes", m.peak_host},
           {"activation_bytes", m.activations},
           {"nvme_bytes", m.nvme},
+          {"optimizer_chunks", m.optimizer_chunks},
+          {"speculative_chunks", m.speculative_chunks},
           {"fits", r.estimate.fits},
           {"why", r.estimate.why}};
       if (node) {
@@ -313,8 +315,15 @@ Status RunPlan(PlanArgs args) {
       }
     }
     if (best >= 0) {
+      const plan::MemoryEstimate& m = rows[best].estimate.memory;
       fmt::print("\nfastest that fits: {} ({} s per step)\n",
                  plan::PlacementName(rows[best].config), Seconds(rows[best].estimate.time.step));
+      if (m.speculative_chunks < m.optimizer_chunks && rows[best].config.overlap_optimizer) {
+        fmt::print(
+            "  the NVMe path has room for the overlapped step's new state of {} of the "
+            "optimizer's {} chunks; the rest of each step runs after backward\n",
+            m.speculative_chunks, m.optimizer_chunks);
+      }
     } else if (have_times) {
       fmt::print("\nno placement fits this machine\n");
     }

@@ -183,7 +183,7 @@ StatusOr<HardwareEstimate> EstimateOnHardware(const ModelSpec& spec, const Engin
   model.activation_bytes = spec.gpu_activation_bytes;
   HardwareEstimate out;
   Estimate& est = out.estimate;
-  est.memory = EstimateMemory(model, c, world, /*fp32_view=*/false);
+  est.memory = EstimateMemory(model, c, world, /*fp32_view=*/false, node.nvme_bytes() / world);
   const MemoryEstimate& m = est.memory;
   const bool params_nvme = c.offload_param_device == OffloadDevice::kNvme;
   const bool optim_nvme = c.offload_optimizer_device == OffloadDevice::kNvme;

@@ -160,7 +160,7 @@ CacheSim SimulateCache(const ModelSpec& model, const EngineConfig& c, int world,
 using namespace internal;
 
 MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int world,
-                              bool fp32_view) {
+                              bool fp32_view, uint64_t nvme_free_per_rank) {
   MemoryEstimate m;
   const Layout l = LayOut(model, c, world, fp32_view);
   // The budgets the engine gives its store (Note [Tier budgets]).
@@ -196,13 +196,18 @@ MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& c, int
       }
     }
   }
-  // The swap store reserves every chunk whatever the ratio, and twice for the overlapped step
-  // (its new state beside the old, and the old parameters where the parameter tier is the
-  // master, until the step stands: the plan assumes the disk has the room, where the engine
-  // takes less).
+  // The swap store reserves every chunk whatever the ratio, and for the overlapped step the
+  // room beside them that the disk has (its new state beside the old, and the old parameters
+  // where the parameter tier is the master, until the step stands).
   m.nvme = budgets.swap_capacity_bytes;
-  if (optim_nvme && c.overlap_optimizer)
-    m.nvme += budgets.optimizer_chunks * budgets.speculative_chunk_swap_bytes;
+  m.optimizer_chunks = budgets.optimizer_chunks;
+  if (optim_nvme && c.overlap_optimizer) {
+    m.speculative_chunks =
+        nvme_free_per_rank == 0
+            ? budgets.optimizer_chunks
+            : SpeculativeChunks(budgets, nvme_free_per_rank, c.overlap_optimizer_swap_bytes);
+    m.nvme += m.speculative_chunks * budgets.speculative_chunk_swap_bytes;
+  }
   if (m.nvme > 0) {
     // SwapStore: one file per path, each rounded up to the stripe (aio.block_size).
     const uint64_t paths = std::max<size_t>(1, c.NvmePaths().size());

@@ -233,7 +233,10 @@ struct MemoryEstimate {
   // The reduce-scatter buckets in the device tier (several ranks): one while a micro-batch's
   // gradients fit in one, else two.
   uint64_t buckets = 0;
-  uint64_t nvme = 0;              // swap files
+  uint64_t nvme = 0;  // swap files
+  // The optimizer's NVMe chunks, and those the overlapped step steps beside backward (as many
+  // as the disk has room for; the rest run after it).
+  uint64_t optimizer_chunks = 0, speculative_chunks = 0;
   uint64_t steady_host() const {  // = StepSummary::host_bytes
     return host_arrays + param_tier + persistent + device_cache + nvme_staging + host_state_pool +
            buckets;
@@ -282,8 +285,10 @@ int ThreadsPerRank(const MachineProfile& profile, const PlanOptions& options);
 bool ComputeTakesEveryCore(const MachineProfile& profile, const PlanOptions& options);
 
 // `fp32_view`: the engine hands out 16-bit parameters widened to fp32 too (the host device).
+// `nvme_free_per_rank`: the NVMe path's free bytes for each rank, which bound the overlapped
+// step's room as the engine bounds it (SpeculativeChunks); 0: room for all of it.
 MemoryEstimate EstimateMemory(const ModelSpec& model, const EngineConfig& config, int world,
-                              bool fp32_view = true);
+                              bool fp32_view = true, uint64_t nvme_free_per_rank = 0);
 StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig& config,
                                      const MachineProfile& profile, const PlanOptions& options);
 

@@ -31,7 +31,9 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   }
   const int world = options.world_size;
   Estimate est;
-  est.memory = EstimateMemory(model, c, world);
+  const uint64_t nvme_free =
+      options.nvme_free_bytes != 0 ? options.nvme_free_bytes : profile.nvme_free_bytes;
+  est.memory = EstimateMemory(model, c, world, /*fp32_view=*/true, nvme_free / world);
   MemoryEstimate& m = est.memory;
   const Layout l = LayOut(model, c, world);
   const uint64_t e = ElementBytes(c);
@@ -47,8 +49,6 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   const uint64_t memory = options.memory_bytes != 0 ? options.memory_bytes : profile.memory_bytes;
   const uint64_t gpu =
       options.gpu_memory_bytes != 0 ? options.gpu_memory_bytes : profile.gpu_memory_bytes;
-  const uint64_t nvme_free =
-      options.nvme_free_bytes != 0 ? options.nvme_free_bytes : profile.nvme_free_bytes;
   const uint64_t ranks = static_cast<uint64_t>(world);  // all on this machine
   std::vector<std::string> why;
   if (gpu == 0) {
@@ -367,6 +367,11 @@ StatusOr<Estimate> EstimatePlacement(const ModelSpec& model, const EngineConfig&
   // Beside the next forward only the pass's I/O hides under its compute: the update's CPU
   // time is the forward's cores' (or, on a GPU, what its fetches wait for).
   const double optimizer_nvme = std::max(update, pass - first_pass_compute);
+  // Only the chunks the disk has room to step speculatively run beside backward.
+  if (m.optimizer_chunks > 0) {
+    hidden = std::min(hidden, optimizer_nvme * static_cast<double>(m.speculative_chunks) /
+                                  static_cast<double>(m.optimizer_chunks));
+  }
   const double exposed = std::max(optimizer_nvme - hidden, 0.0);
   if (hidden > 0 && master) {
     // The chunks stepped beside backward (as large a part as of the pass backward hides)

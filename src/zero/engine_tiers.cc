@@ -134,17 +134,10 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     if (config.offload_optimizer_device == OffloadDevice::kNvme && config.overlap_optimizer) {
       // The overlapped step's new state goes beside the old until the step is known to stand
       // (Note [Overlapped step]): room for all of it where the disk has it, else for as many
-      // chunks as fit beside everything else (this rank's share of the free space, less a
-      // margin); the chunks beyond are stepped after backward.
-      const uint64_t free = StripedFreeBytes(swap_options.paths) / std::max(world(), 1);
-      const uint64_t margin = std::max<uint64_t>(free / 20, 1ull << 30);
-      uint64_t room = free > swap_options.capacity_bytes + margin
-                          ? free - swap_options.capacity_bytes - margin
-                          : 0;
-      if (config.overlap_optimizer_swap_bytes > 0) {
-        room = std::min(room, config.overlap_optimizer_swap_bytes);
-      }
-      speculative_chunks = std::min<uint64_t>(chunks, room / chunk_state);
+      // chunks as fit beside everything else; the chunks beyond are stepped after backward.
+      speculative_chunks =
+          SpeculativeChunks(budgets, StripedFreeBytes(swap_options.paths) / std::max(world(), 1),
+                            config.overlap_optimizer_swap_bytes);
       swap_options.capacity_bytes += speculative_chunks * chunk_state;
       if (speculative_chunks < chunks) {
         log::Info(

@@ -135,4 +135,14 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   return b;
 }
 
+uint64_t SpeculativeChunks(const TierBudgets& budgets, uint64_t free_bytes, uint64_t limit_bytes) {
+  if (budgets.speculative_chunk_swap_bytes == 0) return 0;
+  const uint64_t margin = std::max<uint64_t>(free_bytes / 20, 1ull << 30);
+  uint64_t room = free_bytes > budgets.swap_capacity_bytes + margin
+                      ? free_bytes - budgets.swap_capacity_bytes - margin
+                      : 0;
+  if (limit_bytes > 0) room = std::min(room, limit_bytes);
+  return std::min<uint64_t>(budgets.optimizer_chunks, room / budgets.speculative_chunk_swap_bytes);
+}
+
 }  // namespace zinf

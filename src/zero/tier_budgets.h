@@ -89,6 +89,13 @@ bool ParamTierIsMaster(const EngineConfig& config);
 // Note [Tier budgets].
 TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model);
 
+// The optimizer chunks the overlapped step may step speculatively (Note [Overlapped step]):
+// as many as the new state of fits beside the swap store's capacity in `free_bytes` (this
+// rank's share of the NVMe path's free space) less a margin (a twentieth, at least 1 GiB),
+// and within `limit_bytes` when > 0 (zinf.overlap_optimizer_swap_bytes). The chunks beyond
+// are stepped after backward. The engine reserves that room; the plan counts it.
+uint64_t SpeculativeChunks(const TierBudgets& budgets, uint64_t free_bytes, uint64_t limit_bytes);
+
 }  // namespace zinf
 
 #endif  // ZINF_ZERO_TIER_BUDGETS_H_

@@ -4,6 +4,7 @@
 // counters; and the model, profile and config parsers' errors.
 #include "tools/plan_model.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -507,6 +508,49 @@ TEST(PlanModelTest, ClippedStepsHideNoOptimizerTime) {
     }
   }
   EXPECT_GT(grew, 0);
+}
+
+// The overlapped step takes the room beside the swap store that the disk has, as the engine
+// does (SpeculativeChunks): a disk with room for the state but not for all of the new state
+// beside it still fits, steps part of the chunks speculatively, and hides less of the pass.
+TEST(PlanModelTest, TheOverlappedStepTakesTheRoomTheDiskHas) {
+  StatusOr<ModelSpec> m = UniformModel(200'000'000, 8, 512);
+  ASSERT_TRUE(m.ok());
+  EngineConfig c;
+  c.offload_param_device = OffloadDevice::kNvme;
+  c.offload_optimizer_device = OffloadDevice::kNvme;
+  c.bf16 = true;
+  c.offload_param_nvme_path = c.offload_optimizer_nvme_path = {"/nvme"};
+  StatusOr<Estimate> roomy = EstimatePlacement(*m, c, TestProfile(), {});
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  ASSERT_TRUE(roomy->fits) << roomy->why;
+  const MemoryEstimate& all = roomy->memory;
+  ASSERT_GT(all.optimizer_chunks, 1u);
+  EXPECT_EQ(all.speculative_chunks, all.optimizer_chunks);
+  c.overlap_optimizer = false;
+  StatusOr<Estimate> none = EstimatePlacement(*m, c, TestProfile(), {});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->memory.speculative_chunks, 0u);
+  c.overlap_optimizer = true;
+  // Room for the state, a margin of 1 GiB and half of the overlap's room.
+  PlanOptions tight;
+  tight.nvme_free_bytes = none->memory.nvme + (1ull << 30) + (all.nvme - none->memory.nvme) / 2;
+  StatusOr<Estimate> half = EstimatePlacement(*m, c, TestProfile(), tight);
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_TRUE(half->fits) << half->why;
+  EXPECT_GT(half->memory.speculative_chunks, 0u);
+  EXPECT_LT(half->memory.speculative_chunks, all.optimizer_chunks);
+  EXPECT_NEAR(static_cast<double>(half->memory.speculative_chunks), all.optimizer_chunks / 2.0,
+              1.0);
+  EXPECT_LE(half->memory.nvme, tight.nvme_free_bytes);
+  EXPECT_GT(half->time.step, roomy->time.step) << "less of the pass hides behind backward";
+  EXPECT_LT(half->time.step, none->time.step + 1e-9);
+  // Less than the state itself: nothing fits.
+  tight.nvme_free_bytes = none->memory.nvme / 2;
+  StatusOr<Estimate> full = EstimatePlacement(*m, c, TestProfile(), tight);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_FALSE(full->fits);
+  EXPECT_THAT(full->why, ::testing::HasSubstr("NVMe"));
 }
 
 // zinf.layer_major: the parameters come from NVMe once a pass of the model, one pass a step
