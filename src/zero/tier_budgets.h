@@ -17,8 +17,8 @@
 // swap store holds every optimizer chunk's fp32 parameters and two states (and gradients, with
 // zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a block of alignment
 // slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the chunks hold only the
-// two states. The overlapped step's room beside it depends on the disk's free space and is the
-// caller's (OpenTiers asks the disk; the plan assumes room for all of it).
+// two states. The overlapped step's room beside it depends on the disk's free space:
+// SpeculativeChunks, given that free space (OpenTiers asks the disk; the plan its profile).
 //
 // Thread-safety: pure functions.
 #ifndef ZINF_ZERO_TIER_BUDGETS_H_
