@@ -203,6 +203,13 @@ Status RunPlan(PlanArgs args) {
     }
   }
 
+  // Rates measured on a smaller file than the placement's swap space may be a cache's
+  // (bench/RESULTS.md, issue 35: a virtio disk at 3 GB/s on 4 GiB, 0.5-1 GB/s on 48 GiB).
+  auto beyond_measured = [&](const Row& r) {
+    return have_profile && profile.nvme_measured_bytes > 0 &&
+           r.estimate.memory.nvme * static_cast<uint64_t>(args.world_size) >
+               profile.nvme_measured_bytes;
+  };
   if (args.json) {
     nlohmann::json out = {{"model", model.description},
                           {"parameters", model.parameter_count()},
@@ -232,6 +239,7 @@ Status RunPlan(PlanArgs args) {
           {"nvme_bytes", m.nvme},
           {"optimizer_chunks", m.optimizer_chunks},
           {"speculative_chunks", m.speculative_chunks},
+          {"nvme_beyond_measured", beyond_measured(r)},
           {"fits", r.estimate.fits},
           {"why", r.estimate.why}};
       if (node) {
@@ -323,6 +331,15 @@ Status RunPlan(PlanArgs args) {
             "  the NVMe path has room for the overlapped step's new state of {} of the "
             "optimizer's {} chunks; the rest of each step runs after backward\n",
             m.speculative_chunks, m.optimizer_chunks);
+      }
+      if (beyond_measured(rows[best])) {
+        const uint64_t footprint = m.nvme * static_cast<uint64_t>(args.world_size);
+        fmt::print(
+            "  the profile measured NVMe on {} and this placement keeps {} there: a disk with a "
+            "cache in front of it is slower at that size (`zinf bench profile --nvme-size {}GiB` "
+            "measures there)\n",
+            FormatBytes(profile.nvme_measured_bytes), FormatBytes(footprint),
+            (footprint + (1ull << 30) - 1) >> 30);
       }
     } else if (have_times) {
       fmt::print("\nno placement fits this machine\n");

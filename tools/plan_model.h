@@ -161,6 +161,7 @@ struct MachineProfile {
   double nvme_read_Bps = 0, nvme_write_Bps = 0;
   double nvme_mixed_Bps = 0;  // reads and writes in flight together, their bytes; 0: not measured
   double nvme_read_latency_s = 0, nvme_write_latency_s = 0;  // one request at a time
+  uint64_t nvme_measured_bytes = 0;  // the file the NVMe rates were measured on; 0: unknown
   struct OptimizerRow {
     int threads = 0;
     double params_per_s = 0;

@@ -63,6 +63,8 @@ StatusOr<MachineProfile> MachineProfile::FromJson(std::string_view text,
   ZINF_RETURN_IF_ERROR(number(j, "nvme.read_MBps", true, &p.nvme_read_Bps));
   ZINF_RETURN_IF_ERROR(number(j, "nvme.write_MBps", true, &p.nvme_write_Bps));
   ZINF_RETURN_IF_ERROR(number(j, "nvme.mixed_MBps", true, &p.nvme_mixed_Bps));
+  ZINF_RETURN_IF_ERROR(number(j, "nvme.size_bytes", true, &x));
+  p.nvme_measured_bytes = static_cast<uint64_t>(x);
   p.nvme_read_Bps *= 1e6;
   p.nvme_write_Bps *= 1e6;
   p.nvme_mixed_Bps *= 1e6;

@@ -172,6 +172,33 @@ TEST_F(ZinfPlanTest, PlanJsonListsEveryPlacementWithItsSplit) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/none.json"));
 }
 
+// A profile's NVMe rates hold for files like the one they were measured on: the plan marks
+// each placement whose swap space outgrows it (a cached virtual disk slows down past it).
+TEST_F(ZinfPlanTest, PlanSaysWhenTheSwapOutgrowsTheMeasuredFile) {
+  ASSERT_EQ(profile_run_.exit_code, 0) << profile_run_.output;
+  nlohmann::json j = nlohmann::json::parse(Slurp(profile_));
+  EXPECT_EQ(j["nvme"]["size_bytes"], 64u << 20);  // --quick's file
+  for (const uint64_t measured : {uint64_t{1} << 20, uint64_t{1} << 40}) {
+    j["nvme"]["size_bytes"] = measured;
+    const std::string profile = dir_ + "/measured_" + std::to_string(measured) + ".json";
+    std::ofstream(profile) << j.dump();
+    testing::ZinfRun r =
+        RunZinf("plan --json --model " + Config("gpt/configs/demo.json") + " --profile " + profile);
+    const nlohmann::json plan = testing::JsonOutput(r);
+    ASSERT_TRUE(plan.is_object()) << r.output;
+    int beyond = 0;
+    for (const auto& row : plan["placements"]) {
+      const bool expected = row["nvme_bytes"].get<uint64_t>() > measured;
+      EXPECT_EQ(row["nvme_beyond_measured"], expected) << row.dump();
+      beyond += expected;
+    }
+    EXPECT_EQ(beyond > 0, measured == (uint64_t{1} << 20)) << r.output;
+  }
+  testing::ZinfRun bad = RunZinf("bench profile --no-collective --nvme-size lots --path " + dir_);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("lots"), std::string::npos) << bad.output;
+}
+
 TEST_F(ZinfPlanTest, BadInputIsRefusedByName) {
   // Missing profile.
   testing::ZinfRun r = RunZinf("plan --params 350M --profile " + dir_ + "/no-such-profile.json");
