@@ -106,6 +106,11 @@ chmod +x "$work/site/zinf/bin/"* 2>/dev/null || true
 py=$venv/bin/python
 export PYTHONPATH=$work/site DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=$work/torch_extensions
 export PYTHONWARNINGS=ignore
+# The corpus (README and architecture notes) as it is now: every run of both sides reads this.
+"$py" -c 'import sys; sys.path.insert(0, "bench/vs_deepspeed"); import train
+open(sys.argv[1], "wb").write(bytes(train._torch_example().load_corpus("").tolist()))' \
+  "$work/corpus.bin"
+export ZINF_VS_DS_CORPUS=$work/corpus.bin
 cores=$(nproc)
 run_py() { "$py" "$@" 2>>"$work/stderr.log" | tee -a "$log" | grep '^RESULT' | cut -c1-160 || true; }
 

@@ -46,7 +46,8 @@ def main():
     with open(config_path, "w") as f:
         json.dump(config, f)
     with open(corpus, "wb") as f:
-        f.write(bytes(train._torch_example().load_corpus("").tolist()))
+        f.write(bytes(train._torch_example().load_corpus(
+            os.environ.get("ZINF_VS_DS_CORPUS", "")).tolist()))
     rss_files = [os.path.join(work, f"rss.{r}") for r in range(args.world)]
     threads = max(1, common.cores() // args.world)
     command = (f'exec /usr/bin/time -f %M -o {work}/rss.$RANK {args.train_gpt} '

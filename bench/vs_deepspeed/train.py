@@ -11,6 +11,12 @@ and write.
 
   python train.py --side zinf|deepspeed --placement memory|cpu|nvme [--model torch_gpt|hf_gpt2]
       [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
+      [--profile DIR]
+
+--profile runs the timed steps under torch.profiler and prints a "profile" RESULT instead of an
+"e2e" one: the steps' wall time and how much of it the model's own torch ops (aten::*, the same
+on both sides) took on the training thread, with the table of ops written into DIR. What is
+left is each side's own cost: hooks, gathers, the optimizer, Python.
 
 Launch 2 ranks with `zinf run -n 2 -- python train.py --side zinf ...` or
 `torchrun --nproc-per-node 2 train.py --side deepspeed ...`. DeepSpeed runs on its CPU
@@ -158,7 +164,9 @@ class DeepSpeed:
 def run(args):
     threads = max(1, common.cores() // int(os.environ.get("WORLD_SIZE", "1")))
     torch.set_num_threads(threads)
-    corpus = _torch_example().load_corpus("")
+    # The script's snapshot of the corpus, so that an edit of the README during a run does not
+    # give the two sides different batches.
+    corpus = _torch_example().load_corpus(os.environ.get("ZINF_VS_DS_CORPUS", ""))
     model = build_model(args)
     params = sum(p.numel() for p in model.parameters())
     side = (Zinf if args.side == "zinf" else DeepSpeed)(model, args, threads)
@@ -166,7 +174,11 @@ def run(args):
 
     g = torch.Generator().manual_seed(1234)
     losses, steps = [], []
+    profiler = None
     for step in range(args.steps):
+        if args.profile and step == WARMUP_STEPS:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.start()
         starts = torch.randint(0, len(corpus) - seq - 1, (micro * world,),
                                generator=g)[rank * micro:(rank + 1) * micro]
         batch = torch.stack([corpus[s:s + seq + 1] for s in starts.tolist()])
@@ -185,6 +197,10 @@ def run(args):
                       "total_s": t3 - t0, "disk_read": io1[0] - io0[0],
                       "disk_written": io1[1] - io0[1], **side.split()})
     timed = steps[WARMUP_STEPS:] or steps
+    if profiler is not None:
+        profiler.stop()
+        report_profile(args, profiler, timed, side, params)
+        return
     per_step = {k: common.median([s[k] for s in timed]) for k in timed[0]}
     # Summed over ranks: the node's memory and disk traffic.
     rss = side.mean(float(common.peak_rss_bytes())) * world
@@ -200,12 +216,30 @@ def run(args):
                     disk_written_per_step=disk_written, split=per_step)
 
 
+def report_profile(args, profiler, timed, side, params):
+    """The "profile" RESULT of --profile (see the top of this file)."""
+    ops = profiler.key_averages()
+    aten_s = sum(e.self_cpu_time_total for e in ops if e.key.startswith("aten::")) / 1e6
+    wall_s = sum(s["total_s"] for s in timed)
+    if side.rank != 0:
+        return
+    os.makedirs(args.profile, exist_ok=True)
+    name = f"{args.side}_{args.model}_{args.placement}_w{side.world}.txt"
+    with open(os.path.join(args.profile, name), "w") as f:
+        f.write(ops.table(sort_by="self_cpu_time_total", row_limit=30))
+    common.emit("profile", side=args.side, model=args.model, placement=args.placement,
+                world=side.world, params=params, layers=args.layers, d_model=args.d_model,
+                steps=len(timed), wall_s=wall_s, aten_s=aten_s, table=name)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--side", choices=("zinf", "deepspeed"), required=True)
     ap.add_argument("--placement", choices=("memory", "cpu", "nvme"), required=True)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--nvme-path", default="")
+    ap.add_argument("--profile", default="",
+                    help="profile the timed steps into this directory (see the top of the file)")
     add_model_args(ap)
     args = ap.parse_args()
     if args.placement == "nvme" and not args.nvme_path:
