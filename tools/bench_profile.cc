@@ -450,6 +450,10 @@ Status RunProfile(const ProfileArgs& args) {
   uint64_t nvme_size = 64 * kMiB;
   if (!args.quick) {
     ZINF_ASSIGN_OR_RETURN(nvme_size, ParseBytes(args.nvme_size));
+    if (nvme_size < kMiB) {
+      return InvalidArgument(
+          fmt::format("--nvme-size must be at least 1MiB (one request), got {}", args.nvme_size));
+    }
   }
   // Three repetitions of a few GiB; one of a file that long, which averages over its length.
   const int nvme_reps = args.quick || nvme_size > 8 * kGiB ? 1 : 3;

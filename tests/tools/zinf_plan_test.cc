@@ -194,9 +194,12 @@ TEST_F(ZinfPlanTest, PlanSaysWhenTheSwapOutgrowsTheMeasuredFile) {
     }
     EXPECT_EQ(beyond > 0, measured == (uint64_t{1} << 20)) << r.output;
   }
-  testing::ZinfRun bad = RunZinf("bench profile --no-collective --nvme-size lots --path " + dir_);
-  EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("lots"), std::string::npos) << bad.output;
+  for (const std::string size : {"lots", "4K"}) {
+    testing::ZinfRun bad =
+        RunZinf("bench profile --no-collective --nvme-size " + size + " --path " + dir_);
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find(size), std::string::npos) << bad.output;
+  }
 }
 
 TEST_F(ZinfPlanTest, BadInputIsRefusedByName) {
