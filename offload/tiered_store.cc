@@ -49,11 +49,21 @@ namespace zinf {
 // all their requests before waiting for any, and finish each tensor as its own requests
 // complete: a failed write-back keeps its copy, as Evict does; a failed read leaves the copy
 // invalid for the next Acquire to read again. The others (busy, pinned, behind a device link,
-// needing room made) are moved one at a time as Evict and Prefetch do, with the same errors.
+// needing room made) are moved one at a time as Evict and Prefetch do, with the same errors
+// but one: a copy held when the job runs is left to its holders (Note [Evicting a held copy]).
 // WriteBackAsync is the same job keeping each copy once it is home: a step whose next
 // forward reads the shards soon after it writes them (Note [Step in the next forward's order]
 // in src/zero/optimizer_overlap.h) then costs no read, and the copies, clean, are dropped for
 // free when the tier needs their room.
+
+// Note [Evicting a held copy]
+// Evict refuses a copy its caller still holds: that is the caller's mistake. An asynchronous
+// eviction is different: it runs on a transfer thread some time after the call, and by then
+// another thread may have acquired the tensor again; the optimizer step sends a shard home
+// just as the next forward's gather reads it. So EvictAsync and WriteBackAsync leave a copy
+// held when the job runs to its holders and do not fail for it: one only read is written home
+// (when newer) and kept, one being written stays as it is (its writer sends it home, or an
+// eviction for room does). Either is a clean or dirty cached copy like any other.
 
 // Note [Scratch tensors]
 // A training step makes and frees the same short-lived tensors every time: a gather's
@@ -553,8 +563,9 @@ struct TieredStore::Impl {
     }
   }
 
-  // TieredStore::Evict.
-  Status Evict(TensorId id, Tier tier, bool keep = false) {
+  // TieredStore::Evict. `leave_held`: a copy acquired now is left to its holders instead of
+  // refused (Note [Evicting a held copy]).
+  Status Evict(TensorId id, Tier tier, bool keep = false, bool leave_held = false) {
     Impl& m = *this;
     std::unique_lock lock(m.mu);
     while (true) {
@@ -564,8 +575,12 @@ struct TieredStore::Impl {
                                            id, t->name, TierName(tier)));
       }
       if (t->copies[Index(tier)].pins > 0) {
-        return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired in the {} tier", id,
-                                              t->name, TierName(tier)));
+        if (!leave_held) {
+          return FailedPrecondition(fmt::format("tensor {} ('{}') is acquired in the {} tier", id,
+                                                t->name, TierName(tier)));
+        }
+        if (t->writer) return OkStatus();  // its new bytes go home when they are done
+        keep = true;                       // read: safe to write home, not to drop
       }
       if (t->busy || t->writer) {
         m.cv.wait(lock);
@@ -661,7 +676,7 @@ struct TieredStore::Impl {
           ++evictions;
         });
     for (TensorId id : alone) {
-      Status s = Evict(id, tier, keep);
+      Status s = Evict(id, tier, keep, /*leave_held=*/true);
       if (first.ok()) first = std::move(s);
     }
     return first;
@@ -1269,11 +1284,7 @@ Status TieredStore::Release(TensorId id, Tier tier) {
 Status TieredStore::Evict(TensorId id, Tier tier) { return impl_->Evict(id, tier); }
 
 std::shared_future<Status> TieredStore::EvictAsync(TensorId id, Tier tier) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  std::shared_future<Status> done = promise->get_future().share();
-  Impl& m = *impl_;
-  m.Enqueue([&m, id, tier, promise] { promise->set_value(m.Evict(id, tier)); });
-  return done;
+  return impl_->EvictManyAsync(std::span<const TensorId>(&id, 1), tier, /*keep=*/false);
 }
 
 std::shared_future<Status> TieredStore::EvictAsync(std::span<const TensorId> ids, Tier tier) {

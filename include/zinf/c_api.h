@@ -230,7 +230,8 @@ ZINF_EXPORT zinf_code_t zinf_tiered_store_release(zinf_tiered_store_t* store, ui
 ZINF_EXPORT zinf_code_t zinf_tiered_store_evict(zinf_tiered_store_t* store, uint64_t tensor,
                                                 zinf_tier_t tier, char** errptr);
 /* Evict on a transfer thread: the caller goes on while a write-back runs. `completion` (may
- * be NULL) receives the outcome; a failed write-back leaves the copy in place, as with evict. */
+ * be NULL) receives the outcome; a failed write-back leaves the copy in place, as with evict.
+ * A copy acquired when the job runs is left to its holders (written home first if only read). */
 ZINF_EXPORT zinf_code_t zinf_tiered_store_evict_async(zinf_tiered_store_t* store, uint64_t tensor,
                                                       zinf_tier_t tier,
                                                       zinf_completion_t** completion,

@@ -162,7 +162,9 @@ class ZINF_EXPORT TieredStore {
   // one. InvalidArgument for the home tier; FailedPrecondition while acquired there.
   Status Evict(TensorId id, Tier tier);
   // Evict on a transfer thread: the caller goes on while a write-back runs. The future holds
-  // the outcome; a failed write-back leaves the copy in place, as with Evict.
+  // the outcome; a failed write-back leaves the copy in place, as with Evict. A copy another
+  // thread holds when the job runs is not refused but left to its holders: written home and
+  // kept if it is only read, left as it is if it is being written.
   std::shared_future<Status> EvictAsync(TensorId id, Tier tier);
   // EvictAsync of several tensors as one job whose write-backs are in flight together (one
   // transfer thread's wake-up for all). The future holds the first error; each tensor whose
