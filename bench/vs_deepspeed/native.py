@@ -42,12 +42,14 @@ def main():
     work = os.path.abspath(args.work_dir)
     os.makedirs(work, exist_ok=True)
     config_path, metrics = os.path.join(work, "native.json"), os.path.join(work, "native.jsonl")
-    corpus = os.path.join(work, "corpus.bin")
     with open(config_path, "w") as f:
         json.dump(config, f)
-    with open(corpus, "wb") as f:
-        f.write(bytes(train._torch_example().load_corpus(
-            os.environ.get("ZINF_VS_DS_CORPUS", "")).tolist()))
+    # The script's snapshot of the corpus (bench/vs_deepspeed.sh), else the corpus as it is now.
+    corpus = os.environ.get("ZINF_VS_DS_CORPUS", "")
+    if not corpus:
+        corpus = os.path.join(work, "corpus.bin")
+        with open(corpus, "wb") as f:
+            f.write(bytes(train._torch_example().load_corpus("").tolist()))
     rss_files = [os.path.join(work, f"rss.{r}") for r in range(args.world)]
     threads = max(1, common.cores() // args.world)
     command = (f'exec /usr/bin/time -f %M -o {work}/rss.$RANK {args.train_gpt} '
