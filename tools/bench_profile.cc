@@ -503,11 +503,8 @@ Status RunProfile(const ProfileArgs& args) {
     }
   }
 
-  progress.Start(
-      "NVMe write, read and both at once at the engine's aio defaults, and one request's latency");
-  ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme, MeasureNvmeDefaults(paths, nvme_size, nvme_reps));
-  ZINF_ASSIGN_OR_RETURN(NvmeLatency latency,
-                        MeasureNvmeLatency(paths, 64 * kKiB, args.quick ? 10 : 50));
+  // Free space before the measurement's own files take any (freeing a large file's blocks can
+  // lag behind its unlink).
   uint64_t free_bytes = 0;
   std::set<unsigned long> filesystems;
   for (const std::string& p : paths) {
@@ -516,6 +513,11 @@ Status RunProfile(const ProfileArgs& args) {
       free_bytes += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
     }
   }
+  progress.Start(
+      "NVMe write, read and both at once at the engine's aio defaults, and one request's latency");
+  ZINF_ASSIGN_OR_RETURN(NvmeFigures nvme, MeasureNvmeDefaults(paths, nvme_size, nvme_reps));
+  ZINF_ASSIGN_OR_RETURN(NvmeLatency latency,
+                        MeasureNvmeLatency(paths, 64 * kKiB, args.quick ? 10 : 50));
   // Each path on its own too, where the swap files stripe over several.
   nlohmann::json per_path = nlohmann::json::array();
   if (paths.size() > 1) {
