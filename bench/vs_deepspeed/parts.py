@@ -9,14 +9,16 @@
             bandwidth limit comes from `zinf bench adam`, run by the caller in the same loop.
   aio       zinf.nvme.SwapHandle against DeepSpeed's aio_handle and fio, write then read of
             --size bytes in --dir, from and into one page-locked buffer that both handles use
-            (DeepSpeed's new_cpu_locked_tensor). Both get DeepSpeed's documented "aio" defaults
-            (1 MiB blocks, queue depth 8); fio gets the same block size, depth, size and O_DIRECT.
+            (DeepSpeed's new_cpu_locked_tensor), moved onto 2 MiB pages as fio's buffers are
+            (see fio()). Both get DeepSpeed's documented "aio" defaults (1 MiB blocks, queue
+            depth 8); fio gets the same block size, depth, size and O_DIRECT.
   estimate  DeepSpeed's ZeRO-3 memory estimator for the GPT of train.py against `zinf plan`.
 
 Run with DS_ACCELERATOR=cpu and the benchmark's virtualenv (bench/vs_deepspeed.sh does both).
 """
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -104,14 +106,38 @@ def fio(rw, path, size, fio_bin):
     return size / (job[direction]["runtime"] / 1e3)  # bytes per second
 
 
+def onto_huge_pages(tensor):
+    """Moves `tensor`'s memory onto 2 MiB pages in place (madvise MADV_HUGEPAGE, then
+    MADV_COLLAPSE: Linux 6.1 and later) and returns the share of it that is on them now."""
+    align, size = 2 << 20, tensor.numel() * tensor.element_size()
+
+    def anon_huge():
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) << 10 for line in f
+                        if line.startswith("AnonHugePages:"))
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    first = -(-tensor.data_ptr() // align) * align
+    last = (tensor.data_ptr() + size) // align * align
+    before = anon_huge()
+    if last > first:
+        for advice in (14, 25):  # MADV_HUGEPAGE, MADV_COLLAPSE; a kernel without either refuses
+            libc.madvise(first, last - first, advice)
+    return min(1.0, (anon_huge() - before) / size)
+
+
 def aio(args):
     import zinf.nvme
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
     size = parse_size(args.size)
     ds = AsyncIOBuilder().load().aio_handle(AIO["block_size"], AIO["queue_depth"], False, True, 1)
+    # DeepSpeed's page-locked tensor (any other buffer it copies through one of its own), on
+    # 2 MiB pages as fio's buffers are (fio()).
     buffer = ds.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
     assert buffer.data_ptr() % 4096 == 0, "DeepSpeed's locked tensor is not page-aligned"
+    huge = onto_huge_pages(buffer)
     buffer.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
     ds_file = os.path.join(args.dir, "vs-deepspeed-ds.swp")
     fio_file = os.path.join(args.dir, "vs-deepspeed-fio.dat")
@@ -158,7 +184,7 @@ def aio(args):
     for (side, rw), runs in rates.items():
         common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
                     runs_GBps=[r / 1e9 for r in runs], **AIO,
-                    buffer="DeepSpeed's new_cpu_locked_tensor" if side != "fio" else "fio's own")
+                    buffer=f"shared, {huge:.0%} on 2 MiB pages" if side != "fio" else "fio's own")
 
 
 # -- Memory estimator --------------------------------------------------------------------------
