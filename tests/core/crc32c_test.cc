@@ -28,9 +28,18 @@ TEST(Crc32c, ChainingEqualsOneShot) {
   EXPECT_EQ(Crc32c(data.data() + 4321, data.size() - 4321, Crc32c(data.data(), 4321)), whole);
 }
 
+// Lengths up to several of the SSE4.2 engine's three-chain triples (24 KiB, crc32c_sse42.cc),
+// the triples' edges among them.
 TEST(Crc32c, Sse42MatchesTable) {
   if (!GetCpuInfo().isa.sse42) GTEST_SKIP() << "this CPU has no SSE4.2";
-  auto data = testing_util::RandomBytes(1 << 16, 2);
+  auto data = testing_util::RandomBytes(1 << 18, 2);
+  for (size_t len : {24575u, 24576u, 24577u, 2u * 24576u, 3u * 24576u + 13u}) {
+    for (size_t off : {0u, 5u}) {
+      ASSERT_EQ(crc32c_internal::Crc32cSse42(data.data() + off, len, 7),
+                crc32c_internal::Crc32cTable(data.data() + off, len, 7))
+          << "offset " << off << " length " << len;
+    }
+  }
   std::mt19937 rng(3);
   for (int i = 0; i < 200; ++i) {
     const size_t off = rng() % 64;
