@@ -157,7 +157,9 @@ class ZeroEngine:
         self.module = model
         self.device = _device_memory.model_device(model)  # where the model computes
         config_json = _engine_inputs.config_json(config)
-        if _heap.parameters_on_nvme(config_json):
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
+                          if p.requires_grad)
+        if _heap.memory_binds(config_json, model_bytes):
             _heap.bound_heap_growth()
         on_gpu = self.device.type == "cuda"
         self._engine = _zinf.Engine(config_json,

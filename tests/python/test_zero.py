@@ -244,6 +244,20 @@ class ZeroTest(unittest.TestCase):
         for name, p in plain.named_parameters():
             self.assertTrue(torch.equal(p.detach(), after[name]), name)
 
+    def test_the_heap_is_bounded_only_where_memory_binds(self):
+        # Note [Heap growth] in zinf/_heap.py: parameters on NVMe and a model of at least 1/16
+        # of memory.
+        from zinf import _heap
+        nvme = '{"zero_optimization": {"offload_param": {"device": "nvme"}}}'
+        cpu = '{"zero_optimization": {"offload_param": {"device": "cpu"}}}'
+        gib = 1 << 30
+        self.assertTrue(_heap.memory_binds(nvme, 2 * gib, memory_bytes=24 * gib))
+        self.assertTrue(_heap.memory_binds(nvme, 1.5 * gib, memory_bytes=24 * gib))
+        self.assertFalse(_heap.memory_binds(nvme, 13 << 20, memory_bytes=24 * gib))
+        self.assertFalse(_heap.memory_binds(cpu, 20 * gib, memory_bytes=24 * gib))
+        self.assertFalse(_heap.memory_binds("not json", 20 * gib, memory_bytes=24 * gib))
+        self.assertGreater(_heap.host_memory_bytes(), 0)
+
     def test_bad_input_is_a_clear_error(self):
         with self.assertRaisesRegex(ValueError, "'0.weight' is torch.float64"):
             zinf.zero.initialize(torch.nn.Sequential(torch.nn.Linear(2, 2).double()),
