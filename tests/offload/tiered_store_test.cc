@@ -506,21 +506,19 @@ TEST(TieredStoreTest, BatchedEvictionWritesEveryIdleTensorHome) {
   ASSERT_TRUE((*store)->Release(*clean, Tier::kHost).ok());
   host_ids.push_back(*clean);
   // One being written, and one newer than its home being read, when the job runs.
-  auto written = (*store)->Create("written", 8192, Tier::kNvme);
-  ASSERT_TRUE(written.ok());
-  p = (*store)->Acquire(*written, Tier::kHost, Access::kOverwrite);
-  ASSERT_TRUE(p.ok());
-  Fill(*p, 8192, *written, 1);
-  host_ids.push_back(*written);
-  auto read = (*store)->Create("read", 8192, Tier::kNvme);
-  ASSERT_TRUE(read.ok());
-  p = (*store)->Acquire(*read, Tier::kHost, Access::kOverwrite);
-  ASSERT_TRUE(p.ok());
-  Fill(*p, 8192, *read, 1);
-  ASSERT_TRUE((*store)->Release(*read, Tier::kHost).ok());
-  p = (*store)->Acquire(*read, Tier::kHost, Access::kRead);
-  ASSERT_TRUE(p.ok());
-  host_ids.push_back(*read);
+  TensorId held[2];
+  for (int i = 0; i < 2; ++i) {
+    auto id = (*store)->Create(i == 0 ? "written" : "read", 8192, Tier::kNvme);
+    ASSERT_TRUE(id.ok());
+    p = (*store)->Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok());
+    Fill(*p, 8192, *id, 1);
+    held[i] = *id;
+    host_ids.push_back(*id);
+  }
+  const TensorId written = held[0], read = held[1];
+  ASSERT_TRUE((*store)->Release(read, Tier::kHost).ok());
+  ASSERT_TRUE((*store)->Acquire(read, Tier::kHost, Access::kRead).ok());
 
   Status evicted = (*store)->EvictAsync(host_ids, Tier::kHost).get();
   EXPECT_TRUE(evicted.ok()) << evicted;
@@ -529,18 +527,18 @@ TEST(TieredStoreTest, BatchedEvictionWritesEveryIdleTensorHome) {
   EXPECT_EQ(stats.write_backs, 9u);
   EXPECT_EQ(stats.evictions, 9u);
 
-  auto resident = (*store)->ResidentTiers(*written);
+  auto resident = (*store)->ResidentTiers(written);
   ASSERT_TRUE(resident.ok());
   EXPECT_EQ(*resident, std::vector<Tier>{Tier::kHost});
-  ASSERT_TRUE((*store)->Release(*written, Tier::kHost).ok());
-  resident = (*store)->ResidentTiers(*read);
+  ASSERT_TRUE((*store)->Release(written, Tier::kHost).ok());
+  resident = (*store)->ResidentTiers(read);
   ASSERT_TRUE(resident.ok());
   EXPECT_EQ(*resident, (std::vector<Tier>{Tier::kHost, Tier::kNvme}));
-  ASSERT_TRUE((*store)->Release(*read, Tier::kHost).ok());
+  ASSERT_TRUE((*store)->Release(read, Tier::kHost).ok());
   // The holders done, both go home: the written one with a write, the read one without.
-  ASSERT_TRUE((*store)->EvictAsync(std::vector<TensorId>{*written, *read}, Tier::kHost).get().ok());
+  ASSERT_TRUE((*store)->EvictAsync(std::vector<TensorId>{written, read}, Tier::kHost).get().ok());
   EXPECT_EQ((*store)->stats().write_backs, 10u);
-  for (TensorId id : {*written, *read}) {
+  for (TensorId id : {written, read}) {
     resident = (*store)->ResidentTiers(id);
     ASSERT_TRUE(resident.ok());
     EXPECT_EQ(*resident, std::vector<Tier>{Tier::kNvme});
