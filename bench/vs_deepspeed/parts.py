@@ -90,6 +90,12 @@ def adam(args):
 AIO = dict(block_size=1 << 20, queue_depth=8)  # DeepSpeed's documented "aio" defaults
 
 
+def fio_has_huge_pages():
+    """Whether fio's buffers (a block per request in flight) fit in the reserved 2 MiB pages."""
+    with open("/proc/sys/vm/nr_hugepages") as f:
+        return int(f.read()) * (2 << 20) >= AIO["block_size"] * AIO["queue_depth"]
+
+
 def fio(rw, path, size, fio_bin):
     cmd = [fio_bin, "--ioengine=io_uring", "--direct=1", f"--rw={rw}",
            f"--bs={AIO['block_size']}", f"--iodepth={AIO['queue_depth']}", f"--size={size}",
@@ -97,9 +103,8 @@ def fio(rw, path, size, fio_bin):
     # Buffers on 2 MiB pages where the machine has them, as zinf's staging is: on a virtio
     # disk a 1 MiB request on 4 KiB pages is split, and fio then runs at a third of the rate
     # (bench/RESULTS.md, "The disk behind the cache").
-    with open("/proc/sys/vm/nr_hugepages") as f:
-        if int(f.read()) * (2 << 20) >= AIO["block_size"] * AIO["queue_depth"]:
-            cmd.append("--iomem=mmaphuge")
+    if fio_has_huge_pages():
+        cmd.append("--iomem=mmaphuge")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     direction = "read" if rw == "read" else "write"
@@ -134,10 +139,10 @@ def aio(args):
     size = parse_size(args.size)
     ds = AsyncIOBuilder().load().aio_handle(AIO["block_size"], AIO["queue_depth"], False, True, 1)
     # DeepSpeed's page-locked tensor (any other buffer it copies through one of its own), on
-    # 2 MiB pages as fio's buffers are (fio()).
+    # the page size fio's buffers have (fio()).
     buffer = ds.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
     assert buffer.data_ptr() % 4096 == 0, "DeepSpeed's locked tensor is not page-aligned"
-    huge = onto_huge_pages(buffer)
+    huge = onto_huge_pages(buffer) if fio_has_huge_pages() else 0.0
     buffer.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
     ds_file = os.path.join(args.dir, "vs-deepspeed-ds.swp")
     fio_file = os.path.join(args.dir, "vs-deepspeed-fio.dat")
