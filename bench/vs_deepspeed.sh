@@ -25,25 +25,33 @@
 # build/vs-deepspeed/torch_extensions.
 #
 # Usage: bench/vs_deepspeed.sh [--quick] [--reps N] [--nvme-dir DIR] [--only parts|e2e]
-#                               [--models "torch_gpt hf_gpt2"] [--worlds "1 2"] [--steps 50]
+#                               [--sizes "small large"] [--models "torch_gpt hf_gpt2"]
+#                               [--placements "memory cpu nvme"] [--worlds "1 2"] [--steps 50]
 #   --quick     one repetition of small sizes, 5 steps (a smoke test of every path)
 #   --reps N    repetitions of every comparison (default 3)
-#   --models, --worlds, --steps: a subset of the end-to-end runs (default: all, 50 steps)
-#   --only      one section (parts or e2e); the report keeps the other's results of the last run
+#   --sizes, --models, --placements, --worlds, --steps: a subset of the end-to-end runs
+#               (default: all, 50 steps). small runs a step in about a second (1 rank, memory);
+#               large is the largest whose placement (zinf, DeepSpeed and train_gpt, 50 steps
+#               each) runs within 10 minutes here. The whole of both takes about 6 hours on 2 cores.
+#   --only      one section (parts or e2e); the report keeps the other's results of the last run,
+#               and a subset of the end-to-end runs keeps the last run's other rows
 #   --nvme-dir  a directory on a real disk for the swap files (default /work/bench-nvme if it
 #               exists, else build/vs-deepspeed/nvme)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-quick=0 reps=3 only="" nvme_dir="" models_arg="" worlds_arg="" steps_arg=""
+quick=0 reps=3 only="" nvme_dir="" sizes_arg="" models_arg="" placements_arg="" worlds_arg=""
+steps_arg=""
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
     --reps) reps=$2; shift ;;
     --nvme-dir) nvme_dir=$2; shift ;;
     --only) only=$2; shift ;;
+    --sizes) sizes_arg=$2; shift ;;
     --models) models_arg=$2; shift ;;
+    --placements) placements_arg=$2; shift ;;
     --worlds) worlds_arg=$2; shift ;;
     --steps) steps_arg=$2; shift ;;
     *) echo "vs_deepspeed: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
@@ -56,15 +64,7 @@ work=$root/build/vs-deepspeed
 [ -n "$nvme_dir" ] || { [ -d /work/bench-nvme ] && nvme_dir=/work/bench-nvme || nvme_dir=$work/nvme; }
 mkdir -p "$work" "$nvme_dir"
 log=$work/results.log
-if [ -n "$only" ] && [ -f "$log" ]; then
-  # --only redoes one section; the other's results from the last run stay in the report.
-  keep='"kind": "(adam|aio)"'
-  [ "$only" = parts ] && keep='"kind": "(e2e|estimate)"'
-  grep -E "^RESULT \{$keep" "$log" >"$log.kept" || true
-  mv "$log.kept" "$log"
-else
-  : >"$log"
-fi
+[ "$quick" = 1 ] && log=$work/results-quick.log  # a smoke test never touches a real run's log
 
 step() { echo "== vs_deepspeed: $*"; }
 
@@ -122,18 +122,47 @@ print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, transforme
 echo "   $versions; $cores CPUs ($cpu); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # -- sizes -------------------------------------------------------------------------------------
+declare -A size_args=(
+  [quick]="--layers 2 --d-model 64 --heads 4 --seq 32 --micro 4"
+  [small]="--layers 4 --d-model 256 --heads 4 --seq 128 --micro 8"   # 3.3M parameters
+  [large]="--layers 8 --d-model 512 --heads 8 --seq 128 --micro 8")  # 25.4M parameters
 if [ "$quick" = 1 ]; then
-  adam_sizes="4M" aio_size=64M steps=5
-  e2e_sizes=("--layers 2 --d-model 64 --heads 4 --seq 32 --micro 4")
-  worlds="1 2" models="torch_gpt hf_gpt2"
+  adam_sizes="4M" aio_size=64M steps=5 sizes=quick
 else
-  adam_sizes="64M 256M" aio_size=1G steps=50
-  # A step of about a second here (1 rank, memory); ZINF_VS_DS_LARGE adds a larger size.
-  e2e_sizes=("--layers 4 --d-model 256 --heads 4 --seq 128 --micro 8")
-  [ -n "${ZINF_VS_DS_LARGE:-}" ] && e2e_sizes+=("$ZINF_VS_DS_LARGE")
-  worlds="1 2" models="torch_gpt hf_gpt2"
+  adam_sizes="64M 256M" aio_size=1G steps=50 sizes="small large"
 fi
-models=${models_arg:-$models} worlds=${worlds_arg:-$worlds} steps=${steps_arg:-$steps}
+sizes=${sizes_arg:-$sizes} models=${models_arg:-torch_gpt hf_gpt2}
+placements=${placements_arg:-memory cpu nvme} worlds=${worlds_arg:-1 2} steps=${steps_arg:-$steps}
+e2e_sizes=()
+for name in $sizes; do
+  [ -n "${size_args[$name]:-}" ] || { echo "vs_deepspeed: unknown size $name" >&2; exit 2; }
+  e2e_sizes+=("${size_args[$name]}")
+done
+
+# What this run redoes leaves the log; the last run's other results stay in the report.
+if [ -f "$log" ]; then
+  "$py" - "$log" "$only" "$models" "$placements" "$worlds" "${e2e_sizes[@]}" <<'EOF'
+import json, shlex, sys
+log, only, models, placements, worlds, *sizes = sys.argv[1:]
+dims = {(int(a[a.index("--d-model") + 1]), int(a[a.index("--layers") + 1]))
+        for a in map(shlex.split, sizes)}
+models, placements, worlds = models.split(), placements.split(), [int(w) for w in worlds.split()]
+
+def redone(r):
+    if r["kind"] in ("adam", "aio"):
+        return only != "e2e"
+    if only == "parts" or (r["d_model"], r["layers"]) not in dims or r["world"] not in worlds:
+        return False
+    model = "torch_gpt" if r.get("model") == "train_gpt" else r.get("model")
+    return r["kind"] == "estimate" or (r["placement"] in placements and model in models)
+
+with open(log) as f:
+    kept = [line for line in f if line.startswith("RESULT ") and
+            not redone(json.loads(line[len("RESULT "):]))]
+with open(log, "w") as f:
+    f.writelines(kept)
+EOF
+fi
 
 # -- parts -------------------------------------------------------------------------------------
 if [ "$only" != e2e ]; then
@@ -162,7 +191,7 @@ if [ "$only" != parts ]; then
       # shellcheck disable=SC2086
       run_py bench/vs_deepspeed/parts.py estimate $size --world "$world" --zinf "$zinf" \
         --work-dir "$work"
-      for placement in memory cpu nvme; do
+      for placement in $placements; do
         for model in $models; do
           for ((rep = 0; rep < reps; ++rep)); do
             step "$model $placement, $world rank(s), $size: zinf, DeepSpeed$([ "$model" = torch_gpt ] && echo ", train_gpt") (repetition $((rep + 1))/$reps)"

@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import statistics
+import time
 
 RESULT_PREFIX = "RESULT "
 
@@ -39,8 +40,10 @@ def cpu_model():
 
 
 def emit(kind, **fields):
-    """Prints one result as a JSON line report.py reads."""
-    print(RESULT_PREFIX + json.dumps({"kind": kind, **fields}), flush=True)
+    """Prints one result as a JSON line report.py reads, stamped with when and on which CPU it
+    was measured (a report may gather the rows of several runs)."""
+    stamp = {"utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "cpu": cpu_model()}
+    print(RESULT_PREFIX + json.dumps({"kind": kind, **fields, **stamp}), flush=True)
 
 
 def cores():

@@ -20,6 +20,8 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 LOSS_TOLERANCE = 1e-3  # relative, per step
+# Issue 32's targets: zinf's tokens/s over DeepSpeed's in the same run, by placement.
+TOKENS_TARGET = {"memory": 1.5, "cpu": 1.5, "nvme": 2.0}
 
 
 def read_results(path):
@@ -44,6 +46,15 @@ def max_relative_difference(a, b):
     return max(abs(x - y) / abs(y) for x, y in zip(a, b)) if a and b else None
 
 
+def targets(placement, tokens_z, tokens_d, rss_z, rss_d):
+    """Whether a row meets issue 32's targets, said in the row itself."""
+    if not (tokens_z and tokens_d and rss_z and rss_d):
+        return "-"
+    goal = TOKENS_TARGET[placement]
+    return (f"{goal}x {'met' if tokens_z >= goal * tokens_d else 'NOT met'}, "
+            f"{'met' if rss_z <= rss_d else 'NOT met'}")
+
+
 def e2e_table(results, out):
     rows = collections.defaultdict(lambda: collections.defaultdict(list))
     errors = {}
@@ -59,8 +70,9 @@ def e2e_table(results, out):
     out.append("| model | d_model x layers | placement | ranks | zinf tokens/s | DeepSpeed "
                "tokens/s | zinf / DeepSpeed | train_gpt tokens/s | peak RSS zinf / DeepSpeed / "
                "train_gpt | disk read + written per step, zinf / DeepSpeed | step split (fwd / "
-               "bwd / step s) zinf; DeepSpeed | loss: max relative difference over the steps |")
-    out.append("|" + "---|" * 12)
+               "bwd / step s) zinf; DeepSpeed | loss: max relative difference over the steps | "
+               "targets: tokens/s, peak RSS |")
+    out.append("|" + "---|" * 13)
     plot_rows, curves = [], None
     for key in sorted(set(rows) | {k for k, _ in errors}):
         model, placement, world, d_model, layers = key
@@ -96,12 +108,14 @@ def e2e_table(results, out):
         diff = max_relative_difference(losses_z, losses_d)
         verdict = "-" if diff is None else (
             f"{diff:.1e} ({'within' if diff <= LOSS_TOLERANCE else 'OUTSIDE'} 1e-3)")
+        rss_z, rss_d = med("zinf", "peak_rss_bytes"), med("deepspeed", "peak_rss_bytes")
         out.append(
             f"| {model} | {d_model} x {layers} | {placement} | {world} | {tokens('zinf')} | "
             f"{tokens('deepspeed')} | {ratio(z, d)} | {tokens('zinf native')} | "
-            f"{mib(med('zinf', 'peak_rss_bytes'))} / {mib(med('deepspeed', 'peak_rss_bytes'))} / "
+            f"{mib(rss_z)} / {mib(rss_d)} / "
             f"{mib(med('zinf native', 'peak_rss_bytes'))} | {disk('zinf')} / {disk('deepspeed')} "
-            f"| {split('zinf')}; {split('deepspeed')} | {verdict} |")
+            f"| {split('zinf')}; {split('deepspeed')} | {verdict} | "
+            f"{targets(placement, z, d, rss_z, rss_d)} |")
         plot_rows.append((f"{model.replace('_', '-')} {placement} n{world}", z or 0, d or 0,
                           med("zinf native", "tokens_per_s") or 0))
         if curves is None and losses_z and losses_d:
@@ -224,6 +238,11 @@ def main():
                     limits[(j["params"], j["threads"])].append(j["limit_GBps"])
     with open(args.header) as f:
         out = [f.read().rstrip()]
+    stamped = [r for r in results if "utc" in r]
+    if stamped:
+        cpus = sorted({r["cpu"] for r in stamped})
+        out += ["", f"The results below were measured from {min(r['utc'] for r in stamped)} to "
+                f"{max(r['utc'] for r in stamped)} UTC, on {' and '.join(cpus)}."]
     steps = sorted({r["steps"] for r in results if r["kind"] == "e2e" and "steps" in r})
     out += ["", f"End to end ({'/'.join(map(str, steps)) or 'no'} steps, the first "
             "2 not timed; tokens/s, RSS and disk bytes are medians over the repetitions, "
