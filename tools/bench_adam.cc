@@ -11,15 +11,23 @@
 // drifts; the medians are reported. With --store auto the step's warm-up lets the optimizer
 // pick its store mode (Note [Store mode tuning]); the mode it settled on is printed.
 //
+// By default it measures two sizes, 1M parameters (in cache: the size of an NVMe pipeline
+// chunk, where the kernel's arithmetic shows) and 64M (in memory), each on an idle machine and
+// on a loaded one: --load N runs N threads of other work (a dependent floating-point chain, no
+// memory traffic) beside the step and the limit, as other processes on a shared node would,
+// which shows whether one slowed thread holds up the others' chunks (Note [Partitioning]).
+//
 // Single driver thread; the optimizer's threads do the work.
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/units.h"
@@ -41,6 +49,7 @@ struct AdamArgs {
   // Several of each (comma-separated) run every combination, sizes outer.
   std::vector<std::string> params = {"64M"};
   std::vector<int> threads = {0};
+  std::vector<int> load = {0};  // threads of other work beside the step
   std::string dtype = "fp32";
   std::string param_copy = "none";
   std::string optimizer = "adamw";
@@ -57,6 +66,7 @@ struct AdamArgs {
 struct AdamResult {
   uint64_t params = 0;
   int threads = 0;
+  int load = 0;
   double gbps = 0, limit_gbps = 0, params_per_s = 0;
 };
 
@@ -66,6 +76,29 @@ StatusOr<double> TimeIt(Fn&& fn) {
   ZINF_RETURN_IF_ERROR(fn());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// `threads` threads spinning on a dependent floating-point chain until destroyed: the cores'
+// other work, without memory traffic of its own.
+class BusyLoad {
+ public:
+  explicit BusyLoad(int threads) {
+    for (int i = 0; i < threads; ++i) {
+      workers_.emplace_back([this] {
+        double x = 1.0;
+        while (!stop_.load(std::memory_order_relaxed)) {
+          for (int k = 0; k < 4096; ++k) x = x * 1.0000001 + 1e-9;
+        }
+        sink_.store(x, std::memory_order_relaxed);
+      });
+    }
+  }
+  ~BusyLoad() { stop_.store(true); }  // the jthreads join after the flag is set
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<double> sink_{0};  // keeps the chain from being optimized away
+  std::vector<std::jthread> workers_;
+};
 
 struct LimitVariant {
   const char* name;
@@ -91,8 +124,9 @@ const char* StoreModeName(StoreMode mode) {
   return "?";
 }
 
-// Measures `count` parameters on `threads` threads (0: all) and prints the result.
-StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threads) {
+// Measures `count` parameters on `threads` threads (0: all), with `load` threads of other work
+// beside them, and prints the result.
+StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threads, int load) {
   CpuOptimizerOptions options;
   options.threads = threads;
   options.prefetch_bytes = args.prefetch_bytes;
@@ -194,9 +228,10 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
   const CpuInfo& cpu = GetCpuInfo();
   if (!args.json && !args.quiet) {
     fmt::print(
-        "zinf bench adam: {} {} params ({}), {} threads, kernel {}, grads {}, param copy {}\n",
+        "zinf bench adam: {} {} params ({}), {} threads, {} threads of other work, kernel {}, "
+        "grads {}, param copy {}\n",
         OptimizerTypeName(hp.type), count, FormatBytes(count * bytes_per_param), opt->threads(),
-        CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type), args.param_copy);
+        load, CpuKernelIsaName(opt->isa()), ElementTypeName(grad_type), args.param_copy);
     fmt::print("  {} bytes/param (read {}, write {}), store {}, prefetch {} B, {} reps, cpu {}\n",
                bytes_per_param, read_bytes, write_bytes, args.store, args.prefetch_bytes, args.reps,
                cpu.model_name);
@@ -204,6 +239,7 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
 
   // Warm-up: page faults and first-use costs out of the timings, and with --store auto the
   // optimizer's store-mode tuning done (its first 2 x 3 large calls try both modes).
+  const BusyLoad busy(load);
   for (int i = 0; i < 7; ++i) ZINF_RETURN_IF_ERROR(step_run());
   for (const LimitVariant& lv : kLimitVariants) ZINF_RETURN_IF_ERROR(limit_run(lv));
 
@@ -245,6 +281,7 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
         {"optimizer", OptimizerTypeName(hp.type)},
         {"params", count},
         {"threads", opt->threads()},
+        {"load_threads", load},
         {"isa", CpuKernelIsaName(opt->isa())},
         {"dtype", args.dtype},
         {"param_copy", args.param_copy},
@@ -274,7 +311,7 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
     fmt::print("  limit: {:.1f} GB/s ({})  efficiency: {:.3f}  (step stores: {})\n", limit_gbps,
                limit_name, efficiency, StoreModeName(opt->store_mode_in_use()));
   }
-  return AdamResult{count, opt->threads(), gbps, limit_gbps, params_per_s};
+  return AdamResult{count, opt->threads(), load, gbps, limit_gbps, params_per_s};
 }
 
 // "64M" for 64 x 2^20, as --params takes it; the plain number otherwise.
@@ -300,6 +337,7 @@ Figure AdamFigure(const std::vector<AdamResult>& results, const std::string& wha
   std::map<uint64_t, std::pair<PlotSeries, PlotSeries>> per_size;  // step and limit
   int most_threads = 0;
   for (const AdamResult& r : results) {
+    if (r.load != 0) continue;  // the plot is of the idle machine
     auto& [step, limit] = per_size[r.params];
     step.title = fmt::format("step, {} params", FormatCount(r.params));
     limit.title = fmt::format("limit, {} params", FormatCount(r.params));
@@ -325,7 +363,7 @@ Figure AdamFigure(const std::vector<AdamResult>& results, const std::string& wha
   PlotSeries step{.title = "step", .color = 1};
   PlotSeries limit{.title = "limit (same bytes, in-place add)", .dashed = true, .color = 1};
   for (const AdamResult& r : results) {
-    if (r.threads != most_threads) continue;
+    if (r.threads != most_threads || r.load != 0) continue;
     step.x.push_back(static_cast<double>(r.params) / (1 << 20));
     step.y.push_back(r.gbps);
     limit.x.push_back(static_cast<double>(r.params) / (1 << 20));
@@ -348,13 +386,18 @@ Status RunBenchAdam(const AdamArgs& args) {
   for (int t : args.threads) {
     if (t < 0) return InvalidArgument(fmt::format("--threads must be >= 0, got {}", t));
   }
+  for (int n : args.load) {
+    if (n < 0) return InvalidArgument(fmt::format("--load must be >= 0, got {}", n));
+  }
   // An unwritable plot path or a missing gnuplot fails now, not after minutes of measuring.
   if (!args.plot.empty()) ZINF_RETURN_IF_ERROR(CheckPlotOutput(args.plot));
   std::vector<AdamResult> results;
   for (uint64_t count : counts) {
     for (int threads : args.threads) {
-      ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, count, threads));
-      results.push_back(r);
+      for (int load : args.load) {
+        ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, count, threads, load));
+        results.push_back(r);
+      }
     }
   }
   if (args.plot.empty()) return OkStatus();
@@ -369,12 +412,16 @@ StatusOr<AdamFigures> MeasureAdamRate(uint64_t params, int threads, int reps) {
   AdamArgs args;
   args.reps = reps;
   args.quiet = true;
-  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, params, threads));
+  ZINF_ASSIGN_OR_RETURN(AdamResult r, MeasureAdam(args, params, threads, /*load=*/0));
   return AdamFigures{r.threads, r.params_per_s, r.limit_gbps};
 }
 
 void AddBenchAdamCommand(CLI::App& bench) {
   auto args = std::make_shared<AdamArgs>();
+  // The command's own defaults: in cache and in memory, idle and with a thread of other work on
+  // every CPU.
+  args->params = {"1M", "64M"};
+  args->load = {0, GetCpuInfo().usable_cpus};
   CLI::App* cmd = bench.add_subcommand(
       "adam", "CPU optimizer step against an in-place bandwidth kernel on the same bytes");
   cmd->add_option("--params", args->params,
@@ -385,6 +432,11 @@ void AddBenchAdamCommand(CLI::App& bench) {
   cmd->add_option("--threads", args->threads,
                   "Threads (0: every CPU in the affinity mask); a comma-separated list measures "
                   "each")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--load", args->load,
+                  "Threads of other work (compute, no memory traffic) running beside the step: "
+                  "a loaded machine; a comma-separated list measures each")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "Gradient type: fp32 or bf16-grad")
