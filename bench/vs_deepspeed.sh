@@ -3,7 +3,7 @@
 # DeepSpeed, zinf, DeepSpeed, ...), median of the repetitions, each figure beside its rival's
 # (bench/vs_deepspeed/*.py say what each measures):
 #   parts      DeepSpeedCPUAdam vs zinf.optim.AdamW vs the memory-bandwidth limit (`zinf bench
-#              adam`); DeepSpeed's aio_handle vs zinf.nvme.SwapHandle vs fio, read and write;
+#              adam`), in cache and in memory, idle and with every core busy; DeepSpeed's aio_handle vs zinf.nvme.SwapHandle vs fio, read and write;
 #              DeepSpeed's ZeRO-3 memory estimator vs `zinf plan` vs the measured peak RSS.
 #   end to end examples/torch's GPT and Hugging Face's GPT-2 under DeepSpeed ZeRO-3 (its CPU
 #              accelerator, DS_ACCELERATOR=cpu) and under zinf.zero, and the native train_gpt,
@@ -129,7 +129,7 @@ declare -A size_args=(
 if [ "$quick" = 1 ]; then
   adam_sizes="4M" aio_size=64M steps=5 sizes=quick
 else
-  adam_sizes="64M 256M" aio_size=1G steps=50 sizes="small large"
+  adam_sizes="1M 64M 256M" aio_size=1G steps=50 sizes="small large"
 fi
 sizes=${sizes_arg:-$sizes} models=${models_arg:-torch_gpt hf_gpt2}
 placements=${placements_arg:-memory cpu nvme} worlds=${worlds_arg:-1 2} steps=${steps_arg:-$steps}
@@ -168,12 +168,15 @@ fi
 if [ "$only" != e2e ]; then
   step "CPU Adam: zinf.optim.AdamW vs DeepSpeedCPUAdam vs the bandwidth limit"
   : >"$work/adam_limits.jsonl"
+  # In cache (an NVMe pipeline chunk) and in memory, on 1 and 2 threads; and on 2 threads with a
+  # busy process on every core (a shared node).
   for size in $adam_sizes; do
-    for threads in 1 2; do
+    for threads_load in "1 0" "2 0" "2 $cores"; do
+      read -r threads load <<<"$threads_load"
       for ((rep = 0; rep < reps; ++rep)); do
         OMP_NUM_THREADS=$threads run_py bench/vs_deepspeed/parts.py adam --params "$size" \
-          --threads "$threads" --reps 3
-        "$zinf" bench adam --params "$size" --threads "$threads" --reps 3 --json \
+          --threads "$threads" --load "$load" --reps 3
+        "$zinf" bench adam --params "$size" --threads "$threads" --load "$load" --reps 3 --json \
           >>"$work/adam_limits.jsonl"
       done
     done

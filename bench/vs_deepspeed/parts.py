@@ -5,7 +5,9 @@
   adam      zinf.optim.AdamW against deepspeed.ops.adam.DeepSpeedCPUAdam: one parameter of
             --params elements, its gradient and its two moments shared by both optimizers (each
             steps the same tensors in turn), --threads threads each (zinf's threads argument;
-            DeepSpeed's OpenMP loop reads OMP_NUM_THREADS, which the caller sets). The memory
+            DeepSpeed's OpenMP loop reads OMP_NUM_THREADS, which the caller sets); --load N runs
+            N other processes (a busy loop each) beside both, as on a shared node. A sample is
+            at least 64M parameters' worth of steps, so an in-cache size times many. The memory
             bandwidth limit comes from `zinf bench adam`, run by the caller in the same loop.
   aio       zinf.nvme.SwapHandle against DeepSpeed's aio_handle and fio, write then read of
             --size bytes in --dir, from and into one page-locked buffer that both handles use
@@ -18,6 +20,7 @@ Run with DS_ACCELERATOR=cpu and the benchmark's virtualenv (bench/vs_deepspeed.s
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -45,6 +48,18 @@ def parse_size(text):
 ADAM_HYPER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
+@contextlib.contextmanager
+def busy_processes(count):
+    """`count` other processes spinning on the CPU while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def adam(args):
     import zinf.optim
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -61,25 +76,30 @@ def adam(args):
     theirs = DeepSpeedCPUAdam([param], adamw_mode=True, **ADAM_HYPER)
     theirs.state[param] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
+    steps_per_sample = max(1, (64 << 20) // n)
+
     def timed(opt):
         t0 = time.perf_counter()
-        opt.step()
-        return time.perf_counter() - t0
+        for _ in range(steps_per_sample):
+            opt.step()
+        return (time.perf_counter() - t0) / steps_per_sample
 
     # First touch, thread pools, DeepSpeed's op table; and zinf's store-mode tuning, which
     # alternates cached and streaming stores over its first 6 large steps and then keeps the
     # faster (Note [Store mode tuning]): what training runs at is the mode it settles on. Both
     # sides get the same warm-up steps.
-    for _ in range(7):
-        timed(ours), timed(theirs)
     times = {"zinf": [], "deepspeed": []}
-    for _ in range(args.reps):
-        times["zinf"].append(timed(ours))
-        times["deepspeed"].append(timed(theirs))
+    with busy_processes(args.load):
+        for _ in range(7):
+            ours.step(), theirs.step()
+        for _ in range(args.reps):
+            times["zinf"].append(timed(ours))
+            times["deepspeed"].append(timed(theirs))
     bytes_per_step = 28 * n  # reads p, g, m, v; writes p, m, v (fp32)
     for side, runs in times.items():
         step_s = common.median(runs)
-        common.emit("adam", side=side, params=n, threads=args.threads, step_s=step_s,
+        common.emit("adam", side=side, params=n, threads=args.threads, load=args.load,
+                    step_s=step_s,
                     runs_s=runs, GBps=bytes_per_step / step_s / 1e9,
                     omp_num_threads=os.environ.get("OMP_NUM_THREADS", ""),
                     isa=ours.isa if side == "zinf" else "DeepSpeed's build (-march=native)")
@@ -240,6 +260,7 @@ def main():
     a = sub.add_parser("adam")
     a.add_argument("--params", default="64M")
     a.add_argument("--threads", type=int, default=1)
+    a.add_argument("--load", type=int, default=0, help="other busy processes beside the step")
     a.add_argument("--reps", type=int, default=5)
     a.set_defaults(fn=adam)
     a = sub.add_parser("aio")

@@ -131,19 +131,20 @@ def adam_table(results, out, limits):
     rows = collections.defaultdict(dict)
     for r in results:
         if r["kind"] == "adam":
-            rows[(r["params"], r["threads"])].setdefault(r["side"], []).append(r["GBps"])
+            key = (r["params"], r["threads"], r.get("load", 0))
+            rows[key].setdefault(r["side"], []).append(r["GBps"])
     if not rows:
         return
     out.append("")
-    out.append("| parameters | threads | zinf.optim.AdamW GB/s | DeepSpeedCPUAdam GB/s | "
-               "zinf / DeepSpeed | bandwidth limit GB/s (`zinf bench adam`) | zinf / limit | "
-               "DeepSpeed / limit |")
-    out.append("|" + "---|" * 8)
-    for (params, threads), sides in sorted(rows.items()):
+    out.append("| parameters | threads | other busy processes | zinf.optim.AdamW GB/s | "
+               "DeepSpeedCPUAdam GB/s | zinf / DeepSpeed | bandwidth limit GB/s (`zinf bench "
+               "adam`, same load) | zinf / limit | DeepSpeed / limit |")
+    out.append("|" + "---|" * 9)
+    for (params, threads, load), sides in sorted(rows.items()):
         z, d = common.median(sides.get("zinf", [])), common.median(sides.get("deepspeed", []))
-        limit = common.median(limits.get((params, threads), []))
-        out.append(f"| {params / 2**20:.0f}M | {threads} | {z:.2f} | {d:.2f} | {z / d:.2f}x | "
-                   f"{limit:.2f} | {z / limit:.2f} | {d / limit:.2f} |")
+        limit = common.median(limits.get((params, threads, load), []))
+        out.append(f"| {params / 2**20:g}M | {threads} | {load} | {z:.2f} | {d:.2f} | "
+                   f"{z / d:.2f}x | {limit:.2f} | {z / limit:.2f} | {d / limit:.2f} |")
 
 
 def aio_table(results, out):
@@ -235,7 +236,8 @@ def main():
             for line in f:
                 if line.startswith("{"):
                     j = json.loads(line)
-                    limits[(j["params"], j["threads"])].append(j["limit_GBps"])
+                    limits[(j["params"], j["threads"], j.get("load_threads", 0))].append(
+                        j["limit_GBps"])
     with open(args.header) as f:
         out = [f.read().rstrip()]
     stamped = [r for r in results if "utc" in r]
