@@ -245,6 +245,10 @@ def main():
         cpus = sorted({r["cpu"] for r in stamped})
         out += ["", f"The results below were measured from {min(r['utc'] for r in stamped)} to "
                 f"{max(r['utc'] for r in stamped)} UTC, on {' and '.join(cpus)}."]
+        if len(stamped) < len(results):
+            out[-1] += (f" {len(results) - len(stamped)} of the {len(results)} come from an "
+                        "earlier run that did not stamp its results (the section before this "
+                        "report in bench/RESULTS.md says when).")
     steps = sorted({r["steps"] for r in results if r["kind"] == "e2e" and "steps" in r})
     out += ["", f"End to end ({'/'.join(map(str, steps)) or 'no'} steps, the first "
             "2 not timed; tokens/s, RSS and disk bytes are medians over the repetitions, "
