@@ -116,7 +116,8 @@ def e2e_table(results, out):
             f"{mib(med('zinf native', 'peak_rss_bytes'))} | {disk('zinf')} / {disk('deepspeed')} "
             f"| {split('zinf')}; {split('deepspeed')} | {verdict} | "
             f"{targets(placement, z, d, rss_z, rss_d)} |")
-        plot_rows.append((f"{model.replace('_', '-')} {placement} n{world}", z or 0, d or 0,
+        plot_rows.append((f"{model.replace('_', '-')} {d_model}x{layers} {placement} n{world}",
+                          z or 0, d or 0,
                           med("zinf native", "tokens_per_s") or 0))
         if curves is None and losses_z and losses_d:
             native = sides["zinf native"][0]["losses"] if sides.get("zinf native") else None
