@@ -47,9 +47,10 @@ namespace {
 
 struct AdamArgs {
   // Several of each (comma-separated) run every combination, sizes outer.
-  std::vector<std::string> params = {"64M"};
+  // In cache and in memory, idle and with a thread of other work beside the step on every CPU.
+  std::vector<std::string> params = {"1M", "64M"};
   std::vector<int> threads = {0};
-  std::vector<int> load = {0};  // threads of other work beside the step
+  std::vector<int> load = {0, GetCpuInfo().usable_cpus};
   std::string dtype = "fp32";
   std::string param_copy = "none";
   std::string optimizer = "adamw";
@@ -418,10 +419,6 @@ StatusOr<AdamFigures> MeasureAdamRate(uint64_t params, int threads, int reps) {
 
 void AddBenchAdamCommand(CLI::App& bench) {
   auto args = std::make_shared<AdamArgs>();
-  // The command's own defaults: in cache and in memory, idle and with a thread of other work on
-  // every CPU.
-  args->params = {"1M", "64M"};
-  args->load = {0, GetCpuInfo().usable_cpus};
   CLI::App* cmd = bench.add_subcommand(
       "adam", "CPU optimizer step against an in-place bandwidth kernel on the same bytes");
   cmd->add_option("--params", args->params,
