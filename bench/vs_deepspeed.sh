@@ -240,7 +240,9 @@ throughout (no bf16/fp16 section: the loss curves must agree); ZeRO stage 3; Ada
 (0.9, 0.95), eps 1e-8, weight decay 0.1; gradient clipping 1.0; $cores / ranks threads per rank
 (torch.set_num_threads, OMP_NUM_THREADS, zinf's optimizer_threads); NVMe: DeepSpeed's documented
 \`aio\` defaults for both (block_size 1 MiB, queue_depth 8, intra_op_parallelism 1,
-single_submit false, overlap_events true), swap files in $nvme_dir. zinf checks a CRC32C of every
+single_submit false, overlap_events true), swap files in $nvme_dir. Each side partitions the
+model, built whole with seed 0, by its \`zero.Init(module=model, config_dict_or_path=config)\`
+before \`initialize\`, as DeepSpeed's ZeRO-3 docs do. zinf checks a CRC32C of every
 swapped piece (its default); DeepSpeed does not. Peak RSS is summed over ranks; disk bytes are
 what /proc/self/io counts (the block layer's reads and writes), the same meter for both sides.
 EOF

@@ -250,6 +250,16 @@ def main():
             out[-1] += (f" {len(results) - len(stamped)} of the {len(results)} come from an "
                         "earlier run that did not stamp its results (the section before this "
                         "report in bench/RESULTS.md says when).")
+    unpartitioned = [r for r in results if r["kind"] == "e2e" and r["side"] != "zinf native"
+                     and "construction" not in r]
+    if unpartitioned:
+        cases = sorted({f"{r['model']} {r['d_model']}x{r['layers']} {r['placement']} n{r['world']}"
+                        for r in unpartitioned})
+        out += ["", f"{len(unpartitioned)} end-to-end results ({', '.join(cases)}) come from runs "
+                "that left partitioning to `initialize`, before both sides were partitioned by "
+                "their `zero.Init(module=...)`: there DeepSpeed 0.19.8 on its CPU accelerator "
+                "swaps parameters in bf16 whatever the config says (bench/RESULTS.md, "
+                "2026-11-28)."]
     steps = sorted({r["steps"] for r in results if r["kind"] == "e2e" and "steps" in r})
     out += ["", f"End to end ({'/'.join(map(str, steps)) or 'no'} steps, the first "
             "2 not timed; tokens/s, RSS and disk bytes are medians over the repetitions, "

@@ -2,7 +2,8 @@
 """One training run of a GPT under DeepSpeed ZeRO-3 or under zinf, for the same-run comparison
 of bench/vs_deepspeed.sh (zinf through `zinf.initialize`, DeepSpeed's `deepspeed.initialize`,
 called alike): the same model (examples/torch's GPT or Hugging Face's GPT-2 built
-from a config), the same initial values (seed 0), the same batches (examples/torch's sampler:
+from a config, partitioned by each side's `zero.Init(module=...)`), the same initial values
+(seed 0), the same batches (examples/torch's sampler:
 seed 1234, every rank draws the global batch and takes its rows), the same DeepSpeed config
 (AdamW, gradient clipping, fp32) for both. Prints one RESULT line (common.py): the loss of each
 step (the mean over ranks), the step time and its split (forward, backward, optimizer step), the
@@ -106,8 +107,10 @@ class Zinf:
 
     def __init__(self, model, args, threads):
         import zinf
+        config = ds_config(args)
+        zinf.zero.Init(module=model, config_dict_or_path=config)  # as DeepSpeed's side is
         self.engine, *_ = zinf.initialize(model=model, model_parameters=model.parameters(),
-                                          config=ds_config(args), optimizer_threads=threads)
+                                          config=config, optimizer_threads=threads)
         self.rank, self.world = self.engine.global_rank, self.engine.world_size
         self.summary = {}
 
@@ -139,8 +142,15 @@ class DeepSpeed:
             os.environ.setdefault(key, value)
         deepspeed.init_distributed()  # the CPU accelerator's backend (gloo without oneCCL)
         self.dist = dist
+        config = ds_config(args)
+        # Partitioned by zero.Init with the config, as DeepSpeed's docs do for ZeRO-3: left to
+        # deepspeed.initialize, 0.19.8 on its CPU accelerator stores swapped parameters in bf16
+        # whatever the config says (Init._set_dtype without a config). The model is built
+        # whole first: its __init__ re-initializes its submodules' weights, which under a
+        # zero.Init block DeepSpeed would silently skip (its parameters are empty by then).
+        deepspeed.zero.Init(module=model, config_dict_or_path=config)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                               config=ds_config(args))
+                                               config=config)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def forward(self, x):
@@ -210,6 +220,7 @@ def run(args):
         common.emit("e2e", side=args.side, model=args.model, placement=args.placement,
                     world=world, threads_per_rank=threads, params=params, layers=args.layers,
                     d_model=args.d_model, seq=seq, micro=micro, steps=args.steps,
+                    construction="zero.Init(module)",
                     losses=losses, step_s=per_step["total_s"],
                     tokens_per_s=micro * world * seq / per_step["total_s"],
                     peak_rss_bytes=rss, disk_read_per_step=disk_read,
