@@ -22,10 +22,51 @@ struct IoParent {
   std::atomic<int64_t> remaining{0};
   std::mutex mu;
   Status error;  // first piece error
-  // Unaligned direct I/O: pieces move `bounce`; a read copies into user_buffer at the end.
-  HostBuffer bounce;
-  void* user_buffer = nullptr;
 };
+
+Status StagingSlots::Reserve() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (memory_.data() != nullptr) return OkStatus();
+  ZINF_ASSIGN_OR_RETURN(memory_, HostBuffer::Allocate(block_ * static_cast<uint64_t>(count_)));
+  for (int i = count_ - 1; i >= 0; --i) free_.push_back(memory_.as<char>() + i * block_);
+  return OkStatus();
+}
+
+char* StagingSlots::Acquire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return nullptr;
+  char* slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void StagingSlots::Release(char* slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(slot);
+}
+
+bool EngineBase::Stage(IoPiece* piece, StagingSlots& slots) {
+  if (piece->user == nullptr || piece->staging != nullptr) return true;
+  char* slot = slots.Acquire();
+  if (slot == nullptr) return false;
+  if (piece->op == IoOp::kWrite) {
+    std::memcpy(slot, piece->user, piece->user_length);
+    std::memset(slot + piece->user_length, 0, piece->length - piece->user_length);
+  }
+  piece->staging = slot;
+  piece->slots = &slots;
+  piece->buffer = slot;
+  return true;
+}
+
+void EngineBase::Unstage(IoPiece* piece, bool ok) {
+  if (piece->staging == nullptr) return;
+  if (ok && piece->op == IoOp::kRead) {
+    std::memcpy(piece->user, piece->staging, piece->user_length);
+  }
+  piece->slots->Release(piece->staging);
+  piece->staging = nullptr;
+}
 
 StatusOr<int> EngineBase::AddFile(const IoFile& file) {
   if (file.fd() < 0) {
@@ -67,53 +108,46 @@ void EngineBase::Submit(const IoRequest& request, IoCallback done) {
     return;
   }
 
+  // Pieces of direct I/O whose memory or length is unaligned are staged (Note [Staging
+  // unaligned direct I/O]); their length on disk is rounded up to the alignment.
+  char* data = static_cast<char*>(request.buffer);
+  const uint64_t block = options_.block_size;
+  std::vector<IoPiece*> pieces;
+  pieces.reserve((request.length + block - 1) / block);
+  bool staged = false;
+  for (uint64_t pos = 0; pos < request.length; pos += block) {
+    auto* piece = new IoPiece;
+    piece->op = request.op;
+    piece->file = request.file;
+    piece->fd = f.fd;
+    piece->offset = request.offset + pos;
+    piece->buffer = data + pos;
+    piece->length = std::min(block, request.length - pos);
+    if (f.direct && (reinterpret_cast<uintptr_t>(piece->buffer) % kDirectIoAlignment != 0 ||
+                     piece->length % kDirectIoAlignment != 0)) {
+      piece->user = piece->buffer;
+      piece->user_length = piece->length;
+      piece->buffer = nullptr;
+      piece->length = AlignUp(piece->length, kDirectIoAlignment);
+      staged = true;
+    }
+    pieces.push_back(piece);
+  }
+  if (Status s = staged ? ReserveStaging() : OkStatus(); !s.ok()) {
+    for (IoPiece* piece : pieces) delete piece;
+    done(
+        std::move(s).WithContext(fmt::format("{} of {} at offset {}: mapping the slots that "
+                                             "stage unaligned direct I/O",
+                                             IoOpName(request.op), f.path, request.offset)));
+    return;
+  }
   auto* parent = new IoParent;
   parent->done = std::move(done);
   parent->op = request.op;
   parent->path = f.path;
   parent->offset = request.offset;
   parent->length = request.length;
-  char* data = static_cast<char*>(request.buffer);
-  uint64_t length = request.length;
-  const bool unaligned = reinterpret_cast<uintptr_t>(request.buffer) % kDirectIoAlignment != 0 ||
-                         request.length % kDirectIoAlignment != 0;
-  if (f.direct && unaligned) {
-    // See Note [Direct I/O alignment]: move an aligned copy, zero-padded to the boundary.
-    length = AlignUp(request.length, kDirectIoAlignment);
-    auto bounce = HostBuffer::Allocate(length);
-    if (!bounce.ok()) {
-      Status s = bounce.status().WithContext(
-          fmt::format("{} of {} at offset {}: allocating an aligned bounce buffer",
-                      IoOpName(request.op), f.path, request.offset));
-      IoCallback cb = std::move(parent->done);
-      delete parent;
-      cb(std::move(s));
-      return;
-    }
-    parent->bounce = std::move(*bounce);
-    if (request.op == IoOp::kWrite) {
-      std::memcpy(parent->bounce.data(), request.buffer, request.length);
-      std::memset(parent->bounce.as<char>() + request.length, 0, length - request.length);
-    } else {
-      parent->user_buffer = request.buffer;
-    }
-    data = parent->bounce.as<char>();
-  }
-
-  const uint64_t block = options_.block_size;
-  std::vector<IoPiece*> pieces;
-  pieces.reserve((length + block - 1) / block);
-  for (uint64_t pos = 0; pos < length; pos += block) {
-    auto* piece = new IoPiece;
-    piece->parent = parent;
-    piece->op = request.op;
-    piece->file = request.file;
-    piece->fd = f.fd;
-    piece->offset = request.offset + pos;
-    piece->buffer = data + pos;
-    piece->length = std::min(block, length - pos);
-    pieces.push_back(piece);
-  }
+  for (IoPiece* piece : pieces) piece->parent = parent;
   parent->remaining.store(static_cast<int64_t>(pieces.size()), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
@@ -124,6 +158,7 @@ void EngineBase::Submit(const IoRequest& request, IoCallback done) {
 
 void EngineBase::CompletePiece(IoPiece* piece, Status status) {
   IoParent* parent = piece->parent;
+  Unstage(piece, status.ok());
   delete piece;
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(parent->mu);
@@ -135,9 +170,6 @@ void EngineBase::CompletePiece(IoPiece* piece, Status status) {
   {
     std::lock_guard<std::mutex> lock(parent->mu);
     result = std::move(parent->error);
-  }
-  if (result.ok() && parent->user_buffer != nullptr) {
-    std::memcpy(parent->user_buffer, parent->bounce.data(), parent->length);
   }
   IoCallback done = std::move(parent->done);
   delete parent;

@@ -10,8 +10,9 @@
 // and fault injection wrap an engine (tests/testing/faulty_engine.h).
 //
 // Direct I/O (See Note [Direct I/O alignment]): a file added with direct=true needs offsets
-// that are multiples of kDirectIoAlignment. The engine bounces an unaligned buffer address or
-// length through an aligned copy; for a write with an unaligned length it writes zeros from
+// that are multiples of kDirectIoAlignment. The engine stages the pieces of an unaligned
+// buffer address or length through aligned slots of one block (Note [Staging unaligned direct
+// I/O], engine_base.h); for a write with an unaligned length it writes zeros from
 // the end of the data to the next alignment boundary, so the caller must own that padding
 // (SwapStore's extents do).
 //

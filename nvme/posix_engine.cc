@@ -19,13 +19,13 @@ namespace {
 
 using nvme_internal::EngineBase;
 using nvme_internal::IoPiece;
+using nvme_internal::StagingSlots;
 
 class PosixEngine final : public EngineBase {
  public:
-  explicit PosixEngine(const AioOptions& options) : EngineBase(options) {
-    // Blocking I/O needs a thread per request in flight; 256 threads is already past what
-    // any device rewards.
-    const int workers = std::min(std::min(options.queue_depth, 32) * options.thread_count, 256);
+  explicit PosixEngine(const AioOptions& options)
+      : EngineBase(options), staging_(options.block_size, Workers(options)) {
+    const int workers = Workers(options);
     threads_.reserve(static_cast<size_t>(workers));
     for (int i = 0; i < workers; ++i) {
       try {
@@ -56,6 +56,8 @@ class PosixEngine final : public EngineBase {
   std::string_view name() const override { return "posix"; }
 
  protected:
+  Status ReserveStaging() override { return staging_.Reserve(); }
+
   void Enqueue(std::vector<IoPiece*> pieces) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -83,8 +85,18 @@ class PosixEngine final : public EngineBase {
     }
   }
 
+  // Blocking I/O needs a thread per request in flight; 256 threads is already past what any
+  // device rewards.
+  static int Workers(const AioOptions& options) {
+    return std::min(std::min(options.queue_depth, 32) * options.thread_count, 256);
+  }
+
   // Moves the whole piece, continuing after short transfers.
   void Run(IoPiece* piece) {
+    if (!Stage(piece, staging_)) {  // a slot per worker: cannot happen
+      CompletePiece(piece, Internal("posix engine: no staging slot free for a worker"));
+      return;
+    }
     while (piece->length > 0) {
       const ssize_t n =
           piece->op == IoOp::kRead
@@ -115,6 +127,7 @@ class PosixEngine final : public EngineBase {
   std::deque<IoPiece*> queue_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+  StagingSlots staging_;  // a slot per worker (Note [Staging unaligned direct I/O])
   Status start_error_;
 };
 

@@ -139,7 +139,7 @@ class SwapStore {
   Segment Map(uint64_t logical) const;
   // The I/O segments of [offset, offset + size): runs contiguous in one file (with checksums,
   // one stripe piece each: Note [Checksums beside the I/O]), with an unaligned tail split off
-  // so that only the tail needs a bounce copy.
+  // so that only the tail is staged (Note [Staging unaligned direct I/O]).
   std::vector<Segment> Segments(uint64_t offset, uint64_t size) const;
   // Checks the CRC32C of the read op's pieces that lie wholly in [begin, end) of the extent
   // and are not checked yet.

@@ -47,6 +47,7 @@ constexpr int kMaxCancellations = 16;
 
 using nvme_internal::EngineBase;
 using nvme_internal::IoPiece;
+using nvme_internal::StagingSlots;
 
 // user_data of the NOP that stops a reaper; pieces are heap pointers and never equal it.
 constexpr uint64_t kWakeTag = 1;
@@ -62,7 +63,7 @@ class UringEngine;
 
 class Ring {
  public:
-  explicit Ring(UringEngine* engine) : engine_(engine) {}
+  explicit Ring(UringEngine* engine);
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
 
@@ -81,6 +82,7 @@ class Ring {
 
   io_uring* ring() { return &ring_; }
   std::mutex& mu() { return mu_; }
+  StagingSlots& staging() { return staging_; }
 
  private:
   void FillLocked();
@@ -96,6 +98,7 @@ class Ring {
   // Prepared or in the kernel. Changed under mu_; the reaper also reads it without the lock
   // (only it lowers it, so what it reads is a lower bound).
   std::atomic<int> inflight_ = 0;
+  StagingSlots staging_;  // a slot per piece in flight (Note [Staging unaligned direct I/O])
   std::thread reaper_;
 };
 
@@ -198,6 +201,8 @@ class UringEngine final : public EngineBase {
   using EngineBase::CompletePiece;
   using EngineBase::PieceEof;
   using EngineBase::PieceErrno;
+  using EngineBase::Stage;
+  using EngineBase::Unstage;
 
  protected:
   Status OnAddFile(int id, int fd) override {
@@ -206,6 +211,11 @@ class UringEngine final : public EngineBase {
       const int rc = io_uring_register_files_update(r->ring(), static_cast<unsigned>(id), &fd, 1);
       if (rc < 0) return ErrnoStatus(-rc, "io_uring_register_files_update");
     }
+    return OkStatus();
+  }
+
+  Status ReserveStaging() override {
+    for (auto& r : rings_) ZINF_RETURN_IF_ERROR(r->staging().Reserve());
     return OkStatus();
   }
 
@@ -230,6 +240,9 @@ class UringEngine final : public EngineBase {
   bool fixed_files_ = false;
   std::atomic<size_t> next_ring_{0};
 };
+
+Ring::Ring(UringEngine* engine)
+    : engine_(engine), staging_(engine->options().block_size, engine->options().queue_depth) {}
 
 Status Ring::Init(unsigned entries) {
   const int rc = io_uring_queue_init(entries, &ring_, 0);
@@ -298,6 +311,9 @@ void Ring::FillLocked() {
   const AioOptions& o = engine_->options();
   int prepared = 0;
   while (inflight_ < o.queue_depth && !pending_.empty()) {
+    // Staged first: a piece keeps its slot if no entry is free, and a slot is free for every
+    // piece that may be in flight.
+    if (!engine_->Stage(pending_.front(), staging_)) break;
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;
     PrepLocked(sqe, pending_.front());
@@ -359,7 +375,8 @@ void Ring::Reap() {
 
     {
       // Under the mutex that prepared these pieces: the kernel orders the hand-over, but the
-      // lock also makes it visible to race detectors. Cheap: no callbacks run here.
+      // lock also makes it visible to race detectors. No callbacks run here; a staged read's
+      // copy out (a block at most) does, so that its slot is free for the refill.
       std::lock_guard<std::mutex> lock(mu_);
       requeue.clear();
       done.clear();
@@ -393,6 +410,8 @@ void Ring::Reap() {
       }
       inflight_.fetch_sub(static_cast<int>(batch.size()), std::memory_order_relaxed);
       for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) pending_.push_front(*it);
+      // The finished pieces' slots first, so that the pieces waiting may take them.
+      for (Done& d : done) UringEngine::Unstage(d.piece, d.status.ok());
       FillLocked();
     }
     for (Done& d : done) engine_->CompletePiece(d.piece, std::move(d.status));

@@ -12,9 +12,10 @@ CRC32C-checked on read by default. Tensors are stored under keys::
 
 A request holds its tensor until it is done: a written tensor must not change, nor a read one
 be used, before ``wait()`` returns. The swap files are unlinked as soon as they are open, so
-nothing outlives the process. Tensors must be contiguous CPU tensors of any dtype; page-aligned
-ones (e.g. ``torch.empty(..., pin_memory=True)`` on a CUDA build, or large tensors) go to disk
-without a copy.
+nothing outlives the process. Tensors must be contiguous CPU tensors of any dtype. Page-aligned
+ones (e.g. ``torch.empty(..., pin_memory=True)`` on a CUDA build) go to disk without a copy;
+others (torch's allocator aligns even large tensors only to 64 bytes) are copied a block at a
+time through the handle's own aligned memory, beside the I/O of the other blocks.
 
 Errors raise zinf exceptions naming the problem: a missing directory (InvalidArgumentError, a
 ValueError), a read-only one (FailedPreconditionError), too little space (ResourceExhaustedError,
