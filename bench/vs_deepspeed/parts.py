@@ -13,7 +13,9 @@
             --size bytes in --dir, from and into one page-locked buffer that both handles use
             (DeepSpeed's new_cpu_locked_tensor), moved onto 2 MiB pages as fio's buffers are
             (see fio()). Both get DeepSpeed's documented "aio" defaults (1 MiB blocks, queue
-            depth 8); fio gets the same block size, depth, size and O_DIRECT.
+            depth 8); fio gets the same block size, depth, size and O_DIRECT. Then both
+            handles again on an ordinary tensor, as a user passes one: torch's allocator's, 64-byte
+            aligned and pageable, which each side moves through page-aligned memory of its own.
   estimate  DeepSpeed's ZeRO-3 memory estimator for the GPT of train.py against `zinf plan`.
 
 Run with DS_ACCELERATOR=cpu and the benchmark's virtualenv (bench/vs_deepspeed.sh does both).
@@ -171,18 +173,22 @@ def aio(args):
     # every piece.
     plain = zinf.nvme.SwapHandle(args.dir, size, checksum=False, **AIO)
 
-    def zinf_write(handle=ours):
-        handle.pwrite(buffer, "t")
+    ordinary = torch.randint(0, 256, (size,), dtype=torch.uint8)
+    ordinary_alignment = next(a for a in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
+                              if ordinary.data_ptr() % a == 0)
 
-    def zinf_read(handle=ours):
-        handle.pread(buffer, "t")
+    def zinf_write(handle=ours, tensor=buffer):
+        handle.pwrite(tensor, "t")
 
-    def ds_write():
-        ds.async_pwrite(buffer, ds_file)
+    def zinf_read(handle=ours, tensor=buffer):
+        handle.pread(tensor, "t")
+
+    def ds_write(tensor=buffer):
+        ds.async_pwrite(tensor, ds_file)
         assert ds.wait() >= 1
 
-    def ds_read():
-        ds.async_pread(buffer, ds_file)
+    def ds_read(tensor=buffer):
+        ds.async_pread(tensor, ds_file)
         assert ds.wait() >= 1
 
     def rate(fn):
@@ -190,7 +196,8 @@ def aio(args):
         fn()
         return size / (time.perf_counter() - t0)
 
-    sides = ("zinf", "zinf without checksums", "deepspeed", "fio")
+    sides = ("zinf", "zinf without checksums", "deepspeed", "fio", "zinf, ordinary tensor",
+             "deepspeed, ordinary tensor")
     rates = {(side, rw): [] for side in sides for rw in ("write", "read")}
     try:
         zinf_write(), zinf_write(plain), ds_write()  # allocate the files
@@ -200,6 +207,9 @@ def aio(args):
                 rates[("zinf without checksums", rw)].append(rate(lambda: zfn(plain)))
                 rates[("deepspeed", rw)].append(rate(dfn))
                 rates[("fio", rw)].append(fio(rw, fio_file, size, args.fio))
+                rates[("zinf, ordinary tensor", rw)].append(rate(lambda: zfn(tensor=ordinary)))
+                rates[("deepspeed, ordinary tensor", rw)].append(
+                    rate(lambda: dfn(tensor=ordinary)))
     finally:
         ours.close()
         plain.close()
@@ -209,7 +219,10 @@ def aio(args):
     for (side, rw), runs in rates.items():
         common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
                     runs_GBps=[r / 1e9 for r in runs], **AIO,
-                    buffer=f"shared, {huge:.0%} on 2 MiB pages" if side != "fio" else "fio's own")
+                    buffer=("fio's own" if side == "fio" else
+                            f"ordinary torch tensor, {ordinary_alignment}-byte aligned"
+                            if side.endswith("ordinary tensor") else
+                            f"shared, {huge:.0%} on 2 MiB pages"))
 
 
 # -- Memory estimator --------------------------------------------------------------------------
