@@ -106,7 +106,7 @@ class EngineBase : public IoEngine {
 
   // Readies `piece` to be issued: an unaligned one takes a slot from `slots` (a write copies
   // its bytes in, zero-padded) unless it holds one already. False when no slot is free.
-  bool Stage(IoPiece* piece, StagingSlots& slots);
+  static bool Stage(IoPiece* piece, StagingSlots& slots);
   // Gives back the piece's slot, if it holds one, copying a read's bytes out when `ok`.
   static void Unstage(IoPiece* piece, bool ok);
 

@@ -313,7 +313,7 @@ void Ring::FillLocked() {
   while (inflight_ < o.queue_depth && !pending_.empty()) {
     // Staged first: a piece keeps its slot if no entry is free, and a slot is free for every
     // piece that may be in flight.
-    if (!engine_->Stage(pending_.front(), staging_)) break;
+    if (!UringEngine::Stage(pending_.front(), staging_)) break;
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;
     PrepLocked(sqe, pending_.front());
