@@ -1,7 +1,9 @@
 // zinf._zinf.CpuOptimizer: zinf's CPU optimizer kernels (zinf/cpu_optimizer.h) over the
 // flat fp32 buffers of torch tensors, for zinf.optim. The Python side keeps the state tensors
 // and step counts (so torch's state_dict works unchanged) and calls the stateless ApplyStep
-// once per parameter, with the GIL released for the whole group.
+// once per parameter, with the GIL released for the whole group. Each parameter's step count is
+// torch's float32 scalar tensor, read and advanced here through its pointer: a torch op per
+// parameter per step (an item() and an add_) cost more than a 64K-element update.
 //
 // Thread-safety: one CpuOptimizer is driven by one Python thread at a time (the GIL is
 // released only inside apply, which touches no Python object).
@@ -36,9 +38,22 @@ CpuKernelIsa IsaFromName(const std::string& name) {
   throw StatusError(InvalidArgument("isa must be auto, scalar, avx2 or avx512, got " + name));
 }
 
-// (step, params, grads, grad_dtype, state0, state1, copy, copy_dtype, count)
-using Item = std::tuple<int64_t, uintptr_t, uintptr_t, std::string, uintptr_t, uintptr_t, uintptr_t,
-                        std::string, uint64_t>;
+// (step_count, params, grads, grad_dtype, state0, state1, copy, copy_dtype, count); step_count
+// points at the float32 count of steps taken, which apply advances by one.
+using Item = std::tuple<uintptr_t, uintptr_t, uintptr_t, std::string, uintptr_t, uintptr_t,
+                        uintptr_t, std::string, uint64_t>;
+
+// The step after `taken` steps. float32 counts integers exactly up to 2^24.
+int64_t NextStep(float taken) {
+  constexpr float kMaxSteps = 1 << 24;
+  if (!(taken >= 0 && taken < kMaxSteps) ||
+      taken != static_cast<float>(static_cast<int64_t>(taken))) {
+    throw StatusError(
+        InvalidArgument("a parameter's step count must be a whole number in [0, 2^24), got " +
+                        std::to_string(taken)));
+  }
+  return static_cast<int64_t>(taken) + 1;
+}
 
 class PyCpuOptimizer {
  public:
@@ -66,10 +81,16 @@ class PyCpuOptimizer {
     hp.initial_accumulator_value = initial_accumulator_value;
     ThrowIfError(hp.Validate());
     // Every pointer is checked before any parameter changes: a bad item leaves all untouched.
-    std::vector<std::pair<int64_t, OptimizerSpan>> spans;
-    spans.reserve(items.size());
+    struct Update {
+      float* step_count;
+      int64_t step;
+      OptimizerSpan span;
+    };
+    std::vector<Update> updates;
+    updates.reserve(items.size());
     for (const Item& item : items) {
-      const auto& [step, params, grads, grad_dtype, state0, state1, copy, copy_dtype, count] = item;
+      const auto& [step_count, params, grads, grad_dtype, state0, state1, copy, copy_dtype, count] =
+          item;
       OptimizerSpan span;
       span.count = count;
       span.params = static_cast<float*>(Pointer(params, "params"));
@@ -85,16 +106,16 @@ class PyCpuOptimizer {
           throw StatusError(InvalidArgument("the parameter copy must be bfloat16 or float16"));
         }
       }
-      if (step < 1)
-        throw StatusError(InvalidArgument("step must be >= 1, got " + std::to_string(step)));
-      spans.emplace_back(step, span);
+      float* count_ptr = static_cast<float*>(Pointer(step_count, "step count"));
+      updates.push_back({count_ptr, NextStep(*count_ptr), span});
     }
     Status status;
     {
       py::gil_scoped_release release;
-      for (const auto& [step, span] : spans) {
-        status = optimizer_->ApplyStep(hp, step, grad_scale, span);
+      for (const Update& u : updates) {
+        status = optimizer_->ApplyStep(hp, u.step, grad_scale, u.span);
         if (!status.ok()) break;
+        *u.step_count = static_cast<float>(u.step);
       }
     }
     ThrowIfError(status);

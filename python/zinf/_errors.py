@@ -18,7 +18,7 @@ def check_cpu_tensor(tensor, what, dtypes=(torch.float32,)):
     if tensor.dtype not in dtypes:
         allowed = ", ".join(str(d) for d in dtypes)
         raise ValueError(f"{what} must be {allowed}, got {tensor.dtype}")
+    if tensor.layout is not torch.strided:
+        raise ValueError(f"{what} must be dense, got layout {tensor.layout}")
     if not tensor.is_contiguous():
         raise ValueError(f"{what} must be contiguous (call .contiguous() first)")
-    if tensor.is_sparse:
-        raise ValueError(f"{what} must be dense")

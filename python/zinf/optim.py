@@ -79,6 +79,19 @@ class _ZinfOptimizer(torch.optim.Optimizer):
     def _init_state(self, p, group):
         raise NotImplementedError
 
+    def _refuse(self, what, p, grad, arrays):
+        """Raises the ValueError that names what is wrong with a parameter `step` cannot use."""
+        check_cpu_tensor(p, what)
+        if grad.is_sparse:
+            raise ValueError(f"{what} has a sparse gradient; zinf.optim needs dense ones")
+        check_cpu_tensor(grad, what + ".grad")
+        for name, a in zip(self._state_names, arrays):
+            check_cpu_tensor(a, f"state of {what} ('{name}')")
+            if a.numel() != p.numel():
+                raise ValueError(f"state of {what} ('{name}') has {a.numel()} elements, "
+                                 f"the parameter {p.numel()}")
+        raise AssertionError(f"{what} was refused, but every check passes")
+
     def _hyper_params(self, group):
         raise NotImplementedError
 
@@ -91,26 +104,19 @@ class _ZinfOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for gi, group in enumerate(self.param_groups):
             self._check_group(group)
-            items, stepped = [], []
+            items = []
             for pi, p in enumerate(group["params"]):
-                if p.grad is None:
+                grad = p.grad
+                if grad is None:
                     continue
-                what = f"param_groups[{gi}]['params'][{pi}]"
-                check_cpu_tensor(p, what)
-                if p.grad.is_sparse:
-                    raise ValueError(f"{what} has a sparse gradient; zinf.optim needs dense ones")
-                check_cpu_tensor(p.grad, what + ".grad")
                 state = self.state[p]
                 if len(state) == 0:
                     self._init_state(p, group)
-                elif not torch.is_tensor(state["step"]):  # a state dict with plain numbers
-                    state["step"] = torch.tensor(float(state["step"]))
                 arrays = [state[name] for name in self._state_names]
-                for name, a in zip(self._state_names, arrays):
-                    check_cpu_tensor(a, f"state of {what} ('{name}')")
-                    if a.numel() != p.numel():
-                        raise ValueError(f"state of {what} ('{name}') has {a.numel()} elements, "
-                                         f"the parameter {p.numel()}")
+                numel = p.numel()
+                if not (all(map(_is_plain_fp32, (p, grad, *arrays)))
+                        and all(a.numel() == numel for a in arrays)):
+                    self._refuse(f"param_groups[{gi}]['params'][{pi}]", p, grad, arrays)
                 copy_ptr, copy_dtype = 0, "bfloat16"
                 if self.param_copy_dtype is not None:
                     copy = self.param_copy(p)
@@ -118,20 +124,34 @@ class _ZinfOptimizer(torch.optim.Optimizer):
                         copy = torch.empty_like(p, dtype=self.param_copy_dtype)
                         self._param_copies[p] = copy
                     copy_ptr, copy_dtype = copy.data_ptr(), dtype_name(copy.dtype)
-                stepped.append(state["step"])
-                items.append((int(state["step"]) + 1, p.data_ptr(), p.grad.data_ptr(),
-                              dtype_name(p.grad.dtype), arrays[0].data_ptr(),
+                items.append((_step_count(state).data_ptr(), p.data_ptr(), grad.data_ptr(),
+                              "float32", arrays[0].data_ptr(),
                               arrays[1].data_ptr() if len(arrays) > 1 else 0,
-                              copy_ptr, copy_dtype, p.numel()))
+                              copy_ptr, copy_dtype, numel))
             if items:
-                hp = self._hyper_params(group)
+                # Advances each parameter's step count as its update is applied; a refused step
+                # (bad hyper-parameters) changes nothing, the step counts included.
                 self._kernels.apply(type=self._type, grad_scale=float(grad_scale), items=items,
-                                    **hp)
-                # Counted only once applied: a refused step (bad hyper-parameters) changes
-                # nothing, the step counts included.
-                for step in stepped:
-                    step += 1
+                                    **self._hyper_params(group))
         return loss
+
+
+def _is_plain_fp32(t):
+    # The common case, checked in well under a microsecond; _refuse says what is wrong otherwise.
+    return (isinstance(t, torch.Tensor) and t.is_cpu and t.dtype is _FP32 and t.layout is _STRIDED
+            and t.is_contiguous())
+
+
+_FP32, _STRIDED = torch.float32, torch.strided
+
+
+def _step_count(state):
+    """The state's step count as the float32 CPU scalar tensor the kernels advance in place."""
+    step = state["step"]
+    if not (torch.is_tensor(step) and step.dtype is _FP32 and step.is_cpu and step.dim() == 0):
+        # A state dict with plain numbers (DeepSpeed's), or a count kept elsewhere.
+        step = state["step"] = torch.tensor(float(step), dtype=_FP32)
+    return step
 
 
 def _step_tensor():

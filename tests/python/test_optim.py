@@ -194,6 +194,38 @@ class OptimTest(unittest.TestCase):
             opt.step()
         self.assertIn("beta1", str(ctx.exception))
         self.assertTrue(torch.equal(p.detach(), torch.ones(4)), "a refused step changed p")
+        self.assertEqual(float(opt.state[p]["step"]), 0.0, "a refused step was counted")
+
+        opt = zoptim.AdamW([p])
+        opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros(3),
+                        "exp_avg_sq": torch.zeros(4)}
+        with self.assertRaisesRegex(ValueError, r"\('exp_avg'\) has 3 elements, the parameter 4"):
+            opt.step()
+        for bad_count in (-1.0, 2.5, float("nan"), 2.0**24):
+            opt.state[p] = {"step": torch.tensor(bad_count), "exp_avg": torch.zeros(4),
+                            "exp_avg_sq": torch.zeros(4)}
+            with self.assertRaisesRegex(zinf.InvalidArgumentError, "step count must be a whole"):
+                opt.step()
+            self.assertTrue(torch.equal(p.detach(), torch.ones(4)), f"step count {bad_count}")
+
+    def test_step_counts_kept_as_plain_numbers_continue(self):
+        # DeepSpeed's CPU Adam keeps `step` as an int; torch keeps a float32 tensor (a float64
+        # one after some conversions). zinf continues from any of them and keeps torch's form.
+        for count in (3, 3.0, torch.tensor(3.0, dtype=torch.float64)):
+            base = make_params(1)
+            pa, pb = clone_params(base), clone_params(base)
+            za = zoptim.AdamW(pa, lr=1e-2)
+            tb = torch.optim.AdamW(pb, lr=1e-2)
+            state = {"exp_avg": torch.full_like(pa[0], 1e-3),
+                     "exp_avg_sq": torch.full_like(pa[0], 1e-6)}
+            za.state[pa[0]] = {"step": count, **{k: v.clone() for k, v in state.items()}}
+            tb.state[pb[0]] = {"step": torch.tensor(3.0), **{k: v.clone() for k, v in state.items()}}
+            set_grads(pa, pb, 0)
+            za.step()
+            tb.step()
+            self.assert_params_close(pa, pb, f"from step count {count!r}")
+            step = za.state[pa[0]]["step"]
+            self.assertEqual((step.dtype, float(step)), (torch.float32, 4.0))
 
 
 if __name__ == "__main__":
