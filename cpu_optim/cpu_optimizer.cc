@@ -446,25 +446,42 @@ cpu_optim::StepArrays SubArrays(const cpu_optim::StepArrays& a, size_t begin, si
 
 Status CpuOptimizer::ApplyStep(const OptimizerHyperParams& hp, int64_t step, float grad_scale,
                                const OptimizerSpan& span) const {
+  const SteppedSpan one[] = {{step, span}};
+  return ApplySteps(hp, grad_scale, one);
+}
+
+Status CpuOptimizer::ApplySteps(const OptimizerHyperParams& hp, float grad_scale,
+                                std::span<const SteppedSpan> spans) const {
   ZINF_RETURN_IF_ERROR(hp.Validate());
-  ZINF_RETURN_IF_ERROR(CheckSpan(hp, span));
-  if (step < 1) return InvalidArgument("optimizer step must be >= 1, got " + std::to_string(step));
   if (!std::isfinite(grad_scale)) {
     return InvalidArgument("grad_scale must be finite, got " + Num(grad_scale));
   }
-  if (span.count == 0) return OkStatus();
-  const cpu_optim::StepCoeffs coeffs = MakeCoeffs(hp, step, grad_scale);
-  const cpu_optim::StepArrays arrays = ToArrays(span);
-  const size_t bytes_written =
-      span.count * (4 * (1 + hp.state_count()) + (span.param_copy != nullptr ? 2 : 0));
+  std::vector<cpu_optim::StepCoeffs> coeffs;
+  std::vector<cpu_optim::StepArrays> arrays;
+  std::vector<size_t> counts;
+  coeffs.reserve(spans.size());
+  arrays.reserve(spans.size());
+  counts.reserve(spans.size());
+  size_t bytes_written = 0;
+  for (const SteppedSpan& s : spans) {
+    ZINF_RETURN_IF_ERROR(CheckSpan(hp, s.span));
+    if (s.step < 1) {
+      return InvalidArgument("optimizer step must be >= 1, got " + std::to_string(s.step));
+    }
+    coeffs.push_back(MakeCoeffs(hp, s.step, grad_scale));
+    arrays.push_back(ToArrays(s.span));
+    counts.push_back(s.span.count);
+    bytes_written +=
+        s.span.count * (4 * (1 + hp.state_count()) + (s.span.param_copy != nullptr ? 2 : 0));
+  }
   const StoreMode mode = impl_->options.store_mode;
   const bool tune = mode == StoreMode::kAuto && bytes_written >= impl_->nt_min_bytes;
   const bool nt = mode == StoreMode::kNonTemporal || (tune && impl_->tuner.ChooseNonTemporal());
   const size_t pf = impl_->options.prefetch_bytes;
   const cpu_optim::KernelTable* k = impl_->kernels;
   const auto start = std::chrono::steady_clock::now();
-  ZINF_RETURN_IF_ERROR(impl_->parallel->For(span.count, [&](size_t begin, size_t end) {
-    k->step(coeffs, SubArrays(arrays, begin, end), nt, pf);
+  ZINF_RETURN_IF_ERROR(impl_->parallel->ForEach(counts, [&](size_t i, size_t begin, size_t end) {
+    k->step(coeffs[i], SubArrays(arrays[i], begin, end), nt, pf);
   }));
   if (tune) {
     const double s =

@@ -6,6 +6,7 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <vector>
@@ -45,21 +46,40 @@ Parallel::Parallel(int threads, std::unique_ptr<Arena> arena)
 Parallel::~Parallel() = default;
 
 Status Parallel::For(size_t count, const std::function<void(size_t, size_t)>& fn) {
-  if (count == 0) return OkStatus();
-  if (threads_ == 1 || count <= kInlineElems) {
-    fn(0, count);
+  const size_t counts[] = {count};
+  return ForEach(counts, [&](size_t, size_t begin, size_t end) { fn(begin, end); });
+}
+
+Status Parallel::ForEach(std::span<const size_t> counts,
+                         const std::function<void(size_t, size_t, size_t)>& fn) {
+  // first_chunk[i]: where range i starts in the shared sequence of chunks.
+  std::vector<size_t> first_chunk(counts.size() + 1, 0);
+  size_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    first_chunk[i + 1] = first_chunk[i] + NumChunks(counts[i]);
+    total += counts[i];
+  }
+  if (threads_ == 1 || total <= kInlineElems) {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      if (counts[i] > 0) fn(i, 0, counts[i]);
+    }
     return OkStatus();
   }
-  const size_t chunks = NumChunks(count);
+  // Chunks [begin, end) of the sequence, as runs within each range they cover.
+  auto run = [&](size_t begin, size_t end) {
+    size_t i = static_cast<size_t>(std::upper_bound(first_chunk.begin(), first_chunk.end(), begin) -
+                                   first_chunk.begin() - 1);
+    for (; i < counts.size() && first_chunk[i] < end; ++i) {
+      const size_t from = std::max(begin, first_chunk[i]) - first_chunk[i];
+      const size_t to = std::min(end, first_chunk[i + 1]) - first_chunk[i];
+      if (from < to) fn(i, from * kChunkElems, std::min(to * kChunkElems, counts[i]));
+    }
+  };
   try {
     arena_->arena.execute([&] {
       tbb::parallel_for(
-          tbb::blocked_range<size_t>(0, chunks, 1),
-          [&](const tbb::blocked_range<size_t>& r) {
-            const size_t begin = r.begin() * kChunkElems;
-            const size_t end = r.end() * kChunkElems < count ? r.end() * kChunkElems : count;
-            fn(begin, end);
-          },
+          tbb::blocked_range<size_t>(0, first_chunk.back(), 1),
+          [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); },
           tbb::auto_partitioner());
     });
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <span>
 
 #include "zinf/status.h"
 
@@ -25,7 +26,9 @@ namespace zinf::cpu_optim {
 // split, one fixed run per thread, made a 2-thread step as slow as a 1-thread one on a loaded
 // machine.) Element-wise updates are independent of the split, and reductions are summed per
 // chunk and the partial sums added in chunk order, so results do not depend on the thread
-// count or on which thread ran which chunk.
+// count or on which thread ran which chunk. ForEach chunks several ranges the same way and
+// shares all their chunks out as one sequence: a torch model's parameters are hundreds of
+// tensors, most of them (biases, norms) under a chunk, and each alone would run inline.
 inline constexpr size_t kChunkElems = size_t{1} << 14;
 
 class Parallel {
@@ -42,6 +45,12 @@ class Parallel {
   // all are done. Runs inline when the count is small or there is one thread.
   // Internal if a worker threw.
   Status For(size_t count, const std::function<void(size_t, size_t)>& fn);
+
+  // For over several ranges at once, [0, counts[i]) for each i: their chunks are one sequence
+  // the threads share, so many small ranges (a model's biases and norms) run in parallel, not
+  // one after another inline. fn(i, begin, end) gets a run of whole chunks of range i.
+  Status ForEach(std::span<const size_t> counts,
+                 const std::function<void(size_t, size_t, size_t)>& fn);
 
   // Calls fn(begin, end) once per chunk and returns the partial results summed in chunk order.
   StatusOr<double> Sum(size_t count, const std::function<double(size_t, size_t)>& fn);

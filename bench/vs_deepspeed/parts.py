@@ -2,8 +2,9 @@
 """zinf's parts against DeepSpeed's, on the same buffers, interleaved (zinf, DeepSpeed, zinf,
 ...); each subcommand prints RESULT lines (common.py) that report.py turns into tables.
 
-  adam      zinf.optim.AdamW against deepspeed.ops.adam.DeepSpeedCPUAdam: one parameter of
-            --params elements, its gradient and its two moments shared by both optimizers (each
+  adam      zinf.optim.AdamW against deepspeed.ops.adam.DeepSpeedCPUAdam: --params elements in
+            --tensors parameters (default one; a model has many, and each costs both optimizers
+            some Python per step), their gradients and moments shared by both optimizers (each
             steps the same tensors in turn), --threads threads each (zinf's threads argument;
             DeepSpeed's OpenMP loop reads OMP_NUM_THREADS, which the caller sets); --load N runs
             N other processes (a busy loop each) beside both, as on a shared node. A sample is
@@ -67,16 +68,20 @@ def adam(args):
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     n = parse_size(args.params)
+    if not 1 <= args.tensors <= n:
+        raise SystemExit(f"--tensors must be in [1, --params], got {args.tensors}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    param = torch.nn.Parameter(torch.randn(n) * 0.02)
-    param.grad = torch.randn(n) * 1e-3
-    exp_avg, exp_avg_sq = torch.zeros(n), torch.zeros(n)
-
-    ours = zinf.optim.AdamW([param], threads=args.threads, **ADAM_HYPER)
-    ours.state[param] = {"step": torch.zeros(()), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
-    theirs = DeepSpeedCPUAdam([param], adamw_mode=True, **ADAM_HYPER)
-    theirs.state[param] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    sizes = [n // args.tensors + (i < n % args.tensors) for i in range(args.tensors)]
+    params = [torch.nn.Parameter(torch.randn(k) * 0.02) for k in sizes]
+    ours = zinf.optim.AdamW(params, threads=args.threads, **ADAM_HYPER)
+    theirs = DeepSpeedCPUAdam(params, adamw_mode=True, **ADAM_HYPER)
+    for param in params:
+        param.grad = torch.randn(param.numel()) * 1e-3
+        exp_avg, exp_avg_sq = torch.zeros(param.numel()), torch.zeros(param.numel())
+        ours.state[param] = {"step": torch.zeros(()), "exp_avg": exp_avg,
+                             "exp_avg_sq": exp_avg_sq}
+        theirs.state[param] = {"step": 0, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
     steps_per_sample = max(1, (64 << 20) // n)
 
@@ -100,7 +105,8 @@ def adam(args):
     bytes_per_step = 28 * n  # reads p, g, m, v; writes p, m, v (fp32)
     for side, runs in times.items():
         step_s = common.median(runs)
-        common.emit("adam", side=side, params=n, threads=args.threads, load=args.load,
+        common.emit("adam", side=side, params=n, tensors=args.tensors, threads=args.threads,
+                    load=args.load,
                     step_s=step_s,
                     runs_s=runs, GBps=bytes_per_step / step_s / 1e9,
                     omp_num_threads=os.environ.get("OMP_NUM_THREADS", ""),
@@ -272,6 +278,7 @@ def main():
     sub = ap.add_subparsers(dest="command", required=True)
     a = sub.add_parser("adam")
     a.add_argument("--params", default="64M")
+    a.add_argument("--tensors", type=int, default=1, help="parameters --params is split into")
     a.add_argument("--threads", type=int, default=1)
     a.add_argument("--load", type=int, default=0, help="other busy processes beside the step")
     a.add_argument("--reps", type=int, default=5)

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,6 +94,12 @@ struct ZINF_EXPORT OptimizerSpan {
 
   // Elements [offset, offset + n) of this span (offset + n <= count; not checked here).
   OptimizerSpan Slice(size_t offset, size_t n) const;
+};
+
+// A span and the step number (>= 1) it takes: torch keeps a step count per parameter.
+struct SteppedSpan {
+  int64_t step = 1;
+  OptimizerSpan span;
 };
 
 struct GradStats {
@@ -207,6 +214,11 @@ class ZINF_EXPORT CpuOptimizer {
   // Stateless form of Update: applies step number `step` (>= 1) of `hyper_params`.
   Status ApplyStep(const OptimizerHyperParams& hyper_params, int64_t step, float grad_scale,
                    const OptimizerSpan& span) const;
+  // ApplyStep over many spans, each with its own step number, in one threaded pass: their
+  // chunks are shared out together, so a model's many small tensors step in parallel instead
+  // of one after another. Checks every span first; a bad one leaves all untouched.
+  Status ApplySteps(const OptimizerHyperParams& hyper_params, float grad_scale,
+                    std::span<const SteppedSpan> spans) const;
 
   // ---- Checkpoints ----
   // The groups' hyper-parameters and step counts, bit-exact, in a versioned binary form. The

@@ -1,9 +1,10 @@
 // zinf._zinf.CpuOptimizer: zinf's CPU optimizer kernels (zinf/cpu_optimizer.h) over the
 // flat fp32 buffers of torch tensors, for zinf.optim. The Python side keeps the state tensors
-// and step counts (so torch's state_dict works unchanged) and calls the stateless ApplyStep
-// once per parameter, with the GIL released for the whole group. Each parameter's step count is
-// torch's float32 scalar tensor, read and advanced here through its pointer: a torch op per
-// parameter per step (an item() and an add_) cost more than a 64K-element update.
+// and step counts (so torch's state_dict works unchanged) and calls the stateless ApplySteps
+// once per group, whose threads share out all its parameters' chunks, with the GIL released. Each
+// parameter's step count is torch's float32 scalar tensor, read and advanced here through its
+// pointer: a torch op per parameter per step (an item() and an add_) cost more than a 64K-element
+// update.
 //
 // Thread-safety: one CpuOptimizer is driven by one Python thread at a time (the GIL is
 // released only inside apply, which touches no Python object).
@@ -81,13 +82,10 @@ class PyCpuOptimizer {
     hp.initial_accumulator_value = initial_accumulator_value;
     ThrowIfError(hp.Validate());
     // Every pointer is checked before any parameter changes: a bad item leaves all untouched.
-    struct Update {
-      float* step_count;
-      int64_t step;
-      OptimizerSpan span;
-    };
-    std::vector<Update> updates;
-    updates.reserve(items.size());
+    std::vector<SteppedSpan> spans;
+    std::vector<float*> step_counts;
+    spans.reserve(items.size());
+    step_counts.reserve(items.size());
     for (const Item& item : items) {
       const auto& [step_count, params, grads, grad_dtype, state0, state1, copy, copy_dtype, count] =
           item;
@@ -106,16 +104,17 @@ class PyCpuOptimizer {
           throw StatusError(InvalidArgument("the parameter copy must be bfloat16 or float16"));
         }
       }
-      float* count_ptr = static_cast<float*>(Pointer(step_count, "step count"));
-      updates.push_back({count_ptr, NextStep(*count_ptr), span});
+      step_counts.push_back(static_cast<float*>(Pointer(step_count, "step count")));
+      spans.push_back({NextStep(*step_counts.back()), span});
     }
     Status status;
     {
       py::gil_scoped_release release;
-      for (const Update& u : updates) {
-        status = optimizer_->ApplyStep(hp, u.step, grad_scale, u.span);
-        if (!status.ok()) break;
-        *u.step_count = static_cast<float>(u.step);
+      status = optimizer_->ApplySteps(hp, grad_scale, spans);
+      if (status.ok()) {
+        for (size_t i = 0; i < spans.size(); ++i) {
+          *step_counts[i] = static_cast<float>(spans[i].step);
+        }
       }
     }
     ThrowIfError(status);

@@ -317,6 +317,48 @@ TEST(CpuOptimizerTest, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
+TEST(CpuOptimizerTest, ApplyStepsEqualsApplyStepPerSpan) {
+  // Spans of many sizes (under a chunk and over several), each at its own step number, stepped
+  // together and one by one: bitwise the same, for any thread count.
+  const std::vector<size_t> sizes = {1, 100, 16383, 16385, 70001, 3, 250000};
+  OptimizerHyperParams hp = OptimizerHyperParams::Defaults(OptimizerType::kAdamW);
+  hp.weight_decay = 0.1;
+  for (int threads : {1, 3}) {
+    auto opt = MakeOptimizer(CpuKernelIsa::kAuto, threads);
+    std::vector<std::unique_ptr<Shard>> together, alone;
+    std::vector<SteppedSpan> spans;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      together.push_back(std::make_unique<Shard>(sizes[i], hp.type, ElementType::kBf16, true,
+                                                 static_cast<uint32_t>(i)));
+      alone.push_back(std::make_unique<Shard>(sizes[i], hp.type, ElementType::kBf16, true,
+                                              static_cast<uint32_t>(i)));
+    }
+    for (int round = 0; round < 2; ++round) {
+      spans.clear();
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const auto step = static_cast<int64_t>(1 + i + round);
+        spans.push_back({step, together[i]->span});
+        ASSERT_TRUE(opt->ApplyStep(hp, step, 0.5f, alone[i]->span).ok());
+      }
+      ASSERT_TRUE(opt->ApplySteps(hp, 0.5f, spans).ok());
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(*together[i] == *alone[i]) << threads << " threads, span " << i;
+    }
+
+    // A bad span anywhere refuses the call before any span changes.
+    Shard untouched(1000, hp.type, ElementType::kFp32, false, 99);
+    Shard reference(1000, hp.type, ElementType::kFp32, false, 99);
+    OptimizerSpan bad = untouched.span;
+    bad.grads = nullptr;
+    const std::vector<SteppedSpan> with_bad = {{1, untouched.span}, {1, bad}};
+    EXPECT_EQ(opt->ApplySteps(hp, 1.0f, with_bad).code(), StatusCode::kInvalidArgument);
+    const std::vector<SteppedSpan> bad_step = {{1, untouched.span}, {0, untouched.span}};
+    EXPECT_EQ(opt->ApplySteps(hp, 1.0f, bad_step).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(untouched == reference);
+  }
+}
+
 TEST(CpuOptimizerTest, StoreModesGiveTheSameResult) {
   const size_t n = 100003;
   for (CpuKernelIsa isa : SupportedCpuKernelIsas()) {

@@ -31,6 +31,56 @@ TEST(ParallelTest, ForVisitsEveryElementOnceInChunkAlignedPieces) {
   }
 }
 
+TEST(ParallelTest, ForEachVisitsEveryElementOfEveryRangeOnce) {
+  // Empty ranges, ranges under a chunk, and ones spanning several, in one call.
+  const std::vector<size_t> counts = {0, 1,           kChunkElems - 1, 0, 3 * kChunkElems + 5, 7,
+                                      0, kChunkElems, 2 * kChunkElems};
+  for (int threads : {1, 2, 3}) {
+    auto par = Parallel::Create(threads);
+    ASSERT_TRUE(par.ok());
+    std::vector<std::vector<std::atomic<int>>> seen;
+    for (size_t n : counts) seen.emplace_back(n);
+    ASSERT_TRUE((*par)
+                    ->ForEach(counts,
+                              [&](size_t range, size_t begin, size_t end) {
+                                ASSERT_LT(range, counts.size());
+                                EXPECT_EQ(begin % kChunkElems, 0u);
+                                EXPECT_LT(begin, end);
+                                EXPECT_LE(end, counts[range]);
+                                for (size_t i = begin; i < end; ++i) seen[range][i].fetch_add(1);
+                              })
+                    .ok());
+    for (size_t r = 0; r < counts.size(); ++r) {
+      for (size_t i = 0; i < counts[r]; ++i) {
+        ASSERT_EQ(seen[r][i].load(), 1) << threads << " threads, range " << r << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(ParallelTest, ForEachSharesManySmallRangesAmongThreads) {
+  // 64 ranges of one chunk each: too small to split one by one, but together worth the
+  // workers, who must take part (or the call ran them one after another on this thread).
+  auto par = Parallel::Create(2);
+  ASSERT_TRUE(par.ok());
+  const std::vector<size_t> counts(64, kChunkElems);
+  const auto caller = std::this_thread::get_id();
+  bool other_thread = false;
+  for (int attempt = 0; attempt < 100 && !other_thread; ++attempt) {
+    std::atomic<int> others = 0;
+    ASSERT_TRUE((*par)
+                    ->ForEach(counts,
+                              [&](size_t, size_t, size_t) {
+                                if (std::this_thread::get_id() != caller) others.fetch_add(1);
+                                // Long enough that the worker wakes before the caller is done.
+                                std::this_thread::sleep_for(std::chrono::microseconds(200));
+                              })
+                    .ok());
+    other_thread = others.load() > 0;
+  }
+  EXPECT_TRUE(other_thread) << "every range ran on the calling thread";
+}
+
 TEST(ParallelTest, SumIsTheSameForAnyThreadCount) {
   const size_t n = 5000011;
   std::vector<double> x(n);
