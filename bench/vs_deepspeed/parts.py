@@ -264,12 +264,15 @@ def estimate(args):
             total, largest, num_gpus_per_node=args.world, cpu_offload=offload,
             cpu_offload_params=offload_params, zero_init=False)
         row = rows.get(PLAN_ROWS[placement], {})
-        # On the CPU accelerator the "GPU" memory is host memory too: the node needs both.
+        # On the CPU accelerator the "GPU" memory is host memory too: the node needs both. So
+        # too for zinf: its device tier, host tier and activations, per rank, all in memory.
+        per_rank = [row.get(k) for k in ("peak_device_bytes", "peak_host_bytes",
+                                         "activation_bytes")]
         common.emit("estimate", placement=placement, world=args.world, params=total,
                     d_model=args.d_model, layers=args.layers,
                     deepspeed_host_bytes=cpu + gpu * args.world,
-                    zinf_plan_steady_host_bytes=row.get("steady_host_bytes"),
-                    zinf_plan_peak_host_bytes=row.get("peak_host_bytes"),
+                    zinf_plan_node_bytes=(sum(per_rank) * args.world
+                                          if None not in per_rank else None),
                     zinf_plan_nvme_bytes=row.get("nvme_bytes"))
 
 

@@ -195,15 +195,15 @@ def estimate_table(results, out):
         return
     out.append("")
     out.append("| placement | ranks | parameters | DeepSpeed estimate (model states, host) | "
-               "zinf plan steady / peak host | zinf plan NVMe | measured peak RSS zinf / "
-               "DeepSpeed / train_gpt |")
+               "zinf plan, all ranks (device tier + host tier + activations) | zinf plan NVMe | "
+               "measured peak RSS zinf / DeepSpeed / train_gpt |")
     out.append("|" + "---|" * 7)
     for r in rows:
         m = measured.get((r["placement"], r["world"], r["d_model"]), {})
         out.append(
             f"| {r['placement']} | {r['world']} | {r['params'] / 1e6:.2f}M | "
-            f"{mib(r['deepspeed_host_bytes'])} | {mib(r['zinf_plan_steady_host_bytes'])} / "
-            f"{mib(r['zinf_plan_peak_host_bytes'])} | {mib(r['zinf_plan_nvme_bytes'])} | "
+            f"{mib(r['deepspeed_host_bytes'])} | {mib(r.get('zinf_plan_node_bytes'))} | "
+            f"{mib(r['zinf_plan_nvme_bytes'])} | "
             f"{mib(common.median(m.get('zinf', [])) if m.get('zinf') else None)} / "
             f"{mib(common.median(m.get('deepspeed', [])) if m.get('deepspeed') else None)} / "
             f"{mib(common.median(m.get('zinf native', [])) if m.get('zinf native') else None)} |")
