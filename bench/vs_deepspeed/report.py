@@ -285,11 +285,13 @@ def main():
     adam_table(results, out, limits)
     aio_table(results, out)
     estimate_table(results, out)
-    out.append("")
-    out.append(f"![zinf vs DeepSpeed]({os.path.basename(args.png)})")
+    if plot_rows:  # a parts-only run has no tokens/s to plot
+        out.append("")
+        out.append(f"![zinf vs DeepSpeed]({os.path.basename(args.png)})")
     with open(args.markdown, "w") as f:
         f.write("\n".join(out) + "\n")
-    plot(os.path.abspath(args.png), plot_rows, curves)
+    if plot_rows:
+        plot(os.path.abspath(args.png), plot_rows, curves)
     ratios = [z / d for _, z, d, _ in plot_rows if z and d]
     with open(args.summary, "w") as f:
         f.write(f"Against DeepSpeed ZeRO-3 on its CPU accelerator, same machine, same run "
