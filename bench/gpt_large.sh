@@ -33,7 +33,7 @@ fi
 field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
 disk() { build/bin/zinf bench nvme --path "$nvme_dir" --size 4GiB --reps 1 --fio-huge-pages --json | tail -1; }
 # Just after a run the file system may still be freeing its swap (ext4 mounted with discard
-# took minutes for 70 GB on one virtio disk): wait up to 5 minutes for the room a measurement
+# took 15-30 s for 70 GB on one virtio disk): wait up to 5 minutes for the room a measurement
 # needs. A measurement that fails anyway costs its figure, not the run's.
 wait_for_room() {
   for _ in $(seq 60); do
