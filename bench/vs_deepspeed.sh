@@ -195,6 +195,12 @@ if [ "$only" != e2e ]; then
     OMP_NUM_THREADS=2 run_py bench/vs_deepspeed/parts.py adam --params "$many" --tensors 64 \
       --threads 2 --reps 3
   done
+  # And each step right after a parallel torch op, as a step follows backward: torch's OpenMP
+  # threads are still spinning on the cores, and only DeepSpeed's step runs on them.
+  for ((rep = 0; rep < reps; ++rep)); do
+    OMP_NUM_THREADS=2 run_py bench/vs_deepspeed/parts.py adam --params "$many" --threads 2 \
+      --reps 3 --after-torch-op
+  done
   step "swap I/O: zinf.nvme.SwapHandle vs DeepSpeed's aio_handle vs fio, in $nvme_dir"
   run_py bench/vs_deepspeed/parts.py aio --dir "$nvme_dir" --size "$aio_size" --reps "$reps" ||
     echo "   (the aio comparison failed: $work/stderr.log)"

@@ -132,7 +132,8 @@ def adam_table(results, out, limits):
     rows = collections.defaultdict(dict)
     for r in results:
         if r["kind"] == "adam":
-            key = (r["params"], r.get("tensors", 1), r["threads"], r.get("load", 0))
+            key = (r["params"], r.get("tensors", 1), r["threads"], r.get("load", 0),
+                   r.get("after_torch_op", False))
             rows[key].setdefault(r["side"], []).append(r["GBps"])
     if not rows:
         return
@@ -141,10 +142,11 @@ def adam_table(results, out, limits):
                "DeepSpeedCPUAdam GB/s | zinf / DeepSpeed | bandwidth limit GB/s (`zinf bench "
                "adam`, same load) | zinf / limit | DeepSpeed / limit |")
     out.append("|" + "---|" * 9)
-    for (params, tensors, threads, load), sides in sorted(rows.items()):
+    for (params, tensors, threads, load, after_op), sides in sorted(rows.items()):
         z, d = common.median(sides.get("zinf", [])), common.median(sides.get("deepspeed", []))
         limit = common.median(limits.get((params, threads, load), []))
-        where = f"{params / 2**20:g}M" + (f" in {tensors} tensors" if tensors > 1 else "")
+        where = (f"{params / 2**20:g}M" + (f" in {tensors} tensors" if tensors > 1 else "") +
+                 (", right after a torch op" if after_op else ""))
         out.append(f"| {where} | {threads} | {load} | {z:.2f} | {d:.2f} | "
                    f"{z / d:.2f}x | {limit:.2f} | {z / limit:.2f} | {d / limit:.2f} |")
 
