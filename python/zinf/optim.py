@@ -85,6 +85,8 @@ class _ZinfOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             raise ValueError(f"{what} has a sparse gradient; zinf.optim needs dense ones")
         check_cpu_tensor(grad, what + ".grad")
+        if grad.numel() != p.numel():
+            raise ValueError(f"{what}.grad has {grad.numel()} elements, the parameter {p.numel()}")
         for name, a in zip(self._state_names, arrays):
             check_cpu_tensor(a, f"state of {what} ('{name}')")
             if a.numel() != p.numel():
@@ -102,6 +104,8 @@ class _ZinfOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        first = self._state_names[0]
+        second = self._state_names[1] if len(self._state_names) > 1 else None
         for gi, group in enumerate(self.param_groups):
             self._check_group(group)
             items = []
@@ -112,11 +116,17 @@ class _ZinfOptimizer(torch.optim.Optimizer):
                 state = self.state[p]
                 if len(state) == 0:
                     self._init_state(p, group)
-                arrays = [state[name] for name in self._state_names]
+                state0 = state[first]
+                # With one state array the parameter stands in for the second: it passes the
+                # same checks, and the kernels get 0.
+                state1 = state[second] if second is not None else p
+                step = state["step"]
                 numel = p.numel()
-                if not (all(map(_is_plain_fp32, (p, grad, *arrays)))
-                        and all(a.numel() == numel for a in arrays)):
-                    self._refuse(f"param_groups[{gi}]['params'][{pi}]", p, grad, arrays)
+                if not _plain_step(step, numel, p, grad, state0, state1):
+                    if not _plain_step(_SCALAR, numel, p, grad, state0, state1):
+                        self._refuse(f"param_groups[{gi}]['params'][{pi}]", p, grad,
+                                     [state[n] for n in self._state_names])
+                    step = _step_count(state)  # only the count was not as the kernels take it
                 copy_ptr, copy_dtype = 0, "bfloat16"
                 if self.param_copy_dtype is not None:
                     copy = self.param_copy(p)
@@ -124,9 +134,8 @@ class _ZinfOptimizer(torch.optim.Optimizer):
                         copy = torch.empty_like(p, dtype=self.param_copy_dtype)
                         self._param_copies[p] = copy
                     copy_ptr, copy_dtype = copy.data_ptr(), dtype_name(copy.dtype)
-                items.append((_step_count(state).data_ptr(), p.data_ptr(), grad.data_ptr(),
-                              "float32", arrays[0].data_ptr(),
-                              arrays[1].data_ptr() if len(arrays) > 1 else 0,
+                items.append((step.data_ptr(), p.data_ptr(), grad.data_ptr(), "float32",
+                              state0.data_ptr(), state1.data_ptr() if second is not None else 0,
                               copy_ptr, copy_dtype, numel))
             if items:
                 # Advances each parameter's step count as its update is applied; a refused step
@@ -136,13 +145,24 @@ class _ZinfOptimizer(torch.optim.Optimizer):
         return loss
 
 
-def _is_plain_fp32(t):
-    # The common case, checked in well under a microsecond; _refuse says what is wrong otherwise.
-    return (isinstance(t, torch.Tensor) and t.is_cpu and t.dtype is _FP32 and t.layout is _STRIDED
-            and t.is_contiguous())
+def _plain_step(step, numel, *tensors):
+    """Whether the kernels can step these as they are: `step` a float32 CPU scalar tensor, and
+    each tensor a contiguous CPU float32 tensor of `numel` elements. Inlined attribute checks:
+    this runs for every parameter at every step, and a model has hundreds (bench/RESULTS.md)."""
+    try:
+        if not (step.dtype is _FP32 and step.is_cpu and step.dim() == 0):
+            return False
+        for t in tensors:
+            if not (t.dtype is _FP32 and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+                    and t.numel() == numel):
+                return False
+    except AttributeError:  # not a tensor: a state dict with plain numbers, or worse
+        return False
+    return True
 
 
 _FP32, _STRIDED = torch.float32, torch.strided
+_SCALAR = torch.zeros((), dtype=_FP32)  # a step count _plain_step takes, to check the rest
 
 
 def _step_count(state):

@@ -201,6 +201,20 @@ class OptimTest(unittest.TestCase):
                         "exp_avg_sq": torch.zeros(4)}
         with self.assertRaisesRegex(ValueError, r"\('exp_avg'\) has 3 elements, the parameter 4"):
             opt.step()
+        # A count kept as a plain number beside a bad array: refused, and nothing changed.
+        opt.state[p] = {"step": 5, "exp_avg": torch.zeros(4, dtype=torch.float64),
+                        "exp_avg_sq": torch.zeros(4)}
+        with self.assertRaisesRegex(ValueError, r"\('exp_avg'\) must be torch.float32"):
+            opt.step()
+        self.assertEqual(opt.state[p]["step"], 5)
+        opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": [0.0] * 4,
+                        "exp_avg_sq": torch.zeros(4)}
+        with self.assertRaisesRegex(TypeError, r"'exp_avg'\) must be a torch.Tensor, got list"):
+            opt.step()
+        sparse = torch.nn.Parameter(torch.ones(4))
+        sparse.grad = torch.ones(4).to_sparse()
+        with self.assertRaisesRegex(ValueError, "sparse gradient"):
+            zoptim.AdamW([sparse]).step()
         for bad_count in (-1.0, 2.5, float("nan"), 2.0**24):
             opt.state[p] = {"step": torch.tensor(bad_count), "exp_avg": torch.zeros(4),
                             "exp_avg_sq": torch.zeros(4)}
