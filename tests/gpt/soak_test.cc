@@ -71,8 +71,9 @@ void ExpectNothingGrows(const std::string& metrics_path) {
   const uint64_t settled = MedianEntries(steps, kSteps / 6, kSteps / 2);
   const uint64_t later = MedianEntries(steps, kSteps / 2 + 1, kSteps);
   EXPECT_GT(settled, 0u);
-  EXPECT_LE(later, settled) << "the store's bookkeeping grew from a median of " << settled << " entries in "
-                            << "steps " << kSteps / 6 << ".." << kSteps / 2 << " to " << later;
+  EXPECT_LE(later, settled) << "the store's bookkeeping grew from a median of " << settled
+                            << " entries in steps " << kSteps / 6 << ".." << kSteps / 2 << " to "
+                            << later;
   if (kSteps < 2 * kRssFromStep) return;
   const double from = static_cast<double>(steps[kRssFromStep - 1].rss_bytes);
   const double end = static_cast<double>(steps.back().rss_bytes);
