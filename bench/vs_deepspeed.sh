@@ -33,8 +33,10 @@
 #               (default: all, 50 steps). small runs a step in about a second (1 rank, memory);
 #               large is the largest whose placement (zinf, DeepSpeed and train_gpt, 50 steps
 #               each) runs within 10 minutes here. The whole of both takes about 6 hours on 2 cores.
-#   --only      one section (parts or e2e); the report keeps the other's results of the last run,
-#               and a subset of the end-to-end runs keeps the last run's other rows
+#   --only      one section (parts or e2e); the report keeps the other's results of the last run
+#               on this machine (build/vs-deepspeed/results.log), and a subset of the end-to-end
+#               runs keeps the last run's other rows; a report without one of the sections stays
+#               in build/vs-deepspeed/ instead of replacing the published one
 #   --nvme-dir  a directory on a real disk for the swap files (default /work/bench-nvme if it
 #               exists, else build/vs-deepspeed/nvme)
 set -euo pipefail
@@ -267,8 +269,18 @@ swapped piece (its default); DeepSpeed does not. Peak RSS is summed over ranks; 
 what /proc/self/io counts (the block layer's reads and writes), the same meter for both sides.
 EOF
 # A --quick run's report stays in the build tree: it is a smoke test, not figures to publish.
+# So does one whose log lacks the end-to-end or the parts results (an --only run on a machine
+# that never ran the other section): published, it would replace the report with half of it.
+publish=1
+[ "$quick" = 1 ] && publish=0
+if [ "$publish" = 1 ] && ! { grep -q '"kind": "e2e"' "$log" && grep -q '"kind": "adam"' "$log"; }; then
+  publish=0
+  echo "vs_deepspeed: $log lacks the $(grep -q '"kind": "e2e"' "$log" && echo parts || echo end-to-end)" \
+    "results (no run of that section on this machine), so the report stays in $work;" \
+    "bench/RESULTS.md and README.md keep the published one" >&2
+fi
 out=bench
-[ "$quick" = 1 ] && out=$work
+[ "$publish" = 0 ] && out=$work
 status=0
 "$py" bench/vs_deepspeed/report.py "$log" --header "$header" \
   --adam-limits "$work/adam_limits.jsonl" --markdown "$out/vs_deepspeed.md" \
@@ -288,7 +300,7 @@ replace_between() {  # FILE CONTENT_FILE
     { echo; echo "$begin"; cat "$content"; echo "$end"; } >>"$file"
   fi
 }
-if [ "$quick" = 0 ]; then
+if [ "$publish" = 1 ]; then
   replace_between bench/RESULTS.md bench/vs_deepspeed.md
   replace_between README.md "$work/summary.txt"
 fi
