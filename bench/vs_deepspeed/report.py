@@ -46,6 +46,44 @@ def max_relative_difference(a, b):
     return max(abs(x - y) / abs(y) for x, y in zip(a, b)) if a and b else None
 
 
+# Note [Loss spikes]
+# fp32 runs of the same model differ by summation order only, about 1e-7 relative per op, and
+# the two curves agree to that until the loss spikes (lr 1e-3 without warmup makes the large
+# size spike on some CPUs: torch_gpt 512 x 8 at step 32 on an Intel Xeon, where the gradient
+# norm of that step came out 37 under DeepSpeed, 326 under zinf and 501 under torch's own
+# AdamW from losses equal to 2e-6 the step before, bench/RESULTS.md). At a spike the
+# trajectory is chaotic and the difference grows to whatever it grows to; before it, a wrong
+# gradient or update shows from the first step. So a row outside the tolerance says whether
+# it was within it up to the first spike: a step whose DeepSpeed loss rose by SPIKE_RISE.
+SPIKE_RISE = 1.2
+
+
+def loss_difference(losses_z, losses_d):
+    """(the largest relative difference, the first loss spike's index or None, the largest
+    difference before it) of two loss curves; None for a missing curve."""
+    diff = max_relative_difference(losses_z, losses_d)
+    if diff is None:
+        return None
+    spike = next((i for i in range(1, len(losses_d))
+                  if losses_d[i] > SPIKE_RISE * losses_d[i - 1]), None)
+    before = max_relative_difference(losses_z[:spike], losses_d[:spike]) if spike else diff
+    return diff, spike, before
+
+
+def loss_verdict(losses_z, losses_d):
+    """The loss column of an end-to-end row (Note [Loss spikes])."""
+    difference = loss_difference(losses_z, losses_d)
+    if difference is None:
+        return "-"
+    diff, spike, before = difference
+    if diff <= LOSS_TOLERANCE:
+        return f"{diff:.1e} (within 1e-3)"
+    if spike is None or before > LOSS_TOLERANCE:
+        return f"{diff:.1e} (OUTSIDE 1e-3)"
+    return (f"{diff:.1e} (OUTSIDE 1e-3 after the loss spike of step {spike + 1}; "
+            f"{before:.1e} before it)")
+
+
 def targets(placement, tokens_z, tokens_d, rss_z, rss_d):
     """Whether a row meets issue 32's targets, said in the row itself."""
     if not (tokens_z and tokens_d and rss_z and rss_d):
@@ -105,9 +143,7 @@ def e2e_table(results, out):
         z, d = med("zinf", "tokens_per_s"), med("deepspeed", "tokens_per_s")
         losses_z = sides["zinf"][0]["losses"] if sides.get("zinf") else None
         losses_d = sides["deepspeed"][0]["losses"] if sides.get("deepspeed") else None
-        diff = max_relative_difference(losses_z, losses_d)
-        verdict = "-" if diff is None else (
-            f"{diff:.1e} ({'within' if diff <= LOSS_TOLERANCE else 'OUTSIDE'} 1e-3)")
+        verdict = loss_verdict(losses_z, losses_d)
         rss_z, rss_d = med("zinf", "peak_rss_bytes"), med("deepspeed", "peak_rss_bytes")
         out.append(
             f"| {model} | {d_model} x {layers} | {placement} | {world} | {tokens('zinf')} | "
@@ -311,11 +347,11 @@ def main():
 
 def check(results):
     """What makes a run fail: a zinf row that failed, no zinf row, or a loss curve that leaves
-    DeepSpeed's by more than LOSS_TOLERANCE."""
+    DeepSpeed's by more than LOSS_TOLERANCE before the first loss spike (Note [Loss spikes])."""
     problems = [f"zinf ({r['side']}) failed on {r['model']} {r['placement']} {r['world']} "
                 f"rank(s): {r['error'][:300]}"
-                for r in results if r["kind"] == "e2e" and r["side"] != "deepspeed" and
-                "error" in r]
+                for r in results if r["kind"] == "e2e" and "error" in r
+                and r["side"] not in ("deepspeed", "torch")]
     ran = {}
     for r in results:
         if r["kind"] == "e2e" and "error" not in r:
@@ -325,9 +361,11 @@ def check(results):
         problems.append("no end-to-end zinf run finished")
     for key, sides in ran.items():
         if "zinf" in sides and "deepspeed" in sides:
-            diff = max_relative_difference(sides["zinf"], sides["deepspeed"])
-            if diff > LOSS_TOLERANCE:
-                problems.append(f"{key}: zinf's loss leaves DeepSpeed's by {diff:.2e} relative")
+            diff, spike, before = loss_difference(sides["zinf"], sides["deepspeed"])
+            if before > LOSS_TOLERANCE:  # after a spike the curves part anyway: Note [Loss spikes]
+                where = f" before the loss spike of step {spike + 1}" if spike else ""
+                problems.append(
+                    f"{key}: zinf's loss leaves DeepSpeed's by {before:.2e} relative{where}")
     return problems
 
 

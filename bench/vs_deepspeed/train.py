@@ -6,13 +6,16 @@ from a config, partitioned by each side's `zero.Init(module=...)`), the same ini
 (seed 0), the same batches (examples/torch's sampler:
 seed 1234, every rank draws the global batch and takes its rows), the same DeepSpeed config
 (AdamW, gradient clipping, fp32) for both. Prints one RESULT line (common.py): the loss of each
-step (the mean over ranks), the step time and its split (forward, backward, optimizer step), the
-tokens per second, the peak RSS summed over ranks and the bytes each step made the disk read
-and write.
+step (the mean over ranks) and its gradient norm before clipping, the step time and its split
+(forward, backward, optimizer step), the tokens per second, the peak RSS summed over ranks and
+the bytes each step made the disk read and write.
 
-  python train.py --side zinf|deepspeed --placement memory|cpu|nvme [--model torch_gpt|hf_gpt2]
+  python train.py --side zinf|deepspeed|torch --placement memory|cpu|nvme [--model torch_gpt|hf_gpt2]
       [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
       [--profile DIR]
+
+--side torch is the reference neither side wrote, for explaining where their curves part:
+torch's own AdamW and clip_grad_norm_, one process, in memory.
 
 --profile runs the timed steps under torch.profiler and prints a "profile" RESULT instead of an
 "e2e" one: the steps' wall time and how much of it the model's own torch ops (aten::*, the same
@@ -126,6 +129,10 @@ class Zinf:
     def mean(self, value):
         return self.engine.zero.mean_over_ranks(value)
 
+    def grad_norm(self):
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
     def split(self):
         """The engine's own split of the step and its own count of NVMe bytes."""
         return {k: self.summary[k] for k in ("seconds_gather", "seconds_reduce",
@@ -167,6 +174,42 @@ class DeepSpeed:
         self.dist.all_reduce(t)
         return t.item() / self.world
 
+    def grad_norm(self):
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def split(self):
+        return {}
+
+
+class Torch:
+    """The reference neither side wrote: torch's own AdamW and clip_grad_norm_ on the whole
+    model in one process, no ZeRO, the same hyper-parameters. report.py leaves it out of the
+    tables; it is for explaining where the two curves part (Note [Loss spikes] in report.py)."""
+
+    def __init__(self, model, args, threads):
+        if args.placement != "memory" or int(os.environ.get("WORLD_SIZE", "1")) != 1:
+            raise ValueError("--side torch is one process with --placement memory")
+        self.model, self.rank, self.world, self.norm = model, 0, 1, None
+        self.optimizer = torch.optim.AdamW(model.parameters(), **HYPER)
+
+    def forward(self, x):
+        return self.model(x)
+
+    def backward(self, loss):
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+
+    def step(self):
+        self.norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+
+    def mean(self, value):
+        return value
+
+    def grad_norm(self):
+        return float(self.norm)
+
     def split(self):
         return {}
 
@@ -179,11 +222,11 @@ def run(args):
     corpus = _torch_example().load_corpus(os.environ.get("ZINF_VS_DS_CORPUS", ""))
     model = build_model(args)
     params = sum(p.numel() for p in model.parameters())
-    side = (Zinf if args.side == "zinf" else DeepSpeed)(model, args, threads)
+    side = {"zinf": Zinf, "deepspeed": DeepSpeed, "torch": Torch}[args.side](model, args, threads)
     rank, world, micro, seq = side.rank, side.world, args.micro, args.seq
 
     g = torch.Generator().manual_seed(1234)
-    losses, steps = [], []
+    losses, grad_norms, steps = [], [], []
     profiler = None
     for step in range(args.steps):
         if args.profile and step == WARMUP_STEPS:
@@ -203,6 +246,7 @@ def run(args):
         t3 = time.perf_counter()
         io1 = common.disk_io_bytes()
         losses.append(side.mean(loss.item()))
+        grad_norms.append(side.grad_norm())
         steps.append({"forward_s": t1 - t0, "backward_s": t2 - t1, "step_s": t3 - t2,
                       "total_s": t3 - t0, "disk_read": io1[0] - io0[0],
                       "disk_written": io1[1] - io0[1], **side.split()})
@@ -220,8 +264,8 @@ def run(args):
         common.emit("e2e", side=args.side, model=args.model, placement=args.placement,
                     world=world, threads_per_rank=threads, params=params, layers=args.layers,
                     d_model=args.d_model, seq=seq, micro=micro, steps=args.steps,
-                    construction="zero.Init(module)",
-                    losses=losses, step_s=per_step["total_s"],
+                    construction="zero.Init(module)" if args.side != "torch" else "no ZeRO",
+                    losses=losses, grad_norms=grad_norms, step_s=per_step["total_s"],
                     tokens_per_s=micro * world * seq / per_step["total_s"],
                     peak_rss_bytes=rss, disk_read_per_step=disk_read,
                     disk_written_per_step=disk_written, split=per_step)
@@ -245,7 +289,7 @@ def report_profile(args, profiler, timed, side, params):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--side", choices=("zinf", "deepspeed"), required=True)
+    ap.add_argument("--side", choices=("zinf", "deepspeed", "torch"), required=True)
     ap.add_argument("--placement", choices=("memory", "cpu", "nvme"), required=True)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--nvme-path", default="")
