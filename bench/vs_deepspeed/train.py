@@ -10,8 +10,8 @@ step (the mean over ranks) and its gradient norm before clipping, the step time 
 (forward, backward, optimizer step), the tokens per second, the peak RSS summed over ranks and
 the bytes each step made the disk read and write.
 
-  python train.py --side zinf|deepspeed|torch --placement memory|cpu|nvme [--model torch_gpt|hf_gpt2]
-      [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
+  python train.py --side zinf|deepspeed|torch --placement memory|cpu|nvme
+      [--model torch_gpt|hf_gpt2] [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
       [--profile DIR]
 
 --side torch is the reference neither side wrote, for explaining where their curves part:
