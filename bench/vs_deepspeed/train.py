@@ -105,6 +105,12 @@ def ds_config(args):
     return config
 
 
+def engine_grad_norm(engine):
+    """The last step's gradient norm before clipping, as both engines report it."""
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
 class Zinf:
     """zinf through its DeepSpeed-compatible entry point, called as the DeepSpeed side is."""
 
@@ -130,8 +136,7 @@ class Zinf:
         return self.engine.zero.mean_over_ranks(value)
 
     def grad_norm(self):
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+        return engine_grad_norm(self.engine)
 
     def split(self):
         """The engine's own split of the step and its own count of NVMe bytes."""
@@ -175,8 +180,7 @@ class DeepSpeed:
         return t.item() / self.world
 
     def grad_norm(self):
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+        return engine_grad_norm(self.engine)
 
     def split(self):
         return {}
