@@ -9,7 +9,8 @@
 #              accelerator, DS_ACCELERATOR=cpu) and under zinf.zero, and the native train_gpt,
 #              with the same dimensions, data, seed, batch, AdamW and clipping: everything in
 #              memory, optimizer on the CPU (ZeRO-Offload), parameters and optimizer on NVMe
-#              (ZeRO-Infinity); 1 and 2 processes; 50 steps.
+#              (ZeRO-Infinity); 1 and 2 processes; 50 steps. Their limit: torch alone's forward
+#              and backward, no ZeRO (Note [The compute limit] in bench/vs_deepspeed/report.py).
 # Writes bench/vs_deepspeed.md (the report) and bench/vs_deepspeed.png (tokens/s, loss curves),
 # puts the report into bench/RESULTS.md and a summary line into README.md (between their
 # "vs_deepspeed" markers); --quick writes its report into build/vs-deepspeed/ only and fails
@@ -151,7 +152,9 @@ def redone(r):
     if only == "parts" or (r["d_model"], r["layers"]) not in dims or r["world"] not in worlds:
         return False
     model = "torch_gpt" if r.get("model") == "train_gpt" else r.get("model")
-    return r["kind"] == "estimate" or (r["placement"] in placements and model in models)
+    if r["kind"] == "estimate" or (r["side"] == "torch" and model in models):
+        return True  # the compute limit is run again with the first placement of any subset
+    return r["placement"] in placements and model in models
 
 with open(log) as f:
     kept = [line for line in f if line.startswith("RESULT ") and
@@ -220,6 +223,12 @@ if [ "$only" != parts ]; then
         for model in $models; do
           for ((rep = 0; rep < reps; ++rep)); do
             step "$model $placement, $world rank(s), $size: zinf, DeepSpeed$([ "$model" = torch_gpt ] && echo ", train_gpt") (repetition $((rep + 1))/$reps)"
+            # The compute limit (torch alone, Note [The compute limit] in report.py), interleaved
+            # with the first placement's runs: it does not depend on the placement.
+            if [ "$placement" = "${placements%% *}" ]; then
+              OMP_NUM_THREADS=$((cores / world)) run_py bench/vs_deepspeed/train.py --side torch \
+                --placement memory --ranks "$world" --model "$model" --steps "$steps" $size || true
+            fi
             args=(--placement "$placement" --model "$model" --steps "$steps" $size)
             [ "$placement" = nvme ] && { rm -rf "$e2e_nvme"; mkdir -p "$e2e_nvme"; args+=(--nvme-path "$e2e_nvme"); }
             if [ "$world" = 1 ]; then

@@ -14,8 +14,12 @@ the bytes each step made the disk read and write.
       [--model torch_gpt|hf_gpt2] [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
       [--profile DIR]
 
---side torch is the reference neither side wrote, for explaining where their curves part:
-torch's own AdamW and clip_grad_norm_, one process, in memory.
+--side torch is the reference neither side wrote: torch's own AdamW and clip_grad_norm_, one
+process, in memory, no ZeRO. Its loss curve explains where the two sides' curves part (Note [Loss
+spikes] in report.py); its forward and backward are the limit of any engine that runs torch's
+kernels (Note [The compute limit] in report.py). With --ranks N it is one rank of an N-rank run,
+rank 0's rows on cores / N threads, counted N times over: data parallelism with nothing shared
+and nothing communicated.
 
 --profile runs the timed steps under torch.profiler and prints a "profile" RESULT instead of an
 "e2e" one: the steps' wall time and how much of it the model's own torch ops (aten::*, the same
@@ -194,7 +198,7 @@ class Torch:
     def __init__(self, model, args, threads):
         if args.placement != "memory" or int(os.environ.get("WORLD_SIZE", "1")) != 1:
             raise ValueError("--side torch is one process with --placement memory")
-        self.model, self.rank, self.world, self.norm = model, 0, 1, None
+        self.model, self.rank, self.world, self.norm = model, 0, args.ranks, None
         self.optimizer = torch.optim.AdamW(model.parameters(), **HYPER)
 
     def forward(self, x):
@@ -219,7 +223,8 @@ class Torch:
 
 
 def run(args):
-    threads = max(1, common.cores() // int(os.environ.get("WORLD_SIZE", "1")))
+    ranks = args.ranks if args.side == "torch" else int(os.environ.get("WORLD_SIZE", "1"))
+    threads = max(1, common.cores() // ranks)
     torch.set_num_threads(threads)
     # The script's snapshot of the corpus, so that an edit of the README during a run does not
     # give the two sides different batches.
@@ -271,6 +276,8 @@ def run(args):
                     construction="zero.Init(module)" if args.side != "torch" else "no ZeRO",
                     losses=losses, grad_norms=grad_norms, step_s=per_step["total_s"],
                     tokens_per_s=micro * world * seq / per_step["total_s"],
+                    compute_tokens_per_s=micro * world * seq / (per_step["forward_s"] +
+                                                                per_step["backward_s"]),
                     peak_rss_bytes=rss, disk_read_per_step=disk_read,
                     disk_written_per_step=disk_written, split=per_step)
 
@@ -297,12 +304,16 @@ def main():
     ap.add_argument("--placement", choices=("memory", "cpu", "nvme"), required=True)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--nvme-path", default="")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="--side torch: one rank of this many (see the top of the file)")
     ap.add_argument("--profile", default="",
                     help="profile the timed steps into this directory (see the top of the file)")
     add_model_args(ap)
     args = ap.parse_args()
     if args.placement == "nvme" and not args.nvme_path:
         ap.error("--placement nvme needs --nvme-path")
+    if args.ranks != 1 and args.side != "torch":
+        ap.error("--ranks is for --side torch; launch zinf and DeepSpeed with several processes")
     try:
         run(args)
     except Exception as e:  # the refusal is a result: report.py prints its exact text
