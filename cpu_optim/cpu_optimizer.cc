@@ -113,7 +113,7 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const CpuOptimizerO
   const CpuInfo& cpu = GetCpuInfo();
   int threads = options.threads;
   if (threads == 0) threads = std::max(1, cpu.usable_cpus);
-  ZINF_ASSIGN_OR_RETURN(impl->parallel, cpu_optim::Parallel::Create(threads));
+  ZINF_ASSIGN_OR_RETURN(impl->parallel, cpu_optim::Parallel::Create(threads, options.workers));
   impl->nt_min_bytes = options.nt_store_min_bytes != 0 ? options.nt_store_min_bytes
                        : cpu.l3_bytes != 0             ? cpu.l3_bytes
                                                        : size_t{32} << 20;
@@ -122,6 +122,7 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const CpuOptimizerO
 
 CpuKernelIsa CpuOptimizer::isa() const { return impl_->isa; }
 int CpuOptimizer::threads() const { return impl_->parallel->threads(); }
+CpuWorkers CpuOptimizer::workers() const { return impl_->parallel->workers(); }
 const CpuOptimizerOptions& CpuOptimizer::options() const { return impl_->options; }
 
 StoreMode CpuOptimizer::store_mode_in_use() const {

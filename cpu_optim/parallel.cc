@@ -6,8 +6,12 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,24 +30,95 @@ constexpr size_t kInlineElems = 2 * kChunkElems;
 size_t NumChunks(size_t count) { return (count + kChunkElems - 1) / kChunkElems; }
 }  // namespace
 
-StatusOr<std::unique_ptr<Parallel>> Parallel::Create(int threads) {
+StatusOr<std::unique_ptr<Parallel>> Parallel::Create(int threads, CpuWorkers workers) {
   if (threads < 1) {
     return InvalidArgument("cpu optimizer threads must be >= 1, got " + std::to_string(threads));
+  }
+  if (workers == CpuWorkers::kProcessOpenMp) {
+    // Note [Whose threads]: the runtime already loaded (torch's), never one of zinf's own.
+    if (auto openmp = reinterpret_cast<OpenMpParallel>(dlsym(RTLD_DEFAULT, "GOMP_parallel"))) {
+      return std::unique_ptr<Parallel>(new Parallel(threads, nullptr, openmp));
+    }
   }
   try {
     auto arena = std::make_unique<Arena>(threads);
     arena->arena.initialize();
-    return std::unique_ptr<Parallel>(new Parallel(threads, std::move(arena)));
+    return std::unique_ptr<Parallel>(new Parallel(threads, std::move(arena), nullptr));
   } catch (const std::exception& e) {
     return Internal(std::string("creating a oneTBB arena of ") + std::to_string(threads) +
                     " threads: " + e.what());
   }
 }
 
-Parallel::Parallel(int threads, std::unique_ptr<Arena> arena)
-    : threads_(threads), arena_(std::move(arena)) {}
+Parallel::Parallel(int threads, std::unique_ptr<Arena> arena, OpenMpParallel openmp)
+    : threads_(threads),
+      workers_(openmp != nullptr ? CpuWorkers::kProcessOpenMp : CpuWorkers::kOneTbb),
+      arena_(std::move(arena)),
+      openmp_(openmp) {}
 
 Parallel::~Parallel() = default;
+
+namespace {
+
+// One OpenMP team's shared work (Note [Whose threads]).
+struct Team {
+  const std::function<void(size_t, size_t)>* run;
+  size_t chunks;
+  size_t threads;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::string error;  // the first exception's message; the team's other threads stop early
+
+  // Each team thread: take runs of chunks, half the remaining work split among the threads,
+  // until none are left.
+  static void Member(void* data) {
+    auto* team = static_cast<Team*>(data);
+    try {
+      size_t begin = team->next.load(std::memory_order_relaxed);
+      for (;;) {
+        if (begin >= team->chunks) return;
+        const size_t take = std::max<size_t>(1, (team->chunks - begin) / (2 * team->threads));
+        if (!team->next.compare_exchange_weak(begin, begin + take, std::memory_order_relaxed)) {
+          continue;  // begin now holds the counter's current value
+        }
+        (*team->run)(begin, begin + take);
+        begin = team->next.load(std::memory_order_relaxed);
+      }
+    } catch (const std::exception& e) {
+      team->Fail(e.what());
+    } catch (...) {  // nothing may leave the OpenMP runtime's call
+      team->Fail("unknown exception");
+    }
+  }
+
+  void Fail(const char* what) {
+    next.store(chunks);
+    std::lock_guard<std::mutex> lock(mu);
+    if (error.empty()) error = what;
+  }
+};
+
+}  // namespace
+
+Status Parallel::RunChunks(size_t chunks, const std::function<void(size_t, size_t)>& run) {
+  if (openmp_ != nullptr) {
+    Team team{&run, chunks, static_cast<size_t>(threads_)};
+    openmp_(&Team::Member, &team, static_cast<unsigned>(threads_), 0);
+    if (!team.error.empty()) return Internal("cpu optimizer worker failed: " + team.error);
+    return OkStatus();
+  }
+  try {
+    arena_->arena.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, chunks, 1),
+          [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); },
+          tbb::auto_partitioner());
+    });
+  } catch (const std::exception& e) {
+    return Internal(std::string("cpu optimizer worker failed: ") + e.what());
+  }
+  return OkStatus();
+}
 
 Status Parallel::For(size_t count, const std::function<void(size_t, size_t)>& fn) {
   const size_t counts[] = {count};
@@ -66,7 +141,7 @@ Status Parallel::ForEach(std::span<const size_t> counts,
     return OkStatus();
   }
   // Chunks [begin, end) of the sequence, as runs within each range they cover.
-  auto run = [&](size_t begin, size_t end) {
+  return RunChunks(first_chunk.back(), [&](size_t begin, size_t end) {
     size_t i = static_cast<size_t>(std::upper_bound(first_chunk.begin(), first_chunk.end(), begin) -
                                    first_chunk.begin() - 1);
     for (; i < counts.size() && first_chunk[i] < end; ++i) {
@@ -74,18 +149,7 @@ Status Parallel::ForEach(std::span<const size_t> counts,
       const size_t to = std::min(end, first_chunk[i + 1]) - first_chunk[i];
       if (from < to) fn(i, from * kChunkElems, std::min(to * kChunkElems, counts[i]));
     }
-  };
-  try {
-    arena_->arena.execute([&] {
-      tbb::parallel_for(
-          tbb::blocked_range<size_t>(0, first_chunk.back(), 1),
-          [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); },
-          tbb::auto_partitioner());
-    });
-  } catch (const std::exception& e) {
-    return Internal(std::string("cpu optimizer worker failed: ") + e.what());
-  }
-  return OkStatus();
+  });
 }
 
 StatusOr<double> Parallel::Sum(size_t count, const std::function<double(size_t, size_t)>& fn) {
@@ -101,16 +165,7 @@ StatusOr<double> Parallel::Sum(size_t count, const std::function<double(size_t, 
   if (threads_ == 1 || count <= kInlineElems) {
     run(0, chunks);
   } else {
-    try {
-      arena_->arena.execute([&] {
-        tbb::parallel_for(
-            tbb::blocked_range<size_t>(0, chunks, 1),
-            [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); },
-            tbb::auto_partitioner());
-      });
-    } catch (const std::exception& e) {
-      return Internal(std::string("cpu optimizer worker failed: ") + e.what());
-    }
+    ZINF_RETURN_IF_ERROR(RunChunks(chunks, run));
   }
   double total = 0.0;
   for (double p : partial) total += p;

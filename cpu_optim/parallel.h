@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 
+#include "zinf/cpu_optimizer.h"
 #include "zinf/status.h"
 
 namespace zinf::cpu_optim {
@@ -29,17 +30,34 @@ namespace zinf::cpu_optim {
 // count or on which thread ran which chunk. ForEach chunks several ranges the same way and
 // shares all their chunks out as one sequence: a torch model's parameters are hundreds of
 // tensors, most of them (biases, norms) under a chunk, and each alone would run inline.
+
+// Note [Whose threads]
+// The engine's optimizer runs on a oneTBB arena of its own. zinf.optim runs inside a torch
+// training loop, whose ops run on torch's OpenMP team: libgomp's threads spin for a while after
+// each parallel region, so right after backward torch's threads hold every core and a second
+// pool's workers wait for them. Measured on a 2-vCPU AMD EPYC, a 1M-element step right after a
+// torch op ran at 0.61x DeepSpeed's CPU Adam, whose OpenMP loop runs on those same threads
+// (bench/RESULTS.md, 2026-11-29). CpuWorkers::kProcessOpenMp runs the chunks on the OpenMP
+// runtime already loaded in the process (found by its GOMP_parallel entry, which libgomp, LLVM's
+// libomp and Intel's libiomp5 all export): the calling thread's team, which is torch's. Its
+// threads take runs of chunks from a shared counter (guided: half the remaining work split
+// among the threads at a time), so the split is as dynamic as oneTBB's and results are the same
+// bits; unlike oneTBB, the team's end is a barrier, so a team thread that another process keeps
+// off its core delays the call until it is scheduled, as it delays torch's own ops.
 inline constexpr size_t kChunkElems = size_t{1} << 14;
 
 class Parallel {
  public:
   // threads >= 1 (the calling thread included). Internal when TBB cannot make the arena.
-  static StatusOr<std::unique_ptr<Parallel>> Create(int threads);
+  // CpuWorkers::kProcessOpenMp falls back to oneTBB where no OpenMP runtime is loaded.
+  static StatusOr<std::unique_ptr<Parallel>> Create(int threads,
+                                                    CpuWorkers workers = CpuWorkers::kOneTbb);
   ~Parallel();
   Parallel(const Parallel&) = delete;
   Parallel& operator=(const Parallel&) = delete;
 
   int threads() const { return threads_; }
+  CpuWorkers workers() const { return workers_; }
 
   // Calls fn(begin, end) over disjoint runs of whole chunks covering [0, count); returns when
   // all are done. Runs inline when the count is small or there is one thread.
@@ -57,9 +75,15 @@ class Parallel {
 
  private:
   struct Arena;
-  Parallel(int threads, std::unique_ptr<Arena> arena);
+  using OpenMpParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
+  Parallel(int threads, std::unique_ptr<Arena> arena, OpenMpParallel openmp);
+  // Calls run(begin, end) over disjoint runs of [0, chunks) on the workers; returns when all
+  // are done.
+  Status RunChunks(size_t chunks, const std::function<void(size_t, size_t)>& run);
   int threads_;
-  std::unique_ptr<Arena> arena_;
+  CpuWorkers workers_;
+  std::unique_ptr<Arena> arena_;     // kOneTbb
+  OpenMpParallel openmp_ = nullptr;  // kProcessOpenMp: the runtime's GOMP_parallel
 };
 
 }  // namespace zinf::cpu_optim

@@ -74,7 +74,7 @@ def adam(args):
     torch.manual_seed(0)
     sizes = [n // args.tensors + (i < n % args.tensors) for i in range(args.tensors)]
     params = [torch.nn.Parameter(torch.randn(k) * 0.02) for k in sizes]
-    ours = zinf.optim.AdamW(params, threads=args.threads, **ADAM_HYPER)
+    ours = zinf.optim.AdamW(params, threads=args.threads, workers=args.workers, **ADAM_HYPER)
     theirs = DeepSpeedCPUAdam(params, adamw_mode=True, **ADAM_HYPER)
     for param in params:
         param.grad = torch.randn(param.numel()) * 1e-3
@@ -103,12 +103,14 @@ def adam(args):
     # alternates cached and streaming stores over its first 6 large steps and then keeps the
     # faster (Note [Store mode tuning]): what training runs at is the mode it settles on. Both
     # sides get the same warm-up steps.
-    times = {"zinf": [], "deepspeed": []}
+    # The default workers' rows are side "zinf"; the other pool's, a side of their own.
+    ours_name = "zinf" if args.workers == "openmp" else f"zinf ({args.workers} workers)"
+    times = {ours_name: [], "deepspeed": []}
     with busy_processes(args.load):
         for _ in range(7):
             ours.step(), theirs.step()
         for _ in range(args.reps):
-            times["zinf"].append(timed(ours))
+            times[ours_name].append(timed(ours))
             times["deepspeed"].append(timed(theirs))
     bytes_per_step = 28 * n  # reads p, g, m, v; writes p, m, v (fp32)
     for side, runs in times.items():
@@ -118,7 +120,8 @@ def adam(args):
                     step_s=step_s,
                     runs_s=runs, GBps=bytes_per_step / step_s / 1e9,
                     omp_num_threads=os.environ.get("OMP_NUM_THREADS", ""),
-                    isa=ours.isa if side == "zinf" else "DeepSpeed's build (-march=native)")
+                    workers=ours.workers if side == ours_name else "OpenMP",
+                    isa=ours.isa if side == ours_name else "DeepSpeed's build (-march=native)")
 
 
 # -- Async I/O ---------------------------------------------------------------------------------
@@ -292,6 +295,8 @@ def main():
     a.add_argument("--tensors", type=int, default=1, help="parameters --params is split into")
     a.add_argument("--threads", type=int, default=1)
     a.add_argument("--load", type=int, default=0, help="other busy processes beside the step")
+    a.add_argument("--workers", choices=("openmp", "onetbb"), default="openmp",
+                   help="zinf.optim's workers (Note [Whose threads] in cpu_optim/parallel.h)")
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--after-torch-op", action="store_true",
                    help="each step right after a parallel torch op, as after backward")

@@ -122,9 +122,16 @@ enum class StoreMode : int {
   kNonTemporal = 2,  // streaming stores that bypass the caches
 };
 
+// Whose threads run the kernels (Note [Whose threads] in cpu_optim/parallel.h).
+enum class CpuWorkers : int {
+  kOneTbb = 0,         // a oneTBB arena of the optimizer's own
+  kProcessOpenMp = 1,  // the OpenMP runtime already in the process (torch's), else kOneTbb
+};
+
 struct ZINF_EXPORT CpuOptimizerOptions {
   // Worker threads, the calling thread included; 0 uses every CPU in the affinity mask.
   int threads = 0;
+  CpuWorkers workers = CpuWorkers::kOneTbb;
   // Kernel instruction set; kAuto picks the best this CPU has. Forcing one the CPU lacks is
   // Unavailable at Create.
   CpuKernelIsa isa = CpuKernelIsa::kAuto;
@@ -174,6 +181,7 @@ class ZINF_EXPORT CpuOptimizer {
 
   CpuKernelIsa isa() const;  // the kernel in use (never kAuto)
   int threads() const;
+  CpuWorkers workers() const;  // the threads in use (kOneTbb where no OpenMP runtime was found)
   const CpuOptimizerOptions& options() const;
   // The store mode large calls use: options().store_mode unless it is kAuto; then kAuto while
   // still tuning, and the chosen mode after.

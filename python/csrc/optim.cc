@@ -58,15 +58,22 @@ int64_t NextStep(float taken) {
 
 class PyCpuOptimizer {
  public:
-  PyCpuOptimizer(int threads, const std::string& isa) {
+  PyCpuOptimizer(int threads, const std::string& isa, const std::string& workers) {
     CpuOptimizerOptions options;
     options.threads = threads;
     options.isa = IsaFromName(isa);
+    if (workers != "openmp" && workers != "onetbb") {
+      throw StatusError(InvalidArgument("workers must be openmp or onetbb, got " + workers));
+    }
+    options.workers = workers == "openmp" ? CpuWorkers::kProcessOpenMp : CpuWorkers::kOneTbb;
     optimizer_ = ValueOrThrow(CpuOptimizer::Create(options));
   }
 
   std::string isa() const { return std::string(CpuKernelIsaName(optimizer_->isa())); }
   int threads() const { return optimizer_->threads(); }
+  std::string workers() const {
+    return optimizer_->workers() == CpuWorkers::kProcessOpenMp ? "openmp" : "onetbb";
+  }
 
   void Apply(const std::string& type, double lr, double beta1, double beta2, double eps,
              double weight_decay, bool bias_correction, double lr_decay,
@@ -140,9 +147,11 @@ class PyCpuOptimizer {
 void BindOptim(py::module_& m) {
   py::class_<PyCpuOptimizer>(
       m, "CpuOptimizer", "zinf's vectorized, threaded CPU optimizer kernels (zinf.optim uses it)")
-      .def(py::init<int, const std::string&>(), py::arg("threads") = 0, py::arg("isa") = "auto")
+      .def(py::init<int, const std::string&, const std::string&>(), py::arg("threads") = 0,
+           py::arg("isa") = "auto", py::arg("workers") = "onetbb")
       .def_property_readonly("isa", &PyCpuOptimizer::isa)
       .def_property_readonly("threads", &PyCpuOptimizer::threads)
+      .def_property_readonly("workers", &PyCpuOptimizer::workers)
       .def("apply", &PyCpuOptimizer::Apply, py::arg("type"), py::arg("lr"), py::arg("beta1"),
            py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("bias_correction"),
            py::arg("lr_decay"), py::arg("initial_accumulator_value"), py::arg("grad_scale"),

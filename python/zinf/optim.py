@@ -6,11 +6,17 @@ groups, changing ``lr``/``betas``/``weight_decay`` in ``param_groups`` between s
 moves between ``torch.optim.AdamW`` and ``zinf.optim.AdamW`` both ways) work as in torch.
 
 ``step()`` updates each parameter in one streaming pass with zinf's vectorized kernels (AVX-512,
-AVX2 or scalar, picked at run time) on oneTBB threads, with torch 1.13's formulas evaluated in
-fp32 (include/zinf/cpu_optimizer.h), instead of torch's several passes over memory.
+AVX2 or scalar, picked at run time) on torch's own OpenMP threads, with torch 1.13's formulas
+evaluated in fp32 (include/zinf/cpu_optimizer.h), instead of torch's several passes over memory.
 
 Options beyond torch's:
-- ``threads``: worker threads (0: every CPU this process may use).
+- ``threads``: worker threads (0: torch's, ``torch.get_num_threads()``; with
+  ``workers="onetbb"``, every CPU this process may use).
+- ``workers``: "openmp" (the default) runs the step on the OpenMP team torch's ops run on, which
+  is still spinning on the cores when the step follows backward; "onetbb" on a oneTBB pool of
+  the optimizer's own, which then waits for those threads to let go of the cores (Note [Whose
+  threads] in cpu_optim/parallel.h). Where the process has no OpenMP runtime, "openmp" runs on
+  oneTBB; ``optimizer.workers`` says which is in use.
 - ``isa``: "auto", "scalar", "avx2" or "avx512".
 - ``param_copy_dtype``: ``torch.bfloat16`` or ``torch.float16`` to have each step also write a
   low-precision copy of the new parameters in the same pass; ``optimizer.param_copy(p)``
@@ -35,13 +41,18 @@ class _ZinfOptimizer(torch.optim.Optimizer):
     _type = None          # "adamw", "adam", "adagrad", "lion"
     _state_names = ()     # torch's names of the state tensors, in zinf's state0/state1 order
 
-    def __init__(self, params, defaults, threads=0, isa="auto", param_copy_dtype=None):
+    def __init__(self, params, defaults, threads=0, isa="auto", param_copy_dtype=None,
+                 workers="openmp"):
         if param_copy_dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
                 f"param_copy_dtype must be None, torch.bfloat16 or torch.float16, "
                 f"got {param_copy_dtype}")
+        if workers not in ("openmp", "onetbb"):
+            raise ValueError(f"workers must be 'openmp' or 'onetbb', got {workers!r}")
         super().__init__(params, defaults)
-        self._kernels = _zinf.CpuOptimizer(threads=threads, isa=isa)
+        if threads == 0 and workers == "openmp":
+            threads = torch.get_num_threads()
+        self._kernels = _zinf.CpuOptimizer(threads=threads, isa=isa, workers=workers)
         self.param_copy_dtype = param_copy_dtype
         self._param_copies = {}
 
@@ -53,6 +64,11 @@ class _ZinfOptimizer(torch.optim.Optimizer):
     @property
     def threads(self):
         return self._kernels.threads
+
+    @property
+    def workers(self):
+        """Whose threads run the step: "openmp" (torch's) or "onetbb" (the optimizer's own)."""
+        return self._kernels.workers
 
     def param_copy(self, param):
         """The low-precision copy of `param` that each step writes (param_copy_dtype)."""
@@ -184,7 +200,7 @@ class _AdamBase(_ZinfOptimizer):
     _state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize,
-                 bias_correction, threads, isa, param_copy_dtype):
+                 bias_correction, threads, isa, param_copy_dtype, workers):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if eps < 0.0:
@@ -195,7 +211,7 @@ class _AdamBase(_ZinfOptimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, bias_correction=bias_correction)
-        super().__init__(params, defaults, threads, isa, param_copy_dtype)
+        super().__init__(params, defaults, threads, isa, param_copy_dtype, workers)
 
     def _init_state(self, p, group):
         state = self.state[p]
@@ -217,9 +233,9 @@ class AdamW(_AdamBase):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, bias_correction=True, threads=0, isa="auto",
-                 param_copy_dtype=None):
+                 param_copy_dtype=None, workers="openmp"):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize,
-                         bias_correction, threads, isa, param_copy_dtype)
+                         bias_correction, threads, isa, param_copy_dtype, workers)
 
 
 class Adam(_AdamBase):
@@ -228,9 +244,9 @@ class Adam(_AdamBase):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, *, maximize=False, bias_correction=True, threads=0, isa="auto",
-                 param_copy_dtype=None):
+                 param_copy_dtype=None, workers="openmp"):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize,
-                         bias_correction, threads, isa, param_copy_dtype)
+                         bias_correction, threads, isa, param_copy_dtype, workers)
 
 
 class Adagrad(_ZinfOptimizer):
@@ -240,7 +256,7 @@ class Adagrad(_ZinfOptimizer):
 
     def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
                  initial_accumulator_value=0.0, eps=1e-10, *, maximize=False, threads=0,
-                 isa="auto", param_copy_dtype=None):
+                 isa="auto", param_copy_dtype=None, workers="openmp"):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if lr_decay < 0.0:
@@ -254,7 +270,7 @@ class Adagrad(_ZinfOptimizer):
             raise ValueError(f"Invalid epsilon value: {eps}")
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, maximize=maximize)
-        super().__init__(params, defaults, threads, isa, param_copy_dtype)
+        super().__init__(params, defaults, threads, isa, param_copy_dtype, workers)
 
     def _init_state(self, p, group):
         state = self.state[p]
@@ -277,7 +293,7 @@ class Lion(_ZinfOptimizer):
     _state_names = ("exp_avg",)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, threads=0,
-                 isa="auto", param_copy_dtype=None):
+                 isa="auto", param_copy_dtype=None, workers="openmp"):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
@@ -285,7 +301,7 @@ class Lion(_ZinfOptimizer):
         if weight_decay < 0.0:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
-        super().__init__(params, defaults, threads, isa, param_copy_dtype)
+        super().__init__(params, defaults, threads, isa, param_copy_dtype, workers)
 
     def _init_state(self, p, group):
         state = self.state[p]

@@ -76,6 +76,31 @@ class OptimTest(unittest.TestCase):
                     dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0),
                     {4: dict(lr=1e-3), 8: dict(betas=(0.9, 0.95), weight_decay=0.05)}, isa=isa)
 
+    def test_both_workers_give_the_same_bits(self):
+        # Note [Whose threads]: torch's OpenMP team (the default) or a oneTBB pool of zinf's own;
+        # 2M elements in 128 tensors are enough chunks that both pools' threads take part.
+        g = torch.Generator().manual_seed(3)
+        base = [torch.randn(n, generator=g) for n in [16384 * 64, 7] + [8191] * 126]
+        results = {}
+        for workers in ("openmp", "onetbb"):
+            params = [torch.nn.Parameter(b.clone()) for b in base]
+            opt = zoptim.AdamW(params, lr=1e-2, weight_decay=0.1, threads=2, workers=workers)
+            self.assertEqual(opt.workers, workers)  # torch brought an OpenMP runtime
+            self.assertEqual(opt.threads, 2)
+            for step in range(3):
+                gs = torch.Generator().manual_seed(100 + step)
+                for p in params:
+                    p.grad = torch.randn(p.shape, generator=gs)
+                opt.step()
+            results[workers] = [p.detach().clone() for p in params]
+        for a, b in zip(results["openmp"], results["onetbb"]):
+            self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(results["openmp"][0], base[0]))
+        self.assertEqual(zoptim.AdamW([torch.nn.Parameter(base[1])]).threads,
+                         torch.get_num_threads())
+        with self.assertRaisesRegex(ValueError, "workers must be 'openmp' or 'onetbb'"):
+            zoptim.AdamW([torch.nn.Parameter(base[1])], workers="tbb")
+
     def test_adam_matches_torch(self):
         self.check_against_torch(
             zoptim.Adam, torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1),
