@@ -178,6 +178,11 @@ Status CpuOptimizerOptions::Validate() const {
     return InvalidArgument("cpu optimizer store_mode must be auto, cached or non_temporal, got " +
                            std::to_string(store));
   }
+  const int workers_value = static_cast<int>(workers);
+  if (workers_value < 0 || workers_value > 1) {
+    return InvalidArgument("cpu optimizer workers must be onetbb or process_openmp, got " +
+                           std::to_string(workers_value));
+  }
   if (prefetch_bytes > (size_t{1} << 20)) {
     return InvalidArgument("cpu optimizer prefetch_bytes must be <= 1 MiB, got " +
                            std::to_string(prefetch_bytes));

@@ -410,6 +410,14 @@ typedef enum zinf_store_mode_t ZINF_ENUM_BASE {
   ZINF_STORE_MODE_NON_TEMPORAL = 2
 } zinf_store_mode_t;
 
+/* Whose threads run the kernels: a oneTBB pool of the optimizer's own, or the OpenMP runtime
+ * already loaded in the process (the calling thread's team, as the trainer's own OpenMP loops
+ * use; oneTBB where the process has none). Note [Whose threads] in cpu_optim/parallel.h. */
+typedef enum zinf_cpu_workers_t ZINF_ENUM_BASE {
+  ZINF_CPU_WORKERS_ONETBB = 0,
+  ZINF_CPU_WORKERS_PROCESS_OPENMP = 1
+} zinf_cpu_workers_t;
+
 typedef struct zinf_cpu_optimizer_t zinf_cpu_optimizer_t;
 
 typedef struct zinf_cpu_optimizer_options_t {
@@ -417,7 +425,7 @@ typedef struct zinf_cpu_optimizer_options_t {
   int32_t threads;    /* worker threads, the caller included; 0 (default): all CPUs */
   int32_t isa;        /* zinf_cpu_isa_t; default auto (the best this CPU has) */
   int32_t store_mode; /* zinf_store_mode_t; default auto */
-  int32_t reserved0;
+  int32_t workers;    /* zinf_cpu_workers_t; default onetbb */
   uint64_t nt_store_min_bytes; /* auto's threshold; 0 (default): the L3 size */
   uint64_t prefetch_bytes;     /* software prefetch distance; default 1024; 0 disables */
 } zinf_cpu_optimizer_options_t;

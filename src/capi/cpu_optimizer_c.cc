@@ -104,6 +104,7 @@ void zinf_cpu_optimizer_options_init(zinf_cpu_optimizer_options_t* options) {
   options->threads = d.threads;
   options->isa = static_cast<int32_t>(d.isa);
   options->store_mode = static_cast<int32_t>(d.store_mode);
+  options->workers = static_cast<int32_t>(d.workers);
   options->nt_store_min_bytes = d.nt_store_min_bytes;
   options->prefetch_bytes = d.prefetch_bytes;
 }
@@ -143,6 +144,7 @@ zinf_code_t zinf_cpu_optimizer_create(const zinf_cpu_optimizer_options_t* option
     // Out-of-range enumerators are caught by Validate, which names the field.
     o.isa = static_cast<zinf::CpuKernelIsa>(c.isa);
     o.store_mode = static_cast<zinf::StoreMode>(c.store_mode);
+    o.workers = static_cast<zinf::CpuWorkers>(c.workers);
     o.nt_store_min_bytes = c.nt_store_min_bytes;
     o.prefetch_bytes = c.prefetch_bytes;
     ZINF_ASSIGN_OR_RETURN(std::shared_ptr<zinf::CpuOptimizer> created,

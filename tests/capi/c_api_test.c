@@ -564,11 +564,17 @@ static void TestCpuOptimizer(void) {
   zinf_cpu_optimizer_options_t oo;
   zinf_cpu_optimizer_options_init(&oo);
   CHECK(oo.threads == 0 && oo.isa == ZINF_CPU_ISA_AUTO && oo.prefetch_bytes == 1024);
+  CHECK(oo.workers == ZINF_CPU_WORKERS_ONETBB);
   zinf_cpu_optimizer_t* opt = NULL;
   oo.isa = 9;
   EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_cpu_optimizer_create(&oo, &opt, &err));
   EXPECT_ERR_HAS("isa");
   oo.isa = ZINF_CPU_ISA_AUTO;
+  oo.workers = 2;
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_cpu_optimizer_create(&oo, &opt, &err));
+  EXPECT_ERR_HAS("workers must be onetbb or process_openmp, got 2");
+  /* This test has no OpenMP runtime: the optimizer runs on oneTBB, the results are the same. */
+  oo.workers = ZINF_CPU_WORKERS_PROCESS_OPENMP;
   oo.threads = 2;
   REQUIRE_OK(zinf_cpu_optimizer_create(&oo, &opt, &err));
   const char* isa = NULL;
