@@ -95,6 +95,17 @@ if [ ! -e /usr/include/libaio.h ]; then
   fi
 fi
 
+# fio's buffers on 2 MiB pages, as zinf's and DeepSpeed's are in the swap I/O comparison
+# (parts.py fio()): without reserved huge pages fio falls back to 4 KiB pages, which a virtio
+# disk splits, and its figure is no longer the disk's.
+if (($(cat /proc/sys/vm/nr_hugepages) < 32)); then
+  if [ "$(id -u)" = 0 ]; then
+    echo 32 >/proc/sys/vm/nr_hugepages
+  else
+    echo "   vm.nr_hugepages < 32 and not root: fio's swap I/O rows run on 4 KiB pages"
+  fi
+fi
+
 # -- zinf --------------------------------------------------------------------------------------
 step "building zinf, train_gpt (scripts/build.sh) and zinf's wheel"
 scripts/build.sh zinf train_gpt >/dev/null

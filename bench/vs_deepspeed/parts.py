@@ -236,7 +236,8 @@ def aio(args):
     for (side, rw), runs in rates.items():
         common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
                     runs_GBps=[r / 1e9 for r in runs], **AIO,
-                    buffer=("fio's own" if side == "fio" else
+                    buffer=((f"fio's own, on {'2 MiB' if fio_has_huge_pages() else '4 KiB'} pages")
+                            if side == "fio" else
                             f"ordinary torch tensor, {ordinary_alignment}-byte aligned"
                             if side.endswith("ordinary tensor") else
                             f"shared, {huge:.0%} on 2 MiB pages"))

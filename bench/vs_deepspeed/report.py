@@ -238,6 +238,10 @@ def aio_table(results, out):
                       for s in ("zinf", "zinf without checksums", "deepspeed", "fio"))
         out.append(f"| {mib(size)} | {rw} | {z:.2f} | {p:.2f} | {d:.2f} | {f:.2f} | "
                    f"{z / d:.2f}x | {p / d:.2f}x | {z / f:.2f} | {d / f:.2f} |")
+    fio_buffers = sorted({r["buffer"] for r in results if r["kind"] == "aio" and r["side"] == "fio"})
+    if fio_buffers:
+        out.append("")
+        out.append(f"fio's buffers: {'; '.join(fio_buffers)}.")
     ordinary = {key: sides for key, sides in rows.items() if "zinf, ordinary tensor" in sides}
     if not ordinary:
         return

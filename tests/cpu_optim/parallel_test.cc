@@ -4,6 +4,9 @@
 #include "cpu_optim/parallel.h"
 
 #include <gtest/gtest.h>
+#ifndef ZINF_TEST_OPENMP  // tests/cpu_optim/CMakeLists.txt defines it where OpenMP is found
+#define ZINF_TEST_OPENMP 0
+#endif
 #if ZINF_TEST_OPENMP
 #include <omp.h>
 #endif
@@ -17,10 +20,6 @@
 
 namespace zinf::cpu_optim {
 namespace {
-
-#ifndef ZINF_TEST_OPENMP
-#define ZINF_TEST_OPENMP 0
-#endif
 
 constexpr CpuWorkers kWorkers[] = {CpuWorkers::kOneTbb, CpuWorkers::kProcessOpenMp};
 
