@@ -36,7 +36,7 @@ namespace zinf::cpu_optim {
 // training loop, whose ops run on torch's OpenMP team: libgomp's threads spin for a while after
 // each parallel region, so right after backward torch's threads hold every core and a second
 // pool's workers wait for them. Measured on a 2-vCPU AMD EPYC, a 1M-element step right after a
-// torch op ran at 0.61x DeepSpeed's CPU Adam, whose OpenMP loop runs on those same threads
+// torch op ran at 0.58-0.61x DeepSpeed's CPU Adam, whose OpenMP loop runs on those same threads
 // (bench/RESULTS.md, 2026-11-29). CpuWorkers::kProcessOpenMp runs the chunks on the OpenMP
 // runtime already loaded in the process (found by its GOMP_parallel entry, which libgomp, LLVM's
 // libomp and Intel's libiomp5 all export): the calling thread's team, which is torch's. Its
