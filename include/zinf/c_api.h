@@ -422,10 +422,10 @@ typedef struct zinf_cpu_optimizer_t zinf_cpu_optimizer_t;
 
 typedef struct zinf_cpu_optimizer_options_t {
   size_t struct_size;
-  int32_t threads;    /* worker threads, the caller included; 0 (default): all CPUs */
-  int32_t isa;        /* zinf_cpu_isa_t; default auto (the best this CPU has) */
-  int32_t store_mode; /* zinf_store_mode_t; default auto */
-  int32_t workers;    /* zinf_cpu_workers_t; default onetbb */
+  int32_t threads;             /* worker threads, the caller included; 0 (default): all CPUs */
+  int32_t isa;                 /* zinf_cpu_isa_t; default auto (the best this CPU has) */
+  int32_t store_mode;          /* zinf_store_mode_t; default auto */
+  int32_t workers;             /* zinf_cpu_workers_t; default onetbb */
   uint64_t nt_store_min_bytes; /* auto's threshold; 0 (default): the L3 size */
   uint64_t prefetch_bytes;     /* software prefetch distance; default 1024; 0 disables */
 } zinf_cpu_optimizer_options_t;
