@@ -137,7 +137,8 @@ def e2e_table(results, out):
             rows[key][r["side"]].append(r)
     out.append("| model | d_model x layers | placement | ranks | zinf tokens/s | DeepSpeed "
                "tokens/s | zinf / DeepSpeed | compute limit tokens/s (torch alone, forward and "
-               "backward) | zinf / limit | DeepSpeed / limit | train_gpt tokens/s | peak RSS zinf / DeepSpeed / "
+               "backward) | zinf / limit | DeepSpeed / limit | train_gpt tokens/s | peak RSS "
+               "zinf / DeepSpeed / "
                "train_gpt | disk read + written per step, zinf / DeepSpeed | step split (fwd / "
                "bwd / step s) zinf; DeepSpeed | loss: max relative difference over the steps | "
                "targets: tokens/s, peak RSS |")
@@ -238,7 +239,8 @@ def aio_table(results, out):
                       for s in ("zinf", "zinf without checksums", "deepspeed", "fio"))
         out.append(f"| {mib(size)} | {rw} | {z:.2f} | {p:.2f} | {d:.2f} | {f:.2f} | "
                    f"{z / d:.2f}x | {p / d:.2f}x | {z / f:.2f} | {d / f:.2f} |")
-    fio_buffers = sorted({r["buffer"] for r in results if r["kind"] == "aio" and r["side"] == "fio"})
+    fio_buffers = sorted({r["buffer"] for r in results
+                          if r["kind"] == "aio" and r["side"] == "fio"})
     if fio_buffers:
         out.append("")
         out.append(f"fio's buffers: {'; '.join(fio_buffers)}.")

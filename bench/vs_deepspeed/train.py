@@ -192,8 +192,9 @@ class DeepSpeed:
 
 class Torch:
     """The reference neither side wrote: torch's own AdamW and clip_grad_norm_ on the whole
-    model in one process, no ZeRO, the same hyper-parameters. report.py leaves it out of the
-    tables; it is for explaining where the two curves part (Note [Loss spikes] in report.py)."""
+    model in one process, no ZeRO, the same hyper-parameters: the end-to-end table's compute
+    limit (Note [The compute limit] in report.py) and the curve that explains where the two
+    sides' curves part (Note [Loss spikes]). With --ranks N, rank 0's share of N ranks."""
 
     def __init__(self, model, args, threads):
         if args.placement != "memory" or int(os.environ.get("WORLD_SIZE", "1")) != 1:
