@@ -1,4 +1,5 @@
-// oneTBB partitioning for cpu_optim. See Note [Partitioning] in parallel.h.
+// Partitioning for cpu_optim, on oneTBB or the process's OpenMP team. See Note [Partitioning]
+// in parallel.h.
 #include "cpu_optim/parallel.h"
 
 #include <tbb/blocked_range.h>
@@ -10,9 +11,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace zinf::cpu_optim {
@@ -34,16 +37,15 @@ StatusOr<std::unique_ptr<Parallel>> Parallel::Create(int threads, CpuWorkers wor
   if (threads < 1) {
     return InvalidArgument("cpu optimizer threads must be >= 1, got " + std::to_string(threads));
   }
+  // Note [Whose threads]: the runtime already loaded (torch's), never one of zinf's own.
+  OpenMpParallel openmp = nullptr;
   if (workers == CpuWorkers::kProcessOpenMp) {
-    // Note [Whose threads]: the runtime already loaded (torch's), never one of zinf's own.
-    if (auto openmp = reinterpret_cast<OpenMpParallel>(dlsym(RTLD_DEFAULT, "GOMP_parallel"))) {
-      return std::unique_ptr<Parallel>(new Parallel(threads, nullptr, openmp));
-    }
+    openmp = reinterpret_cast<OpenMpParallel>(dlsym(RTLD_DEFAULT, "GOMP_parallel"));
   }
   try {
     auto arena = std::make_unique<Arena>(threads);
     arena->arena.initialize();
-    return std::unique_ptr<Parallel>(new Parallel(threads, std::move(arena), nullptr));
+    return std::unique_ptr<Parallel>(new Parallel(threads, std::move(arena), openmp));
   } catch (const std::exception& e) {
     return Internal(std::string("creating a oneTBB arena of ") + std::to_string(threads) +
                     " threads: " + e.what());
@@ -60,11 +62,15 @@ Parallel::~Parallel() = default;
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // One OpenMP team's shared work (Note [Whose threads]).
 struct Team {
   const std::function<void(size_t, size_t)>* run;
   size_t chunks;
   size_t threads;
+  std::thread::id caller = std::this_thread::get_id();
+  Clock::time_point caller_done;  // when the caller found no chunks left
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::string error;  // the first exception's message; the team's other threads stop early
@@ -76,7 +82,10 @@ struct Team {
     try {
       size_t begin = team->next.load(std::memory_order_relaxed);
       for (;;) {
-        if (begin >= team->chunks) return;
+        if (begin >= team->chunks) {
+          if (std::this_thread::get_id() == team->caller) team->caller_done = Clock::now();
+          return;
+        }
         const size_t take = std::max<size_t>(1, (team->chunks - begin) / (2 * team->threads));
         if (!team->next.compare_exchange_weak(begin, begin + take, std::memory_order_relaxed)) {
           continue;  // begin now holds the counter's current value
@@ -89,6 +98,7 @@ struct Team {
     } catch (...) {  // nothing may leave the OpenMP runtime's call
       team->Fail("unknown exception");
     }
+    if (std::this_thread::get_id() == team->caller) team->caller_done = Clock::now();
   }
 
   void Fail(const char* what) {
@@ -98,14 +108,34 @@ struct Team {
   }
 };
 
+int64_t Nanos(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 }  // namespace
+
+bool Parallel::RunOnTeam(size_t chunks, const std::function<void(size_t, size_t)>& run,
+                         Status& status) {
+  const Clock::time_point start = Clock::now();
+  if (Nanos(start) < team_resumes_at_ns_.load(std::memory_order_relaxed)) return false;
+  Team team{&run, chunks, static_cast<size_t>(threads_)};
+  team.caller_done = start;
+  openmp_(&Team::Member, &team, static_cast<unsigned>(threads_), 0);
+  // Note [Held up by the team]: the caller's wait at the barrier against its own work.
+  const Clock::time_point end = Clock::now();
+  const Clock::duration waited = end - team.caller_done;
+  if (waited > kHeldUpFloor && waited > team.caller_done - start) {
+    held_up_calls_.fetch_add(1, std::memory_order_relaxed);
+    team_resumes_at_ns_.store(Nanos(end + kOneTbbAfterHeldUp), std::memory_order_relaxed);
+  }
+  status = team.error.empty() ? OkStatus() : Internal("cpu optimizer worker failed: " + team.error);
+  return true;
+}
 
 Status Parallel::RunChunks(size_t chunks, const std::function<void(size_t, size_t)>& run) {
   if (openmp_ != nullptr) {
-    Team team{&run, chunks, static_cast<size_t>(threads_)};
-    openmp_(&Team::Member, &team, static_cast<unsigned>(threads_), 0);
-    if (!team.error.empty()) return Internal("cpu optimizer worker failed: " + team.error);
-    return OkStatus();
+    Status status;
+    if (RunOnTeam(chunks, run, status)) return status;
   }
   try {
     arena_->arena.execute([&] {

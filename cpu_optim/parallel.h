@@ -1,12 +1,15 @@
-// The one place cpu_optim splits work across threads (oneTBB; no TBB type leaves this file
-// pair). See Note [Partitioning].
+// The one place cpu_optim splits work across threads (oneTBB, or the process's OpenMP team; no
+// TBB type leaves this file pair). See Note [Partitioning].
 //
 // Thread-safety: For and Sum may be called from several threads at once; they share the
 // arena's workers.
 #ifndef ZINF_CPU_OPTIM_PARALLEL_H_
 #define ZINF_CPU_OPTIM_PARALLEL_H_
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -43,8 +46,23 @@ namespace zinf::cpu_optim {
 // threads take runs of chunks from a shared counter (guided: half the remaining work split
 // among the threads at a time), so the split is as dynamic as oneTBB's and results are the same
 // bits; unlike oneTBB, the team's end is a barrier, so a team thread that another process keeps
-// off its core delays the call until it is scheduled, as it delays torch's own ops.
+// off its core delays the call until it is scheduled, as it delays torch's own ops. See Note
+// [Held up by the team].
+
+// Note [Held up by the team]
+// On a machine shared with busy processes, a team thread may wake a scheduler slice late: a
+// small step (1M elements, under a millisecond) then waits 3-6 ms at the team's barrier, and a
+// run of such steps comes out bimodal, near 40 or near 4 GB/s on a 2-vCPU EPYC, as does
+// DeepSpeed's OpenMP loop beside it (bench/RESULTS.md, 2026-11-29). oneTBB's caller takes every
+// chunk no worker has started, so it never waits for a thread that has not arrived. So each
+// call on the team times the caller: when it waited at the barrier longer than it worked, and
+// longer than kHeldUpFloor (under that it is a wake-up, not a slice), the calls of the next
+// kOneTbbAfterHeldUp run on the oneTBB arena instead, and then the team is tried again. A
+// step that is not held up stays on the team (right after a torch op its threads are spinning
+// and arrive at once). Which pool ran a call changes no result (Note [Partitioning]).
 inline constexpr size_t kChunkElems = size_t{1} << 14;
+inline constexpr std::chrono::nanoseconds kHeldUpFloor = std::chrono::milliseconds(1);
+inline constexpr std::chrono::nanoseconds kOneTbbAfterHeldUp = std::chrono::seconds(1);
 
 class Parallel {
  public:
@@ -58,6 +76,8 @@ class Parallel {
 
   int threads() const { return threads_; }
   CpuWorkers workers() const { return workers_; }
+  // kProcessOpenMp: how many calls the team has held up (Note [Held up by the team]).
+  uint64_t held_up_calls() const { return held_up_calls_.load(std::memory_order_relaxed); }
 
   // Calls fn(begin, end) over disjoint runs of whole chunks covering [0, count); returns when
   // all are done. Runs inline when the count is small or there is one thread.
@@ -80,10 +100,16 @@ class Parallel {
   // Calls run(begin, end) over disjoint runs of [0, chunks) on the workers; returns when all
   // are done.
   Status RunChunks(size_t chunks, const std::function<void(size_t, size_t)>& run);
+  // kProcessOpenMp: runs them on the team unless it held up a call lately; false when it did
+  // not run them.
+  bool RunOnTeam(size_t chunks, const std::function<void(size_t, size_t)>& run, Status& status);
   int threads_;
   CpuWorkers workers_;
-  std::unique_ptr<Arena> arena_;     // kOneTbb
+  std::unique_ptr<Arena> arena_;     // always; kProcessOpenMp's pool after a held-up call
   OpenMpParallel openmp_ = nullptr;  // kProcessOpenMp: the runtime's GOMP_parallel
+  // steady_clock time (ns) before which calls skip the team; and the held-up calls so far.
+  std::atomic<int64_t> team_resumes_at_ns_{0};
+  std::atomic<uint64_t> held_up_calls_{0};
 };
 
 }  // namespace zinf::cpu_optim

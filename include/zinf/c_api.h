@@ -412,7 +412,8 @@ typedef enum zinf_store_mode_t ZINF_ENUM_BASE {
 
 /* Whose threads run the kernels: a oneTBB pool of the optimizer's own, or the OpenMP runtime
  * already loaded in the process (the calling thread's team, as the trainer's own OpenMP loops
- * use; oneTBB where the process has none). Note [Whose threads] in cpu_optim/parallel.h. */
+ * use; oneTBB where the process has none, and for a second after the team held up a call).
+ * Notes [Whose threads] and [Held up by the team] in cpu_optim/parallel.h. */
 typedef enum zinf_cpu_workers_t ZINF_ENUM_BASE {
   ZINF_CPU_WORKERS_ONETBB = 0,
   ZINF_CPU_WORKERS_PROCESS_OPENMP = 1

@@ -124,8 +124,10 @@ enum class StoreMode : int {
 
 // Whose threads run the kernels (Note [Whose threads] in cpu_optim/parallel.h).
 enum class CpuWorkers : int {
-  kOneTbb = 0,         // a oneTBB arena of the optimizer's own
-  kProcessOpenMp = 1,  // the OpenMP runtime already in the process (torch's), else kOneTbb
+  kOneTbb = 0,  // a oneTBB arena of the optimizer's own
+  // The OpenMP runtime already in the process (torch's), else kOneTbb; for a second after the
+  // team held up a call, kOneTbb (Note [Held up by the team]).
+  kProcessOpenMp = 1,
 };
 
 struct ZINF_EXPORT CpuOptimizerOptions {

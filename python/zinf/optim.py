@@ -17,8 +17,9 @@ Options beyond torch's:
   the optimizer's own, which then waits for those threads to let go of the cores (Note [Whose
   threads] in cpu_optim/parallel.h). An OpenMP team ends in a barrier, so on a machine shared
   with busy processes a small step can wait a scheduler slice for a team thread; "onetbb" does
-  not. Where the process has no OpenMP runtime, "openmp" runs on oneTBB; ``optimizer.workers``
-  says which is in use.
+  not, and "openmp" runs the steps of the next second on oneTBB after a step that waited at the
+  barrier longer than it worked (Note [Held up by the team]). Where the process has no OpenMP
+  runtime, "openmp" runs on oneTBB; ``optimizer.workers`` says which is in use.
 - ``isa``: "auto", "scalar", "avx2" or "avx512".
 - ``param_copy_dtype``: ``torch.bfloat16`` or ``torch.float16`` to have each step also write a
   low-precision copy of the new parameters in the same pass; ``optimizer.param_copy(p)``

@@ -178,6 +178,66 @@ TEST(ParallelTest, OpenMpWorkersAreTheCallersTeam) {
 #endif
 }
 
+// Note [Held up by the team]: a call whose caller waited at the team's barrier (here for a team
+// thread asleep in its chunk, as one the OS does not run) sends the calls of the next second to
+// oneTBB; then the team runs them again.
+TEST(ParallelTest, ACallTheTeamHeldUpSendsTheNextOnesToOneTbbForAWhile) {
+#if !ZINF_TEST_OPENMP
+  GTEST_SKIP() << "built without an OpenMP runtime to find";
+#else
+  auto par = Make(2, CpuWorkers::kProcessOpenMp);
+  const std::thread::id caller = std::this_thread::get_id();
+  // Whether the caller ran its chunks inside an OpenMP parallel region (the team). Each chunk
+  // takes 20 us, so that no wait for a run of the other thread's (16 chunks at most) reaches
+  // kHeldUpFloor; a call in which the other thread took every chunk (the caller still waking)
+  // tells nothing, and is tried again.
+  auto caller_on_team = [&] {
+    std::atomic<int> in_parallel = -1;
+    for (int attempt = 0; attempt < 100 && in_parallel.load() == -1; ++attempt) {
+      EXPECT_TRUE(par->For(64 * kChunkElems,
+                           [&](size_t begin, size_t end) {
+                             if (std::this_thread::get_id() == caller) {
+                               in_parallel = omp_in_parallel();
+                             }
+                             const auto until =
+                                 std::chrono::steady_clock::now() +
+                                 (end - begin) / kChunkElems * std::chrono::microseconds(20);
+                             while (std::chrono::steady_clock::now() < until) {
+                             }
+                           })
+                      .ok());
+    }
+    return in_parallel.load() == 1;
+  };
+  ASSERT_TRUE(caller_on_team());
+  if (par->held_up_calls() != 0) GTEST_SKIP() << "a call was held up with no thread asleep";
+
+  std::atomic<bool> member_asleep = false;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(par->For(64 * kChunkElems,
+                       [&](size_t, size_t) {
+                         if (std::this_thread::get_id() != caller) {
+                           if (!member_asleep.exchange(true)) {
+                             std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                           }
+                           return;
+                         }
+                         const auto give_up = start + std::chrono::seconds(30);
+                         while (!member_asleep && std::chrono::steady_clock::now() < give_up) {
+                           std::this_thread::yield();
+                         }
+                       })
+                  .ok());
+  if (!member_asleep) GTEST_SKIP() << "the team's other thread never ran within 30 s";
+  EXPECT_EQ(par->held_up_calls(), 1u);
+  EXPECT_FALSE(caller_on_team()) << "the call after a held-up one ran on the team";
+
+  std::this_thread::sleep_until(std::chrono::steady_clock::now() + kOneTbbAfterHeldUp +
+                                std::chrono::milliseconds(100));
+  EXPECT_TRUE(caller_on_team()) << "the team was not tried again after the pause";
+#endif
+}
+
 TEST(ParallelTest, AnExceptionInAWorkerIsAnError) {
   for (CpuWorkers workers : kWorkers) {
     auto par = Make(2, workers);
