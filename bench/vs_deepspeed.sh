@@ -218,7 +218,8 @@ if [ "$only" != e2e ]; then
       --reps 3 --after-torch-op
   done
   step "swap I/O: zinf.nvme.SwapHandle vs DeepSpeed's aio_handle vs fio, in $nvme_dir"
-  run_py bench/vs_deepspeed/parts.py aio --dir "$nvme_dir" --size "$aio_size" --reps "$reps" ||
+  run_py bench/vs_deepspeed/parts.py aio --dir "$nvme_dir" --size "$aio_size" --reps "$reps" \
+    --zinf "$zinf" ||
     echo "   (the aio comparison failed: $work/stderr.log)"
 fi
 

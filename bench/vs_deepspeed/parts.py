@@ -17,6 +17,9 @@
             depth 8); fio gets the same block size, depth, size and O_DIRECT. Then both
             handles again on an ordinary tensor, as a user passes one: torch's allocator's, 64-byte
             aligned and pageable, which each side moves through page-aligned memory of its own.
+            And zinf's store (`zinf bench nvme`) moving the same bytes through a buffer of fio's
+            size (block x depth) and through one of --size: fio's buffers are a few MiB, the
+            handles' is the whole tensor, and on a virtual disk that changes the rate.
   estimate  DeepSpeed's ZeRO-3 memory estimator for the GPT of train.py against `zinf plan`.
 
 Run with DS_ACCELERATOR=cpu and the benchmark's virtualenv (bench/vs_deepspeed.sh does both).
@@ -171,6 +174,17 @@ def onto_huge_pages(tensor):
     return min(1.0, (anon_huge() - before) / size)
 
 
+def store_rates(args, size, buffer_bytes):
+    """zinf's swap store writing then reading `size` bytes through `buffer_bytes` of 2 MiB-page
+    staging (`zinf bench nvme`): (write, read) in bytes per second."""
+    out = subprocess.run([args.zinf, "bench", "nvme", "--path", args.dir, "--size", str(size),
+                          "--staging", str(buffer_bytes), "--reps", "1", "--no-fio",
+                          "--fio-huge-pages", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    j = json.loads(out)
+    return j["write_MBps"] * 1e6, j["read_MBps"] * 1e6
+
+
 def aio(args):
     import zinf.nvme
     from deepspeed.ops.op_builder import AsyncIOBuilder
@@ -213,8 +227,10 @@ def aio(args):
         fn()
         return size / (time.perf_counter() - t0)
 
+    small_buffer = AIO["block_size"] * AIO["queue_depth"]  # fio's
     sides = ("zinf", "zinf without checksums", "deepspeed", "fio", "zinf, ordinary tensor",
-             "deepspeed, ordinary tensor")
+             "deepspeed, ordinary tensor", "zinf store, fio's buffer size",
+             "zinf store, the whole size")
     rates = {(side, rw): [] for side in sides for rw in ("write", "read")}
     try:
         zinf_write(), zinf_write(plain), ds_write()  # allocate the files
@@ -227,6 +243,12 @@ def aio(args):
                 rates[("zinf, ordinary tensor", rw)].append(rate(lambda: zfn(tensor=ordinary)))
                 rates[("deepspeed, ordinary tensor", rw)].append(
                     rate(lambda: dfn(tensor=ordinary)))
+            if args.zinf:
+                for side, buffer_bytes in (("zinf store, fio's buffer size", small_buffer),
+                                           ("zinf store, the whole size", size)):
+                    w, r = store_rates(args, size, buffer_bytes)
+                    rates[(side, "write")].append(w)
+                    rates[(side, "read")].append(r)
     finally:
         ours.close()
         plain.close()
@@ -234,12 +256,18 @@ def aio(args):
             if os.path.exists(f):
                 os.unlink(f)
     for (side, rw), runs in rates.items():
+        if not runs:
+            continue
         common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
                     runs_GBps=[r / 1e9 for r in runs], **AIO,
                     buffer=((f"fio's own, on {'2 MiB' if fio_has_huge_pages() else '4 KiB'} pages")
                             if side == "fio" else
                             f"ordinary torch tensor, {ordinary_alignment}-byte aligned"
                             if side.endswith("ordinary tensor") else
+                            f"zinf bench nvme's staging, {small_buffer >> 20} MiB, 2 MiB pages"
+                            if side == "zinf store, fio's buffer size" else
+                            f"zinf bench nvme's staging, {size >> 20} MiB, 2 MiB pages"
+                            if side == "zinf store, the whole size" else
                             f"shared, {huge:.0%} on 2 MiB pages"))
 
 
@@ -307,6 +335,7 @@ def main():
     a.add_argument("--size", default="1G")
     a.add_argument("--reps", type=int, default=3)
     a.add_argument("--fio", default="fio")
+    a.add_argument("--zinf", default="", help="the zinf command line, for its store's rows")
     a.set_defaults(fn=aio)
     a = sub.add_parser("estimate")
     import train

@@ -244,6 +244,7 @@ def aio_table(results, out):
     if fio_buffers:
         out.append("")
         out.append(f"fio's buffers: {'; '.join(fio_buffers)}.")
+    store_table(rows, out)
     ordinary = {key: sides for key, sides in rows.items() if "zinf, ordinary tensor" in sides}
     if not ordinary:
         return
@@ -260,6 +261,29 @@ def aio_table(results, out):
         z, d, locked = (common.median(sides.get(s, [])) if sides.get(s) else float("nan")
                         for s in ("zinf, ordinary tensor", "deepspeed, ordinary tensor", "zinf"))
         out.append(f"| {mib(size)} | {rw} | {z:.2f} | {d:.2f} | {z / d:.2f}x | {z / locked:.2f} |")
+
+
+def store_table(rows, out):
+    """zinf's store through fio's buffer size and through the whole size: how much of the
+    handles' distance to fio is the memory the transfers land in."""
+    small, whole = "zinf store, fio's buffer size", "zinf store, the whole size"
+    rows = {key: sides for key, sides in rows.items() if small in sides and whole in sides}
+    if not rows:
+        return
+    out.append("")
+    out.append("fio moves every block through a buffer of block size x queue depth; both handles "
+               "move the whole tensor in place. zinf's swap store (`zinf bench nvme`, same "
+               "settings, 2 MiB pages, no checksums) through a buffer of each size, in the same "
+               "run:")
+    out.append("")
+    out.append("| bytes | direction | store, fio's buffer size GB/s | store, the whole size GB/s | "
+               "whole / fio's size | fio GB/s | store, fio's size / fio |")
+    out.append("|" + "---|" * 7)
+    for (size, rw), sides in sorted(rows.items()):
+        a, b, f = (common.median(sides[s]) if sides.get(s) else float("nan")
+                   for s in (small, whole, "fio"))
+        out.append(f"| {mib(size)} | {rw} | {a:.2f} | {b:.2f} | {b / a:.2f} | {f:.2f} | "
+                   f"{a / f:.2f} |")
 
 
 def estimate_table(results, out):
