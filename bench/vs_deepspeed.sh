@@ -25,7 +25,7 @@
 # compiler; libaio-dev for async I/O, installed with apt when missing and root) into
 # build/vs-deepspeed/torch_extensions.
 #
-# Usage: bench/vs_deepspeed.sh [--quick] [--reps N] [--nvme-dir DIR] [--only parts|e2e]
+# Usage: bench/vs_deepspeed.sh [--quick] [--reps N] [--nvme-dir DIR] [--only parts|aio|e2e]
 #                               [--sizes "small large"] [--models "torch_gpt hf_gpt2"]
 #                               [--placements "memory cpu nvme"] [--worlds "1 2"] [--steps 50]
 #   --quick     one repetition of small sizes, 5 steps (a smoke test of every path)
@@ -34,10 +34,11 @@
 #               (default: all, 50 steps). small runs a step in about a second (1 rank, memory);
 #               large is the largest whose placement (zinf, DeepSpeed and train_gpt, 50 steps
 #               each) runs within 10 minutes here. The whole of both takes about 6 hours on 2 cores.
-#   --only      one section (parts or e2e); the report keeps the other's results of the last run
-#               on this machine (build/vs-deepspeed/results.log), and a subset of the end-to-end
-#               runs keeps the last run's other rows; a report without one of the sections stays
-#               in build/vs-deepspeed/ instead of replacing the published one
+#   --only      one section (parts or e2e; aio: the swap I/O rows of parts alone); the report
+#               keeps the other results of the last run on this machine
+#               (build/vs-deepspeed/results.log), and a subset of the end-to-end runs keeps the
+#               last run's other rows; a report without one of the sections stays in
+#               build/vs-deepspeed/ instead of replacing the published one
 #   --nvme-dir  a directory on a real disk for the swap files (default /work/bench-nvme if it
 #               exists, else build/vs-deepspeed/nvme)
 set -euo pipefail
@@ -61,6 +62,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+case $only in "" | parts | aio | e2e) ;; *) echo "vs_deepspeed: --only takes parts, aio or e2e, got $only" >&2; exit 2 ;; esac
 [ "$quick" = 1 ] && reps=1
 [ "$reps" -ge 1 ] || { echo "vs_deepspeed: --reps must be >= 1, got $reps" >&2; exit 2; }
 work=$root/build/vs-deepspeed
@@ -158,9 +160,11 @@ dims = {(int(a[a.index("--d-model") + 1]), int(a[a.index("--layers") + 1]))
 models, placements, worlds = models.split(), placements.split(), [int(w) for w in worlds.split()]
 
 def redone(r):
-    if r["kind"] in ("adam", "aio"):
+    if r["kind"] == "aio":
         return only != "e2e"
-    if only == "parts" or (r["d_model"], r["layers"]) not in dims or r["world"] not in worlds:
+    if r["kind"] == "adam":
+        return only in ("", "parts")
+    if only in ("parts", "aio") or (r["d_model"], r["layers"]) not in dims or r["world"] not in worlds:
         return False
     model = "torch_gpt" if r.get("model") == "train_gpt" else r.get("model")
     if r["kind"] == "estimate" or (r["side"] == "torch" and model in models):
@@ -187,7 +191,7 @@ fi
 export ZINF_VS_DS_CORPUS=$corpus
 
 # -- parts -------------------------------------------------------------------------------------
-if [ "$only" != e2e ]; then
+if [ -z "$only" ] || [ "$only" = parts ]; then
   step "CPU Adam: zinf.optim.AdamW vs DeepSpeedCPUAdam vs the bandwidth limit"
   : >"$work/adam_limits.jsonl"
   # In cache (an NVMe pipeline chunk) and in memory, on 1 and 2 threads; and on 2 threads with a
@@ -217,6 +221,8 @@ if [ "$only" != e2e ]; then
     OMP_NUM_THREADS=2 run_py bench/vs_deepspeed/parts.py adam --params "$many" --threads 2 \
       --reps 3 --after-torch-op
   done
+fi
+if [ "$only" != e2e ]; then
   step "swap I/O: zinf.nvme.SwapHandle vs DeepSpeed's aio_handle vs fio, in $nvme_dir"
   run_py bench/vs_deepspeed/parts.py aio --dir "$nvme_dir" --size "$aio_size" --reps "$reps" \
     --zinf "$zinf" ||
@@ -225,7 +231,7 @@ fi
 
 # -- end to end --------------------------------------------------------------------------------
 e2e_nvme=$nvme_dir/vs-deepspeed-e2e
-if [ "$only" != parts ]; then
+if [ "$only" != parts ] && [ "$only" != aio ]; then
   for size in "${e2e_sizes[@]}"; do
     for world in $worlds; do
       # shellcheck disable=SC2086
