@@ -222,6 +222,11 @@ def adam_table(results, out, limits):
                    f"{z / d:.2f}x | {limit:.2f} | {z / limit:.2f} | {d / limit:.2f} |")
 
 
+def medians(sides, *names):
+    """The median of each named side's runs (nan for a side with none)."""
+    return tuple(common.median(sides[n]) if sides.get(n) else float("nan") for n in names)
+
+
 def aio_table(results, out):
     rows = collections.defaultdict(dict)
     for r in results:
@@ -235,8 +240,7 @@ def aio_table(results, out):
                "checksums / DeepSpeed | zinf / fio | DeepSpeed / fio |")
     out.append("|" + "---|" * 10)
     for (size, rw), sides in sorted(rows.items()):
-        z, p, d, f = (common.median(sides.get(s, [])) if sides.get(s) else float("nan")
-                      for s in ("zinf", "zinf without checksums", "deepspeed", "fio"))
+        z, p, d, f = medians(sides, "zinf", "zinf without checksums", "deepspeed", "fio")
         out.append(f"| {mib(size)} | {rw} | {z:.2f} | {p:.2f} | {d:.2f} | {f:.2f} | "
                    f"{z / d:.2f}x | {p / d:.2f}x | {z / f:.2f} | {d / f:.2f} |")
     fio_buffers = sorted({r["buffer"] for r in results
@@ -258,8 +262,8 @@ def aio_table(results, out):
                "zinf: ordinary / locked buffer |")
     out.append("|" + "---|" * 6)
     for (size, rw), sides in sorted(ordinary.items()):
-        z, d, locked = (common.median(sides.get(s, [])) if sides.get(s) else float("nan")
-                        for s in ("zinf, ordinary tensor", "deepspeed, ordinary tensor", "zinf"))
+        z, d, locked = medians(sides, "zinf, ordinary tensor", "deepspeed, ordinary tensor",
+                               "zinf")
         out.append(f"| {mib(size)} | {rw} | {z:.2f} | {d:.2f} | {z / d:.2f}x | {z / locked:.2f} |")
 
 
@@ -280,8 +284,7 @@ def store_table(rows, out):
                "whole / fio's size | fio GB/s | store, fio's size / fio |")
     out.append("|" + "---|" * 7)
     for (size, rw), sides in sorted(rows.items()):
-        a, b, f = (common.median(sides[s]) if sides.get(s) else float("nan")
-                   for s in (small, whole, "fio"))
+        a, b, f = medians(sides, small, whole, "fio")
         out.append(f"| {mib(size)} | {rw} | {a:.2f} | {b:.2f} | {b / a:.2f} | {f:.2f} | "
                    f"{a / f:.2f} |")
 
