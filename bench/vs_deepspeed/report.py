@@ -254,17 +254,21 @@ def aio_table(results, out):
         return
     buffer = next(r["buffer"] for r in results
                   if r["kind"] == "aio" and r["side"] == "zinf, ordinary tensor")
-    out.append("")
-    out.append(f"The same from and into an {buffer} and pageable, as a user passes one: each "
-               "side stages it through page-aligned memory of its own.")
-    out.append("")
-    out.append("| bytes | direction | zinf GB/s (CRC32C) | DeepSpeed GB/s | zinf / DeepSpeed | "
-               "zinf: ordinary / locked buffer |")
-    out.append("|" + "---|" * 6)
+    lines = []
     for (size, rw), sides in sorted(ordinary.items()):
         z, d, locked = medians(sides, "zinf, ordinary tensor", "deepspeed, ordinary tensor",
                                "zinf")
-        out.append(f"| {mib(size)} | {rw} | {z:.2f} | {d:.2f} | {z / d:.2f}x | {z / locked:.2f} |")
+        lines.append([mib(size), rw, f"{z:.2f}", f"{d:.2f}", f"{z / d:.2f}x", f"{z / locked:.2f}"])
+    sub_table(out, f"The same from and into an {buffer} and pageable, as a user passes one: each "
+              "side stages it through page-aligned memory of its own.",
+              ["bytes", "direction", "zinf GB/s (CRC32C)", "DeepSpeed GB/s", "zinf / DeepSpeed",
+               "zinf: ordinary / locked buffer"], lines)
+
+
+def sub_table(out, intro, columns, lines):
+    """A paragraph, then a table under it."""
+    out += ["", intro, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
 
 
 def store_table(rows, out):
@@ -274,19 +278,17 @@ def store_table(rows, out):
     rows = {key: sides for key, sides in rows.items() if small in sides and whole in sides}
     if not rows:
         return
-    out.append("")
-    out.append("fio moves every block through a buffer of block size x queue depth; both handles "
-               "move the whole tensor in place. zinf's swap store (`zinf bench nvme`, same "
-               "settings, 2 MiB pages, no checksums) through a buffer of each size, in the same "
-               "run:")
-    out.append("")
-    out.append("| bytes | direction | store, fio's buffer size GB/s | store, the whole size GB/s | "
-               "whole / fio's size | fio GB/s | store, fio's size / fio |")
-    out.append("|" + "---|" * 7)
+    lines = []
     for (size, rw), sides in sorted(rows.items()):
         a, b, f = medians(sides, small, whole, "fio")
-        out.append(f"| {mib(size)} | {rw} | {a:.2f} | {b:.2f} | {b / a:.2f} | {f:.2f} | "
-                   f"{a / f:.2f} |")
+        lines.append([mib(size), rw, f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}", f"{f:.2f}",
+                      f"{a / f:.2f}"])
+    sub_table(out, "fio moves every block through a buffer of block size x queue depth; both "
+              "handles move the whole tensor in place. zinf's swap store (`zinf bench nvme`, same "
+              "settings, 2 MiB pages, no checksums) through a buffer of each size, in the same "
+              "run:",
+              ["bytes", "direction", "store, fio's buffer size GB/s", "store, the whole size GB/s",
+               "whole / fio's size", "fio GB/s", "store, fio's size / fio"], lines)
 
 
 def estimate_table(results, out):
