@@ -258,20 +258,21 @@ def aio(args):
         for f in (ds_file, fio_file):
             if os.path.exists(f):
                 os.unlink(f)
+    ordinary_buffer = f"ordinary torch tensor, {ordinary_alignment}-byte aligned"
+    buffers = {
+        "fio": f"fio's own, on {'2 MiB' if fio_has_huge_pages() else '4 KiB'} pages",
+        "zinf, ordinary tensor": ordinary_buffer,
+        "deepspeed, ordinary tensor": ordinary_buffer,
+        "zinf store, fio's buffer size":
+            f"zinf bench nvme's staging, {small_buffer >> 20} MiB, 2 MiB pages",
+        "zinf store, the whole size": f"zinf bench nvme's staging, {size >> 20} MiB, 2 MiB pages",
+    }
     for (side, rw), runs in rates.items():
         if not runs:
             continue
         common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
                     runs_GBps=[r / 1e9 for r in runs], **AIO,
-                    buffer=((f"fio's own, on {'2 MiB' if fio_has_huge_pages() else '4 KiB'} pages")
-                            if side == "fio" else
-                            f"ordinary torch tensor, {ordinary_alignment}-byte aligned"
-                            if side.endswith("ordinary tensor") else
-                            f"zinf bench nvme's staging, {small_buffer >> 20} MiB, 2 MiB pages"
-                            if side == "zinf store, fio's buffer size" else
-                            f"zinf bench nvme's staging, {size >> 20} MiB, 2 MiB pages"
-                            if side == "zinf store, the whole size" else
-                            f"shared, {huge:.0%} on 2 MiB pages"))
+                    buffer=buffers.get(side, f"shared, {huge:.0%} on 2 MiB pages"))
 
 
 # -- Memory estimator --------------------------------------------------------------------------
