@@ -13,8 +13,10 @@
   aio       zinf.nvme.SwapHandle against DeepSpeed's aio_handle and fio, write then read of
             --size bytes in --dir, from and into one page-locked buffer that both handles use
             (DeepSpeed's new_cpu_locked_tensor), moved onto 2 MiB pages as fio's buffers are
-            (see fio()). Both get DeepSpeed's documented "aio" defaults (1 MiB blocks, queue
-            depth 8); fio gets the same block size, depth, size and O_DIRECT. Then both
+            (see fio()), and on one file: the handle's swap file, which DeepSpeed and fio open
+            by its /proc path (Note [One file for every side]). Both get DeepSpeed's documented
+            "aio" defaults (1 MiB blocks, queue depth 8); fio gets the same block size, depth,
+            size and O_DIRECT. Then both
             handles again on an ordinary tensor, as a user passes one: torch's allocator's, 64-byte
             aligned and pageable, which each side moves through page-aligned memory of its own.
             And zinf's store (`zinf bench nvme`) moving the same bytes through a buffer of fio's
@@ -185,6 +187,34 @@ def store_rates(args, size, buffer_bytes):
     return j["write_MBps"] * 1e6, j["read_MBps"] * 1e6
 
 
+# Note [One file for every side]
+# Where a file lies on a virtual disk changes its rate: fio read two 1 GiB files made one after
+# the other, in the same run and interleaved, at 5.65 and 6.23 GB/s (2 MiB pages), and on 4 KiB
+# pages another pair at 5.93 and 5.74. So DeepSpeed's handle and fio read and write zinf's
+# swap file itself, opened by its /proc path (the handle unlinks its files once open). Every
+# write leaves the file holding what zinf wrote last, so zinf's checksums still hold: the
+# handles write the same tensor in turn, and fio's write (its own bytes) is followed by zinf's.
+
+
+def swap_file_of(open_handle, directory):
+    """The /proc path of the swap file that `open_handle()` opens in `directory`, and the
+    handle: the one descriptor of an unlinked file there that the call added."""
+    def unlinked():
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith(directory) and target.endswith(" (deleted)"):
+                    found.add(fd)
+        return found
+
+    before = unlinked()
+    handle = open_handle()
+    added = unlinked() - before
+    assert len(added) == 1, f"expected one new swap file in {directory}, found {sorted(added)}"
+    return f"/proc/{os.getpid()}/fd/{added.pop()}", handle
+
+
 def aio(args):
     import zinf.nvme
     from deepspeed.ops.op_builder import AsyncIOBuilder
@@ -197,12 +227,18 @@ def aio(args):
     assert buffer.data_ptr() % 4096 == 0, "DeepSpeed's locked tensor is not page-aligned"
     huge = onto_huge_pages(buffer) if fio_has_huge_pages() else 0.0
     buffer.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
-    ds_file = os.path.join(args.dir, "vs-deepspeed-ds.swp")
-    fio_file = os.path.join(args.dir, "vs-deepspeed-fio.dat")
-    ours = zinf.nvme.SwapHandle(args.dir, size, **AIO)
+    directory = os.path.realpath(args.dir)
+    shared_file, ours = swap_file_of(lambda: zinf.nvme.SwapHandle(directory, size, **AIO),
+                                     directory)
     # Also without checksums, the work DeepSpeed does: zinf's default checks a CRC32C of
-    # every piece.
-    plain = zinf.nvme.SwapHandle(args.dir, size, checksum=False, **AIO)
+    # every piece. This handle has a file of its own: its row is zinf's alone.
+    plain = zinf.nvme.SwapHandle(directory, size, checksum=False, **AIO)
+    ours.pwrite(buffer, "t")
+    check = torch.empty_like(buffer)
+    ds.async_pread(check, shared_file)
+    assert ds.wait() >= 1 and torch.equal(check, buffer), \
+        f"{shared_file} does not hold the tensor zinf wrote from its first byte"
+    del check
 
     ordinary = torch.randint(0, 256, (size,), dtype=torch.uint8)
     ordinary_alignment = next(a for a in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
@@ -215,11 +251,11 @@ def aio(args):
         handle.pread(tensor, "t")
 
     def ds_write(tensor=buffer):
-        ds.async_pwrite(tensor, ds_file)
+        ds.async_pwrite(tensor, shared_file)
         assert ds.wait() >= 1
 
     def ds_read(tensor=buffer):
-        ds.async_pread(tensor, ds_file)
+        ds.async_pread(tensor, shared_file)
         assert ds.wait() >= 1
 
     def rate(fn):
@@ -233,13 +269,14 @@ def aio(args):
              "zinf store, the whole size")
     rates = {(side, rw): [] for side in sides for rw in ("write", "read")}
     try:
-        zinf_write(), zinf_write(plain), ds_write()  # allocate the files
+        zinf_write(plain)  # allocates its file
         for _ in range(args.reps):
             for rw, zfn, dfn in (("write", zinf_write, ds_write), ("read", zinf_read, ds_read)):
+                # fio first: its write leaves its own bytes, which the handles' then replace.
+                rates[("fio", rw)].append(fio(rw, shared_file, size, args.fio))
                 rates[("zinf", rw)].append(rate(zfn))
                 rates[("zinf without checksums", rw)].append(rate(lambda: zfn(plain)))
                 rates[("deepspeed", rw)].append(rate(dfn))
-                rates[("fio", rw)].append(fio(rw, fio_file, size, args.fio))
                 rates[("zinf, ordinary tensor", rw)].append(rate(lambda: zfn(tensor=ordinary)))
                 rates[("deepspeed, ordinary tensor", rw)].append(
                     rate(lambda: dfn(tensor=ordinary)))
@@ -255,9 +292,6 @@ def aio(args):
     finally:
         ours.close()
         plain.close()
-        for f in (ds_file, fio_file):
-            if os.path.exists(f):
-                os.unlink(f)
     ordinary_buffer = f"ordinary torch tensor, {ordinary_alignment}-byte aligned"
     buffers = {
         "fio": f"fio's own, on {'2 MiB' if fio_has_huge_pages() else '4 KiB'} pages",
@@ -267,12 +301,16 @@ def aio(args):
             f"zinf bench nvme's staging, {small_buffer >> 20} MiB, 2 MiB pages",
         "zinf store, the whole size": f"zinf bench nvme's staging, {size >> 20} MiB, 2 MiB pages",
     }
+    own_files = {"zinf without checksums": "its own swap file",
+                 "zinf store, fio's buffer size": "zinf bench nvme's own",
+                 "zinf store, the whole size": "zinf bench nvme's own"}
     for (side, rw), runs in rates.items():
         if not runs:
             continue
         common.emit("aio", side=side, rw=rw, size=size, GBps=common.median(runs) / 1e9,
                     runs_GBps=[r / 1e9 for r in runs], **AIO,
-                    buffer=buffers.get(side, f"shared, {huge:.0%} on 2 MiB pages"))
+                    buffer=buffers.get(side, f"shared, {huge:.0%} on 2 MiB pages"),
+                    file=own_files.get(side, "zinf's swap file, shared"))
 
 
 # -- Memory estimator --------------------------------------------------------------------------

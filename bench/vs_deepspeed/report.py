@@ -262,6 +262,11 @@ def aio_table(results, out):
     if fio_buffers:
         out.append("")
         out.append(f"fio's buffers: {'; '.join(fio_buffers)}.")
+    files = {r["side"]: r["file"] for r in results if r["kind"] == "aio" and "file" in r}
+    if files:
+        out.append("")
+        out.append("Files (Note [One file for every side] in parts.py): " + "; ".join(
+            f"{side}: {file}" for side, file in files.items()) + ".")
     store_table(rows, out)
     ordinary = {key: sides for key, sides in rows.items() if "zinf, ordinary tensor" in sides}
     if not ordinary:
