@@ -192,8 +192,8 @@ def store_rates(args, size, buffer_bytes):
 # the other, in the same run and interleaved, at 5.65 and 6.23 GB/s (2 MiB pages), and on 4 KiB
 # pages another pair at 5.93 and 5.74. So DeepSpeed's handle and fio read and write zinf's
 # swap file itself, opened by its /proc path (the handle unlinks its files once open). Every
-# write leaves the file holding what zinf wrote last, so zinf's checksums still hold: the
-# handles write the same tensor in turn, and fio's write (its own bytes) is followed by zinf's.
+# write phase ends with zinf's then DeepSpeed's write of the same tensor, so the file holds
+# what zinf wrote last and zinf's checksums still hold whenever fio's write (its own bytes) came.
 
 
 def swap_file_of(open_handle, directory):
@@ -268,15 +268,22 @@ def aio(args):
              "deepspeed, ordinary tensor", "zinf store, fio's buffer size",
              "zinf store, the whole size")
     rates = {(side, rw): [] for side in sides for rw in ("write", "read")}
+    # On this disk a 1 GiB write slows the next one (the host writes it back): whoever writes
+    # right after fio or another handle pays for it. So the four sides take turns at going
+    # first, in reads as in writes; with --reps a multiple of 4 each takes each place equally.
+    sides_in_turn = [("fio", lambda rw, *_: fio(rw, shared_file, size, args.fio)),
+                     ("zinf", lambda rw, zfn, dfn: rate(zfn)),
+                     ("zinf without checksums", lambda rw, zfn, dfn: rate(lambda: zfn(plain))),
+                     ("deepspeed", lambda rw, zfn, dfn: rate(dfn))]
     try:
         zinf_write(plain)  # allocates its file
-        for _ in range(args.reps):
+        for rep in range(args.reps):
+            turn = sides_in_turn[rep % 4:] + sides_in_turn[:rep % 4]
             for rw, zfn, dfn in (("write", zinf_write, ds_write), ("read", zinf_read, ds_read)):
-                # fio first: its write leaves its own bytes, which the handles' then replace.
-                rates[("fio", rw)].append(fio(rw, shared_file, size, args.fio))
-                rates[("zinf", rw)].append(rate(zfn))
-                rates[("zinf without checksums", rw)].append(rate(lambda: zfn(plain)))
-                rates[("deepspeed", rw)].append(rate(dfn))
+                for side, run in turn:
+                    rates[(side, rw)].append(run(rw, zfn, dfn))
+                # Last, zinf then DeepSpeed write the same bytes: the file holds what zinf
+                # wrote last (fio's write may have come after the handles').
                 rates[("zinf, ordinary tensor", rw)].append(rate(lambda: zfn(tensor=ordinary)))
                 rates[("deepspeed, ordinary tensor", rw)].append(
                     rate(lambda: dfn(tensor=ordinary)))
