@@ -16,9 +16,9 @@
             (see fio()), and on one file: the handle's swap file, which DeepSpeed and fio open
             by its /proc path (Note [One file for every side]). Both get DeepSpeed's documented
             "aio" defaults (1 MiB blocks, queue depth 8); fio gets the same block size, depth,
-            size and O_DIRECT. Then both
-            handles again on an ordinary tensor, as a user passes one: torch's allocator's, 64-byte
-            aligned and pageable, which each side moves through page-aligned memory of its own.
+            size and O_DIRECT. Then both handles again on an ordinary tensor, as a user passes
+            one: torch's allocator's, 64-byte aligned and pageable, which each side moves
+            through page-aligned memory of its own.
             And zinf's store (`zinf bench nvme`) moving the same bytes through a buffer of fio's
             size (block x depth) and through one of --size: fio's buffers are a few MiB, the
             handles' is the whole tensor, and on a virtual disk that changes the rate.
@@ -282,8 +282,8 @@ def aio(args):
             for rw, zfn, dfn in (("write", zinf_write, ds_write), ("read", zinf_read, ds_read)):
                 for side, run in turn:
                     rates[(side, rw)].append(run(rw, zfn, dfn))
-                # Last, zinf then DeepSpeed write the same bytes: the file holds what zinf
-                # wrote last (fio's write may have come after the handles').
+                # Then the ordinary tensor, zinf's turn before DeepSpeed's: writing, both write
+                # its bytes last, so the file holds what zinf wrote last, whenever fio wrote.
                 rates[("zinf, ordinary tensor", rw)].append(rate(lambda: zfn(tensor=ordinary)))
                 rates[("deepspeed, ordinary tensor", rw)].append(
                     rate(lambda: dfn(tensor=ordinary)))
