@@ -195,11 +195,13 @@ if [ -z "$only" ] || [ "$only" = parts ]; then
   step "CPU Adam: zinf.optim.AdamW vs DeepSpeedCPUAdam vs the bandwidth limit"
   : >"$work/adam_limits.jsonl"
   # In cache (an NVMe pipeline chunk) and in memory, on 1 and 2 threads; and on 2 threads with a
-  # busy process on every core (a shared node).
+  # busy process on every core (a shared node). Those rows get 3x the repetitions: where the
+  # busy processes land moved DeepSpeed's in-cache rate from 6 to 33 GB/s between runs
+  # (bench/RESULTS.md, 2026-11-29), and 3 did not settle the median.
   for size in $adam_sizes; do
     for threads_load in "1 0" "2 0" "2 $cores"; do
       read -r threads load <<<"$threads_load"
-      for ((rep = 0; rep < reps; ++rep)); do
+      for ((rep = 0; rep < (load > 0 ? 3 * reps : reps); ++rep)); do
         OMP_NUM_THREADS=$threads run_py bench/vs_deepspeed/parts.py adam --params "$size" \
           --threads "$threads" --load "$load" --reps 3
         "$zinf" bench adam --params "$size" --threads "$threads" --load "$load" --reps 3 --json \
