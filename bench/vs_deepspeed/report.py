@@ -262,11 +262,15 @@ def aio_table(results, out):
     if fio_buffers:
         out.append("")
         out.append(f"fio's buffers: {'; '.join(fio_buffers)}.")
-    files = {r["side"]: r["file"] for r in results if r["kind"] == "aio" and "file" in r}
+    files = collections.defaultdict(list)  # file -> the sides on it
+    for r in results:
+        if r["kind"] == "aio" and "file" in r and r["side"] not in files[r["file"]]:
+            files[r["file"]].append(r["side"])
     if files:
         out.append("")
         out.append("Files (Note [One file for every side] in parts.py): " + "; ".join(
-            f"{side}: {file}" for side, file in files.items()) + ".")
+            f"{file}: " + ", ".join(f'"{side}"' for side in sides)
+            for file, sides in files.items()) + ".")
     store_table(rows, out)
     ordinary = {key: sides for key, sides in rows.items() if "zinf, ordinary tensor" in sides}
     if not ordinary:
