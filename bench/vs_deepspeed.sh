@@ -29,7 +29,8 @@
 #                               [--sizes "small large"] [--models "torch_gpt hf_gpt2"]
 #                               [--placements "memory cpu nvme"] [--worlds "1 2"] [--steps 50]
 #   --quick     one repetition of small sizes, 5 steps (a smoke test of every path)
-#   --reps N    repetitions of every comparison (default 3)
+#   --reps N    repetitions of every comparison (default 3); CPU Adam's rows with busy processes
+#               run 3N, the swap I/O N rounded up to a multiple of 4 (its sides take turns)
 #   --sizes, --models, --placements, --worlds, --steps: a subset of the end-to-end runs
 #               (default: all, 50 steps). small runs a step in about a second (1 rank, memory);
 #               large is the largest whose placement (zinf, DeepSpeed and train_gpt, 50 steps
