@@ -1,19 +1,24 @@
-"""Where zinf.zero's modules compute, and how the engine's tensors reach torch there: copies
-on the host (HostMemory), the engine's own memory on a GPU (GpuMemory).
+"""Where zinf.zero's modules compute, and how the engine's tensors reach torch there: the
+engine's own memory, on the host (HostMemory) and on a GPU (GpuMemory), never a copy.
+
+Note [The engine's memory]
+zinf.zero hands torch the engine's own memory: each gathered parameter, and each fp32
+gradient buffer, is a torch tensor over it (on the host through the engine's memoryviews,
+torch.frombuffer; on a GPU through __cuda_array_interface__). Torch keeps only a reference
+to the view or wrapper, never ownership. A fetched parameter stays valid until its module's
+Release; backward holds the module fetched from its first saved-tensor unpack to its
+ReduceGradients, so a tensor autograd saved stays valid exactly as long as backward reads it.
+A reference kept past that (a module that returns its own weight) sees the memory reused:
+read parameters after training through gather_parameters or consolidated_state_dict.
+On the host this spares a copy of every parameter at each fetch, in forward and in backward:
+a fresh tensor each time, whose pages the kernel faults in anew wherever the heap is bounded
+(Note [Heap growth] in zinf/_heap.py). bench/RESULTS.md has the step times.
 
 Note [On a GPU]
-The engine runs on the GPU that holds the model's parameters; zinf.zero hands torch the
-engine's own memory. GpuMemory wraps each gathered parameter (and each fp32 gradient buffer)
-as a torch CUDA tensor through __cuda_array_interface__: no copy, and torch keeps only a
-reference to the wrapper, never ownership. Ordering goes through torch's current stream,
-borrowed by the engine (Device::BorrowStream): the stream waits for the gather before the
-module computes; Release and ReduceGradients record it, so the engine reuses a parameter's
-memory, or reads a gradient, only after the work torch queued on it so far. Backward holds
-the module fetched from its first saved-tensor unpack to its ReduceGradients (the host copies
-its parameters and releases the engine's at once instead), so a tensor autograd saved stays
-valid exactly as long as backward reads it. A reference kept past that (a module that
-returns its own weight) sees the memory reused: read parameters after training through
-gather_parameters or consolidated_state_dict.
+The engine runs on the GPU that holds the model's parameters. Ordering goes through torch's
+current stream, borrowed by the engine (Device::BorrowStream): the stream waits for the gather
+before the module computes; Release and ReduceGradients record it, so the engine reuses a
+parameter's memory, or reads a gradient, only after the work torch queued on it so far.
 """
 
 import torch
@@ -22,18 +27,17 @@ COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.f
 
 
 class HostMemory:
-    """The engine's tensors on the host device: memoryviews, copied out of (parameters) and
-    into (gradients)."""
-    views = False  # fetched parameters are torch-owned copies
+    """The engine's tensors on the host device: torch tensors over its memoryviews (Note
+    [The engine's memory])."""
 
     def __init__(self, engine):
         self._engine = engine
 
     def fetch(self, mid, slots):
-        """Fetches module `mid` (engine-fetched until release) and returns its parameters."""
+        """Fetches module `mid` and returns its parameters, valid until its release."""
         views = self._engine.fetch(mid)
         try:
-            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).clone().view(s.shape)
+            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).view(s.shape)
                     for v, s in zip(views, slots)]
         except BaseException:
             self._engine.release(mid)
@@ -51,9 +55,8 @@ class HostMemory:
 
 
 class GpuMemory:
-    """The engine's tensors on a GPU, as torch CUDA tensors over its memory, every call
-    ordered with torch's current stream (Note [On a GPU])."""
-    views = True  # fetched parameters are the engine's memory
+    """The engine's tensors on a GPU, as torch CUDA tensors over its memory (Note [The
+    engine's memory]), every call ordered with torch's current stream (Note [On a GPU])."""
 
     def __init__(self, engine, device):
         self._engine = engine

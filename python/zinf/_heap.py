@@ -1,9 +1,11 @@
 """The process heap under zinf's Python side (Note [Heap growth]).
 
 Note [Heap growth]
-A zinf engine driven from Python makes and frees a module's worth of large tensors at every
-fetch (the gathered parameters torch computes with, backward's copies, the gradients autograd
-hands over). glibc serves an allocation of at least its mmap threshold with a mapping of its
+A zinf engine driven from Python makes and frees large tensors all through a step: the
+gradients autograd hands over, a module's worth at a time, and the activations. (Fetched
+parameters were such tensors too, copied at every fetch in forward and in backward, until
+torch computed on the engine's memory: Note [The engine's memory] in zinf/_device_memory.py.)
+glibc serves an allocation of at least its mmap threshold with a mapping of its
 own, returned to the system when freed, but it raises that threshold to the size of every
 such block freed (up to 32 MiB), so from the second fetch on the same tensors come from the
 heap, and a new aligned block of the same size seldom fits the hole the last one left: the
@@ -15,9 +17,10 @@ growing, where with the threshold fixed it stays at 0.9 GiB for a 256 MiB model 
 and whose model is large against the machine (below);
 unless the user set MALLOC_MMAP_THRESHOLD_ (glibc's own variable, which wins). The price:
 each such tensor's pages are faulted in anew, 17-20 ms per 16 MiB tensor here against 2-3 ms
-from the heap, which made a step of the 512 MiB model on NVMe 15-35% slower; so an engine
-with its parameters in memory (which holds the model anyway) keeps glibc's behaviour. Reusing
-the fetch copies instead of allocating them would give both; not done yet.
+from the heap, which made a step of the 512 MiB model on NVMe 15-35% slower while fetches were
+copies (torch computing on the engine's memory made a bounded step 1.07x faster, bench/RESULTS.md);
+so an engine with its parameters in memory (which holds the model anyway) keeps glibc's
+behaviour.
 Memory binds where the model is large against the machine: the fixed threshold's gain was
 the growth it stops (about twice the model over three steps, at 512 MiB), its price every
 tensor of 4 MiB or more faulted in anew, a GPT-2's activations at width 256 and 1024 tokens a

@@ -21,8 +21,8 @@ How the module runs (Note [Module hooks]):
   that reads as NaN, so that a parameter used outside any forward shows as NaN rather than
   as plausible numbers.
 - Forward pre-hook: ``Fetch`` the module's parameters (gathered from all ranks, from NVMe when
-  they live there) into tensors of its own; forward hook: ``Release`` them and put the
-  placeholders back.
+  they live there), handed to torch as tensors over the engine's memory; forward hook:
+  ``Release`` them and put the placeholders back.
 - A forward that reads a parameter of a module it does not call (``nn.MultiheadAttention``
   passes ``self.out_proj.weight`` to ``F.multi_head_attention_forward`` without calling
   ``out_proj``; ``TransformerEncoderLayer``'s fast path reads every child's weights) fetches it
@@ -56,10 +56,10 @@ A model too large for memory is built under ``zinf.zero.Init`` (DeepSpeed's ``ze
 each module's values leave memory as its ``__init__`` finishes and reach the engine's shards
 at ``initialize`` (Note [Construction into shards] in zinf/_construction.py).
 
-Where the model computes is where its trainable parameters are (Note [On a GPU] in
-zinf/_device_memory.py):
+Where the model computes is where its trainable parameters are (Notes [The engine's memory]
+and [On a GPU] in zinf/_device_memory.py):
 - float32 CPU parameters: the engine's compute device is the host; fetched parameters are
-  copied into torch-owned CPU tensors, gradients copied into the engine's buffers.
+  CPU tensors over the engine's memory, gradients copied into the engine's buffers.
 - floating-point parameters all on one GPU (``model.to("cuda")`` first; DeepSpeed moves the
   model itself, zinf leaves that to the caller): the engine runs on that GPU (gathers and
   reduce-scatters over NCCL). Fetched parameters are torch CUDA tensors over the engine's own
@@ -321,12 +321,38 @@ class ZeroEngine:
 
     def _make_post_hook(self, mids):
         def post_hook(module, inputs, output):
-            if self._forward_stack:
-                for mid in reversed(self._forward_stack.pop()):
-                    self._drop(mid)
+            read = self._forward_stack.pop() if self._forward_stack else []
+            output = self._own_escaping(output, read + mids)
+            for mid in reversed(read):
+                self._drop(mid)
             for mid in mids:
                 self._drop(mid)
+            return output
         return post_hook
+
+    def _own_escaping(self, output, mids):
+        """The forward's output with every tensor that is a view of parameters about to be
+        released (a module that returns its own weight, or a slice of it) replaced by a copy,
+        which autograd differentiates like the view: the engine's memory behind the view is
+        reused after the release. Tensors in tuples, lists and dicts are looked at."""
+        ptrs = {_storage_ptr(t) for mid in mids if mid in self._held
+                for t in self._held[mid][0]}
+        if not ptrs:
+            return output
+
+        def own(x):
+            if isinstance(x, torch.Tensor):
+                return x.clone() if _storage_ptr(x) in ptrs else x
+            if isinstance(x, list):
+                return [own(v) for v in x]
+            if isinstance(x, tuple):
+                values = [own(v) for v in x]
+                return type(x)(*values) if hasattr(x, "_fields") else type(x)(values)
+            if isinstance(x, dict):  # in place: keeps its type (Hugging Face's ModelOutput)
+                for k, v in x.items():
+                    x[k] = own(v)
+            return x
+        return own(output)
 
     def _on_read(self, param):
         """A managed parameter read through its module's attribute: inside a forward that has
@@ -388,8 +414,6 @@ class ZeroEngine:
         tensors = self._backward_params.get(s.module_id)
         if tensors is None:
             tensors = self._hold(s.module_id)
-            if not self._memory.views:
-                self._unhold(s.module_id)  # copies: the engine's fetch may go at once
             self._backward_params[s.module_id] = tensors
         return tensors[s.index].as_strided(saved.size, saved.stride, saved.offset)
 
@@ -433,7 +457,7 @@ class ZeroEngine:
     def _reduce(self, mid):
         self._grad_views.pop(mid, None)  # no view outlives the buffers
         self._grads_pending.pop(mid, None)
-        if self._backward_params.pop(mid, None) is not None and self._memory.views:
+        if self._backward_params.pop(mid, None) is not None:
             self._unhold(mid)  # backward's use of the parameters is over
         self._memory.reduce(mid)
         self._reduced.add(mid)

@@ -165,6 +165,50 @@ class TorchModelsTest(unittest.TestCase):
         # Outside any forward nothing is fetched: the placeholder reads as NaN.
         self.assertTrue(torch.isnan(model.out_proj.weight).all())
 
+    def test_a_module_that_returns_a_view_of_its_parameter_returns_its_values(self):
+        # A learned table returned by slicing, as position embeddings and learned queries are.
+        # The view must outlive the module's release, and the next step's update: torch
+        # computes on the engine's memory (Note [The engine's memory]).
+        class Table(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.randn(6, 8))
+
+            def forward(self, n):
+                return self.weight[:n]
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.table = Table()
+                self.head = torch.nn.Linear(8, 1)
+
+            def forward(self, x):
+                rows = self.table(x.shape[0])
+                return self.head(x + rows).square().sum(), rows
+
+        tm.deterministic(self.device)
+        torch.manual_seed(0)
+        ref = Model().to(self.device)
+        torch.manual_seed(0)
+        model = Model().to(self.device)
+        engine = zinf.zero.initialize(model, {
+            "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3},
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
+        x = torch.randn(4, 8).to(self.device)
+        want_loss, want_rows = ref(x)
+        loss, rows = engine(x)
+        torch.testing.assert_close(loss, want_loss, rtol=0, atol=0)
+        torch.testing.assert_close(rows, want_rows, rtol=0, atol=0)
+        engine.backward(loss + rows.sum())
+        (want_loss + want_rows.sum()).backward()
+        grads = engine.gather_gradients()
+        torch.testing.assert_close(grads["table.weight"], ref.table.weight.grad.cpu())
+        engine.step()
+        self.assertFalse(torch.equal(engine.gather_parameters()["table.weight"],
+                                     ref.table.weight.detach().cpu()))  # the step moved it
+        torch.testing.assert_close(rows, want_rows, rtol=0, atol=0)  # the values returned
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,7 +1,7 @@
 """PyTorch models on a GPU under zinf.zero: every test of test_torch_models.py with the models
 on cuda (the engine on the same GPU, gathers and reductions there), and what only a GPU has:
-gathered parameters that are the engine's memory rather than copies, bf16 compute, and torch
-work on a stream other than the default one (Note [On a GPU] in python/zinf/zero.py).
+bf16 compute, and torch work on a stream other than the default one (Note [On a GPU] in
+python/zinf/_device_memory.py).
 
 Skips, saying why, where torch sees no GPU or zinf was built without CUDA."""
 
