@@ -111,28 +111,48 @@ def loss_verdict(losses_z, losses_d, grad_norms_d=None):
 # from the limit instead.
 
 
-def targets(placement, tokens_z, tokens_d, rss_z, rss_d, limit):
+# Note [The FLOP ceiling]
+# Whatever kernels an engine brings, a step cannot take less time than its arithmetic at the
+# machine's peak rate. The torch side measures that rate in the same run: the best of torch's
+# fp32 1024 x 1024 matmuls on its threads, N ranks' worth (train.py's matmul_flops, within a
+# few percent of the FMA units' peak on the CPUs measured). The model's FLOPs per token are 6 per
+# matmul weight and 12 d_model x layers x seq for attention (train.py's flops_per_token; the
+# norms, GELU, softmax and the optimizer are left out, so the ceiling is generous). A target
+# above the ceiling cannot be met on this machine in fp32 by any engine, not only by one that
+# runs torch's kernels.
+
+
+def targets(placement, tokens_z, tokens_d, rss_z, rss_d, limit, ceiling=None):
     """Whether a row meets issue 32's targets, said in the row itself; a tokens/s target above
-    the compute limit says so (Note [The compute limit])."""
+    the compute limit or the FLOP ceiling says so (Notes [The compute limit], [The FLOP
+    ceiling])."""
     if not (tokens_z and tokens_d and rss_z and rss_d):
         return "-"
     goal = TOKENS_TARGET[placement]
     verdict = "met" if tokens_z >= goal * tokens_d else "NOT met"
     if verdict != "met" and limit and goal * tokens_d > limit:
-        verdict += f" (the limit is {limit / tokens_d:.2f}x)"
+        verdict += f" (the limit is {limit / tokens_d:.2f}x"
+        if ceiling:
+            above = " < the target" if goal * tokens_d > ceiling else ""
+            verdict += f"; the FLOP ceiling {ceiling / tokens_d:.2f}x{above}"
+        verdict += ")"
     return f"{goal}x {verdict}, {'met' if rss_z <= rss_d else 'NOT met'}"
 
 
 def compute_limits(results):
-    """(model, world, d_model, layers) -> the median compute limit in tokens/s (Note [The compute
-    limit]), from the torch runs of any placement."""
-    limits = collections.defaultdict(list)
+    """(model, world, d_model, layers) -> (the median compute limit, the median FLOP ceiling or
+    None), both in tokens/s (Notes [The compute limit], [The FLOP ceiling]), from the torch runs
+    of any placement."""
+    limits, ceilings = collections.defaultdict(list), collections.defaultdict(list)
     for r in results:
         if (r["kind"] == "e2e" and r["side"] == "torch" and "error" not in r
                 and "compute_tokens_per_s" in r):
-            limits[(r["model"], r["world"], r["d_model"], r["layers"])].append(
-                r["compute_tokens_per_s"])
-    return {key: common.median(values) for key, values in limits.items()}
+            key = (r["model"], r["world"], r["d_model"], r["layers"])
+            limits[key].append(r["compute_tokens_per_s"])
+            if r.get("matmul_flops"):
+                ceilings[key].append(r["matmul_flops"] / r["flops_per_token"])
+    return {key: (common.median(values), common.median(ceilings[key]) if ceilings[key] else None)
+            for key, values in limits.items()}
 
 
 def e2e_table(results, out):
@@ -191,7 +211,7 @@ def e2e_table(results, out):
         grad_norms_d = sides["deepspeed"][0].get("grad_norms") if sides.get("deepspeed") else None
         verdict = loss_verdict(losses_z, losses_d, grad_norms_d)
         rss_z, rss_d = med("zinf", "peak_rss_bytes"), med("deepspeed", "peak_rss_bytes")
-        limit = limits.get((model, world, d_model, layers))
+        limit, ceiling = limits.get((model, world, d_model, layers), (None, None))
         out.append(
             f"| {model} | {d_model} x {layers} | {placement} | {world} | {tokens('zinf')} | "
             f"{tokens('deepspeed')} | {ratio(z, d)} | "
@@ -200,10 +220,10 @@ def e2e_table(results, out):
             f"{mib(rss_z)} / {mib(rss_d)} / "
             f"{mib(med('zinf native', 'peak_rss_bytes'))} | {disk('zinf')} / {disk('deepspeed')} "
             f"| {split('zinf')}; {split('deepspeed')} | {verdict} | "
-            f"{targets(placement, z, d, rss_z, rss_d, limit)} |")
+            f"{targets(placement, z, d, rss_z, rss_d, limit, ceiling)} |")
         plot_rows.append((f"{model.replace('_', '-')} {d_model}x{layers} {placement} n{world}",
                           z or 0, d or 0,
-                          med("zinf native", "tokens_per_s") or 0, limit or 0))
+                          med("zinf native", "tokens_per_s") or 0, limit or 0, ceiling or 0))
         if curves is None and losses_z and losses_d:
             native = sides["zinf native"][0]["losses"] if sides.get("zinf native") else None
             curves = (f"{model} {placement} {world} rank(s)", losses_z, losses_d, native)
@@ -343,7 +363,7 @@ def plot(png, plot_rows, curves):
     with tempfile.TemporaryDirectory() as tmp:
         bars = os.path.join(tmp, "tokens.dat")
         with open(bars, "w") as f:
-            for label, z, d, n, limit in plot_rows:
+            for label, z, d, n, limit, _ in plot_rows:
                 f.write(f'"{label}" {z} {d} {n} {limit}\n')
         script = [f'set terminal pngcairo noenhanced size 1400,{900 if curves else 500}',
                   f'set output "{png}"', "set multiplot layout %d,1" % (2 if curves else 1),
@@ -423,16 +443,20 @@ def main():
         f.write("\n".join(out) + "\n")
     if plot_rows:
         plot(os.path.abspath(args.png), plot_rows, curves)
-    ratios = [z / d for _, z, d, _, _ in plot_rows if z and d]
-    headroom = [limit / d for _, z, d, _, limit in plot_rows if z and d and limit]
+    ratios = [z / d for _, z, d, _, _, _ in plot_rows if z and d]
+    headroom = [limit / d for _, z, d, _, limit, _ in plot_rows if z and d and limit]
+    flops = [ceiling / d for _, z, d, _, _, ceiling in plot_rows if z and d and ceiling]
     with open(args.summary, "w") as f:
         f.write(f"Against DeepSpeed ZeRO-3 on its CPU accelerator, same machine, same run "
                 f"(`bench/vs_deepspeed.sh`, bench/RESULTS.md): zinf's tokens/s is "
                 f"{min(ratios):.2f}x to {max(ratios):.2f}x DeepSpeed's over {len(ratios)} "
                 f"model / placement / rank rows" +
                 (f", where torch's own forward and backward alone, the limit of any engine that "
-                 f"runs them, is {min(headroom):.2f}x to {max(headroom):.2f}x.\n" if headroom
-                 else ".\n")
+                 f"runs them, is {min(headroom):.2f}x to {max(headroom):.2f}x" if headroom
+                 else "") +
+                (f", and the model's arithmetic at this CPU's fp32 matmul peak, the limit of any "
+                 f"engine at all, {min(flops):.2f}x to {max(flops):.2f}x" if flops else "") +
+                ".\n"
                 if ratios else "Against DeepSpeed (`bench/vs_deepspeed.sh`): no end-to-end row "
                 "both sides ran.\n")
     if args.strict:

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The report's verdict on two loss curves (Note [Loss spikes] in report.py)."""
+"""The report's verdicts: on two loss curves (Note [Loss spikes] in report.py) and on the
+tokens/s targets against the compute limit and the FLOP ceiling (Notes [The compute limit],
+[The FLOP ceiling])."""
 
 import os
 import sys
@@ -50,6 +52,28 @@ class LossVerdictTest(unittest.TestCase):
         zinf = STEADY[:4] + [3.8, 3.7]
         self.assertEqual(report.loss_verdict(zinf, STEADY), report.loss_verdict(zinf, STEADY, None))
         self.assertIsNone(report.first_spike(STEADY, NORMS[:2]))
+
+
+class TargetVerdictTest(unittest.TestCase):
+    def test_a_target_above_the_flop_ceiling_says_so(self):
+        # DeepSpeed 1,000 tokens/s with parameters on NVMe: the target is 2,000.
+        verdict = report.targets("nvme", 1100, 1000, 1, 2, limit=1400, ceiling=1800)
+        self.assertEqual(verdict, "2.0x NOT met (the limit is 1.40x; the FLOP ceiling 1.80x "
+                                  "< the target), met")
+        verdict = report.targets("memory", 1100, 1000, 1, 2, limit=1400, ceiling=1800)
+        self.assertEqual(verdict, "1.5x NOT met (the limit is 1.40x; the FLOP ceiling 1.80x), "
+                                  "met")
+        self.assertEqual(report.targets("memory", 1600, 1000, 3, 2, limit=1700, ceiling=1800),
+                         "1.5x met, NOT met")
+
+    def test_the_ceiling_is_the_torch_runs_peak_over_the_models_flops(self):
+        torch_run = {"kind": "e2e", "side": "torch", "model": "torch_gpt", "world": 2,
+                     "d_model": 512, "layers": 8, "compute_tokens_per_s": 1000.0,
+                     "matmul_flops": 180e9, "flops_per_token": 150e6}
+        older = dict(torch_run, compute_tokens_per_s=1200.0)
+        del older["matmul_flops"], older["flops_per_token"]
+        limits = report.compute_limits([torch_run, older])
+        self.assertEqual(limits[("torch_gpt", 2, 512, 8)], (1100.0, 1200.0))
 
 
 if __name__ == "__main__":

@@ -223,6 +223,30 @@ class Torch:
         return {}
 
 
+def flops_per_token(args):
+    """The model's training FLOPs per token: 6 per weight of its matmuls (forward, and the two
+    of backward), 12 d_model x layer x seq for attention's two matmuls (computed whole, the
+    causal mask applied after), as in Note [The FLOP ceiling] of report.py."""
+    d = args.d_model
+    return 6 * (args.layers * 12 * d * d + VOCAB * d) + 12 * args.layers * args.seq * d
+
+
+def matmul_flops(threads, n=1024, rounds=5):
+    """The best rate of torch's fp32 n x n matmul on `threads` threads, in FLOP/s: this
+    process's share of the machine's arithmetic peak."""
+    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    torch.set_num_threads(threads)
+    for _ in range(3):
+        torch.mm(a, b, out=c)
+    reps, best = max(1, int(2e9 / (2 * n ** 3))), 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b, out=c)
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
+    return best
+
+
 def run(args):
     ranks = args.ranks if args.side == "torch" else int(os.environ.get("WORLD_SIZE", "1"))
     threads = max(1, common.cores() // ranks)
@@ -270,6 +294,10 @@ def run(args):
     rss = side.mean(float(common.peak_rss_bytes())) * world
     disk_read = side.mean(per_step["disk_read"]) * world
     disk_written = side.mean(per_step["disk_written"]) * world
+    # The torch side also measures the machine's fp32 matmul peak, N ranks' worth (Note [The
+    # FLOP ceiling] in report.py).
+    ceiling = ({"matmul_flops": matmul_flops(threads) * world,
+                "flops_per_token": flops_per_token(args)} if args.side == "torch" else {})
     if rank == 0:
         common.emit("e2e", side=args.side, model=args.model, placement=args.placement,
                     world=world, threads_per_rank=threads, params=params, layers=args.layers,
@@ -280,7 +308,7 @@ def run(args):
                     compute_tokens_per_s=micro * world * seq / (per_step["forward_s"] +
                                                                 per_step["backward_s"]),
                     peak_rss_bytes=rss, disk_read_per_step=disk_read,
-                    disk_written_per_step=disk_written, split=per_step)
+                    disk_written_per_step=disk_written, split=per_step, **ceiling)
 
 
 def report_profile(args, profiler, timed, side, params):
