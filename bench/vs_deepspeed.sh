@@ -69,8 +69,10 @@ case $only in "" | parts | aio | e2e) ;; *) echo "vs_deepspeed: --only takes par
 work=$root/build/vs-deepspeed
 [ -n "$nvme_dir" ] || { [ -d /work/bench-nvme ] && nvme_dir=/work/bench-nvme || nvme_dir=$work/nvme; }
 mkdir -p "$work" "$nvme_dir"
-log=$work/results.log
-[ "$quick" = 1 ] && log=$work/results-quick.log  # a smoke test never touches a real run's log
+log=$work/results.log adam_limits=$work/adam_limits.jsonl
+if [ "$quick" = 1 ]; then  # a smoke test never touches a real run's results
+  log=$work/results-quick.log adam_limits=$work/adam_limits-quick.jsonl
+fi
 
 step() { echo "== vs_deepspeed: $*"; }
 
@@ -194,7 +196,7 @@ export ZINF_VS_DS_CORPUS=$corpus
 # -- parts -------------------------------------------------------------------------------------
 if [ -z "$only" ] || [ "$only" = parts ]; then
   step "CPU Adam: zinf.optim.AdamW vs DeepSpeedCPUAdam vs the bandwidth limit"
-  : >"$work/adam_limits.jsonl"
+  : >"$adam_limits"
   # In cache (an NVMe pipeline chunk) and in memory, on 1 and 2 threads; and on 2 threads with a
   # busy process on every core (a shared node). Those rows get 3x the repetitions: where the
   # busy processes land moved DeepSpeed's in-cache rate from 6 to 33 GB/s between runs
@@ -206,7 +208,7 @@ if [ -z "$only" ] || [ "$only" = parts ]; then
         OMP_NUM_THREADS=$threads run_py bench/vs_deepspeed/parts.py adam --params "$size" \
           --threads "$threads" --load "$load" --reps 3
         "$zinf" bench adam --params "$size" --threads "$threads" --load "$load" --reps 3 --json \
-          >>"$work/adam_limits.jsonl"
+          >>"$adam_limits"
       done
     done
   done
@@ -314,7 +316,7 @@ out=bench
 [ "$publish" = 0 ] && out=$work
 status=0
 "$py" bench/vs_deepspeed/report.py "$log" --header "$header" \
-  --adam-limits "$work/adam_limits.jsonl" --markdown "$out/vs_deepspeed.md" \
+  --adam-limits "$adam_limits" --markdown "$out/vs_deepspeed.md" \
   --png "$out/vs_deepspeed.png" --summary "$work/summary.txt" \
   $([ "$quick" = 1 ] && echo --strict) || status=$?
 cat "$out/vs_deepspeed.md"
