@@ -340,17 +340,21 @@ class ZeroEngine:
         if not ptrs:
             return output
 
-        def own(x):
+        def own(x):  # x itself where nothing in it is such a view
             if isinstance(x, torch.Tensor):
                 return x.clone() if _storage_ptr(x) in ptrs else x
-            if isinstance(x, list):
-                return [own(v) for v in x]
-            if isinstance(x, tuple):
+            if isinstance(x, (list, tuple)):
                 values = [own(v) for v in x]
+                if all(new is old for new, old in zip(values, x)):
+                    return x
+                if isinstance(x, list):
+                    return values
                 return type(x)(*values) if hasattr(x, "_fields") else type(x)(values)
             if isinstance(x, dict):  # in place: keeps its type (Hugging Face's ModelOutput)
                 for k, v in x.items():
-                    x[k] = own(v)
+                    new = own(v)
+                    if new is not v:
+                        x[k] = new
             return x
         return own(output)
 

@@ -182,10 +182,11 @@ class TorchModelsTest(unittest.TestCase):
                 super().__init__()
                 self.table = Table()
                 self.head = torch.nn.Linear(8, 1)
+                self.scale = torch.nn.Parameter(torch.randn(8))
 
-            def forward(self, x):
+            def forward(self, x):  # returns a view of its own parameter too, in a tuple
                 rows = self.table(x.shape[0])
-                return self.head(x + rows).square().sum(), rows
+                return self.head(x * self.scale + rows).square().sum(), rows, self.scale[:2]
 
         tm.deterministic(self.device)
         torch.manual_seed(0)
@@ -196,18 +197,20 @@ class TorchModelsTest(unittest.TestCase):
             "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3},
             "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
         x = torch.randn(4, 8).to(self.device)
-        want_loss, want_rows = ref(x)
-        loss, rows = engine(x)
-        torch.testing.assert_close(loss, want_loss, rtol=0, atol=0)
-        torch.testing.assert_close(rows, want_rows, rtol=0, atol=0)
-        engine.backward(loss + rows.sum())
-        (want_loss + want_rows.sum()).backward()
+        want = ref(x)
+        got = engine(x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        engine.backward(got[0] + got[1].sum() + got[2].sum())
+        (want[0] + want[1].sum() + want[2].sum()).backward()
         grads = engine.gather_gradients()
         torch.testing.assert_close(grads["table.weight"], ref.table.weight.grad.cpu())
+        torch.testing.assert_close(grads["scale"], ref.scale.grad.cpu())
         engine.step()
         self.assertFalse(torch.equal(engine.gather_parameters()["table.weight"],
                                      ref.table.weight.detach().cpu()))  # the step moved it
-        torch.testing.assert_close(rows, want_rows, rtol=0, atol=0)  # the values returned
+        for g, w in zip(got, want):  # the values returned stay
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 if __name__ == "__main__":
