@@ -171,7 +171,7 @@ def redone(r):
         return False
     model = "torch_gpt" if r.get("model") == "train_gpt" else r.get("model")
     if r["kind"] == "estimate" or (r["side"] == "torch" and model in models):
-        return True  # the compute limit is run again with the first placement of any subset
+        return r.get("beside", placements[0]) in placements  # run again beside them
     return r["placement"] in placements and model in models
 
 with open(log) as f:
@@ -248,11 +248,10 @@ if [ "$only" != parts ] && [ "$only" != aio ]; then
           for ((rep = 0; rep < reps; ++rep)); do
             step "$model $placement, $world rank(s), $size: zinf, DeepSpeed$([ "$model" = torch_gpt ] && echo ", train_gpt") (repetition $((rep + 1))/$reps)"
             # The compute limit (torch alone, Note [The compute limit] in report.py), interleaved
-            # with the first placement's runs: it does not depend on the placement.
-            if [ "$placement" = "${placements%% *}" ]; then
-              OMP_NUM_THREADS=$((cores / world)) run_py bench/vs_deepspeed/train.py --side torch \
-                --placement memory --ranks "$world" --model "$model" --steps "$steps" $size || true
-            fi
+            # with every placement's runs: the machine's speed drifts within a run.
+            OMP_NUM_THREADS=$((cores / world)) run_py bench/vs_deepspeed/train.py --side torch \
+              --placement memory --beside "$placement" --ranks "$world" --model "$model" \
+              --steps "$steps" $size || true
             args=(--placement "$placement" --model "$model" --steps "$steps" $size)
             [ "$placement" = nvme ] && { rm -rf "$e2e_nvme"; mkdir -p "$e2e_nvme"; args+=(--nvme-path "$e2e_nvme"); }
             if [ "$world" = 1 ]; then

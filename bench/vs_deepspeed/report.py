@@ -108,7 +108,9 @@ def loss_verdict(losses_z, losses_d, grad_norms_d=None):
 # --side torch, timed without its optimizer step, and for N ranks one rank's share on cores / N
 # threads counted N times (data parallelism that shares and communicates nothing). A target
 # above that limit cannot be met by making zinf cheaper; the row says so, and how far zinf is
-# from the limit instead.
+# from the limit instead. Each placement's rows take the torch runs interleaved with their own
+# (train.py --beside): this machine's speed drifts within a run, and a limit taken in a slow
+# quarter of an hour once read below zinf's tokens/s in rows run after it (bench/RESULTS.md).
 
 
 # Note [The FLOP ceiling]
@@ -140,17 +142,19 @@ def targets(placement, tokens_z, tokens_d, rss_z, rss_d, limit, ceiling=None):
 
 
 def compute_limits(results):
-    """(model, world, d_model, layers) -> (the median compute limit, the median FLOP ceiling or
-    None), both in tokens/s (Notes [The compute limit], [The FLOP ceiling]), from the torch runs
-    of any placement."""
+    """(model, world, d_model, layers, placement) -> (the median compute limit, the median FLOP
+    ceiling or None), both in tokens/s (Notes [The compute limit], [The FLOP ceiling]), from the
+    torch runs interleaved with that placement's; placement None pools every torch run of the
+    model and size (a log from before the runs said which placement they were beside)."""
     limits, ceilings = collections.defaultdict(list), collections.defaultdict(list)
     for r in results:
         if (r["kind"] == "e2e" and r["side"] == "torch" and "error" not in r
                 and "compute_tokens_per_s" in r):
-            key = (r["model"], r["world"], r["d_model"], r["layers"])
-            limits[key].append(r["compute_tokens_per_s"])
-            if r.get("matmul_flops"):
-                ceilings[key].append(r["matmul_flops"] / r["flops_per_token"])
+            model_size = (r["model"], r["world"], r["d_model"], r["layers"])
+            for key in {model_size + (r.get("beside"),), model_size + (None,)}:
+                limits[key].append(r["compute_tokens_per_s"])
+                if r.get("matmul_flops"):
+                    ceilings[key].append(r["matmul_flops"] / r["flops_per_token"])
     return {key: (common.median(values), common.median(ceilings[key]) if ceilings[key] else None)
             for key, values in limits.items()}
 
@@ -211,7 +215,8 @@ def e2e_table(results, out):
         grad_norms_d = sides["deepspeed"][0].get("grad_norms") if sides.get("deepspeed") else None
         verdict = loss_verdict(losses_z, losses_d, grad_norms_d)
         rss_z, rss_d = med("zinf", "peak_rss_bytes"), med("deepspeed", "peak_rss_bytes")
-        limit, ceiling = limits.get((model, world, d_model, layers), (None, None))
+        limit, ceiling = limits.get((model, world, d_model, layers, placement),
+                                    limits.get((model, world, d_model, layers, None), (None, None)))
         out.append(
             f"| {model} | {d_model} x {layers} | {placement} | {world} | {tokens('zinf')} | "
             f"{tokens('deepspeed')} | {ratio(z, d)} | "

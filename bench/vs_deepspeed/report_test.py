@@ -73,7 +73,18 @@ class TargetVerdictTest(unittest.TestCase):
         older = dict(torch_run, compute_tokens_per_s=1200.0)
         del older["matmul_flops"], older["flops_per_token"]
         limits = report.compute_limits([torch_run, older])
-        self.assertEqual(limits[("torch_gpt", 2, 512, 8)], (1100.0, 1200.0))
+        self.assertEqual(limits[("torch_gpt", 2, 512, 8, None)], (1100.0, 1200.0))
+
+    def test_each_placement_takes_the_limit_measured_beside_it(self):
+        def torch_run(beside, tokens):
+            return {"kind": "e2e", "side": "torch", "model": "torch_gpt", "world": 1,
+                    "d_model": 256, "layers": 4, "compute_tokens_per_s": tokens,
+                    "beside": beside}
+        limits = report.compute_limits([torch_run("memory", 4700.0), torch_run("nvme", 5900.0),
+                                        torch_run("nvme", 6000.0)])
+        self.assertEqual(limits[("torch_gpt", 1, 256, 4, "memory")], (4700.0, None))
+        self.assertEqual(limits[("torch_gpt", 1, 256, 4, "nvme")], (5950.0, None))
+        self.assertEqual(limits[("torch_gpt", 1, 256, 4, None)], (5900.0, None))
 
 
 if __name__ == "__main__":

@@ -297,7 +297,8 @@ def run(args):
     # The torch side also measures the machine's fp32 matmul peak, N ranks' worth (Note [The
     # FLOP ceiling] in report.py).
     ceiling = ({"matmul_flops": matmul_flops(threads) * world,
-                "flops_per_token": flops_per_token(args)} if args.side == "torch" else {})
+                "flops_per_token": flops_per_token(args), "beside": args.beside}
+               if args.side == "torch" else {})
     if rank == 0:
         common.emit("e2e", side=args.side, model=args.model, placement=args.placement,
                     world=world, threads_per_rank=threads, params=params, layers=args.layers,
@@ -335,6 +336,9 @@ def main():
     ap.add_argument("--nvme-path", default="")
     ap.add_argument("--ranks", type=int, default=1,
                     help="--side torch: one rank of this many (see the top of the file)")
+    ap.add_argument("--beside", choices=("memory", "cpu", "nvme"),
+                    help="--side torch: the placement whose runs this one is interleaved with, "
+                         "whose rows take it as their compute limit (Note [The compute limit])")
     ap.add_argument("--profile", default="",
                     help="profile the timed steps into this directory (see the top of the file)")
     add_model_args(ap)
