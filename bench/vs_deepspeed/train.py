@@ -11,8 +11,8 @@ step (the mean over ranks) and its gradient norm before clipping, the step time 
 the bytes each step made the disk read and write.
 
   python train.py --side zinf|deepspeed|torch --placement memory|cpu|nvme
-      [--model torch_gpt|hf_gpt2] [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8] [--steps 50] [--nvme-path DIR]
-      [--profile DIR]
+      [--model torch_gpt|hf_gpt2] [--layers 2 --d-model 256 --heads 4 --seq 128 --micro 8]
+      [--steps 50] [--nvme-path DIR] [--profile DIR] [--ranks N --beside PLACEMENT (torch)]
 
 --side torch is the reference neither side wrote: torch's own AdamW and clip_grad_norm_, one
 process, in memory, no ZeRO. Its loss curve explains where the two sides' curves part (Note [Loss

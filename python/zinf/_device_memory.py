@@ -8,8 +8,10 @@ torch.frombuffer; on a GPU through __cuda_array_interface__). Torch keeps only a
 to the view or wrapper, never ownership. A fetched parameter stays valid until its module's
 Release; backward holds the module fetched from its first saved-tensor unpack to its
 ReduceGradients, so a tensor autograd saved stays valid exactly as long as backward reads it.
-A reference kept past that (a module that returns its own weight) sees the memory reused:
-read parameters after training through gather_parameters or consolidated_state_dict.
+A module's output that is a view of its parameters (it returns its weight, or a slice of it)
+is copied before the release (zinf.zero's post-hook). Any other reference kept past the
+release (a slice stored in an attribute) sees the memory reused: read parameters after
+training through gather_parameters or consolidated_state_dict.
 On the host this spares a copy of every parameter at each fetch, in forward and in backward:
 a fresh tensor each time, whose pages the kernel faults in anew wherever the heap is bounded
 (Note [Heap growth] in zinf/_heap.py). bench/RESULTS.md has the step times.

@@ -18,9 +18,9 @@ and whose model is large against the machine (below);
 unless the user set MALLOC_MMAP_THRESHOLD_ (glibc's own variable, which wins). The price:
 each such tensor's pages are faulted in anew, 17-20 ms per 16 MiB tensor here against 2-3 ms
 from the heap, which made a step of the 512 MiB model on NVMe 15-35% slower while fetches were
-copies (torch computing on the engine's memory made a bounded step 1.07x faster, bench/RESULTS.md);
-so an engine with its parameters in memory (which holds the model anyway) keeps glibc's
-behaviour.
+copies (torch computing on the engine's memory made a bounded step 1.07x faster,
+bench/RESULTS.md); so an engine with its parameters in memory (which holds the model anyway)
+keeps glibc's behaviour.
 Memory binds where the model is large against the machine: the fixed threshold's gain was
 the growth it stops (about twice the model over three steps, at 512 MiB), its price every
 tensor of 4 MiB or more faulted in anew, a GPT-2's activations at width 256 and 1024 tokens a
