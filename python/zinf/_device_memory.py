@@ -28,6 +28,37 @@ import torch
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def storage_ptr(tensor):
+    """The address of the storage a tensor views."""
+    # untyped_storage from PyTorch 2.0 on (storage() then warns); storage() before.
+    if hasattr(tensor, "untyped_storage"):
+        return tensor.untyped_storage().data_ptr()
+    return tensor.storage().data_ptr()
+
+
+def copy_views(output, ptrs):
+    """`output` (a module's forward output) with every tensor that views one of the storages
+    at `ptrs` replaced by a copy, which autograd differentiates like the view; tensors in
+    tuples, lists and dicts are looked at. The output itself where nothing in it is such a
+    view."""
+    if isinstance(output, torch.Tensor):
+        return output.clone() if storage_ptr(output) in ptrs else output
+    if isinstance(output, (list, tuple)):
+        values = [copy_views(v, ptrs) for v in output]
+        if all(new is old for new, old in zip(values, output)):
+            return output
+        if isinstance(output, list):
+            return values
+        return (type(output)(*values) if hasattr(output, "_fields")
+                else type(output)(values))
+    if isinstance(output, dict):  # in place: keeps its type (Hugging Face's ModelOutput)
+        for k, v in output.items():
+            new = copy_views(v, ptrs)
+            if new is not v:
+                output[k] = new
+    return output
+
+
 class HostMemory:
     """The engine's tensors on the host device: torch tensors over its memoryviews (Note
     [The engine's memory])."""

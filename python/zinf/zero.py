@@ -331,32 +331,11 @@ class ZeroEngine:
         return post_hook
 
     def _own_escaping(self, output, mids):
-        """The forward's output with every tensor that is a view of parameters about to be
-        released (a module that returns its own weight, or a slice of it) replaced by a copy,
-        which autograd differentiates like the view: the engine's memory behind the view is
-        reused after the release. Tensors in tuples, lists and dicts are looked at."""
-        ptrs = {_storage_ptr(t) for mid in mids if mid in self._held
+        """The forward's output, its views of parameters about to be released copied (Note
+        [The engine's memory] in zinf/_device_memory.py)."""
+        ptrs = {_device_memory.storage_ptr(t) for mid in mids if mid in self._held
                 for t in self._held[mid][0]}
-        if not ptrs:
-            return output
-
-        def own(x):  # x itself where nothing in it is such a view
-            if isinstance(x, torch.Tensor):
-                return x.clone() if _storage_ptr(x) in ptrs else x
-            if isinstance(x, (list, tuple)):
-                values = [own(v) for v in x]
-                if all(new is old for new, old in zip(values, x)):
-                    return x
-                if isinstance(x, list):
-                    return values
-                return type(x)(*values) if hasattr(x, "_fields") else type(x)(values)
-            if isinstance(x, dict):  # in place: keeps its type (Hugging Face's ModelOutput)
-                for k, v in x.items():
-                    new = own(v)
-                    if new is not v:
-                        x[k] = new
-            return x
-        return own(output)
+        return _device_memory.copy_views(output, ptrs) if ptrs else output
 
     def _on_read(self, param):
         """A managed parameter read through its module's attribute: inside a forward that has
@@ -404,10 +383,10 @@ class ZeroEngine:
 
     def _pack(self, tensor):
         if tensor.device == self.device and tensor.dtype == self._compute_dtype:
-            ptr = _storage_ptr(tensor)
+            ptr = _device_memory.storage_ptr(tensor)
             for mid in self._forward_refs:
                 for s in self._module_slots[mid]:
-                    if _storage_ptr(s.param.data) == ptr:
+                    if _device_memory.storage_ptr(s.param.data) == ptr:
                         return _SavedParam(s, tensor)
         return tensor
 
@@ -652,13 +631,6 @@ def _checkpoint_metadata(model):
     hf_config = json.loads(config.to_json_string(use_diff=False))
     hf_config["architectures"] = [type(model).__name__]
     return {"hf_config": hf_config}
-
-
-def _storage_ptr(tensor):
-    # untyped_storage from PyTorch 2.0 on (storage() then warns); storage() before.
-    if hasattr(tensor, "untyped_storage"):
-        return tensor.untyped_storage().data_ptr()
-    return tensor.storage().data_ptr()
 
 
 def _join(prefix, name):
