@@ -39,7 +39,9 @@
 // parameters the forward has asked for: a trainer that takes its time before the forward (a
 // slow data loader) does not find the step done and every parameter it wrote held in memory.
 // Waiting for the whole step lifts the bound, and the engine then keeps no copies, since no
-// forward is coming for them.
+// forward is coming for them. The pass cannot outlast that forward (its last module waits for
+// it) nor start before backward's last gradient, so a clipped step takes at least
+// max(forward, the pass's I/O) + backward, whatever the chunks' order.
 //
 // Thread-safety: one thread (the engine's) calls it; the worker runs inside.
 #ifndef ZINF_ZERO_OPTIMIZER_OVERLAP_H_
