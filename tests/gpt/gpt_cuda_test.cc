@@ -3,7 +3,8 @@
 // one micro-batch, bitwise repeatability on the GPU, and a few AdamW steps through the engine;
 // bf16 matmuls on tensor cores (the exact product of bf16-rounded inputs up to fp32
 // summation, the model against the CPU's fp32 path, a training run whose loss falls, the
-// engine's device tensors taken after their ready event and converted there). The GPT computes
+// engine's device tensors taken after their ready event and converted there), and layer-major
+// micro-batches bitwise the one-by-one schedule there. The GPT computes
 // where its engine does, so each GPU run has its engine on cuda:0. Without a GPU (or without
 // CUDA built) those skip with CreateCudaDevice's reason, and asking the engine for the GPU
 // must fail cleanly with Unavailable instead.
@@ -20,6 +21,7 @@
 #include "examples/gpt/gpt_kernels.h"
 #include "examples/gpt/gpt_model.h"
 #include "tests/gpt/gpt_test_values.h"
+#include "tests/gpt/layer_major_run.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
 #include "zinf/engine.h"
@@ -206,6 +208,13 @@ TEST(GptCudaTest, TrainsToTheWeightsTheCpuBackendDoes) {
     }
     EXPECT_LT(diff, 1e-4) << names[i];
   }
+}
+
+// Note [Layer-major GPT] on the GPU (tests/gpt/layer_major_run.h): the same cuBLAS products
+// of the same shapes and the same order of gradient sums, so bitwise there too.
+TEST(GptCudaTest, LayerMajorIsBitwiseTheMicroBatchesOneByOne) {
+  SKIP_WITHOUT_GPU();
+  testing::ExpectLayerMajorIsBitwiseTheMicroBatchesOneByOne("cuda:0");
 }
 
 // ---- bf16 matmuls (cublasGemmStridedBatchedEx, bf16 in, fp32 accumulation).
