@@ -210,8 +210,8 @@ TEST(GptCudaTest, TrainsToTheWeightsTheCpuBackendDoes) {
   }
 }
 
-// Note [Layer-major GPT] on the GPU (tests/gpt/layer_major_run.h): the same cuBLAS products
-// of the same shapes and the same order of gradient sums, so bitwise there too.
+// Note [Layer-major GPT] on the GPU (the run in tests/gpt/layer_major_run.h): the same cuBLAS
+// products of the same shapes and the same order of gradient sums, so bitwise there too.
 TEST(GptCudaTest, LayerMajorIsBitwiseTheMicroBatchesOneByOne) {
   SKIP_WITHOUT_GPU();
   testing::ExpectLayerMajorIsBitwiseTheMicroBatchesOneByOne("cuda:0");

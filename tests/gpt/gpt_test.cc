@@ -190,7 +190,7 @@ TEST(GptTest, ActivationCheckpointingGivesBitwiseTheSameGradients) {
   }
 }
 
-// Note [Layer-major GPT] (tests/gpt/layer_major_run.h).
+// Note [Layer-major GPT]: the run and what it checks are in tests/gpt/layer_major_run.h.
 TEST(GptTest, LayerMajorIsBitwiseTheMicroBatchesOneByOne) {
   testing::ExpectLayerMajorIsBitwiseTheMicroBatchesOneByOne("host");
 }

@@ -1,7 +1,7 @@
-// Note [Layer-major GPT]: the batch's micro-batches through each module together give, on one
-// rank, bitwise the parameters and losses of the micro-batches one by one, with the step
-// clipping; activation checkpointing on (recomputed in both) and off (stored one by one,
-// recomputed layer-major). gpt_test checks it on the host, gpt_cuda_test on cuda:0.
+// Note [Layer-major GPT] (examples/gpt/gpt_model.cc): the batch's micro-batches through each module
+// together give, on one rank, bitwise the parameters and losses of the micro-batches one by one,
+// with the step clipping; activation checkpointing on (recomputed in both) and off (stored one by
+// one, recomputed layer-major). gpt_test checks it on the host, gpt_cuda_test on cuda:0.
 #ifndef ZINF_TESTS_GPT_LAYER_MAJOR_RUN_H_
 #define ZINF_TESTS_GPT_LAYER_MAJOR_RUN_H_
 
