@@ -37,6 +37,15 @@ How the module runs (Note [Module hooks]):
   a reference (``torch.autograd.graph.saved_tensors_hooks``); backward fetches the module
   again when it needs them, so no gathered parameter stays alive between forward and
   backward.
+- Note [Recompute in backward]: activation checkpointing (``torch.utils.checkpoint``,
+  reentrant or not, and so transformers' ``gradient_checkpointing_enable``) runs a module's
+  forward again inside backward. What that recompute saves is the parameter itself (a
+  reentrant checkpoint, with no saved-tensor hooks of ours around it) or a detached view of
+  its memory (a non-reentrant one, whose own hooks are innermost), so a forward that runs once
+  backward has begun (the hook on the model's output has fired) releases nothing: its modules
+  are fetched for backward, their ``data`` set to the fetched values, and released when their
+  gradients are reduced, or at the end of backward. torch 2's non-reentrant checkpoint stops
+  a recompute midway by raising, so such a forward leaves no state for its post-hook to undo.
 - Each parameter's gradient, once accumulated, goes into the engine's gradient buffer and the
   module's buffers are reduce-scattered (``ReduceGradients``) when all its gradients are in;
   ``param.grad`` is cleared. At the end of backward, modules that got no gradient are
@@ -284,23 +293,35 @@ class ZeroEngine:
     forward = __call__
 
     def _root_pre_hook(self, *unused):
-        if self._saved_hooks is not None:
-            # A forward that raised when the model was called directly left its state behind.
+        if self._saved_hooks is not None or self._backward_params:
+            # A forward that raised when the model was called directly, or a backward that
+            # raised, left its state behind.
             self._recover()
         self._in_backward = False
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
 
-    def _root_post_hook(self, *unused):
+    def _root_post_hook(self, module=None, inputs=None, output=None):
         hooks, self._saved_hooks = self._saved_hooks, None
         if hooks is not None:
             hooks.__exit__(None, None, None)
+        # The gradient of the model's output is backward's first step, in the outermost
+        # backward (a reentrant checkpoint runs one of its own inside it): from there on a
+        # forward is a recompute (Note [Recompute in backward]).
+        for t in _tensors_in(output):
+            if t.requires_grad:
+                t.register_hook(self._backward_begins)
+
+    def _backward_begins(self, *unused):
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _recover(self):
         """Undoes what a forward that raised left: the saved-tensor hooks, fetched modules."""
         self._root_post_hook()
         self._forward_stack.clear()
-        for mid in list(self._forward_refs):
+        for mid in list(self._forward_refs) + list(self._backward_params):
             for s in self._module_slots[mid]:
                 s.param.data = self._placeholder(s)
         self._forward_refs.clear()
@@ -314,6 +335,10 @@ class ZeroEngine:
 
     def _make_pre_hook(self, mids):
         def pre_hook(module, inputs):
+            if self._in_backward:  # a recompute (Note [Recompute in backward])
+                for mid in mids:
+                    self._acquire_for_backward(mid)
+                return
             for mid in mids:
                 self._acquire(mid)
             self._forward_stack.append([])
@@ -321,6 +346,8 @@ class ZeroEngine:
 
     def _make_post_hook(self, mids):
         def post_hook(module, inputs, output):
+            if self._in_backward:
+                return output  # what it fetched stays until the module's gradients are in
             read = self._forward_stack.pop() if self._forward_stack else []
             output = self._own_escaping(output, read + mids)
             for mid in reversed(read):
@@ -341,7 +368,12 @@ class ZeroEngine:
         """A managed parameter read through its module's attribute: inside a forward that has
         not fetched its module, fetch it for the innermost running forward."""
         s = self._slots.get(id(param))
-        if s is None or not self._forward_stack or s.module_id in self._forward_refs:
+        if s is None:
+            return
+        if self._in_backward:
+            self._acquire_for_backward(s.module_id)
+            return
+        if not self._forward_stack or s.module_id in self._forward_refs:
             return
         self._acquire(s.module_id)
         self._forward_stack[-1].append(s.module_id)
@@ -394,11 +426,26 @@ class ZeroEngine:
         if not isinstance(saved, _SavedParam):
             return saved
         s = saved.slot
-        tensors = self._backward_params.get(s.module_id)
-        if tensors is None:
-            tensors = self._hold(s.module_id)
-            self._backward_params[s.module_id] = tensors
+        tensors = self._acquire_for_backward(s.module_id)
         return tensors[s.index].as_strided(saved.size, saved.stride, saved.offset)
+
+    def _acquire_for_backward(self, mid):
+        """Module `mid`'s parameters for backward, held, and its parameters' ``data`` set to
+        them, until its gradients are reduced (Note [Recompute in backward])."""
+        tensors = self._backward_params.get(mid)
+        if tensors is None:
+            tensors = self._backward_params[mid] = self._hold(mid)
+            for s, t in zip(self._module_slots[mid], tensors):
+                s.param.data = t
+        return tensors
+
+    def _release_for_backward(self, mid):
+        if self._backward_params.pop(mid, None) is None:
+            return
+        if mid not in self._forward_refs:
+            for s in self._module_slots[mid]:
+                s.param.data = self._placeholder(s)
+        self._unhold(mid)  # backward's use of the parameters is over
 
     # -- backward ---------------------------------------------------------------------------
 
@@ -419,9 +466,7 @@ class ZeroEngine:
         p.grad = None
         if grad is None:
             return
-        if not self._in_backward:
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        self._backward_begins()  # where the output's hook was not reached
         mid = s.module_id
         if mid in self._reduced:
             raise RuntimeError(f"a second gradient for '{s.name}' in one backward: call "
@@ -440,8 +485,7 @@ class ZeroEngine:
     def _reduce(self, mid):
         self._grad_views.pop(mid, None)  # no view outlives the buffers
         self._grads_pending.pop(mid, None)
-        if self._backward_params.pop(mid, None) is not None:
-            self._unhold(mid)  # backward's use of the parameters is over
+        self._release_for_backward(mid)
         self._memory.reduce(mid)
         self._reduced.add(mid)
 
@@ -455,6 +499,8 @@ class ZeroEngine:
                     self._memory.gradients(mid, self._module_slots[mid])
                 self._reduce(mid)
         self._reduced.clear()
+        for mid in list(self._backward_params):  # fetched by a recompute after its reduce
+            self._release_for_backward(mid)
 
     # -- step and the rest ------------------------------------------------------------------
 
@@ -631,6 +677,18 @@ def _checkpoint_metadata(model):
     hf_config = json.loads(config.to_json_string(use_diff=False))
     hf_config["architectures"] = [type(model).__name__]
     return {"hf_config": hf_config}
+
+
+def _tensors_in(output):
+    """The tensors of a forward's output: in tuples, lists and dicts (ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (list, tuple)):
+        for v in output:
+            yield from _tensors_in(v)
+    elif isinstance(output, dict):
+        for v in output.values():
+            yield from _tensors_in(v)
 
 
 def _join(prefix, name):

@@ -139,6 +139,18 @@ class TorchModelsTest(unittest.TestCase):
     def test_hugging_face_llama(self):
         self.check_model("llama")
 
+    @unittest.skipIf(NO_TRANSFORMERS, NO_TRANSFORMERS)
+    def test_hugging_face_gradient_checkpointing_with_offloaded_parameters(self):
+        # Trainer's --gradient_checkpointing: backward recomputes each block, which must fetch
+        # what it reads (Note [Recompute in backward] in zinf/zero.py). Offloaded parameters
+        # are where a recompute that read released memory went wrong.
+        for model in ("gpt2_ckpt", "gpt2_ckpt_reentrant", "llama_ckpt"):
+            for offload in ("cpu", "nvme"):
+                with self.subTest(processes=1, model=model, offload=offload):
+                    self.one_process(model, offload)
+        with self.subTest(processes=2, model="gpt2_ckpt", offload="cpu"):
+            self.two_processes("gpt2_ckpt", "cpu")
+
     def test_a_parameter_read_outside_its_module_is_fetched_by_the_reader(self):
         # nn.MultiheadAttention alone: its forward passes out_proj.weight and .bias to
         # F.multi_head_attention_forward without calling out_proj.

@@ -52,6 +52,15 @@ class ZeroTest(unittest.TestCase):
     def test_one_process_parameters_on_nvme(self):
         self.run_one_process(offload="nvme")
 
+    def test_activation_checkpointing_matches_torch(self):
+        # A recompute inside backward fetches what it reads and keeps it until the module's
+        # gradients are in (Note [Recompute in backward]); before, torch 2's non-reentrant
+        # checkpoint read released memory and a reentrant one the NaN placeholders.
+        for checkpoint in ("non-reentrant", "reentrant"):
+            for offload in ("none", "cpu", "nvme"):
+                with self.subTest(checkpoint=checkpoint, offload=offload):
+                    self.run_one_process(checkpoint=checkpoint, offload=offload, accum=2)
+
     def run_two_processes(self, *extra):
         launcher = os.path.join(BUILD_DIR, "bin", "zinf")
         self.assertTrue(os.path.exists(launcher), f"{launcher} is not built")
@@ -65,6 +74,10 @@ class ZeroTest(unittest.TestCase):
 
     def test_two_processes_match_torch(self):
         self.run_two_processes("--accum", "2")
+
+    def test_two_processes_activation_checkpointing(self):
+        self.run_two_processes("--offload", "cpu", "--checkpoint", "non-reentrant")
+        self.run_two_processes("--offload", "cpu", "--checkpoint", "reentrant")
 
     def test_two_processes_parameters_on_nvme(self):
         self.run_two_processes("--offload", "nvme", "--nvme-path", self.dir)

@@ -136,12 +136,25 @@ def llama_model():
     return HfLM(t.LlamaForCausalLM(cfg))
 
 
+def checkpointed(make_lm, **kwargs):
+    """A Hugging Face model with activation checkpointing on, as Trainer's
+    --gradient_checkpointing turns it on (kwargs: its gradient_checkpointing_kwargs)."""
+    def make():
+        model = make_lm()
+        model.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+        return model
+    return make
+
+
 MODELS = {
     "transformer": TransformerLM,
     "encoder": EncoderLM,
     "cnn_bn": BatchNormCnn,
     "gpt2": gpt2_model,
     "llama": llama_model,
+    "gpt2_ckpt": checkpointed(gpt2_model),
+    "gpt2_ckpt_reentrant": checkpointed(gpt2_model, use_reentrant=True),
+    "llama_ckpt": checkpointed(llama_model),
 }
 
 
@@ -169,8 +182,8 @@ LR = {"cnn_bn": 1e-2}  # a larger step for the CNN: its task is simple
 
 def config(args, micro):
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
-    if args.offload == "nvme":
-        zero["offload_param"] = {"device": "nvme", "nvme_path": args.nvme_path}
+    if args.offload != "none":
+        zero["offload_param"] = {"device": args.offload, "nvme_path": args.nvme_path}
         zero["offload_optimizer"] = {"device": "cpu"}
     return {"train_micro_batch_size_per_gpu": micro, "zero_optimization": zero,
             "optimizer": {"type": "AdamW",
@@ -287,7 +300,7 @@ def check(ref_losses, zinf_losses):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), required=True)
-    ap.add_argument("--offload", choices=["none", "nvme"], default="none")
+    ap.add_argument("--offload", choices=["none", "cpu", "nvme"], default="none")
     ap.add_argument("--nvme-path", default="")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",

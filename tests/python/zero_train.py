@@ -5,6 +5,7 @@ slice of the batch), and compares the loss curves and the final parameters.
 Run alone (one rank) or under the launcher, from the repository root:
     PYTHONPATH=build/python build/bin/zinf run -n 2 -- /usr/bin/python3 \
         tests/python/zero_train.py [--offload none|cpu|nvme] [--nvme-path DIR] [--accum 2]
+        [--checkpoint reentrant|non-reentrant]
 Exits non-zero, saying where, when the curves differ by more than the tolerance.
 """
 
@@ -14,6 +15,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import zinf.zero
 
@@ -38,8 +40,9 @@ class TinyLM(torch.nn.Module):
     """Embedding, residual MLP blocks, a LayerNorm and an output layer: parameters in nested
     modules, at the root (a bias of its own) and a module used twice per forward."""
 
-    def __init__(self, vocab=64, width=32, blocks=2):
+    def __init__(self, vocab=64, width=32, blocks=2, checkpoint=""):
         super().__init__()
+        self.checkpoint = checkpoint  # "", "reentrant" or "non-reentrant": each block's
         self.embed = torch.nn.Embedding(vocab, width)
         self.blocks = torch.nn.ModuleList(Block(width) for _ in range(blocks))
         self.shared = torch.nn.Linear(width, width)  # applied twice
@@ -50,14 +53,19 @@ class TinyLM(torch.nn.Module):
     def forward(self, tokens):
         x = self.embed(tokens)
         for b in self.blocks:
-            x = b(x)
+            if self.checkpoint:
+                # Backward runs the block's forward again (Note [Recompute in backward]).
+                x = torch.utils.checkpoint.checkpoint(
+                    b, x, use_reentrant=self.checkpoint == "reentrant")
+            else:
+                x = b(x)
         x = x + self.shared(torch.tanh(self.shared(x)))
         return self.head(self.norm(x)) + self.out_bias
 
 
-def make_model(seed=0):
+def make_model(seed=0, checkpoint=""):
     torch.manual_seed(seed)
-    return TinyLM()
+    return TinyLM(checkpoint=checkpoint)
 
 
 def sequences(steps, global_batch, seq, vocab, seed=1):
@@ -103,11 +111,13 @@ def config(args, micro_batch):
 def train(args):
     """Returns (reference losses, zinf losses, max parameter difference); rank 0's view."""
     micro = 4
-    engine = zinf.zero.initialize(make_model(), config(args, micro), timeout_s=60)
+    checkpoint = getattr(args, "checkpoint", "")
+    engine = zinf.zero.initialize(make_model(checkpoint=checkpoint), config(args, micro),
+                                  timeout_s=60)
     rank, world = engine.rank, engine.world_size
     global_batch = micro * world * args.accum
 
-    ref = make_model()
+    ref = make_model(checkpoint=checkpoint)
     opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     ref_losses, zinf_losses = [], []
     for tokens, targets in batches(args.steps, global_batch):
@@ -154,6 +164,8 @@ def main():
     ap.add_argument("--nvme-path", default="")
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--checkpoint", choices=["", "reentrant", "non-reentrant"], default="",
+                    help="activation checkpointing of each block")
     args = ap.parse_args()
     ref_losses, zinf_losses, diff = train(args)
     rank = int(os.environ.get("RANK", "0"))
