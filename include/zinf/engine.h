@@ -458,6 +458,10 @@ class ZINF_EXPORT Engine {
   Status SetLearningRate(double lr);
   // The mean of `value` over all ranks (a collective), e.g. the loss of the global batch.
   StatusOr<double> MeanOverRanks(double value);
+  // Every rank's `count` fp32 values at `values` (host memory) become root_rank's: a
+  // collective, e.g. to start every rank from one rank's values. InvalidArgument for a
+  // null `values` with count > 0 or a root_rank outside [0, world_size).
+  Status Broadcast(float* values, uint64_t count, int root_rank);
   // The full fp32 master value of a parameter (a collective: every rank must call it).
   Status GatherParameter(const std::string& name, std::vector<float>* out);
   // Replaces a parameter's value (`values` holds its numel elements on every rank; each rank

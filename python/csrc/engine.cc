@@ -250,6 +250,10 @@ class PyEngine {
     ThrowIfError(WithoutGil([&] { return engine_->GatherGradient(name, &out); }));
     return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
   }
+  void Broadcast(uintptr_t values, uint64_t count, int root_rank) {
+    float* data = count > 0 ? static_cast<float*>(Pointer(values, "values")) : nullptr;
+    ThrowIfError(WithoutGil([&] { return engine_->Broadcast(data, count, root_rank); }));
+  }
   void SetParameter(const std::string& name, uintptr_t values, uint64_t count) {
     const float* data = static_cast<const float*>(Pointer(values, "values"));
     ThrowIfError(engine_->SetParameter(name, data, count));
@@ -329,6 +333,8 @@ void BindEngine(py::module_& m) {
       .def("mean_over_ranks", &PyEngine::MeanOverRanks, py::arg("value"))
       .def("gather_parameter", &PyEngine::GatherParameter, py::arg("name"))
       .def("gather_gradient", &PyEngine::GatherGradient, py::arg("name"))
+      .def("broadcast", &PyEngine::Broadcast, py::arg("values"), py::arg("count"),
+           py::arg("root_rank"))
       .def("set_parameter", &PyEngine::SetParameter, py::arg("name"), py::arg("values"),
            py::arg("count"))
       .def("set_buffer", &PyEngine::SetBuffer, py::arg("name"), py::arg("dtype"), py::arg("shape"),

@@ -147,16 +147,30 @@ class Init:
 
 
 class GatheredParameters:
-    """DeepSpeed's ``zero.GatheredParameters`` for code that runs while a model is built
-    under ``Init``: inside the block the given parameters (one or an iterable) hold their
-    values; on leaving it, with modifier_rank not None, what the block wrote is kept. Every
-    rank runs the same code on the same values, so no rank's values are broadcast.
-    Parameters not built under Init are ordinary tensors and are left as they are."""
+    """DeepSpeed's ``zero.GatheredParameters``: inside the block the given parameters (one or
+    an iterable) hold their full values; on leaving it, with modifier_rank not None, that
+    rank's values are kept, on every rank. Every rank must enter the block with the same
+    parameters (a collective, as in DeepSpeed).
+    - While a model is built under ``Init``: the values come back from the spill file, and
+      what the block wrote is spilled again. Every rank runs the same code on the same values,
+      so no rank's values are broadcast.
+    - After ``zinf.zero.initialize``: the values are gathered from the engine's shards, and
+      with modifier_rank that rank's values are broadcast and written into every rank's
+      shards (the optimizer's fp32 master included).
+    Other parameters (frozen ones outside the engine, plain tensors) are left as they are."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         if isinstance(params, torch.Tensor):
             params = [params]
+        params = list(params) if params is not None else []
         self._params = [p for p in params if getattr(p, "_zinf_spilled", None) is not None]
+        self._engines = {}  # id(engine) -> (engine, [its parameters])
+        for p in params:
+            ref = p.__dict__.get("_zinf_engine") if isinstance(p, torch.Tensor) else None
+            engine = ref() if ref is not None else None
+            if engine is not None:
+                self._engines.setdefault(id(engine), (engine, []))[1].append(p)
+        self._modifier_rank = modifier_rank
         self._modify = modifier_rank is not None
         self._enabled = enabled
 
@@ -164,6 +178,8 @@ class GatheredParameters:
         if self._enabled:
             for p in self._params:
                 p.data = p._zinf_spilled.load()
+            for engine, params in self._engines.values():
+                engine._gather_for_block(params)
         return self
 
     def __exit__(self, *exc):
@@ -174,6 +190,8 @@ class GatheredParameters:
             if self._modify and exc[0] is None:
                 spilled.store(p.data)
             p.data = spilled.placeholder
+        for engine, params in self._engines.values():
+            engine._end_block(params, self._modifier_rank if exc[0] is None else None)
         return False
 
 

@@ -78,14 +78,29 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     values = _trainer_values(trainer, model)
     values.update(trainer_values)
     _logging.follow_logger_level()
-    zero_engine = zero.initialize(model, config, trainer=values,
+    if training_data is not None:
+        _check_dataset(training_data)
+    zero_engine = zero.initialize(model, config, trainer=values, _undoable=True,
                                   optimizer_threads=optimizer_threads, timeout_s=timeout_s)
-    engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
-                             monitors=monitors.open(zero_engine.rank),
-                             drop_last=bool(python_keys.get("dataloader_drop_last", False)),
-                             collate_fn=collate_fn)
-    loader = engine.deepspeed_io(training_data) if training_data is not None else None
+    try:
+        engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
+                                 monitors=monitors.open(zero_engine.rank),
+                                 drop_last=bool(python_keys.get("dataloader_drop_last", False)),
+                                 collate_fn=collate_fn)
+        loader = engine.deepspeed_io(training_data) if training_data is not None else None
+    except BaseException:
+        # The model holds its values again and a corrected retry works (Note [Undoing the
+        # takeover] in zinf/zero.py).
+        zero_engine._undo_takeover()
+        raise
+    zero_engine._keep_takeover()
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _check_dataset(dataset):
+    if not isinstance(dataset, torch.utils.data.Dataset):
+        raise ValueError(f"training data must be a torch.utils.data.Dataset, got "
+                         f"{type(dataset).__name__}")
 
 
 def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None,
@@ -260,9 +275,7 @@ class DeepSpeedEngine:
         called), the config's dataloader_drop_last. num_local_io_workers defaults to 0: the
         data is loaded in the training process, since worker processes forked from it would
         inherit the engine's threads mid-operation."""
-        if not isinstance(dataset, torch.utils.data.Dataset):
-            raise ValueError(f"training data must be a torch.utils.data.Dataset, got "
-                             f"{type(dataset).__name__}")
+        _check_dataset(dataset)
         if data_sampler is None and not isinstance(dataset, torch.utils.data.IterableDataset):
             data_sampler = torch.utils.data.DistributedSampler(
                 dataset, num_replicas=self.world_size, rank=self.global_rank,

@@ -38,9 +38,23 @@ def from_config(blocks):
         if block.get("enabled", False):
             if kind is TensorBoardMonitor:
                 kind.summary_writer_class()  # missing, it fails before the engine is made
-            enabled.append((kind, block.get("output_path", ""),
-                            block.get("job_name", _DEFAULT_JOB)))
+            path = block.get("output_path", "")
+            _check_writable(key, path)  # before the engine takes the model over
+            enabled.append((kind, path, block.get("job_name", _DEFAULT_JOB)))
     return Monitors(enabled)
+
+
+def _check_writable(key, path):
+    """ValueError naming the key when `path` cannot be made or written."""
+    if not isinstance(path, str):
+        raise ValueError(f"config key '{key}.output_path' must be a string, got {path!r}")
+    existing = os.path.abspath(path or ".")
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a directory" if not os.path.isdir(existing) else "cannot be written"
+        raise ValueError(f"config key '{key}.output_path' is {path!r}, and {existing!r} {what}: "
+                         f"give a directory this process can write")
 
 
 class Monitors:
@@ -53,7 +67,12 @@ class Monitors:
     def open(self, rank):
         """Creates the output directories and writers (rank 0); returns self."""
         if rank == 0:
-            self.monitors = [kind(path, job) for kind, path, job in self._enabled]
+            for kind, path, job in self._enabled:
+                try:
+                    self.monitors.append(kind(path, job))
+                except OSError as e:
+                    raise ValueError(f"the {kind.__name__}'s output_path {path!r} (job {job!r}) "
+                                     f"cannot be written: {e}") from e
         return self
 
     def write_step(self, engine, summary, samples_before, batch_loss):

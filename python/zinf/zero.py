@@ -16,10 +16,23 @@ batch.
 
 How the module runs (Note [Module hooks]):
 - At ``initialize`` every submodule with parameters of its own becomes an engine module; the
-  model's current values are handed to the engine (so every rank must start from the same
-  values: seed torch alike), and each parameter's ``data`` becomes a placeholder of its shape
-  that reads as NaN, so that a parameter used outside any forward shows as NaN rather than
-  as plausible numbers.
+  model's current values are handed to the engine (on several ranks, rank 0's values of every
+  parameter built outside ``zinf.zero.Init`` are broadcast first, as DeepSpeed broadcasts
+  them; those built under ``Init`` are checked alike instead), and each parameter's ``data``
+  becomes a placeholder of its shape that reads as NaN, so that a parameter used outside any
+  forward shows as NaN rather than as plausible numbers.
+- Reading values outside a forward: ``zinf.zero.GatheredParameters(params)`` (a collective,
+  as DeepSpeed's) gives the parameters their full values for the block; with
+  ``modifier_rank`` that rank's values are written into every rank's shards as it ends.
+  ``state_dict()`` (so ``save_pretrained``) gives the values on one rank and, on several,
+  refuses naming ``consolidated_state_dict()``, the collective that gathers them.
+- The trained set is the parameters that require grad at ``initialize``; ``step()`` refuses,
+  naming the parameter, when one was frozen or unfrozen since, until it is set back.
+- Note [Undoing the takeover]: what ``initialize`` can check it checks before it touches the
+  model; the model's own tensors (and ``Init``'s spill) are kept until it returns, so that a
+  failure after the takeover (``zinf.initialize``'s data loader or monitors among them) puts
+  back every parameter's data, buffer, hook and ``_parameters`` dict and drops the native
+  engine: the model is as it was and a corrected retry works.
 - Forward pre-hook: ``Fetch`` the module's parameters (gathered from all ranks, from NVMe when
   they live there), handed to torch as tensors over the engine's memory; forward hook:
   ``Release`` them and put the placeholders back.
@@ -96,7 +109,7 @@ __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
 
 
 def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=300.0,
-               **trainer_values):
+               _undoable=False, **trainer_values):
     """Puts `model` under the ZeRO engine and returns the ZeroEngine that trains it.
 
     config: a DeepSpeed config as a dict, a JSON string, or a path to a JSON file.
@@ -115,7 +128,7 @@ def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=30
     values = dict(trainer or {})
     values.update(trainer_values)
     return ZeroEngine(model, config, optimizer_threads=optimizer_threads, timeout_s=timeout_s,
-                      trainer=values)
+                      trainer=values, undoable=_undoable)
 
 
 def register_external_parameter(module, parameter):
@@ -155,7 +168,8 @@ class _Slot:
 class ZeroEngine:
     """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
 
-    def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None):
+    def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None,
+                 undoable=False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if any(getattr(m, "_zinf_managed", False) for m in model.modules()):
@@ -203,11 +217,21 @@ class ZeroEngine:
         self._reduced = set()     # module ids reduced this micro-batch
         self._in_backward = False
         self._saved_hooks = None  # saved_tensors_hooks of the forward in progress
-        self._register(model)
+        self._gathered = {}       # id(param) -> [its full value, GatheredParameters depth]
+        self._consolidating = False
+        self._before = None       # what the takeover changed, until it is kept (_keep_takeover)
+        try:
+            self._register(model)
+        except BaseException:
+            self._undo_takeover()
+            raise
+        if not undoable:
+            self._keep_takeover()
 
     # -- setup ------------------------------------------------------------------------------
 
     def _register(self, model):
+        self._remember_model(model)
         for mname, sub in model.named_modules():
             own = []
             for pname, p in sub.named_parameters(recurse=False):
@@ -232,6 +256,7 @@ class ZeroEngine:
             self._module_names.append(mname or "<root>")
         if not self._module_slots:
             raise ValueError("the model has no trainable parameters")
+        self._broadcast_from_rank_0(model)
         # Each parameter's values go to its shard from where they are: its tensor, or the
         # spill file of zinf.zero.Init (Note [Construction into shards]).
         self._engine.initialize(values=_construction.initial_values(
@@ -244,8 +269,9 @@ class ZeroEngine:
                 # something holds it; the placeholder has the parameter's shape.
                 s.param.data = self._placeholder(s)
                 acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_grad_hook(s))
+                self._hook_handles.append(acc.register_hook(self._make_grad_hook(s)))
                 self._grad_accumulators.append(acc)
+                s.param._zinf_engine = weakref.ref(self)  # for GatheredParameters
         _construction.finish(model)  # frozen parameters built under Init get their values
         if self._compute_dtype != torch.float32:
             _device_memory.cast_the_rest(model, self._compute_dtype, self._slots)
@@ -262,8 +288,124 @@ class ZeroEngine:
             self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
             if any(id(p) in self._slots for p in sub.parameters(recurse=False)):
                 sub.__dict__["_parameters"] = _FetchingParameters(self, sub.__dict__["_parameters"])
+                self._hook_handles.append(sub._register_state_dict_hook(self._state_dict_hook))
         # Registered last, so that it runs after the root's release.
         self._hook_handles.append(model.register_forward_hook(self._root_post_hook))
+
+    def _remember_model(self, model):
+        """What the takeover changes (Note [Undoing the takeover])."""
+        params = {id(p): p for p in model.parameters()}.values()
+        self._before = {
+            "params": [(p, p.data, getattr(p, "_zinf_spilled", None)) for p in params],
+            "buffers": [(sub, name, buf) for sub in model.modules()
+                        for name, buf in sub._buffers.items()],
+            "parameter_dicts": [(sub, sub.__dict__["_parameters"]) for sub in model.modules()],
+        }
+
+    def _keep_takeover(self):
+        self._before = None  # the model's own tensors may go now
+
+    def _undo_takeover(self):
+        """Puts the model back as it was before the takeover and closes the native engine, so
+        that a corrected retry works (Note [Undoing the takeover])."""
+        before, self._before = self._before, None
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        self._grad_accumulators.clear()
+        if self._saved_hooks is not None:
+            self._root_post_hook()
+        if before is not None:
+            for p, data, spilled in before["params"]:
+                p.data = data
+                p.__dict__.pop("_zinf_engine", None)
+                if spilled is not None:
+                    p._zinf_spilled = spilled
+            for sub, name, buf in before["buffers"]:
+                sub._buffers[name] = buf
+            for sub, parameters in before["parameter_dicts"]:
+                sub.__dict__["_parameters"] = parameters
+        for sub in self.module.modules():
+            sub.__dict__.pop("_zinf_managed", None)
+        self._slots.clear()
+        self._module_slots.clear()
+        # The native engine goes with its last reference: its rendezvous port is free again.
+        self._memory = None
+        self._engine = None
+
+    def _broadcast_from_rank_0(self, model):
+        """Every rank starts from rank 0's values of the parameters built outside
+        zinf.zero.Init, as DeepSpeed broadcasts them (those built under Init are checked
+        alike instead: check_ranks_built_alike)."""
+        if self._engine.world_size == 1:
+            return
+        with torch.no_grad():
+            for p in {id(p): p for p in model.parameters()}.values():
+                if not p.is_floating_point() or getattr(p, "_zinf_spilled", None) is not None:
+                    continue
+                host = p.detach().to("cpu", torch.float32).contiguous()
+                self._engine.broadcast(host.data_ptr(), host.numel(), 0)
+                if host.data_ptr() != p.data_ptr():
+                    p.data.copy_(host)
+
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        """state_dict() gives managed parameters' values on one rank and refuses on several,
+        where they are a collective away; never the placeholders."""
+        if self._consolidating:
+            return
+        for pname, p in module._parameters.items():
+            s = self._slots.get(id(p)) if p is not None else None
+            key = prefix + pname
+            if (s is None or key not in state_dict or self._fetched(s)
+                    or id(p) in self._gathered):
+                continue
+            if self._engine.world_size > 1:
+                raise RuntimeError(
+                    f"state_dict(): parameter '{s.name}' is sharded over "
+                    f"{self._engine.world_size} ranks by zinf; call "
+                    f"engine.consolidated_state_dict() on every rank (a collective), or "
+                    f"read it inside zinf.zero.GatheredParameters(params) on every rank")
+            state_dict[key] = self._full_value(s, device="cpu", dtype=torch.float32)
+
+    def _full_value(self, slot, device=None, dtype=None):
+        """A parameter's full value from the engine (a collective)."""
+        raw = self._engine.gather_parameter(slot.name)
+        value = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(slot.shape)
+        return value.to(device or self.device, dtype or self._compute_dtype)
+
+    # -- GatheredParameters -----------------------------------------------------------------
+
+    def _gather_for_block(self, params):
+        """Enters a GatheredParameters block (a collective): each parameter's data holds its
+        full value until the block ends."""
+        for p in params:
+            s = self._slots[id(p)]
+            entry = self._gathered.get(id(p))
+            if entry is not None:
+                entry[1] += 1
+                continue
+            value = self._full_value(s)
+            self._gathered[id(p)] = [value, 1]
+            if not self._fetched(s):  # else the fetched values stand, and _park restores these
+                p.data = value
+
+    def _end_block(self, params, modifier_rank):
+        """Leaves a GatheredParameters block (a collective): with modifier_rank, that rank's
+        values become every rank's shards, as DeepSpeed's write-back."""
+        for p in params:
+            s = self._slots[id(p)]
+            entry = self._gathered[id(p)]
+            entry[1] -= 1
+            if entry[1] > 0:
+                continue
+            if modifier_rank is not None:
+                with torch.no_grad():
+                    values = p.detach().to("cpu", torch.float32).contiguous().clone()
+                self._engine.broadcast(values.data_ptr(), values.numel(), int(modifier_rank))
+                self._engine.set_parameter(s.name, values.data_ptr(), values.numel())
+            del self._gathered[id(p)]
+            if not self._fetched(s):
+                self._park(s)
 
     def _module_ids_of(self, sub):
         params = list(sub.parameters(recurse=False))
@@ -274,6 +416,16 @@ class ZeroEngine:
             if s is not None and s.module_id not in mids:
                 mids.append(s.module_id)
         return mids
+
+    def _park(self, slot):
+        """A parameter's data when no fetch holds it: its value inside a GatheredParameters
+        block, else the placeholder."""
+        gathered = self._gathered.get(id(slot.param))
+        slot.param.data = gathered[0] if gathered is not None else self._placeholder(slot)
+
+    def _fetched(self, slot):
+        """Whether a forward or backward holds the parameter's module fetched."""
+        return slot.module_id in self._forward_refs or slot.module_id in self._backward_params
 
     def _placeholder(self, slot):
         # Full shape (p.shape stays true, autograd's metadata matches), one element of storage,
@@ -323,7 +475,7 @@ class ZeroEngine:
         self._forward_stack.clear()
         for mid in list(self._forward_refs) + list(self._backward_params):
             for s in self._module_slots[mid]:
-                s.param.data = self._placeholder(s)
+                self._park(s)
         self._forward_refs.clear()
         self._backward_params.clear()
         for mid in list(self._held):
@@ -408,7 +560,7 @@ class ZeroEngine:
         if refs == 0:
             del self._forward_refs[mid]
             for s in self._module_slots[mid]:
-                s.param.data = self._placeholder(s)
+                self._park(s)
             self._unhold(mid)
 
     # -- saved tensors ----------------------------------------------------------------------
@@ -444,7 +596,7 @@ class ZeroEngine:
             return
         if mid not in self._forward_refs:
             for s in self._module_slots[mid]:
-                s.param.data = self._placeholder(s)
+                self._park(s)
         self._unhold(mid)  # backward's use of the parameters is over
 
     # -- backward ---------------------------------------------------------------------------
@@ -507,9 +659,29 @@ class ZeroEngine:
     def step(self):
         """The engine's Step(): after gradient_accumulation_steps micro-batches it updates the
         parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
+        self._check_requires_grad()
         summary = self._engine.step()
         _heap.after_step()
         return summary
+
+    def _check_requires_grad(self):
+        """ValueError naming the parameter whose requires_grad changed since initialize: the
+        engine trains the set it took then, and would ignore the change."""
+        for slots in self._module_slots:
+            for s in slots:
+                if not s.param.requires_grad:
+                    raise ValueError(
+                        f"parameter '{s.name}' was frozen (requires_grad=False) after "
+                        f"initialize; zinf's optimizer holds it and would go on stepping it: "
+                        f"set requires_grad back to True before step(), or freeze it before "
+                        f"initialize (a new engine)")
+        for name, p in self.module.named_parameters():
+            if p.requires_grad and id(p) not in self._slots:
+                raise ValueError(
+                    f"parameter '{name}' requires grad now but was frozen at initialize, so "
+                    f"zinf's optimizer does not hold it and it would never train: set "
+                    f"requires_grad back to False before step(), or unfreeze it before "
+                    f"initialize (a new engine)")
 
     @property
     def rank(self):
@@ -582,7 +754,11 @@ class ZeroEngine:
         """The model's state_dict with every managed parameter's full fp32 value (a collective:
         every rank calls it), e.g. to save for plain PyTorch or to evaluate elsewhere."""
         gathered = self.gather_parameters()
-        state = self.module.state_dict(keep_vars=False)
+        self._consolidating = True
+        try:
+            state = self.module.state_dict(keep_vars=False)
+        finally:
+            self._consolidating = False
         for name in list(state):
             if name in gathered:
                 state[name] = gathered[name]

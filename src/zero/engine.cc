@@ -452,6 +452,17 @@ StatusOr<double> Engine::MeanOverRanks(double value) {
   return value / m.world();
 }
 
+Status Engine::Broadcast(float* values, uint64_t count, int root_rank) {
+  Impl& m = *impl_;
+  if (root_rank < 0 || root_rank >= m.world()) {
+    return InvalidArgument(
+        fmt::format("Broadcast: root_rank must be in [0, {}), got {}", m.world(), root_rank));
+  }
+  if (values == nullptr && count > 0) return InvalidArgument("Broadcast: values is null");
+  if (count == 0 || m.world() == 1) return OkStatus();
+  return m.comm->Broadcast(values, count, ElementType::kFp32, root_rank);
+}
+
 Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
   Impl& m = *impl_;
   ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetParameter"));

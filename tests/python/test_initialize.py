@@ -220,6 +220,37 @@ class InitializeTest(LoopRunner):
         with self.assertRaisesRegex(ValueError, "whole training state"):
             engine.load_checkpoint(self.dir, load_module_only=True)
 
+    def test_a_failed_initialize_leaves_the_model_whole(self):
+        # Checked before the takeover, or undone after it (Note [Undoing the takeover] in
+        # zinf/zero.py): the model keeps its values and a corrected retry trains.
+        torch.manual_seed(0)
+        net = initialize_train.Net()
+        before = {k: v.clone() for k, v in net.state_dict().items()}
+        data = initialize_train.dataset(SAMPLES)
+        with self.assertRaisesRegex(ValueError, "must be a torch.utils.data.Dataset, got list"):
+            zinf.initialize(model=net, config=loop_config(), training_data=[1, 2, 3])
+        not_a_dir = os.path.join(self.dir, "file")
+        open(not_a_dir, "w").close()
+        with self.assertRaisesRegex(ValueError, "csv_monitor.output_path.*is not a directory"):
+            zinf.initialize(model=net, config=loop_config(csv_monitor={
+                "enabled": True, "output_path": os.path.join(not_a_dir, "logs")}))
+        real_io = zinf.engine.DeepSpeedEngine.deepspeed_io
+
+        def failing_io(self, dataset):
+            raise RuntimeError("injected after the takeover")
+        zinf.engine.DeepSpeedEngine.deepspeed_io = failing_io
+        try:
+            with self.assertRaisesRegex(RuntimeError, "injected after the takeover"):
+                zinf.initialize(model=net, config=loop_config(), training_data=data)
+        finally:
+            zinf.engine.DeepSpeedEngine.deepspeed_io = real_io
+        for name, value in net.state_dict().items():
+            self.assertTrue(torch.equal(value, before[name]), name)
+        engine, _, loader, _ = zinf.initialize(model=net, config=loop_config(), training_data=data)
+        batch = next(iter(loader))
+        torch.manual_seed(0)
+        self.assertEqual(engine(batch).item(), initialize_train.Net()(batch).item())
+
 
 if __name__ == "__main__":
     unittest.main()

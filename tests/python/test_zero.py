@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import zinf
 import zinf.zero
+import zero_after_initialize
 import zero_train
 
 BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", "")
@@ -61,16 +62,76 @@ class ZeroTest(unittest.TestCase):
                 with self.subTest(checkpoint=checkpoint, offload=offload):
                     self.run_one_process(checkpoint=checkpoint, offload=offload, accum=2)
 
-    def run_two_processes(self, *extra):
+    def test_parameters_after_initialize(self):
+        # GatheredParameters gathers (and with modifier_rank writes back), state_dict gives
+        # the values, ranks start from rank 0's values: tests/python/zero_after_initialize.py.
+        for offload in ("none", "cpu", "nvme"):
+            with self.subTest(processes=1, offload=offload):
+                args = argparse.Namespace(offload=offload, nvme_path=self.dir, accum=1)
+                self.assertIsNone(zero_after_initialize.check(args))
+        for offload in ("none", "nvme"):
+            with self.subTest(processes=2, offload=offload):
+                self.run_two_processes("--offload", offload, "--nvme-path", self.dir,
+                                       script="zero_after_initialize.py",
+                                       expect="[rank 1] parameters after initialize: ok")
+
+    def test_requires_grad_changed_after_initialize_is_refused_at_step(self):
+        model = zero_train.make_model()
+        engine = zinf.zero.initialize(model, small_config())
+        tokens, targets = next(zero_train.batches(1, 2))
+
+        def batch():
+            engine.backward(zero_train.lm_loss(engine(tokens), targets))
+        batch()
+        model.head.weight.requires_grad_(False)
+        with self.assertRaisesRegex(ValueError, "'head.weight' was frozen .* after initialize"):
+            engine.step()
+        model.head.weight.requires_grad_(True)
+        engine.step()  # the refused step is taken once the change is undone
+
+        frozen = zero_train.make_model()
+        frozen.embed.weight.requires_grad_(False)
+        engine = zinf.zero.initialize(frozen, small_config())
+        batch = lambda: engine.backward(zero_train.lm_loss(engine(tokens), targets))  # noqa: E731
+        batch()
+        frozen.embed.weight.requires_grad_(True)
+        with self.assertRaisesRegex(ValueError, "'embed.weight' requires grad now but was frozen"):
+            engine.step()
+
+    def test_a_failed_initialize_leaves_the_model_whole(self):
+        # A failure after the takeover puts the model back (Note [Undoing the takeover]), so
+        # a retry works and trains as torch does.
+        model = zero_train.make_model()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        real_finish = zinf._construction.finish
+
+        def failing_finish(m):
+            raise RuntimeError("injected")
+        zinf._construction.finish = failing_finish
+        try:
+            with self.assertRaisesRegex(RuntimeError, "injected"):
+                zinf.zero.initialize(model, small_config(offload_param={"device": "cpu"}))
+        finally:
+            zinf._construction.finish = real_finish
+        for name, value in model.state_dict().items():
+            self.assertTrue(torch.equal(value, before[name]), name)
+        engine = zinf.zero.initialize(model, small_config(offload_param={"device": "cpu"}))
+        ref = zero_train.make_model()
+        tokens, targets = next(zero_train.batches(1, 2))
+        want = zero_train.lm_loss(ref(tokens), targets).item()
+        self.assertEqual(zero_train.lm_loss(engine(tokens), targets).item(), want)
+
+    def run_two_processes(self, *extra, script="zero_train.py", expect="[rank 0] step 11"):
         launcher = os.path.join(BUILD_DIR, "bin", "zinf")
         self.assertTrue(os.path.exists(launcher), f"{launcher} is not built")
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zero_train.py")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
         env = dict(os.environ)
+        steps = ["--steps", "12"] if script.endswith("zero_train.py") else []
         done = subprocess.run([launcher, "run", "-n", "2", "--", sys.executable, script,
-                               "--steps", "12", *extra],
+                               *steps, *extra],
                               capture_output=True, text=True, env=env, timeout=300)
         self.assertEqual(done.returncode, 0, f"zinf run -n 2 failed:\n{done.stdout}\n{done.stderr}")
-        self.assertIn("[rank 0] step 11", done.stdout)
+        self.assertIn(expect, done.stdout)
 
     def test_two_processes_match_torch(self):
         self.run_two_processes("--accum", "2")
