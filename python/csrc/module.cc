@@ -120,4 +120,12 @@ PYBIND11_MODULE(_zinf, m) {
       py::arg("path"), py::arg("what"),
       "A config or other input file's text, read as zinf reads every input: a regular file (or "
       "'-') of at most 64 MiB (Note [Bounded input])");
+  m.def(
+      "check_json_depth",
+      [](const std::string& text, const std::string& source) {
+        ThrowIfError(zinf::CheckJsonDepth(text, source));
+      },
+      py::arg("text"), py::arg("source"),
+      "Raises, naming `source` and the byte offset, when `text` nests arrays and objects deeper "
+      "than zinf reads (Note [Bounded input]); scans without parsing");
 }

@@ -49,7 +49,6 @@ import contextlib
 import ctypes
 import functools
 import inspect
-import json
 import math
 import os
 import sys
@@ -131,7 +130,7 @@ class Init:
     def _spill_directory(self):
         zero = {}
         if self._config is not None:
-            zero = json.loads(_engine_inputs.config_json(self._config)).get(
+            zero = _engine_inputs.config_dict(self._config).get(
                 "zero_optimization", {})
         device = self._remote_device or zero.get("offload_param", {}).get("device", "none")
         if device != "nvme":

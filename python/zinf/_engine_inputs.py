@@ -3,6 +3,7 @@ text or a path, read as zinf reads every input), the trainer's values for its "a
 the names users give them, and the rendezvous port beside torch.distributed's."""
 
 import json
+import math
 import os
 import socket
 
@@ -57,15 +58,68 @@ def trainer_values(values):
 
 
 def config_json(config):
+    """The config's JSON text (a dict, JSON text or a path), checked as zinf checks every input
+    before any parser sees it (Note [Bounded input]): a file read through zinf's bounded reader,
+    its nesting checked before it is parsed, non-finite numbers refused naming their key, and
+    every error naming the file. ValueError (or zinf's error for an unreadable file)."""
+    return _config(config)[0]
+
+
+def config_dict(config):
+    """The config as a dict, checked as config_json checks it."""
+    return _config(config)[1]
+
+
+_MAX_DEPTH = 128  # zinf's kMaxJsonDepth (include/zinf/input_file.h)
+
+
+def _config(config):
     if isinstance(config, dict):
-        return json.dumps(config)
+        _check_dict(config, "", 1)
+        return json.dumps(config, allow_nan=False), config
     if isinstance(config, (str, os.PathLike)):
         text = os.fspath(config)
         if text.lstrip().startswith("{"):
-            return text
-        # Bounded as every input zinf reads: not /dev/zero, a FIFO or a 10 GB file.
-        return _zinf.read_input_file(text, "config")
+            source = "the config text"
+        else:
+            source = f"config file '{text}'"
+            # Bounded as every input zinf reads: not /dev/zero, a FIFO or a 10 GB file.
+            text = _zinf.read_input_file(text, "config")
+        if not text.strip():
+            raise ValueError(f"{source} is empty; a config is a JSON object")
+        _zinf.check_json_depth(text, source)
+        try:
+            parsed = json.loads(text, parse_constant=_NonFinite)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column "
+                             f"{e.colno}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{source} must hold a JSON object, got {type(parsed).__name__}")
+        _check_dict(parsed, "", 1, source)
+        return text, parsed
     raise TypeError(f"config must be a dict, a JSON string or a path, got {type(config).__name__}")
+
+
+class _NonFinite(str):
+    """What json.loads makes of NaN and Infinity, so that the key holding one is named."""
+
+
+def _check_dict(value, key, depth, source="the config"):
+    """ValueError naming the key of a non-finite number, or where the config nests deeper than
+    zinf reads."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"{source} nests deeper than {_MAX_DEPTH} levels at '{key}'")
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        if isinstance(value, _NonFinite) or (isinstance(value, float) and
+                                             not math.isfinite(value)):
+            raise ValueError(f"config key '{key}' in {source} is {value}; numbers must be finite")
+        return
+    for k, v in items:
+        _check_dict(v, f"{key}.{k}" if key else str(k), depth + 1, source)
 
 
 _engines_made = 0  # in this process: keys the ports agreed through torch's store

@@ -452,7 +452,7 @@ def _config_dict(args, config, config_params):
     if config is None:
         raise ValueError("initialize needs a config: config= (a dict, JSON text or a path) or "
                          "args.deepspeed_config (see add_config_arguments)")
-    return json.loads(_engine_inputs.config_json(config))
+    return dict(_engine_inputs.config_dict(config))
 
 
 def _check_model_parameters(model, model_parameters):

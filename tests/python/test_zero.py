@@ -75,6 +75,44 @@ class ZeroTest(unittest.TestCase):
                                        script="zero_after_initialize.py",
                                        expect="[rank 1] parameters after initialize: ok")
 
+    def test_configs_are_bounded_before_python_parses_them(self):
+        # Note [Bounded input]: depth, size and finite numbers checked, the key or file named.
+        deep = "[" * 50000 + "]" * 50000
+        path = os.path.join(self.dir, "deep.json")
+        with open(path, "w") as f:
+            f.write('{"x": ' + deep + "}")
+        nested = {}
+        inner = nested
+        for _ in range(50000):
+            inner["a"] = {}
+            inner = inner["a"]
+        for entry in (zinf.zero.initialize, lambda m, c: zinf.initialize(model=m, config=c)):
+            for config in ('{"x": ' + deep + "}", path):
+                with self.subTest(config=config[:20]):
+                    with self.assertRaisesRegex(zinf.ZinfError, "nest"):
+                        entry(zero_train.make_model(), config)
+            with self.assertRaisesRegex(ValueError, "nests deeper than 128 levels"):
+                entry(zero_train.make_model(), nested)
+            for bad in (float("nan"), float("inf")):
+                config = small_config()
+                config["optimizer"]["params"]["lr"] = bad
+                with self.assertRaisesRegex(ValueError, "'optimizer.params.lr' .* is (nan|inf)"):
+                    entry(zero_train.make_model(), config)
+            text = os.path.join(self.dir, "nan.json")
+            with open(text, "w") as f:
+                f.write('{"optimizer": {"type": "AdamW", "params": {"lr": NaN}}}')
+            with self.assertRaisesRegex(ValueError, "'optimizer.params.lr' in config file .*nan.json"):
+                entry(zero_train.make_model(), text)
+            empty = os.path.join(self.dir, "empty.json")
+            open(empty, "w").close()
+            with self.assertRaisesRegex(ValueError, "config file .*empty.json' is empty"):
+                entry(zero_train.make_model(), empty)
+            with self.assertRaisesRegex(ValueError, "broken.json' is not valid JSON"):
+                broken = os.path.join(self.dir, "broken.json")
+                with open(broken, "w") as f:
+                    f.write('{"a": 1,')
+                entry(zero_train.make_model(), broken)
+
     def test_requires_grad_changed_after_initialize_is_refused_at_step(self):
         model = zero_train.make_model()
         engine = zinf.zero.initialize(model, small_config())
