@@ -150,6 +150,7 @@ class DeepSpeedEngine:
         self._drop_last = drop_last
         self._monitors = monitors
         self._batch_loss = 0.0    # sum over this batch's micro-batches of loss / gas
+        self._boundary = None     # set_gradient_accumulation_boundary's value
 
     # -- what DeepSpeed's engine is ----------------------------------------------------------
 
@@ -206,8 +207,19 @@ class DeepSpeedEngine:
         return None if self.last_step is None else self.last_step["grad_norm"]
 
     def is_gradient_accumulation_boundary(self):
-        """Whether the current micro-batch's step() updates the parameters."""
+        """Whether the current micro-batch's step() updates the parameters: as
+        set_gradient_accumulation_boundary set it, else every gradient_accumulation_steps-th
+        micro-batch."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's override of the boundary, for a trainer that calls step() only at the
+        boundary (Accelerate): from now on step() updates the parameters when is_boundary
+        was last set True. The engine still needs gradient_accumulation_steps backward calls
+        per update, and refuses a step after fewer, saying how many it got."""
+        self._boundary = bool(is_boundary)
 
     def train(self, mode=True):
         self.zero.train(mode)

@@ -216,6 +216,7 @@ class ZeroEngine:
         self._grads_pending = {}  # module id -> slots whose gradient has not come yet
         self._reduced = set()     # module ids reduced this micro-batch
         self._in_backward = False
+        self._backwards_since_step = 0  # as the engine counts its modules' reductions
         self._saved_hooks = None  # saved_tensors_hooks of the forward in progress
         self._gathered = {}       # id(param) -> [its full value, GatheredParameters depth]
         self._consolidating = False
@@ -466,6 +467,15 @@ class ZeroEngine:
 
     def _backward_begins(self, *unused):
         if not self._in_backward:
+            gas = self._engine.gradient_accumulation_steps
+            if self._backwards_since_step >= gas:
+                # Refused before any gradient reaches the engine, so the batch is intact.
+                raise RuntimeError(
+                    f"backward() was called {self._backwards_since_step + 1} times since the "
+                    f"last step(), and gradient_accumulation_steps is {gas}: call step() after "
+                    f"the batch's last backward; this backward was refused and nothing of it "
+                    f"reached the engine (after a step() that failed, its gradients are still "
+                    f"held: call step() again, or load_checkpoint)")
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
@@ -645,6 +655,7 @@ class ZeroEngine:
         # Every module is reduced once per micro-batch; one that got no gradient (not used,
         # or its output did not reach the loss) gives zeros, as torch's optimizers see None.
         self._in_backward = False
+        self._backwards_since_step += 1
         for mid in range(len(self._module_slots)):
             if mid not in self._reduced:
                 if mid not in self._grad_views:
@@ -661,6 +672,7 @@ class ZeroEngine:
         parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
         self._check_requires_grad()
         summary = self._engine.step()
+        self._backwards_since_step = 0
         _heap.after_step()
         return summary
 
@@ -785,6 +797,7 @@ class ZeroEngine:
         included; returns client_state."""
         self._push_buffers()  # registers them, so the checkpoint must hold the same set
         client = json.loads(self._engine.load_checkpoint(os.fspath(directory)))
+        self._backwards_since_step = 0  # the engine's reductions start again from none
         for name, buf in self._buffers():
             out = torch.empty(buf.shape, dtype=buf.dtype)  # on the host, where the engine reads
             self._engine.get_buffer(name, out.data_ptr(), out.numel() * out.element_size())

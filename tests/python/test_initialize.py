@@ -180,6 +180,29 @@ class InitializeTest(LoopRunner):
         optimizer.param_groups[0]["lr"] = 0.125
         self.assertEqual(engine.get_lr(), [0.125])
 
+    def test_boundary_only_step_as_accelerate_calls_it(self):
+        # Accelerate sets the boundary and calls step() only there: the same updates as
+        # DeepSpeed's loop, which calls step() every micro-batch.
+        def losses(boundary_only):
+            torch.manual_seed(0)
+            engine, _, loader, _ = zinf.initialize(
+                model=initialize_train.Net(), config=loop_config(),
+                training_data=initialize_train.dataset(32))
+            out = []
+            for i, batch in enumerate(loader):
+                at_boundary = (i + 1) % GAS == 0
+                if boundary_only:
+                    engine.set_gradient_accumulation_boundary(at_boundary)
+                self.assertEqual(engine.is_gradient_accumulation_boundary(), at_boundary)
+                loss = engine(batch)
+                out.append(loss.item())
+                engine.backward(loss)
+                if not boundary_only or at_boundary:
+                    engine.step()
+            self.assertEqual(engine.global_steps, 32 // MICRO // GAS)
+            return out
+        self.assertEqual(losses(boundary_only=True), losses(boundary_only=False))
+
     def test_init_distributed_initializes_torch_distributed_once(self):
         script = ("import torch.distributed as dist, zinf\n"
                   "zinf.init_distributed(); zinf.init_distributed()\n"

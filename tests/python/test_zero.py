@@ -113,6 +113,22 @@ class ZeroTest(unittest.TestCase):
                     f.write('{"a": 1,')
                 entry(zero_train.make_model(), broken)
 
+    def test_a_backward_too_many_is_refused_and_the_batch_kept(self):
+        tokens, targets = next(zero_train.batches(1, 2))
+
+        def one_step(extra_backward):
+            engine = zinf.zero.initialize(zero_train.make_model(), small_config())
+            engine.backward(zero_train.lm_loss(engine(tokens), targets))
+            if extra_backward:
+                with self.assertRaisesRegex(RuntimeError,
+                                            "called 2 times since the last step.*is 1"):
+                    engine.backward(zero_train.lm_loss(engine(tokens), targets))
+            engine.step()  # the batch as its one backward left it
+            return engine.gather_parameters()
+        refused, plain = one_step(True), one_step(False)
+        for name, value in plain.items():
+            self.assertTrue(torch.equal(refused[name], value), name)
+
     def test_requires_grad_changed_after_initialize_is_refused_at_step(self):
         model = zero_train.make_model()
         engine = zinf.zero.initialize(model, small_config())
