@@ -69,10 +69,14 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
       GradientBuckets::SliceCapacity(bucket_elements, static_cast<int>(world), largest_shard);
   const uint64_t buckets = world > 1 ? 2 * b.bucket_slice_elements * (world + 1) * 4 : 0;
   // The fetched module with backward's gradients, the next one being gathered, and the
-  // read-ahead window; cached shard copies use what is left and are evicted first.
+  // read-ahead window; cached shard copies use what is left and are evicted first. The window
+  // is an upper bound, as DeepSpeed reads stage3_prefetch_bucket_size: never more than the
+  // model (1e15 asks for the whole model ahead, not for petabytes).
+  const uint64_t prefetch_elements =
+      std::min<uint64_t>(config.stage3_prefetch_bucket_size, b.shard_elements * world);
   b.device_budget_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent +
-                          2 * working_set + 2 * config.stage3_prefetch_bucket_size * element +
-                          buckets + (64 << 20);
+                          2 * working_set + 2 * prefetch_elements * element + buckets +
+                          (64 << 20);
 
   // The flat shard's arrays (StoreArray), page-aligned.
   const uint64_t array = PageUp(std::max<uint64_t>(b.shard_elements, 1) * 4);

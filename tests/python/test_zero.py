@@ -129,6 +129,14 @@ class ZeroTest(unittest.TestCase):
         for name, value in plain.items():
             self.assertTrue(torch.equal(refused[name], value), name)
 
+    def test_a_prefetch_bucket_larger_than_the_model_is_an_upper_bound(self):
+        # As DeepSpeed reads it: 1e15 elements ahead is the whole model, not 7 PiB.
+        config = small_config(stage3_prefetch_bucket_size=1e15, offload_param={"device": "cpu"})
+        engine = zinf.zero.initialize(zero_train.make_model(), config)
+        tokens, targets = next(zero_train.batches(1, 2))
+        engine.backward(zero_train.lm_loss(engine(tokens), targets))
+        self.assertEqual(engine.step()["step"], 1)
+
     def test_requires_grad_changed_after_initialize_is_refused_at_step(self):
         model = zero_train.make_model()
         engine = zinf.zero.initialize(model, small_config())
