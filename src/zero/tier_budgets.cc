@@ -75,8 +75,7 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   const uint64_t prefetch_elements =
       std::min<uint64_t>(config.stage3_prefetch_bucket_size, b.shard_elements * world);
   b.device_budget_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent +
-                          2 * working_set + 2 * prefetch_elements * element + buckets +
-                          (64 << 20);
+                          2 * working_set + 2 * prefetch_elements * element + buckets + (64 << 20);
 
   // The flat shard's arrays (StoreArray), page-aligned.
   const uint64_t array = PageUp(std::max<uint64_t>(b.shard_elements, 1) * 4);
