@@ -744,12 +744,8 @@ class ZeroEngine:
 
     def gather_parameters(self):
         """{name: full fp32 tensor} of every managed parameter (a collective)."""
-        out = {}
-        for slots in self._module_slots:
-            for s in slots:
-                raw = self._engine.gather_parameter(s.name)
-                out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
-        return out
+        return {s.name: self._full_value(s, device="cpu", dtype=torch.float32)
+                for slots in self._module_slots for s in slots}
 
     def gather_gradients(self):
         """{name: full fp32 gradient} that the next step() would apply, before clipping: the
