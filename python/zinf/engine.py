@@ -352,7 +352,10 @@ class DeepSpeedEngine:
         self.global_steps = counters["global_steps"]
         self.global_samples = counters["global_samples"]
         self.skipped_steps = counters["skipped_steps"]
-        self.micro_steps = counters["micro_steps"]
+        # A checkpoint is taken at a boundary, so the micro-batch count is this run's
+        # accumulation times the steps: a resume under another gradient_accumulation_steps (or
+        # world size) at the same global batch starts on a boundary, as DeepSpeed's does.
+        self.micro_steps = self.global_steps * self.gradient_accumulation_steps()
         return path, state["client_state"]
 
     def _counters(self):
