@@ -367,14 +367,45 @@ ConfigReader& ConfigReader::Ignore(std::string_view key) {
   return *this;
 }
 
+namespace {
+
+// Levenshtein distance, for suggesting the key a misspelt one was meant to be.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
 Status ConfigReader::Finish() {
   if (!status_.ok()) return status_;
   for (auto it = object_.begin(); it != object_.end(); ++it) {
     if (known_.count(it.key()) != 0) continue;
     std::string list;
     for (const std::string& k : known_) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
-    status_ = InvalidArgument(fmt::format("config key '{}' is not recognized (allowed here: {})",
-                                          KeyPath(it.key()), list.empty() ? "none" : list));
+    // The nearest known key, when it is near enough to be a misspelling of it (a third of
+    // its letters at most).
+    std::string_view nearest;
+    size_t best = it.key().size() / 3 + 1;
+    for (const std::string& k : known_) {
+      const size_t d = EditDistance(it.key(), k);
+      if (d < best) best = d, nearest = k;
+    }
+    const std::string suggestion =
+        nearest.empty() ? "" : fmt::format("; did you mean '{}'?", KeyPath(nearest));
+    status_ =
+        InvalidArgument(fmt::format("config key '{}' is not recognized{} (allowed here: {})",
+                                    KeyPath(it.key()), suggestion, list.empty() ? "none" : list));
     break;
   }
   return status_;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/config_reader.h"
 #include "core/log.h"
@@ -74,6 +75,34 @@ class Parser {
 
   void Warn(std::string text) { c_.warnings.push_back(std::move(text)); }
 
+  // A section with DeepSpeed's "enabled" flag that zinf does not act on: a warning naming it,
+  // unless it is off (null, false, {} or "enabled": false).
+  void UnusedSection(ConfigReader& r, std::string_view key, std::string_view why) {
+    const nlohmann::json* v = r.Raw(key);
+    if (v == nullptr || AsksForNothing(*v)) return;
+    Unused(r, key, why);
+  }
+  // A key of DeepSpeed's that changes what is computed and that zinf does not implement:
+  // accepted while its value asks for nothing (AsksForNothing, or `harmless`), refused naming
+  // it otherwise, because running without it would give other numbers than DeepSpeed's
+  // without a word.
+  void Unsupported(ConfigReader& r, std::string_view key, std::string_view why,
+                   const std::vector<nlohmann::json>& harmless = {}) {
+    const nlohmann::json* v = r.Raw(key);
+    if (v == nullptr || AsksForNothing(*v) ||
+        std::find(harmless.begin(), harmless.end(), *v) != harmless.end()) {
+      return;
+    }
+    r.Fail(InvalidArgument(fmt::format("config key '{}' = {} is not supported by zinf: {}",
+                                       KeyPath(r, key), Shown(*v), why)));
+  }
+  static bool AsksForNothing(const nlohmann::json& v) {
+    if (v.is_null() || (v.is_boolean() && !v.get<bool>())) return true;
+    if (!v.is_object()) return false;
+    const auto enabled = v.find("enabled");
+    return v.empty() || (enabled != v.end() && enabled->is_boolean() && !enabled->get<bool>());
+  }
+
   // For a key that may be "auto": the trainer's value when it has one, else `fallback`
   // (described by `fallback_what`). Returns whether the key was "auto".
   template <typename T>
@@ -103,6 +132,7 @@ class Parser {
   }
 
   void Root(ConfigReader& root);
+  void TopLevelKeys(ConfigReader& root);
   void Zero(ConfigReader& z);
   void OffloadParam(ConfigReader& o);
   void OffloadOptimizer(ConfigReader& o);
@@ -166,14 +196,17 @@ void Parser::Root(ConfigReader& root) {
              "zinf sums gradients in fp32 and divides once, after the reduction");
   Unused(root, "gradient_predivide_factor",
          "zinf sums gradients in fp32 and divides once, after the reduction", 1.0);
-  Unused(root, "communication_data_type", "zinf reduce-scatters gradients in fp32",
-         nlohmann::json("fp32"));
+  Unsupported(root, "communication_data_type",
+              "DeepSpeed would reduce gradients in that precision; zinf reduce-scatters them in "
+              "fp32, which gives other numbers: remove the key or set it to \"fp32\"",
+              {nlohmann::json("fp32")});
   Unused(root, "activation_checkpointing",
          "activation checkpointing is the trainer's; zinf sees parameters and gradients only");
   Unused(root, "checkpoint",
          "zinf's checkpoints are its own (Engine::SaveCheckpoint, `zinf ckpt export`)");
+  TopLevelKeys(root);
   for (const char* monitor :
-       {"tensorboard", "wandb", "csv_monitor", "comms_logger", "flops_profiler"}) {
+       {"tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler"}) {
     const nlohmann::json* v = root.Raw(monitor);
     if (v == nullptr) continue;
     const auto enabled = v->is_object() ? v->find("enabled") : v->end();
@@ -186,6 +219,69 @@ void Parser::Root(ConfigReader& root) {
                       monitor, Shown(*v)));
     }
   }
+}
+
+// The rest of the top-level keys DeepSpeed's config reads (deepspeed/runtime/config.py), and
+// two that shipped configs carry and DeepSpeed does not read: a key whose absence cannot change
+// the numbers is a warning when it asks for something, one that would change them is refused
+// (Parser::Unsupported), so that a DeepSpeed config runs here as it is, or not at all.
+void Parser::TopLevelKeys(ConfigReader& root) {
+  // LLaMA-Factory's ZeRO configs carry these; DeepSpeed reads neither (its communication
+  // logger is "comms_logger", its monitors the top-level "tensorboard", "wandb", "csv_monitor"
+  // and "comet"), so they ask for nothing there either.
+  Unused(root, "comms_config",
+         "DeepSpeed does not read it either (its communication logger is 'comms_logger')");
+  Unused(root, "monitor_config",
+         "DeepSpeed does not read it either (its monitors are the top-level 'tensorboard', "
+         "'wandb', 'csv_monitor' and 'comet' keys)");
+  UnusedBool(root, "disable_allgather", false,
+             "zinf all-gathers each module's parameters itself at every fetch");
+  UnusedBool(root, "sparse_gradients", false,
+             "zinf reduces embedding gradients dense, to the same values");
+  UnusedBool(root, "graph_harvesting", false, "zinf captures no CUDA graphs");
+  UnusedBool(root, "use_data_before_expert_parallelism", false, "zinf has no expert parallelism");
+  Unused(root, "log_level", "zinf logs through Python's logging (logger \"zinf\")");
+  Unused(root, "vocabulary_size", "DeepSpeed uses it for its sparse embedding gradients only");
+  Unused(root, "seq_parallel_communication_data_type", "zinf has no sequence parallelism",
+         nlohmann::json("fp32"));
+  UnusedSection(root, "autotuning", "autotuning is DeepSpeed's launcher's; zinf plan sizes zinf");
+  UnusedSection(root, "eigenvalue", "zinf computes no Hessian eigenvalues");
+  UnusedSection(root, "compile", "compiling the model is the trainer's (torch.compile)");
+  UnusedSection(root, "timers", "zinf's StepSummary times every step");
+  UnusedSection(root, "nebula",
+                "zinf's checkpoints are its own (Engine::SaveCheckpoint, `zinf ckpt export`)");
+  UnusedSection(root, "datastates",
+                "zinf's checkpoints are its own (Engine::SaveCheckpoint, `zinf ckpt export`)");
+  UnusedSection(root, "pipeline", "zinf has no pipeline parallelism");
+  // What would change the numbers without it.
+  bool managed = true;
+  root.Bool("managed_gradient_accumulation", &managed);
+  if (!managed) {
+    root.Fail(InvalidArgument(
+        "config key 'managed_gradient_accumulation' = false is not supported by zinf: the "
+        "engine updates at the gradient accumulation boundary only (a trainer that owns the "
+        "boundary calls set_gradient_accumulation_boundary)"));
+  }
+  Unsupported(root, "gradient_allreduce_op", "zinf averages gradients over ranks (\"mean\")",
+              {nlohmann::json("mean")});
+  Unsupported(root, "amp", "zinf has no Apex AMP; use the \"bf16\" or \"fp16\" section");
+  Unsupported(root, "torch_autocast",
+              "zinf does not autocast the forward; wrap it in torch.autocast in the trainer, or "
+              "use the \"bf16\" or \"fp16\" section");
+  Unsupported(root, "data_types",
+              "zinf accumulates gradients and keeps its master weights in fp32");
+  Unsupported(root, "sparse_attention", "zinf does not replace the model's attention");
+  Unsupported(root, "progressive_layer_drop", "zinf drops no layers");
+  Unsupported(root, "curriculum_learning", "zinf does not schedule the data");
+  Unsupported(root, "data_efficiency", "zinf does not sample or route the data");
+  Unsupported(root, "compression_training", "zinf does not compress the model");
+  Unsupported(root, "quantize_training", "zinf does not quantize the model in training");
+  Unsupported(root, "weight_quantization", "zinf does not quantize the weights");
+  Unsupported(root, "hybrid_engine", "zinf has no inference kernels for generation");
+  Unsupported(root, "expert_parallel", "zinf is data-parallel only");
+  Unsupported(
+      root, "tensor_parallel", "zinf is data-parallel only",
+      {nlohmann::json::object({{"autotp_size", 1}}), nlohmann::json::object({{"autotp_size", 0}})});
 }
 
 // "none" | "cpu" | "nvme" (ConfigReader::Enum has checked it) as an OffloadDevice.
@@ -328,11 +424,15 @@ void Parser::Zero(ConfigReader& z) {
              "names a module that was not)");
   UnusedBool(z, "elastic_checkpoint", false,
              "`zinf ckpt export` consolidates a checkpoint for any world size instead");
+  // Read by the Python package's engine (save_16bit_model, zinf/engine.py), which takes the
+  // key out before the config comes here; a trainer of the C++ engine saves a 16-bit model
+  // with `zinf ckpt export --dtype bf16`.
   for (const char* key :
        {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"}) {
     UnusedBool(z, key, false,
-               "zinf checkpoints fp32 shards; `zinf ckpt export --dtype bf16` writes the "
-               "consolidated 16-bit model");
+               "the engine checkpoints fp32 shards; zinf.initialize's engine reads it for "
+               "save_16bit_model, and `zinf ckpt export --dtype bf16` writes the consolidated "
+               "16-bit model");
   }
 }
 

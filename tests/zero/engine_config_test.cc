@@ -269,7 +269,7 @@ TEST(EngineConfigTest, UnimplementedKeysAreWarnedAboutByName) {
   auto c = EngineConfig::FromJson(R"({
     "steps_per_print": 10, "wall_clock_breakdown": true, "memory_breakdown": false,
     "prescale_gradients": false, "gradient_predivide_factor": 1.0,
-    "communication_data_type": "fp16", "zero_allow_untested_optimizer": true,
+    "communication_data_type": "fp32", "zero_allow_untested_optimizer": true,
     "tensorboard": {"enabled": false, "output_path": "log/"}, "wandb": {"enabled": true},
     "activation_checkpointing": {"partition_activations": true},
     "zero_optimization": {"stage": 3, "overlap_comm": false, "contiguous_gradients": true,
@@ -285,7 +285,6 @@ TEST(EngineConfigTest, UnimplementedKeysAreWarnedAboutByName) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
                                 "activation_checkpointing",
-                                "communication_data_type",
                                 "fp16.consecutive_hysteresis",
                                 "steps_per_print",
                                 "wall_clock_breakdown",
@@ -315,6 +314,51 @@ TEST(EngineConfigTest, UnimplementedKeysAreWarnedAboutByName) {
   // Wrong types are still errors.
   EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"overlap_comm": "yes"}})"),
              "'zero_optimization.overlap_comm' must be true or false");
+}
+
+// DeepSpeed's top-level keys (deepspeed/runtime/config.py): each accepted, warned about when
+// zinf ignores what it asks for, or refused when ignoring it would change the numbers.
+TEST(EngineConfigTest, DeepSpeedTopLevelKeys) {
+  auto c = EngineConfig::FromJson(R"({
+    "comms_config": {"verbose": false}, "monitor_config": {"enabled": true},
+    "disable_allgather": true, "sparse_gradients": false, "graph_harvesting": false,
+    "log_level": "info", "autotuning": {"enabled": false}, "compile": {"deepcompile": true},
+    "eigenvalue": {"enabled": false}, "comet": {"enabled": false},
+    "managed_gradient_accumulation": true, "gradient_allreduce_op": "mean",
+    "amp": {"enabled": false}, "torch_autocast": {"enabled": false},
+    "communication_data_type": null, "data_types": {}, "tensor_parallel": {"autotp_size": 1},
+    "progressive_layer_drop": {"enabled": false}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(WarnedKeys(*c),
+            (std::vector<std::string>{"comms_config", "compile", "disable_allgather", "log_level",
+                                      "monitor_config"}));
+  // What would give other numbers than DeepSpeed's is refused, naming the key and the value.
+  for (const char* json : {
+           R"({"communication_data_type": "bf16"})",
+           R"({"gradient_allreduce_op": "sum"})",
+           R"({"managed_gradient_accumulation": false})",
+           R"({"amp": {"enabled": true, "opt_level": "O1"}})",
+           R"({"torch_autocast": {"enabled": true}})",
+           R"({"data_types": {"grad_accum_dtype": "bf16"}})",
+           R"({"progressive_layer_drop": {"enabled": true}})",
+           R"({"curriculum_learning": {"enabled": true}})",
+           R"({"sparse_attention": {"mode": "fixed"}})",
+           R"({"tensor_parallel": {"autotp_size": 2}})",
+       }) {
+    const std::string error = ErrorOf(json);
+    const std::string_view text(json);
+    const std::string key(text.substr(2, text.find('"', 2) - 2));  // {"key": ...}
+    EXPECT_HAS(error, "config key '" + key + "'");
+    EXPECT_HAS(error, "not supported by zinf");
+  }
+  // A misspelt key is still refused, with the key it was probably meant to be.
+  EXPECT_HAS(ErrorOf(R"({"gradient_clipings": 1.0})"),
+             "config key 'gradient_clipings' is not recognized; did you mean "
+             "'gradient_clipping'?");
+  EXPECT_HAS(ErrorOf(R"({"zero_optimization": {"stage3_param_persitance_threshold": 10}})"),
+             "did you mean 'zero_optimization.stage3_param_persistence_threshold'?");
+  // Nothing near: no suggestion.
+  EXPECT_EQ(ErrorOf(R"({"xyz": 1})").find("did you mean"), std::string::npos);
 }
 
 TEST(EngineConfigTest, ElementCountsRefuseByteStrings) {

@@ -154,6 +154,7 @@ TEST(PublishedDeepSpeedConfigsTest, EachIsAcceptedOrRefusedNamingItsKey) {
       {"hf_transformers_ds_config_zero3_bf16.json", nullptr},
       {"accelerate_zero_stage2_config.json", nullptr},
       {"accelerate_zero_stage3_offload_config.json", nullptr},
+      {"llamafactory_ds_z3_offload_config.json", nullptr},
       {"dsexamples_cifar_ds_config.json", nullptr},
       {"megatron_ds_sequence_parallel_gbs16_mbs1_zero3.json", nullptr},
       // A misspelt key (DeepSpeed's pydantic model refuses it too).
@@ -161,8 +162,9 @@ TEST(PublishedDeepSpeedConfigsTest, EachIsAcceptedOrRefusedNamingItsKey) {
        "'zero_optimization.stage3_param_persitance_threshold' is not recognized"},
       // DeepSpeed's long-gone CPU Adam name.
       {"dsexamples_megatron_zero_offload_config.json", "'optimizer.type'"},
-      // loss_scale is not a bf16 key (DeepSpeed's bf16 model refuses it too).
-      {"megatron_ds_zero2_config_bf16.json", "'bfloat16.loss_scale' is not recognized"},
+      // Gradients reduced in bf16, where zinf reduces in fp32 (and loss_scale is not a bf16
+      // key, which DeepSpeed's bf16 model refuses too).
+      {"megatron_ds_zero2_config_bf16.json", "'communication_data_type' = \"bfp16\""},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.file);
@@ -170,7 +172,8 @@ TEST(PublishedDeepSpeedConfigsTest, EachIsAcceptedOrRefusedNamingItsKey) {
     // Hugging Face's and Accelerate's templates come with the trainer's values; the others are
     // complete as they stand.
     const std::string_view name(k.file);
-    const bool hf = name.rfind("hf_", 0) == 0 || name.rfind("accelerate_", 0) == 0;
+    const bool hf = name.rfind("hf_", 0) == 0 || name.rfind("accelerate_", 0) == 0 ||
+                    name.rfind("llamafactory_", 0) == 0;
     TrainerValues trainer = hf ? kHfTrainer : TrainerValues{};
     // A template that spells out its precision is run as it says.
     if (text.find("\"enabled\": true") != std::string::npos) trainer.fp16 = trainer.bf16 = {};
@@ -233,6 +236,21 @@ TEST(PublishedDeepSpeedConfigsTest, WhatTheyMeanIsWhatDeepSpeedMeans) {
   const std::vector<std::string> cifar = WarnedKeys(*c);
   EXPECT_NE(std::find(cifar.begin(), cifar.end(), "fp16.fp16_master_weights_and_grads"),
             cifar.end());
+  // LLaMA-Factory's ZeRO-3 offload config (its trainer is Hugging Face's): both offloads on
+  // the CPU, and the two top-level keys DeepSpeed does not read either are warnings.
+  c = EngineConfig::FromJson(ReadConfig("llamafactory_ds_z3_offload_config.json"), kHfTrainer);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->offload_param_device, OffloadDevice::kCpu);
+  EXPECT_EQ(c->offload_optimizer_device, OffloadDevice::kCpu);
+  EXPECT_TRUE(c->bf16);
+  EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
+                                "comms_config",
+                                "monitor_config",
+                                "zero_optimization.overlap_comm",
+                                "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                                "zero_optimization.stage3_max_reuse_distance",
+                                "zero_optimization.sub_group_size",
+                            }));
   // Megatron-DeepSpeed's sequence parallel config: 16 = 1 x 16 accumulation on one rank.
   c = EngineConfig::FromJson(ReadConfig("megatron_ds_sequence_parallel_gbs16_mbs1_zero3.json"));
   ASSERT_TRUE(c.ok()) << c.status();
