@@ -137,9 +137,10 @@ class _CudaArray:
 
 
 def model_device(model):
-    """The one device of the model's trainable parameters (the host's when it has none: the
-    engine then says the model has nothing to train)."""
-    devices = {p.device for p in model.parameters() if p.requires_grad}
+    """The one device of the model's trainable parameters (of all its parameters when it has
+    nothing to train; the host's when it has no parameters: the engine then says so)."""
+    devices = ({p.device for p in model.parameters() if p.requires_grad}
+               or {p.device for p in model.parameters()})
     if len(devices) > 1:
         raise ValueError(f"the model's trainable parameters are on {len(devices)} devices "
                          f"({', '.join(sorted(map(str, devices)))}); zinf.zero trains a model on "

@@ -12,17 +12,28 @@ but for the import.
 
 ``initialize`` puts the model under ``zinf.zero.initialize`` (Note [Module hooks] in
 zinf/zero.py) and returns DeepSpeed's four values: the engine (``DeepSpeedEngine``: DeepSpeed's
-``forward``, ``backward``, ``step``, checkpoints, batch-size and learning-rate accessors), the
+``forward``, ``backward``, ``step``, checkpoints, ``save_16bit_model`` and
+``_zero3_consolidated_16bit_state_dict``, batch-size and learning-rate accessors), the
 optimizer (a view of the engine's own: zinf steps the sharded fp32 master with its CPU kernels),
 a ``torch.utils.data.DataLoader`` over ``training_data`` as DeepSpeed builds it, and the
-learning-rate schedule of the config's ``"scheduler"`` (a view; None without one).
+learning-rate schedule: the config's ``"scheduler"`` (a view), the trainer's own
+``lr_scheduler``, or None.
 
-What cannot work is refused with the reason: a ``torch.optim`` optimizer or scheduler object
-(it would hold and step full parameters; name it in the config instead), parameter groups
-with options of their own, model parallelism (``mpu``, ``mesh_param``).
+A trainer's torch optimizer (AdamW, Adam, Adagrad) is taken over as DeepSpeed's ZeRO-Offload
+takes it: its hyper-parameters become the engine's optimizer config, stepped by zinf's CPU
+kernels; a trainer's LR scheduler (an object, or a callable making one from the optimizer) is
+stepped by the engine after each optimizer step, its learning rate applied to the engine
+(zinf/_client_objects.py). A model with nothing to train (an inference or reference model:
+every parameter frozen) runs sharded and offloaded as any other; ``backward`` and ``step`` are
+refused.
 
-The config's ``csv_monitor`` and ``tensorboard`` blocks are written here (zinf/monitor.py), and
-``dataloader_drop_last`` shapes the data loader; the rest of the config is the engine's.
+What cannot work is refused with the reason: an optimizer zinf has no kernel for, parameter
+groups whose options differ, model parallelism (``mpu``, ``mesh_param``).
+
+The config's ``csv_monitor`` and ``tensorboard`` blocks are written here (zinf/monitor.py),
+``dataloader_drop_last`` shapes the data loader, and
+``zero_optimization.stage3_gather_16bit_weights_on_model_save`` decides whether
+``save_16bit_model`` saves; the rest of the config is the engine's.
 """
 
 import json
@@ -31,7 +42,7 @@ import os
 
 import torch
 
-from zinf import _engine_inputs, _logging, monitor, zero
+from zinf import _client_objects, _engine_inputs, _logging, monitor, zero
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine"]
 
@@ -39,6 +50,9 @@ logger = logging.getLogger("zinf")
 
 # Config keys this module acts on; the engine's config reader sees the rest.
 _PYTHON_KEYS = ("csv_monitor", "tensorboard", "dataloader_drop_last")
+# zero_optimization's keys for save_16bit_model, new name first (DeepSpeed reads either).
+_GATHER_16BIT_KEYS = ("stage3_gather_16bit_weights_on_model_save",
+                      "stage3_gather_fp16_weights_on_model_save")
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
@@ -52,8 +66,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         or pass ``config`` (a dict, JSON text or a path; ``config_params`` is its old name).
     model: the ``nn.Module``: float32 CPU parameters, or floating-point parameters on one GPU
         (moved there first: ``model.to(f"cuda:{local_rank}")``), where the engine then runs.
+    optimizer: optional: a torch.optim.AdamW, Adam or Adagrad over the model's trainable
+        parameters (or a callable making one from them), taken over: the engine steps its
+        hyper-parameters with zinf's CPU kernels (zinf/_client_objects.py); the config then
+        names no "optimizer".
     model_parameters: optional; must be the model's trainable parameters (zinf trains every
         parameter with requires_grad), as one group.
+    lr_scheduler: optional: a scheduler over `optimizer`, or a callable making one from the
+        optimizer (the one passed, else the returned one); the engine steps it after each
+        optimizer step and applies its learning rate. It replaces a config "scheduler", as in
+        DeepSpeed (a warning says so).
     training_data: a ``torch.utils.data.Dataset``: the returned loader gives each rank its
         share (``DistributedSampler``) in micro-batches of ``train_micro_batch_size_per_gpu``,
         through ``collate_fn``.
@@ -67,9 +89,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     """
     if model is None:
         raise ValueError("initialize needs a model")
-    _refuse_torch_objects(optimizer, lr_scheduler, mpu, mesh_param)
+    if mpu is not None or mesh_param is not None:
+        raise ValueError("initialize(mpu=/mesh_param=): zinf is data-parallel only; it has no "
+                         "tensor, pipeline or sequence parallelism")
     config = _config_dict(args, config, config_params)
     python_keys = {k: config.pop(k) for k in _PYTHON_KEYS if k in config}
+    gather_16bit = _gather_16bit_on_save(config)
     monitors = monitor.from_config(python_keys)  # checked before the model is taken over
     if model_parameters is not None:
         _check_model_parameters(model, model_parameters)
@@ -77,6 +102,27 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         init_distributed()
     values = _trainer_values(trainer, model)
     values.update(trainer_values)
+    # Checked, and the client's objects made into config, before the model is taken over.
+    client_optimizer = None
+    if optimizer is not None:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        client_optimizer = _client_objects.make_optimizer(optimizer, trainable)
+        section = _client_objects.optimizer_config(client_optimizer, trainable)
+        if "optimizer" in config:
+            raise ValueError(
+                f"initialize(optimizer={type(client_optimizer).__name__}) and the config's "
+                f"\"optimizer\" {json.dumps(config['optimizer'])[:80]}: give one (DeepSpeed "
+                f"would step the object and leave the config's unused)")
+        config["optimizer"] = section
+        values = _client_objects.trainer_values_beside(
+            config["optimizer"], _engine_inputs.trainer_values(values))
+    if lr_scheduler is not None:
+        _client_objects.check_scheduler(lr_scheduler, client_optimizer)
+        if "scheduler" in config:
+            # DeepSpeed's engine takes the client's scheduler and leaves the config's unused.
+            logger.warning("config key 'scheduler' (%s) has no effect: the lr_scheduler passed "
+                           "to initialize replaces it, as in DeepSpeed",
+                           json.dumps(config.pop("scheduler"))[:80])
     _logging.follow_logger_level()
     if training_data is not None:
         _check_dataset(training_data)
@@ -86,7 +132,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
                                  monitors=monitors.open(zero_engine.rank),
                                  drop_last=bool(python_keys.get("dataloader_drop_last", False)),
-                                 collate_fn=collate_fn)
+                                 collate_fn=collate_fn, gather_16bit_on_save=gather_16bit)
+        if lr_scheduler is not None:
+            engine._take_scheduler(_client_objects.make_scheduler(
+                lr_scheduler, client_optimizer or engine.optimizer))
         loader = engine.deepspeed_io(training_data) if training_data is not None else None
     except BaseException:
         # The model holds its values again and a corrected retry works (Note [Undoing the
@@ -95,6 +144,31 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise
     zero_engine._keep_takeover()
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _gather_16bit_on_save(config):
+    """zero_optimization.stage3_gather_16bit_weights_on_model_save (or its old fp16 name),
+    taken out of `config` (the engine's reader does not act on it): DeepSpeed's default False,
+    and "auto", which DeepSpeed drops in this section, keeps it."""
+    zero_section = config.get("zero_optimization")
+    if not isinstance(zero_section, dict):
+        return False
+    zero_section = config["zero_optimization"] = dict(zero_section)  # the caller's stays whole
+    value = False
+    for key in reversed(_GATHER_16BIT_KEYS):  # the new name wins where both are given
+        if key not in zero_section:
+            continue
+        given = zero_section.pop(key)
+        if given == "auto":
+            logger.warning("config key 'zero_optimization.%s' is \"auto\": it keeps its "
+                           "default false, as in DeepSpeed, which drops \"auto\" in this "
+                           "section; save_16bit_model will not save", key)
+            given = False
+        if not isinstance(given, bool):
+            raise ValueError(f"config key 'zero_optimization.{key}' must be true or false, got "
+                             f"{json.dumps(given)[:60]}")
+        value = given
+    return value
 
 
 def _check_dataset(dataset):
@@ -137,10 +211,13 @@ class DeepSpeedEngine:
     each gradient accumulation boundary. Attributes it does not have are the model's, as in
     DeepSpeed."""
 
-    def __init__(self, zero_engine, has_scheduler, monitors, drop_last=False, collate_fn=None):
+    def __init__(self, zero_engine, has_scheduler, monitors, drop_last=False, collate_fn=None,
+                 gather_16bit_on_save=False):
         self.zero = zero_engine
         self.optimizer = EngineOptimizer(zero_engine)
         self.lr_scheduler = LRSchedulerView(self) if has_scheduler else None
+        self._client_scheduler = False  # lr_scheduler is the trainer's own (_take_scheduler)
+        self._gather_16bit_on_save = gather_16bit_on_save
         self.global_steps = 0     # optimizer steps, skipped ones included (as DeepSpeed)
         self.global_samples = 0
         self.skipped_steps = 0
@@ -198,6 +275,11 @@ class DeepSpeedEngine:
 
     def gradient_clipping(self):
         return self.zero.resolved_config["gradient_clipping"]
+
+    def zero_gather_16bit_weights_on_model_save(self):
+        """The config's zero_optimization.stage3_gather_16bit_weights_on_model_save: whether
+        save_16bit_model saves (DeepSpeed's default: False)."""
+        return self._gather_16bit_on_save
 
     def get_lr(self):
         """[the learning rate of the next step], as DeepSpeed lists one per parameter group."""
@@ -258,15 +340,20 @@ class DeepSpeedEngine:
 
     def step(self, lr_kwargs=None):
         """Ends the micro-batch; at a gradient accumulation boundary, the optimizer step
-        (ZeroEngine.step()) and the schedule's. Returns that step's summary (step, lr, time,
-        grad_norm, ...), None between boundaries."""
-        if lr_kwargs:
+        (ZeroEngine.step()) and the schedule's: the config's, or the trainer's lr_scheduler
+        (stepped with lr_kwargs after an applied step, as DeepSpeed's engine steps it, and
+        its learning rate set on the engine for the next). Returns that step's summary (step,
+        lr, time, grad_norm, ...), None between boundaries."""
+        if lr_kwargs and not self._client_scheduler:
             raise ValueError("step(lr_kwargs=...): the engine's schedule comes from the config's "
                              "\"scheduler\" and takes no arguments")
         summary = None
         if self.is_gradient_accumulation_boundary():
             samples_before = self.global_samples
             summary = self.zero.step()
+            if self._client_scheduler and not summary["skipped"]:
+                _client_objects.step_scheduler(self.lr_scheduler, **(lr_kwargs or {}))
+                self._apply_scheduled_lr()
             self.last_step = summary
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
@@ -276,6 +363,18 @@ class DeepSpeedEngine:
             _logging.flush()  # the step's log lines, whichever thread wrote them
         self.micro_steps += 1
         return summary
+
+    def _take_scheduler(self, scheduler):
+        """The trainer's scheduler becomes the engine's lr_scheduler; the learning rate it has
+        set (its constructor's step) is the first step's."""
+        self.lr_scheduler = scheduler
+        self._client_scheduler = True
+        self._apply_scheduled_lr()
+
+    def _apply_scheduled_lr(self):
+        lr = _client_objects.scheduled_lr(self.lr_scheduler)
+        if lr is not None and lr != self.zero.learning_rate:
+            self.zero.set_learning_rate(lr)
 
     # -- data --------------------------------------------------------------------------------
 
@@ -358,19 +457,94 @@ class DeepSpeedEngine:
         self.micro_steps = self.global_steps * self.gradient_accumulation_steps()
         return path, state["client_state"]
 
+    # -- 16-bit model ------------------------------------------------------------------------
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """DeepSpeed's: the model's full state_dict on the CPU on rank 0 (None on the others;
+        a collective: every rank calls it), parameters in the config's 16-bit dtype (bf16,
+        fp16, else fp32) and buffers as they are; tied parameters share one tensor.
+        exclude_frozen_parameters leaves out the parameters without requires_grad."""
+        dtype = (torch.bfloat16 if self.bfloat16_enabled()
+                 else torch.float16 if self.fp16_enabled() else torch.float32)
+        state = self.zero.consolidated_state_dict(dtype=dtype, rank=0)
+        if state is None:
+            return None
+        # Parameters outside the engine (frozen ones) in the same dtype, buffers as they are,
+        # all on the CPU; a tensor under several names stays one.
+        params = {}  # state_dict name -> the parameter
+        for mname, sub in self.module.named_modules(remove_duplicate=False):
+            for pname, p in sub._parameters.items():
+                if p is not None:
+                    params[f"{mname}.{pname}" if mname else pname] = p
+        converted = {}
+        for name, value in state.items():
+            key = (value.data_ptr(), value.dtype, tuple(value.shape))
+            if key not in converted:
+                cast = dtype if name in params and value.is_floating_point() else value.dtype
+                converted[key] = value.detach().to("cpu", cast)
+            state[name] = converted[key]
+        if exclude_frozen_parameters:
+            for name, p in params.items():
+                if not p.requires_grad:
+                    state.pop(name, None)
+        return state
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        """DeepSpeed's: rank 0 writes ``torch.save`` of _zero3_consolidated_16bit_state_dict()
+        to `save_dir`/`save_filename` (a collective: every rank calls it) and every rank returns
+        True; with ZeRO-3 and stage3_gather_16bit_weights_on_model_save false it saves nothing
+        and returns False, as DeepSpeed does (the shards alone are no model)."""
+        path = os.path.join(os.fspath(save_dir), save_filename)
+        if self.zero_optimization_stage() == 3 and not self.zero_gather_16bit_weights_on_model_save():
+            logger.info("Did not save the model %s because "
+                        "stage3_gather_16bit_weights_on_model_save is False", path)
+            return False
+        state = self._zero3_consolidated_16bit_state_dict(
+            exclude_frozen_parameters=exclude_frozen_parameters)
+        if state is not None:
+            os.makedirs(os.fspath(save_dir), exist_ok=True)
+            logger.info("Saving model weights to %s", path)
+            torch.save(state, path)
+        self.zero.mean_over_ranks(0.0)  # no rank returns before rank 0 has written the file
+        return True
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """save_16bit_model's old name, as DeepSpeed keeps it."""
+        return self.save_16bit_model(save_dir, save_filename)
+
     def _counters(self):
         return {"global_steps": self.global_steps, "global_samples": self.global_samples,
                 "skipped_steps": self.skipped_steps, "micro_steps": self.micro_steps}
 
 
-class EngineOptimizer:
+class EngineOptimizer(torch.optim.Optimizer):
     """What DeepSpeed's initialize returns as the optimizer, over the engine's own: one
     parameter group whose "lr" reads (and, without a config scheduler, sets) the engine's
-    learning rate. The engine steps it in ``engine.step()``."""
+    learning rate. The engine steps it in ``engine.step()``. A ``torch.optim.Optimizer``, so
+    that torch's LR schedulers take it; its state is the engine's (engine.save_checkpoint)."""
 
     def __init__(self, zero_engine):
+        # Not Optimizer.__init__, which would take the parameters as its own to step.
         self._zero = zero_engine
+        self.defaults = {}
+        self.state = {}
         self.param_groups = [_ParamGroup(zero_engine)]
+
+    def __getstate__(self):
+        raise TypeError("the optimizer is the engine's: save it with engine.save_checkpoint")
+
+    def state_dict(self):
+        raise RuntimeError("the optimizer's state is the engine's, sharded over the ranks: "
+                           "engine.save_checkpoint saves it")
+
+    def load_state_dict(self, state_dict):
+        raise RuntimeError("the optimizer's state is the engine's: engine.load_checkpoint "
+                           "restores it")
+
+    def add_param_group(self, param_group):
+        raise RuntimeError("the engine's parameter group is fixed at initialize: it trains the "
+                           "model's parameters with requires_grad=True")
 
     def zero_grad(self, set_to_none=True):
         """Nothing to do: gradients go to the engine and leave no ``param.grad``."""
@@ -437,25 +611,6 @@ class LRSchedulerView:
                              f"{self.state_dict()}")
 
 
-def _refuse_torch_objects(optimizer, lr_scheduler, mpu, mesh_param):
-    if optimizer is not None:
-        raise ValueError(
-            f"initialize(optimizer={type(optimizer).__name__}): zinf's engine steps its own "
-            f"optimizer on each rank's shard of the fp32 master (on the CPU or over NVMe); a "
-            f"torch optimizer holds and steps the full parameters, which zinf.zero never "
-            f"materializes. Name it in the config instead: \"optimizer\": {{\"type\": \"AdamW\", "
-            f"\"params\": {{\"lr\": ..., \"weight_decay\": ...}}}} (AdamW, Adam, Adagrad, Lion)")
-    if lr_scheduler is not None:
-        raise ValueError(
-            f"initialize(lr_scheduler={type(lr_scheduler).__name__}): the engine sets the "
-            f"learning rate of its own optimizer; name the schedule in the config: "
-            f"\"scheduler\": {{\"type\": \"WarmupDecayLR\", \"params\": {{...}}}} (WarmupLR, "
-            f"WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)")
-    if mpu is not None or mesh_param is not None:
-        raise ValueError("initialize(mpu=/mesh_param=): zinf is data-parallel only; it has no "
-                         "tensor, pipeline or sequence parallelism")
-
-
 def _config_dict(args, config, config_params):
     if config is None:
         config = config_params
@@ -486,6 +641,8 @@ def _check_model_parameters(model, model_parameters):
             params.append(item)
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     listed = {id(p) for p in params}
+    if not trainable:
+        return  # nothing to train (Note [Nothing to train] in zinf/zero.py): nothing to step
     if listed != trainable:
         raise ValueError(
             f"model_parameters lists {len(listed)} tensor(s), the model has {len(trainable)} "

@@ -90,7 +90,12 @@ and [On a GPU] in zinf/_device_memory.py):
   stream by events, never by synchronizing the host. With bf16 or fp16 the module's floating
   buffers and frozen parameters are cast to that precision too, as DeepSpeed casts the
   module, so that the model computes in one dtype.
-Frozen parameters (requires_grad False) stay ordinary tensors, outside the engine.
+Frozen parameters (requires_grad False) stay ordinary tensors, outside the engine, except in
+Note [Nothing to train]: a model whose parameters are all frozen at ``initialize`` (an inference
+model, TRL's reference model) has them taken by the engine as a trained model's are: sharded,
+offloaded where the config says, fetched for each forward. No gradient hooks are set:
+``backward()`` and ``step()`` are refused, and a backward through the model to its inputs only
+releases what it fetched.
 """
 
 import collections
@@ -180,8 +185,11 @@ class ZeroEngine:
         self.module = model
         self.device = _device_memory.model_device(model)  # where the model computes
         config_json = _engine_inputs.config_json(config)
+        # Whether the model has anything to train; without, its frozen parameters are the
+        # engine's (Note [Nothing to train]).
+        self._trains = any(p.requires_grad for p in model.parameters())
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
-                          if p.requires_grad)
+                          if p.requires_grad or not self._trains)
         if _heap.memory_binds(config_json, model_bytes):
             _heap.bound_heap_growth()
         on_gpu = self.device.type == "cuda"
@@ -236,7 +244,7 @@ class ZeroEngine:
         for mname, sub in model.named_modules():
             own = []
             for pname, p in sub.named_parameters(recurse=False):
-                if not p.requires_grad or id(p) in self._slots:
+                if (self._trains and not p.requires_grad) or id(p) in self._slots:
                     continue
                 if p.device != self.device or not (
                         p.dtype == torch.float32 or (p.is_floating_point() and p.is_cuda)):
@@ -256,7 +264,7 @@ class ZeroEngine:
             self._module_slots.append(slots)
             self._module_names.append(mname or "<root>")
         if not self._module_slots:
-            raise ValueError("the model has no trainable parameters")
+            raise ValueError("the model has no parameters")
         self._broadcast_from_rank_0(model)
         # Each parameter's values go to its shard from where they are: its tensor, or the
         # spill file of zinf.zero.Init (Note [Construction into shards]).
@@ -269,9 +277,10 @@ class ZeroEngine:
                 # parameter's gradient accumulator. The accumulator of a leaf lives as long as
                 # something holds it; the placeholder has the parameter's shape.
                 s.param.data = self._placeholder(s)
-                acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
-                self._hook_handles.append(acc.register_hook(self._make_grad_hook(s)))
-                self._grad_accumulators.append(acc)
+                if self._trains:
+                    acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
+                    self._hook_handles.append(acc.register_hook(self._make_grad_hook(s)))
+                    self._grad_accumulators.append(acc)
                 s.param._zinf_engine = weakref.ref(self)  # for GatheredParameters
         _construction.finish(model)  # frozen parameters built under Init get their values
         if self._compute_dtype != torch.float32:
@@ -466,6 +475,12 @@ class ZeroEngine:
                 t.register_hook(self._backward_begins)
 
     def _backward_begins(self, *unused):
+        if not self._in_backward and not self._trains:
+            # Backward through a model with nothing to train reaches its inputs only: what it
+            # fetched is released at its end, and nothing goes to the engine.
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_frozen_backward)
+            return
         if not self._in_backward:
             gas = self._engine.gradient_accumulation_steps
             if self._backwards_since_step >= gas:
@@ -614,6 +629,7 @@ class ZeroEngine:
     def backward(self, loss):
         """loss.backward() with the loss multiplied by the engine's fp16 loss scale (1 without
         fp16); the gradients go to the engine."""
+        self._refuse_without_training("backward()")
         scale = self._engine.loss_scale
         (loss * scale if scale != 1.0 else loss).backward()
 
@@ -651,6 +667,11 @@ class ZeroEngine:
         self._memory.reduce(mid)
         self._reduced.add(mid)
 
+    def _end_frozen_backward(self):
+        self._in_backward = False
+        for mid in list(self._backward_params):
+            self._release_for_backward(mid)
+
     def _end_backward(self):
         # Every module is reduced once per micro-batch; one that got no gradient (not used,
         # or its output did not reach the loss) gives zeros, as torch's optimizers see None.
@@ -670,11 +691,20 @@ class ZeroEngine:
     def step(self):
         """The engine's Step(): after gradient_accumulation_steps micro-batches it updates the
         parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
+        self._refuse_without_training("step()")
         self._check_requires_grad()
         summary = self._engine.step()
         self._backwards_since_step = 0
         _heap.after_step()
         return summary
+
+    def _refuse_without_training(self, call):
+        if not self._trains:
+            raise RuntimeError(
+                f"{call}: this engine has nothing to train (every parameter of the model had "
+                f"requires_grad=False at initialize: an inference or reference model), so it "
+                f"has no optimizer step; run its forward only (under torch.no_grad()), or "
+                f"unfreeze the parameters to train before initialize (a new engine)")
 
     def _check_requires_grad(self):
         """ValueError naming the parameter whose requires_grad changed since initialize: the
@@ -758,10 +788,20 @@ class ZeroEngine:
                 out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
         return out
 
-    def consolidated_state_dict(self):
-        """The model's state_dict with every managed parameter's full fp32 value (a collective:
-        every rank calls it), e.g. to save for plain PyTorch or to evaluate elsewhere."""
-        gathered = self.gather_parameters()
+    def consolidated_state_dict(self, dtype=torch.float32, rank=None):
+        """The model's state_dict with every managed parameter's full value in `dtype` (a
+        collective: every rank calls it), e.g. to save for plain PyTorch or to evaluate
+        elsewhere. With `rank`, only that rank keeps the values, one parameter at a time, and
+        the others get None."""
+        keep = rank is None or rank == self._engine.rank
+        gathered = {}
+        for slots in self._module_slots:
+            for s in slots:
+                value = self._full_value(s, device="cpu", dtype=dtype)
+                if keep:
+                    gathered[s.name] = value
+        if not keep:
+            return None
         self._consolidating = True
         try:
             state = self.module.state_dict(keep_vars=False)
