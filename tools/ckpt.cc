@@ -25,6 +25,7 @@
 #include <fmt/core.h>
 
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -74,7 +75,31 @@ struct ImportArgs {
   std::string config;
   std::string tag = "imported";
   std::string nvme_path;  // empty: host memory
+  bool replace = false;   // --replace: DIR may hold a checkpoint, which the import deletes
 };
+
+// Saving into a directory keeps only its newest checkpoint (ckpt::CommitLatest), so importing
+// into one that holds a checkpoint would delete it: refused unless --replace says so.
+Status CheckOutHoldsNoCheckpoint(const ImportArgs& args) {
+  if (args.replace) return OkStatus();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string found;
+  if (fs::exists(fs::path(args.out) / "latest", ec)) found = args.out + "/latest";
+  for (fs::directory_iterator it(args.out, ec), end; found.empty() && !ec && it != end;
+       it.increment(ec)) {
+    std::error_code entry_ec;
+    if (it->path().filename() != args.tag &&
+        fs::is_regular_file(it->path() / "manifest.json", entry_ec)) {
+      found = it->path().string();
+    }
+  }
+  if (found.empty()) return OkStatus();
+  return FailedPrecondition(fmt::format(
+      "--out {} holds a checkpoint ({}), which importing there would delete: give another "
+      "--out, or --replace to delete it",
+      args.out, found));
+}
 
 StatusOr<EngineConfig> ImportConfig(const std::string& path, const std::string& nvme_path) {
   EngineConfig config;
@@ -101,6 +126,7 @@ StatusOr<EngineConfig> ImportConfig(const std::string& path, const std::string& 
 
 Status Import(const ImportArgs& args) {
   ZINF_RETURN_IF_ERROR(ckpt::CheckTag(args.tag));
+  ZINF_RETURN_IF_ERROR(CheckOutHoldsNoCheckpoint(args));
   ZINF_ASSIGN_OR_RETURN(const EngineConfig config, ImportConfig(args.config, args.nvme_path));
   ZINF_ASSIGN_OR_RETURN(const ckpt::WeightFiles weights, ckpt::WeightFiles::Open(args.file));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
@@ -199,6 +225,8 @@ void AddCkptCommands(CLI::App& app) {
                      "importing, instead of host memory (for models larger than it)");
   import->add_option("--tag", import_args->tag, "The checkpoint's tag in DIR")
       ->capture_default_str();
+  import->add_flag("--replace", import_args->replace,
+                   "DIR may hold a checkpoint already: delete it (refused without this flag)");
   import->callback([import_args] {
     Status s;
   try {

@@ -693,7 +693,14 @@ class ZeroEngine:
         parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
         self._refuse_without_training("step()")
         self._check_requires_grad()
-        summary = self._engine.step()
+        try:
+            summary = self._engine.step()
+        except _zinf.DataLossError as e:
+            # Non-finite gradients without fp16: the engine refused the step and dropped the
+            # batch, so the next one starts from no backward, as the engine's count does.
+            if "non-finite gradients" in str(e):
+                self._backwards_since_step = 0
+            raise
         self._backwards_since_step = 0
         _heap.after_step()
         return summary

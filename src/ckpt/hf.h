@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -66,6 +67,16 @@ StatusOr<uint64_t> ParseShardSize(std::string_view text);
 StatusOr<std::vector<std::pair<std::string, std::string>>> ParseHfIndex(std::string_view text,
                                                                         std::string_view source);
 
+// Checks a Hugging Face config.json (`config`, from `source`) against the model's tensors, as
+// from_pretrained would find them when it builds the model from that config: vocab_size and
+// the hidden size (hidden_size, n_embd, d_model) against the token embedding (and lm_head),
+// the positions (max_position_embeddings, n_positions) against a learned position embedding,
+// the layer count (num_hidden_layers, n_layer) against the numbered blocks. A key or tensor
+// that is absent is not checked. InvalidArgument naming the key, its value, the tensor and its
+// shape.
+Status CheckHfConfigAgainstTensors(const nlohmann::json& config, std::string_view source,
+                                   const std::vector<const SafetensorsTensor*>& tensors);
+
 // The safetensors files of a model, opened and cross-checked: a file, or a Hugging Face
 // checkpoint directory (config.json, and model.safetensors or a sharded
 // model.safetensors.index.json; model.safetensors first where both are, as from_pretrained).
@@ -78,7 +89,9 @@ class WeightFiles {
   // InvalidArgument naming what is missing: no config.json, no weights (a directory of
   // pytorch_model.bin pickles is refused naming safetensors); DataLoss for an index that does
   // not agree with its shards: a shard missing, a tensor the index names that its shard lacks,
-  // a tensor of a shard the index does not name there; the readers' errors for a bad file.
+  // a tensor of a shard the index does not name there; the readers' errors for a bad file;
+  // InvalidArgument for a config.json that disagrees with the tensors
+  // (CheckHfConfigAgainstTensors).
   static StatusOr<WeightFiles> Open(const std::string& path);
 
   // config.json's text (a JSON object); empty for a lone file.

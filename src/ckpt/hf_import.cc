@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <system_error>
 
@@ -32,7 +34,92 @@ StatusOr<bool> IsFile(const std::string& path) {
   return !ec && fs::is_regular_file(st);
 }
 
+// Whether `name` is `suffix` or ends with "." + `suffix`.
+bool EndsWith(std::string_view name, std::string_view suffix) {
+  return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix &&
+         (name.size() == suffix.size() || name[name.size() - suffix.size() - 1] == '.');
+}
+
+// The first of `keys` that `config` holds as a non-negative integer, with its value.
+std::optional<std::pair<std::string, int64_t>> SizeKey(const nlohmann::json& config,
+                                                       std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    auto it = config.find(key);
+    if (it != config.end() && it->is_number_integer() && it->get<int64_t>() >= 0) {
+      return std::pair<std::string, int64_t>(key, it->get<int64_t>());
+    }
+  }
+  return std::nullopt;
+}
+
+// The block index N of a name holding ".h.N.", ".layers.N.", ".layer.N." or ".blocks.N."
+// (or starting so), or -1.
+int64_t BlockIndex(std::string_view name) {
+  for (std::string_view marker : {"h.", "layers.", "layer.", "blocks."}) {
+    for (size_t at = name.find(marker); at != name.npos; at = name.find(marker, at + 1)) {
+      if (at != 0 && name[at - 1] != '.') continue;
+      size_t digits = at + marker.size();
+      size_t end = digits;
+      while (end < name.size() && end - digits < 9 && name[end] >= '0' && name[end] <= '9') ++end;
+      if (end > digits && end < name.size() && name[end] == '.') {
+        return std::stoll(std::string(name.substr(digits, end - digits)));
+      }
+    }
+  }
+  return -1;
+}
+
 }  // namespace
+
+Status CheckHfConfigAgainstTensors(const nlohmann::json& config, std::string_view source,
+                                   const std::vector<const SafetensorsTensor*>& tensors) {
+  auto mismatch = [&](const std::pair<std::string, int64_t>& key, const SafetensorsTensor& t,
+                      std::string_view what) {
+    return InvalidArgument(
+        fmt::format("{} says {} {}, but tensor '{}' is {} ({}): the config is another model's; "
+                    "from_pretrained would refuse the directory",
+                    source, key.first, key.second, t.name, nlohmann::json(t.shape).dump(), what));
+  };
+  const auto vocab = SizeKey(config, {"vocab_size"});
+  const auto hidden = SizeKey(config, {"hidden_size", "n_embd", "d_model"});
+  const auto positions = SizeKey(config, {"max_position_embeddings", "n_positions"});
+  const auto layers = SizeKey(config, {"num_hidden_layers", "n_layer", "num_layers"});
+  int64_t blocks = 0;
+  const SafetensorsTensor* last_block = nullptr;
+  for (const SafetensorsTensor* t : tensors) {
+    const bool token_embedding =
+        EndsWith(t->name, "wte.weight") || EndsWith(t->name, "embed_tokens.weight") ||
+        EndsWith(t->name, "word_embeddings.weight") || EndsWith(t->name, "embed_in.weight") ||
+        EndsWith(t->name, "tok_embeddings.weight");
+    const bool head = EndsWith(t->name, "lm_head.weight") || EndsWith(t->name, "embed_out.weight");
+    if ((token_embedding || head) && t->shape.size() == 2) {
+      if (vocab && t->shape[0] != vocab->second) {
+        return mismatch(*vocab, *t, "its rows are the vocabulary");
+      }
+      if (hidden && t->shape[1] != hidden->second) {
+        return mismatch(*hidden, *t, "its columns are the hidden size");
+      }
+    }
+    const bool position_embedding =
+        EndsWith(t->name, "wpe.weight") || EndsWith(t->name, "position_embeddings.weight");
+    if (position_embedding && t->shape.size() == 2 && positions &&
+        t->shape[0] != positions->second) {
+      return mismatch(*positions, *t, "its rows are the positions");
+    }
+    const int64_t block = BlockIndex(t->name);
+    if (block >= 0 && block + 1 > blocks) {
+      blocks = block + 1;
+      last_block = t;
+    }
+  }
+  if (layers && last_block != nullptr && blocks != layers->second) {
+    return InvalidArgument(fmt::format(
+        "{} says {} {}, but the tensors number {} blocks (the last is '{}'): the config is "
+        "another model's; from_pretrained would refuse the directory",
+        source, layers->first, layers->second, blocks, last_block->name));
+  }
+  return OkStatus();
+}
 
 StatusOr<std::vector<std::pair<std::string, std::string>>> ParseHfIndex(std::string_view text,
                                                                         std::string_view source) {
@@ -68,6 +155,7 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseHfIndex(std::str
 
 StatusOr<WeightFiles> WeightFiles::Open(const std::string& path) {
   WeightFiles w;
+  nlohmann::json config_object;  // config.json's, where the path is a directory
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
     ZINF_ASSIGN_OR_RETURN(SafetensorsReader file, SafetensorsReader::Open(path));
@@ -99,8 +187,8 @@ StatusOr<WeightFiles> WeightFiles::Open(const std::string& path) {
           path, kHfConfigFile));
     }
     ZINF_ASSIGN_OR_RETURN(w.config_json_, ReadInputFile(config, "the model's config"));
-    ZINF_ASSIGN_OR_RETURN(const nlohmann::json parsed, ParseJson(w.config_json_, config));
-    if (!parsed.is_object()) {
+    ZINF_ASSIGN_OR_RETURN(config_object, ParseJson(w.config_json_, config));
+    if (!config_object.is_object()) {
       return InvalidArgument(fmt::format("{} is not a JSON object", config));
     }
     if (single) {
@@ -151,6 +239,12 @@ StatusOr<WeightFiles> WeightFiles::Open(const std::string& path) {
     for (const SafetensorsTensor& t : f->tensors()) w.tensors_.push_back({f.get(), &t});
   }
   if (w.tensors_.empty()) return InvalidArgument(path + " holds no tensors");
+  if (!w.config_json_.empty()) {
+    std::vector<const SafetensorsTensor*> tensors;
+    for (const Entry& e : w.tensors_) tensors.push_back(e.tensor);
+    ZINF_RETURN_IF_ERROR(
+        CheckHfConfigAgainstTensors(config_object, path + "/" + kHfConfigFile, tensors));
+  }
   return w;
 }
 

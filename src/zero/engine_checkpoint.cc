@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
+#include <string_view>
 
 #include "ckpt/safetensors.h"
 #include "core/config_reader.h"
@@ -126,9 +128,32 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
   ZINF_ASSIGN_OR_RETURN(const std::string dir, ckpt::ResolveCheckpoint(path));
   ZINF_ASSIGN_OR_RETURN(const ckpt::Manifest manifest, ckpt::ReadManifest(dir));
   if (manifest.params.size() != params.size()) {
+    // Name what differs, not only how many: an import that missed one tensor of a model
+    // otherwise reads as a different model.
+    std::set<std::string_view> saved_names;
+    for (const ckpt::ManifestParam& saved : manifest.params) saved_names.insert(saved.name);
+    std::vector<const Param*> missing;
+    for (const Param& p : params) {
+      if (saved_names.count(p.spec.name) == 0) missing.push_back(&p);
+    }
+    std::string which;
+    if (!missing.empty()) {
+      which = fmt::format(": it lacks parameter '{}' {}", missing.front()->spec.name,
+                          nlohmann::json(missing.front()->spec.shape).dump());
+      if (missing.size() > 1) which += fmt::format(" and {} more", missing.size() - 1);
+    }
+    if (which.empty()) {
+      for (const ckpt::ManifestParam& saved : manifest.params) {
+        if (param_by_name.count(saved.name) == 0) {
+          which = fmt::format(": it holds parameter '{}' {}, which this model lacks", saved.name,
+                              nlohmann::json(saved.shape).dump());
+          break;
+        }
+      }
+    }
     return FailedPrecondition(
-        fmt::format("{} holds a different model: {} parameters, this one has {}", dir,
-                    manifest.params.size(), params.size()));
+        fmt::format("{} holds a different model: {} parameters, this one has {}{}", dir,
+                    manifest.params.size(), params.size(), which));
   }
   // Note [Resharding on load]: a checkpoint saved by another number of ranks is laid out as
   // that world size partitions the model; each rank reads the elements of its own shard from

@@ -234,6 +234,9 @@ struct Engine::Impl {
   Status WaitForStep(int module);
   // The gradient accumulators zeroed for the next batch, in host memory or on NVMe.
   void ResetGradients();
+  // After a step, applied, skipped or refused: the next batch starts from no gradients and no
+  // reductions.
+  void EndBatch();
 
   // Writes every shard of the parameter tier from `master`, in the compute precision.
   Status WriteParamTierFromMaster();

@@ -135,7 +135,8 @@ Status Engine::Impl::NonFiniteGradientError() {
                 "the gradients are on NVMe (zinf.gradients_on_nvme), where zinf does not "
                 "look for the parameter");
   return DataLoss(fmt::format(
-      "non-finite gradients without fp16 loss scaling; the step was not applied: {}. Check the "
+      "non-finite gradients without fp16 loss scaling; the step was not applied and the "
+      "batch's gradients were dropped (the next batch trains on): {}. Check the "
       "loss and the inputs for inf/NaN, lower the learning rate or set gradient_clipping; a "
       "parameter that reads as NaN is one its module's forward did not fetch (used outside it: "
       "with the C++ or C API, fetch that module around the use; zinf.zero finds such uses "
@@ -195,6 +196,13 @@ Status Engine::Impl::WaitForStep(int module) {
   ZINF_RETURN_IF_ERROR(Context(std::move(written), "writing the parameter tier"));
   ResetGradients();
   return ApplySchedule();
+}
+
+void Engine::Impl::EndBatch() {
+  if (!step_in_flight) ResetGradients();  // else the step still reads them
+  std::fill(final_adds.begin(), final_adds.end(), 0);
+  for (Module& module : modules) module.reductions = 0;
+  param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order
 }
 
 void Engine::Impl::ResetGradients() {
@@ -349,7 +357,13 @@ StatusOr<StepSummary> Engine::Step() {
     if (m.pipelined != nullptr) {
       ZINF_RETURN_IF_ERROR(m.Context(m.NvmeStep(std::nullopt, &summary), "skipping the step"));
     }
-    if (!m.config.fp16) return m.NonFiniteGradientError();
+    if (!m.config.fp16) {
+      // Refused, and the batch dropped as a skipped step drops it, so that the next batch
+      // trains: a refused step must not leave every later one refused.
+      Status refused = m.NonFiniteGradientError();
+      m.EndBatch();
+      return refused;
+    }
     summary.skipped = true;
   } else {
     if (m.config.gradient_clipping > 0 && summary.grad_norm > m.config.gradient_clipping) {
@@ -389,10 +403,7 @@ StatusOr<StepSummary> Engine::Step() {
   }
   m.speculate = m.config.overlap_optimizer && !overflow && summary.clip_coefficient == 1.0;
   m.scaler.Update(overflow);
-  if (!m.step_in_flight) m.ResetGradients();  // else the step still reads them
-  std::fill(m.final_adds.begin(), m.final_adds.end(), 0);
-  for (Module& module : m.modules) module.reductions = 0;
-  m.param_tier->EndBatch();  // Note [Prefetch]: the first batch recorded the order
+  m.EndBatch();
   summary.step = m.steps;
   summary.loss_scale = m.scaler.scale;
   summary.seconds_optimizer = SecondsSince(t0);

@@ -446,6 +446,77 @@ TEST_F(HfDirectoryTest, ADirectoryWithoutSafetensorsIsRefusedNamingThem) {
   EXPECT_THAT(ErrorOpening(dir), HasSubstr("is not a JSON object"));
 }
 
+// A config.json that is another model's is refused at import, naming the key and the tensor:
+// kept verbatim, `export --hf` would write a directory that from_pretrained refuses.
+TEST_F(HfDirectoryTest, AConfigThatDisagreesWithItsTensorsIsRefusedNamingBoth) {
+  const std::string dir = root_ + "/gpt2";
+  fs::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"transformer.wte.weight", F32Tensor(std::vector<float>(40), {10, 4})},
+      {"transformer.wpe.weight", F32Tensor(std::vector<float>(32), {8, 4})}};
+  for (int layer = 0; layer < 2; ++layer) {
+    tensors.emplace_back("transformer.h." + std::to_string(layer) + ".attn.c_attn.weight",
+                         F32Tensor(std::vector<float>(48), {4, 12}));
+  }
+  WriteSafeTensors(dir + "/model.safetensors", tensors);
+  auto config = [&](const std::string& key, int value) {
+    nlohmann::json c = {{"model_type", "gpt2"},
+                        {"vocab_size", 10},
+                        {"n_embd", 4},
+                        {"n_positions", 8},
+                        {"n_layer", 2}};
+    if (!key.empty()) c[key] = value;
+    WriteText(dir + "/config.json", c.dump());
+  };
+  config("", 0);
+  ASSERT_TRUE(WeightFiles::Open(dir).ok());
+  config("vocab_size", 11);
+  EXPECT_THAT(ErrorOpening(dir),
+              HasSubstr(dir + "/config.json says vocab_size 11, but tensor "
+                              "'transformer.wte.weight' is [10,4] (its rows are the vocabulary)"));
+  config("n_embd", 8);
+  EXPECT_THAT(ErrorOpening(dir), HasSubstr("says n_embd 8, but tensor 'transformer.wte.weight'"));
+  config("n_positions", 1024);
+  EXPECT_THAT(ErrorOpening(dir),
+              HasSubstr("says n_positions 1024, but tensor 'transformer.wpe.weight' is [8,4]"));
+  config("n_layer", 3);
+  EXPECT_THAT(ErrorOpening(dir), HasSubstr("says n_layer 3, but the tensors number 2 blocks (the "
+                                           "last is 'transformer.h.1.attn.c_attn.weight')"));
+  const ZinfRun run = RunZinf("ckpt import " + dir + " --out " + root_ + "/out");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("says n_layer 3"));
+  EXPECT_FALSE(fs::exists(root_ + "/out"));
+}
+
+// Saving keeps only a directory's newest checkpoint, so an import onto one that holds a
+// checkpoint would delete it: refused unless --replace.
+TEST_F(HfDirectoryTest, ImportOntoAnotherCheckpointIsRefusedUnlessTold) {
+  const std::string dir = root_ + "/bn";
+  fs::create_directories(dir);
+  WriteText(dir + "/config.json", R"({"model_type": "resnet"})");
+  WriteSafeTensors(dir + "/model.safetensors", {{"bn.weight", F32Tensor({1, 2}, {2})}});
+  const std::string other = SaveGpt({{"zinf_gpt", GptDescription()}});
+  ZinfRun run = RunZinf("ckpt import " + dir + " --out " + other);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("--out " + other + " holds a checkpoint (" + other +
+                                    "/latest), which importing there would delete"));
+  EXPECT_THAT(run.output, HasSubstr("--replace"));
+  auto kept = ReadManifest(other + "/step-1");
+  ASSERT_TRUE(kept.ok()) << "the other model's checkpoint was touched: " << kept.status();
+  EXPECT_EQ(kept->params.size(), GptParams().size());
+  // Without `latest` (a save killed before it committed), its tag directory still counts.
+  fs::remove(other + "/latest");
+  run = RunZinf("ckpt import " + dir + " --out " + other);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("holds a checkpoint (" + other + "/step-1)"));
+  run = RunZinf("ckpt import " + dir + " --out " + other + " --replace");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_FALSE(fs::exists(other + "/step-1"));
+  auto imported = ReadManifest(other + "/imported");
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->params.size(), 1u);
+}
+
 TEST_F(HfDirectoryTest, ImportKeepsIntegerTensorsAsBuffers) {
   const std::string dir = root_ + "/bn";
   fs::create_directories(dir);

@@ -213,6 +213,24 @@ TEST_F(ImportTest, MismatchedFilesAreRefusedNamingTheTensor) {
   EXPECT_EQ(*AllCkptParams(*target), before);
 }
 
+// An import whose file missed a tensor makes a checkpoint of fewer parameters: loading it
+// names the parameter it lacks, not only the counts.
+TEST_F(ImportTest, ACheckpointMissingAParameterIsRefusedNamingIt) {
+  auto donor = Make();
+  const std::string file = FileOf(*donor, {"a.w", "b.w"}, "partial.safetensors");
+  const ZinfRun run = RunZinf("ckpt import " + file + " --out " + root_ + "/partial");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto target = Make("memory", 2);
+  const std::vector<float> before = *AllCkptParams(*target);
+  auto loaded = target->LoadCheckpoint(root_ + "/partial");
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), StatusCode::kFailedPrecondition) << loaded.status();
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("holds a different model: 2 parameters, this one has 3: it lacks "
+                        "parameter 'a.b' [37]"));
+  EXPECT_EQ(*AllCkptParams(*target), before);
+}
+
 TEST_F(ImportTest, ImportOfABadFileWritesNoCheckpoint) {
   std::ofstream(root_ + "/junk.safetensors") << "not a safetensors file at all";
   ZinfRun run = RunZinf("ckpt import " + root_ + "/junk.safetensors --out " + root_ + "/out");

@@ -698,6 +698,20 @@ TEST(EngineNonFiniteTest, TheErrorNamesTheFirstParameterWithOne) {
   const std::string message(step.status().message());
   EXPECT_HAS(message, "parameter 'attn.out_proj.bias' (module 'attn.out_proj') is the first");
   EXPECT_HAS(message, "gradient_clipping");  // and what to do
+
+  // The refused batch is dropped: the next one steps, from its own gradients alone.
+  for (int m : {a, b}) {
+    ASSERT_TRUE(e.Fetch(m).ok());
+    const std::vector<float*> grads = *e.Gradients(m);
+    for (float* g : grads) g[0] = 1.0f;
+    ASSERT_TRUE(e.ReduceGradients(m).ok());
+    ASSERT_TRUE(e.Release(m).ok());
+  }
+  step = e.Step();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->step, 1);
+  EXPECT_TRUE(std::isfinite(step->grad_norm));
+  EXPECT_DOUBLE_EQ(step->grad_norm, std::sqrt(3.0));  // one 1 in each of the three gradients
 }
 
 }  // namespace
