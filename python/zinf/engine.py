@@ -364,6 +364,24 @@ class DeepSpeedEngine:
         self.micro_steps += 1
         return summary
 
+    def _restore_client_scheduler(self, state):
+        """After load_checkpoint: the trainer's lr_scheduler back where save_checkpoint found
+        it (its state_dict in `state`, the checkpoint's), and its learning rate the engine's.
+        ValueError when the checkpoint has no schedule to restore it from."""
+        if not self._client_scheduler:
+            return
+        saved = state.get("lr_scheduler") if isinstance(state, dict) else None
+        if saved is None:
+            raise ValueError("the checkpoint holds no lr_scheduler state, and this engine steps "
+                             "the trainer's lr_scheduler: its learning rates would start over")
+        self.lr_scheduler.load_state_dict(saved)
+        # torch's load_state_dict restores the schedule's position, not its optimizer's lr
+        # (torch's optimizer checkpoint carries that): set it from the schedule.
+        for group, lr in zip(self.lr_scheduler.optimizer.param_groups,
+                             self.lr_scheduler.get_last_lr()):
+            group["lr"] = lr
+        self._apply_scheduled_lr()
+
     def _take_scheduler(self, scheduler):
         """The trainer's scheduler becomes the engine's lr_scheduler; the learning rate it has
         set (its constructor's step) is the first step's."""
@@ -404,8 +422,9 @@ class DeepSpeedEngine:
         """Saves `save_dir`/`tag`/ (a collective; tag defaults to global_step<N>) and points
         `save_dir`/latest at it. client_state must be JSON-able (zinf's checkpoints are not
         pickles). zinf keeps only the latest checkpoint in `save_dir` (Engine::SaveCheckpoint);
-        frozen parameters are the model's own and never saved, whatever
-        exclude_frozen_parameters says."""
+        frozen parameters of a model that trains are the model's own and never saved, whatever
+        exclude_frozen_parameters says. A trainer's lr_scheduler is saved with its state_dict
+        (which must be JSON-able), as DeepSpeed saves it."""
         if not save_latest:
             raise ValueError("save_checkpoint(save_latest=False): zinf always points 'latest' at "
                              "the newest complete checkpoint, which is how a crash mid-save "
@@ -417,6 +436,14 @@ class DeepSpeedEngine:
             json.dumps(state)
         except TypeError as e:
             raise TypeError(f"client_state must be JSON-able (zinf writes it as JSON): {e}") from e
+        if self._client_scheduler:
+            scheduler_state = self.lr_scheduler.state_dict()
+            try:
+                json.dumps(scheduler_state)
+            except TypeError as e:
+                raise TypeError(f"the lr_scheduler's state_dict() must be JSON-able for zinf's "
+                                f"checkpoint (zinf writes it as JSON): {e}") from e
+            state["lr_scheduler"] = scheduler_state
         self.zero.save_checkpoint(save_dir, str(tag), state)
         return True
 

@@ -179,6 +179,39 @@ class EngineBehavioursTest(unittest.TestCase):
         self.assertIn("config key 'scheduler'", "\n".join(logs.output))
         self.assertClose(zinf_losses(engine)[1], want_lrs, 1e-12)
 
+    def test_a_client_scheduler_is_checkpointed_with_the_engine(self):
+        def warmup(opt):
+            return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 8))
+
+        def make():
+            torch.manual_seed(0)
+            net = initialize_train.Net()
+            return zinf.initialize(model=net, lr_scheduler=warmup, config=config(
+                optimizer={"type": "AdamW", "params": {"lr": 0.02}}))[0]
+        engine = make()
+        data = batches(6)
+        for batch in data[:3]:
+            engine.backward(engine(batch))
+            engine.step()
+        engine.save_checkpoint(self.dir, tag="three")
+        want = []
+        for batch in data[3:]:
+            want.append(engine.get_lr()[0])
+            engine.backward(engine(batch))
+            engine.step()
+        # A new run resumed from the checkpoint: the schedule carries on where it was.
+        engine = make()
+        state = engine.zero.load_checkpoint(os.path.join(self.dir, "three"))
+        engine._restore_client_scheduler(state)
+        got = []
+        for batch in data[3:]:
+            got.append(engine.get_lr()[0])
+            engine.backward(engine(batch))
+            engine.step()
+        self.assertEqual(got, want)
+        with self.assertRaisesRegex(ValueError, "no lr_scheduler state"):
+            engine._restore_client_scheduler({"client_state": {}})
+
     def test_a_scheduler_the_engine_cannot_follow_is_refused(self):
         net = initialize_train.Net()
         other = torch.optim.AdamW(net.parameters())
