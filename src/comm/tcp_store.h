@@ -7,7 +7,7 @@
 // DeadlineExceeded or Unavailable naming the key and the address, never a hang.
 //
 // Any process that can reach the port can talk to the server, so it defends itself (See Note
-// [TcpStore admission] in tcp_store.cc): every connection first presents the job's secret
+// [TcpStore admission] in tcp_store_server.cc): every connection first presents the job's secret
 // (ZINF_STORE_SECRET, which `zinf run` generates); keys, values and the stored total have
 // limits (comm/tcp_store_wire.h) checked before anything is allocated; clients are bounded
 // and a connection that ends is released at once. Without a secret the store serves loopback

@@ -39,6 +39,8 @@ inline constexpr size_t kHeaderBytes = 5;  // op and key length
 inline constexpr uint32_t kMaxKeyBytes = 4096;
 inline constexpr uint32_t kMaxSecretBytes = 256;
 inline constexpr uint32_t kMaxValueBytes = 4 << 20;
+// The most the server holds: its keys and values together (kFull beyond).
+inline constexpr uint64_t kMaxStoreBytes = uint64_t{256} << 20;
 // Get carries its timeout in ms, Add its delta: one little-endian int64 each.
 inline constexpr uint32_t kI64Bytes = 8;
 
