@@ -129,12 +129,14 @@ def port_beside_torch():
     """zinf's rendezvous port, agreed through torch.distributed's own store when torch is
     initialized over the same processes: rank 0 picks a free port and publishes it there, so
     it cannot clash with torch's (Note [Beside torch.distributed] in src/comm/environment.h).
-    0 (the environment decides: ZINF_MASTER_PORT, else MASTER_PORT + 1) otherwise."""
+    0 (the environment decides: ZINF_MASTER_PORT, else MASTER_PORT + 1) otherwise. The
+    environment's port serves one engine: a second in the same process (TRL's reference model
+    beside its policy) agrees a port of its own through torch's store."""
     global _engines_made
     _engines_made += 1
     dist = torch.distributed
-    if (os.environ.get("ZINF_MASTER_PORT") or not dist.is_available()
-            or not dist.is_initialized()):
+    if ((os.environ.get("ZINF_MASTER_PORT") and _engines_made == 1)
+            or not dist.is_available() or not dist.is_initialized()):
         return 0
     world = dist.get_world_size()
     if world == 1 or world != int(os.environ.get("WORLD_SIZE", "1")):

@@ -281,9 +281,14 @@ class EngineBehavioursTest(unittest.TestCase):
         state = engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
         self.assertEqual(sorted(state), ["fc2.bias", "fc2.weight"])
 
-    def test_16bit_state_dict_on_two_processes_is_rank_0s(self):
+    def test_on_two_processes(self):
+        # The 16-bit state dict is rank 0's, the others get None; a model with nothing to
+        # train, sharded over both, computes torch's loss.
         script = (
             "import json, os, sys, torch, zinf, initialize_train\n"
+            # As TRL runs a policy and a reference engine at once: torch.distributed first,
+            # through whose store each engine's rendezvous port is agreed.
+            "zinf.init_distributed()\n"
             "torch.manual_seed(0)\n"
             "engine, *_ = zinf.initialize(model=initialize_train.Net(), config={\n"
             "    'train_micro_batch_size_per_gpu': 1, 'optimizer': {'type': 'AdamW'},\n"
@@ -291,8 +296,15 @@ class EngineBehavioursTest(unittest.TestCase):
             "        'stage3_gather_16bit_weights_on_model_save': True}})\n"
             "state = engine._zero3_consolidated_16bit_state_dict()\n"
             "saved = engine.save_16bit_model(sys.argv[1])\n"
+            "torch.manual_seed(1)\n"  # a reference model with nothing to train, on both ranks
+            "ref, *_ = zinf.initialize(model=initialize_train.Net().requires_grad_(False),\n"
+            "    config={'train_micro_batch_size_per_gpu': 1, 'zero_optimization': {\n"
+            "        'stage': 3, 'offload_param': {'device': 'cpu'}}})\n"
+            "with torch.no_grad():\n"
+            "    ref_loss = ref(initialize_train.dataset(4)[:4]).item()\n"
             "print(json.dumps({'rank': engine.global_rank, 'saved': saved, 'state': None if\n"
-            "    state is None else {k: v.tolist() for k, v in state.items()}}))\n")
+            "    state is None else {k: v.tolist() for k, v in state.items()},\n"
+            "    'ref_loss': ref_loss}))\n")
         launcher = os.path.join(BUILD_DIR, "bin", "zinf")
         self.assertTrue(os.path.exists(launcher), f"{launcher} is not built")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -305,6 +317,10 @@ class EngineBehavioursTest(unittest.TestCase):
         self.assertEqual([r["rank"] for r in results], [0, 1])
         self.assertEqual([r["saved"] for r in results], [True, True])
         self.assertIsNone(results[1]["state"])
+        torch.manual_seed(1)
+        with torch.no_grad():
+            ref_loss = initialize_train.Net()(initialize_train.dataset(4)[:4]).item()
+        self.assertEqual([r["ref_loss"] for r in results], [ref_loss, ref_loss])
         torch.manual_seed(0)
         want = initialize_train.Net().state_dict()
         saved = torch.load(os.path.join(self.dir, "pytorch_model.bin"))
