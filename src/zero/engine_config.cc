@@ -268,8 +268,16 @@ void Parser::TopLevelKeys(ConfigReader& root) {
   Unsupported(root, "torch_autocast",
               "zinf does not autocast the forward; wrap it in torch.autocast in the trainer, or "
               "use the \"bf16\" or \"fp16\" section");
-  Unsupported(root, "data_types",
-              "zinf accumulates gradients and keeps its master weights in fp32");
+  // What zinf does anyway: every dtype fp32 (or left to DeepSpeed's default).
+  const nlohmann::json* data_types = root.Raw("data_types");
+  const bool all_fp32 =
+      data_types != nullptr && data_types->is_object() &&
+      std::all_of(data_types->begin(), data_types->end(),
+                  [](const nlohmann::json& v) { return v.is_null() || v == "fp32"; });
+  if (!all_fp32) {
+    Unsupported(root, "data_types",
+                "zinf accumulates gradients and keeps its master weights in fp32");
+  }
   Unsupported(root, "sparse_attention", "zinf does not replace the model's attention");
   Unsupported(root, "progressive_layer_drop", "zinf drops no layers");
   Unsupported(root, "curriculum_learning", "zinf does not schedule the data");

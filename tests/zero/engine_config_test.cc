@@ -326,7 +326,7 @@ TEST(EngineConfigTest, DeepSpeedTopLevelKeys) {
     "eigenvalue": {"enabled": false}, "comet": {"enabled": false},
     "managed_gradient_accumulation": true, "gradient_allreduce_op": "mean",
     "amp": {"enabled": false}, "torch_autocast": {"enabled": false},
-    "communication_data_type": null, "data_types": {}, "tensor_parallel": {"autotp_size": 1},
+    "communication_data_type": null, "data_types": {"grad_accum_dtype": "fp32"}, "tensor_parallel": {"autotp_size": 1},
     "progressive_layer_drop": {"enabled": false}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(WarnedKeys(*c),
