@@ -1,6 +1,7 @@
-// The plain types of zinf/cpu_optimizer.h: optimizer and ISA names, the fp32 conversions, spans,
-// hyper-parameters with their defaults and checks, and the optimizer's options. The optimizer
-// itself is cpu_optimizer.cc.
+// The plain types of zinf/cpu_optimizer.h: optimizer and ISA names, spans, hyper-parameters with
+// their defaults and checks, and the optimizer's options; and, on the best kernels for this CPU,
+// the element conversions of zinf/dtype.h and AccumulateFp32. The optimizer itself is
+// cpu_optimizer.cc.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "cpu_optim/dispatch.h"
 #include "cpu_optim/kernels.h"
 #include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace zinf {
 std::string_view OptimizerTypeName(OptimizerType type) {

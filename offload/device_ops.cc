@@ -4,7 +4,7 @@
 #include <fmt/core.h>
 
 #include "offload/cuda/cast_kernels.h"
-#include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace zinf {
 

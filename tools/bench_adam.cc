@@ -40,6 +40,7 @@
 #include "tools/plot.h"
 #include "zinf/cpu_info.h"
 #include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 #include "zinf/host_memory.h"
 
 namespace zinf::tools {
@@ -190,7 +191,7 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
       if (grad_type == ElementType::kFp32) {
         static_cast<float*>(g.data())[i] = gv;
       } else {
-        static_cast<uint16_t*>(g.data())[i] = cpu_optim::FloatToBf16(gv);
+        ConvertFromFp32(&gv, ElementType::kBf16, static_cast<uint16_t*>(g.data()) + i, 1);
       }
       if (copy) static_cast<uint16_t*>(c.data())[i] = 0;
     }

@@ -42,7 +42,7 @@
 
 #include "examples/gpt/gpt_kernels.h"
 #include "zinf/cpu_info.h"
-#include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace gpt {
 namespace {

@@ -52,10 +52,6 @@ enum class OptimizerType : int { kAdamW = 0, kAdam = 1, kAdagrad = 2, kLion = 3 
 // "adamw", "adam", "adagrad", "lion"
 ZINF_EXPORT std::string_view OptimizerTypeName(OptimizerType type);
 
-// `count` fp32 values into `type` (round to nearest even, NaN stays NaN, as the kernels'
-// parameter copies do), and back. kFp32 copies.
-ZINF_EXPORT void ConvertFromFp32(const float* src, ElementType type, void* dst, size_t count);
-ZINF_EXPORT void ConvertToFp32(const void* src, ElementType type, float* dst, size_t count);
 // acc[i] += x[i] for `count` fp32 values, vectorized (the same bits as the plain loop).
 ZINF_EXPORT void AccumulateFp32(float* acc, const float* x, size_t count);
 

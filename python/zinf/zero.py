@@ -66,7 +66,9 @@ How the module runs (Note [Module hooks]):
 - ``step()`` runs the engine's optimizer step.
 - Beside torch.distributed: when ``init_process_group`` came first, the engine's rendezvous
   port is agreed through torch's store; otherwise it is ZINF_MASTER_PORT, else MASTER_PORT + 1
-  (MASTER_PORT is torch's), so the two can start in either order.
+  (MASTER_PORT is torch's), so the two can start in either order. ZINF_MASTER_PORT serves the
+  process's first engine; a second one at the same time (a reference model beside the policy)
+  needs torch.distributed initialized, through whose store it agrees a port of its own.
 - Module buffers (BatchNorm's running statistics) stay ordinary tensors of each rank,
   replicated as DeepSpeed keeps them: ``save_checkpoint`` hands the engine their current
   values, which checkpoints carry (rank 0's, as DeepSpeed saves the model states of rank 0),

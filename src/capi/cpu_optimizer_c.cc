@@ -8,6 +8,7 @@
 #include "capi/capi_internal.h"
 #include "zinf/c_api.h"
 #include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace zinf::capi {
 

@@ -15,13 +15,12 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "ckpt/safetensors.h"
-#include "cpu_optim/kernels.h"
+#include "zinf/dtype.h"
 
 namespace zinf::ckpt {
 
@@ -154,18 +153,6 @@ Status SafetensorsWriter::Commit() {
   return OkStatus();
 }
 
-void ConvertFromFp32(const float* in, uint64_t count, ElementType dtype, void* out) {
-  if (dtype == ElementType::kFp32) {
-    std::memcpy(out, in, count * 4);
-    return;
-  }
-  uint16_t* half = static_cast<uint16_t*>(out);
-  for (uint64_t i = 0; i < count; ++i) {
-    half[i] =
-        dtype == ElementType::kBf16 ? cpu_optim::FloatToBf16(in[i]) : cpu_optim::FloatToFp16(in[i]);
-  }
-}
-
 namespace {
 
 Status Export(const std::string& path, const std::string& out_file, ElementType dtype) {
@@ -212,7 +199,7 @@ Status Export(const std::string& path, const std::string& out_file, ElementType 
       ZINF_RETURN_IF_ERROR(out->Write(full.data(), numel * 4));
     } else {
       converted.resize(numel * ElementSize(dtype));
-      ConvertFromFp32(full.data(), numel, dtype, converted.data());
+      ConvertFromFp32(full.data(), dtype, converted.data(), numel);
       ZINF_RETURN_IF_ERROR(out->Write(converted.data(), converted.size()));
     }
   }

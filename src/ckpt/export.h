@@ -84,10 +84,6 @@ class SafetensorsWriter {
 Status GuardedExport(const std::string& path, ElementType dtype,
                      const std::function<Status()>& export_fn);
 
-// `count` fp32 values as `dtype` (kFp32, kBf16 or kFp16, rounded to nearest even) into `out`,
-// count * ElementSize(dtype) bytes.
-void ConvertFromFp32(const float* in, uint64_t count, ElementType dtype, void* out);
-
 }  // namespace zinf::ckpt
 
 #endif  // ZINF_SRC_CKPT_EXPORT_H_

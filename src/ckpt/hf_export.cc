@@ -16,6 +16,7 @@
 #include "ckpt/hf.h"
 #include "ckpt/hf_layout.h"
 #include "core/config_reader.h"
+#include "zinf/dtype.h"
 #include "zinf/input_file.h"
 
 namespace zinf::ckpt {
@@ -192,7 +193,7 @@ Status Export(const std::string& path, const std::string& out_dir, const HfExpor
         values = transposed.data();
       }
       converted.resize(p.numel * ElementSize(dtype));
-      ConvertFromFp32(values, p.numel, dtype, converted.data());
+      ConvertFromFp32(values, dtype, converted.data(), p.numel);
       ZINF_RETURN_IF_ERROR(out->Write(converted.data(), converted.size()));
     }
     ZINF_RETURN_IF_ERROR(out->Commit());

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "core/config_reader.h"
-#include "cpu_optim/kernels.h"
+#include "zinf/dtype.h"
 
 namespace zinf::ckpt {
 namespace {
@@ -259,10 +259,7 @@ Status SafetensorsReader::ReadFp32(const SafetensorsTensor& t, uint64_t first, u
   for (uint64_t done = 0; done < count;) {
     const uint64_t n = std::min<uint64_t>(kPiece, count - done);
     ZINF_RETURN_IF_ERROR(ReadAt(fd_, half.data(), n * 2, at + done * 2, what));
-    for (uint64_t i = 0; i < n; ++i) {
-      out[done + i] = t.dtype == ElementType::kBf16 ? cpu_optim::Bf16ToFloat(half[i])
-                                                    : cpu_optim::Fp16ToFloat(half[i]);
-    }
+    ConvertToFp32(half.data(), t.dtype, out + done, n);
     done += n;
   }
   return OkStatus();

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "zero/param_tier.h"
 #include "zero/param_tier_internal.h"
+#include "zinf/dtype.h"
 
 namespace zinf {
 

@@ -22,8 +22,8 @@
 #include "examples/gpt/gpt_model.h"
 #include "tests/gpt/gpt_test_values.h"
 #include "tests/gpt/layer_major_run.h"
-#include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
+#include "zinf/dtype.h"
 #include "zinf/engine.h"
 
 namespace gpt {

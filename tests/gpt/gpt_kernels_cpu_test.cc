@@ -17,7 +17,7 @@
 
 #include "examples/gpt/gpt_kernels.h"
 #include "tests/gpt/gpt_test_values.h"
-#include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace gpt {
 namespace {

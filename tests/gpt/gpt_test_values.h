@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace gpt::testing {
 

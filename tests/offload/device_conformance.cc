@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "offload/device_ops.h"
-#include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 
 namespace zinf::testing {
 

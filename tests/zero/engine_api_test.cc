@@ -20,8 +20,8 @@
 
 #include "tests/testing/engine_setup.h"
 #include "tests/testing/temp_dir.h"
-#include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
+#include "zinf/dtype.h"
 #include "zinf/engine.h"
 
 namespace zinf {

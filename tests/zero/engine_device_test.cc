@@ -17,8 +17,8 @@
 
 #include "tests/testing/temp_dir.h"
 #include "zero/process_group.h"
-#include "zinf/cpu_optimizer.h"
 #include "zinf/device.h"
+#include "zinf/dtype.h"
 #include "zinf/engine.h"
 
 namespace zinf {

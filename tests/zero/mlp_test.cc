@@ -26,7 +26,7 @@
 #include "tests/testing/faulty_engine.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
-#include "zinf/cpu_optimizer.h"
+#include "zinf/dtype.h"
 #include "zinf/engine.h"
 
 namespace zinf {
