@@ -523,7 +523,8 @@ class DeepSpeedEngine:
         True; with ZeRO-3 and stage3_gather_16bit_weights_on_model_save false it saves nothing
         and returns False, as DeepSpeed does (the shards alone are no model)."""
         path = os.path.join(os.fspath(save_dir), save_filename)
-        if self.zero_optimization_stage() == 3 and not self.zero_gather_16bit_weights_on_model_save():
+        if (self.zero_optimization_stage() == 3
+                and not self.zero_gather_16bit_weights_on_model_save()):
             logger.info("Did not save the model %s because "
                         "stage3_gather_16bit_weights_on_model_save is False", path)
             return False
