@@ -559,9 +559,6 @@ class EngineOptimizer(torch.optim.Optimizer):
         self.state = {}
         self.param_groups = [_ParamGroup(zero_engine)]
 
-    def __getstate__(self):
-        raise TypeError("the optimizer is the engine's: save it with engine.save_checkpoint")
-
     def state_dict(self):
         raise RuntimeError("the optimizer's state is the engine's, sharded over the ranks: "
                            "engine.save_checkpoint saves it")
