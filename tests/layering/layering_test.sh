@@ -2,8 +2,9 @@
 # What of the layer list (docs/ARCHITECTURE.md) the compiler cannot enforce: public headers
 # include only public headers, and examples and the Python binding use only public headers
 # (they have the repository root on their include path). The libraries' order is the
-# compiler's (Note [Layer include roots] in cmake/ZinfHelpers.cmake). Prints each include
-# that breaks the rule, and fails if there is one.
+# compiler's (Note [Layer include roots] in cmake/ZinfHelpers.cmake), and the layer list's
+# agreement with it is layer_order_test.sh's. Prints each include that breaks the rule, and
+# fails if there is one.
 # Usage: layering_test.sh SOURCE_DIR
 set -euo pipefail
 cd "$1"
