@@ -12,7 +12,7 @@
 //
 // offload_optimizer.device = nvme: the fp32 master copy and the optimizer state live on NVMe
 // and are stepped by the PipelinedOptimizer, which reads the gradient accumulators where they
-// are, in host memory (see NvmeStep in engine_step.cc).
+// are, in host memory (OptimizerStep, optimizer_step_nvme.cc).
 //
 // offload_param.device = nvme: each parameter's shard is a tensor of the tiered store whose
 // home is NVMe (Note [Parameter tier]); Step writes it with the new values. With the optimizer
@@ -113,11 +113,7 @@ Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Engine::~Engine() {
-  // A step beside the forward (Note [Step in the next forward's order]) uses the parts below;
-  // its result would go with them, so it stops at its next chunk.
-  if (impl_ != nullptr && impl_->overlap != nullptr) impl_->overlap->Cancel();
-}
+Engine::~Engine() = default;
 
 int Engine::rank() const { return impl_->rank(); }
 int Engine::world_size() const { return impl_->world(); }
@@ -132,32 +128,12 @@ StatusOr<TieredStoreStats> Engine::store_stats() const {
 double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
 
-double Engine::learning_rate() const {
-  const Impl& m = *impl_;
-  // A step beside the forward applies its schedule once done; the rate is already this.
-  if (m.step_in_flight && !m.config.scheduler.type.empty()) {
-    return ScheduleAt(m.config.scheduler, m.config.optimizer.lr, m.steps).lr;
-  }
-  StatusOr<ParamGroupState> state = impl_->optimizer->group(impl_->group);
-  return state.ok() ? state->hyper_params.lr : std::nan("");
-}
+double Engine::learning_rate() const { return impl_->optimizer_step->learning_rate(); }
 
 Status Engine::SetLearningRate(double lr) {
   Impl& m = *impl_;
   ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
-  if (!std::isfinite(lr) || lr < 0) {
-    return InvalidArgument(
-        fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
-  }
-  if (!m.config.scheduler.type.empty()) {
-    return FailedPrecondition(fmt::format(
-        "SetLearningRate: the config's scheduler ({}) sets the learning rate after every step; "
-        "remove \"scheduler\" from the config to drive it from the trainer",
-        m.config.scheduler.type));
-  }
-  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, m.optimizer->group(m.group));
-  state.hyper_params.lr = lr;
-  return m.optimizer->SetHyperParams(m.group, state.hyper_params);
+  return m.optimizer_step->SetLearningRate(lr);
 }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
@@ -193,10 +169,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                               .timeout = options.timeout,
                                               .group_name = place.name + "-device"}));
   }
-  ZINF_ASSIGN_OR_RETURN(impl->optimizer,
-                        CpuOptimizer::Create({.threads = options.optimizer_threads}));
-  ZINF_ASSIGN_OR_RETURN(impl->group, impl->optimizer->AddParamGroup(config.optimizer));
-  ZINF_RETURN_IF_ERROR(impl->ApplySchedule());  // the first step's lr is the schedule's
+  ZINF_ASSIGN_OR_RETURN(impl->optimizer_step,
+                        OptimizerStep::Create(impl->config, options.optimizer_threads));
   impl->scaler = LossScaler::FromConfig(config);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -270,48 +244,28 @@ Status Engine::Initialize(const InitialValues& initial_values) {
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
                                m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
+  uint64_t speculative_chunks = 0;
   ZINF_RETURN_IF_ERROR(
-      m.Context(m.OpenTiers(m.device),
+      m.Context(m.OpenTiers(m.device, &speculative_chunks),
                 m.params_on_nvme || m.config.offload_optimizer_device == OffloadDevice::kNvme
                     ? "opening the tiered store and its NVMe swap space"
                     : "opening the tiered store"));
-  const size_t bytes = std::max<uint64_t>(m.shard_elements, 1) * 4;
-  if (!m.config.gradients_on_nvme) {
-    ZINF_ASSIGN_OR_RETURN(m.grad_acc,
-                          StoreArray::Create(m.tiers.get(), "gradient accumulators", bytes));
-  }
-  ZINF_ASSIGN_OR_RETURN(
-      m.buckets,
-      GradientBuckets::Create(m.tiers.get(), m.compute.get(), m.DeviceComm(), m.BucketElements(),
-                              [&m](uint64_t flat_offset, const float* reduced, uint64_t size) {
-                                return m.AddReducedGradient(flat_offset, reduced, size);
-                              }));
-  m.final_adds.assign(m.params.size(), 0);
-  m.speculate = m.config.overlap_optimizer;
-  if (m.host_master) {
-    ZINF_ASSIGN_OR_RETURN(m.master, StoreArray::Create(m.tiers.get(), "fp32 master", bytes));
-    ZINF_RETURN_IF_ERROR(
-        m.Context(m.FillInitial(0, m.shard_elements, m.master.as<float>()), "initial values"));
-  }
-  // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
-  if (m.config.offload_optimizer_device == OffloadDevice::kNvme) {
-    ZINF_RETURN_IF_ERROR(m.Context(m.OpenNvmeOptimizer(), "opening the NVMe optimizer state"));
-  } else {
-    // The optimizer state lives in host memory only when it is not on NVMe.
-    ZINF_ASSIGN_OR_RETURN(m.state0, StoreArray::Create(m.tiers.get(), "optimizer state 0", bytes));
-    if (m.state_count() > 1) {
-      ZINF_ASSIGN_OR_RETURN(m.state1,
-                            StoreArray::Create(m.tiers.get(), "optimizer state 1", bytes));
-    }
-    ZINF_RETURN_IF_ERROR(m.optimizer->InitState(m.group, m.WholeShard()));
-    if (m.config.delayed_param_update) {
-      ZINF_ASSIGN_OR_RETURN(
-          m.grad_step, StoreArray::Create(m.tiers.get(), "gradients of the delayed update", bytes));
-    }
-  }
-  if (m.host_master) {
-    ZINF_RETURN_IF_ERROR(m.Context(m.WriteParamTierFromMaster(), "writing the parameter tier"));
-  }
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->Open({.store = m.tiers.get(),
+                                               .param_tier = m.param_tier.get(),
+                                               .params = &m.params,
+                                               .modules = &m.modules,
+                                               .rank = m.rank(),
+                                               .shard_elements = m.shard_elements,
+                                               .param_type = m.param_type,
+                                               .host_master = m.host_master,
+                                               .params_on_nvme = m.params_on_nvme,
+                                               .speculative_chunks = speculative_chunks},
+                                              [&m](uint64_t begin, uint64_t count, float* out) {
+                                                return m.FillInitial(begin, count, out);
+                                              }));
+  ZINF_ASSIGN_OR_RETURN(m.buckets,
+                        GradientBuckets::Create(m.tiers.get(), m.compute.get(), m.DeviceComm(),
+                                                m.BucketElements(), m.optimizer_step.get()));
   // Initialization's traffic is not the first step's.
   m.nvme_read_at = m.tiers->stats().nvme_to_host;
   m.nvme_written_at = m.tiers->stats().host_to_nvme;
@@ -326,12 +280,10 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
     ZINF_RETURN_IF_ERROR(m.QuiesceStep(fmt::format(
         "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
   }
-  // Note [Step in the next forward's order]: only this module's parameters need be stepped.
-  ZINF_RETURN_IF_ERROR(m.Context(m.WaitForStep(id), "the optimizer step beside forward"));
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->BeforeFetch(id));
   FetchedModule out;
   ZINF_RETURN_IF_ERROR(m.Context(m.param_tier->Fetch(id, &out.tensors, &out.params, &out.ready),
                                  fmt::format("fetching module '{}'", module->name)));
-  if (m.step_in_flight) m.param_tier->DropHostCopies(id);  // the fetch has taken them
   return out;
 }
 
@@ -351,18 +303,20 @@ Status Engine::Release(int id, Event* done) {
 StatusOr<std::vector<float*>> Engine::Gradients(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
-  ZINF_RETURN_IF_ERROR(m.WaitForStep(-1));  // the step still reads the accumulators
+  // The step beside the forward still reads the accumulators.
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->FinishStepBesideForward());
   m.param_tier->NoteBackward();
   std::vector<float*> out;
   for (int pi : module->params) {
     const Param& p = m.params[pi];
     GradBuffer& g = m.grads[pi];
-    if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && !m.grad_acc.empty() &&
+    float* accumulator = m.optimizer_step->Accumulator(p);
+    if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && accumulator != nullptr &&
         m.host_addressable) {
       // The accumulator is zero until the module's first reduction: where backward's memory
       // is host memory, it may write the sum there directly, which saves a buffer and a pass
       // (0 + g is g, bit for bit).
-      g.data = m.grad_acc.as<float>() + p.flat_offset;
+      g.data = accumulator;
     } else if (g.data == nullptr) {
       // A device tensor reading as zeros: the padding stays zero and backward may accumulate
       // into it.
@@ -401,7 +355,7 @@ Status Engine::ReduceGradients(int id, Event* ready) {
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   const auto t0 = EngineClock::now();
   if (module->reductions + 1 == m.config.ReductionsPerStep()) {
-    ZINF_RETURN_IF_ERROR(m.BeginOverlappedStep());  // the batch's last micro-batch
+    ZINF_RETURN_IF_ERROR(m.optimizer_step->BeginLastMicroBatch(m.MeanScale()));
   }
   for (int pi : module->params) {
     if (m.grads[pi].data == nullptr) {
@@ -419,7 +373,7 @@ Status Engine::ReduceGradients(int id, Event* ready) {
                                      fmt::format("reducing the gradient of '{}'", p.spec.name)));
     } else {  // written into the accumulator itself (host memory)
       if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
-      m.GradientAdded(pi);
+      m.optimizer_step->GradientWritten(pi);
       m.grads[pi] = GradBuffer();
     }
     m.pending.bytes_reduce_scattered += p.shard_size * m.world() * 4;
@@ -436,7 +390,7 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
   std::vector<float> local(p.shard_size), full(p.shard_size * m.world());
-  Status read = m.ReadMasterShard(p, local.data());
+  Status read = m.optimizer_step->ReadMaster(p, local.data());
   // Every rank joins the gather, so that one rank's failure cannot leave the others waiting.
   Status gathered = m.comm->AllGather(local.data(), full.data(), p.shard_size, ElementType::kFp32);
   ZINF_RETURN_IF_ERROR(m.Context(read, fmt::format("reading parameter '{}'", name)));
@@ -479,21 +433,8 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   for (uint64_t i = 0; i < p.shard_size; ++i) {
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
-  if (m.host_master) std::memcpy(m.Master(p), shard.data(), p.shard_size * 4);
-  if (m.pipelined != nullptr && !ParamTierIsMaster(m.config)) {
-    // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
-    // (Where the parameter tier is the master, writing it below is all.)
-    auto store = [&](const ChunkView& c) {
-      const auto [first, last] = Overlap(c.offset, c.count, p);
-      if (first < last) {
-        std::memcpy(c.params + (first - c.offset), shard.data() + (first - p.flat_offset),
-                    (last - first) * 4);
-      }
-      return OkStatus();
-    };
-    ZINF_RETURN_IF_ERROR(m.Context(m.pipelined->Visit(m.nvme_shard, store, /*write_back=*/true),
-                                   fmt::format("storing parameter '{}'", name)));
-  }
+  ZINF_RETURN_IF_ERROR(m.Context(m.optimizer_step->WriteMaster(p, shard.data()),
+                                 fmt::format("storing parameter '{}'", name)));
   // The parameter tier; a gathered copy is dropped and the next Fetch gathers the new value.
   Status written = m.param_tier->WriteFp32(p, shard.data());
   if (written.ok()) written = m.param_tier->FinishWrites();
@@ -506,28 +447,13 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
-  ZINF_RETURN_IF_ERROR(m.WaitForStep(-1));
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->FinishStepBesideForward());
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
-  std::vector<float> from_nvme;
-  const float* shard = m.grad_acc.empty() ? nullptr : m.grad_acc.as<float>() + p.flat_offset;
-  if (shard == nullptr) {  // the accumulated micro-batches, read back from their chunks
-    from_nvme.resize(p.shard_size);
-    ZINF_RETURN_IF_ERROR(m.pipelined->Visit(
-        m.nvme_shard,
-        [&](const ChunkView& c) {
-          const auto [first, last] = Overlap(c.offset, c.count, p);
-          if (first < last) {
-            std::memcpy(from_nvme.data() + (first - p.flat_offset),
-                        static_cast<const float*>(c.grads) + (first - c.offset),
-                        (last - first) * 4);
-          }
-          return OkStatus();
-        },
-        /*write_back=*/false));
-    shard = from_nvme.data();
-  }
-  ZINF_RETURN_IF_ERROR(m.comm->AllGather(shard, full.data(), p.shard_size, ElementType::kFp32));
+  std::vector<float> shard(p.shard_size);
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->ReadGradient(p, shard.data()));
+  ZINF_RETURN_IF_ERROR(
+      m.comm->AllGather(shard.data(), full.data(), p.shard_size, ElementType::kFp32));
   full.resize(p.numel);
   const double scale = m.MeanScale();
   for (float& g : full) g = static_cast<float>(g * scale);

@@ -21,7 +21,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) { return nlohmann::json
 }  // namespace
 
 nlohmann::json Engine::Impl::ScalarState() const {
-  return {{"steps", steps},
+  return {{"steps", optimizer_step->steps()},
           {"loss_scale", scaler.scale},
           {"hysteresis_left", scaler.hysteresis_left},
           {"iteration", scaler.iteration},
@@ -74,7 +74,7 @@ ckpt::Manifest Engine::Impl::MakeManifest(const std::string& tag,
   ckpt::Manifest manifest;
   manifest.tag = tag;
   manifest.world_size = world();
-  manifest.step = steps;
+  manifest.step = optimizer_step->steps();
   manifest.shard_elements = shard_elements;
   for (const Param& p : params) {
     manifest.params.push_back({p.spec.name, p.spec.shape, p.numel, p.shard_size, p.flat_offset});
@@ -96,22 +96,15 @@ Status Engine::Impl::WriteShardFile(const std::string& tag_dir, const std::strin
   const char* names[] = {"params", "state0", "state1"};
   const int sections = 1 + state_count();
   for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(w.Add(names[i], bytes));
-  if (pipelined != nullptr) {
-    auto save = [&](const ChunkView& c) -> Status {
-      const float* arrays[] = {c.params, c.state0, c.state1};
-      for (int i = 0; i < sections; ++i) {
-        ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i], c.count * 4));
-      }
-      return OkStatus();
-    };
-    ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, save, /*write_back=*/false));
-  } else {
-    const StoreArray* arrays[] = {&master, &state0, &state1};
-    for (int i = 0; i < sections; ++i) {
-      ZINF_RETURN_IF_ERROR(w.Write(names[i], arrays[i]->data(), bytes));
-    }
-  }
-  const std::string blob = optimizer->SaveState();
+  ZINF_RETURN_IF_ERROR(optimizer_step->VisitArrays(
+      [&](const ShardArrays& stretch) -> Status {
+        for (int i = 0; i < sections; ++i) {
+          ZINF_RETURN_IF_ERROR(w.Write(names[i], stretch.arrays[i], stretch.count * 4));
+        }
+        return OkStatus();
+      },
+      /*write_back=*/false));
+  const std::string blob = optimizer_step->SaveHyperState();
   ZINF_RETURN_IF_ERROR(w.Append("optimizer", blob.data(), blob.size()));
   if (rank() == 0 && !buffers.empty()) {  // replicated: rank 0's values speak for all
     uint64_t total = 0;
@@ -309,50 +302,29 @@ StatusOr<std::string> Engine::Impl::LoadShardFile(const std::string& path) {
 
   // Verified: replace the state, once no gather reads it.
   param_tier->DropAll();
-  ZINF_RETURN_IF_ERROR(optimizer->LoadState(blob));
-  if (pipelined != nullptr) {
-    auto load = [&](const ChunkView& c) -> Status {
-      float* arrays[] = {c.params, c.state0, c.state1};
-      for (int i = 0; i < sections; ++i) {
-        ZINF_RETURN_IF_ERROR(read(names[i], c.offset, c.count, arrays[i]));
-      }
-      return OkStatus();
-    };
-    ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
-    // Where the parameter tier is the master the visit stored into it: done with those writes.
-    if (tier_writer != nullptr) ZINF_RETURN_IF_ERROR(tier_writer->Finish());
+  ZINF_RETURN_IF_ERROR(optimizer_step->LoadHyperState(blob, scalars.steps));
+  ZINF_RETURN_IF_ERROR(optimizer_step->VisitArrays(
+      [&](const ShardArrays& stretch) -> Status {
+        for (int i = 0; i < sections; ++i) {
+          ZINF_RETURN_IF_ERROR(read(names[i], stretch.offset, stretch.count, stretch.arrays[i]));
+        }
+        return OkStatus();
+      },
+      /*write_back=*/true));
+  if (optimizer_step->host_master()) {
+    ZINF_RETURN_IF_ERROR(optimizer_step->WriteParamTierFromMaster());
   } else {
-    StoreArray* arrays[] = {&master, &state0, &state1};
-    for (int i = 0; i < sections; ++i) {
-      ZINF_RETURN_IF_ERROR(read(names[i], 0, shard_elements, arrays[i]->as<float>()));
-    }
+    ZINF_RETURN_IF_ERROR(WriteParamTier([&](uint64_t begin, uint64_t count, float* out) {
+      return read("params", begin, count, out);
+    }));
   }
-  if (host_master && pipelined != nullptr) {
-    ZINF_RETURN_IF_ERROR(read("params", 0, shard_elements, master.as<float>()));
-  }
-  if (host_master) {
-    ZINF_RETURN_IF_ERROR(WriteParamTierFromMaster());
-  } else {
-    std::vector<float> values;
-    for (Param& p : params) {
-      values.resize(p.shard_size);
-      ZINF_RETURN_IF_ERROR(read("params", p.flat_offset, p.shard_size, values.data()));
-      ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
-    }
-    ZINF_RETURN_IF_ERROR(param_tier->FinishWrites());
-  }
-  steps = scalars.steps;
   scaler.scale = scalars.loss_scale;
   scaler.hysteresis_left = scalars.hysteresis_left;
   scaler.iteration = scalars.iteration;
   scaler.last_overflow_iteration = scalars.last_overflow_iteration;
   ZINF_RETURN_IF_ERROR(FinishReductions());  // reductions of a batch the load abandons
-  if (nvme_grads != nullptr) {
-    nvme_grads->EndBatch();
-  } else {
-    std::memset(grad_acc.data(), 0, shard_elements * 4);
-  }
   for (size_t i = 0; i < params.size(); ++i) FreeGradient(static_cast<int>(i));
+  optimizer_step->EndBatch();
   for (Module& module : modules) module.reductions = 0;
   uint64_t at = 0;
   for (const ckpt::ManifestBuffer& s : manifest.buffers) {
@@ -413,23 +385,9 @@ Status Engine::Impl::LoadSafetensorsFile(const std::string& path) {
 
   // As LoadShardFile replaces the parameters, leaving the optimizer state and step counts.
   param_tier->DropAll();
-  if (pipelined != nullptr && !ParamTierIsMaster(config)) {  // else the tier is written below
-    auto load = [&](const ChunkView& c) { return read(c.offset, c.count, c.params); };
-    ZINF_RETURN_IF_ERROR(pipelined->Visit(nvme_shard, load, /*write_back=*/true));
-  } else {
-    ZINF_RETURN_IF_ERROR(read(0, shard_elements, master.as<float>()));
-  }
-  if (host_master && pipelined != nullptr) {
-    ZINF_RETURN_IF_ERROR(read(0, shard_elements, master.as<float>()));
-  }
-  if (host_master) return WriteParamTierFromMaster();
-  std::vector<float> values;
-  for (Param& p : params) {
-    values.resize(p.shard_size);
-    ZINF_RETURN_IF_ERROR(read(p.flat_offset, p.shard_size, values.data()));
-    ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
-  }
-  return param_tier->FinishWrites();
+  ZINF_RETURN_IF_ERROR(optimizer_step->LoadMaster(read));
+  if (optimizer_step->host_master()) return optimizer_step->WriteParamTierFromMaster();
+  return WriteParamTier(read);
 }
 
 Status Engine::LoadSafetensors(const std::string& path) {

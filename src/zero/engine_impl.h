@@ -1,8 +1,10 @@
 // Engine::Impl: the ZeRO engine's state, shared by the files that implement it along its
 // seams: engine.cc (the facade: creation, registration, fetch, gradients, parameters),
-// engine_tiers.cc (placement on the tiered store), engine_step.cc (the optimizer step) and
-// engine_checkpoint.cc (checkpoints). The parts with state of their own are classes beside
-// it: partition.h, param_tier.h, gradient_buckets.h, loss_scaler.h, process_group.h.
+// engine_tiers.cc (placement on the tiered store), engine_step.cc (the step's decisions: the
+// norm, skipping, clipping, loss scaling) and engine_checkpoint.cc (checkpoints). The parts
+// with state of their own are classes beside it: partition.h, param_tier.h (the parameters'
+// tier), gradient_buckets.h (the reductions), optimizer_step.h (the optimizer's room: master,
+// accumulators, state and the update), loss_scaler.h, process_group.h.
 //
 // Thread-safety: one thread drives an Engine (include/zinf/engine.h).
 #ifndef ZINF_ZERO_ENGINE_IMPL_H_
@@ -12,11 +14,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <future>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,11 +25,9 @@
 #include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
-#include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/loss_scaler.h"
-#include "zero/nvme_gradients.h"
-#include "zero/optimizer_overlap.h"
+#include "zero/optimizer_step.h"
 #include "zero/param_tier.h"
 #include "zero/partition.h"
 #include "zero/store_array.h"
@@ -64,8 +62,6 @@ struct Engine::Impl {
   Communicator* DeviceComm() const {
     return device_comm != nullptr ? device_comm.get() : comm.get();
   }
-  std::unique_ptr<CpuOptimizer> optimizer;
-  int group = 0;          // the optimizer's parameter group
   int global_rank = 0;    // among all processes (rank() is within the data-parallel group)
   int local_rank = 0;     // among the processes of this node
   std::string device;     // EngineOptions::device
@@ -98,51 +94,25 @@ struct Engine::Impl {
   // parts enqueue their own work on its streams. Declared before the store, which borrows it.
   std::unique_ptr<Device> compute;
   // Where every parameter shard, gathered copy and gradient buffer lives and moves, on the
-  // compute device; its swap files and host tier also hold the optimizer state (the pipelined
-  // step is the store's client). Made by Initialize, declared before its clients so that it
-  // outlives them.
+  // compute device; its swap files and host tier also hold the optimizer's arrays. Made by
+  // Initialize, declared before its clients so that it outlives them.
   std::unique_ptr<TieredStore> tiers;
-  // master is empty when !host_master, grad_acc with the gradients on NVMe (nvme_grads).
-  StoreArray master, grad_acc, state0, state1;
   // Whether the device tier is host memory the host may touch (Device::host_addressable;
   // Note [Direct host device] in offload/tiered_store.cc): backward may then write into the
   // host accumulators directly.
   bool host_addressable = false;
-  std::unique_ptr<GradientBuckets> buckets;
   std::unique_ptr<ParamTier> param_tier;
+  // The optimizer, its schedule, the master, the accumulators and the state, and the update
+  // (made by Create; its arrays by Initialize). It writes the parameter tier, and the buckets
+  // hand it the reduced gradients: declared between the two.
+  std::unique_ptr<OptimizerStep> optimizer_step;
+  std::unique_ptr<GradientBuckets> buckets;
   std::vector<GradBuffer> grads;  // by parameter
-  // offload_optimizer.device = nvme.
-  std::unique_ptr<PipelinedOptimizer> pipelined;
-  int nvme_shard = -1;
-  // The NVMe step's writes of the parameter tier (when no host master), and the step run
-  // alongside backward (Note [Overlapped step]); declared after what they use.
-  std::unique_ptr<ParamTier::ChunkWriter> tier_writer;
-  std::unique_ptr<OptimizerOverlap> overlap;
-  std::unique_ptr<NvmeGradients> nvme_grads;  // zinf.gradients_on_nvme; tells `overlap`
-  std::vector<int> final_adds;      // per parameter: reductions added into grad_acc this batch
-  uint64_t speculative_chunks = 0;  // the overlapped step's room on NVMe, in chunks
-  // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
-  // the next batch accumulates into grad_acc; the update itself; whether its parameters
-  // still have to reach the parameter tier (at the next Step); its CPU time.
-  StoreArray grad_step;
-  std::future<Status> delayed;
-  bool delayed_tier_write = false;
-  double delayed_seconds = 0;
-  // Whether the next step speculates (Note [Overlapped step]): the last one was applied
-  // unclipped, so this one likely will be too.
-  bool speculate = true;
-  // zinf.step_beside_forward: the step's last part is running beside the next forward, and
-  // what Step leaves until it is done (Note [Step in the next forward's order]).
-  bool step_in_flight = false;
 
-  LossScaler scaler;  // fp16 dynamic loss scaling (a fixed 1 otherwise)
-  int64_t steps = 0;
+  LossScaler scaler;       // fp16 dynamic loss scaling (a fixed 1 otherwise)
   StepSummary pending;     // traffic and time since the last Step
   LinkStats nvme_read_at;  // the store's NVMe traffic at the last Step
   LinkStats nvme_written_at;
-  // ... and when the last step's part beside the forward began: the next Step's summary
-  // counts what that part moves, so that each summary holds one whole step's traffic.
-  LinkStats nvme_read_beside, nvme_written_beside;
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->world_size(); }
@@ -158,17 +128,6 @@ struct Engine::Impl {
           fmt::format("module id {} is not registered (have {})", id, modules.size()));
     }
     return &modules[id];
-  }
-
-  float* Master(const Param& p) { return master.as<float>() + p.flat_offset; }
-
-  // This rank's whole flat shard with its in-memory optimizer state.
-  OptimizerSpan WholeShard() {
-    return {.params = master.as<float>(),
-            .grads = grad_acc.data(),
-            .state0 = state0.as<float>(),
-            .state1 = state1.empty() ? nullptr : state1.as<float>(),
-            .count = shard_elements};
   }
 
   // Initialize's source of initial values; null: each ParamSpec's init.
@@ -200,46 +159,20 @@ struct Engine::Impl {
     return 1.0 / (static_cast<double>(world()) * config.gradient_accumulation_steps * scaler.scale);
   }
 
-  // This rank's fp32 master shard of `p` into `out` (shard_size values): from `master`, or
-  // with no host master, from the parameter tier when it is fp32 and else from the
-  // optimizer's state (a pass over it).
-  Status ReadMasterShard(Param& p, float* out);
-
   // The error of a step whose gradients are not finite without fp16 loss scaling: names the
   // first parameter, in registration order, that has a non-finite gradient element on any
   // rank (a collective: every rank calls it), and says what to do.
   Status NonFiniteGradientError();
-  // Waits until every reduced gradient is in grad_acc.
+  // Waits until every reduced gradient is in the accumulators.
   Status FinishReductions();
-
-  // Adds this rank's reduced gradient of the parameter at `flat_offset` into the
-  // accumulators, in host memory or on NVMe.
-  Status AddReducedGradient(uint64_t flat_offset, const float* reduced, uint64_t size);
-
-  // Parameter `pi`'s reduced gradient is in grad_acc: in the batch's last micro-batch, it is
-  // final (Note [Overlapped step]).
-  void GradientAdded(int pi);
-  // The batch's last micro-batch begins its reductions: the overlapped step begins.
-  Status BeginOverlappedStep();
-  // Before `what` reads or changes the model's state: FailedPrecondition naming it while the
-  // overlapped step is under way; waits for a delayed update (and returns its error).
-  Status QuiesceStep(std::string_view what);
-  // Waits for the delayed update in flight, if any (Note [Delayed parameter update]).
-  Status WaitDelayedUpdate();
-  // Whether the NVMe step's last part runs beside the next forward (zinf.step_beside_forward
-  // where it applies: the parameter tier written from the step's chunks, stage 3).
-  bool StepsBesideForward() const;
-  // The step running beside the forward: waits for module `module`'s parameters and writes
-  // its persistent ones (-1: the whole step, and then does what Step left for after it).
-  Status WaitForStep(int module);
-  // The gradient accumulators zeroed for the next batch, in host memory or on NVMe.
-  void ResetGradients();
+  // Before `what` reads or changes the model's state: see OptimizerStep::Quiesce.
+  Status QuiesceStep(std::string_view what) { return optimizer_step->Quiesce(what); }
   // After a step, applied, skipped or refused: the next batch starts from no gradients and no
   // reductions.
   void EndBatch();
-
-  // Writes every shard of the parameter tier from `master`, in the compute precision.
-  Status WriteParamTierFromMaster();
+  // Writes the parameter tier from fp32 shard values: `read` gives elements of the flat shard
+  // (the master's, or a file's where the master is the tier's own).
+  Status WriteParamTier(const ShardFill& read);
 
   // Checks that every rank registered the same model with the same config.
   Status CheckRanksAgree();
@@ -248,25 +181,13 @@ struct Engine::Impl {
   // larger than this machine's memory, saying what each part needs.
   Status CheckHostMemory() const;
 
-  // Elements per chunk of the NVMe optimizer step: the whole shard when it is small.
-  uint64_t OptimizerChunkElements() const;
-
   // The tiered store on the compute device: the parameter tier's home (Note [Parameter
   // tier]), a device tier large enough for the gathered working set, and one swap store for
-  // everything this rank keeps on NVMe.
-  Status OpenTiers(const std::string& device);
+  // everything this rank keeps on NVMe. `speculative_chunks`: the overlapped step's room on
+  // NVMe, in optimizer chunks.
+  Status OpenTiers(const std::string& device, uint64_t* speculative_chunks);
 
-  // The pipelined step's options (but its pool), which OpenTiers sizes the host tier for.
-  PipelinedOptimizerOptions NvmeOptimizerOptions() const;
-  Status OpenNvmeOptimizer();
-
-  // The optimizer step over NVMe-resident state (the gradients come from grad_acc), finishing
-  // what ran alongside backward, and the new parameters brought to the parameter tier: into
-  // the host master and from it, or into the tier itself, from the step's chunks as they are
-  // updated. `grad_scale` nullopt: a skipped step, which undoes what was speculated.
-  Status NvmeStep(std::optional<float> grad_scale, StepSummary* summary);
-
-  int state_count() const { return optimizer->group(group)->hyper_params.state_count(); }
+  int state_count() const { return optimizer_step->state_count(); }
 
   // Every rank learns whether any failed: `mine` where this rank failed, else an error naming
   // the first rank that did.
@@ -302,11 +223,6 @@ struct Engine::Impl {
   void FreeGradient(int pi);
 
   void MeasureTiers(StepSummary* summary);
-
-  // Sets the optimizer's learning rate (and OneCycle's betas) for the step after `steps`
-  // applied ones, from the config's scheduler; nothing without one. See Note [LR schedule
-  // ordering] in src/zero/lr_schedule.h.
-  Status ApplySchedule();
 };
 
 }  // namespace zinf

@@ -1,6 +1,6 @@
 // The engine's placement on the tiered store: Engine::Impl's store, its budgets and what it
-// holds (Note [Parameter tier] in param_tier.h), the host-memory check, and the per-step
-// memory and NVMe figures.
+// holds (Note [Parameter tier] in param_tier.h), the host-memory check, the parameter tier
+// written whole, and the per-step memory and NVMe figures.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -19,33 +19,14 @@ namespace {
 constexpr double kGiBf = double(uint64_t{1} << 30);
 }  // namespace
 
-Status Engine::Impl::ReadMasterShard(Param& p, float* out) {
-  if (host_master) {
-    std::memcpy(out, Master(p), p.shard_size * 4);
-    return OkStatus();
-  }
-  if (param_type == ElementType::kFp32) return param_tier->ReadShard(p, out);
-  return pipelined->Visit(
-      nvme_shard,
-      [&](const ChunkView& c) {
-        const auto [first, last] = Overlap(c.offset, c.count, p);
-        if (first < last) {
-          std::memcpy(out + (first - p.flat_offset), c.params + (first - c.offset),
-                      (last - first) * 4);
-        }
-        return OkStatus();
-      },
-      /*write_back=*/false);
-}
-
-Status Engine::Impl::WriteParamTierFromMaster() {
-  Status converted;
+Status Engine::Impl::WriteParamTier(const ShardFill& read) {
+  std::vector<float> values;
   for (Param& p : params) {
-    converted = param_tier->WriteFp32(p, Master(p));
-    if (!converted.ok()) break;
+    values.resize(p.shard_size);
+    ZINF_RETURN_IF_ERROR(read(p.flat_offset, p.shard_size, values.data()));
+    ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
   }
-  Status written = param_tier->FinishWrites();
-  return converted.ok() ? written : converted;
+  return param_tier->FinishWrites();
 }
 
 Status Engine::Impl::CheckHostMemory() const {
@@ -75,10 +56,6 @@ Status Engine::Impl::CheckHostMemory() const {
       master / kGiBf, states / kGiBf, persistent / kGiBf, buckets / kGiBf, tier / kGiBf));
 }
 
-uint64_t Engine::Impl::OptimizerChunkElements() const {
-  return zinf::OptimizerChunkElements(shard_elements, config.nvme_staging_budget_bytes);
-}
-
 namespace {
 
 // Free bytes on the filesystems of `paths` for a store striped evenly over them: the
@@ -95,7 +72,7 @@ uint64_t StripedFreeBytes(const std::vector<std::string>& paths) {
 
 }  // namespace
 
-Status Engine::Impl::OpenTiers(const std::string& device) {
+Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_chunks) {
   // The budgets are the plan's too (Note [Tier budgets] in zero/tier_budgets.h).
   BudgetModel shapes{.world_size = world(), .state_count = state_count(), .fp32_view = fp32_view};
   for (const Module& module : modules) {
@@ -130,22 +107,22 @@ Status Engine::Impl::OpenTiers(const std::string& device) {
     swap_options.capacity_bytes = budgets.swap_capacity_bytes;
     const uint64_t chunks = budgets.optimizer_chunks;
     const uint64_t chunk_state = budgets.speculative_chunk_swap_bytes;
-    speculative_chunks = 0;
+    *speculative_chunks = 0;
     if (config.offload_optimizer_device == OffloadDevice::kNvme && config.overlap_optimizer) {
       // The overlapped step's new state goes beside the old until the step is known to stand
       // (Note [Overlapped step]): room for all of it where the disk has it, else for as many
       // chunks as fit beside everything else; the chunks beyond are stepped after backward.
-      speculative_chunks =
+      *speculative_chunks =
           SpeculativeChunks(budgets, StripedFreeBytes(swap_options.paths) / std::max(world(), 1),
                             config.overlap_optimizer_swap_bytes);
-      swap_options.capacity_bytes += speculative_chunks * chunk_state;
-      if (speculative_chunks < chunks) {
+      swap_options.capacity_bytes += *speculative_chunks * chunk_state;
+      if (*speculative_chunks < chunks) {
         log::Info(
             "rank {}: zinf.overlap_optimizer: the NVMe path has room for the new state of {} of "
             "the optimizer's {} chunks beside the old; the rest of each step runs after "
             "backward ({} more would let all of it overlap)",
-            rank(), speculative_chunks, chunks,
-            FormatBytes((chunks - speculative_chunks) * chunk_state));
+            rank(), *speculative_chunks, chunks,
+            FormatBytes((chunks - *speculative_chunks) * chunk_state));
       }
     }
   }
@@ -179,8 +156,9 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   // gradient accumulators' all move through the store.
   // A step running beside the next forward is counted up to where that part began (the next
   // summary counts the rest), so each summary holds one step's traffic, whatever the timing.
-  const LinkStats read = step_in_flight ? nvme_read_beside : stats.nvme_to_host;
-  const LinkStats written = step_in_flight ? nvme_written_beside : stats.host_to_nvme;
+  const bool beside = optimizer_step->in_flight();
+  const LinkStats read = beside ? optimizer_step->nvme_read_beside() : stats.nvme_to_host;
+  const LinkStats written = beside ? optimizer_step->nvme_written_beside() : stats.host_to_nvme;
   summary->bytes_nvme_read += read.bytes - nvme_read_at.bytes;
   summary->bytes_nvme_written += written.bytes - nvme_written_at.bytes;
   nvme_read_at = read;

@@ -12,14 +12,17 @@
 
 namespace zinf {
 
-StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(
-    TieredStore* store, Device* device, Communicator* comm, uint64_t bucket_elements, Sink sink) {
+StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(TieredStore* store,
+                                                                   Device* device,
+                                                                   Communicator* comm,
+                                                                   uint64_t bucket_elements,
+                                                                   GradientSink* sink) {
   if (device == nullptr) {
     return FailedPrecondition("gradient buckets need a tiered store with a device tier");
   }
   const bool host_addressable = device->host_addressable();
   std::unique_ptr<GradientBuckets> buckets(
-      new GradientBuckets(store, device, host_addressable, comm, bucket_elements, std::move(sink)));
+      new GradientBuckets(store, device, host_addressable, comm, bucket_elements, sink));
   if (!host_addressable) {
     ZINF_ASSIGN_OR_RETURN(buckets->copy_, device->CreateStream());
   }
@@ -27,14 +30,14 @@ StatusOr<std::unique_ptr<GradientBuckets>> GradientBuckets::Create(
 }
 
 GradientBuckets::GradientBuckets(TieredStore* store, Device* device, bool host_addressable,
-                                 Communicator* comm, uint64_t bucket_elements, Sink sink)
+                                 Communicator* comm, uint64_t bucket_elements, GradientSink* sink)
     : store_(store),
       device_(device),
       host_addressable_(host_addressable),
       comm_(comm),
       world_(comm->world_size()),
       slice_elements_(SliceCapacity(bucket_elements, comm->world_size(), 0)),
-      sink_(std::move(sink)) {}
+      sink_(sink) {}
 
 GradientBuckets::~GradientBuckets() {
   for (Bucket& bucket : buckets_) {
@@ -146,7 +149,7 @@ Status GradientBuckets::CopyOnDevice(float* dst, const float* src, uint64_t coun
 Status GradientBuckets::HandOver(uint64_t flat_offset, const float* reduced, uint64_t size,
                                  const std::string& name) {
   if (!sink_error_.ok()) return sink_error_;
-  Status sunk = sink_(flat_offset, reduced, size);
+  Status sunk = sink_->Add(flat_offset, reduced, size);
   if (!sunk.ok())
     sink_error_ = std::move(sunk).WithContext(fmt::format("the gradient of '{}'", name));
   return sink_error_;

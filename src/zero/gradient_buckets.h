@@ -58,20 +58,27 @@ namespace zinf {
 class Communicator;
 class CommWork;
 
+// Where the buckets hand each reduced gradient: the accumulators' owner (the engine's
+// OptimizerStep).
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  // This rank's reduced shard of one parameter: `size` elements in host memory that belong at
+  // `flat_offset` of the flat shard, to add into its accumulators. An error stops the
+  // reduction: no later gradient comes (those already in flight are dropped), and every later
+  // call of the buckets returns that error.
+  virtual Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) = 0;
+};
+
 class GradientBuckets {
  public:
-  // Receives this rank's reduced shard of one parameter (`size` elements in host memory that
-  // belong at `flat_offset` of the flat shard), to add into its accumulators; its error stops
-  // the reduction: no later gradient goes to it (those already in flight are dropped), and
-  // every later call returns that error.
-  using Sink = std::function<Status(uint64_t flat_offset, const float* reduced, uint64_t size)>;
-
   // `bucket_elements`: elements of gradient (over all ranks) per bucket, at least one per
-  // rank. `store` (with its device tier on `device`) and `comm` (whose collectives take that
-  // device's memory) must outlive this object.
+  // rank. `store` (with its device tier on `device`), `comm` (whose collectives take that
+  // device's memory) and `sink` must outlive this object.
   static StatusOr<std::unique_ptr<GradientBuckets>> Create(TieredStore* store, Device* device,
                                                            Communicator* comm,
-                                                           uint64_t bucket_elements, Sink sink);
+                                                           uint64_t bucket_elements,
+                                                           GradientSink* sink);
   // Waits for collectives and copies still in flight (their buffers are ours).
   ~GradientBuckets();
   GradientBuckets(const GradientBuckets&) = delete;
@@ -131,7 +138,7 @@ class GradientBuckets {
   };
 
   GradientBuckets(TieredStore* store, Device* device, bool host_addressable, Communicator* comm,
-                  uint64_t bucket_elements, Sink sink);
+                  uint64_t bucket_elements, GradientSink* sink);
   // Frees the gradients whose copies have run (handing those that came down to the sink),
   // waiting for the oldest while more than `keep` are in flight; the first error.
   Status Retire(size_t keep);
@@ -160,7 +167,7 @@ class GradientBuckets {
   // The sink, until it fails: from then on its error, with no call (the reduction stopped).
   Status HandOver(uint64_t flat_offset, const float* reduced, uint64_t size,
                   const std::string& name);
-  const Sink sink_;
+  GradientSink* const sink_;
   Status sink_error_;  // the sink's first error
   // Packing gradients into buckets; with one rank, where each gradient's move down waits.
   std::unique_ptr<Stream> copy_;

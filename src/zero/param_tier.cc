@@ -295,6 +295,8 @@ Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<f
   if (ready != nullptr) *ready = &done;
   m.fetched = true;
   PrefetchGathers();
+  // A step beside the forward keeps what it writes only until the fetch has taken it.
+  if (written_) DropHostCopies(module);
   return OkStatus();
 }
 

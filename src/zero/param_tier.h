@@ -163,11 +163,9 @@ class ParamTier {
   // optimizer_overlap.h), `written` says whether a module's shards hold their new values:
   // read-ahead stops at the first module that does not, and no gather starts ahead of its
   // fetch (the ranks' steps progress apart, and every rank must start the same collectives).
-  // Null when the tier is written.
+  // Null when the tier is written. Meanwhile a fetch drops the host copies the step kept for
+  // it once it has taken them.
   void SetWritten(std::function<bool(int module)> written) { written_ = std::move(written); }
-  // Drops the host copies of the module's shards (clean ones: no write), once its fetch has
-  // taken them: a step beside the forward keeps what it writes only until then.
-  void DropHostCopies(int module);
 
   // Overwrites parameter `p`'s shard: BeginWrite returns host-addressable memory for its
   // TierBytes, EndWrite stores it (starting the write-back when the home is NVMe). Drops
@@ -224,6 +222,10 @@ class ParamTier {
   void FinishRecording(bool cyclic);
   void PrefetchGathers();
   Tier WriteTier() const;
+
+  // Drops the host copies of the module's shards (clean ones: no write), once its fetch has
+  // taken them: a step beside the forward keeps what it writes only until then.
+  void DropHostCopies(int module);
 
   TieredStore* const store_;
   Communicator* const comm_;

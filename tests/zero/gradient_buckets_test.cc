@@ -134,14 +134,13 @@ struct Sunk {
   const float* at;  // where it read them
 };
 
-class Recorder {
+class Recorder final : public GradientSink {
  public:
-  GradientBuckets::Sink sink() {
-    return [this](uint64_t flat_offset, const float* reduced, uint64_t size) {
-      if (flat_offset == fail_offset_) return fail_;
-      sunk_.push_back({flat_offset, std::vector<float>(reduced, reduced + size), reduced});
-      return OkStatus();
-    };
+  GradientSink* sink() { return this; }
+  Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) override {
+    if (flat_offset == fail_offset_) return fail_;
+    sunk_.push_back({flat_offset, std::vector<float>(reduced, reduced + size), reduced});
+    return OkStatus();
   }
   // The sink returns `status` for the parameter at `flat_offset`.
   void FailAt(uint64_t flat_offset, Status status) {

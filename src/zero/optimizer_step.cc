@@ -1,0 +1,417 @@
+// The optimizer step in host memory, the gradients' way in, and what the engine reads and
+// writes of the master and the state (see optimizer_step.h). The NVMe step is in
+// optimizer_step_nvme.cc.
+//
+// Note [Delayed parameter update]
+// With zinf.delayed_param_update, Step(t) computes the norm, clipping and overflow of batch
+// t's gradients as always, copies them aside (grad_step_) and starts the update on a thread
+// of its own; batch t+1 then runs forward and backward on the parameter tier as Step(t-1)
+// left it (parameters one step stale) and accumulates into the accumulators meanwhile.
+// Step(t+1) waits for the update, writes the parameter tier from the new master, and applies
+// the scheduler, so the tier changes only between batches and every module of a batch sees
+// the same parameters. Each update is bitwise the one the same gradients would give without
+// the delay; what changes is which parameters those gradients were computed at. The first
+// delayed_param_update_warmup_steps steps are not delayed: early training moves fast, and
+// stale gradients hurt most there (the ZeRO-Offload paper turns DPU on after 40 steps).
+#include "zero/optimizer_step.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "zero/lr_schedule.h"
+#include "zero/tier_budgets.h"
+
+namespace zinf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Create(const EngineConfig& config,
+                                                               int optimizer_threads) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer,
+                        CpuOptimizer::Create({.threads = optimizer_threads}));
+  ZINF_ASSIGN_OR_RETURN(const int group, optimizer->AddParamGroup(config.optimizer));
+  std::unique_ptr<OptimizerStep> step(new OptimizerStep(config, std::move(optimizer), group));
+  ZINF_RETURN_IF_ERROR(step->ApplySchedule());  // the first step's lr is the schedule's
+  return step;
+}
+
+OptimizerStep::OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer,
+                             int group)
+    : config_(config), optimizer_(std::move(optimizer)), group_(group) {}
+
+OptimizerStep::~OptimizerStep() {
+  // A step beside the forward uses the parts below; its result would go with them, so it
+  // stops at its next chunk.
+  if (overlap_ != nullptr) overlap_->Cancel();
+  if (delayed_.valid()) delayed_.wait();
+}
+
+PipelinedOptimizerOptions OptimizerStep::NvmeOptions(const EngineConfig& config,
+                                                     uint64_t shard_elements) {
+  PipelinedOptimizerOptions options;
+  options.chunk_elements = OptimizerChunkElements(shard_elements, config.nvme_staging_budget_bytes);
+  options.host_budget_bytes = std::max<uint64_t>(
+      config.nvme_staging_budget_bytes, options.num_buffers * options.chunk_elements *
+                                            PipelinedOptimizerOptions::kStagingBytesPerElement);
+  options.nvme_ratio = config.optimizer_nvme_ratio;
+  return options;
+}
+
+Status OptimizerStep::Open(const OptimizerPlacement& placement, const ShardFill& initial) {
+  placement_ = placement;
+  TieredStore* store = placement.store;
+  const uint64_t bytes = std::max<uint64_t>(placement.shard_elements, 1) * 4;
+  if (!config_.gradients_on_nvme) {
+    ZINF_ASSIGN_OR_RETURN(grad_acc_, StoreArray::Create(store, "gradient accumulators", bytes));
+  }
+  final_adds_.assign(placement.params->size(), 0);
+  speculate_ = config_.overlap_optimizer;
+  if (placement.host_master) {
+    ZINF_ASSIGN_OR_RETURN(master_, StoreArray::Create(store, "fp32 master", bytes));
+    ZINF_RETURN_IF_ERROR(
+        Context(initial(0, placement.shard_elements, master_.as<float>()), "initial values"));
+  }
+  // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
+  if (config_.offload_optimizer_device == OffloadDevice::kNvme) {
+    ZINF_RETURN_IF_ERROR(Context(OpenNvme(initial), "opening the NVMe optimizer state"));
+  } else {
+    // The optimizer state lives in host memory only when it is not on NVMe.
+    ZINF_ASSIGN_OR_RETURN(state0_, StoreArray::Create(store, "optimizer state 0", bytes));
+    if (state_count() > 1) {
+      ZINF_ASSIGN_OR_RETURN(state1_, StoreArray::Create(store, "optimizer state 1", bytes));
+    }
+    ZINF_RETURN_IF_ERROR(optimizer_->InitState(group_, WholeShard()));
+    if (config_.delayed_param_update) {
+      ZINF_ASSIGN_OR_RETURN(grad_step_,
+                            StoreArray::Create(store, "gradients of the delayed update", bytes));
+    }
+  }
+  if (placement.host_master) {
+    ZINF_RETURN_IF_ERROR(Context(WriteParamTierFromMaster(), "writing the parameter tier"));
+  }
+  return OkStatus();
+}
+
+Status OptimizerStep::Context(Status s, std::string_view what) const {
+  return s.ok() ? s : std::move(s).WithContext(fmt::format("rank {}: {}", placement_.rank, what));
+}
+
+OptimizerSpan OptimizerStep::WholeShard() {
+  return {.params = master_.as<float>(),
+          .grads = grad_acc_.data(),
+          .state0 = state0_.as<float>(),
+          .state1 = state1_.empty() ? nullptr : state1_.as<float>(),
+          .count = placement_.shard_elements};
+}
+
+// ---- Hyper-parameters ----
+
+int OptimizerStep::state_count() const {
+  return optimizer_->group(group_)->hyper_params.state_count();
+}
+
+double OptimizerStep::learning_rate() const {
+  // A step beside the forward applies its schedule once done; the rate is already this.
+  if (step_in_flight_ && !config_.scheduler.type.empty()) {
+    return ScheduleAt(config_.scheduler, config_.optimizer.lr, steps_).lr;
+  }
+  StatusOr<ParamGroupState> state = optimizer_->group(group_);
+  return state.ok() ? state->hyper_params.lr : std::nan("");
+}
+
+Status OptimizerStep::SetLearningRate(double lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return InvalidArgument(
+        fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
+  }
+  if (!config_.scheduler.type.empty()) {
+    return FailedPrecondition(fmt::format(
+        "SetLearningRate: the config's scheduler ({}) sets the learning rate after every step; "
+        "remove \"scheduler\" from the config to drive it from the trainer",
+        config_.scheduler.type));
+  }
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group_));
+  state.hyper_params.lr = lr;
+  return optimizer_->SetHyperParams(group_, state.hyper_params);
+}
+
+std::string OptimizerStep::SaveHyperState() const { return optimizer_->SaveState(); }
+
+Status OptimizerStep::LoadHyperState(const std::string& blob, int64_t steps) {
+  ZINF_RETURN_IF_ERROR(optimizer_->LoadState(blob));
+  steps_ = steps;
+  return OkStatus();
+}
+
+Status OptimizerStep::ApplySchedule() {
+  if (config_.scheduler.type.empty()) return OkStatus();
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group_));
+  const ScheduledHyperParams next = ScheduleAt(config_.scheduler, config_.optimizer.lr, steps_);
+  state.hyper_params.lr = next.lr;
+  if (next.beta1) state.hyper_params.beta1 = *next.beta1;
+  if (next.beta2) state.hyper_params.beta2 = *next.beta2;
+  Status set = optimizer_->SetHyperParams(group_, state.hyper_params);
+  if (set.ok()) return set;
+  return set.WithContext(
+      fmt::format("scheduler {} after {} step(s)", config_.scheduler.type, steps_));
+}
+
+// ---- Gradients ----
+
+Status OptimizerStep::Add(uint64_t flat_offset, const float* reduced, uint64_t size) {
+  if (nvme_grads_ != nullptr) return nvme_grads_->Add(flat_offset, reduced, size);
+  AccumulateFp32(grad_acc_.as<float>() + flat_offset, reduced, size);
+  const std::vector<Param>& params = *placement_.params;
+  auto it = std::upper_bound(params.begin(), params.end(), flat_offset,
+                             [](uint64_t b, const Param& p) { return b < p.flat_offset; });
+  GradientWritten(static_cast<int>(std::prev(it) - params.begin()));
+  return OkStatus();
+}
+
+float* OptimizerStep::Accumulator(const Param& p) {
+  return grad_acc_.empty() ? nullptr : grad_acc_.as<float>() + p.flat_offset;
+}
+
+void OptimizerStep::GradientWritten(int pi) {
+  if (overlap_ != nullptr && ++final_adds_[pi] == config_.ReductionsPerStep()) {
+    overlap_->MarkFinal(pi);
+  }
+}
+
+Status OptimizerStep::ReadGradient(const Param& p, float* out) {
+  if (!grad_acc_.empty()) {
+    std::memcpy(out, grad_acc_.as<float>() + p.flat_offset, p.shard_size * 4);
+    return OkStatus();
+  }
+  // The accumulated micro-batches, read back from their chunks.
+  return pipelined_->Visit(
+      nvme_shard_,
+      [&](const ChunkView& c) {
+        const auto [first, last] = Overlap(c.offset, c.count, p);
+        if (first < last) {
+          std::memcpy(out + (first - p.flat_offset),
+                      static_cast<const float*>(c.grads) + (first - c.offset), (last - first) * 4);
+        }
+        return OkStatus();
+      },
+      /*write_back=*/false);
+}
+
+StatusOr<GradStats> OptimizerStep::GradientStats() {
+  if (nvme_grads_ != nullptr) return nvme_grads_->Stats();
+  return optimizer_->ComputeGradStats(grad_acc_.data(), ElementType::kFp32,
+                                      placement_.shard_elements);
+}
+
+size_t OptimizerStep::FirstNonFinite() const {
+  const std::vector<Param>& params = *placement_.params;
+  if (grad_acc_.empty()) return params.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const float* g = grad_acc_.as<const float>() + params[i].flat_offset;
+    for (uint64_t k = 0; k < params[i].shard_size; ++k) {
+      if (!std::isfinite(g[k])) return i;
+    }
+  }
+  return params.size();
+}
+
+// ---- The batch ----
+
+Status OptimizerStep::BeginLastMicroBatch(double mean_scale) {
+  if (overlap_ == nullptr || overlap_->armed() || !speculate_) return OkStatus();
+  if (tier_writer_ != nullptr) tier_writer_->Begin();
+  return Context(overlap_->Arm(static_cast<float>(mean_scale)),
+                 "starting the optimizer step alongside backward");
+}
+
+Status OptimizerStep::BeforeFetch(int module) {
+  // Note [Step in the next forward's order]: only this module's parameters need be stepped.
+  return Context(WaitForStep(module), "the optimizer step beside forward");
+}
+
+Status OptimizerStep::FinishStepBesideForward() { return WaitForStep(-1); }
+
+Status OptimizerStep::WaitDelayedUpdate() {
+  if (!delayed_.valid()) return OkStatus();
+  return Context(delayed_.get(), "the delayed parameter update");
+}
+
+Status OptimizerStep::Quiesce(std::string_view what) {
+  ZINF_RETURN_IF_ERROR(WaitForStep(-1));
+  ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
+  if (overlap_ == nullptr || !overlap_->armed()) return OkStatus();
+  return FailedPrecondition(fmt::format(
+      "rank {}: {} while the optimizer step is under way: the batch's last micro-batch has "
+      "begun reducing gradients, and the step runs alongside backward until Step "
+      "(zinf.overlap_optimizer); call it before that micro-batch's first ReduceGradients or "
+      "after Step",
+      placement_.rank, what));
+}
+
+Status OptimizerStep::LandDelayedUpdate(StepSummary* summary) {
+  ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
+  if (!std::exchange(delayed_tier_write_, false)) return OkStatus();
+  summary->seconds_optimizer_compute = delayed_seconds_;
+  summary->seconds_optimizer_overlapped = delayed_seconds_;
+  ZINF_RETURN_IF_ERROR(Context(WriteParamTierFromMaster(), "writing the parameter tier"));
+  if (config_.zero_stage < 3) {
+    ZINF_RETURN_IF_ERROR(Context(placement_.param_tier->GatherPersistent(), "re-gathering"));
+  }
+  return ApplySchedule();
+}
+
+Status OptimizerStep::Run(std::optional<float> grad_scale, bool delay, StepSummary* summary,
+                          Status* scheduled) {
+  if (!grad_scale) {
+    // What ran alongside backward is undone: the step is skipped or refused.
+    if (pipelined_ != nullptr) {
+      ZINF_RETURN_IF_ERROR(Context(RunNvme(std::nullopt, summary), "skipping the step"));
+    }
+    return OkStatus();
+  }
+  if (pipelined_ != nullptr) {
+    ZINF_RETURN_IF_ERROR(
+        Context(RunNvme(grad_scale, summary), "stepping the NVMe optimizer state"));
+  } else if (delay) {
+    // The update runs during the next batch, from a copy of these gradients.
+    std::memcpy(grad_step_.data(), grad_acc_.data(), placement_.shard_elements * 4);
+    OptimizerSpan span = WholeShard();
+    span.grads = grad_step_.data();
+    const float scale = *grad_scale;
+    delayed_ = std::async(std::launch::async, [this, span, scale] {
+      const auto t0 = Clock::now();
+      Status s = optimizer_->Step(group_, span, {.grad_scale = scale}).status();
+      delayed_seconds_ = SecondsSince(t0);
+      return s;
+    });
+    delayed_tier_write_ = true;
+  } else {
+    const auto update = Clock::now();
+    ZINF_RETURN_IF_ERROR(
+        optimizer_->Step(group_, WholeShard(), {.grad_scale = *grad_scale}).status());
+    summary->seconds_optimizer_compute = SecondsSince(update);
+    ZINF_RETURN_IF_ERROR(Context(WriteParamTierFromMaster(), "writing the parameter tier"));
+  }
+  ++steps_;
+  // As DeepSpeed's scheduler.step(), after the step (a delayed one, or one beside the next
+  // forward: once it has run).
+  if (!delay && !step_in_flight_) *scheduled = ApplySchedule();
+  // Stages 1 and 2 keep the whole model gathered: refresh it now.
+  if (config_.zero_stage < 3 && !delay) {
+    ZINF_RETURN_IF_ERROR(Context(placement_.param_tier->GatherPersistent(), "re-gathering"));
+  }
+  return OkStatus();
+}
+
+void OptimizerStep::EndBatch() {
+  if (!step_in_flight_) ResetGradients();  // else the step still reads them
+  std::fill(final_adds_.begin(), final_adds_.end(), 0);
+}
+
+void OptimizerStep::ResetGradients() {
+  if (nvme_grads_ != nullptr) {
+    nvme_grads_->EndBatch();
+  } else {
+    std::memset(grad_acc_.data(), 0, placement_.shard_elements * 4);
+  }
+}
+
+// ---- The master ----
+
+Status OptimizerStep::ReadMaster(const Param& p, float* out) {
+  if (placement_.host_master) {
+    std::memcpy(out, Master(p), p.shard_size * 4);
+    return OkStatus();
+  }
+  if (placement_.param_type == ElementType::kFp32) {
+    return placement_.param_tier->ReadShard(p, out);
+  }
+  return pipelined_->Visit(
+      nvme_shard_,
+      [&](const ChunkView& c) {
+        const auto [first, last] = Overlap(c.offset, c.count, p);
+        if (first < last) {
+          std::memcpy(out + (first - p.flat_offset), c.params + (first - c.offset),
+                      (last - first) * 4);
+        }
+        return OkStatus();
+      },
+      /*write_back=*/false);
+}
+
+Status OptimizerStep::WriteMaster(const Param& p, const float* shard) {
+  if (placement_.host_master) std::memcpy(Master(p), shard, p.shard_size * 4);
+  if (pipelined_ == nullptr || ParamTierIsMaster(config_)) return OkStatus();
+  // A whole pass over the NVMe state: fine for loading weights, too slow for every step.
+  // (Where the parameter tier is the master, the caller's write of it is all.)
+  auto store = [&](const ChunkView& c) {
+    const auto [first, last] = Overlap(c.offset, c.count, p);
+    if (first < last) {
+      std::memcpy(c.params + (first - c.offset), shard + (first - p.flat_offset),
+                  (last - first) * 4);
+    }
+    return OkStatus();
+  };
+  return pipelined_->Visit(nvme_shard_, store, /*write_back=*/true);
+}
+
+Status OptimizerStep::WriteParamTierFromMaster() {
+  Status converted;
+  for (Param& p : *placement_.params) {
+    converted = placement_.param_tier->WriteFp32(p, Master(p));
+    if (!converted.ok()) break;
+  }
+  Status written = placement_.param_tier->FinishWrites();
+  return converted.ok() ? written : converted;
+}
+
+// ---- Checkpoints ----
+
+Status OptimizerStep::VisitArrays(const ShardArraysVisitor& visit, bool write_back) {
+  if (pipelined_ == nullptr) {
+    return visit({.offset = 0,
+                  .count = placement_.shard_elements,
+                  .arrays = {master_.as<float>(), state0_.as<float>(),
+                             state1_.empty() ? nullptr : state1_.as<float>()}});
+  }
+  const bool copy_to_master = write_back && placement_.host_master;
+  ZINF_RETURN_IF_ERROR(pipelined_->Visit(
+      nvme_shard_,
+      [&](const ChunkView& c) {
+        ZINF_RETURN_IF_ERROR(visit(
+            {.offset = c.offset, .count = c.count, .arrays = {c.params, c.state0, c.state1}}));
+        if (copy_to_master) std::memcpy(master_.as<float>() + c.offset, c.params, c.count * 4);
+        return OkStatus();
+      },
+      write_back));
+  // Where the parameter tier is the master the visit stored into it: done with those writes.
+  if (write_back && tier_writer_ != nullptr) ZINF_RETURN_IF_ERROR(tier_writer_->Finish());
+  return OkStatus();
+}
+
+Status OptimizerStep::LoadMaster(const ShardFill& read) {
+  if (pipelined_ != nullptr && !ParamTierIsMaster(config_)) {
+    ZINF_RETURN_IF_ERROR(pipelined_->Visit(
+        nvme_shard_, [&](const ChunkView& c) { return read(c.offset, c.count, c.params); },
+        /*write_back=*/true));
+  }
+  if (placement_.host_master) {
+    ZINF_RETURN_IF_ERROR(read(0, placement_.shard_elements, master_.as<float>()));
+  }
+  return OkStatus();
+}
+
+}  // namespace zinf

@@ -1,0 +1,244 @@
+// OptimizerStep: the optimizer's room in the engine. It owns what the step reads and writes:
+// the CPU optimizer and its schedule, this rank's flat shard's fp32 master, the gradient
+// accumulators and the optimizer state (host memory, or NVMe chunks stepped by the
+// PipelinedOptimizer), and the update in each of its schedules: after backward, beside
+// backward (Note [Overlapped step] in optimizer_overlap.h), beside the next forward (Note [Step
+// in the next forward's order], same file) and a batch late (Note [Delayed parameter
+// update] in optimizer_step.cc). What it asks of the engine is the parameter tier, which it
+// writes with the new parameters, and the store its arrays live in.
+//
+// The engine talks to it in the order of a batch:
+//   gradients    the buckets hand it each reduced gradient (it is their GradientSink), or
+//                backward writes the accumulator itself (Accumulator, then GradientWritten);
+//   last micro   BeginLastMicroBatch: the overlapped step may begin;
+//   fetches      BeforeFetch(module): a step beside the forward waits for that module's
+//                parameters only;
+//   step         the engine computes the norm over every rank from GradientStats, decides
+//                skipping and clipping, and calls Run with the scale (nullopt: skipped); then
+//                EndBatch.
+// Outside a batch, Quiesce makes sure nothing runs before the engine reads or replaces state
+// (checkpoints, parameters, the learning rate).
+//
+// Thread-safety: the engine's thread drives it; the overlapped step, a step beside the forward
+// and a delayed update run on threads of their own inside it.
+#ifndef ZINF_ZERO_OPTIMIZER_STEP_H_
+#define ZINF_ZERO_OPTIMIZER_STEP_H_
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "offload/pipelined_optimizer.h"
+#include "zero/gradient_buckets.h"
+#include "zero/nvme_gradients.h"
+#include "zero/optimizer_overlap.h"
+#include "zero/param_tier.h"
+#include "zero/partition.h"
+#include "zero/store_array.h"
+#include "zinf/cpu_optimizer.h"
+#include "zinf/engine.h"
+#include "zinf/tiered_store.h"
+
+namespace zinf {
+
+// Where the step's arrays live and what they are laid over; all of it outlives the
+// OptimizerStep.
+struct OptimizerPlacement {
+  TieredStore* store = nullptr;
+  ParamTier* param_tier = nullptr;
+  std::vector<Param>* params = nullptr;    // laid out over the flat shard
+  std::vector<Module>* modules = nullptr;  // for the order of a step beside the forward
+  int rank = 0;                            // names the shard in errors
+  uint64_t shard_elements = 0;
+  ElementType param_type = ElementType::kFp32;  // the parameter tier's
+  bool host_master = true;  // the fp32 master stays in host memory (else only on NVMe)
+  bool params_on_nvme = false;
+  uint64_t speculative_chunks = 0;  // the overlapped step's room on NVMe, in chunks
+};
+
+// Elements [begin, begin + count) of the flat shard's initial values into `out`.
+using ShardFill = std::function<Status(uint64_t begin, uint64_t count, float* out)>;
+
+// One stretch of the flat shard's fp32 arrays, as checkpoints see them: `arrays` are the
+// parameters, then the optimizer's state_count() state arrays, each `count` elements of the
+// flat shard from `offset`.
+struct ShardArrays {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  float* arrays[3] = {nullptr, nullptr, nullptr};
+};
+using ShardArraysVisitor = std::function<Status(const ShardArrays& stretch)>;
+
+class OptimizerStep final : public GradientSink {
+ public:
+  // The CPU optimizer with the config's hyper-parameters and the first step's learning rate
+  // (the schedule's). The arrays come with Open.
+  static StatusOr<std::unique_ptr<OptimizerStep>> Create(const EngineConfig& config,
+                                                         int optimizer_threads);
+  // Stops a step beside the forward at its next chunk (its result goes with the engine).
+  ~OptimizerStep() override;
+  OptimizerStep(const OptimizerStep&) = delete;
+  OptimizerStep& operator=(const OptimizerStep&) = delete;
+
+  // The NVMe step's options (but its pool), which the store's host tier is sized for before
+  // Open.
+  static PipelinedOptimizerOptions NvmeOptions(const EngineConfig& config, uint64_t shard_elements);
+
+  // Makes the arrays on `placement.store` and fills the master (or, without one, the NVMe
+  // state and the parameter tier) from `initial`. With a host master the caller then writes
+  // the parameter tier (WriteParamTierFromMaster).
+  Status Open(const OptimizerPlacement& placement, const ShardFill& initial);
+
+  // ---- Hyper-parameters ----
+  int state_count() const;
+  int64_t steps() const { return steps_; }
+  // The learning rate the next step applies.
+  double learning_rate() const;
+  // FailedPrecondition where the config's scheduler drives it.
+  Status SetLearningRate(double lr);
+  // The optimizer's hyper-parameters and step counts (a checkpoint's "optimizer" section), and
+  // back with the engine's step count.
+  std::string SaveHyperState() const;
+  Status LoadHyperState(const std::string& blob, int64_t steps);
+
+  // ---- Gradients ----
+  // GradientSink: this rank's reduced gradient of the parameter at `flat_offset`, added into
+  // the accumulators (host memory, or NVMe chunks with zinf.gradients_on_nvme).
+  Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) override;
+  // Parameter `p`'s accumulator in host memory, which backward may write directly while it
+  // is zero (one rank, the batch's first micro-batch, host-addressable memory); null where the
+  // accumulators are on NVMe. GradientWritten(pi) then tells that it is in.
+  float* Accumulator(const Param& p);
+  void GradientWritten(int pi);
+  // This rank's accumulated gradient of `p` (shard_size elements, unscaled) into `out`.
+  Status ReadGradient(const Param& p, float* out);
+  // The accumulators' squared norm and finiteness.
+  StatusOr<GradStats> GradientStats();
+  // The first parameter, in registration order, with a non-finite accumulated element on this
+  // rank; params.size() for none, or when the accumulators are on NVMe.
+  size_t FirstNonFinite() const;
+
+  // ---- The batch ----
+  // The batch's last micro-batch begins its reductions: the overlapped step begins, with
+  // `mean_scale` (the scale of a step neither clipped nor skipped).
+  Status BeginLastMicroBatch(double mean_scale);
+  // Before module `module` is fetched: a step beside the forward waits for its parameters.
+  Status BeforeFetch(int module);
+  // Waits for a step beside the forward and a delayed update, and does what Step left for
+  // after them; then FailedPrecondition naming `what` while the overlapped step is under way.
+  Status Quiesce(std::string_view what);
+  // The step beside the forward, finished (Gradients, GatherGradient, Step's start).
+  Status FinishStepBesideForward();
+  // Note [Delayed parameter update]: the previous step's update, landed in the parameter tier
+  // (its time into `summary`); nothing when none is pending.
+  Status LandDelayedUpdate(StepSummary* summary);
+  // The update with gradient scale `grad_scale` (nullopt: a skipped step, which undoes what
+  // was speculated), its parameters written to the parameter tier (or, delayed or beside the
+  // forward, on their way), the step count and the schedule advanced. `delay`: run the update
+  // during the next batch. The schedule's error goes to `scheduled`: the step itself stands,
+  // and the caller ends the batch before it reports it.
+  Status Run(std::optional<float> grad_scale, bool delay, StepSummary* summary, Status* scheduled);
+  // Whether the next step speculates: the last one was applied unclipped (Note [Overlapped
+  // step]).
+  void SpeculateNext(bool speculate) { speculate_ = speculate; }
+  // The batch is over, its step applied, skipped or refused: the accumulators start again
+  // from zero.
+  void EndBatch();
+  // Adds the time of the steps beside the forward finished since the last call to `summary`
+  // (a step beside the forward is reported by the next step's summary: it ran during the next
+  // batch).
+  void TakeStepBesideForwardTimes(StepSummary* summary) {
+    summary->seconds_optimizer_compute += std::exchange(beside_compute_seconds_, 0);
+    summary->seconds_optimizer_overlapped += std::exchange(beside_overlapped_seconds_, 0);
+  }
+  // Whether the step's last part runs beside the next forward now, and where the store's NVMe
+  // meters stood when it began (the step's own traffic up to there).
+  bool in_flight() const { return step_in_flight_; }
+  const LinkStats& nvme_read_beside() const { return nvme_read_beside_; }
+  const LinkStats& nvme_written_beside() const { return nvme_written_beside_; }
+
+  // ---- The master ----
+  // This rank's fp32 master shard of `p` into `out` (shard_size values): from the host master,
+  // else from the parameter tier when it is fp32, else from the optimizer's state (a pass).
+  Status ReadMaster(const Param& p, float* out);
+  // Replaces `p`'s master shard with `shard` (shard_size values); the caller writes the
+  // parameter tier. Where the master is only on NVMe in the chunks this is a whole pass.
+  Status WriteMaster(const Param& p, const float* shard);
+  // Writes every shard of the parameter tier from the host master, in the compute precision.
+  Status WriteParamTierFromMaster();
+  bool host_master() const { return placement_.host_master; }
+
+  // ---- Checkpoints ----
+  // Visits the flat shard's parameters and state arrays in order, in host memory at once or
+  // chunk by chunk from NVMe; with `write_back` what the visitor wrote is stored (a load),
+  // into the host master too. Where the parameter tier is the master, the parameters'
+  // stretches are stored there (the caller writes the rest of the tier).
+  Status VisitArrays(const ShardArraysVisitor& visit, bool write_back);
+  // Replaces the fp32 master from `read` (a load of weights alone): the optimizer state and
+  // step counts stay. Where the master is the parameter tier's, nothing: the caller writes it.
+  Status LoadMaster(const ShardFill& read);
+
+ private:
+  OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer, int group);
+  Status OpenNvme(const ShardFill& initial);
+  Status ApplySchedule();
+  OptimizerSpan WholeShard();
+  float* Master(const Param& p) { return master_.as<float>() + p.flat_offset; }
+  // The accumulators zeroed for the next batch, in host memory or on NVMe.
+  void ResetGradients();
+  // Whether the NVMe step's last part runs beside the next forward (zinf.step_beside_forward
+  // where it applies: the parameter tier written from the step's chunks, stage 3).
+  bool StepsBesideForward() const;
+  // The step over NVMe-resident state, finishing what ran alongside backward (NVMe step in
+  // optimizer_step_nvme.cc).
+  Status RunNvme(std::optional<float> grad_scale, StepSummary* summary);
+  // The order of the next forward's parameters and how far the step may run ahead of it.
+  std::vector<int> NextForwardOrder(uint64_t* lead) const;
+  // The step beside the forward: waits for module `module`'s parameters and writes its
+  // persistent ones (-1: the whole step, and what Run left for after it).
+  Status WaitForStep(int module);
+  Status WaitDelayedUpdate();
+  Status Context(Status s, std::string_view what) const;
+
+  const EngineConfig& config_;
+  std::unique_ptr<CpuOptimizer> optimizer_;
+  const int group_;
+  int64_t steps_ = 0;
+  OptimizerPlacement placement_;
+
+  // Host memory: master_ (empty without a host master), grad_acc_ (empty with the gradients
+  // on NVMe), state0_/state1_ (empty with the state on NVMe).
+  StoreArray master_, grad_acc_, state0_, state1_;
+  std::vector<int> final_adds_;  // per parameter: reductions added this batch
+
+  // offload_optimizer.device = nvme: the pipelined step over the shard's chunks, the writes of
+  // the parameter tier from them (no host master), the step beside backward and forward, and
+  // zinf.gradients_on_nvme's accumulators. Declared in the order they use each other.
+  std::unique_ptr<PipelinedOptimizer> pipelined_;
+  int nvme_shard_ = -1;
+  std::unique_ptr<ParamTier::ChunkWriter> tier_writer_;
+  std::unique_ptr<OptimizerOverlap> overlap_;
+  std::unique_ptr<NvmeGradients> nvme_grads_;
+  bool speculate_ = true;
+  bool step_in_flight_ = false;
+  LinkStats nvme_read_beside_, nvme_written_beside_;
+  // The time of steps beside the forward finished since TakeStepBesideForwardTimes.
+  double beside_compute_seconds_ = 0, beside_overlapped_seconds_ = 0;
+
+  // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
+  // the next batch accumulates; the update; whether its parameters still have to reach the
+  // parameter tier; its CPU time.
+  StoreArray grad_step_;
+  std::future<Status> delayed_;
+  bool delayed_tier_write_ = false;
+  double delayed_seconds_ = 0;
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_ZERO_OPTIMIZER_STEP_H_
