@@ -482,6 +482,7 @@ class DeepSpeedEngine:
         # accumulation times the steps: a resume under another gradient_accumulation_steps (or
         # world size) at the same global batch starts on a boundary, as DeepSpeed's does.
         self.micro_steps = self.global_steps * self.gradient_accumulation_steps()
+        self._restore_client_scheduler(state)
         return path, state["client_state"]
 
     # -- 16-bit model ------------------------------------------------------------------------

@@ -201,8 +201,8 @@ class EngineBehavioursTest(unittest.TestCase):
             engine.step()
         # A new run resumed from the checkpoint: the schedule carries on where it was.
         engine = make()
-        state = engine.zero.load_checkpoint(os.path.join(self.dir, "three"))
-        engine._restore_client_scheduler(state)
+        path, _ = engine.load_checkpoint(self.dir, tag="three")
+        self.assertEqual(path, os.path.join(self.dir, "three"))
         got = []
         for batch in data[3:]:
             got.append(engine.get_lr()[0])
