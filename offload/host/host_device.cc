@@ -304,6 +304,20 @@ class HostStream final : public Stream {
       // that waiters are released and inherit the error.
       std::lock_guard lock(mu_);
       uint64_t target;
+      if (queue_.empty() && !busy_) {
+        // Nothing is queued before it: it completes now, without a hand-off to the worker
+        // and back (a fetch that enqueued nothing costs its caller no thread wake-up). The
+        // worker, idle, wrote previous_end_ before it last took mu_.
+        {
+          std::lock_guard event_lock(state->mu);
+          target = ++state->recorded;
+          state->completed = std::max(state->completed, target);
+          state->time = std::max(Clock::now(), previous_end_);
+          state->error = error_;
+        }
+        state->cv.notify_all();
+        return error_;
+      }
       {
         std::lock_guard event_lock(state->mu);
         target = ++state->recorded;

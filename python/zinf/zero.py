@@ -160,8 +160,9 @@ class _SavedParam:
 
 
 class _Slot:
-    """One managed parameter: its engine module, its index there, its name and shape."""
-    __slots__ = ("param", "module_id", "index", "name", "shape", "numel")
+    """One managed parameter: its engine module, its index there, its name and shape, and the
+    placeholder its data is while no fetch holds it."""
+    __slots__ = ("param", "module_id", "index", "name", "shape", "numel", "placeholder")
 
     def __init__(self, param, module_id, index, name):
         self.param = param
@@ -170,6 +171,7 @@ class _Slot:
         self.name = name
         self.shape = tuple(param.shape)
         self.numel = param.numel()
+        self.placeholder = None
 
 
 class ZeroEngine:
@@ -220,6 +222,8 @@ class ZeroEngine:
         self._hook_handles = []
         self._grad_accumulators = []
         self._forward_refs = {}   # module id -> references of modules in forward
+        self._forward_ptrs = {}   # storage address -> _Slot, of the parameters fetched in forward
+        self._nan = None          # the placeholders' one element
         self._forward_stack = []  # [module ids fetched on read] per running forward, innermost last
         self._backward_params = {}  # module id -> fetched tensors backward reads
         self._grad_views = {}     # module id -> gradient buffers (torch views)
@@ -295,7 +299,12 @@ class ZeroEngine:
         for sub in model.modules():
             mids = self._module_ids_of(sub)
             # Every module's forward is a frame that parameters read inside it are fetched for
-            # (those without parameters of their own too), so they are released with it.
+            # (those without parameters of their own too), so they are released with it. A
+            # leaf without parameters (an activation, dropout) is left to its parent's frame:
+            # it has no child to read from, and two hooks on every such module cost more than
+            # a small module's compute.
+            if not mids and sub is not model and next(sub.children(), None) is None:
+                continue
             self._hook_handles.append(sub.register_forward_pre_hook(self._make_pre_hook(mids)))
             self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
             if any(id(p) in self._slots for p in sub.parameters(recurse=False)):
@@ -441,9 +450,14 @@ class ZeroEngine:
 
     def _placeholder(self, slot):
         # Full shape (p.shape stays true, autograd's metadata matches), one element of storage,
-        # of the fetched tensors' dtype and device.
-        return torch.full((1,), math.nan, dtype=self._compute_dtype,
-                          device=self.device).expand(slot.shape)
+        # of the fetched tensors' dtype and device; made once, so that a release makes no
+        # tensor and launches no kernel.
+        if slot.placeholder is None:
+            if self._nan is None:
+                self._nan = torch.full((1,), math.nan, dtype=self._compute_dtype,
+                                       device=self.device)
+            slot.placeholder = self._nan.expand(slot.shape)
+        return slot.placeholder
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -504,6 +518,7 @@ class ZeroEngine:
             for s in self._module_slots[mid]:
                 self._park(s)
         self._forward_refs.clear()
+        self._forward_ptrs.clear()
         self._backward_params.clear()
         for mid in list(self._held):
             try:
@@ -579,6 +594,7 @@ class ZeroEngine:
         if refs == 0:
             for s, t in zip(self._module_slots[mid], self._hold(mid)):
                 s.param.data = t
+                self._forward_ptrs[_device_memory.storage_ptr(t)] = s
         self._forward_refs[mid] = refs + 1
 
     def _drop(self, mid):
@@ -587,18 +603,17 @@ class ZeroEngine:
         if refs == 0:
             del self._forward_refs[mid]
             for s in self._module_slots[mid]:
+                self._forward_ptrs.pop(_device_memory.storage_ptr(s.param.data), None)
                 self._park(s)
             self._unhold(mid)
 
     # -- saved tensors ----------------------------------------------------------------------
 
     def _pack(self, tensor):
-        if tensor.device == self.device and tensor.dtype == self._compute_dtype:
-            ptr = _device_memory.storage_ptr(tensor)
-            for mid in self._forward_refs:
-                for s in self._module_slots[mid]:
-                    if _device_memory.storage_ptr(s.param.data) == ptr:
-                        return _SavedParam(s, tensor)
+        if self._forward_ptrs and tensor.device == self.device:
+            s = self._forward_ptrs.get(_device_memory.storage_ptr(tensor))
+            if s is not None and tensor.dtype == self._compute_dtype:
+                return _SavedParam(s, tensor)
         return tensor
 
     def _unpack(self, saved):
