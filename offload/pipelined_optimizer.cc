@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <set>
 
@@ -33,15 +32,12 @@ struct ChunkLayout {
   uint64_t state_bytes = 0;  // params and state arrays
   uint64_t home_offset = 0;  // where the state tensor's bytes begin
   uint64_t grad_bytes = 0;   // aligned
-  uint64_t copy_bytes = 0;   // aligned parameter copy (0 when there is none)
 
-  ChunkLayout(size_t count, int state_count, ElementType grad_type, bool copy,
-              ElementType copy_type, bool external_params = false) {
+  ChunkLayout(size_t count, int state_count, ElementType grad_type, bool params_kept) {
     param_bytes = AlignUp(count * 4, 4096);
     state_bytes = param_bytes * (1 + state_count);
-    home_offset = external_params ? param_bytes : 0;
+    home_offset = params_kept ? param_bytes : 0;
     grad_bytes = AlignUp(count * ElementSize(grad_type), 4096);
-    copy_bytes = copy ? AlignUp(count * ElementSize(copy_type), 4096) : 0;
   }
   uint64_t data_bytes() const { return state_bytes + grad_bytes; }
   uint64_t home_bytes() const { return state_bytes - home_offset; }  // what is written back
@@ -54,8 +50,6 @@ struct PipelinedOptimizer::Slot {
   char* data = nullptr;  // its memory
   IoWaiter reads;
   IoWaiter writes;
-  std::unique_ptr<Event> copy_done;
-  bool copy_pending = false;
   // A speculative step's old parameters, for shards whose parameters the caller keeps.
   TensorId old_params_tensor = 0;
   char* old_params = nullptr;
@@ -97,7 +91,6 @@ struct PipelinedOptimizer::Shard {
     TensorId state = 0;       // on_nvme: the fp32 parameters (unless the caller keeps them)
                               // and the state arrays
     TensorId grads = 0;       // on_nvme, without ShardSpec::host_grads
-    TensorId copy = 0;        // ParamCopyTier::kNvme
     TensorId undo = 0;        // a speculative step's old state, until resolved
     TensorId old_params = 0;  // ... and old parameters, where the caller keeps them
     TensorId host = 0;        // !on_nvme: the whole chunk, homed in the host tier
@@ -106,12 +99,9 @@ struct PipelinedOptimizer::Shard {
   int state_count = 2;
   std::vector<Chunk> chunks;
 
+  bool in_place() const { return spec.handoff == ParamHandoff::kInPlace; }
   ChunkLayout Layout(const Chunk& chunk) const {
-    // Staging room for the copy where it goes to NVMe or the device from there.
-    const bool staged = spec.param_copy_tier == ParamCopyTier::kNvme ||
-                        spec.param_copy_tier == ParamCopyTier::kDevice;
-    return ChunkLayout(chunk.count, state_count, spec.grad_type, staged, spec.param_copy_type,
-                       static_cast<bool>(spec.params));
+    return ChunkLayout(chunk.count, state_count, spec.grad_type, in_place());
   }
   ChunkView View(const Chunk& chunk, char* base) const {
     ChunkLayout layout = Layout(chunk);
@@ -171,9 +161,23 @@ uint64_t PipelinedOptimizer::staging_bytes() const {
 }
 
 uint64_t PipelinedOptimizer::ChunkBytes(uint64_t count, int state_count) {
-  return ChunkLayout(count, state_count, ElementType::kFp32, false, ElementType::kBf16)
-      .data_bytes();
+  return ChunkLayout(count, state_count, ElementType::kFp32, false).data_bytes();
 }
+
+StatusOr<std::vector<CopyTarget>> ParamWriter::Targets(const ChunkView& c) {
+  return FailedPrecondition(
+      fmt::format("this parameter writer gives no targets (chunk at element {})", c.offset));
+}
+void ParamWriter::Prefetch(const ChunkInfo&) {}
+Status ParamWriter::Read(const ChunkView& c) {
+  return FailedPrecondition(
+      fmt::format("this parameter writer keeps no parameters (chunk at element {})", c.offset));
+}
+Status ParamWriter::Store(const ChunkView& c) {
+  return FailedPrecondition(
+      fmt::format("this parameter writer keeps no parameters (chunk at element {})", c.offset));
+}
+Status ParamWriter::Restart() { return OkStatus(); }
 
 StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
     CpuOptimizer* optimizer, TieredStore& store, const PipelinedOptimizerOptions& options) {
@@ -208,12 +212,6 @@ StatusOr<std::unique_ptr<PipelinedOptimizer>> PipelinedOptimizer::Create(
     if (!registered.ok()) {
       log::Debug("pipelined step: staging buffer not registered for fixed I/O: {}", registered);
     }
-    if (options.device != nullptr) {
-      ZINF_ASSIGN_OR_RETURN(self->slots_.back()->copy_done, options.device->CreateEvent());
-    }
-  }
-  if (options.device != nullptr) {
-    ZINF_ASSIGN_OR_RETURN(self->copy_stream_, options.device->CreateStream());
   }
   return self;
 }
@@ -223,12 +221,9 @@ PipelinedOptimizer::~PipelinedOptimizer() {
     slot->reads.Wait().IgnoreError();
     slot->writes.Wait().IgnoreError();
   }
-  if (copy_stream_ != nullptr) copy_stream_->Synchronize().IgnoreError();
-  for (size_t id = 0; id < shards_.size(); ++id) {
-    if (shards_[id] != nullptr) {
-      Status status = RemoveShard(static_cast<int>(id));
-      if (!status.ok()) log::Warn("pipelined optimizer: {}", status);
-    }
+  for (auto& shard : shards_) {
+    Status status = FreeShard(*shard);
+    if (!status.ok()) log::Warn("pipelined optimizer: {}", status);
   }
   for (auto& slot : slots_) {
     for (TensorId t : {slot->tensor, slot->old_params_tensor}) {
@@ -239,12 +234,10 @@ PipelinedOptimizer::~PipelinedOptimizer() {
   }
 }
 
-size_t PipelinedOptimizer::num_shards() const {
-  return std::count_if(shards_.begin(), shards_.end(), [](const auto& s) { return s != nullptr; });
-}
+size_t PipelinedOptimizer::num_shards() const { return shards_.size(); }
 
 StatusOr<PipelinedOptimizer::Shard*> PipelinedOptimizer::Find(int shard) {
-  if (shard < 0 || static_cast<size_t>(shard) >= shards_.size() || shards_[shard] == nullptr) {
+  if (shard < 0 || static_cast<size_t>(shard) >= shards_.size()) {
     return InvalidArgument(fmt::format("pipelined optimizer: no shard with id {}", shard));
   }
   return shards_[shard].get();
@@ -254,32 +247,16 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
   const std::string what = fmt::format("adding shard '{}'", spec.name);
   if (spec.count == 0) return InvalidArgument(what + ": count must be > 0");
   ZINF_ASSIGN_OR_RETURN(ParamGroupState group, optimizer_->group(spec.group));
-  if (spec.param_copy_type == ElementType::kFp32 && spec.param_copy_tier != ParamCopyTier::kNone) {
-    return InvalidArgument(what + ": param_copy_type must be bf16 or fp16, got fp32");
-  }
-  if ((spec.param_copy_tier == ParamCopyTier::kHost ||
-       spec.param_copy_tier == ParamCopyTier::kDevice) &&
-      spec.param_copy == nullptr) {
-    return InvalidArgument(what + ": param_copy is null but the parameter tier is host or device");
-  }
-  if (spec.param_copy_tier == ParamCopyTier::kDevice && copy_stream_ == nullptr) {
-    return InvalidArgument(what + ": the parameter tier is a device but the options name none");
-  }
-  if (spec.param_copy_tier == ParamCopyTier::kCaller && !spec.copy_targets) {
+  if (spec.handoff != ParamHandoff::kNewValues && spec.writer == nullptr) {
     return InvalidArgument(what +
-                           ": the parameter copy goes to the caller but copy_targets is empty");
+                           ": the parameters go to a writer (copy or in place) but it is null");
   }
-  if (spec.param_copy_tier == ParamCopyTier::kNvme && !has_nvme_) {
-    return InvalidArgument(what + ": the parameter tier is NVMe but the store has no NVMe tier");
+  if (spec.handoff == ParamHandoff::kCopy && spec.param_copy_type != ElementType::kBf16 &&
+      spec.param_copy_type != ElementType::kFp16) {
+    return InvalidArgument(fmt::format("{}: param_copy_type must be bf16 or fp16, got {}", what,
+                                       ElementTypeName(spec.param_copy_type)));
   }
-  if (spec.params && (!spec.params.read || !spec.params.write)) {
-    return InvalidArgument(what + ": the caller keeps the parameters but gave no read or write");
-  }
-  if (spec.params && spec.param_copy_tier != ParamCopyTier::kNone) {
-    return InvalidArgument(what +
-                           ": the caller keeps the parameters, so there is no copy to write");
-  }
-  if (spec.params) ZINF_RETURN_IF_ERROR_CTX(MakeOldParamBuffers(), what);
+  if (spec.handoff == ParamHandoff::kInPlace) ZINF_RETURN_IF_ERROR_CTX(MakeOldParamBuffers(), what);
 
   auto shard = std::make_unique<Shard>();
   shard->spec = spec;
@@ -294,12 +271,12 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     shard->chunks.push_back(std::move(chunk));
   }
 
-  // On any error below, the Shard's destructor path (RemoveShard) frees what was allocated.
+  // On any error below, FreeShard frees what was allocated.
   shards_.push_back(std::move(shard));
   const int id = static_cast<int>(shards_.size() - 1);
   Shard& s = *shards_.back();
   auto fail = [&](Status status) {
-    RemoveShard(id).IgnoreError();
+    FreeShard(s).IgnoreError();
     shards_.pop_back();
     return std::move(status).WithContext(what);
   };
@@ -329,11 +306,6 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
       if (!host->status().ok()) return fail(host->status());
       base = host->data();
     }
-    if (spec.param_copy_tier == ParamCopyTier::kNvme) {
-      StatusOr<TensorId> t = create(layout.copy_bytes, "param copy", Tier::kNvme);
-      if (!t.ok()) return fail(std::move(t).status());
-      chunk.copy = *t;
-    }
     std::memset(base, 0, layout.data_bytes());
     ChunkView view = s.View(chunk, base);
     OptimizerSpan span;
@@ -354,19 +326,16 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
   return id;
 }
 
-Status PipelinedOptimizer::RemoveShard(int id) {
-  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+Status PipelinedOptimizer::FreeShard(Shard& shard) {
   Status first;
-  for (Shard::Chunk& chunk : shard->chunks) {
-    for (TensorId* t :
-         {&chunk.state, &chunk.grads, &chunk.copy, &chunk.undo, &chunk.old_params, &chunk.host}) {
+  for (Shard::Chunk& chunk : shard.chunks) {
+    for (TensorId* t : {&chunk.state, &chunk.grads, &chunk.undo, &chunk.old_params, &chunk.host}) {
       if (*t != 0) {
         Status status = store_->Free(std::exchange(*t, 0));
         if (first.ok() && !status.ok()) first = status;
       }
     }
   }
-  shards_[id].reset();
   return first;
 }
 
@@ -411,8 +380,7 @@ Status PipelinedOptimizer::VisitChunks(Shard* shard, const std::vector<size_t>& 
       }
     }
     const ChunkView view = shard->View(chunk, base);
-    const ExternalParams& params = shard->spec.params;
-    if (status.ok() && params) status = params.read(view);
+    if (status.ok() && shard->in_place()) status = shard->spec.writer->Read(view);
     if (status.ok()) status = visit(view);
     if (status.ok() && write_back && chunk.on_nvme) {
       status = store_->WriteHome(chunk.state, base + layout.home_offset);
@@ -420,34 +388,10 @@ Status PipelinedOptimizer::VisitChunks(Shard* shard, const std::vector<size_t>& 
         status = store_->WriteHome(chunk.grads, base + layout.state_bytes);
       }
     }
-    if (status.ok() && write_back && params) status = params.write(view);
+    if (status.ok() && write_back && shard->in_place()) status = shard->spec.writer->Store(view);
     if (!status.ok()) {
       return std::move(status).WithContext(fmt::format("visiting {}", shard->ChunkName(c)));
     }
-  }
-  return OkStatus();
-}
-
-Status PipelinedOptimizer::WriteGradients(int id, const void* grads) {
-  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
-  if (grads == nullptr) return InvalidArgument("WriteGradients: grads is null");
-  const size_t elem = ElementSize(shard->spec.grad_type);
-  // Through the staging buffer: the extent is padded to the alignment, past the caller's data.
-  char* staging = slots_[0]->base();
-  for (size_t c = 0; c < shard->chunks.size(); ++c) {
-    Shard::Chunk& chunk = shard->chunks[c];
-    const char* src = static_cast<const char*>(grads) + chunk.offset * elem;
-    if (chunk.grads == 0) {  // a host chunk or the caller's host_grads array
-      std::optional<HostChunk> host;
-      if (!chunk.on_nvme) host.emplace(store_, chunk.host);
-      if (host) ZINF_RETURN_IF_ERROR(host->status());
-      void* dst = shard->View(chunk, host ? host->data() : staging).grads;
-      if (dst != src) std::memcpy(dst, src, chunk.count * elem);
-      continue;
-    }
-    std::memcpy(staging, src, chunk.count * elem);
-    ZINF_RETURN_IF_ERROR_CTX(store_->WriteHome(chunk.grads, staging),
-                             fmt::format("writing the gradients of {}", shard->ChunkName(c)));
   }
   return OkStatus();
 }
@@ -497,49 +441,6 @@ Status PipelinedOptimizer::ReadChunkGradients(int id, size_t c, void* buffer) {
   return OkStatus();
 }
 
-Status PipelinedOptimizer::ReadParams(int id, float* out) {
-  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
-  if (out == nullptr) return InvalidArgument("ReadParams: out is null");
-  char* staging = slots_[0]->base();
-  for (size_t c = 0; c < shard->chunks.size(); ++c) {
-    const Shard::Chunk& chunk = shard->chunks[c];
-    if (shard->spec.params) {
-      ZINF_RETURN_IF_ERROR_CTX(shard->spec.params.read(shard->View(chunk, staging)),
-                               fmt::format("reading the parameters of {}", shard->ChunkName(c)));
-      std::memcpy(out + chunk.offset, staging, chunk.count * 4);  // the view's params lead
-      continue;
-    }
-    if (chunk.on_nvme) {
-      ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.state, staging),
-                               fmt::format("reading the parameters of {}", shard->ChunkName(c)));
-      std::memcpy(out + chunk.offset, staging, chunk.count * 4);  // params lead the chunk
-      continue;
-    }
-    HostChunk host(store_, chunk.host);
-    ZINF_RETURN_IF_ERROR(host.status());
-    std::memcpy(out + chunk.offset, host.data(), chunk.count * 4);
-  }
-  return OkStatus();
-}
-
-Status PipelinedOptimizer::ReadParamCopy(int id, void* out) {
-  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
-  if (shard->spec.param_copy_tier != ParamCopyTier::kNvme) {
-    return FailedPrecondition(
-        fmt::format("shard '{}' has no NVMe parameter copy", shard->spec.name));
-  }
-  if (out == nullptr) return InvalidArgument("ReadParamCopy: out is null");
-  const size_t elem = ElementSize(shard->spec.param_copy_type);
-  char* staging = slots_[0]->base();
-  for (size_t c = 0; c < shard->chunks.size(); ++c) {
-    const Shard::Chunk& chunk = shard->chunks[c];
-    ZINF_RETURN_IF_ERROR_CTX(store_->ReadHome(chunk.copy, staging),
-                             fmt::format("reading the parameter copy of {}", shard->ChunkName(c)));
-    std::memcpy(static_cast<char*>(out) + chunk.offset * elem, staging, chunk.count * elem);
-  }
-  return OkStatus();
-}
-
 Status PipelinedOptimizer::MakeOldParamBuffers() {
   const uint64_t bytes = chunk_elements_ * PipelinedOptimizerOptions::kOldParamBytesPerElement;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -559,14 +460,11 @@ Status PipelinedOptimizer::MakeOldParamBuffers() {
   return OkStatus();
 }
 
-Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, StepMode mode,
-                                const ChunkVisitor& updated) {
+Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale) {
   stats_ = PipelinedStepStats();
   std::vector<Shard*> shards;
   if (ids.empty()) {
-    for (auto& s : shards_) {
-      if (s != nullptr) shards.push_back(s.get());
-    }
+    for (auto& s : shards_) shards.push_back(s.get());
   } else {
     for (int id : ids) {
       ZINF_ASSIGN_OR_RETURN(Shard * s, Find(id));
@@ -575,14 +473,12 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale, S
   }
   std::set<int> groups;
   for (Shard* s : shards) groups.insert(s->spec.group);
-  for (int g : groups) {
-    if (mode == StepMode::kFull) ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(g).status());
-  }
+  for (int g : groups) ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(g).status());
   std::vector<Item> items;
   for (Shard* s : shards) {
     for (size_t c = 0; c < s->chunks.size(); ++c) items.push_back({s, c});
   }
-  return Run(items, grad_scale, mode, updated, /*speculative=*/false);
+  return Run(items, grad_scale, /*speculative=*/false, /*writer=*/nullptr);
 }
 
 StatusOr<std::vector<ChunkInfo>> PipelinedOptimizer::Chunks(int id) {
@@ -599,30 +495,30 @@ Status PipelinedOptimizer::BeginPartialStep(int id) {
 }
 
 Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks, float grad_scale,
-                                      bool speculative, const ChunkVisitor& updated) {
+                                      bool speculative, ParamWriter* writer) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   ZINF_RETURN_IF_ERROR(CheckChunks(*shard, chunks));
   std::vector<Item> items;
   for (size_t c : chunks) {
     const Shard::Chunk& chunk = shard->chunks[c];
-    const ParamCopyTier copy = shard->spec.param_copy_tier;
-    if (speculative && (!chunk.on_nvme || chunk.undo != 0 ||
-                        (copy != ParamCopyTier::kNone && copy != ParamCopyTier::kCaller))) {
-      return InvalidArgument(fmt::format(
-          "{} cannot be stepped speculatively: {}", shard->ChunkName(c),
-          !chunk.on_nvme    ? "its home is host memory, where nothing keeps the old state"
-          : chunk.undo != 0 ? "it was already stepped speculatively in this step"
-                            : "the shard writes a parameter copy, which would not be undone"));
+    if (speculative && (!chunk.on_nvme || chunk.undo != 0)) {
+      return InvalidArgument(
+          fmt::format("{} cannot be stepped speculatively: {}", shard->ChunkName(c),
+                      !chunk.on_nvme ? "its home is host memory, where nothing keeps the old state"
+                                     : "it was already stepped speculatively in this step"));
     }
     items.push_back({shard, c});
   }
-  return Run(items, grad_scale, StepMode::kFull, updated, speculative);
+  return Run(items, grad_scale, speculative, writer);
 }
 
 StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, bool commit) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   std::vector<size_t> undone;
-  Status first;
+  // The writer lets go of the parameters first: dropping the speculation may store them (Note
+  // [Parameters kept by the caller]), and it will see every chunk again.
+  Status first =
+      !commit && shard->spec.writer != nullptr ? shard->spec.writer->Restart() : OkStatus();
   for (size_t c = 0; c < shard->chunks.size(); ++c) {
     Shard::Chunk& chunk = shard->chunks[c];
     if (chunk.undo == 0) continue;
@@ -632,7 +528,7 @@ StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, boo
       if (!commit) {
         char* staging = slots_[0]->base();
         restored = store_->ReadHome(chunk.old_params, staging);
-        if (restored.ok()) restored = shard->spec.params.write(shard->View(chunk, staging));
+        if (restored.ok()) restored = shard->spec.writer->Store(shard->View(chunk, staging));
         restored = std::move(restored).WithContext(
             fmt::format("restoring the parameters of {}", shard->ChunkName(c)));
       }
@@ -654,47 +550,29 @@ StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, boo
   return undone;
 }
 
-Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale, StepMode mode,
-                               const ChunkVisitor& updated, bool speculative) {
+Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale, bool speculative,
+                               ParamWriter* writer) {
   const Clock::time_point start = Clock::now();
-  std::set<int> groups;
-  for (const Item& item : items) groups.insert(item.shard->spec.group);
-  // Benchmark modes apply the group's current step (at least 1) without advancing it.
-  std::map<int, ParamGroupState> bench_groups;
-  if (mode != StepMode::kFull) {
-    for (int g : groups) {
-      ZINF_ASSIGN_OR_RETURN(bench_groups[g], optimizer_->group(g));
-    }
-  }
   const size_t n = items.size();
   const size_t k = slots_.size();
-  const bool do_io = mode != StepMode::kComputeOnly;
-  const bool do_update = mode != StepMode::kIoOnly;
-  // Copy region of a staging buffer: after the widest chunk's data (kStagingBytesPerElement).
-  const uint64_t copy_offset =
-      chunk_elements_ * (PipelinedOptimizerOptions::kStagingBytesPerElement - 2);
-
-  auto wait_slot = [&](Slot& slot) -> Status {
-    Status status = slot.writes.Wait();
-    if (slot.copy_pending) {
-      Status copied = slot.copy_done->Synchronize();
-      slot.copy_pending = false;
-      if (status.ok()) status = copied;
-    }
-    return status;
+  // `writer` stands in for the shards' own, when set.
+  auto writer_of = [&](const Shard& shard) {
+    return writer != nullptr ? writer : shard.spec.writer;
   };
+
   // Makes slot j % k ready for item j: its previous writes done, then the reads started.
   auto issue_read = [&](size_t j) -> Status {
     Slot& slot = *slots_[j % k];
     const Clock::time_point t = Clock::now();
-    Status status = wait_slot(slot);
+    Status status = slot.writes.Wait();
     stats_.wait_seconds += SecondsSince(t);
     ZINF_RETURN_IF_ERROR(status);
     const Item& item = items[j];
     const Shard::Chunk& chunk = item.shard->chunks[item.chunk];
-    const ExternalParams& params = item.shard->spec.params;
-    if (params.prefetch && do_io) params.prefetch({chunk.offset, chunk.count, chunk.on_nvme});
-    if (chunk.on_nvme && do_io) {
+    if (item.shard->in_place()) {
+      writer_of(*item.shard)->Prefetch({chunk.offset, chunk.count, chunk.on_nvme});
+    }
+    if (chunk.on_nvme) {
       ChunkLayout layout = item.shard->Layout(chunk);
       slot.reads.Add(1);
       store_->ReadHomeAsync(chunk.state, slot.base() + layout.home_offset, slot.reads.Callback());
@@ -736,112 +614,82 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
     char* base = host ? host->data() : slot.base();
     ChunkView view = shard.View(chunk, base);
     const ShardSpec& spec = shard.spec;
-    const size_t copy_elem = ElementSize(spec.param_copy_type);
-    char* copy = nullptr;
-    if (spec.param_copy_tier == ParamCopyTier::kHost) {
-      copy = static_cast<char*>(spec.param_copy) + chunk.offset * copy_elem;
-    } else if (spec.param_copy_tier == ParamCopyTier::kNvme ||
-               spec.param_copy_tier == ParamCopyTier::kDevice) {
-      copy = slot.base() + copy_offset;
+    ParamWriter* chunk_writer = writer_of(shard);
+    OptimizerSpan span;
+    span.params = view.params;
+    span.grads = view.grads;
+    span.grad_type = view.grad_type;
+    span.state0 = view.state0;
+    span.state1 = view.state1;
+    span.param_copy_type = spec.param_copy_type;
+    span.count = chunk.count;
+    // The writer's targets split the update into stretches (element-wise: the same bits), each
+    // writing its stretch of the copy, or its parameters, where the writer keeps them.
+    std::vector<CopyTarget> targets = {{0, chunk.count, nullptr}};
+    const bool in_place = shard.in_place();
+    if (spec.handoff != ParamHandoff::kNewValues) {
+      StatusOr<std::vector<CopyTarget>> asked = chunk_writer->Targets(view);
+      if (!asked.ok()) {
+        failure = std::move(asked).status();
+        break;
+      }
+      targets = std::move(asked).value();
     }
-    if (do_update) {
-      OptimizerSpan span;
-      span.params = view.params;
-      span.grads = view.grads;
-      span.grad_type = view.grad_type;
-      span.state0 = view.state0;
-      span.state1 = view.state1;
-      span.param_copy = copy;
-      span.param_copy_type = spec.param_copy_type;
-      span.count = chunk.count;
-      // The caller's copy targets split the update into stretches (element-wise: the same
-      // bits), each writing its stretch of the copy where the caller wants it.
-      std::vector<CopyTarget> targets = {{0, chunk.count, copy}};
-      const bool in_place = static_cast<bool>(spec.params);
-      if (spec.param_copy_tier == ParamCopyTier::kCaller || in_place) {
-        StatusOr<std::vector<CopyTarget>> asked =
-            in_place ? spec.params.targets(view) : spec.copy_targets(view);
-        if (!asked.ok()) {
-          failure = std::move(asked).status();
-          break;
-        }
-        targets = std::move(asked).value();
-      }
-      // The parameters where the caller keeps them; the padding's zeros in the staging buffer.
-      auto params_of = [&](const CopyTarget& target) {
-        if (target.dst != nullptr) return static_cast<float*>(target.dst);
-        std::memset(view.params + target.begin, 0, target.count * 4);
-        return view.params + target.begin;
-      };
-      if (in_place && speculative && do_io) {  // their old values, to write aside
-        for (const CopyTarget& target : targets) {
-          std::memcpy(slot.old_params + target.begin * 4, params_of(target), target.count * 4);
-        }
-      }
-      const Clock::time_point t = Clock::now();
+    // In place: the parameters where the writer keeps them; the padding's zeros in the buffer.
+    auto params_of = [&](const CopyTarget& target) {
+      if (target.dst != nullptr) return static_cast<float*>(target.dst);
+      std::memset(view.params + target.begin, 0, target.count * 4);
+      return view.params + target.begin;
+    };
+    if (in_place && speculative) {  // their old values, to write aside
       for (const CopyTarget& target : targets) {
-        if (!failure.ok()) break;
-        OptimizerSpan part = span.Slice(target.begin, target.count);
-        if (in_place) {
-          part.params = params_of(target);
-        } else {
-          part.param_copy = target.dst;
-        }
-        if (mode == StepMode::kFull) {
-          failure = optimizer_->Update(spec.group, part, grad_scale);
-        } else {
-          const ParamGroupState& g = bench_groups[spec.group];
-          failure =
-              optimizer_->ApplyStep(g.hyper_params, std::max<int64_t>(g.step, 1), grad_scale, part);
-        }
+        std::memcpy(slot.old_params + target.begin * 4, params_of(target), target.count * 4);
       }
-      stats_.compute_seconds += SecondsSince(t);
-      view.copy_written = spec.param_copy_tier == ParamCopyTier::kCaller;
-      view.params_in_place = in_place;
-      if (failure.ok() && updated) failure = updated(view);
-      if (!failure.ok()) break;
     }
-    if (do_io) {
-      if (chunk.on_nvme && speculative) {  // the new state beside the old
-        Shard::Chunk& c = shard.chunks[item.chunk];
-        StatusOr<TensorId> fresh =
-            store_->Create(fmt::format("{} chunk {} new state", spec.name, item.chunk),
-                           layout.home_bytes(), Tier::kNvme);
-        if (!fresh.ok()) {
-          failure = std::move(fresh).status();
+    const Clock::time_point t = Clock::now();
+    for (const CopyTarget& target : targets) {
+      if (!failure.ok()) break;
+      OptimizerSpan part = span.Slice(target.begin, target.count);
+      if (in_place) {
+        part.params = params_of(target);
+      } else {
+        part.param_copy = target.dst;
+      }
+      failure = optimizer_->Update(spec.group, part, grad_scale);
+    }
+    stats_.compute_seconds += SecondsSince(t);
+    view.copy_written = spec.handoff == ParamHandoff::kCopy;
+    view.params_in_place = in_place;
+    if (failure.ok() && chunk_writer != nullptr) failure = chunk_writer->Updated(view);
+    if (!failure.ok()) break;
+    if (chunk.on_nvme && speculative) {  // the new state beside the old
+      Shard::Chunk& c = shard.chunks[item.chunk];
+      StatusOr<TensorId> fresh =
+          store_->Create(fmt::format("{} chunk {} new state", spec.name, item.chunk),
+                         layout.home_bytes(), Tier::kNvme);
+      if (!fresh.ok()) {
+        failure = std::move(fresh).status();
+        break;
+      }
+      c.undo = std::exchange(c.state, *fresh);
+      if (in_place) {
+        StatusOr<TensorId> old =
+            store_->Create(fmt::format("{} chunk {} old parameters", spec.name, item.chunk),
+                           layout.param_bytes, Tier::kNvme);
+        if (!old.ok()) {
+          failure = std::move(old).status();
           break;
         }
-        c.undo = std::exchange(c.state, *fresh);
-        if (spec.params) {
-          StatusOr<TensorId> old =
-              store_->Create(fmt::format("{} chunk {} old parameters", spec.name, item.chunk),
-                             layout.param_bytes, Tier::kNvme);
-          if (!old.ok()) {
-            failure = std::move(old).status();
-            break;
-          }
-          c.old_params = *old;
-          slot.writes.Add(1);
-          store_->WriteHomeAsync(c.old_params, slot.old_params, slot.writes.Callback());
-          stats_.bytes_written += layout.param_bytes;
-        }
-      }
-      if (chunk.on_nvme) {
+        c.old_params = *old;
         slot.writes.Add(1);
-        store_->WriteHomeAsync(chunk.state, base + layout.home_offset, slot.writes.Callback());
-        stats_.bytes_written += layout.home_bytes();
+        store_->WriteHomeAsync(c.old_params, slot.old_params, slot.writes.Callback());
+        stats_.bytes_written += layout.param_bytes;
       }
-      if (spec.param_copy_tier == ParamCopyTier::kNvme) {
-        slot.writes.Add(1);
-        store_->WriteHomeAsync(chunk.copy, copy, slot.writes.Callback());
-        stats_.bytes_written += layout.copy_bytes;
-      } else if (spec.param_copy_tier == ParamCopyTier::kDevice) {
-        failure = copy_stream_->Copy(static_cast<char*>(spec.param_copy) + chunk.offset * copy_elem,
-                                     copy, chunk.count * copy_elem, CopyKind::kHostToDevice);
-        if (failure.ok()) failure = copy_stream_->Record(*slot.copy_done);
-        slot.copy_pending = failure.ok();
-        if (!failure.ok()) break;
-      }
+    }
+    if (chunk.on_nvme) {
+      slot.writes.Add(1);
+      store_->WriteHomeAsync(chunk.state, base + layout.home_offset, slot.writes.Callback());
+      stats_.bytes_written += layout.home_bytes();
     }
     ++stats_.chunks;
     if (i + k - 1 < n) {
@@ -855,13 +703,9 @@ Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale,
     const Clock::time_point t = Clock::now();
     for (auto& slot : slots_) {
       Status r = slot->reads.Wait();
-      Status w = wait_slot(*slot);
+      Status w = slot->writes.Wait();
       if (failure.ok() && !r.ok()) failure = r;
       if (failure.ok() && !w.ok()) failure = w;
-    }
-    if (copy_stream_ != nullptr) {
-      Status s = copy_stream_->Synchronize();
-      if (failure.ok()) failure = s;
     }
     stats_.wait_seconds += SecondsSince(t);
   }

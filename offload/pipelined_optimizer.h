@@ -11,10 +11,10 @@
 //     read chunk i+1  ||  CpuOptimizer::Update(chunk i)  ||  write chunk i-1
 //
 // so that the disk and the CPU are busy at the same time, and the host memory the step uses
-// is num_buffers staging buffers whatever the model size (See Note [Pipelined step]). The
-// update also writes the compute-precision (bf16/fp16) parameter copy, which goes to the
-// shard's parameter tier: a host pointer, a device pointer (through a copy stream of the
-// Device), or the shard's own NVMe tensors.
+// is num_buffers staging buffers whatever the model size (See Note [Pipelined step]). Each
+// updated chunk goes to the shard's ParamWriter (offload/param_writer.h), the client that
+// keeps its parameters: the update writes their compute-precision (bf16/fp16) copy, or the
+// fp32 parameters themselves, straight where the writer says.
 //
 // Stepping in chunks is bitwise identical to CpuOptimizer::Step over the whole shard in memory
 // (the update is element-wise), which the tests check.
@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "nvme/io_engine.h"
+#include "offload/param_writer.h"
 #include "zinf/cpu_optimizer.h"
-#include "zinf/device.h"
 #include "zinf/status.h"
 #include "zinf/tiered_store.h"
 
@@ -68,31 +68,6 @@ namespace zinf {
 // one freed or swapped back), so speculation costs no extra I/O, only swap space for the chunks
 // in flight (at most the shard's state once more).
 
-// Where the compute-precision parameter copy of a shard goes.
-enum class ParamCopyTier {
-  kNone,    // not written
-  kHost,    // ShardSpec::param_copy is a host pointer to `count` elements
-  kDevice,  // ShardSpec::param_copy is device memory of PipelinedOptimizerOptions::device
-  kNvme,    // NVMe tensors owned by the shard; ReadParamCopy reads them back
-  // The caller's own memory, chunk by chunk: ShardSpec::copy_targets says where each chunk's
-  // elements go just before the update, which writes them there in the same pass (the ZeRO
-  // engine's parameter tier: one tensor per parameter). The caller undoes it after a dropped
-  // speculation, so such shards may be stepped speculatively.
-  kCaller,
-};
-
-// Where a stretch of a chunk's parameter copy goes (ParamCopyTier::kCaller): elements
-// [begin, begin + count) of the chunk to `dst` (count elements of param_copy_type), or nowhere
-// when `dst` is null.
-struct CopyTarget {
-  uint64_t begin = 0;
-  uint64_t count = 0;
-  void* dst = nullptr;
-};
-struct ChunkView;
-// The targets of one chunk, in order, covering [0, count) exactly.
-using CopyTargets = std::function<StatusOr<std::vector<CopyTarget>>(const ChunkView& chunk)>;
-
 struct PipelinedOptimizerOptions {
   // Bytes of host memory for the staging buffers (DeepSpeed: the pinned buffers of
   // offload_optimizer's swapper), taken from the store's host tier. The chunk size shrinks to
@@ -107,13 +82,12 @@ struct PipelinedOptimizerOptions {
   // Fraction of each shard's chunks whose home is NVMe; the rest live in the store's host
   // tier. DeepSpeed: offload_optimizer.ratio. In [0, 1]; > 0 needs a store with an NVMe tier.
   double nvme_ratio = 1.0;
-  // For ParamCopyTier::kDevice: the device the copies go to (not owned).
-  Device* device = nullptr;
 
   static constexpr uint64_t kChunkAlignElements = 2048;  // keeps bf16 regions 4 KiB aligned
   static constexpr uint64_t kMinChunkElements = 64 * 1024;
-  // Staging bytes per element of a chunk: fp32 params, two state arrays, fp32 gradients, and a
-  // 16-bit parameter copy (the widest shard the step accepts).
+  // Staging bytes per element of a chunk: fp32 params, two state arrays, fp32 gradients, and 2
+  // more, where a 16-bit parameter copy was once staged: the copy now goes straight to the
+  // shard's writer, but the engine's tier budgets and `zinf plan` size the buffers with this.
   static constexpr uint64_t kStagingBytesPerElement = 4 + 8 + 4 + 2;
   // And per element of a buffer for the old parameters a speculative step writes aside, for
   // shards whose parameters the caller keeps (one buffer per staging buffer, made with the
@@ -128,30 +102,12 @@ struct PipelinedOptimizerOptions {
 // fp32 parameter tier, when parameters and optimizer are both on NVMe) keeps them there
 // instead of in the chunks, so each parameter has one NVMe copy and the step moves 8 bytes of
 // chunk state per element each way instead of 12. The chunks then hold the state arrays and
-// gradients; the update reads and writes each stretch of parameters where the caller says
-// (ExternalParams::targets, host memory), and the caller's `updated` finds them there
-// (ChunkView::params_in_place). Visits fill ChunkView::params with ExternalParams::read and
-// store them with ExternalParams::write. A speculative step writes the parameters' old values
-// to a tensor of their own (4 bytes per element, the chunk's old state is kept as before),
-// from which a dropped speculation writes them back.
-// Where a chunk of a shard lies: elements [offset, offset + count) of the shard, and its home.
-struct ChunkInfo {
-  size_t offset = 0;
-  size_t count = 0;
-  bool on_nvme = false;
-};
-
-struct ExternalParams {
-  // Where each stretch of a chunk's fp32 parameters is, in host memory that stays valid until
-  // the step's `updated` has seen the chunk; stretches with no `dst` (padding) read as zeros.
-  CopyTargets targets;
-  // Called as the chunk's state is read ahead: starts bringing its parameters to host memory.
-  std::function<void(const ChunkInfo& chunk)> prefetch;
-  // Fills ChunkView::params with the chunk's parameters / stores them as the chunk's.
-  std::function<Status(const ChunkView& chunk)> read;
-  std::function<Status(const ChunkView& chunk)> write;
-  explicit operator bool() const { return static_cast<bool>(targets); }
-};
+// gradients; the update reads and writes each stretch of parameters where the shard's writer
+// says (ParamWriter::Targets, host memory, under ParamHandoff::kInPlace), and the writer's
+// Updated finds them there (ChunkView::params_in_place). Visits fill ChunkView::params with
+// ParamWriter::Read and store them with ParamWriter::Store. A speculative step writes the
+// parameters' old values to a tensor of their own (4 bytes per element, the chunk's old state
+// is kept as before), from which a dropped speculation stores them back.
 
 // A shard to step: `count` elements of parameter group `group` of the CpuOptimizer.
 struct ShardSpec {
@@ -159,48 +115,21 @@ struct ShardSpec {
   int group = 0;
   size_t count = 0;
   ElementType grad_type = ElementType::kFp32;
-  ParamCopyTier param_copy_tier = ParamCopyTier::kNone;
-  ElementType param_copy_type = ElementType::kBf16;  // kBf16 or kFp16
-  void* param_copy = nullptr;  // kHost, kDevice: `count` elements; must outlive the shard
-  CopyTargets copy_targets;    // kCaller
   // Where the gradients live: null for the shard's own storage (its chunks' store tensors,
-  // filled by WriteGradients or a visit); else a host array of `count` elements of grad_type
-  // that must outlive the shard, which the step reads in place: for a caller that accumulates
-  // gradients in host memory anyway, this saves writing them to disk and reading them back.
+  // filled by a visit or WriteChunkGradientsAsync); else a host array of `count` elements of
+  // grad_type that must outlive the shard, which the step reads in place: for a caller that
+  // accumulates gradients in host memory anyway, this saves writing them to disk and reading
+  // them back.
   void* host_grads = nullptr;
-  // Set: the caller keeps the fp32 parameters (Note [Parameters kept by the caller]); the
-  // shard then writes no parameter copy (param_copy_tier kNone).
-  ExternalParams params;
+  // The client that keeps the shard's parameters (not owned; it must outlive the shard), and
+  // what the step hands it (ParamHandoff). Null: nobody sees the new parameters but visits;
+  // the handoff must then be kNewValues.
+  ParamWriter* writer = nullptr;
+  ParamHandoff handoff = ParamHandoff::kNewValues;
+  ElementType param_copy_type = ElementType::kBf16;  // kCopy: kBf16 or kFp16
 };
 
-// One chunk of a shard as the visitor functions see it: the arrays are in host memory.
-struct ChunkView {
-  size_t offset = 0;  // first element of the chunk within the shard
-  size_t count = 0;
-  float* params = nullptr;
-  float* state0 = nullptr;
-  float* state1 = nullptr;  // null for single-state optimizers
-  void* grads = nullptr;
-  ElementType grad_type = ElementType::kFp32;
-  // The update just wrote this chunk's parameter copy to its ParamCopyTier::kCaller targets
-  // (false in visits, and where the shard has no such copy).
-  bool copy_written = false;
-  // The update just read and wrote the fp32 parameters in place, where ExternalParams::targets
-  // said; `params` holds only the padding's.
-  bool params_in_place = false;
-};
 using ChunkVisitor = std::function<Status(const ChunkView& chunk)>;
-
-enum class StepMode {
-  kFull,  // the optimizer step
-  // Benchmark modes, to measure the two halves of the pipeline in the same run. kIoOnly does
-  // every read and write but no update (the state is written back unchanged). kComputeOnly
-  // runs the updates on whatever the staging buffers hold, with no I/O; it does not advance
-  // the step count, and leaves host-resident chunks updated once more: the shards' values
-  // after it are not a training state.
-  kIoOnly,
-  kComputeOnly,
-};
 
 struct PipelinedStepStats {
   double seconds = 0;          // wall time of the step
@@ -233,28 +162,26 @@ class PipelinedOptimizer {
 
   // Adds a shard: parameters and gradients zero, state as CpuOptimizer::InitState makes it;
   // then `init` (optional) is called once per chunk, in order, to fill parameters, gradients
-  // or state, and the chunk is stored in its home tier. Returns the shard's id.
+  // or state, and the chunk is stored in its home tier. Returns the shard's id. The shard's
+  // tensors are freed with the optimizer.
   // Errors: InvalidArgument (bad spec), ResourceExhausted (the store's NVMe or host tier),
   // errors from `init` and from the store, with the shard and chunk named.
   StatusOr<int> AddShard(const ShardSpec& spec, const ChunkVisitor& init = nullptr);
-  // Frees the shard's tensors. InvalidArgument for an unknown id.
-  Status RemoveShard(int shard);
 
-  // Calls `visit` for each chunk of the shard in order, with its current values. With
-  // `write_back`, what the visitor changed is stored back (how the engine deposits gradients
-  // and how checkpoints are loaded); without, the chunk is only read.
+  // Calls `visit` for each chunk of the shard in order, with its current values (kInPlace:
+  // the parameters from the writer's Read). With `write_back`, what the visitor changed is
+  // stored back (how checkpoints are loaded; kInPlace: the parameters through the writer's
+  // Store); without, the chunk is only read.
   Status Visit(int shard, const ChunkVisitor& visit, bool write_back);
 
   // The step over the given shards (all shards when empty): BeginStep once for each group
-  // involved, then every chunk through the pipeline; the parameter copies are in their tier
-  // when it returns (device copies synchronized). `grad_scale` as in CpuOptimizer::Update.
+  // involved, then every chunk through the pipeline, each handed to its shard's writer right
+  // after its update, on the calling thread. `grad_scale` as in CpuOptimizer::Update.
   // An I/O error stops the step after the outstanding I/O has drained and is returned with
   // the shard and chunk named; the store's swap files keep a failed write as a sticky error.
-  // `updated` (optional) sees each chunk right after its update, on the calling thread, with
-  // the new parameters: how the engine writes its parameter tier without reading it back. An
-  // error from it stops the step like an I/O error (the chunks already updated stay updated).
-  Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f,
-              StepMode mode = StepMode::kFull, const ChunkVisitor& updated = nullptr);
+  // An error from a writer stops the step like an I/O error (the chunks already updated stay
+  // updated).
+  Status Step(const std::vector<int>& shards = {}, float grad_scale = 1.0f);
 
   // ---- One step taken in parts (Note [Speculative step]) ----
   // The shard's chunks, in order.
@@ -265,20 +192,20 @@ class PipelinedOptimizer {
   // Updates the given chunks (in that order) through the pipeline, as Step does every chunk;
   // stats add up over the parts. With `speculative`, each chunk's new state is written to a
   // new tensor and the old one kept until ResolveSpeculation, which keeps one or the other:
-  // only NVMe chunks of a shard without a parameter copy, each once per step, can be stepped
-  // so (else InvalidArgument). The store's NVMe tier needs room for the new tensors.
+  // only NVMe chunks, each once per step, can be stepped so (else InvalidArgument). The
+  // store's NVMe tier needs room for the new tensors. `writer` (optional) stands in for the
+  // shard's writer in this call and must pass every call on to it (how a caller paces the
+  // step behind its reader: OptimizerOverlap).
   Status StepChunks(int shard, const std::vector<size_t>& chunks, float grad_scale,
-                    bool speculative, const ChunkVisitor& updated = nullptr);
+                    bool speculative, ParamWriter* writer = nullptr);
   // Ends the speculation of the shard's chunks: `commit` frees their old state; otherwise
-  // their new state is freed and the old one is theirs again. Returns the chunks undone.
+  // the shard's writer is told (ParamWriter::Restart), their new state is freed and the old
+  // one is theirs again (kInPlace: the old parameters stored back through the writer).
+  // Returns the chunks undone.
   StatusOr<std::vector<size_t>> ResolveSpeculation(int shard, bool commit);
   // Visits the given chunks with their current values, read-only.
   Status VisitChunks(int shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit);
 
-  // Stores the shard's gradients (`count` elements of its grad_type) for the next Step,
-  // writing only the gradient part of each chunk: the engine's path for deposit after the
-  // reduce-scatter, without the read and rewrite of parameters and state a visit costs.
-  Status WriteGradients(int shard, const void* grads);
   // One chunk's gradients, of a shard with its own fp32 gradient storage, moved straight
   // between its home and the caller's page-aligned buffer of kGradientBufferBytes(count)
   // (the chunk's floats first): safe while a step runs on other chunks. The write is
@@ -286,14 +213,6 @@ class PipelinedOptimizer {
   static uint64_t GradientBufferBytes(size_t count) { return (count * 4 + 4095) / 4096 * 4096; }
   void WriteChunkGradientsAsync(int shard, size_t chunk, const void* buffer, IoCallback done);
   Status ReadChunkGradients(int shard, size_t chunk, void* buffer);
-
-  // Copies the shard's fp32 parameters into `out` (`count` floats), reading only the
-  // parameter-and-state part of each NVMe chunk (or, kept by the caller, through
-  // ExternalParams::read).
-  Status ReadParams(int shard, float* out);
-
-  // Reads a kNvme parameter copy into `out` (count elements of param_copy_type).
-  Status ReadParamCopy(int shard, void* out);
 
   const PipelinedStepStats& last_step_stats() const { return stats_; }
   uint64_t chunk_elements() const { return chunk_elements_; }
@@ -315,15 +234,17 @@ class PipelinedOptimizer {
     size_t chunk;
   };
   StatusOr<Shard*> Find(int shard);
+  // Frees the shard's tensors (the first error; it frees the rest regardless).
+  Status FreeShard(Shard& shard);
   // The staging buffers' companions for a speculative step's old parameters (once).
   Status MakeOldParamBuffers();
   static Status CheckChunks(const Shard& shard, const std::vector<size_t>& chunks);
   StatusOr<Shard*> FindGradientChunk(int shard, size_t chunk, const void* buffer);
   Status VisitChunks(Shard* shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit,
                      bool write_back);
-  // The pipeline over `items` (Note [Pipelined step]).
-  Status Run(const std::vector<Item>& items, float grad_scale, StepMode mode,
-             const ChunkVisitor& updated, bool speculative);
+  // The pipeline over `items` (Note [Pipelined step]); `writer` stands in for the shards'.
+  Status Run(const std::vector<Item>& items, float grad_scale, bool speculative,
+             ParamWriter* writer);
 
   CpuOptimizer* optimizer_;
   TieredStore* store_;
@@ -332,8 +253,7 @@ class PipelinedOptimizer {
   uint64_t chunk_elements_ = 0;
   uint64_t slot_bytes_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<Stream> copy_stream_;         // kDevice parameter copies
-  std::vector<std::unique_ptr<Shard>> shards_;  // by id; null once removed
+  std::vector<std::unique_ptr<Shard>> shards_;  // by id
   PipelinedStepStats stats_;
 };
 

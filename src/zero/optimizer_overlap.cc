@@ -13,13 +13,49 @@
 
 namespace zinf {
 
-StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(
-    const OverlapOptions& options, ChunkVisitor updated, std::function<Status()> restart) {
-  if (options.optimizer == nullptr || options.cpu == nullptr || options.params == nullptr) {
-    return InvalidArgument("optimizer overlap: optimizer, cpu and params must be set");
+class OptimizerOverlap::PacedWriter final : public ParamWriter {
+ public:
+  explicit PacedWriter(OptimizerOverlap* overlap) : o_(*overlap) {}
+  StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c) override {
+    return o_.writer_->Targets(c);
   }
-  std::unique_ptr<OptimizerOverlap> self(
-      new OptimizerOverlap(options, std::move(updated), std::move(restart)));
+  void Prefetch(const ChunkInfo& c) override { o_.writer_->Prefetch(c); }
+  Status Read(const ChunkView& c) override { return o_.writer_->Read(c); }
+  Status Store(const ChunkView& c) override { return o_.writer_->Store(c); }
+  Status Restart() override { return o_.writer_->Restart(); }
+  Status Updated(const ChunkView& c) override {
+    // chunks_ is in flat order: the chunk is the last one starting at or before c.offset.
+    auto it = std::upper_bound(o_.chunks_.begin(), o_.chunks_.end(), c.offset,
+                               [](size_t offset, const ChunkInfo& k) { return offset < k.offset; });
+    const size_t chunk = std::prev(it) - o_.chunks_.begin();
+    {
+      // Note [Step in the next forward's order]: at most `lead` elements ahead of the forward.
+      std::unique_lock lock(o_.mu_);
+      o_.asked_moved_.wait(lock, [&] {
+        return o_.begins_at_[chunk] - std::min(o_.begins_at_[chunk], o_.asked_) <= o_.lead_;
+      });
+      if (o_.cancel_) return Cancelled("the engine is closing");
+    }
+    Status s = o_.writer_->Updated(c);
+    if (s.ok()) {
+      std::lock_guard lock(o_.mu_);
+      o_.done_[chunk] = true;
+    }
+    o_.progress_.notify_all();
+    return s;
+  }
+
+ private:
+  OptimizerOverlap& o_;
+};
+
+StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(const OverlapOptions& options,
+                                                                     ParamWriter* writer) {
+  if (options.optimizer == nullptr || options.cpu == nullptr || options.params == nullptr ||
+      writer == nullptr) {
+    return InvalidArgument("optimizer overlap: optimizer, cpu, params and writer must be set");
+  }
+  std::unique_ptr<OptimizerOverlap> self(new OptimizerOverlap(options, writer));
   ZINF_ASSIGN_OR_RETURN(self->chunks_, options.optimizer->Chunks(options.shard));
   const std::vector<Param>& params = *options.params;
   self->of_.resize(params.size());
@@ -38,9 +74,8 @@ StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(
   return self;
 }
 
-OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ChunkVisitor updated,
-                                   std::function<Status()> restart)
-    : options_(options), updated_(std::move(updated)), restart_(std::move(restart)) {}
+OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ParamWriter* writer)
+    : options_(options), writer_(writer) {}
 
 OptimizerOverlap::~OptimizerOverlap() {
   Cancel();
@@ -113,8 +148,8 @@ void OptimizerOverlap::Work() {
     speculated_ += take;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    Status stepped = options_.optimizer->StepChunks(options_.shard, batch, scale_,
-                                                    /*speculative=*/true, updated_);
+    Status stepped =
+        options_.optimizer->StepChunks(options_.shard, batch, scale_, /*speculative=*/true);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
@@ -139,12 +174,9 @@ Status OptimizerOverlap::Stop() {
 }
 
 Status OptimizerOverlap::Abandon() {
-  // The writer lets go of the parameters first: dropping the speculation may write them (Note
-  // [Parameters kept by the caller]).
-  Status restarted = restart_ ? restart_() : OkStatus();
   StatusOr<std::vector<size_t>> undone =
       options_.optimizer->ResolveSpeculation(options_.shard, /*commit=*/false);
-  Status restored = restarted.ok() ? undone.status() : restarted;
+  Status restored = undone.status();
   if (restored.ok() && !undone->empty()) {
     // The old values again for every parameter an undone chunk touched, whole: a parameter
     // the worker began writing has other chunks, not stepped, whose part must be written too.
@@ -160,7 +192,8 @@ Status OptimizerOverlap::Abandon() {
     for (size_t c = 0; c < visit.size(); ++c) {
       if (visit[c]) chunks.push_back(c);
     }
-    restored = options_.optimizer->VisitChunks(options_.shard, chunks, updated_);
+    restored = options_.optimizer->VisitChunks(
+        options_.shard, chunks, [this](const ChunkView& c) { return writer_->Updated(c); });
   }
   Status reset = options_.cpu->SetStep(options_.group, step_before_);
   return restored.ok() ? reset : restored;
@@ -184,12 +217,6 @@ StatusOr<std::vector<size_t>> OptimizerOverlap::Resolve(std::optional<float> sca
   }
   // Kept when the step took the scale speculated with; else dropped and stepped again.
   const bool keep = *scale == scale_;  // (armed until Stop above)
-  if (!keep && restart_) {             // before the speculation is dropped, as in Abandon
-    if (Status restarted = restart_(); !restarted.ok()) {
-      Abandon().IgnoreError();
-      return restarted;
-    }
-  }
   StatusOr<std::vector<size_t>> undone =
       options_.optimizer->ResolveSpeculation(options_.shard, keep);
   if (!undone.ok()) {
@@ -205,7 +232,7 @@ StatusOr<std::vector<size_t>> OptimizerOverlap::Resolve(std::optional<float> sca
 Status OptimizerOverlap::Finish(std::optional<float> scale) {
   ZINF_ASSIGN_OR_RETURN(std::vector<size_t> rest, Resolve(scale));
   if (rest.empty()) return OkStatus();
-  return options_.optimizer->StepChunks(options_.shard, rest, *scale, false, updated_);
+  return options_.optimizer->StepChunks(options_.shard, rest, *scale, false);
 }
 
 std::vector<size_t> OptimizerOverlap::ChunkOrder(const std::vector<int>& params) const {
@@ -258,29 +285,9 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
   }
   tail_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
     NameThisThread("zinf-optim");
-    ChunkVisitor updated = [this](const ChunkView& c) {
-      // chunks_ is in flat order: the chunk is the last one starting at or before c.offset.
-      auto it =
-          std::upper_bound(chunks_.begin(), chunks_.end(), c.offset,
-                           [](size_t offset, const ChunkInfo& k) { return offset < k.offset; });
-      const size_t chunk = std::prev(it) - chunks_.begin();
-      {
-        // Note [Step in the next forward's order]: at most `lead` elements ahead of the forward.
-        std::unique_lock lock(mu_);
-        asked_moved_.wait(
-            lock, [&] { return begins_at_[chunk] - std::min(begins_at_[chunk], asked_) <= lead_; });
-        if (cancel_) return Cancelled("the engine is closing");
-      }
-      Status s = updated_(c);
-      if (s.ok()) {
-        std::lock_guard lock(mu_);
-        done_[chunk] = true;
-      }
-      progress_.notify_all();
-      return s;
-    };
+    PacedWriter paced(this);
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = options_.optimizer->StepChunks(options_.shard, ordered, scale, false, updated);
+    Status s = options_.optimizer->StepChunks(options_.shard, ordered, scale, false, &paced);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {

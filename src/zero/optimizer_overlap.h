@@ -79,13 +79,12 @@ struct OverlapOptions {
 
 class OptimizerOverlap {
  public:
-  // `updated` sees each chunk's new parameters (or its old ones again after a skipped
-  // step), from the worker or the calling thread, one at a time.
-  // `restart` (optional) is called when the speculation is dropped, before `updated` sees
-  // the chunks again: every chunk it saw will be shown again in whole.
-  static StatusOr<std::unique_ptr<OptimizerOverlap>> Create(
-      const OverlapOptions& options, ChunkVisitor updated,
-      std::function<Status()> restart = nullptr);
+  // `writer` is the shard's (ShardSpec::writer; not owned, it outlives this object): it sees
+  // each chunk's new parameters (or its old ones again after a skipped step), from the worker
+  // or the calling thread, one call at a time; a dropped speculation restarts it first
+  // (PipelinedOptimizer::ResolveSpeculation).
+  static StatusOr<std::unique_ptr<OptimizerOverlap>> Create(const OverlapOptions& options,
+                                                            ParamWriter* writer);
   // Stops the worker and drops a speculation still open (an abandoned batch), best effort.
   ~OptimizerOverlap();
   OptimizerOverlap(const OptimizerOverlap&) = delete;
@@ -142,12 +141,14 @@ class OptimizerOverlap {
   double overlapped_seconds() const { return overlapped_seconds_; }
 
  private:
-  OptimizerOverlap(const OverlapOptions& options, ChunkVisitor updated,
-                   std::function<Status()> restart);
+  // Stands in for the writer in a step begun by Start: hands each chunk on at most the lead
+  // ahead of the forward, and marks it done.
+  class PacedWriter;
+  OptimizerOverlap(const OverlapOptions& options, ParamWriter* writer);
   void Work();
   // Stops the worker after the batch it is stepping; its error, if any.
   Status Stop();
-  // Every chunk's speculative state dropped, their old parameters shown to `updated` again,
+  // Every chunk's speculative state dropped, their old parameters shown to the writer again,
   // and the step count set back.
   Status Abandon();
   // Finish's first part: resolves the speculation and says which chunks are left to step with
@@ -157,8 +158,7 @@ class OptimizerOverlap {
   bool SteppedLocked(const std::vector<int>& params) const;
 
   const OverlapOptions options_;
-  const ChunkVisitor updated_;
-  const std::function<Status()> restart_;
+  ParamWriter* const writer_;
   std::vector<ChunkInfo> chunks_;
   std::vector<uint64_t> remaining_;      // per chunk: elements whose gradient is not final
   std::vector<std::vector<size_t>> of_;  // per parameter: the chunks it touches

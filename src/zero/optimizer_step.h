@@ -186,6 +186,8 @@ class OptimizerStep final : public GradientSink {
  private:
   OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer, int group);
   Status OpenNvme(const ShardFill& initial);
+  // Where the NVMe step's chunks hand their new parameters: tier_writer_ or master_writer_.
+  ParamWriter* param_writer() const;
   Status ApplySchedule();
   OptimizerSpan WholeShard();
   float* Master(const Param& p) { return master_.as<float>() + p.flat_offset; }
@@ -216,12 +218,14 @@ class OptimizerStep final : public GradientSink {
   StoreArray master_, grad_acc_, state0_, state1_;
   std::vector<int> final_adds_;  // per parameter: reductions added this batch
 
-  // offload_optimizer.device = nvme: the pipelined step over the shard's chunks, the writes of
-  // the parameter tier from them (no host master), the step beside backward and forward, and
+  // offload_optimizer.device = nvme: the pipelined step over the shard's chunks, their
+  // ParamWriter (the writes of the parameter tier from them, or with a host master the copy
+  // into it: param_writer()), the step beside backward and forward, and
   // zinf.gradients_on_nvme's accumulators. Declared in the order they use each other.
   std::unique_ptr<PipelinedOptimizer> pipelined_;
   int nvme_shard_ = -1;
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer_;
+  std::unique_ptr<ParamWriter> master_writer_;
   std::unique_ptr<OptimizerOverlap> overlap_;
   std::unique_ptr<NvmeGradients> nvme_grads_;
   bool speculate_ = true;

@@ -13,6 +13,30 @@
 
 namespace zinf {
 
+// With the fp32 master in host memory the step's writer copies each chunk's new parameters
+// into it; the engine writes the parameter tier from the master after the step
+// (WriteParamTierFromMaster).
+namespace {
+
+class MasterWriter final : public ParamWriter {
+ public:
+  explicit MasterWriter(const StoreArray& master) : master_(master) {}
+  Status Updated(const ChunkView& c) override {
+    std::memcpy(master_.as<float>() + c.offset, c.params, c.count * 4);
+    return OkStatus();
+  }
+
+ private:
+  const StoreArray& master_;
+};
+
+}  // namespace
+
+ParamWriter* OptimizerStep::param_writer() const {
+  if (tier_writer_ != nullptr) return tier_writer_.get();
+  return master_writer_.get();
+}
+
 Status OptimizerStep::OpenNvme(const ShardFill& initial) {
   const OptimizerPlacement& at = placement_;
   // Its chunks live in the store's swap files and host tier (the engine sized both for them).
@@ -20,40 +44,27 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
                         PipelinedOptimizer::Create(optimizer_.get(), *at.store,
                                                    NvmeOptions(config_, at.shard_elements)));
   // The new parameters of each chunk the step updates go to the host master, or with none
-  // straight into the parameter tier.
-  ChunkVisitor updated = [this](const ChunkView& c) {
-    std::memcpy(master_.as<float>() + c.offset, c.params, c.count * 4);
-    return OkStatus();
-  };
-  std::function<Status()> restart;
-  // An fp32 parameter tier is the master itself: the chunks keep only the state (Note
-  // [Parameters kept by the caller]), so each parameter has one copy on NVMe.
-  const bool tier_is_master = ParamTierIsMaster(config_);
-  if (!at.host_master) {
-    tier_writer_ = std::make_unique<ParamTier::ChunkWriter>(at.param_tier, tier_is_master);
-    updated = [w = tier_writer_.get()](const ChunkView& c) { return w->Write(c); };
-    restart = [w = tier_writer_.get()] { return w->Restart(); };
+  // straight into the parameter tier: 16-bit copies written by the update itself, or, where
+  // an fp32 tier is the master, the parameters stepped in place there (the chunks keep only
+  // the state: Note [Parameters kept by the caller]), so each parameter has one copy on NVMe.
+  if (at.host_master) {
+    master_writer_ = std::make_unique<MasterWriter>(master_);
+  } else {
+    tier_writer_ =
+        std::make_unique<ParamTier::ChunkWriter>(at.param_tier, ParamTierIsMaster(config_));
+    // Initialization writes the parameter tier like a step does.
+    tier_writer_->Begin();
   }
-  // Initialization writes the parameter tier like a step does.
-  if (tier_writer_ != nullptr) tier_writer_->Begin();
   ShardSpec spec{.name = fmt::format("rank {} shard", at.rank),
                  .group = group_,
                  .count = at.shard_elements,
                  // Host accumulators are read where they are; with gradients on NVMe the
                  // shard keeps them in its chunks' tensors (Note [Gradients on NVMe]).
-                 .host_grads = grad_acc_.empty() ? nullptr : grad_acc_.data()};
-  if (tier_writer_ != nullptr && at.param_type != ElementType::kFp32) {
-    // The update writes the 16-bit parameters straight into the tier, in its own pass.
-    spec.param_copy_tier = ParamCopyTier::kCaller;
-    spec.param_copy_type = at.param_type;
-    spec.copy_targets = [w = tier_writer_.get()](const ChunkView& c) { return w->Targets(c); };
-  }
-  if (tier_is_master) {
-    ParamTier::ChunkWriter* w = tier_writer_.get();
-    spec.params = {.targets = [w](const ChunkView& c) { return w->Targets(c); },
-                   .prefetch = [w](const ChunkInfo& c) { w->Prefetch(c); },
-                   .read = [w](const ChunkView& c) { return w->Read(c); },
-                   .write = [w](const ChunkView& c) { return w->Store(c); }};
+                 .host_grads = grad_acc_.empty() ? nullptr : grad_acc_.data(),
+                 .writer = param_writer()};
+  if (tier_writer_ != nullptr) {
+    spec.handoff = tier_writer_->handoff();
+    spec.param_copy_type = tier_writer_->param_type();
   }
   StatusOr<int> shard = pipelined_->AddShard(spec, [&](const ChunkView& c) {
     if (at.host_master) {
@@ -61,7 +72,7 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
       return OkStatus();
     }
     ZINF_RETURN_IF_ERROR(initial(c.offset, c.count, c.params));
-    return at.params_on_nvme ? tier_writer_->Write(c) : OkStatus();
+    return at.params_on_nvme ? tier_writer_->Updated(c) : OkStatus();
   });
   Status written = tier_writer_ != nullptr ? tier_writer_->Finish() : OkStatus();
   ZINF_RETURN_IF_ERROR(shard.status());
@@ -75,7 +86,7 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
                                                   .params = at.params,
                                                   .enabled = config_.overlap_optimizer,
                                                   .speculation_limit = at.speculative_chunks},
-                                                 std::move(updated), std::move(restart)));
+                                                 param_writer()));
   if (config_.gradients_on_nvme) {
     // A chunk's gradients are final when its last write of the batch is on disk.
     ZINF_ASSIGN_OR_RETURN(

@@ -57,7 +57,7 @@
 #include <memory>
 #include <vector>
 
-#include "offload/pipelined_optimizer.h"
+#include "offload/param_writer.h"
 #include "zero/partition.h"
 #include "zero/store_array.h"
 #include "zinf/cpu_optimizer.h"
@@ -253,22 +253,27 @@ class ParamTier {
 };
 
 // Writes the parameter tier from the optimizer step's chunks of the flat shard (fp32 values of
-// its elements [c.offset, c.offset + c.count)), as they are updated: chunks in any order, a
-// chunk again (a speculative step redone), from one thread at a time, which may be another
-// than the one driving the ParamTier while backward goes on: it touches only the store
-// (thread-safe) and its own state. A parameter's write ends with its last element. The
-// persistent parameters stay pinned in the device tier for the whole batch (their gathered
-// copies are the shards with one rank), so their values are kept here and written by Finish,
-// on the driving thread after ParamTier::DropAll.
-class ParamTier::ChunkWriter {
+// its elements [c.offset, c.offset + c.count)), as they are updated: the step's ParamWriter
+// (offload/param_writer.h). Chunks in any order, a chunk again (a speculative step redone),
+// from one thread at a time, which may be another than the one driving the ParamTier while
+// backward goes on: it touches only the store (thread-safe) and its own state. A parameter's
+// write ends with its last element. The persistent parameters stay pinned in the device tier
+// for the whole batch (their gathered copies are the shards with one rank), so their values
+// are kept here and written by Finish, on the driving thread after ParamTier::DropAll.
+class ParamTier::ChunkWriter final : public ParamWriter {
  public:
   // `in_place`: the tier is fp32 and is the optimizer's master: the update reads and writes
-  // the parameters where they are (Note [Parameters kept by the caller] in
-  // offload/pipelined_optimizer.h), through Targets, and the writer only ends their writes.
+  // the parameters where they are (ParamHandoff::kInPlace, Note [Parameters kept by the
+  // caller] in offload/pipelined_optimizer.h), through Targets, and the writer only ends their
+  // writes. Else the handoff is kCopy for a 16-bit tier, kNewValues for an fp32 one.
   explicit ChunkWriter(ParamTier* tier, bool in_place = false);
-  ~ChunkWriter();
+  ~ChunkWriter() override;
   ChunkWriter(const ChunkWriter&) = delete;
   ChunkWriter& operator=(const ChunkWriter&) = delete;
+
+  // What the step hands this writer, and in which type (kCopy).
+  ParamHandoff handoff() const;
+  ElementType param_type() const;
 
   // Starts a step's writes: every parameter unwritten.
   void Begin();
@@ -280,23 +285,24 @@ class ParamTier::ChunkWriter {
   // speculative step dropped): what is open is released as it is, without a write-back,
   // since all of it will be overwritten; then as Begin. The store's host tier must not stay
   // held by a parameter half written meanwhile.
-  Status Restart();
-  Status Write(const ChunkView& c);
+  Status Restart() override;
+  // Writes the chunk's new parameters into the tier (where Targets did not already).
+  Status Updated(const ChunkView& c) override;
   // Where the update of chunk `c` may write the compute-precision copy of its new parameters
-  // straight into the tier (ParamCopyTier::kCaller), opening the parameters it covers; Write
+  // straight into the tier (ParamHandoff::kCopy), opening the parameters it covers; Updated
   // then finds them written (ChunkView::copy_written). Persistent parameters and padding get
   // no target. Only for a 16-bit compute precision (the kernels write bf16 or fp16 copies).
   // In place, the targets are the fp32 parameters themselves, persistent ones included (their
   // next values, loaded from the tier at the step's first touch).
-  StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c);
+  StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c) override;
   // In place: starts bringing the parameters of a chunk to be stepped to host memory; fills
   // a visited chunk's parameters from the tier (Read); stores them there (Store), leaving
   // open (as a step's writes do) each parameter that goes on past the chunk, until a later
   // chunk ends it or Finish. Store wants the gathered copies dropped (ParamTier::DropAll) and
   // no step writing (after Restart or Finish).
-  void Prefetch(const ChunkInfo& c);
-  Status Read(const ChunkView& c);
-  Status Store(const ChunkView& c);
+  void Prefetch(const ChunkInfo& c) override;
+  Status Read(const ChunkView& c) override;
+  Status Store(const ChunkView& c) override;
   // Writes those of `params` that are persistent and whose chunks are all written, on the
   // driving thread (as Finish does, ahead of it: their module is about to be fetched).
   Status WritePersistent(const std::vector<int>& params);

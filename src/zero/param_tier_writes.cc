@@ -80,6 +80,13 @@ ParamTier::ChunkWriter::ChunkWriter(ParamTier* tier, bool in_place)
 
 ParamTier::ChunkWriter::~ChunkWriter() { (void)Finish(); }
 
+ParamHandoff ParamTier::ChunkWriter::handoff() const {
+  if (in_place_) return ParamHandoff::kInPlace;
+  return param_type() == ElementType::kFp32 ? ParamHandoff::kNewValues : ParamHandoff::kCopy;
+}
+
+ElementType ParamTier::ChunkWriter::param_type() const { return tier_->options_.param_type; }
+
 void ParamTier::ChunkWriter::Begin() {
   const std::vector<Param>& params = *tier_->params_;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -225,7 +232,7 @@ StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkVie
   return targets;
 }
 
-Status ParamTier::ChunkWriter::Write(const ChunkView& c) {
+Status ParamTier::ChunkWriter::Updated(const ChunkView& c) {
   const std::vector<Param>& params = *tier_->params_;
   TieredStore* store = tier_->store_;
   const ElementType type = tier_->options_.param_type;

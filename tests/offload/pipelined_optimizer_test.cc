@@ -1,6 +1,6 @@
 // PipelinedOptimizer: bitwise equality with the in-memory CpuOptimizer::Step over several steps
-// (state on NVMe, in host memory, and split by nvme_ratio; every parameter tier), the budget
-// checks, and NVMe errors surfacing with the shard and chunk named.
+// (state on NVMe, in host memory, and split by nvme_ratio; every ParamHandoff to the shard's
+// ParamWriter), the budget checks, and NVMe errors surfacing with the shard and chunk named.
 #include "offload/pipelined_optimizer.h"
 
 #include <gmock/gmock.h>
@@ -95,6 +95,50 @@ struct SineShard {
   }
 };
 
+// A shard's fp32 parameters, as the visits read them (through the writer where it keeps them).
+std::vector<float> ParamsOf(PipelinedOptimizer& piped, int shard, size_t n) {
+  std::vector<float> out(n);
+  Status visited = piped.Visit(
+      shard,
+      [&](const ChunkView& c) {
+        std::memcpy(out.data() + c.offset, c.params, c.count * 4);
+        return OkStatus();
+      },
+      /*write_back=*/false);
+  EXPECT_TRUE(visited.ok()) << visited;
+  return out;
+}
+
+// A ParamWriter that keeps a copy of the shard's parameters in an array of its own: with
+// ParamHandoff::kCopy the update writes the bf16 copy there (Targets: the whole chunk, or with
+// `gap` its first elements left out and the rest in two stretches); with kNewValues Updated
+// copies the fp32 values into `values`. It counts what it hears.
+struct ArrayWriter : ParamWriter {
+  std::vector<uint16_t>* copy = nullptr;
+  std::vector<float>* values = nullptr;
+  size_t gap = 0;
+  size_t written = 0;  // chunks Updated heard had their copy written
+  size_t restarts = 0;
+
+  StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c) override {
+    uint16_t* dst = copy->data() + c.offset;
+    if (gap == 0) return std::vector<CopyTarget>{{0, c.count, dst}};
+    const uint64_t half = (c.count - gap) / 2;
+    return std::vector<CopyTarget>{{0, gap, nullptr},
+                                   {gap, half, dst + gap},
+                                   {gap + half, c.count - gap - half, dst + gap + half}};
+  }
+  Status Updated(const ChunkView& c) override {
+    written += c.copy_written ? 1 : 0;
+    if (values != nullptr) std::memcpy(values->data() + c.offset, c.params, c.count * 4);
+    return OkStatus();
+  }
+  Status Restart() override {
+    ++restarts;
+    return OkStatus();
+  }
+};
+
 // One shard's arrays held in memory: the reference the pipelined step must match.
 struct Reference {
   std::vector<float> params, m, v;
@@ -147,7 +191,8 @@ struct Reference {
 struct StepCase {
   std::string label;
   double ratio;
-  ParamCopyTier tier;
+  ParamHandoff handoff;
+  bool writer = true;  // kNewValues without a writer: nobody sees the new parameters
   ElementType grad_type = ElementType::kFp32;
 };
 void PrintTo(const StepCase& c, std::ostream* os) { *os << c.label; }
@@ -157,17 +202,9 @@ class PipelinedStepTest : public ::testing::TestWithParam<StepCase> {};
 TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
   const StepCase& c = GetParam();
   ScratchDir dir;
-  std::unique_ptr<TieredStore> store =
-      StepStore(dir.path(), c.ratio > 0 || c.tier == ParamCopyTier::kNvme);
+  std::unique_ptr<TieredStore> store = StepStore(dir.path(), c.ratio > 0);
   ASSERT_NE(store, nullptr);
-  std::unique_ptr<Device> device;
   PipelinedOptimizerOptions options = PipeOptions(c.ratio);
-  if (c.tier == ParamCopyTier::kDevice) {
-    auto d = CreateHostDevice({.memory_budget_bytes = 64 << 20});
-    ASSERT_TRUE(d.ok());
-    device = std::move(*d);
-    options.device = device.get();
-  }
   // Two optimizers with the same groups: one streamed, one stepped in memory.
   auto piped_opt = CpuOptimizer::Create();
   auto ref_opt = CpuOptimizer::Create();
@@ -188,25 +225,23 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
   const std::vector<int> groups = {0, 1};
   std::vector<Reference> refs;
   std::vector<std::vector<uint16_t>> copies(sizes.size());
-  std::vector<DeviceBuffer> device_copies(sizes.size());
+  std::vector<std::vector<float>> values(sizes.size());
+  std::vector<ArrayWriter> writers(sizes.size());
   std::vector<int> ids;
   for (size_t s = 0; s < sizes.size(); ++s) {
     refs.emplace_back(sizes[s], 17 + s, c.grad_type);
     const int state_count = s == 0 ? 2 : 1;
+    copies[s].assign(sizes[s], 0);
+    values[s].assign(sizes[s], 0.0f);
+    writers[s].copy = &copies[s];
+    writers[s].values = &values[s];
     ShardSpec spec;
     spec.name = "layer" + std::to_string(s);
     spec.group = groups[s];
     spec.count = sizes[s];
     spec.grad_type = c.grad_type;
-    spec.param_copy_tier = c.tier;
-    copies[s].assign(sizes[s], 0);
-    if (c.tier == ParamCopyTier::kHost) spec.param_copy = copies[s].data();
-    if (c.tier == ParamCopyTier::kDevice) {
-      auto b = device->Allocate(sizes[s] * 2);
-      ASSERT_TRUE(b.ok());
-      device_copies[s] = std::move(*b);
-      spec.param_copy = device_copies[s].data();
-    }
+    spec.writer = c.writer ? &writers[s] : nullptr;
+    spec.handoff = c.handoff;
     ASSERT_TRUE(ref_opt->get()->InitState(groups[s], refs[s].Span(state_count)).ok());
     Reference& ref = refs[s];
     auto id = (*piped)->AddShard(spec, [&](const ChunkView& chunk) {
@@ -221,7 +256,7 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
     for (size_t s = 0; s < sizes.size(); ++s) {
       Reference& ref = refs[s];
       ref.NewGrads(1000 * step + s);
-      // Deposit the gradients as the engine does: chunk by chunk into the shard's home.
+      // Deposit the gradients chunk by chunk into the shard's home.
       ASSERT_TRUE((*piped)
                       ->Visit(
                           ids[s],
@@ -267,18 +302,17 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
                   /*write_back=*/false)
               .ok());
       EXPECT_EQ(mismatches, 0u) << "shard " << s << " step " << step;
-      std::vector<uint16_t> copy(sizes[s], 0xFFFF);
-      if (c.tier == ParamCopyTier::kHost) copy = copies[s];
-      if (c.tier == ParamCopyTier::kDevice) {
-        std::memcpy(copy.data(), device_copies[s].data(), sizes[s] * 2);
+      if (c.handoff == ParamHandoff::kCopy) {
+        EXPECT_EQ(copies[s], ref.copy) << "shard " << s << " step " << step;
       }
-      if (c.tier == ParamCopyTier::kNvme) {
-        ASSERT_TRUE((*piped)->ReadParamCopy(ids[s], copy.data()).ok());
-      }
-      if (c.tier != ParamCopyTier::kNone) {
-        EXPECT_EQ(copy, ref.copy) << "shard " << s << " step " << step;
+      if (c.writer) {  // the writer heard of every chunk, with the new values
+        EXPECT_EQ(std::memcmp(values[s].data(), ref.params.data(), sizes[s] * 4), 0)
+            << "shard " << s << " step " << step;
       }
     }
+  }
+  if (c.handoff == ParamHandoff::kCopy) {
+    EXPECT_EQ(writers[0].written, 3u * 4) << "every chunk's copy written, every step";
   }
   // The staging buffers fit the budget they were given.
   EXPECT_LE((*piped)->staging_bytes(), options.host_budget_bytes);
@@ -286,12 +320,13 @@ TEST_P(PipelinedStepTest, BitwiseIdenticalToInMemoryStepOverSeveralSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tiers, PipelinedStepTest,
-    ::testing::Values(StepCase{"nvme_copy_host", 1.0, ParamCopyTier::kHost},
-                      StepCase{"host_copy_host", 0.0, ParamCopyTier::kHost},
-                      StepCase{"split_copy_nvme", 0.5, ParamCopyTier::kNvme},
-                      StepCase{"split_copy_device", 0.3, ParamCopyTier::kDevice},
-                      StepCase{"nvme_no_copy", 1.0, ParamCopyTier::kNone},
-                      StepCase{"split_bf16_grads", 0.5, ParamCopyTier::kHost, ElementType::kBf16}),
+    ::testing::Values(StepCase{"nvme_copy", 1.0, ParamHandoff::kCopy},
+                      StepCase{"host_copy", 0.0, ParamHandoff::kCopy},
+                      StepCase{"split_copy", 0.5, ParamHandoff::kCopy},
+                      StepCase{"split_new_values", 0.3, ParamHandoff::kNewValues},
+                      StepCase{"nvme_no_writer", 1.0, ParamHandoff::kNewValues, false},
+                      StepCase{"split_bf16_grads", 0.5, ParamHandoff::kCopy, true,
+                               ElementType::kBf16}),
     [](const auto& info) { return info.param.label; });
 
 TEST(PipelinedOptimizerTest, BudgetTooSmallForOneChunkNamesTheMinimum) {
@@ -342,14 +377,26 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
   EXPECT_FALSE((*piped)->AddShard(spec).ok());  // no such group
   ASSERT_TRUE(opt->get()->AddParamGroup({}).ok());
   spec.group = 0;
-  spec.param_copy_tier = ParamCopyTier::kHost;
-  EXPECT_THAT((*piped)->AddShard(spec).status().message(), HasSubstr("param_copy is null"));
+  spec.handoff = ParamHandoff::kCopy;
+  EXPECT_THAT((*piped)->AddShard(spec).status().message(), HasSubstr("writer"));
+  spec.handoff = ParamHandoff::kInPlace;
+  EXPECT_THAT((*piped)->AddShard(spec).status().message(), HasSubstr("writer"));
+  ArrayWriter writer;
+  spec.writer = &writer;
+  spec.handoff = ParamHandoff::kCopy;
+  spec.param_copy_type = ElementType::kFp32;
+  EXPECT_THAT((*piped)->AddShard(spec).status().message(), HasSubstr("param_copy_type"));
   EXPECT_EQ((*piped)->Step({3}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*piped)
+                ->Visit(
+                    99, [](const ChunkView&) { return OkStatus(); }, false)
+                .code(),
+            StatusCode::kInvalidArgument);
 }
 
 // The step's staging buffers and host chunks are tensors of the store's host tier and its NVMe
-// chunks tensors homed on NVMe: each counted in that tier, all of it given back with the shard
-// and the optimizer, and the step bitwise the in-memory one.
+// chunks tensors homed on NVMe: each counted in that tier, all of it given back with the
+// optimizer, and the step bitwise the in-memory one.
 TEST(PipelinedOptimizerTest, AsATieredStoresClientItsBytesCountInTheStoresTiers) {
   ScratchDir dir;
   TieredStoreOptions so;
@@ -387,17 +434,21 @@ TEST(PipelinedOptimizerTest, AsATieredStoresClientItsBytesCountInTheStoresTiers)
     ASSERT_TRUE((*ref_opt)->BeginStep(0).ok());
     ref.NewGrads(11);
     ASSERT_TRUE((*ref_opt)->Update(0, ref.Span(2)).ok());
-    ASSERT_TRUE((*piped)->WriteGradients(*shard, ref.grads.data()).ok());
+    ASSERT_TRUE((*piped)
+                    ->Visit(
+                        *shard,
+                        [&](const ChunkView& c) {
+                          std::memcpy(c.grads, ref.grads.data() + c.offset * 4, c.count * 4);
+                          return OkStatus();
+                        },
+                        /*write_back=*/true)
+                    .ok());
     ASSERT_TRUE((*piped)->Step().ok());
-    std::vector<float> params(n);
-    ASSERT_TRUE((*piped)->ReadParams(*shard, params.data()).ok());
+    const std::vector<float> params = ParamsOf(**piped, *shard, n);
     EXPECT_EQ(std::memcmp(params.data(), ref.params.data(), n * 4), 0);
-
-    ASSERT_TRUE((*piped)->RemoveShard(*shard).ok());
-    EXPECT_EQ(tier_bytes(Tier::kHost), staging);
-    EXPECT_EQ(tier_bytes(Tier::kNvme), 0u);
   }
   EXPECT_EQ(tier_bytes(Tier::kHost), 0u);
+  EXPECT_EQ(tier_bytes(Tier::kNvme), 0u);
 
   // A host tier without room for the staging buffers, and a store without an NVMe tier.
   so.host_budget_bytes = 1 << 20;
@@ -415,11 +466,10 @@ TEST(PipelinedOptimizerTest, AsATieredStoresClientItsBytesCountInTheStoresTiers)
   EXPECT_TRUE(PipelinedOptimizer::Create(opt->get(), **host_only, PipeOptions(0.0)).ok());
 }
 
-// WriteGradients and ReadParams move only the gradient and parameter parts of each chunk; a
-// shard fed through them must step exactly like one fed through visits.
-// Three ways to give the step its gradients (a visit, WriteGradients, a host array through
-// ShardSpec::host_grads) give bitwise the same parameters.
-TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits) {
+// Three ways to give the step its gradients (a visit, WriteChunkGradientsAsync chunk by chunk
+// as the engine's gradients on NVMe do, a host array through ShardSpec::host_grads) give
+// bitwise the same parameters.
+TEST(PipelinedOptimizerTest, ChunkGradientsHostGradientsAndVisitsMatch) {
   Piped f(0.5);
   auto* opt = &f.opt;
   auto* piped = &f.piped;
@@ -440,6 +490,10 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
   ASSERT_TRUE((*opt)->AddParamGroup({}).ok());
   auto h = (*piped)->AddShard(spec, fill);
   ASSERT_TRUE(a.ok() && b.ok() && h.ok());
+  auto chunks = (*piped)->Chunks(*b);
+  ASSERT_TRUE(chunks.ok());
+  auto buffer = HostBuffer::Allocate(PipelinedOptimizer::GradientBufferBytes(kChunk));
+  ASSERT_TRUE(buffer.ok());
   for (int step = 0; step < 2; ++step) {
     ASSERT_TRUE((*piped)
                     ->Visit(
@@ -450,28 +504,24 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
                         },
                         /*write_back=*/true)
                     .ok());
-    ASSERT_TRUE((*piped)->WriteGradients(*b, grads.data()).ok());
+    for (size_t c = 0; c < chunks->size(); ++c) {
+      const ChunkInfo& chunk = (*chunks)[c];
+      std::memcpy(buffer->data(), grads.data() + chunk.offset, chunk.count * 4);
+      IoWaiter done;
+      done.Add(1);
+      (*piped)->WriteChunkGradientsAsync(*b, c, buffer->data(), done.Callback());
+      ASSERT_TRUE(done.Wait().ok());
+    }
     ASSERT_TRUE((*piped)->Step({*a, *b}).ok());
     const uint64_t with_extents = (*piped)->last_step_stats().bytes_read;
     ASSERT_TRUE((*piped)->Step({*h}).ok());
     EXPECT_LT((*piped)->last_step_stats().bytes_read, with_extents / 2)
         << "host gradients are not read from NVMe";
   }
-  std::vector<float> via_visit(n), via_read(n, -1.0f);
-  ASSERT_TRUE((*piped)
-                  ->Visit(
-                      *a,
-                      [&](const ChunkView& c) {
-                        std::memcpy(via_visit.data() + c.offset, c.params, c.count * 4);
-                        return OkStatus();
-                      },
-                      /*write_back=*/false)
-                  .ok());
-  ASSERT_TRUE((*piped)->ReadParams(*b, via_read.data()).ok());
-  EXPECT_NE(via_read, init) << "the steps must have changed the parameters";
-  EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
-  ASSERT_TRUE((*piped)->ReadParams(*h, via_read.data()).ok());
-  EXPECT_EQ(std::memcmp(via_visit.data(), via_read.data(), n * 4), 0);
+  const std::vector<float> via_visit = ParamsOf(**piped, *a, n);
+  EXPECT_NE(via_visit, init) << "the steps must have changed the parameters";
+  EXPECT_EQ(std::memcmp(via_visit.data(), ParamsOf(**piped, *b, n).data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(via_visit.data(), ParamsOf(**piped, *h, n).data(), n * 4), 0);
   // A visit of the host-gradient shard shows the caller's array as its gradients.
   ASSERT_TRUE((*piped)
                   ->Visit(
@@ -482,8 +532,6 @@ TEST(PipelinedOptimizerTest, WriteGradientsHostGradientsAndReadParamsMatchVisits
                       },
                       /*write_back=*/false)
                   .ok());
-  EXPECT_EQ((*piped)->WriteGradients(*b, nullptr).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*piped)->ReadParams(99, via_read.data()).code(), StatusCode::kInvalidArgument);
 }
 
 // Note [Speculative step]: chunks stepped out of order and speculatively, then kept, give the
@@ -498,6 +546,10 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
   const std::vector<float>& init = data.init;
   std::vector<float> grads = data.grads;
   const ChunkVisitor fill = data.Fill();
+  // The parts' writer records the parameters it is handed.
+  std::vector<float> seen(n);
+  ArrayWriter writer;
+  writer.values = &seen;
   ShardSpec spec;
   spec.count = n;
   spec.host_grads = grads.data();
@@ -505,27 +557,20 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
   auto whole = (*piped)->AddShard(spec, fill);
   spec.name = "parts";
   spec.group = 1;
+  spec.writer = &writer;
   auto parts = (*piped)->AddShard(spec, fill);
   ASSERT_TRUE(whole.ok() && parts.ok());
-  auto read = [&](int shard) {
-    std::vector<float> out(n);
-    EXPECT_TRUE((*piped)->ReadParams(shard, out.data()).ok());
-    return out;
-  };
+  auto read = [&](int shard) { return ParamsOf(**piped, shard, n); };
   auto chunks = (*piped)->Chunks(*parts);
   ASSERT_TRUE(chunks.ok());
   ASSERT_EQ(chunks->size(), 5u);
-  std::vector<float> seen(n);
-  auto record = [&](const ChunkView& c) {
-    std::memcpy(seen.data() + c.offset, c.params, c.count * 4);
-    return OkStatus();
-  };
+  auto record = [&](const ChunkView& c) { return writer.Updated(c); };
 
   // Step 1: speculated last-to-first in two parts, kept.
   ASSERT_TRUE((*piped)->Step({*whole}, 0.5f).ok());
   ASSERT_TRUE((*piped)->BeginPartialStep(*parts).ok());
-  ASSERT_TRUE((*piped)->StepChunks(*parts, {4, 3}, 0.5f, true, record).ok());
-  ASSERT_TRUE((*piped)->StepChunks(*parts, {2, 1, 0}, 0.5f, true, record).ok());
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {4, 3}, 0.5f, true).ok());
+  ASSERT_TRUE((*piped)->StepChunks(*parts, {2, 1, 0}, 0.5f, true).ok());
   EXPECT_EQ((*piped)->StepChunks(*parts, {1}, 0.5f, true).code(), StatusCode::kInvalidArgument)
       << "a chunk speculated twice would lose its old state";
   auto kept = (*piped)->ResolveSpeculation(*parts, /*commit=*/true);
@@ -534,7 +579,8 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
   const std::vector<float> after1 = read(*whole);
   EXPECT_NE(after1, init);
   EXPECT_EQ(std::memcmp(read(*parts).data(), after1.data(), n * 4), 0);
-  EXPECT_EQ(std::memcmp(seen.data(), after1.data(), n * 4), 0) << "the visitor saw new values";
+  EXPECT_EQ(std::memcmp(seen.data(), after1.data(), n * 4), 0) << "the writer saw new values";
+  EXPECT_EQ(writer.restarts, 0u) << "a kept speculation restarts nothing";
 
   // Step 2: speculated at 0.5, found to need 0.25: dropped and stepped again.
   ASSERT_TRUE((*piped)->Step({*whole}, 0.25f).ok());
@@ -543,6 +589,7 @@ TEST(PipelinedOptimizerTest, SpeculativeChunksKeptOrDroppedMatchTheWholeStep) {
   auto undone = (*piped)->ResolveSpeculation(*parts, /*commit=*/false);
   ASSERT_TRUE(undone.ok());
   EXPECT_EQ(*undone, (std::vector<size_t>{3, 4}));
+  EXPECT_EQ(writer.restarts, 1u) << "the writer hears that the speculation is dropped";
   EXPECT_EQ(std::memcmp(read(*parts).data(), after1.data(), n * 4), 0) << "old state back";
   ASSERT_TRUE((*piped)->StepChunks(*parts, {0, 1, 2, 3, 4}, 0.25f, false).ok());
   const std::vector<float> after2 = read(*whole);
@@ -601,7 +648,7 @@ TEST(PipelinedOptimizerTest, ChunkGradientsRoundTripAndBadInput) {
   EXPECT_EQ((*piped)->ReadChunkGradients(7, 0, back->data()).code(), StatusCode::kInvalidArgument);
 }
 
-TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {
+TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunks) {
   Piped f(0.5);
   auto* piped = &f.piped;
   ShardSpec spec;
@@ -620,17 +667,20 @@ TEST(PipelinedOptimizerTest, SpeculationRefusesHostChunksAndParameterCopies) {
   EXPECT_TRUE((*piped)->ResolveSpeculation(*id, true).ok());
 }
 
-// ParamCopyTier::kCaller: the update writes each chunk's bf16 copy where the caller's targets
-// say, stretch by stretch (here two per chunk into an array of the caller's, and a gap with no
-// target), the visitor hears that it did, and the parameters are the bits of a step without a
-// copy; a shard without targets is refused.
-TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
+// ParamHandoff::kCopy: the update writes each chunk's bf16 copy where the writer's targets
+// say, stretch by stretch (here two per chunk into an array of the writer's, and a gap with no
+// target), the writer hears that it did, and the parameters are the bits of a step without a
+// copy; a shard without a writer is refused.
+TEST(PipelinedOptimizerTest, CopyTargetsGetTheUpdatedParameters) {
   Piped f(1.0, /*groups=*/2);
   const size_t n = 2 * kChunk + 300;
   const SineShard data(n);
   std::vector<float> grads = data.grads;
   std::vector<uint16_t> copy(n, 0xFFFF);
   const size_t gap = 17;  // elements [c.offset, c.offset + gap) of each chunk get no target
+  ArrayWriter writer;
+  writer.copy = &copy;
+  writer.gap = gap;
   ShardSpec plain;
   plain.name = "plain";
   plain.count = n;
@@ -638,31 +688,17 @@ TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
   ShardSpec fused = plain;
   fused.name = "fused";
   fused.group = 1;
-  fused.param_copy_tier = ParamCopyTier::kCaller;
+  fused.writer = &writer;
+  fused.handoff = ParamHandoff::kCopy;
   fused.param_copy_type = ElementType::kBf16;
-  fused.copy_targets = [&](const ChunkView& c) -> StatusOr<std::vector<CopyTarget>> {
-    const uint64_t half = (c.count - gap) / 2;
-    return std::vector<CopyTarget>{
-        {0, gap, nullptr},
-        {gap, half, copy.data() + c.offset + gap},
-        {gap + half, c.count - gap - half, copy.data() + c.offset + gap + half}};
-  };
   auto a = f.piped->AddShard(plain, data.Fill());
   auto b = f.piped->AddShard(fused, data.Fill());
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  size_t written = 0;
   ASSERT_TRUE(f.piped->Step({*a}).ok());
-  ASSERT_TRUE(f.piped
-                  ->Step({*b}, 1.0f, StepMode::kFull,
-                         [&](const ChunkView& c) {
-                           written += c.copy_written ? 1 : 0;
-                           return OkStatus();
-                         })
-                  .ok());
-  EXPECT_EQ(written, 3u) << "every chunk's visit hears the copy was written";
-  std::vector<float> pa(n), pb(n);
-  ASSERT_TRUE(f.piped->ReadParams(*a, pa.data()).ok());
-  ASSERT_TRUE(f.piped->ReadParams(*b, pb.data()).ok());
+  ASSERT_TRUE(f.piped->Step({*b}).ok());
+  EXPECT_EQ(writer.written, 3u) << "the writer hears of every chunk's copy";
+  const std::vector<float> pa = ParamsOf(*f.piped, *a, n);
+  const std::vector<float> pb = ParamsOf(*f.piped, *b, n);
   EXPECT_EQ(std::memcmp(pa.data(), pb.data(), n * 4), 0);
   std::vector<uint16_t> expected(n);
   ConvertFromFp32(pb.data(), ElementType::kBf16, expected.data(), n);
@@ -671,47 +707,61 @@ TEST(PipelinedOptimizerTest, CallerCopyTargetsGetTheUpdatedParameters) {
     ASSERT_EQ(copy[i], targeted ? expected[i] : 0xFFFF) << "element " << i;
   }
   ShardSpec missing = fused;
-  missing.copy_targets = nullptr;
+  missing.writer = nullptr;
   EXPECT_EQ(f.piped->AddShard(missing).status().code(), StatusCode::kInvalidArgument);
 }
 
 // Note [Parameters kept by the caller]: a shard whose fp32 parameters live in the caller's
 // memory steps them in place, stretch by stretch, to the bits of a shard that keeps them in
-// its chunks, while moving two thirds of the chunk bytes; visits and ReadParams go through the
-// caller's read and write; a dropped speculation puts the old parameters back.
+// its chunks, while moving two thirds of the chunk bytes; visits go through the writer's Read
+// and Store; a dropped speculation puts the old parameters back.
 TEST(PipelinedOptimizerTest, ParametersKeptByTheCallerStepInPlaceWithTwoThirdsTheBytes) {
   Piped f(1.0, /*groups=*/2);
   const size_t n = 3 * kChunk + 300;
   const SineShard data(n);
   std::vector<float> grads = data.grads;
   std::vector<float> kept = data.init;  // the caller's parameters
-  size_t prefetched = 0;
   ShardSpec plain;
   plain.name = "plain";
   plain.count = n;
   plain.host_grads = grads.data();
+  // The caller's writer: the first elements of the shard are padding (no target), the rest of
+  // each chunk two stretches of `kept`.
+  const size_t gap = 5;
+  struct KeptParams : ParamWriter {
+    std::vector<float>* kept = nullptr;
+    size_t gap = 0;
+    size_t prefetched = 0;
+    StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c) override {
+      const uint64_t skip = c.offset == 0 ? gap : 0;
+      const uint64_t half = (c.count - skip) / 2;
+      std::vector<CopyTarget> t;
+      if (skip > 0) t.push_back({0, skip, nullptr});
+      t.push_back({skip, half, kept->data() + c.offset + skip});
+      t.push_back({skip + half, c.count - skip - half, kept->data() + c.offset + skip + half});
+      return t;
+    }
+    void Prefetch(const ChunkInfo&) override { ++prefetched; }
+    Status Read(const ChunkView& c) override {
+      std::memcpy(c.params, kept->data() + c.offset, c.count * 4);
+      return OkStatus();
+    }
+    Status Store(const ChunkView& c) override {
+      std::memcpy(kept->data() + c.offset, c.params, c.count * 4);
+      return OkStatus();
+    }
+    Status Updated(const ChunkView& c) override {
+      EXPECT_TRUE(c.params_in_place);
+      return OkStatus();
+    }
+  } writer;
+  writer.kept = &kept;
+  writer.gap = gap;
   ShardSpec outside = plain;
   outside.name = "outside";
   outside.group = 1;
-  const size_t gap = 5;  // the first elements of the shard are padding: no target
-  outside.params.targets = [&](const ChunkView& c) -> StatusOr<std::vector<CopyTarget>> {
-    const uint64_t skip = c.offset == 0 ? gap : 0;
-    const uint64_t half = (c.count - skip) / 2;
-    std::vector<CopyTarget> t;
-    if (skip > 0) t.push_back({0, skip, nullptr});
-    t.push_back({skip, half, kept.data() + c.offset + skip});
-    t.push_back({skip + half, c.count - skip - half, kept.data() + c.offset + skip + half});
-    return t;
-  };
-  outside.params.prefetch = [&](const ChunkInfo&) { ++prefetched; };
-  outside.params.read = [&](const ChunkView& c) {
-    std::memcpy(c.params, kept.data() + c.offset, c.count * 4);
-    return OkStatus();
-  };
-  outside.params.write = [&](const ChunkView& c) {
-    std::memcpy(kept.data() + c.offset, c.params, c.count * 4);
-    return OkStatus();
-  };
+  outside.writer = &writer;
+  outside.handoff = ParamHandoff::kInPlace;
   for (size_t i = 0; i < gap; ++i) kept[i] = 0;  // padding holds zeros, as the engine's does
   std::vector<float> init = data.init;
   for (size_t i = 0; i < gap; ++i) init[i] = 0;
@@ -722,11 +772,7 @@ TEST(PipelinedOptimizerTest, ParametersKeptByTheCallerStepInPlaceWithTwoThirdsTh
   auto a = f.piped->AddShard(plain, fill);
   auto b = f.piped->AddShard(outside, fill);
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  auto params_of = [&](int shard) {
-    std::vector<float> out(n);
-    EXPECT_TRUE(f.piped->ReadParams(shard, out.data()).ok());
-    return out;
-  };
+  auto params_of = [&](int shard) { return ParamsOf(*f.piped, shard, n); };
   auto state_of = [&](int shard) {
     std::vector<float> m(n), v(n);
     EXPECT_TRUE(f.piped
@@ -749,21 +795,15 @@ TEST(PipelinedOptimizerTest, ParametersKeptByTheCallerStepInPlaceWithTwoThirdsTh
 
   ASSERT_TRUE(f.piped->Step({*a}, 0.5f).ok());
   const uint64_t plain_bytes = f.piped->last_step_stats().bytes_written;
-  ASSERT_TRUE(f.piped
-                  ->Step({*b}, 0.5f, StepMode::kFull,
-                         [&](const ChunkView& c) {
-                           EXPECT_TRUE(c.params_in_place);
-                           return OkStatus();
-                         })
-                  .ok());
-  EXPECT_EQ(prefetched, 4u) << "one prefetch per chunk";
+  ASSERT_TRUE(f.piped->Step({*b}, 0.5f).ok());
+  EXPECT_EQ(writer.prefetched, 4u) << "one prefetch per chunk";
   for (size_t i = 0; i < gap; ++i) EXPECT_EQ(kept[i], 0.0f) << "padding has no target";
   EXPECT_EQ(f.piped->last_step_stats().bytes_written * 3, plain_bytes * 2)
       << "the chunks hold the two state arrays, not the parameters";
   EXPECT_EQ(f.piped->last_step_stats().bytes_read, f.piped->last_step_stats().bytes_written);
   EXPECT_NE(kept, data.init);
   EXPECT_TRUE(same(kept, params_of(*a))) << "stepped in place, bitwise";
-  EXPECT_TRUE(same(params_of(*b), kept)) << "ReadParams reads the caller's";
+  EXPECT_TRUE(same(params_of(*b), kept)) << "a visit reads the caller's";
   EXPECT_EQ(state_of(*a), state_of(*b));
 
   // Speculated at 0.5, dropped: the caller's parameters are the old ones again; then stepped
@@ -802,14 +842,9 @@ TEST(PipelinedOptimizerTest, ParametersKeptByTheCallerStepInPlaceWithTwoThirdsTh
   EXPECT_EQ(kept[kChunk], 42.0f);
   EXPECT_EQ(kept[3 * kChunk], 42.0f);
 
-  ShardSpec no_read = outside;
-  no_read.params.read = nullptr;
-  EXPECT_EQ(f.piped->AddShard(no_read).status().code(), StatusCode::kInvalidArgument);
-  ShardSpec with_copy = outside;
-  with_copy.param_copy_tier = ParamCopyTier::kHost;
-  std::vector<uint16_t> copy(n);
-  with_copy.param_copy = copy.data();
-  EXPECT_EQ(f.piped->AddShard(with_copy).status().code(), StatusCode::kInvalidArgument);
+  ShardSpec no_writer = outside;
+  no_writer.writer = nullptr;
+  EXPECT_EQ(f.piped->AddShard(no_writer).status().code(), StatusCode::kInvalidArgument);
 }
 
 // NVMe failures during the step surface with the shard and chunk named; a failed write stays
@@ -874,44 +909,6 @@ TEST(PipelinedOptimizerFaults, ReadErrorAndCorruptReadSurface) {
   EXPECT_EQ(status.code(), StatusCode::kDataLoss) << status;
   // Nothing was written wrongly: the next step works.
   EXPECT_TRUE(f.piped->Step().ok());
-}
-
-TEST(PipelinedOptimizerTest, BenchmarkModesRunAndIoOnlyKeepsTheState) {
-  ScratchDir dir;
-  auto store = StepStore(dir.path());
-  ASSERT_NE(store, nullptr);
-  auto opt = CpuOptimizer::Create();
-  ASSERT_TRUE(opt.ok());
-  ASSERT_TRUE(opt->get()->AddParamGroup({}).ok());
-  auto piped = PipelinedOptimizer::Create(opt->get(), *store, PipeOptions(1.0));
-  ASSERT_TRUE(piped.ok());
-  ShardSpec spec;
-  spec.name = "h";
-  spec.count = 2 * kChunk;
-  auto id = (*piped)->AddShard(spec, [](const ChunkView& c) {
-    for (size_t i = 0; i < c.count; ++i) c.params[i] = static_cast<float>(c.offset + i);
-    return OkStatus();
-  });
-  ASSERT_TRUE(id.ok());
-  ASSERT_TRUE((*piped)->Step({}, 1.0f, StepMode::kIoOnly).ok());
-  EXPECT_EQ((*piped)->last_step_stats().compute_seconds, 0.0);
-  EXPECT_GT((*piped)->last_step_stats().bytes_written, 0u);
-  ASSERT_TRUE((*piped)->Step({}, 1.0f, StepMode::kComputeOnly).ok());
-  EXPECT_EQ((*piped)->last_step_stats().bytes_read, 0u);
-  size_t wrong = 0;
-  ASSERT_TRUE((*piped)
-                  ->Visit(
-                      *id,
-                      [&](const ChunkView& c) {
-                        for (size_t i = 0; i < c.count; ++i) {
-                          wrong += c.params[i] != static_cast<float>(c.offset + i);
-                        }
-                        return OkStatus();
-                      },
-                      false)
-                  .ok());
-  EXPECT_EQ(wrong, 0u);
-  EXPECT_EQ(opt->get()->group(0)->step, 0);  // benchmark modes do not advance the step
 }
 
 }  // namespace
