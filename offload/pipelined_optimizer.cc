@@ -124,6 +124,206 @@ struct PipelinedOptimizer::Shard {
   }
 };
 
+// One run of the pipeline over a list of chunks (Note [Pipelined step]): item j's chunk is read
+// into staging buffer j % k, updated there (a host chunk where it lives), handed to its writer
+// and written home from there, while the reads of the next items and the write of the one
+// before are in flight.
+class PipelinedOptimizer::Pipeline {
+ public:
+  Pipeline(PipelinedOptimizer& optimizer, const std::vector<Item>& items, float grad_scale,
+           bool speculative, ParamWriter* writer)
+      : o_(optimizer),
+        items_(items),
+        grad_scale_(grad_scale),
+        speculative_(speculative),
+        writer_(writer),
+        k_(optimizer.slots_.size()) {}
+
+  // Every item through the pipeline; the I/O is drained whatever happens.
+  Status Run() {
+    const Clock::time_point start = Clock::now();
+    const size_t n = items_.size();
+    Status failure;
+    size_t failed = 0;
+    for (size_t j = 0; j < std::min(n, k_ - 1) && failure.ok(); ++j) {
+      failure = Read(j);
+      failed = j;
+    }
+    for (size_t i = 0; i < n && failure.ok(); ++i) {
+      failed = i;
+      failure = Process(i);
+      if (failure.ok() && i + k_ - 1 < n) {
+        failure = Read(i + k_ - 1);
+        if (!failure.ok()) failed = i + k_ - 1;
+      }
+    }
+    Drain(failure);
+    o_.stats_.seconds += SecondsSince(start);
+    if (!failure.ok()) {
+      const Item& item = items_[std::min(failed, n - 1)];
+      return std::move(failure).WithContext(
+          fmt::format("pipelined optimizer step at {}", item.shard->ChunkName(item.chunk)));
+    }
+    return OkStatus();
+  }
+
+ private:
+  ParamWriter* WriterOf(const Shard& shard) const {
+    return writer_ != nullptr ? writer_ : shard.spec.writer;
+  }
+
+  // Makes staging buffer j % k ready for item j: its previous writes done, then the reads
+  // started (and the parameters kept by the writer asked for).
+  Status Read(size_t j) {
+    Slot& slot = *o_.slots_[j % k_];
+    {
+      const Clock::time_point t = Clock::now();
+      Status written = slot.writes.Wait();
+      o_.stats_.wait_seconds += SecondsSince(t);
+      ZINF_RETURN_IF_ERROR(written);
+    }
+    const Shard& shard = *items_[j].shard;
+    const Shard::Chunk& chunk = shard.chunks[items_[j].chunk];
+    if (shard.in_place()) WriterOf(shard)->Prefetch({chunk.offset, chunk.count, chunk.on_nvme});
+    if (!chunk.on_nvme) return OkStatus();
+    const ChunkLayout layout = shard.Layout(chunk);
+    slot.reads.Add(1);
+    o_.store_->ReadHomeAsync(chunk.state, slot.base() + layout.home_offset, slot.reads.Callback());
+    o_.stats_.bytes_read += layout.home_bytes();
+    if (chunk.grads != 0) {
+      slot.reads.Add(1);
+      o_.store_->ReadHomeAsync(chunk.grads, slot.base() + layout.state_bytes,
+                               slot.reads.Callback());
+      o_.stats_.bytes_read += layout.grad_bytes;
+    }
+    return OkStatus();
+  }
+
+  // Item i, once read: updated, handed to its writer and written home.
+  Status Process(size_t i) {
+    Slot& slot = *o_.slots_[i % k_];
+    const Item& item = items_[i];
+    const Shard::Chunk& chunk = item.shard->chunks[item.chunk];
+    {
+      const Clock::time_point t = Clock::now();
+      Status read = slot.reads.Wait();
+      o_.stats_.wait_seconds += SecondsSince(t);
+      ZINF_RETURN_IF_ERROR(read);
+    }
+    std::optional<HostChunk> host;  // held through the update
+    if (!chunk.on_nvme) {
+      host.emplace(o_.store_, chunk.host);
+      ZINF_RETURN_IF_ERROR(host->status());
+    }
+    char* base = host ? host->data() : slot.base();
+    ZINF_RETURN_IF_ERROR(Update(item, slot, base));
+    ZINF_RETURN_IF_ERROR(Write(item, slot, base));
+    ++o_.stats_.chunks;
+    return OkStatus();
+  }
+
+  // Updates the item's chunk, whose arrays are at `base`, and hands it to the writer.
+  Status Update(const Item& item, Slot& slot, char* base) {
+    const Shard& shard = *item.shard;
+    const ShardSpec& spec = shard.spec;
+    const Shard::Chunk& chunk = shard.chunks[item.chunk];
+    ParamWriter* writer = WriterOf(shard);
+    const bool in_place = shard.in_place();
+    ChunkView view = shard.View(chunk, base);
+    OptimizerSpan span;
+    span.params = view.params;
+    span.grads = view.grads;
+    span.grad_type = view.grad_type;
+    span.state0 = view.state0;
+    span.state1 = view.state1;
+    span.param_copy_type = spec.param_copy_type;
+    span.count = chunk.count;
+    // The writer's targets split the update into stretches (element-wise: the same bits), each
+    // writing its stretch of the copy, or its parameters, where the writer keeps them.
+    std::vector<CopyTarget> targets = {{0, chunk.count, nullptr}};
+    if (spec.handoff != ParamHandoff::kNewValues) {
+      ZINF_ASSIGN_OR_RETURN(targets, writer->Targets(view));
+    }
+    // In place: the parameters where the writer keeps them; the padding's zeros in the buffer.
+    auto params_of = [&](const CopyTarget& target) {
+      if (target.dst != nullptr) return static_cast<float*>(target.dst);
+      std::memset(view.params + target.begin, 0, target.count * 4);
+      return view.params + target.begin;
+    };
+    if (in_place && speculative_) {  // their old values, to write aside
+      for (const CopyTarget& target : targets) {
+        std::memcpy(slot.old_params + target.begin * 4, params_of(target), target.count * 4);
+      }
+    }
+    const Clock::time_point t = Clock::now();
+    Status updated;
+    for (const CopyTarget& target : targets) {
+      OptimizerSpan part = span.Slice(target.begin, target.count);
+      if (in_place) {
+        part.params = params_of(target);
+      } else {
+        part.param_copy = target.dst;
+      }
+      updated = o_.optimizer_->Update(spec.group, part, grad_scale_);
+      if (!updated.ok()) break;
+    }
+    o_.stats_.compute_seconds += SecondsSince(t);
+    ZINF_RETURN_IF_ERROR(updated);
+    view.copy_written = spec.handoff == ParamHandoff::kCopy;
+    view.params_in_place = in_place;
+    return writer != nullptr ? writer->Updated(view) : OkStatus();
+  }
+
+  // Writes the item's chunk home from `base`: to a new state tensor when speculative, the old
+  // one kept (and the old parameters written aside, where the writer keeps them).
+  Status Write(const Item& item, Slot& slot, const char* base) {
+    Shard& shard = *item.shard;
+    Shard::Chunk& chunk = shard.chunks[item.chunk];
+    if (!chunk.on_nvme) return OkStatus();  // updated where it lives
+    const ChunkLayout layout = shard.Layout(chunk);
+    TieredStore& store = *o_.store_;
+    if (speculative_) {
+      ZINF_ASSIGN_OR_RETURN(TensorId fresh, store.Create(fmt::format("{} chunk {} new state",
+                                                                     shard.spec.name, item.chunk),
+                                                         layout.home_bytes(), Tier::kNvme));
+      chunk.undo = std::exchange(chunk.state, fresh);
+      if (shard.in_place()) {
+        ZINF_ASSIGN_OR_RETURN(
+            chunk.old_params,
+            store.Create(fmt::format("{} chunk {} old parameters", shard.spec.name, item.chunk),
+                         layout.param_bytes, Tier::kNvme));
+        slot.writes.Add(1);
+        store.WriteHomeAsync(chunk.old_params, slot.old_params, slot.writes.Callback());
+        o_.stats_.bytes_written += layout.param_bytes;
+      }
+    }
+    slot.writes.Add(1);
+    store.WriteHomeAsync(chunk.state, base + layout.home_offset, slot.writes.Callback());
+    o_.stats_.bytes_written += layout.home_bytes();
+    return OkStatus();
+  }
+
+  // Waits for every read and write, also after a failure (kept in `failure`, the first one):
+  // the staging buffers must not be reused while I/O still targets them.
+  void Drain(Status& failure) {
+    const Clock::time_point t = Clock::now();
+    for (auto& slot : o_.slots_) {
+      Status r = slot->reads.Wait();
+      Status w = slot->writes.Wait();
+      if (failure.ok() && !r.ok()) failure = r;
+      if (failure.ok() && !w.ok()) failure = w;
+    }
+    o_.stats_.wait_seconds += SecondsSince(t);
+  }
+
+  PipelinedOptimizer& o_;
+  const std::vector<Item>& items_;
+  const float grad_scale_;
+  const bool speculative_;
+  ParamWriter* const writer_;  // stands in for the shards' own, when set
+  const size_t k_;
+};
+
 Status PipelinedOptimizerOptions::Validate() const {
   if (num_buffers < 3 || num_buffers > 64) {
     return InvalidArgument(fmt::format("num_buffers must be in [3, 64], got {}", num_buffers));
@@ -478,7 +678,7 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale) {
   for (Shard* s : shards) {
     for (size_t c = 0; c < s->chunks.size(); ++c) items.push_back({s, c});
   }
-  return Run(items, grad_scale, /*speculative=*/false, /*writer=*/nullptr);
+  return Pipeline(*this, items, grad_scale, /*speculative=*/false, /*writer=*/nullptr).Run();
 }
 
 StatusOr<std::vector<ChunkInfo>> PipelinedOptimizer::Chunks(int id) {
@@ -509,7 +709,7 @@ Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks,
     }
     items.push_back({shard, c});
   }
-  return Run(items, grad_scale, speculative, writer);
+  return Pipeline(*this, items, grad_scale, speculative, writer).Run();
 }
 
 StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, bool commit) {
@@ -548,174 +748,6 @@ StatusOr<std::vector<size_t>> PipelinedOptimizer::ResolveSpeculation(int id, boo
   ZINF_RETURN_IF_ERROR_CTX(
       first, fmt::format("resolving the speculative step of shard '{}'", shard->spec.name));
   return undone;
-}
-
-Status PipelinedOptimizer::Run(const std::vector<Item>& items, float grad_scale, bool speculative,
-                               ParamWriter* writer) {
-  const Clock::time_point start = Clock::now();
-  const size_t n = items.size();
-  const size_t k = slots_.size();
-  // `writer` stands in for the shards' own, when set.
-  auto writer_of = [&](const Shard& shard) {
-    return writer != nullptr ? writer : shard.spec.writer;
-  };
-
-  // Makes slot j % k ready for item j: its previous writes done, then the reads started.
-  auto issue_read = [&](size_t j) -> Status {
-    Slot& slot = *slots_[j % k];
-    const Clock::time_point t = Clock::now();
-    Status status = slot.writes.Wait();
-    stats_.wait_seconds += SecondsSince(t);
-    ZINF_RETURN_IF_ERROR(status);
-    const Item& item = items[j];
-    const Shard::Chunk& chunk = item.shard->chunks[item.chunk];
-    if (item.shard->in_place()) {
-      writer_of(*item.shard)->Prefetch({chunk.offset, chunk.count, chunk.on_nvme});
-    }
-    if (chunk.on_nvme) {
-      ChunkLayout layout = item.shard->Layout(chunk);
-      slot.reads.Add(1);
-      store_->ReadHomeAsync(chunk.state, slot.base() + layout.home_offset, slot.reads.Callback());
-      stats_.bytes_read += layout.home_bytes();
-      if (chunk.grads != 0) {
-        slot.reads.Add(1);
-        store_->ReadHomeAsync(chunk.grads, slot.base() + layout.state_bytes, slot.reads.Callback());
-        stats_.bytes_read += layout.grad_bytes;
-      }
-    }
-    return OkStatus();
-  };
-
-  Status failure;
-  size_t failed_item = 0;
-  for (size_t j = 0; j < std::min(n, k - 1) && failure.ok(); ++j) {
-    failure = issue_read(j);
-    failed_item = j;
-  }
-  for (size_t i = 0; i < n && failure.ok(); ++i) {
-    failed_item = i;
-    Slot& slot = *slots_[i % k];
-    const Item& item = items[i];
-    Shard& shard = *item.shard;
-    const Shard::Chunk& chunk = shard.chunks[item.chunk];
-    const ChunkLayout layout = shard.Layout(chunk);
-    {
-      const Clock::time_point t = Clock::now();
-      failure = slot.reads.Wait();
-      stats_.wait_seconds += SecondsSince(t);
-      if (!failure.ok()) break;
-    }
-    std::optional<HostChunk> host;  // held through the update
-    if (!chunk.on_nvme) {
-      host.emplace(store_, chunk.host);
-      failure = host->status();
-      if (!failure.ok()) break;
-    }
-    char* base = host ? host->data() : slot.base();
-    ChunkView view = shard.View(chunk, base);
-    const ShardSpec& spec = shard.spec;
-    ParamWriter* chunk_writer = writer_of(shard);
-    OptimizerSpan span;
-    span.params = view.params;
-    span.grads = view.grads;
-    span.grad_type = view.grad_type;
-    span.state0 = view.state0;
-    span.state1 = view.state1;
-    span.param_copy_type = spec.param_copy_type;
-    span.count = chunk.count;
-    // The writer's targets split the update into stretches (element-wise: the same bits), each
-    // writing its stretch of the copy, or its parameters, where the writer keeps them.
-    std::vector<CopyTarget> targets = {{0, chunk.count, nullptr}};
-    const bool in_place = shard.in_place();
-    if (spec.handoff != ParamHandoff::kNewValues) {
-      StatusOr<std::vector<CopyTarget>> asked = chunk_writer->Targets(view);
-      if (!asked.ok()) {
-        failure = std::move(asked).status();
-        break;
-      }
-      targets = std::move(asked).value();
-    }
-    // In place: the parameters where the writer keeps them; the padding's zeros in the buffer.
-    auto params_of = [&](const CopyTarget& target) {
-      if (target.dst != nullptr) return static_cast<float*>(target.dst);
-      std::memset(view.params + target.begin, 0, target.count * 4);
-      return view.params + target.begin;
-    };
-    if (in_place && speculative) {  // their old values, to write aside
-      for (const CopyTarget& target : targets) {
-        std::memcpy(slot.old_params + target.begin * 4, params_of(target), target.count * 4);
-      }
-    }
-    const Clock::time_point t = Clock::now();
-    for (const CopyTarget& target : targets) {
-      if (!failure.ok()) break;
-      OptimizerSpan part = span.Slice(target.begin, target.count);
-      if (in_place) {
-        part.params = params_of(target);
-      } else {
-        part.param_copy = target.dst;
-      }
-      failure = optimizer_->Update(spec.group, part, grad_scale);
-    }
-    stats_.compute_seconds += SecondsSince(t);
-    view.copy_written = spec.handoff == ParamHandoff::kCopy;
-    view.params_in_place = in_place;
-    if (failure.ok() && chunk_writer != nullptr) failure = chunk_writer->Updated(view);
-    if (!failure.ok()) break;
-    if (chunk.on_nvme && speculative) {  // the new state beside the old
-      Shard::Chunk& c = shard.chunks[item.chunk];
-      StatusOr<TensorId> fresh =
-          store_->Create(fmt::format("{} chunk {} new state", spec.name, item.chunk),
-                         layout.home_bytes(), Tier::kNvme);
-      if (!fresh.ok()) {
-        failure = std::move(fresh).status();
-        break;
-      }
-      c.undo = std::exchange(c.state, *fresh);
-      if (in_place) {
-        StatusOr<TensorId> old =
-            store_->Create(fmt::format("{} chunk {} old parameters", spec.name, item.chunk),
-                           layout.param_bytes, Tier::kNvme);
-        if (!old.ok()) {
-          failure = std::move(old).status();
-          break;
-        }
-        c.old_params = *old;
-        slot.writes.Add(1);
-        store_->WriteHomeAsync(c.old_params, slot.old_params, slot.writes.Callback());
-        stats_.bytes_written += layout.param_bytes;
-      }
-    }
-    if (chunk.on_nvme) {
-      slot.writes.Add(1);
-      store_->WriteHomeAsync(chunk.state, base + layout.home_offset, slot.writes.Callback());
-      stats_.bytes_written += layout.home_bytes();
-    }
-    ++stats_.chunks;
-    if (i + k - 1 < n) {
-      failure = issue_read(i + k - 1);
-      if (!failure.ok()) failed_item = i + k - 1;
-    }
-  }
-  // Drain everything, also after a failure: the staging buffers must not be reused while I/O
-  // still targets them.
-  {
-    const Clock::time_point t = Clock::now();
-    for (auto& slot : slots_) {
-      Status r = slot->reads.Wait();
-      Status w = slot->writes.Wait();
-      if (failure.ok() && !r.ok()) failure = r;
-      if (failure.ok() && !w.ok()) failure = w;
-    }
-    stats_.wait_seconds += SecondsSince(t);
-  }
-  stats_.seconds += SecondsSince(start);
-  if (!failure.ok()) {
-    const Item& item = items[std::min(failed_item, n - 1)];
-    return std::move(failure).WithContext(
-        fmt::format("pipelined optimizer step at {}", item.shard->ChunkName(item.chunk)));
-  }
-  return OkStatus();
 }
 
 }  // namespace zinf

@@ -233,6 +233,7 @@ class PipelinedOptimizer {
     Shard* shard;
     size_t chunk;
   };
+  class Pipeline;  // one run of the pipeline over a list of chunks (Note [Pipelined step])
   StatusOr<Shard*> Find(int shard);
   // Frees the shard's tensors (the first error; it frees the rest regardless).
   Status FreeShard(Shard& shard);
@@ -242,9 +243,6 @@ class PipelinedOptimizer {
   StatusOr<Shard*> FindGradientChunk(int shard, size_t chunk, const void* buffer);
   Status VisitChunks(Shard* shard, const std::vector<size_t>& chunks, const ChunkVisitor& visit,
                      bool write_back);
-  // The pipeline over `items` (Note [Pipelined step]); `writer` stands in for the shards'.
-  Status Run(const std::vector<Item>& items, float grad_scale, bool speculative,
-             ParamWriter* writer);
 
   CpuOptimizer* optimizer_;
   TieredStore* store_;
