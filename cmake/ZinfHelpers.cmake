@@ -1,9 +1,13 @@
 # Shared CMake helpers for zinf targets.
 
-# Warnings for every zinf target (not for dependencies).
+# Warnings for every zinf target (not for dependencies). Clang also checks the thread-safety
+# annotations (src/core/thread_annotations.h): what a mutex guards is read or written only
+# with it held, and a function that needs a mutex is called with it; a breach fails the build.
 function(zinf_set_warnings target)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>)
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Wthread-safety
+      -Werror=thread-safety-analysis>)
 endfunction()
 
 # zinf_library(NAME SOURCES... [DEPS ...]) — a static library whose private headers are
