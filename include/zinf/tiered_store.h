@@ -44,6 +44,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/aio.h"
 #include "zinf/device.h"
 #include "zinf/export.h"
 #include "zinf/status.h"
@@ -66,10 +67,16 @@ struct ZINF_EXPORT TieredStoreOptions {
   uint64_t host_budget_bytes = 0;
   bool pin_host = true;  // page-lock the host tier (ordinary memory when false)
   int numa_node = -1;    // NUMA node of the host tier; -1: first touch
-  // NVMe tier: swap directories (DeepSpeed: nvme_path); empty for none.
+  // NVMe tier: swap directories (DeepSpeed: nvme_path); empty for none. Several paths stripe
+  // the swap space across them; each path appears once.
   std::vector<std::string> nvme_paths;
   uint64_t nvme_capacity_bytes = 0;  // swap space; must be > 0 with paths
   bool nvme_checksum = true;         // CRC32C on write, verified on read
+  // Names the swap files (zinf-swap-rank<rank>-<i>.bin), so that the stores of processes that
+  // share a path (the ranks of a job) do not clash. >= 0.
+  int nvme_rank = 0;
+  // How the NVMe tier does its I/O (DeepSpeed: the "aio" config object).
+  AioOptions nvme_aio;
   // Largest single NVMe I/O piece and size of each staging buffer, a multiple of 4096.
   uint64_t piece_bytes = 64ull << 20;
   int staging_buffers = 2;   // pinned buffers for device<->NVMe moves (separate from the budget)
@@ -80,10 +87,6 @@ struct ZINF_EXPORT TieredStoreOptions {
 };
 
 using TensorId = uint64_t;
-
-namespace internal {
-struct TieredStoreAccess;  // zinf's own clients: offload/tiered_store_internal.h
-}
 
 struct LinkStats {
   uint64_t bytes = 0;
@@ -204,7 +207,6 @@ class ZINF_EXPORT TieredStore {
   std::string device_name() const;
 
  private:
-  friend struct internal::TieredStoreAccess;
   struct Impl;
   explicit TieredStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

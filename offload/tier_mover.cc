@@ -1,0 +1,140 @@
+// TierMover: see offload/tier_mover.h.
+#include "offload/tier_mover.h"
+
+#include <fmt/core.h>
+
+#include <cstring>
+#include <utility>
+
+namespace zinf {
+
+StatusOr<std::unique_ptr<TierMover>> TierMover::Create(Device* device, NvmePieces* nvme,
+                                                       LinkMeters* links) {
+  std::unique_ptr<TierMover> mover(new TierMover(device, nvme, links));
+  if (device != nullptr) {
+    ZINF_ASSIGN_OR_RETURN(mover->up_stream_, device->CreateStream());
+    ZINF_ASSIGN_OR_RETURN(mover->down_stream_, device->CreateStream());
+  }
+  return mover;
+}
+
+TierMover::TierMover(Device* device, NvmePieces* nvme, LinkMeters* links)
+    : device_(device),
+      nvme_(nvme),
+      links_(*links),
+      direct_(device != nullptr && device->host_addressable()) {}
+
+Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
+  TierCopy& from = t.copies[Index(src)];
+  TierCopy& to = t.copies[Index(dst)];
+  if (from.zero) return MoveZeros(t, dst);
+  if (direct_ && src != Tier::kNvme && dst != Tier::kNvme) {
+    LinkScope scope(src == Tier::kHost ? links_.h2d : links_.d2h, t.size);
+    std::memcpy(to.block.data(), from.block.data(), t.size);
+    return OkStatus();
+  }
+  if (direct_ && src == Tier::kNvme) {  // NVMe straight into the device's (host) memory
+    LinkScope scope(links_.n2h, t.size);
+    return nvme_->Read(from.extents, to.block.as<char>());
+  }
+  if (direct_ && dst == Tier::kNvme) {
+    LinkScope scope(links_.h2n, t.size);
+    return nvme_->Write(to.extents, from.block.as<const char>());
+  }
+  if (src == Tier::kHost && dst == Tier::kDevice) {
+    LinkScope scope(links_.h2d, t.size);
+    return DeviceCopy(*up_stream_, to.block.data(), from.block.data(), t.size,
+                      CopyKind::kHostToDevice);
+  }
+  if (src == Tier::kDevice && dst == Tier::kHost) {
+    LinkScope scope(links_.d2h, t.size);
+    return DeviceCopy(*down_stream_, to.block.data(), from.block.data(), t.size,
+                      CopyKind::kDeviceToHost);
+  }
+  if (src == Tier::kNvme && dst == Tier::kHost) {
+    LinkScope scope(links_.n2h, t.size);
+    return nvme_->Read(from.extents, to.block.as<char>());
+  }
+  if (src == Tier::kHost && dst == Tier::kNvme) {
+    LinkScope scope(links_.h2n, t.size);
+    return nvme_->Write(to.extents, from.block.as<const char>());
+  }
+  if (src == Tier::kNvme && dst == Tier::kDevice) return ReadToDevice(from, to.block.as<char>());
+  if (src == Tier::kDevice && dst == Tier::kNvme) {
+    return WriteFromDevice(to, from.block.as<const char>());
+  }
+  return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
+}
+
+Status TierMover::MoveZeros(StoreTensor& t, Tier dst) {
+  TierCopy& to = t.copies[Index(dst)];
+  if (dst == Tier::kHost || (direct_ && dst == Tier::kDevice)) {
+    std::memset(to.block.data(), 0, t.size);
+    return OkStatus();
+  }
+  if (dst == Tier::kDevice) {
+    ZINF_RETURN_IF_ERROR(up_stream_->Memset(to.block.data(), 0, t.size));
+    return up_stream_->Synchronize();
+  }
+  // NVMe from zeros: through a zeroed staging buffer.
+  return WriteFromDevice(to, nullptr);
+}
+
+Status TierMover::Clear(StoreTensor& t, Tier tier) {
+  TierCopy& c = t.copies[Index(tier)];
+  if (tier == Tier::kDevice && !direct_) {
+    ZINF_RETURN_IF_ERROR(up_stream_->Memset(c.block.data(), 0, t.size));
+    return up_stream_->Synchronize();
+  }
+  std::memset(c.block.data(), 0, t.size);
+  return OkStatus();
+}
+
+Status TierMover::ReadToDevice(const TierCopy& from, char* device_dst) {
+  PoolBlock staging = nvme_->TakeStaging();
+  Status s;
+  for (size_t k = 0; k < from.extents.size() && s.ok(); ++k) {
+    const uint64_t n = from.extents[k].size_bytes;
+    {
+      LinkScope scope(links_.n2h, n);
+      s = nvme_->ReadPiece(from.extents[k], staging.data());
+    }
+    if (s.ok()) {
+      LinkScope scope(links_.h2d, n);
+      s = DeviceCopy(*up_stream_, device_dst + k * nvme_->piece_bytes(), staging.data(), n,
+                     CopyKind::kHostToDevice);
+    }
+  }
+  nvme_->GiveStaging(std::move(staging));
+  return s;
+}
+
+Status TierMover::WriteFromDevice(const TierCopy& to, const char* device_src) {
+  PoolBlock staging = nvme_->TakeStaging();
+  if (device_src == nullptr) std::memset(staging.data(), 0, staging.size_bytes());
+  Status s;
+  for (size_t k = 0; k < to.extents.size() && s.ok(); ++k) {
+    const uint64_t n = to.extents[k].size_bytes;
+    if (device_src != nullptr) {
+      LinkScope scope(links_.d2h, n);
+      s = DeviceCopy(*down_stream_, staging.data(), device_src + k * nvme_->piece_bytes(), n,
+                     CopyKind::kDeviceToHost);
+    }
+    if (s.ok()) {
+      LinkScope scope(links_.h2n, n);
+      s = nvme_->WritePiece(to.extents[k], staging.data());
+    }
+  }
+  nvme_->GiveStaging(std::move(staging));
+  return s;
+}
+
+Status TierMover::DeviceCopy(Stream& stream, void* dst, const void* src, uint64_t n,
+                             CopyKind kind) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, device_->CreateEvent());
+  ZINF_RETURN_IF_ERROR(stream.Copy(dst, src, n, kind));
+  ZINF_RETURN_IF_ERROR(stream.Record(*done));
+  return done->Synchronize();
+}
+
+}  // namespace zinf

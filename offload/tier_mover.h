@@ -1,0 +1,73 @@
+// TierMover: copies a tensor's bytes from its copy in one tier to its copy in another, over
+// the links that pair of tiers uses, each metered (offload/link_meter.h):
+//   host <-> device   the device's copy streams, one per direction (memcpy on the direct host
+//                     device: Note [Direct host device] in offload/tiered_store.cc);
+//   host <-> NVMe     every piece in flight together (NvmePieces), and so for the direct host
+//                     device's memory;
+//   device <-> NVMe   a piece at a time through a pinned staging buffer;
+//   from zeros        a copy never written fills the other with zeros, moving nothing.
+// The caller owns the tensor's records and has claimed it (StoreTensor::busy) so that nothing
+// else touches the two copies; the destination's memory is already held.
+//
+// Thread-safety: Move and Clear may run on several threads at once, each on its own tensor.
+#ifndef ZINF_OFFLOAD_TIER_MOVER_H_
+#define ZINF_OFFLOAD_TIER_MOVER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "offload/link_meter.h"
+#include "offload/nvme_pieces.h"
+#include "offload/store_tensor.h"
+#include "zinf/device.h"
+#include "zinf/status.h"
+
+namespace zinf {
+
+class TierMover {
+ public:
+  // Over `device` (null: no device tier; not owned) and `nvme` (null: no NVMe tier; not owned),
+  // counting on `links` (not owned). All three outlive the mover. Errors: the device's, making
+  // its streams.
+  static StatusOr<std::unique_ptr<TierMover>> Create(Device* device, NvmePieces* nvme,
+                                                     LinkMeters* links);
+  TierMover(const TierMover&) = delete;
+  TierMover& operator=(const TierMover&) = delete;
+
+  // Whether the device tier's memory is host memory that moves touch directly (Note [Direct
+  // host device]).
+  bool direct() const { return direct_; }
+  // Whether moves between `tier` and NVMe go straight to and from its memory.
+  bool Addressable(Tier tier) const {
+    return tier == Tier::kHost || (direct_ && tier == Tier::kDevice);
+  }
+
+  // Copies t's bytes from its copy in `src` to its copy in `dst`. Errors: the device's, the
+  // NVMe tier's, Internal for a pair of tiers with no route.
+  Status Move(StoreTensor& t, Tier src, Tier dst);
+  // Zeros t's memory in `tier` (the device or host tier).
+  Status Clear(StoreTensor& t, Tier tier);
+
+ private:
+  TierMover(Device* device, NvmePieces* nvme, LinkMeters* links);
+  // Move from a copy that reads as zeros and was never written.
+  Status MoveZeros(StoreTensor& t, Tier dst);
+  // NVMe to device memory, a piece at a time through a staging buffer.
+  Status ReadToDevice(const TierCopy& from, char* device_dst);
+  // Device memory `device_src` (or zeros when null) to the NVMe pieces of `to`, a piece at a
+  // time through a staging buffer.
+  Status WriteFromDevice(const TierCopy& to, const char* device_src);
+  // A copy on `stream`, waited for.
+  Status DeviceCopy(Stream& stream, void* dst, const void* src, uint64_t n, CopyKind kind);
+
+  Device* const device_;
+  NvmePieces* const nvme_;
+  LinkMeters& links_;
+  const bool direct_;
+  std::unique_ptr<Stream> up_stream_;    // host to device
+  std::unique_ptr<Stream> down_stream_;  // device to host
+};
+
+}  // namespace zinf
+
+#endif  // ZINF_OFFLOAD_TIER_MOVER_H_
