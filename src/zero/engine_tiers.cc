@@ -9,7 +9,6 @@
 #include "core/log.h"
 #include "core/units.h"
 #include "nvme/path_probe.h"
-#include "offload/tiered_store_internal.h"
 #include "zero/engine_impl.h"
 #include "zero/tier_budgets.h"
 #include "zinf/cpu_info.h"
@@ -98,13 +97,12 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
   options.piece_bytes = budgets.piece_bytes;
   options.staging_buffers = 4;
   options.transfer_threads = 4;
-  SwapStoreOptions swap_options;
   if (params_on_nvme || config.offload_optimizer_device == OffloadDevice::kNvme) {
-    swap_options.paths = config.NvmePaths();
-    swap_options.rank = global_rank;  // groups of other processes may share the nvme_path
-    swap_options.checksum = config.nvme_checksum;
-    swap_options.aio = config.aio;
-    swap_options.capacity_bytes = budgets.swap_capacity_bytes;
+    options.nvme_paths = config.NvmePaths();
+    options.nvme_rank = global_rank;  // groups of other processes may share the nvme_path
+    options.nvme_checksum = config.nvme_checksum;
+    options.nvme_aio = config.aio;
+    options.nvme_capacity_bytes = budgets.swap_capacity_bytes;
     const uint64_t chunks = budgets.optimizer_chunks;
     const uint64_t chunk_state = budgets.speculative_chunk_swap_bytes;
     *speculative_chunks = 0;
@@ -113,9 +111,9 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
       // (Note [Overlapped step]): room for all of it where the disk has it, else for as many
       // chunks as fit beside everything else; the chunks beyond are stepped after backward.
       *speculative_chunks =
-          SpeculativeChunks(budgets, StripedFreeBytes(swap_options.paths) / std::max(world(), 1),
+          SpeculativeChunks(budgets, StripedFreeBytes(options.nvme_paths) / std::max(world(), 1),
                             config.overlap_optimizer_swap_bytes);
-      swap_options.capacity_bytes += *speculative_chunks * chunk_state;
+      options.nvme_capacity_bytes += *speculative_chunks * chunk_state;
       if (*speculative_chunks < chunks) {
         log::Info(
             "rank {}: zinf.overlap_optimizer: the NVMe path has room for the new state of {} of "
@@ -126,8 +124,7 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
       }
     }
   }
-  ZINF_ASSIGN_OR_RETURN(tiers,
-                        internal::TieredStoreAccess::Create(options, swap_options, compute.get()));
+  ZINF_ASSIGN_OR_RETURN(tiers, TieredStore::Create(options, compute.get()));
   host_addressable = compute->host_addressable();
   param_tier = std::make_unique<ParamTier>(
       tiers.get(), DeviceComm(), &params, &modules,
