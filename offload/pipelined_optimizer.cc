@@ -434,8 +434,6 @@ PipelinedOptimizer::~PipelinedOptimizer() {
   }
 }
 
-size_t PipelinedOptimizer::num_shards() const { return shards_.size(); }
-
 StatusOr<PipelinedOptimizer::Shard*> PipelinedOptimizer::Find(int shard) {
   if (shard < 0 || static_cast<size_t>(shard) >= shards_.size()) {
     return InvalidArgument(fmt::format("pipelined optimizer: no shard with id {}", shard));

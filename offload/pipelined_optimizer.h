@@ -222,7 +222,6 @@ class PipelinedOptimizer {
   uint64_t staging_bytes() const;
   // Host bytes of one chunk's arrays of `count` elements, where it lives in host memory.
   static uint64_t ChunkBytes(uint64_t count, int state_count);
-  size_t num_shards() const;
 
  private:
   struct Slot;
