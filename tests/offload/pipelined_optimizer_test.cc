@@ -394,6 +394,35 @@ TEST(PipelinedOptimizerTest, BadInputIsInvalidArgument) {
             StatusCode::kInvalidArgument);
 }
 
+// A writer that implements only Updated refuses what it was not made for: a shard that asks it
+// for copy targets fails its step, naming the chunk, and one that has it keep the parameters
+// fails its visits.
+TEST(PipelinedOptimizerTest, AWriterRefusesWhatItDoesNotImplement) {
+  Piped f(0.5);
+  struct OnlyUpdated : ParamWriter {
+    Status Updated(const ChunkView&) override { return OkStatus(); }
+  } writer;
+  ShardSpec spec;
+  spec.name = "copy";
+  spec.count = kChunk;
+  spec.writer = &writer;
+  spec.handoff = ParamHandoff::kCopy;
+  auto copy = f.piped->AddShard(spec);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  Status stepped = f.piped->Step({*copy});
+  EXPECT_EQ(stepped.code(), StatusCode::kFailedPrecondition) << stepped;
+  EXPECT_THAT(stepped.message(), HasSubstr("shard 'copy'"));
+  spec.name = "in place";
+  spec.handoff = ParamHandoff::kInPlace;
+  auto in_place = f.piped->AddShard(spec);
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_EQ(f.piped
+                ->Visit(
+                    *in_place, [](const ChunkView&) { return OkStatus(); }, false)
+                .code(),
+            StatusCode::kFailedPrecondition);
+}
+
 // The step's staging buffers and host chunks are tensors of the store's host tier and its NVMe
 // chunks tensors homed on NVMe: each counted in that tier, all of it given back with the
 // optimizer, and the step bitwise the in-memory one.
