@@ -30,18 +30,18 @@ class OptimizerOverlap::PacedWriter final : public ParamWriter {
     const size_t chunk = std::prev(it) - o_.chunks_.begin();
     {
       // Note [Step in the next forward's order]: at most `lead` elements ahead of the forward.
-      std::unique_lock lock(o_.mu_);
-      o_.asked_moved_.wait(lock, [&] {
-        return o_.begins_at_[chunk] - std::min(o_.begins_at_[chunk], o_.asked_) <= o_.lead_;
-      });
+      MutexLock lock(&o_.mu_);
+      while (o_.begins_at_[chunk] - std::min(o_.begins_at_[chunk], o_.asked_) > o_.lead_) {
+        o_.asked_moved_.Wait(&o_.mu_);
+      }
       if (o_.cancel_) return Cancelled("the engine is closing");
     }
     Status s = o_.writer_->Updated(c);
     if (s.ok()) {
-      std::lock_guard lock(o_.mu_);
+      MutexLock lock(&o_.mu_);
       o_.done_[chunk] = true;
     }
-    o_.progress_.notify_all();
+    o_.progress_.SignalAll();
     return s;
   }
 
@@ -90,9 +90,7 @@ Status OptimizerOverlap::Arm(float scale) {
   step_before_ = group.step;
   ZINF_RETURN_IF_ERROR(options_.optimizer->BeginPartialStep(options_.shard));
   scale_ = scale;
-  overlapped_seconds_ = 0;
   remaining_.assign(chunks_.size(), 0);
-  stepped_.assign(chunks_.size(), false);
   const std::vector<Param>& params = *options_.params;
   for (size_t pi = 0; pi < params.size(); ++pi) {
     for (size_t c : of_[pi]) {
@@ -101,7 +99,9 @@ Status OptimizerOverlap::Arm(float scale) {
     }
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
+    overlapped_seconds_ = 0;
+    stepped_.assign(chunks_.size(), false);
     ready_.clear();
     speculated_ = 0;
     stop_ = false;
@@ -129,30 +129,30 @@ void OptimizerOverlap::MarkChunkFinal(size_t chunk) {
   // Host chunks cannot be speculated on (nothing keeps their old state): Finish steps them.
   if (!armed_ || chunk >= chunks_.size() || !chunks_[chunk].on_nvme) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     ready_.push_back(chunk);
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void OptimizerOverlap::Work() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
     const uint64_t limit = options_.speculation_limit;
-    wake_.wait(lock, [&] { return stop_ || (!ready_.empty() && speculated_ < limit); });
+    while (!stop_ && (ready_.empty() || speculated_ >= limit)) wake_.Wait(&mu_);
     if (stop_) return;
     // Up to the limit; chunks beyond it stay for Finish.
     const size_t take = std::min<uint64_t>(ready_.size(), limit - speculated_);
     std::vector<size_t> batch(ready_.begin(), ready_.begin() + take);
     ready_.erase(ready_.begin(), ready_.begin() + take);
     speculated_ += take;
-    lock.unlock();
+    mu_.Unlock();
     const auto t0 = std::chrono::steady_clock::now();
     Status stepped =
         options_.optimizer->StepChunks(options_.shard, batch, scale_, /*speculative=*/true);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    lock.lock();
+    mu_.Lock();
     overlapped_seconds_ += seconds;
     if (!stepped.ok()) {
       worker_error_ = std::move(stepped).WithContext("the optimizer step overlapped with backward");
@@ -164,12 +164,13 @@ void OptimizerOverlap::Work() {
 
 Status OptimizerOverlap::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_one();
+  wake_.Signal();
   if (worker_.joinable()) worker_.join();
   armed_ = false;
+  MutexLock lock(&mu_);
   return worker_error_;
 }
 
@@ -202,7 +203,10 @@ Status OptimizerOverlap::Abandon() {
 StatusOr<std::vector<size_t>> OptimizerOverlap::Resolve(std::optional<float> scale) {
   std::vector<size_t> rest;
   if (!armed_) {
-    overlapped_seconds_ = 0;
+    {
+      MutexLock lock(&mu_);
+      overlapped_seconds_ = 0;
+    }
     if (!scale) return rest;  // skipped: nothing was begun
     ZINF_RETURN_IF_ERROR(options_.optimizer->BeginPartialStep(options_.shard));
     for (size_t c = 0; c < chunks_.size(); ++c) rest.push_back(c);
@@ -223,6 +227,7 @@ StatusOr<std::vector<size_t>> OptimizerOverlap::Resolve(std::optional<float> sca
     Abandon().IgnoreError();
     return undone.status();
   }
+  MutexLock lock(&mu_);
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (!keep || !stepped_[c]) rest.push_back(c);
   }
@@ -267,7 +272,7 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
     if (left[c]) ordered.push_back(c);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     done_.assign(chunks_.size(), true);
     for (size_t c : ordered) done_[c] = false;
     begins_at_.assign(chunks_.size(), 0);
@@ -291,12 +296,12 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       tail_seconds_ = seconds;
       if (!s.ok()) tail_error_ = std::move(s).WithContext("the optimizer step beside forward");
       tail_running_ = false;
     }
-    progress_.notify_all();
+    progress_.SignalAll();
   });
   return OkStatus();
 }
@@ -312,41 +317,41 @@ bool OptimizerOverlap::SteppedLocked(const std::vector<int>& params) const {
 
 bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
   if (!tail_.joinable()) return true;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return SteppedLocked(params);
 }
 
 Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
   if (!tail_.joinable()) return OkStatus();
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   for (int pi : params) {
     for (size_t c : of_[pi]) asked_ = std::max(asked_, ends_at_[c]);
   }
-  asked_moved_.notify_all();
-  progress_.wait(lock, [&] { return !tail_running_ || SteppedLocked(params); });
+  asked_moved_.SignalAll();
+  while (tail_running_ && !SteppedLocked(params)) progress_.Wait(&mu_);
   return tail_error_;
 }
 
 void OptimizerOverlap::Cancel() {
   if (!tail_.joinable()) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     cancel_ = true;
   }
   Wait().IgnoreError();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   cancel_ = false;
 }
 
 Status OptimizerOverlap::Wait() {
   if (!tail_.joinable()) return OkStatus();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     asked_ = UINT64_MAX;
   }
-  asked_moved_.notify_all();
+  asked_moved_.SignalAll();
   tail_.join();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return std::exchange(tail_error_, OkStatus());
 }
 

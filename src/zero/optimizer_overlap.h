@@ -48,15 +48,14 @@
 #define ZINF_ZERO_OPTIMIZER_OVERLAP_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/partition.h"
 #include "zinf/status.h"
@@ -132,13 +131,19 @@ class OptimizerOverlap {
   // not stepped stay as they were (for an engine that is closing, whose state goes with it).
   void Cancel();
   // Seconds the last step begun by Start took on its thread (once waited for).
-  double started_seconds() const { return tail_seconds_; }
+  double started_seconds() const {
+    MutexLock lock(&mu_);
+    return tail_seconds_;
+  }
   // The chunks of the given parameters, in that order, each once, then the others in flat
   // order: the order for Start.
   std::vector<size_t> ChunkOrder(const std::vector<int>& params) const;
 
   // Seconds the worker spent stepping this step (hidden behind backward, when it was).
-  double overlapped_seconds() const { return overlapped_seconds_; }
+  double overlapped_seconds() const {
+    MutexLock lock(&mu_);
+    return overlapped_seconds_;
+  }
 
  private:
   // Stands in for the writer in a step begun by Start: hands each chunk on at most the lead
@@ -154,40 +159,44 @@ class OptimizerOverlap {
   // Finish's first part: resolves the speculation and says which chunks are left to step with
   // `*scale` (none for a skipped step, which it completes).
   StatusOr<std::vector<size_t>> Resolve(std::optional<float> scale);
-  // Whether every chunk the parameters touch is stepped; mu_ held.
-  bool SteppedLocked(const std::vector<int>& params) const;
+  // Whether every chunk the parameters touch is stepped.
+  bool SteppedLocked(const std::vector<int>& params) const ZINF_REQUIRES(mu_);
 
   const OverlapOptions options_;
   ParamWriter* const writer_;
   std::vector<ChunkInfo> chunks_;
   std::vector<uint64_t> remaining_;      // per chunk: elements whose gradient is not final
   std::vector<std::vector<size_t>> of_;  // per parameter: the chunks it touches
-  std::vector<bool> stepped_;            // per chunk, this step (speculatively or not)
   std::atomic<bool> armed_{false};
   float scale_ = 1.0f;
   int64_t step_before_ = 0;
-  double overlapped_seconds_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::vector<size_t> ready_;  // chunks for the worker
-  uint64_t speculated_ = 0;    // chunks taken by the worker this step
-  bool stop_ = false;
-  Status worker_error_;
+  // The worker's, and the step begun by Start's, state shared with the engine's thread.
+  mutable Mutex mu_;
+  // Per chunk, this step (speculatively or not).
+  std::vector<bool> stepped_ ZINF_GUARDED_BY(mu_);
+  double overlapped_seconds_ ZINF_GUARDED_BY(mu_) = 0;
+  CondVar wake_;                                    // ready_ or stop_ changed
+  std::vector<size_t> ready_ ZINF_GUARDED_BY(mu_);  // chunks for the worker
+  uint64_t speculated_ ZINF_GUARDED_BY(mu_) = 0;    // chunks taken by the worker this step
+  bool stop_ ZINF_GUARDED_BY(mu_) = false;
+  Status worker_error_ ZINF_GUARDED_BY(mu_);
   std::thread worker_;
 
-  // The step begun by Start (guarded by mu_).
-  std::vector<bool> done_;  // per chunk
+  // The step begun by Start.
+  std::vector<bool> done_ ZINF_GUARDED_BY(mu_);  // per chunk
   // Per chunk: the elements of the chunks before it in the step's order, and with it.
-  std::vector<uint64_t> begins_at_, ends_at_;
-  uint64_t asked_ = 0;  // the furthest ends_at_ of the chunks WaitForParams asked for
-  uint64_t lead_ = UINT64_MAX;
-  bool cancel_ = false;
-  std::condition_variable asked_moved_;
-  std::condition_variable progress_;
-  Status tail_error_;
-  double tail_seconds_ = 0;
-  bool tail_running_ = false;
+  std::vector<uint64_t> begins_at_ ZINF_GUARDED_BY(mu_);
+  std::vector<uint64_t> ends_at_ ZINF_GUARDED_BY(mu_);
+  // The furthest ends_at_ of the chunks WaitForParams asked for.
+  uint64_t asked_ ZINF_GUARDED_BY(mu_) = 0;
+  uint64_t lead_ ZINF_GUARDED_BY(mu_) = UINT64_MAX;
+  bool cancel_ ZINF_GUARDED_BY(mu_) = false;
+  CondVar asked_moved_;  // asked_ grew
+  CondVar progress_;     // a chunk was done, or the step ended
+  Status tail_error_ ZINF_GUARDED_BY(mu_);
+  double tail_seconds_ ZINF_GUARDED_BY(mu_) = 0;
+  bool tail_running_ ZINF_GUARDED_BY(mu_) = false;
   std::thread tail_;
 };
 
