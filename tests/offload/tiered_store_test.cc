@@ -693,6 +693,45 @@ TEST(TieredStoreTest, BadOptionsAndNvmePathErrorsSurface) {
   EXPECT_EQ((*no_nvme)->Evict(*id, Tier::kHost).code(), StatusCode::kInvalidArgument);
 }
 
+// The NVMe tier is configured in full through the public options: the rank that names the
+// swap files (so the ranks of a job share a path) and the aio settings.
+TEST(TieredStoreTest, TheNvmeTiersRankAndAioAreOptions) {
+  ScratchDir dir;
+  TieredStoreOptions o = Options(dir);
+  o.nvme_rank = -1;
+  EXPECT_THAT(TieredStore::Create(o).status().message(), HasSubstr("nvme_rank"));
+  o = Options(dir);
+  o.nvme_aio.queue_depth = 0;
+  auto refused = TieredStore::Create(o);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("queue_depth"));
+  o = Options(dir);
+  o.nvme_aio.block_size = 256 * 1024;
+  auto rank0 = TieredStore::Create(o);
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  o.nvme_rank = 1;
+  auto rank1 = TieredStore::Create(o);  // the same path, files of its own
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  TieredStore* stores[] = {rank0->get(), rank1->get()};
+  TensorId ids[2];
+  for (int r = 0; r < 2; ++r) {
+    auto id = stores[r]->Create("w", 4096, Tier::kNvme);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids[r] = *id;
+    auto p = stores[r]->Acquire(ids[r], Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::memset(*p, r + 1, 4096);
+    ASSERT_TRUE(stores[r]->Release(ids[r], Tier::kHost).ok());
+    ASSERT_TRUE(stores[r]->Evict(ids[r], Tier::kHost).ok());  // to its own swap file
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto p = stores[r]->Acquire(ids[r], Tier::kHost, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(static_cast<const uint8_t*>(*p)[4095], r + 1);
+    ASSERT_TRUE(stores[r]->Release(ids[r], Tier::kHost).ok());
+  }
+}
+
 TEST(TieredStoreTest, NvmeCapacityExhaustionNamesTheTensor) {
   ScratchDir dir;
   TieredStoreOptions o = Options(dir);
