@@ -367,6 +367,7 @@ void BindEngine(py::module_& m) {
         d["bf16"] = c.bf16;
         d["gradient_clipping"] = c.gradient_clipping;
         d["layer_major"] = c.layer_major;
+        d["stage3_param_persistence_threshold"] = c.stage3_param_persistence_threshold;
         return d;
       });
 }

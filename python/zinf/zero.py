@@ -108,7 +108,7 @@ import weakref
 
 import torch
 
-from zinf import _construction, _device_memory, _engine_inputs, _heap, _zinf
+from zinf import _construction, _device_memory, _engine_inputs, _fetch_units, _heap, _zinf
 from zinf._construction import GatheredParameters, Init  # noqa: F401
 
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
@@ -189,6 +189,11 @@ class ZeroEngine:
         self.module = model
         self.device = _device_memory.model_device(model)  # where the model computes
         config_json = _engine_inputs.config_json(config)
+        # Note [Fetch units]: zinf.zero's own key, taken out before the engine reads the rest.
+        parsed = json.loads(config_json)
+        self._granularity = _fetch_units.take_threshold(parsed)
+        if self._granularity is not None:
+            config_json = json.dumps(parsed)
         # Whether the model has anything to train; without, its frozen parameters are the
         # engine's (Note [Nothing to train]).
         self._trains = any(p.requires_grad for p in model.parameters())
@@ -224,6 +229,7 @@ class ZeroEngine:
         self._forward_refs = {}   # module id -> references of modules in forward
         self._forward_ptrs = {}   # storage address -> _Slot, of the parameters fetched in forward
         self._nan = None          # the placeholders' one element
+        self._unit_roots = {}     # id(module) -> its unit's root (Note [Fetch units])
         self._forward_stack = []  # [module ids fetched on read] per running forward, innermost last
         self._backward_params = {}  # module id -> fetched tensors backward reads
         self._grad_views = {}     # module id -> gradient buffers (torch views)
@@ -245,12 +251,22 @@ class ZeroEngine:
 
     # -- setup ------------------------------------------------------------------------------
 
+    def _takes(self, p):
+        return p.requires_grad or not self._trains
+
     def _register(self, model):
         self._remember_model(model)
+        # Note [Fetch units]: a unit's root registers its whole subtree's parameters.
+        self._unit_roots = _fetch_units.unit_roots(
+            model, self._takes, self._granularity,
+            self._engine.resolved_config["stage3_param_persistence_threshold"])
         for mname, sub in model.named_modules():
+            root = self._unit_roots.get(id(sub))
+            if root is not None and root is not sub:
+                continue  # its parameters are its unit's
             own = []
-            for pname, p in sub.named_parameters(recurse=False):
-                if (self._trains and not p.requires_grad) or id(p) in self._slots:
+            for pname, p in sub.named_parameters(recurse=root is sub):
+                if not self._takes(p) or id(p) in self._slots:
                     continue
                 if p.device != self.device or not (
                         p.dtype == torch.float32 or (p.is_floating_point() and p.is_cuda)):
@@ -302,11 +318,14 @@ class ZeroEngine:
             # (those without parameters of their own too), so they are released with it. A
             # leaf without parameters (an activation, dropout) is left to its parent's frame:
             # it has no child to read from, and two hooks on every such module cost more than
-            # a small module's compute.
-            if not mids and sub is not model and next(sub.children(), None) is None:
-                continue
-            self._hook_handles.append(sub.register_forward_pre_hook(self._make_pre_hook(mids)))
-            self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
+            # a small module's compute. Inside a unit only its root is hooked.
+            root = self._unit_roots.get(id(sub))
+            hooked = (root is sub or (root is None and (
+                mids or sub is model or next(sub.children(), None) is not None)))
+            if hooked:
+                self._hook_handles.append(
+                    sub.register_forward_pre_hook(self._make_pre_hook(mids)))
+                self._hook_handles.append(sub.register_forward_hook(self._make_post_hook(mids)))
             if any(id(p) in self._slots for p in sub.parameters(recurse=False)):
                 sub.__dict__["_parameters"] = _FetchingParameters(self, sub.__dict__["_parameters"])
                 self._hook_handles.append(sub._register_state_dict_hook(self._state_dict_hook))
@@ -429,7 +448,7 @@ class ZeroEngine:
                 self._park(s)
 
     def _module_ids_of(self, sub):
-        params = list(sub.parameters(recurse=False))
+        params = list(sub.parameters(recurse=self._unit_roots.get(id(sub)) is sub))
         params += sub.__dict__.get("_zinf_external_parameters", [])
         mids = []
         for p in params:

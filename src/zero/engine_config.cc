@@ -393,6 +393,9 @@ void Parser::Zero(ConfigReader& z) {
             c_.stage3_max_live_parameters, "DeepSpeed's default", &c_.stage3_max_live_parameters)) {
     z.Elements("stage3_max_live_parameters", &c_.stage3_max_live_parameters);
   }
+  UnusedElements(z, "stage3_module_granularity_threshold",
+                 "zinf.zero acts on it as it registers a PyTorch model's modules (small modules "
+                 "fetched whole with their parent); a C++ or C trainer registers its own modules");
   UnusedElements(z, "stage3_max_reuse_distance",
                  "zinf releases a gathered parameter after its module unless it is under "
                  "stage3_param_persistence_threshold; it keeps no reuse window");
