@@ -123,6 +123,10 @@ def main():
           f"{os.cpu_count()} CPUs; zinf granularity {args.granularity}")
     ds_env = dict(os.environ, DS_ACCELERATOR="cpu")
     ds_env.pop("PYTHONPATH", None)
+    # DeepSpeed JIT-builds its CPU Adam once; kept where vs_deepspeed.sh keeps it.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ds_env.setdefault("TORCH_EXTENSIONS_DIR",
+                      os.path.join(root, "build", "vs-deepspeed", "torch_extensions"))
     sides = [("zinf", sys.executable, None), ("torch", sys.executable, None)]
     if args.ds_python:
         sides += [("deepspeed", args.ds_python, ds_env), ("torch (DeepSpeed's)", args.ds_python,
