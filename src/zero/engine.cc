@@ -122,8 +122,8 @@ Device* Engine::compute_device() const { return impl_->compute.get(); }
 const std::string& Engine::compute_device_name() const { return impl_->device; }
 
 StatusOr<TieredStoreStats> Engine::store_stats() const {
-  if (impl_->tiers == nullptr) return FailedPrecondition("store_stats before Initialize");
-  return impl_->tiers->stats();
+  if (impl_->store == nullptr) return FailedPrecondition("store_stats before Initialize");
+  return impl_->store->stats();
 }
 double Engine::loss_scale() const { return impl_->scaler.scale; }
 const EngineConfig& Engine::config() const { return impl_->config; }
@@ -158,16 +158,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   // what it trains at, however the config gave it.
   if (place.global_rank == 0) log::Info("batch: {}", impl->config.BatchShape(place.size));
   ZINF_ASSIGN_OR_RETURN(ProcessGroup group, ConnectProcessGroup(place, options.timeout));
-  impl->store = std::move(group.store);
+  impl->rendezvous = std::move(group.rendezvous);
   impl->comm = std::move(group.comm);
   if (impl->device != "host" && place.size > 1) {
     ZINF_ASSIGN_OR_RETURN(
         impl->device_comm,
-        CreateNcclCommunicator(*impl->store, {.rank = place.rank,
-                                              .world_size = place.size,
-                                              .device = std::stoi(impl->device.substr(5)),
-                                              .timeout = options.timeout,
-                                              .group_name = place.name + "-device"}));
+        CreateNcclCommunicator(*impl->rendezvous, {.rank = place.rank,
+                                                   .world_size = place.size,
+                                                   .device = std::stoi(impl->device.substr(5)),
+                                                   .timeout = options.timeout,
+                                                   .group_name = place.name + "-device"}));
   }
   ZINF_ASSIGN_OR_RETURN(impl->optimizer_step,
                         OptimizerStep::Create(impl->config, options.optimizer_threads));
@@ -250,7 +250,7 @@ Status Engine::Initialize(const InitialValues& initial_values) {
                 m.params_on_nvme || m.config.offload_optimizer_device == OffloadDevice::kNvme
                     ? "opening the tiered store and its NVMe swap space"
                     : "opening the tiered store"));
-  ZINF_RETURN_IF_ERROR(m.optimizer_step->Open({.store = m.tiers.get(),
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->Open({.store = m.store.get(),
                                                .param_tier = m.param_tier.get(),
                                                .params = &m.params,
                                                .modules = &m.modules,
@@ -264,11 +264,11 @@ Status Engine::Initialize(const InitialValues& initial_values) {
                                                 return m.FillInitial(begin, count, out);
                                               }));
   ZINF_ASSIGN_OR_RETURN(m.buckets,
-                        GradientBuckets::Create(m.tiers.get(), m.compute.get(), m.DeviceComm(),
+                        GradientBuckets::Create(m.store.get(), m.compute.get(), m.DeviceComm(),
                                                 m.BucketElements(), m.optimizer_step.get()));
   // Initialization's traffic is not the first step's.
-  m.nvme_read_at = m.tiers->stats().nvme_to_host;
-  m.nvme_written_at = m.tiers->stats().host_to_nvme;
+  m.nvme_read_at = m.store->stats().nvme_to_host;
+  m.nvme_written_at = m.store->stats().host_to_nvme;
   m.initialized = true;
   return OkStatus();
 }
@@ -321,9 +321,9 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
       // A device tensor reading as zeros: the padding stays zero and backward may accumulate
       // into it.
       ZINF_ASSIGN_OR_RETURN(g.tensor,
-                            m.tiers->CreateScratch(p.spec.name + " (gradient)",
+                            m.store->CreateScratch(p.spec.name + " (gradient)",
                                                    p.shard_size * m.world() * 4, Tier::kDevice));
-      StatusOr<void*> data = m.tiers->Acquire(g.tensor, Tier::kDevice, Access::kWrite);
+      StatusOr<void*> data = m.store->Acquire(g.tensor, Tier::kDevice, Access::kWrite);
       if (!data.ok()) {
         m.FreeGradient(pi);
         return m.Context(data.status(), fmt::format("gradient of '{}'", p.spec.name));

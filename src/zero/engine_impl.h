@@ -53,8 +53,8 @@ struct GradBuffer {
 
 struct Engine::Impl {
   EngineConfig config;
-  std::unique_ptr<TcpStore> store;
-  std::unique_ptr<Communicator> comm;  // host memory: norms, agreement, checkpoints
+  std::unique_ptr<TcpStore> rendezvous;  // the ranks' meeting point (TCP), for the collectives
+  std::unique_ptr<Communicator> comm;    // host memory: norms, agreement, checkpoints
   // Collectives on the compute device's memory (gathers, gradient reductions): NCCL on a GPU
   // with several ranks; null where `comm` serves (the host device, or one rank, whose
   // gathers and reductions need no collective).
@@ -96,7 +96,7 @@ struct Engine::Impl {
   // Where every parameter shard, gathered copy and gradient buffer lives and moves, on the
   // compute device; its swap files and host tier also hold the optimizer's arrays. Made by
   // Initialize, declared before its clients so that it outlives them.
-  std::unique_ptr<TieredStore> tiers;
+  std::unique_ptr<TieredStore> store;
   // Whether the device tier is host memory the host may touch (Device::host_addressable;
   // Note [Direct host device] in offload/tiered_store.cc): backward may then write into the
   // host accumulators directly.

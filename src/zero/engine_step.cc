@@ -123,7 +123,7 @@ StatusOr<StepSummary> Engine::Step() {
   summary.seconds_optimizer = SecondsSince(t0);
   summary.unix_time_s =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  m.tiers->ReleaseIdleScratch();  // Note [Scratch tensors]
+  m.store->ReleaseIdleScratch();  // Note [Scratch tensors]
   m.MeasureTiers(&summary);
   ZINF_RETURN_IF_ERROR(scheduled);
   return summary;

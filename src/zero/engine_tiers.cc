@@ -124,10 +124,10 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
       }
     }
   }
-  ZINF_ASSIGN_OR_RETURN(tiers, TieredStore::Create(options, compute.get()));
+  ZINF_ASSIGN_OR_RETURN(store, TieredStore::Create(options, compute.get()));
   host_addressable = compute->host_addressable();
   param_tier = std::make_unique<ParamTier>(
-      tiers.get(), DeviceComm(), &params, &modules,
+      store.get(), DeviceComm(), &params, &modules,
       ParamTierOptions{.param_type = param_type,
                        .shard_home = home,
                        .device_host_addressable = host_addressable,
@@ -139,7 +139,7 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
 }
 
 void Engine::Impl::MeasureTiers(StepSummary* summary) {
-  const TieredStoreStats stats = tiers->stats();
+  const TieredStoreStats stats = store->stats();
   // The host device's memory is host memory too.
   uint64_t host =
       stats.tiers[int(Tier::kHost)].in_use_bytes + stats.tiers[int(Tier::kDevice)].in_use_bytes;
@@ -165,8 +165,8 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
 void Engine::Impl::FreeGradient(int pi) {
   GradBuffer& g = grads[pi];
   if (g.tensor != 0) {
-    tiers->Release(g.tensor, Tier::kDevice).IgnoreError();
-    tiers->Free(g.tensor).IgnoreError();
+    store->Release(g.tensor, Tier::kDevice).IgnoreError();
+    store->Free(g.tensor).IgnoreError();
   }
   g = GradBuffer();
 }

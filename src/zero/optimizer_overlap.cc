@@ -284,11 +284,11 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
     }
     asked_ = 0;
     lead_ = lead;
-    tail_error_ = OkStatus();
-    tail_seconds_ = 0;
-    tail_running_ = true;
+    beside_forward_error_ = OkStatus();
+    beside_forward_seconds_ = 0;
+    beside_forward_running_ = true;
   }
-  tail_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
+  beside_forward_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
     NameThisThread("zinf-optim");
     PacedWriter paced(this);
     const auto t0 = std::chrono::steady_clock::now();
@@ -297,9 +297,10 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
       MutexLock lock(&mu_);
-      tail_seconds_ = seconds;
-      if (!s.ok()) tail_error_ = std::move(s).WithContext("the optimizer step beside forward");
-      tail_running_ = false;
+      beside_forward_seconds_ = seconds;
+      if (!s.ok())
+        beside_forward_error_ = std::move(s).WithContext("the optimizer step beside forward");
+      beside_forward_running_ = false;
     }
     progress_.SignalAll();
   });
@@ -316,24 +317,24 @@ bool OptimizerOverlap::SteppedLocked(const std::vector<int>& params) const {
 }
 
 bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
-  if (!tail_.joinable()) return true;
+  if (!beside_forward_.joinable()) return true;
   MutexLock lock(&mu_);
   return SteppedLocked(params);
 }
 
 Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
-  if (!tail_.joinable()) return OkStatus();
+  if (!beside_forward_.joinable()) return OkStatus();
   MutexLock lock(&mu_);
   for (int pi : params) {
     for (size_t c : of_[pi]) asked_ = std::max(asked_, ends_at_[c]);
   }
   asked_moved_.SignalAll();
-  while (tail_running_ && !SteppedLocked(params)) progress_.Wait(&mu_);
-  return tail_error_;
+  while (beside_forward_running_ && !SteppedLocked(params)) progress_.Wait(&mu_);
+  return beside_forward_error_;
 }
 
 void OptimizerOverlap::Cancel() {
-  if (!tail_.joinable()) return;
+  if (!beside_forward_.joinable()) return;
   {
     MutexLock lock(&mu_);
     cancel_ = true;
@@ -344,15 +345,15 @@ void OptimizerOverlap::Cancel() {
 }
 
 Status OptimizerOverlap::Wait() {
-  if (!tail_.joinable()) return OkStatus();
+  if (!beside_forward_.joinable()) return OkStatus();
   {
     MutexLock lock(&mu_);
     asked_ = UINT64_MAX;
   }
   asked_moved_.SignalAll();
-  tail_.join();
+  beside_forward_.join();
   MutexLock lock(&mu_);
-  return std::exchange(tail_error_, OkStatus());
+  return std::exchange(beside_forward_error_, OkStatus());
 }
 
 }  // namespace zinf

@@ -118,7 +118,7 @@ class OptimizerOverlap {
   // before the next batch or wholly beside its forward).
   bool KeepsSpeculation(float scale) const { return armed_ && scale == scale_; }
   // Whether a step begun by Start has not been waited for.
-  bool in_flight() const { return tail_.joinable(); }
+  bool in_flight() const { return beside_forward_.joinable(); }
   // Waits until every chunk the parameters touch is stepped (or the step has failed: its
   // error), letting the step run `lead` elements past them. OK at once when no step is in
   // flight.
@@ -133,7 +133,7 @@ class OptimizerOverlap {
   // Seconds the last step begun by Start took on its thread (once waited for).
   double started_seconds() const {
     MutexLock lock(&mu_);
-    return tail_seconds_;
+    return beside_forward_seconds_;
   }
   // The chunks of the given parameters, in that order, each once, then the others in flat
   // order: the order for Start.
@@ -194,10 +194,10 @@ class OptimizerOverlap {
   bool cancel_ ZINF_GUARDED_BY(mu_) = false;
   CondVar asked_moved_;  // asked_ grew
   CondVar progress_;     // a chunk was done, or the step ended
-  Status tail_error_ ZINF_GUARDED_BY(mu_);
-  double tail_seconds_ ZINF_GUARDED_BY(mu_) = 0;
-  bool tail_running_ ZINF_GUARDED_BY(mu_) = false;
-  std::thread tail_;
+  Status beside_forward_error_ ZINF_GUARDED_BY(mu_);
+  double beside_forward_seconds_ ZINF_GUARDED_BY(mu_) = 0;
+  bool beside_forward_running_ ZINF_GUARDED_BY(mu_) = false;
+  std::thread beside_forward_;
 };
 
 }  // namespace zinf

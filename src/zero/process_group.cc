@@ -85,7 +85,7 @@ StatusOr<ProcessGroup> ConnectProcessGroup(const ProcessPlace& place,
   ProcessGroup group;
   // Rank 0 serves the store for every group, its own may be a group of one.
   if (place.global_size > 1 && (place.size > 1 || place.global_rank == 0)) {
-    ZINF_ASSIGN_OR_RETURN(group.store,
+    ZINF_ASSIGN_OR_RETURN(group.rendezvous,
                           TcpStore::Create({.host = place.master_addr,
                                             .port = static_cast<uint16_t>(place.master_port),
                                             .is_server = place.global_rank == 0,
@@ -96,11 +96,11 @@ StatusOr<ProcessGroup> ConnectProcessGroup(const ProcessPlace& place,
     ZINF_ASSIGN_OR_RETURN(group.comm, CreateLocalCommunicator());
   } else {
     ZINF_ASSIGN_OR_RETURN(group.comm,
-                          CreateGlooCommunicator(*group.store, {.rank = place.rank,
-                                                                .world_size = place.size,
-                                                                .iface = place.socket_ifname,
-                                                                .timeout = timeout,
-                                                                .group_name = place.name}));
+                          CreateGlooCommunicator(*group.rendezvous, {.rank = place.rank,
+                                                                     .world_size = place.size,
+                                                                     .iface = place.socket_ifname,
+                                                                     .timeout = timeout,
+                                                                     .group_name = place.name}));
   }
   return group;
 }

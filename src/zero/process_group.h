@@ -42,7 +42,7 @@ StatusOr<ProcessPlace> ResolveProcessPlace(const EngineOptions& options);
 StatusOr<std::string> ResolveComputeDevice(const std::string& device, int local_rank);
 
 struct ProcessGroup {
-  std::unique_ptr<TcpStore> store;  // rank 0 serves it for every group; null for one process
+  std::unique_ptr<TcpStore> rendezvous;  // rank 0 serves it for every group; null for one process
   std::unique_ptr<Communicator> comm;
 };
 
