@@ -49,7 +49,6 @@
 #include "comm/communicator.h"
 #include "core/log.h"
 #include "zero/engine_impl.h"
-#include "zero/lr_schedule.h"
 #include "zero/partition.h"
 #include "zero/process_group.h"
 #include "zinf/cpu_optimizer.h"

@@ -3,13 +3,10 @@
 // optimizer_step.h); and the end of the batch.
 #include <fmt/core.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "zero/engine_impl.h"
-#include "zero/lr_schedule.h"
 
 namespace zinf {
 
