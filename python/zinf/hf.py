@@ -1,0 +1,216 @@
+"""transformers' ``Trainer`` on zinf: a Trainer script runs with its imports changed,
+
+    from zinf.hf import Trainer, TrainingArguments   # was: from transformers import ...
+
+and its own ``--deepspeed ds_config.json`` (Hugging Face's "auto" values filled from the
+TrainingArguments, as transformers fills them for DeepSpeed). Everything else is transformers'
+own Trainer, unchanged: data loading and sharding over the ranks, the loss and its
+normalization over gradient accumulation, logging, callbacks, evaluation, checkpoint rotation.
+
+Note [Trainer on zinf]
+Trainer drives DeepSpeed through Accelerate (``accelerator.prepare`` calls
+``deepspeed.initialize``; ``accelerator.backward`` calls the engine's backward and, at the
+accumulation boundary, its step). zinf takes the same places, in the methods Trainer documents
+for overriding:
+- ``create_optimizer``: ``zinf.initialize`` takes the model over, with the config's optimizer
+  and scheduler, or with Trainer's own optimizer and schedule where the config names none (as
+  transformers' ``deepspeed_init`` passes them). Trainer gets stand-ins whose ``step`` does
+  nothing, since the engine steps both, as DeepSpeed's do under Accelerate.
+- ``_wrap_model``: the engine, which Trainer then keeps as ``model_wrapped`` (Accelerate leaves
+  an object it does not know as it is: no DistributedDataParallel around the engine).
+- ``training_step``: the micro-batch's backward goes to the engine, as Accelerate's DeepSpeed
+  wrapper sends it: the boundary set, ``backward(loss, scale_wrt_gas=False)`` (Trainer has
+  already normalized the loss over the accumulation) and ``step()`` at the boundary. The
+  gradient norm Trainer logs is the engine's, taken before clipping.
+- checkpoints: the engine's checkpoint in Trainer's ``checkpoint-N`` directory (resumed by
+  ``load_checkpoint``, which also restores a client schedule), and the model's weights beside
+  it, gathered from the shards (a collective) and written by ``save_pretrained`` on the main
+  process, so ``from_pretrained`` loads the checkpoint and ``save_model``'s output.
+"""
+
+import contextlib
+import dataclasses
+
+import torch
+import transformers
+
+from . import engine as _engine
+
+__all__ = ["Trainer", "TrainingArguments"]
+
+
+@dataclasses.dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """transformers' TrainingArguments, whose ``deepspeed`` (a path to a DeepSpeed JSON config,
+    or a dict) is zinf's config: transformers' own DeepSpeed integration, which needs the
+    deepspeed package, never sees it."""
+
+    def __post_init__(self):
+        self.zinf_config = self.deepspeed
+        self.deepspeed = None
+        super().__post_init__()
+
+
+class Trainer(transformers.Trainer):
+    """transformers' Trainer, training on zinf when its TrainingArguments (zinf.hf's) carry a
+    config (Note [Trainer on zinf]); without one, transformers' Trainer as it is."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zinf_engine = None
+        self._zinf_max_steps = None
+        config = getattr(self.args, "zinf_config", None)
+        if config is None and self.args.deepspeed is not None:
+            raise ValueError("zinf.hf.Trainer: pass zinf.hf.TrainingArguments, whose deepspeed= "
+                             "config trains on zinf (transformers' own sends it to DeepSpeed)")
+        self._zinf_config = config
+
+    # -- the engine ---------------------------------------------------------------------------
+
+    def _prepare_for_training(self, max_steps, *args, **kwargs):
+        self._zinf_max_steps = max_steps  # the "auto" total and warmup steps come from it
+        return super()._prepare_for_training(max_steps, *args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        if self._zinf_config is None:
+            return super().create_optimizer(model)
+        if self.zinf_engine is not None:
+            return self.optimizer
+        config = _engine._config_dict(None, self._zinf_config, None)
+        client_optimizer = None
+        if "optimizer" not in config:
+            client_optimizer = super().create_optimizer(model)  # decay and no-decay groups
+        lr_scheduler = None
+        if "scheduler" not in config:
+            def lr_scheduler(optimizer):
+                self.lr_scheduler = None
+                return self.create_scheduler(self._zinf_max_steps, optimizer=optimizer)
+        values = {}
+        if self._zinf_max_steps is not None and self._zinf_max_steps > 0:
+            values = {"max_steps": self._zinf_max_steps,
+                      "warmup_steps": max(1, self.args.get_warmup_steps(self._zinf_max_steps))}
+        engine, optimizer, _, scheduler = _engine.initialize(
+            model=self.model, config=config, optimizer=client_optimizer,
+            lr_scheduler=lr_scheduler, trainer=self.args, **values)
+        self.zinf_engine = engine
+        self.optimizer = _SteppedByTheEngine(optimizer)
+        self.lr_scheduler = _ScheduledByTheEngine(engine, scheduler)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if self.zinf_engine is not None:
+            return self.lr_scheduler  # the engine's (create_optimizer), stepped by the engine
+        return super().create_scheduler(num_training_steps, optimizer)
+
+    def _wrap_model(self, model, training=True, dataloader=None):
+        if self.zinf_engine is not None:
+            return self.zinf_engine
+        return super()._wrap_model(model, training, dataloader)
+
+    # -- backward and step --------------------------------------------------------------------
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.zinf_engine is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        with self._backward_to_the_engine():
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    @contextlib.contextmanager
+    def _backward_to_the_engine(self):
+        accelerator = self.accelerator
+        engine = self.zinf_engine
+
+        def backward(loss, **unused):
+            boundary = accelerator.sync_gradients
+            engine.set_gradient_accumulation_boundary(boundary)
+            engine.backward(loss, scale_wrt_gas=False)  # Trainer normalized it already
+            engine.step()  # the optimizer step at the boundary, else only the count
+
+        accelerator.backward = backward
+        try:
+            yield
+        finally:
+            del accelerator.backward  # the class's again
+
+    def _clip_grad_norm(self, model):
+        return self._get_grad_norm(model)  # the engine clipped, with gradient_clipping
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if self.zinf_engine is None:
+            return super()._get_grad_norm(model, grad_norm)
+        return self.zinf_engine.get_global_grad_norm()
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        if self.zinf_engine is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        self.zinf_engine.save_checkpoint(output_dir)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if self.zinf_engine is None or checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        self.zinf_engine.load_checkpoint(checkpoint)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        if self.zinf_engine is None:
+            return super().save_model(output_dir, _internal_call)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        # A collective: every rank gathers, the main process writes.
+        state = self.zinf_engine._zero3_consolidated_16bit_state_dict()
+        self._save(output_dir, state_dict=state)
+        self.zinf_engine.zero.mean_over_ranks(0.0)  # no rank goes on before the files are in
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+
+class _SteppedByTheEngine(torch.optim.Optimizer):
+    """Trainer's optimizer: the engine's parameter groups (their live "lr"), with a step that
+    does nothing, since the engine stepped at the boundary's backward. Its state is the engine's
+    checkpoint; its state_dict is a marker Accelerate may move and load back."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer  # not Optimizer.__init__: it owns no parameters
+        self.defaults = {}
+        self.state = {}
+        self.param_groups = optimizer.param_groups
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: gradients go to the engine and leave no ``param.grad``."""
+
+    def state_dict(self):
+        return {"zinf": "the optimizer state is in the engine's checkpoint"}
+
+    def load_state_dict(self, state_dict):
+        if state_dict != self.state_dict():
+            raise ValueError("the optimizer state is the engine's: Trainer resumes it from its "
+                             "checkpoint through the engine's load_checkpoint")
+
+
+class _ScheduledByTheEngine:
+    """Trainer's lr_scheduler: the schedule the engine steps after each optimizer step (the
+    config's, or Trainer's own handed to it), read here; step does nothing."""
+
+    def __init__(self, engine, scheduler):
+        self._engine = engine
+        self._scheduler = scheduler
+
+    def step(self, *unused, **unused_kwargs):
+        return None
+
+    def get_last_lr(self):
+        # What torch's scheduler reports when Trainer logs, between the optimizer's step and
+        # its own: the rate the last step applied (before any: the first step's).
+        last = self._engine.last_step
+        return [last["lr"]] if last is not None else self._engine.get_lr()
+
+    get_lr = get_last_lr
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        return None

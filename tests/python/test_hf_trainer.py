@@ -1,0 +1,185 @@
+"""transformers' Trainer on zinf (zinf.hf): a causal-LM script in the style of transformers'
+run_clm.py (hf_trainer_clm.py), changed only in its imports, against the same script on
+transformers' own Trainer (plain PyTorch; DistributedDataParallel on 2 processes) and on
+DeepSpeed itself, with the ZeRO-3 offload config of Hugging Face's documentation as shipped:
+the same losses step for step, a resume from Trainer's checkpoint that continues bit for bit,
+and a saved model that from_pretrained loads with the trained model's logits. GPT-2 and Llama
+from their configs; nothing is downloaded. Skips without transformers and accelerate (Debian's
+torch 1.13 has neither); the DeepSpeed case where deepspeed does not import (it runs in the
+virtualenv of bench/vs_deepspeed.sh)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "hf_trainer_clm.py")
+BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
+SOURCE_DIR = os.environ.get("ZINF_SOURCE_DIR", os.path.join(HERE, "..", ".."))
+HF_ZERO3 = os.path.join(SOURCE_DIR, "tests", "data", "deepspeed_configs", "hf_zero3_auto.json")
+
+try:
+    import accelerate  # noqa: F401  (Trainer needs it)
+    import transformers  # noqa: F401
+    WHY = None
+except Exception as e:  # ImportError, or an install that fails to import
+    WHY = f"transformers' Trainer does not import under {sys.executable}: {e}"
+
+# The config a Trainer user writes when Trainer's own optimizer and schedule are to be used
+# (transformers hands them to DeepSpeed, and zinf.hf to zinf): no "optimizer", no "scheduler".
+OWN_OPTIMIZER = {
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                          "offload_optimizer": {"device": "cpu"}},
+    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "train_batch_size": "auto", "gradient_clipping": "auto",
+}
+ARGS = ["--learning_rate", "1e-2", "--warmup_steps", "3", "--logging_steps", "1",
+        "--report_to", "none", "--use_cpu", "--max_grad_norm", "0.5"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deepspeed_missing():
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:
+        return f"deepspeed does not import under {sys.executable}: {e}"
+    return None
+
+
+@unittest.skipIf(WHY is not None, WHY)
+class HfTrainerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="zinf-hf-trainer-")
+        # Every run starts from the same saved weights (as a fine-tune does), so that no side's
+        # way of building the model (DeepSpeed's zero.Init) changes the starting point.
+        sys.path.insert(0, HERE)
+        import hf_trainer_clm
+        for model_type, config in hf_trainer_clm.CONFIGS.items():
+            c = transformers.AutoConfig.for_model(**config, vocab_size=96)
+            torch.manual_seed(42)
+            model = transformers.AutoModelForCausalLM.from_config(c)
+            model.save_pretrained(os.path.join(cls.dir, f"init-{model_type}"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def run_script(self, name, trainer, world, model_type, config, args):
+        """Runs the script with `trainer` ("zinf" or "transformers") on `world` processes;
+        returns losses.json."""
+        out = os.path.join(self.dir, name)
+        cmd = [sys.executable, SCRIPT, "--model_type", model_type, "--model_name_or_path",
+               os.path.join(self.dir, f"init-{model_type}"), "--output_dir", out] + ARGS + args
+        if config is not None:
+            path = config if isinstance(config, str) else os.path.join(self.dir, name + ".json")
+            if not isinstance(config, str):
+                with open(path, "w") as f:
+                    json.dump(config, f)
+            cmd += ["--deepspeed", path]
+        env = dict(os.environ, ZINF_TRAINER=trainer, PYTHONWARNINGS="ignore")
+        if world > 1:
+            launcher = os.path.join(BUILD_DIR, "bin", "zinf")
+            self.assertTrue(os.path.exists(launcher), f"{launcher} is not built")
+            cmd = [launcher, "run", "-n", str(world), "--"] + cmd
+        else:  # DeepSpeed's init_distributed wants a launcher's environment
+            env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(free_port()))
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
+        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
+                                             f"{done.stderr[-8000:]}")
+        with open(os.path.join(out, "losses.json")) as f:
+            return json.load(f)
+
+    def assert_same_training(self, got, want, rel, what):
+        self.assertEqual(got["global_step"], want["global_step"], what)
+        self.assertEqual([s["step"] for s in got["steps"]], [s["step"] for s in want["steps"]])
+        for g, w in zip(got["steps"], want["steps"]):
+            self.assertAlmostEqual(g["loss"], w["loss"], delta=rel * abs(w["loss"]),
+                                   msg=f"{what}: step {w['step']}: {got['steps']} vs "
+                                       f"{want['steps']}")
+            self.assertAlmostEqual(g["grad_norm"], w["grad_norm"], delta=1e-4 * w["grad_norm"],
+                                   msg=f"{what}: step {w['step']}'s gradient norm")
+        for g, w in zip(got["logits"], want["logits"]):
+            self.assertAlmostEqual(g, w, delta=1e-4 * max(1.0, abs(w)), msg=what)
+
+    def test_trainers_own_optimizer_and_schedule_give_plain_trainers_losses(self):
+        # Trainer's AdamW (its decay and no-decay groups agree at weight_decay 0) and linear
+        # schedule, handed to zinf as transformers hands them to DeepSpeed: plain Trainer's
+        # losses, learning rates and gradient norms, on 1 process with accumulation and on 2
+        # (plain Trainer: DistributedDataParallel).
+        for world, gas in ((1, 2), (2, 1)):
+            with self.subTest(world=world):
+                args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
+                        "--gradient_accumulation_steps", str(gas), "--weight_decay", "0.0"]
+                want = self.run_script(f"torch-{world}", "transformers", world, "gpt2", None,
+                                       args)
+                got = self.run_script(f"zinf-own-{world}", "zinf", world, "gpt2",
+                                      OWN_OPTIMIZER, args)
+                self.assert_same_training(got, want, 1e-5, f"{world} process(es)")
+                self.assertEqual([s["learning_rate"] for s in got["steps"]],
+                                 [s["learning_rate"] for s in want["steps"]])
+
+    def test_hugging_face_zero3_offload_config_trains_resumes_and_saves(self):
+        # The config as Hugging Face's docs ship it ("auto" everywhere, AdamW and
+        # WarmupDecayLR, parameters and optimizer on the CPU), with gradient checkpointing.
+        args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
+                "--gradient_accumulation_steps", "2", "--weight_decay", "0.01",
+                "--save_steps", "10", "--gradient_checkpointing"]
+        for model_type in ("gpt2", "llama"):
+            with self.subTest(model=model_type):
+                whole = self.run_script(f"hf-{model_type}", "zinf", 1, model_type, HF_ZERO3,
+                                        args)
+                losses = [s["loss"] for s in whole["steps"]]
+                self.assertLess(sum(losses[-5:]), sum(losses[:5]), f"it learns: {losses}")
+                # The saved model, loaded by from_pretrained, is the trained one.
+                for g, w in zip(whole["logits"], whole["trained_logits"]):
+                    self.assertAlmostEqual(g, w, delta=1e-5 * max(1.0, abs(w)))
+                # A new process resumes from Trainer's checkpoint-10 and continues bit for bit.
+                resumed_dir = os.path.join(self.dir, f"hf-{model_type}-resumed")
+                shutil.copytree(os.path.join(self.dir, f"hf-{model_type}", "checkpoint-10"),
+                                os.path.join(resumed_dir, "checkpoint-10"))
+                resumed = self.run_script(
+                    f"hf-{model_type}-resumed", "zinf", 1, model_type, HF_ZERO3,
+                    args + ["--resume_from_checkpoint",
+                            os.path.join(resumed_dir, "checkpoint-10")])
+                self.assertEqual(resumed["global_step"], 20)
+                self.assertEqual(resumed["steps"], whole["steps"][10:])
+                self.assertEqual(resumed["logits"], whole["logits"])
+
+    def test_deepspeed_runs_the_same_script_to_the_same_losses(self):
+        why = deepspeed_missing()
+        if why:
+            self.skipTest(why)
+        args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
+                "--gradient_accumulation_steps", "2", "--weight_decay", "0.01",
+                "--gradient_checkpointing"]
+        env = {"DS_ACCELERATOR": "cpu"}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            theirs = self.run_script("deepspeed", "transformers", 1, "gpt2", HF_ZERO3, args)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        ours = self.run_script("zinf-vs-deepspeed", "zinf", 1, "gpt2", HF_ZERO3, args)
+        self.assert_same_training(ours, theirs, 1e-5, "against DeepSpeed")
+
+
+if __name__ == "__main__":
+    unittest.main()
