@@ -10,7 +10,7 @@
 # With --torch2 (unless ZINF_VENV_TORCH2=0; or ZINF_VENV_TORCH2=1 alone) the same wheel is also
 # tested against PyTorch 2.x from pip, in build/venv-torch2/: made once (PyPI's torch and its
 # CUDA wheels, about 5.4 GiB and 1.5 to 3 minutes here) and kept; the zinf wheel is
-# reinstalled into it on every run. transformers and accelerate are installed there too, so that
+# reinstalled into it on every run. transformers, accelerate and peft are installed there too, so that
 # test_torch_models trains Hugging Face's GPT-2 and Llama under zinf and test_hf_trainer runs
 # transformers' Trainer on zinf.
 #
@@ -174,9 +174,9 @@ if [ "$torch2" = 1 ]; then
     logged "$t2/bin/pip" install torch numpy
   fi
   # Hugging Face's models built from a config (no weights downloaded) for test_torch_models,
-  # and Trainer (it needs accelerate) for test_hf_trainer.
-  if ! "$t2/bin/python" -c 'import transformers, accelerate' >/dev/null 2>&1; then
-    logged "$t2/bin/pip" install transformers accelerate
+  # and Trainer (it needs accelerate) with PEFT for test_hf_trainer.
+  if ! "$t2/bin/python" -c 'import transformers, accelerate, peft' >/dev/null 2>&1; then
+    logged "$t2/bin/pip" install transformers accelerate peft
   fi
   logged "$t2/bin/pip" install --no-index --no-deps --force-reinstall "$wheel"
   check_installed "$t2"

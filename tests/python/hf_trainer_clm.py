@@ -34,6 +34,8 @@ class ModelArguments:
     model_name_or_path: str = dataclasses.field(
         default=None, metadata={"help": "a saved model to start from (else one from the config)"})
     gradient_checkpointing_model: bool = False
+    lora_r: int = dataclasses.field(
+        default=0, metadata={"help": "> 0: PEFT's LoRA of this rank on a frozen base"})
 
 
 @dataclasses.dataclass
@@ -98,6 +100,14 @@ def main():
         model = AutoModelForCausalLM.from_config(config)
     if model_args.gradient_checkpointing_model:
         model.gradient_checkpointing_enable()
+    if model_args.lora_r > 0:
+        import peft
+        targets = {"gpt2": ["c_attn", "c_proj"], "llama": ["q_proj", "v_proj"]}
+        torch.manual_seed(training_args.seed)
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=model_args.lora_r, lora_alpha=2 * model_args.lora_r, lora_dropout=0.0,
+            target_modules=targets[model_args.model_type], task_type="CAUSAL_LM",
+            init_lora_weights="gaussian"))
     train_dataset = group_texts(corpus(data_args), data_args.block_size)
     log = LossLog()
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,

@@ -3,7 +3,8 @@ run_clm.py (hf_trainer_clm.py), changed only in its imports, against the same sc
 transformers' own Trainer (plain PyTorch; DistributedDataParallel on 2 processes) and on
 DeepSpeed itself, with the ZeRO-3 offload config of Hugging Face's documentation as shipped:
 the same losses step for step, a resume from Trainer's checkpoint that continues bit for bit,
-and a saved model that from_pretrained loads with the trained model's logits. GPT-2 and Llama
+and a saved model that from_pretrained loads with the trained model's logits; PEFT's LoRA on a
+frozen base too; and from_pretrained under zinf.zero.Init on 1 and 2 processes. GPT-2 and Llama
 from their configs; nothing is downloaded. Skips without transformers and accelerate (Debian's
 torch 1.13 has neither); the DeepSpeed case where deepspeed does not import (it runs in the
 virtualenv of bench/vs_deepspeed.sh)."""
@@ -132,6 +133,29 @@ class HfTrainerTest(unittest.TestCase):
                 self.assertEqual([s["learning_rate"] for s in got["steps"]],
                                  [s["learning_rate"] for s in want["steps"]])
 
+    def test_peft_lora_on_a_frozen_base_gives_plain_trainers_losses(self):
+        # PEFT's LoRA (its own package) on a frozen GPT-2: the adapters train to plain
+        # Trainer's losses, and save_model writes the adapter, which from_pretrained loads
+        # onto the base with the trained model's logits.
+        try:
+            import peft  # noqa: F401
+        except Exception as e:
+            self.skipTest(f"peft does not import: {e}")
+        for world, gas in ((1, 2), (2, 1)):
+            with self.subTest(world=world):
+                args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
+                        "--gradient_accumulation_steps", str(gas), "--weight_decay", "0.0",
+                        "--lora_r", "4"]
+                want = self.run_script(f"torch-lora-{world}", "transformers", world, "gpt2",
+                                       None, args)
+                got = self.run_script(f"zinf-lora-{world}", "zinf", world, "gpt2",
+                                      OWN_OPTIMIZER, args)
+                self.assert_same_training(got, want, 1e-5, f"LoRA on {world} process(es)")
+                self.assertTrue(os.path.exists(os.path.join(
+                    self.dir, f"zinf-lora-{world}", "adapter_model.safetensors")))
+                for g, w in zip(got["logits"], got["trained_logits"]):
+                    self.assertAlmostEqual(g, w, delta=1e-5 * max(1.0, abs(w)))
+
     def test_hugging_face_zero3_offload_config_trains_resumes_and_saves(self):
         # The config as Hugging Face's docs ship it ("auto" everywhere, AdamW and
         # WarmupDecayLR, parameters and optimizer on the CPU), with gradient checkpointing.
@@ -158,6 +182,37 @@ class HfTrainerTest(unittest.TestCase):
                 self.assertEqual(resumed["global_step"], 20)
                 self.assertEqual(resumed["steps"], whole["steps"][10:])
                 self.assertEqual(resumed["logits"], whole["logits"])
+
+    def test_from_pretrained_under_zero_init_on_one_and_two_processes(self):
+        # transformers builds the model under zinf.zero.Init and loads the saved weights into
+        # it on every rank; the engine's model then computes the saved model's logits.
+        script = """
+import sys, torch, transformers, zinf.zero
+cfg = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                             "offload_optimizer": {"device": "cpu"}},
+       "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"}}
+with zinf.zero.Init(config_dict_or_path=cfg):
+    model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
+engine = zinf.zero.initialize(model, cfg)
+x = torch.arange(32).reshape(2, 16) % 96
+with torch.no_grad():
+    got = model(x).logits
+    want = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])(x).logits
+print("DIFFERENCE", engine.rank, float((got - want).abs().max()))
+"""
+        for model_type in ("gpt2", "llama"):
+            for world in (1, 2):
+                with self.subTest(model=model_type, world=world):
+                    cmd = [sys.executable, "-c", script,
+                           os.path.join(self.dir, f"init-{model_type}")]
+                    if world > 1:
+                        cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", "2",
+                               "--"] + cmd
+                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                    self.assertEqual(done.returncode, 0, done.stdout + done.stderr[-4000:])
+                    found = [line.split()[-1] for line in done.stdout.splitlines()
+                             if "DIFFERENCE" in line]
+                    self.assertEqual(found, ["0.0"] * world, done.stdout)
 
     def test_deepspeed_runs_the_same_script_to_the_same_losses(self):
         why = deepspeed_missing()
