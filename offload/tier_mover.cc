@@ -9,8 +9,9 @@
 namespace zinf {
 
 StatusOr<std::unique_ptr<TierMover>> TierMover::Create(Device* device, NvmePieces* nvme,
-                                                       LinkMeters* links) {
-  std::unique_ptr<TierMover> mover(new TierMover(device, nvme, links));
+                                                       LinkMeters* links,
+                                                       TransferCounters* counters) {
+  std::unique_ptr<TierMover> mover(new TierMover(device, nvme, links, counters));
   if (device != nullptr) {
     ZINF_ASSIGN_OR_RETURN(mover->up_stream_, device->CreateStream());
     ZINF_ASSIGN_OR_RETURN(mover->down_stream_, device->CreateStream());
@@ -18,10 +19,12 @@ StatusOr<std::unique_ptr<TierMover>> TierMover::Create(Device* device, NvmePiece
   return mover;
 }
 
-TierMover::TierMover(Device* device, NvmePieces* nvme, LinkMeters* links)
+TierMover::TierMover(Device* device, NvmePieces* nvme, LinkMeters* links,
+                     TransferCounters* counters)
     : device_(device),
       nvme_(nvme),
       links_(*links),
+      counters_(*counters),
       direct_(device != nullptr && device->host_addressable()) {}
 
 Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
@@ -31,6 +34,9 @@ Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
   if (direct_ && src != Tier::kNvme && dst != Tier::kNvme) {
     LinkScope scope(src == Tier::kHost ? links_.h2d : links_.d2h, t.size);
     std::memcpy(to.block.data(), from.block.data(), t.size);
+    // The copy a stream would make, made by the CPU (Note [Transfer counters]).
+    counters_.CountCopy(src == Tier::kHost ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost,
+                        t.size);
     return OkStatus();
   }
   if (direct_ && src == Tier::kNvme) {  // NVMe straight into the device's (host) memory
@@ -69,7 +75,7 @@ Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
 Status TierMover::MoveZeros(StoreTensor& t, Tier dst) {
   TierCopy& to = t.copies[Index(dst)];
   if (dst == Tier::kHost || (direct_ && dst == Tier::kDevice)) {
-    std::memset(to.block.data(), 0, t.size);
+    ZeroDirect(to.block.data(), t.size, dst);
     return OkStatus();
   }
   if (dst == Tier::kDevice) {
@@ -86,8 +92,17 @@ Status TierMover::Clear(StoreTensor& t, Tier tier) {
     ZINF_RETURN_IF_ERROR(up_stream_->Memset(c.block.data(), 0, t.size));
     return up_stream_->Synchronize();
   }
-  std::memset(c.block.data(), 0, t.size);
+  ZeroDirect(c.block.data(), t.size, tier);
   return OkStatus();
+}
+
+void TierMover::ZeroDirect(void* data, uint64_t size, Tier tier) {
+  std::memset(data, 0, size);
+  if (tier == Tier::kDevice) {
+    counters_.CountDeviceSet(size);  // what a stream's memset would do
+  } else {
+    counters_.CountHostSet(size);
+  }
 }
 
 Status TierMover::ReadToDevice(const TierCopy& from, char* device_dst) {
@@ -111,7 +126,7 @@ Status TierMover::ReadToDevice(const TierCopy& from, char* device_dst) {
 
 Status TierMover::WriteFromDevice(const TierCopy& to, const char* device_src) {
   PoolBlock staging = nvme_->TakeStaging();
-  if (device_src == nullptr) std::memset(staging.data(), 0, staging.size_bytes());
+  if (device_src == nullptr) ZeroDirect(staging.data(), staging.size_bytes(), Tier::kHost);
   Status s;
   for (size_t k = 0; k < to.extents.size() && s.ok(); ++k) {
     const uint64_t n = to.extents[k].size_bytes;

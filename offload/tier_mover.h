@@ -27,10 +27,11 @@ namespace zinf {
 class TierMover {
  public:
   // Over `device` (null: no device tier; not owned) and `nvme` (null: no NVMe tier; not owned),
-  // counting on `links` (not owned). All three outlive the mover. Errors: the device's, making
-  // its streams.
+  // metering on `links` and counting its memcpys and memsets on `counters` (Note [Transfer
+  // counters] in offload/tiered_store.cc; not owned). All four outlive the mover. Errors: the
+  // device's, making its streams.
   static StatusOr<std::unique_ptr<TierMover>> Create(Device* device, NvmePieces* nvme,
-                                                     LinkMeters* links);
+                                                     LinkMeters* links, TransferCounters* counters);
   TierMover(const TierMover&) = delete;
   TierMover& operator=(const TierMover&) = delete;
 
@@ -49,7 +50,9 @@ class TierMover {
   Status Clear(StoreTensor& t, Tier tier);
 
  private:
-  TierMover(Device* device, NvmePieces* nvme, LinkMeters* links);
+  TierMover(Device* device, NvmePieces* nvme, LinkMeters* links, TransferCounters* counters);
+  // Zeros `size` bytes of memory the host may touch, counting them as `tier`'s.
+  void ZeroDirect(void* data, uint64_t size, Tier tier);
   // Move from a copy that reads as zeros and was never written.
   Status MoveZeros(StoreTensor& t, Tier dst);
   // NVMe to device memory, a piece at a time through a staging buffer.
@@ -63,6 +66,7 @@ class TierMover {
   Device* const device_;
   NvmePieces* const nvme_;
   LinkMeters& links_;
+  TransferCounters& counters_;
   const bool direct_;
   std::unique_ptr<Stream> up_stream_;    // host to device
   std::unique_ptr<Stream> down_stream_;  // device to host

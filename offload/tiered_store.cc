@@ -74,6 +74,26 @@ namespace zinf {
 // ring of the last kFreedNamesKept: older ids are still known freed (ids only grow), just not by
 // name.
 
+// Note [Transfer counters]
+// What makes a step's host work checkable without a GPU (the engine's StepSummary reports it
+// per step) is counted where it happens, each kind at one place, on the device's
+// TransferCounters (include/zinf/device.h), which the store and its clients share
+// (TieredStore::transfer_counters):
+// - waits: the device's Event::Synchronize and Stream::Synchronize; the store's Acquire
+//   finding its tensor in a transfer (MakeValid), and its own waits for a stream to NVMe
+//   (ReadHome, WriteHome); the engine's waits for the store's futures, where it waits for them;
+//   split by thread (the store's transfer threads and the engine's optimizer threads mark
+//   themselves) into the trainer's waits and zinf's own;
+// - copies by direction: the device's Stream::Copy, by its CopyKind; and TierMover's memcpys
+//   between the tiers of the direct host device (Note [Direct host device]), which are the
+//   same copies done by the CPU;
+// - memsets: the device's Stream::Memset; TierMover's zeroing (of device memory on the direct
+//   host device, counted as the device's, and of host memory); the zeros a stream reads for a
+//   home never written;
+// - the host's own passes over host memory: counted by the code that makes them (the engine's
+//   zeroing of its accumulators, its staging copies), beside the memset or memcpy.
+// A count is a call, not an elapsed wait: deterministic where the calls are, so tests pin them.
+
 // Note [Direct host device]
 // On the host device without a modelled link, device memory is host memory that nothing but
 // this store's own streams would order. Moving bytes through a stream there costs a thread
@@ -210,7 +230,8 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
   }
   auto impl = std::make_unique<Impl>(options, device, std::move(device_pool), std::move(host_pool),
                                      std::move(nvme));
-  ZINF_ASSIGN_OR_RETURN(impl->mover, TierMover::Create(device, impl->nvme.get(), &impl->links));
+  ZINF_ASSIGN_OR_RETURN(impl->mover,
+                        TierMover::Create(device, impl->nvme.get(), &impl->links, &impl->counters));
   return std::unique_ptr<TieredStore>(new TieredStore(std::move(impl)));
 }
 
@@ -458,25 +479,29 @@ void TieredStore::WriteHomeAsync(TensorId id, const void* buffer,
 
 namespace {
 // Runs an asynchronous stream and waits for its outcome.
-Status WaitFor(const std::function<void(std::function<void(Status)>)>& start) {
+Status WaitFor(TransferCounters& counters,
+               const std::function<void(std::function<void(Status)>)>& start) {
   auto promise = std::make_shared<std::promise<Status>>();
   std::future<Status> outcome = promise->get_future();
   start([promise](Status s) { promise->set_value(std::move(s)); });
+  counters.CountWait();
   return outcome.get();
 }
 }  // namespace
 
 Status TieredStore::ReadHome(TensorId id, void* buffer) {
-  return WaitFor([&](auto done) { ReadHomeAsync(id, buffer, std::move(done)); });
+  return WaitFor(impl_->counters, [&](auto done) { ReadHomeAsync(id, buffer, std::move(done)); });
 }
 
 Status TieredStore::WriteHome(TensorId id, const void* buffer) {
-  return WaitFor([&](auto done) { WriteHomeAsync(id, buffer, std::move(done)); });
+  return WaitFor(impl_->counters, [&](auto done) { WriteHomeAsync(id, buffer, std::move(done)); });
 }
 
 Status TieredStore::RegisterStreamBuffer(void* data, uint64_t size_bytes) {
   return impl_->nvme != nullptr ? impl_->nvme->RegisterBuffer(data, size_bytes) : OkStatus();
 }
+
+TransferCounters& TieredStore::transfer_counters() { return impl_->counters; }
 
 std::string TieredStore::device_name() const {
   return impl_->device != nullptr ? impl_->device->name() : std::string();

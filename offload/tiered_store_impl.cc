@@ -18,6 +18,7 @@ TieredStore::Impl::Impl(const TieredStoreOptions& options, Device* device,
                         std::unique_ptr<MemoryPool> host_pool, std::unique_ptr<NvmePieces> nvme)
     : options(options),
       device(device),
+      counters(device != nullptr ? device->transfer_counters() : no_device_counters),
       device_pool(std::move(device_pool)),
       host_pool(std::move(host_pool)),
       nvme(std::move(nvme)),
@@ -119,10 +120,12 @@ Status TieredStore::Impl::EvictLocked(StoreTensor& t, Tier tier, bool keep) {
 
 Status TieredStore::Impl::MakeValid(StoreTensor& t, Tier tier, bool for_write, bool overwrite) {
   const TensorId id = t.id;
+  bool waited = false;  // counted once a call (Note [Transfer counters])
   while (true) {
     if (catalog.Lookup(id) == nullptr) return catalog.Find(id).status();
     TierCopy& c = t.copies[Index(tier)];
     if (t.busy || t.writer || (for_write && t.pins() > 0)) {
+      if (!std::exchange(waited, true)) counters.CountWait();
       cv.Wait(&mu);
       continue;
     }
@@ -456,6 +459,7 @@ bool TieredStore::Impl::ClaimForStream(TensorId id, char* buffer, bool write,
   }
   if (claim.tensor == nullptr) {
     std::memset(buffer, 0, AlignUp(claim.size, 4096));
+    counters.CountHostSet(AlignUp(claim.size, 4096));
     done(OkStatus());
     return false;
   }

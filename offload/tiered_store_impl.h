@@ -89,7 +89,9 @@ struct TieredStore::Impl {
   std::unique_ptr<Device> owned_device;  // opened from options.device by Create(options)
   Device* const device;                  // the device tier's; owned_device or the caller's
   LinkMeters links;
-  std::unique_ptr<TierMover> mover;  // its streams outlive the memory, as before the device
+  TransferCounters no_device_counters;  // where a store without a device tier counts
+  TransferCounters& counters;           // the device's, or the above (Note [Transfer counters])
+  std::unique_ptr<TierMover> mover;     // its streams outlive the memory, as before the device
   const std::unique_ptr<MemoryPool> device_pool;  // null without a device tier
   const std::unique_ptr<MemoryPool> host_pool;
   const std::unique_ptr<NvmePieces> nvme;  // null without an NVMe tier

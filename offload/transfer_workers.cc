@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/thread_name.h"
+#include "zinf/device.h"
 
 namespace zinf {
 
@@ -11,6 +12,7 @@ TransferWorkers::TransferWorkers(int threads, const char* name) {
   for (int i = 0; i < threads; ++i) {
     threads_.emplace_back([this, name] {
       NameThisThread(name);
+      TransferCounters::MarkWorkerThread();  // Note [Transfer counters]
       Loop();
     });
   }

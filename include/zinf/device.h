@@ -24,6 +24,7 @@
 #ifndef ZINF_DEVICE_H_
 #define ZINF_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,6 +48,83 @@ struct DeviceMemoryStats {
   uint64_t budget_bytes = 0;  // 0: unlimited
   uint64_t in_use_bytes = 0;
   uint64_t peak_bytes = 0;
+};
+
+// What a device was asked to do, and the passes its users made over memory with the CPU beside
+// it, since the device was opened (Device::transfer_counters). See Note [Transfer counters] in
+// offload/tiered_store.cc for who counts what.
+struct TransferCounts {
+  // Blocking waits: Event::Synchronize, Stream::Synchronize, a tiered store's waits for a
+  // transfer in flight, and the engine's for the store's futures. Each call counts once,
+  // whether or not it found the work already done. host_waits: on the threads that call zinf
+  // (the trainer's); worker_waits: on zinf's own threads (the store's transfer threads, the
+  // engine's optimizer threads), which hold no trainer up.
+  uint64_t host_waits = 0;
+  uint64_t worker_waits = 0;
+  // Copies by where their sides live (the CopyKind), through streams or, where the host may
+  // touch the device's memory, by memcpy.
+  uint64_t copies_down = 0, bytes_down = 0;            // device to host
+  uint64_t copies_up = 0, bytes_up = 0;                // host to device
+  uint64_t copies_on_device = 0, bytes_on_device = 0;  // device to device
+  uint64_t copies_host = 0, bytes_host = 0;            // host to host, through a stream
+  uint64_t device_bytes_set = 0;                       // memsets of device memory
+  // What the CPU itself memsets and memcpys in host memory in zinf's passes (zeroing an
+  // accumulator, a staging copy, the optimizer's copies): the host's work that a GPU would not
+  // take over.
+  uint64_t host_bytes_set = 0;
+  uint64_t host_bytes_copied = 0;
+};
+
+// The counters behind TransferCounts: relaxed atomics, so counting costs an uncontended add
+// and any thread may count. Thread-safe.
+class TransferCounters {
+ public:
+  void CountWait() { Add(IsWorkerThread() ? worker_waits_ : host_waits_, 1); }
+  void CountCopy(CopyKind kind, uint64_t bytes) {
+    const int k = static_cast<int>(kind);
+    Add(copies_[k], 1);
+    Add(copy_bytes_[k], bytes);
+  }
+  void CountDeviceSet(uint64_t bytes) { Add(device_bytes_set_, bytes); }
+  void CountHostSet(uint64_t bytes) { Add(host_bytes_set_, bytes); }
+  void CountHostCopy(uint64_t bytes) { Add(host_bytes_copied_, bytes); }
+  TransferCounts counts() const {
+    TransferCounts c;
+    c.host_waits = Get(host_waits_);
+    c.worker_waits = Get(worker_waits_);
+    c.copies_up = Get(copies_[int(CopyKind::kHostToDevice)]);
+    c.bytes_up = Get(copy_bytes_[int(CopyKind::kHostToDevice)]);
+    c.copies_down = Get(copies_[int(CopyKind::kDeviceToHost)]);
+    c.bytes_down = Get(copy_bytes_[int(CopyKind::kDeviceToHost)]);
+    c.copies_on_device = Get(copies_[int(CopyKind::kDeviceToDevice)]);
+    c.bytes_on_device = Get(copy_bytes_[int(CopyKind::kDeviceToDevice)]);
+    c.copies_host = Get(copies_[int(CopyKind::kHostToHost)]);
+    c.bytes_host = Get(copy_bytes_[int(CopyKind::kHostToHost)]);
+    c.device_bytes_set = Get(device_bytes_set_);
+    c.host_bytes_set = Get(host_bytes_set_);
+    c.host_bytes_copied = Get(host_bytes_copied_);
+    return c;
+  }
+
+  // Marks the calling thread, for the rest of its life, as one of zinf's own (its waits are
+  // worker_waits): what zinf's thread pools call first in each thread.
+  static void MarkWorkerThread() { IsWorkerThread() = true; }
+
+ private:
+  static bool& IsWorkerThread() {
+    static thread_local bool worker = false;
+    return worker;
+  }
+  static void Add(std::atomic<uint64_t>& counter, uint64_t n) {
+    counter.fetch_add(n, std::memory_order_relaxed);
+  }
+  static uint64_t Get(const std::atomic<uint64_t>& counter) {
+    return counter.load(std::memory_order_relaxed);
+  }
+
+  std::atomic<uint64_t> host_waits_{0}, worker_waits_{0};
+  std::atomic<uint64_t> copies_[4]{}, copy_bytes_[4]{};  // indexed by CopyKind
+  std::atomic<uint64_t> device_bytes_set_{0}, host_bytes_set_{0}, host_bytes_copied_{0};
 };
 
 namespace internal {
@@ -162,6 +240,10 @@ class ZINF_EXPORT Device {
   // the host device with no modelled link. Elsewhere device memory is reached only through
   // the device's streams.
   virtual bool host_addressable() const { return false; }
+  // What this device's streams and events were asked to do since it opened, every user's
+  // (the engine's, its store's, a trainer's on the same device), and where the users count
+  // their host passes beside them. Lives as long as the device.
+  virtual TransferCounters& transfer_counters() = 0;
 };
 
 // ---------------------------------------------------------------------------------------

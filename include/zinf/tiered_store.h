@@ -205,6 +205,11 @@ class ZINF_EXPORT TieredStore {
   StatusOr<std::vector<Tier>> ResidentTiers(TensorId id);
   TieredStoreStats stats() const;
   std::string device_name() const;
+  // The counters of the device tier's device (Device::transfer_counters), or the store's own
+  // without one: where the store counts its waits, moves and memsets, and where its clients
+  // count the host passes they make over its tensors (Note [Transfer counters] in
+  // offload/tiered_store.cc). Lives as long as the store.
+  TransferCounters& transfer_counters();
 
  private:
   struct Impl;

@@ -53,6 +53,7 @@ struct DeviceState {
   MemoryBudget budget;
   std::atomic<bool> closed{false};
   cudaStream_t alloc_stream = nullptr;  // allocations and frees are ordered on this stream
+  TransferCounters counters;            // counted as the calls are made (Note [Transfer counters])
 };
 
 class CudaAllocator final : public internal::DeviceAllocator {
@@ -115,6 +116,7 @@ class CudaEvent final : public Event {
 
   Status Synchronize() override {
     ZINF_RETURN_IF_ERROR(device_->CheckOpen());
+    device_->counters.CountWait();
     return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize");
   }
 
@@ -165,13 +167,14 @@ class CudaStream final : public Stream {
     cudaStreamDestroy(stream_);
   }
 
-  Status Copy(void* dst, const void* src, size_t size_bytes, CopyKind) override {
+  Status Copy(void* dst, const void* src, size_t size_bytes, CopyKind kind) override {
     ZINF_RETURN_IF_ERROR(Check());
     if (size_bytes == 0) return OkStatus();
     if (dst == nullptr || src == nullptr) {
       return InvalidArgument(fmt::format("Copy of {} bytes: {} pointer is null", size_bytes,
                                          dst == nullptr ? "dst" : "src"));
     }
+    device_->counters.CountCopy(kind, size_bytes);
     // Unified addressing lets the runtime tell the direction from the pointers.
     return CudaStatus(cudaMemcpyAsync(dst, src, size_bytes, cudaMemcpyDefault, stream_),
                       "cudaMemcpyAsync");
@@ -181,6 +184,7 @@ class CudaStream final : public Stream {
     ZINF_RETURN_IF_ERROR(Check());
     if (size_bytes == 0) return OkStatus();
     if (dst == nullptr) return InvalidArgument("Memset: dst pointer is null");
+    device_->counters.CountDeviceSet(size_bytes);
     return CudaStatus(cudaMemsetAsync(dst, value, size_bytes, stream_), "cudaMemsetAsync");
   }
 
@@ -223,6 +227,7 @@ class CudaStream final : public Stream {
 
   Status Synchronize() override {
     ZINF_RETURN_IF_ERROR(Check());
+    device_->counters.CountWait();
     ZINF_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
     return Check();
   }
@@ -273,6 +278,7 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return state_->name; }
+  TransferCounters& transfer_counters() override { return state_->counters; }
 
   StatusOr<DeviceBuffer> Allocate(size_t size_bytes) override {
     return allocator_->Allocate(size_bytes, allocator_);

@@ -125,6 +125,7 @@ struct DeviceState {
   MemoryBudget budget;
   const std::unique_ptr<LinkModel> link;  // null: no link model, copies are plain memcpys
   std::atomic<bool> closed{false};
+  TransferCounters counters;  // counted as the calls are made (Note [Transfer counters])
 };
 
 class HostAllocator final : public internal::DeviceAllocator {
@@ -205,6 +206,7 @@ class HostEvent final : public Event {
 
   Status Synchronize() override {
     ZINF_RETURN_IF_ERROR(device_->CheckOpen());
+    device_->counters.CountWait();
     std::unique_lock lock(state_->mu);
     const uint64_t target = state_->recorded;
     state_->cv.wait(lock, [&] { return state_->completed >= target; });
@@ -256,12 +258,13 @@ class HostStream final : public Stream {
     if (!error_.ok()) log::Debug("{} stream closed with error: {}", device_->name, error_);
   }
 
-  Status Copy(void* dst, const void* src, size_t size_bytes, CopyKind) override {
+  Status Copy(void* dst, const void* src, size_t size_bytes, CopyKind kind) override {
     if (size_bytes == 0) return OkStatus();
     if (dst == nullptr || src == nullptr) {
       return InvalidArgument(fmt::format("Copy of {} bytes: {} pointer is null", size_bytes,
                                          dst == nullptr ? "dst" : "src"));
     }
+    device_->counters.CountCopy(kind, size_bytes);
     const std::optional<LinkDirection> direction = LinkDirectionOf(dst, src);
     if (!direction.has_value()) {
       return Enqueue([=] {
@@ -279,6 +282,7 @@ class HostStream final : public Stream {
   Status Memset(void* dst, int value, size_t size_bytes) override {
     if (size_bytes == 0) return OkStatus();
     if (dst == nullptr) return InvalidArgument("Memset: dst pointer is null");
+    device_->counters.CountDeviceSet(size_bytes);
     return Enqueue([=] {
       std::memset(dst, value, size_bytes);
       return OkStatus();
@@ -362,6 +366,7 @@ class HostStream final : public Stream {
 
   Status Synchronize() override {
     ZINF_RETURN_IF_ERROR(device_->CheckOpen());
+    device_->counters.CountWait();
     std::unique_lock lock(mu_);
     idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
     return error_;
@@ -450,6 +455,7 @@ class HostDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kHost; }
   bool host_addressable() const override { return state_->link == nullptr; }
+  TransferCounters& transfer_counters() override { return state_->counters; }
   std::string name() const override {
     std::string link;
     if (state_->link != nullptr) {
