@@ -334,6 +334,8 @@ void ParamTier::ReapReleases(size_t keep) {
     } else {
       StatusOr<bool> done = oldest.done->Query();
       if (done.ok() && !*done) break;
+      // Note [Fetch and release events]: ranks drop alike, whatever their timing.
+      if (comm_->world_size() > 1) break;
     }
     for (int pi : (*modules_)[oldest.module].params) {
       if (!(*params_)[pi].persistent) Drop(pi);

@@ -43,7 +43,10 @@
 // memory reused, only once that has completed: checked at every Fetch, waited for when more
 // than two modules are pending or before the copies are replaced. A module fetched again
 // before its copies were dropped keeps them. Without `done` (host trainers) the copies go at
-// once.
+// once. With several ranks a fetch that keeps its copies starts no all-gather where one that
+// finds them dropped does, so the ranks must drop alike: there the check is not made, and the
+// copies go only when waited for (a count every rank shares), never when an event happens to
+// have completed on one rank first (the collectives would go out of step).
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_PARAM_TIER_H_
