@@ -332,10 +332,10 @@ void ParamTier::ReapReleases(size_t keep) {
       // The stream's error is sticky and reaches the next Fetch; the memory is ours again.
       if (!waited.ok()) log::Warn("rank {}: waiting to release: {}", comm_->rank(), waited);
     } else {
-      StatusOr<bool> done = oldest.done->Query();
-      if (done.ok() && !*done) break;
       // Note [Fetch and release events]: ranks drop alike, whatever their timing.
       if (comm_->world_size() > 1) break;
+      StatusOr<bool> done = oldest.done->Query();
+      if (done.ok() && !*done) break;
     }
     for (int pi : (*modules_)[oldest.module].params) {
       if (!(*params_)[pi].persistent) Drop(pi);
