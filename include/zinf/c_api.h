@@ -645,6 +645,16 @@ typedef struct zinf_step_summary_t {
    * (seconds since the Unix epoch). */
   double learning_rate;
   double unix_time_s;
+  /* Added later still (a struct_size ending at unix_time_s is still taken): the host's work
+   * around the compute device since the last step, counted per call, as StepSummary's fields
+   * of the same names in zinf/engine.h: blocking waits on the threads that call the engine
+   * and on zinf's own; copies device to host (down), host to device (up), device to device
+   * and host to host through the device, with their bytes; device memory zeroed; host memory
+   * the CPU zeroed and copied in the engine's passes. */
+  uint64_t host_waits, worker_waits;
+  uint64_t copies_down, bytes_down, copies_up, bytes_up;
+  uint64_t copies_on_device, bytes_on_device, copies_host, bytes_host;
+  uint64_t device_bytes_set, host_bytes_set, host_bytes_copied;
 } zinf_step_summary_t;
 
 /* An engine from a DeepSpeed JSON config (the text; "auto" values from options->trainer, else

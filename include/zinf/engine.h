@@ -390,6 +390,27 @@ struct StepSummary {
   // what the engine holds, so a run's steps after the first few stay within the same range; a
   // count that climbs step after step is a leak.
   uint64_t store_entries = 0;
+  // The host's work around the device since the last step's summary (the compute device's
+  // TransferCounts: the engine's, its store's, and a trainer's own calls on that device), what
+  // shows a host pass that a GPU run would pay. Counted per call, not per time waited (Note
+  // [Transfer counters] in offload/tiered_store.cc).
+  // Blocking waits (Event and Stream Synchronize, waits for the store's transfers) on the
+  // threads that call the engine, and on zinf's own threads (transfer and optimizer threads).
+  uint64_t host_waits = 0;
+  uint64_t worker_waits = 0;
+  // Copies by direction and their bytes: device to host (gradients coming down), host to
+  // device (parameters going up), device to device (gathers, bucket packing), and host to host
+  // through the device's streams. On the host device without a link, the store's memcpys
+  // between the device and host tiers count as the copies they stand for.
+  uint64_t copies_down = 0, bytes_down = 0;
+  uint64_t copies_up = 0, bytes_up = 0;
+  uint64_t copies_on_device = 0, bytes_on_device = 0;
+  uint64_t copies_host = 0, bytes_host = 0;
+  uint64_t device_bytes_set = 0;  // device memory zeroed (a gradient buffer's zeros, say)
+  // Host memory the CPU itself zeroed and copied in the engine's passes (the accumulators'
+  // reset, the parameter tier written from the master, staging copies).
+  uint64_t host_bytes_set = 0;
+  uint64_t host_bytes_copied = 0;
 };
 
 class ZINF_EXPORT Engine {

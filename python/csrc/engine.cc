@@ -234,6 +234,20 @@ class PyEngine {
     d["nvme_capacity_bytes"] = s.nvme_capacity_bytes;
     d["lr"] = s.learning_rate;
     d["time"] = s.unix_time_s;
+    // The host's work around the device since the last step (zinf/engine.h, StepSummary).
+    d["host_waits"] = s.host_waits;
+    d["worker_waits"] = s.worker_waits;
+    d["copies_down"] = s.copies_down;
+    d["bytes_down"] = s.bytes_down;
+    d["copies_up"] = s.copies_up;
+    d["bytes_up"] = s.bytes_up;
+    d["copies_on_device"] = s.copies_on_device;
+    d["bytes_on_device"] = s.bytes_on_device;
+    d["copies_host"] = s.copies_host;
+    d["bytes_host"] = s.bytes_host;
+    d["device_bytes_set"] = s.device_bytes_set;
+    d["host_bytes_set"] = s.host_bytes_set;
+    d["host_bytes_copied"] = s.host_bytes_copied;
     return d;
   }
 

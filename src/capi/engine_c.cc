@@ -411,6 +411,19 @@ zinf_code_t zinf_engine_step(zinf_engine_t* engine, zinf_step_summary_t* summary
     c.nvme_bytes = s.nvme_bytes;
     c.learning_rate = s.learning_rate;
     c.unix_time_s = s.unix_time_s;
+    c.host_waits = s.host_waits;
+    c.worker_waits = s.worker_waits;
+    c.copies_down = s.copies_down;
+    c.bytes_down = s.bytes_down;
+    c.copies_up = s.copies_up;
+    c.bytes_up = s.bytes_up;
+    c.copies_on_device = s.copies_on_device;
+    c.bytes_on_device = s.bytes_on_device;
+    c.copies_host = s.copies_host;
+    c.bytes_host = s.bytes_host;
+    c.device_bytes_set = s.device_bytes_set;
+    c.host_bytes_set = s.host_bytes_set;
+    c.host_bytes_copied = s.host_bytes_copied;
     return zinf::capi::WriteStruct(c, "summary", "zinf_step_summary_t", summary,
                                    offsetof(zinf_step_summary_t, learning_rate));
   });

@@ -113,6 +113,7 @@ struct Engine::Impl {
   StepSummary pending;     // traffic and time since the last Step
   LinkStats nvme_read_at;  // the store's NVMe traffic at the last Step
   LinkStats nvme_written_at;
+  TransferCounts transfers_at;  // the device's counts at the last Step
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->world_size(); }

@@ -160,6 +160,24 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   summary->bytes_nvme_written += written.bytes - nvme_written_at.bytes;
   nvme_read_at = read;
   nvme_written_at = written;
+  // The device's counts since the last step (Note [Transfer counters] in
+  // offload/tiered_store.cc).
+  const TransferCounts now = store->transfer_counters().counts();
+  const TransferCounts& at = transfers_at;
+  summary->host_waits = now.host_waits - at.host_waits;
+  summary->worker_waits = now.worker_waits - at.worker_waits;
+  summary->copies_down = now.copies_down - at.copies_down;
+  summary->bytes_down = now.bytes_down - at.bytes_down;
+  summary->copies_up = now.copies_up - at.copies_up;
+  summary->bytes_up = now.bytes_up - at.bytes_up;
+  summary->copies_on_device = now.copies_on_device - at.copies_on_device;
+  summary->bytes_on_device = now.bytes_on_device - at.bytes_on_device;
+  summary->copies_host = now.copies_host - at.copies_host;
+  summary->bytes_host = now.bytes_host - at.bytes_host;
+  summary->device_bytes_set = now.device_bytes_set - at.device_bytes_set;
+  summary->host_bytes_set = now.host_bytes_set - at.host_bytes_set;
+  summary->host_bytes_copied = now.host_bytes_copied - at.host_bytes_copied;
+  transfers_at = now;
 }
 
 void Engine::Impl::FreeGradient(int pi) {

@@ -109,6 +109,8 @@ Status GradientBuckets::Retire(size_t keep) {
       if (!wait && oldest.landed.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
         break;
       }
+      // Each gradient's move is waited for once, found done or not (Note [Transfer counters]).
+      store_->transfer_counters().CountWait();
       copied = oldest.landed.get();
       if (copied.ok()) copied = HandOverLanded(oldest);
     } else if (wait) {
@@ -141,6 +143,8 @@ Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
 Status GradientBuckets::CopyOnDevice(float* dst, const float* src, uint64_t count) {
   if (host_addressable_) {
     std::memcpy(dst, src, count * sizeof(float));
+    // The stream's copy, made by the CPU (Note [Transfer counters] in offload/tiered_store.cc).
+    store_->transfer_counters().CountCopy(CopyKind::kDeviceToDevice, count * sizeof(float));
     return OkStatus();
   }
   return copy_->Copy(dst, src, count * sizeof(float), CopyKind::kDeviceToDevice);
@@ -232,6 +236,8 @@ Status GradientBuckets::Start(Bucket& bucket) {
       const float* src = send + r * bucket.capacity;
       if (host_addressable_) {
         std::memmove(dst, src, bucket.used * sizeof(float));
+        store_->transfer_counters().CountCopy(CopyKind::kDeviceToDevice,
+                                              bucket.used * sizeof(float));
         continue;
       }
       const uint64_t step = static_cast<uint64_t>(src - dst);

@@ -110,6 +110,7 @@ Status OptimizerOverlap::Arm(float scale) {
   armed_ = true;
   worker_ = std::thread([this] {
     NameThisThread("zinf-optim");
+    TransferCounters::MarkWorkerThread();  // Note [Transfer counters]
     Work();
   });
   return OkStatus();
@@ -290,6 +291,7 @@ Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<siz
   }
   beside_forward_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
     NameThisThread("zinf-optim");
+    TransferCounters::MarkWorkerThread();  // Note [Transfer counters]
     PacedWriter paced(this);
     const auto t0 = std::chrono::steady_clock::now();
     Status s = options_.optimizer->StepChunks(options_.shard, ordered, scale, false, &paced);

@@ -288,6 +288,7 @@ Status OptimizerStep::Run(std::optional<float> grad_scale, bool delay, StepSumma
   } else if (delay) {
     // The update runs during the next batch, from a copy of these gradients.
     std::memcpy(grad_step_.data(), grad_acc_.data(), placement_.shard_elements * 4);
+    placement_.store->transfer_counters().CountHostCopy(placement_.shard_elements * 4);
     OptimizerSpan span = WholeShard();
     span.grads = grad_step_.data();
     const float scale = *grad_scale;
@@ -326,6 +327,7 @@ void OptimizerStep::ResetGradients() {
     nvme_grads_->EndBatch();
   } else {
     std::memset(grad_acc_.data(), 0, placement_.shard_elements * 4);
+    placement_.store->transfer_counters().CountHostSet(placement_.shard_elements * 4);
   }
 }
 

@@ -112,6 +112,8 @@ Status ParamTier::StartGather(int param) {
 Status ParamTier::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   if (options_.device_host_addressable) {
     std::memcpy(dst, src, bytes);
+    // The stream's copy, made by the CPU (Note [Transfer counters] in offload/tiered_store.cc).
+    store_->transfer_counters().CountCopy(CopyKind::kDeviceToDevice, bytes);
     return OkStatus();
   }
   return stream_->Copy(dst, src, bytes, CopyKind::kDeviceToDevice);

@@ -31,6 +31,7 @@ Status WriteBacks::Wait(TieredStore& store) {
   Send(store);
   Status first;
   for (auto& f : sent_) {
+    store.transfer_counters().CountWait();  // for the store's transfer threads
     Status s = f.get();
     if (first.ok() && !s.ok()) first = std::move(s);
   }
@@ -55,6 +56,7 @@ Status ParamTier::EndWrite(const Param& p) {
 Status ParamTier::WriteFp32(const Param& p, const float* values) {
   ZINF_ASSIGN_OR_RETURN(void* tier, BeginWrite(p));
   ConvertFromFp32(values, options_.param_type, tier, p.shard_size);
+  store_->transfer_counters().CountHostCopy(TierBytes(p));  // a copy, converting
   return EndWrite(p);
 }
 
@@ -249,6 +251,7 @@ Status ParamTier::ChunkWriter::Updated(const ChunkView& c) {
       ZINF_ASSIGN_OR_RETURN(float* next, OpenPersistent(pi));
       if (!c.params_in_place) {
         std::copy(values, values + (last - first), next + (first - p.flat_offset));
+        store->transfer_counters().CountHostCopy((last - first) * 4);
       }
       o.remaining -= std::min(o.remaining, last - first);
       continue;
@@ -258,6 +261,7 @@ Status ParamTier::ChunkWriter::Updated(const ChunkView& c) {
       ConvertFromFp32(values, type,
                       static_cast<char*>(tier) + (first - p.flat_offset) * ElementSize(type),
                       last - first);
+      store->transfer_counters().CountHostCopy((last - first) * ElementSize(type));
     }
     o.remaining -= std::min(o.remaining, last - first);
     if (o.remaining == 0) {  // (a chunk written again may end it early: it reopens with kWrite)
