@@ -264,7 +264,12 @@ class PipelinedOptimizer::Pipeline {
       } else {
         part.param_copy = target.dst;
       }
-      updated = o_.optimizer_->Update(spec.group, part, grad_scale_);
+      // Split again where the part crosses from one parameter group into the next.
+      const uint64_t first = chunk.offset + target.begin;
+      updated = ForEachGroupRun(
+          spec.runs, first, target.count, [&](int group, uint64_t begin, uint64_t n) {
+            return o_.optimizer_->Update(group, part.Slice(begin - first, n), grad_scale_);
+          });
       if (!updated.ok()) break;
     }
     o_.stats_.compute_seconds += SecondsSince(t);
@@ -444,7 +449,10 @@ StatusOr<PipelinedOptimizer::Shard*> PipelinedOptimizer::Find(int shard) {
 StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVisitor& init) {
   const std::string what = fmt::format("adding shard '{}'", spec.name);
   if (spec.count == 0) return InvalidArgument(what + ": count must be > 0");
-  ZINF_ASSIGN_OR_RETURN(ParamGroupState group, optimizer_->group(spec.group));
+  ShardSpec normalized = spec;
+  if (normalized.runs.empty()) normalized.runs = {{0, spec.group}};
+  ZINF_RETURN_IF_ERROR(CheckGroupRuns(normalized.runs, spec.count, *optimizer_, what));
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState group, optimizer_->group(normalized.runs[0].group));
   if (spec.handoff != ParamHandoff::kNewValues && spec.writer == nullptr) {
     return InvalidArgument(what +
                            ": the parameters go to a writer (copy or in place) but it is null");
@@ -457,7 +465,7 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
   if (spec.handoff == ParamHandoff::kInPlace) ZINF_RETURN_IF_ERROR_CTX(MakeOldParamBuffers(), what);
 
   auto shard = std::make_unique<Shard>();
-  shard->spec = spec;
+  shard->spec = std::move(normalized);
   shard->state_count = group.hyper_params.state_count();
   const double ratio = options_.nvme_ratio;
   for (size_t offset = 0, c = 0; offset < spec.count; offset += chunk_elements_, ++c) {
@@ -511,7 +519,10 @@ StatusOr<int> PipelinedOptimizer::AddShard(const ShardSpec& spec, const ChunkVis
     span.state0 = view.state0;
     span.state1 = view.state1;
     span.count = chunk.count;
-    Status status = optimizer_->InitState(spec.group, span);
+    Status status = ForEachGroupRun(
+        s.spec.runs, chunk.offset, chunk.count, [&](int group, uint64_t begin, uint64_t n) {
+          return optimizer_->InitState(group, span.Slice(begin - chunk.offset, n));
+        });
     if (status.ok() && init) status = init(view);
     if (status.ok() && chunk.on_nvme) {
       status = store_->WriteHome(chunk.state, base + layout.home_offset);
@@ -670,7 +681,9 @@ Status PipelinedOptimizer::Step(const std::vector<int>& ids, float grad_scale) {
     }
   }
   std::set<int> groups;
-  for (Shard* s : shards) groups.insert(s->spec.group);
+  for (Shard* s : shards) {
+    for (const GroupRun& run : s->spec.runs) groups.insert(run.group);
+  }
   for (int g : groups) ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(g).status());
   std::vector<Item> items;
   for (Shard* s : shards) {
@@ -689,7 +702,15 @@ StatusOr<std::vector<ChunkInfo>> PipelinedOptimizer::Chunks(int id) {
 Status PipelinedOptimizer::BeginPartialStep(int id) {
   ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
   stats_ = PipelinedStepStats();
-  return optimizer_->BeginStep(shard->spec.group).status();
+  for (int group : GroupsOf(shard->spec.runs)) {
+    ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(group).status());
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<int>> PipelinedOptimizer::Groups(int id) {
+  ZINF_ASSIGN_OR_RETURN(Shard * shard, Find(id));
+  return GroupsOf(shard->spec.runs);
 }
 
 Status PipelinedOptimizer::StepChunks(int id, const std::vector<size_t>& chunks, float grad_scale,

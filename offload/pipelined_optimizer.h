@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "nvme/io_engine.h"
+#include "offload/group_runs.h"
 #include "offload/param_writer.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/status.h"
@@ -109,10 +110,14 @@ struct PipelinedOptimizerOptions {
 // parameters' old values to a tensor of their own (4 bytes per element, the chunk's old state
 // is kept as before), from which a dropped speculation stores them back.
 
-// A shard to step: `count` elements of parameter group `group` of the CpuOptimizer.
+// A shard to step: `count` elements of parameter group `group` of the CpuOptimizer, or of the
+// groups `runs` gives (offload/group_runs.h).
 struct ShardSpec {
   std::string name;  // appears in errors
   int group = 0;
+  // Where parts of the shard step in groups of their own; empty: all of it in `group`. The
+  // groups must share one type. Each chunk is updated run by run.
+  std::vector<GroupRun> runs;
   size_t count = 0;
   ElementType grad_type = ElementType::kFp32;
   // Where the gradients live: null for the shard's own storage (its chunks' store tensors,
@@ -175,8 +180,9 @@ class PipelinedOptimizer {
   Status Visit(int shard, const ChunkVisitor& visit, bool write_back);
 
   // The step over the given shards (all shards when empty): BeginStep once for each group
-  // involved, then every chunk through the pipeline, each handed to its shard's writer right
-  // after its update, on the calling thread. `grad_scale` as in CpuOptimizer::Update.
+  // involved (ShardSpec::runs' too), then every chunk through the pipeline, each handed to its
+  // shard's writer right after its update, on the calling thread. `grad_scale` as in
+  // CpuOptimizer::Update.
   // An I/O error stops the step after the outstanding I/O has drained and is returned with
   // the shard and chunk named; the store's swap files keep a failed write as a sticky error.
   // An error from a writer stops the step like an I/O error (the chunks already updated stay
@@ -186,8 +192,10 @@ class PipelinedOptimizer {
   // ---- One step taken in parts (Note [Speculative step]) ----
   // The shard's chunks, in order.
   StatusOr<std::vector<ChunkInfo>> Chunks(int shard);
-  // Begins a step of the shard that StepChunks then takes in parts: BeginStep of its group
-  // (the caller sets the group's step back if the step is abandoned) and the stats reset.
+  // The parameter groups the shard's elements step in, each once, in increasing order.
+  StatusOr<std::vector<int>> Groups(int shard);
+  // Begins a step of the shard that StepChunks then takes in parts: BeginStep of each of its
+  // groups (the caller sets their steps back if the step is abandoned) and the stats reset.
   Status BeginPartialStep(int shard);
   // Updates the given chunks (in that order) through the pipeline, as Step does every chunk;
   // stats add up over the parts. With `speculative`, each chunk's new state is written to a

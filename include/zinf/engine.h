@@ -310,6 +310,9 @@ struct ParamSpec {
   std::vector<int64_t> shape;
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.02f;  // for kNormal: N(0, init_std^2)
+  // The optimizer parameter group it steps in: 0, the config's "optimizer", or a group that
+  // Engine::AddParamGroup returned.
+  int optimizer_group = 0;
 };
 
 // One gathered parameter in the engine's compute device memory (EngineOptions::device).
@@ -477,6 +480,22 @@ class ZINF_EXPORT Engine {
   // scheduler (it would overwrite the value after the next step). Not a collective, but every
   // rank must set the same value.
   Status SetLearningRate(double lr);
+  // ---- Optimizer parameter groups (torch's param_groups) ----
+  // Adds a group before Initialize and returns its index (1, 2, ...; group 0 is the config's
+  // "optimizer"): the parameters whose ParamSpec::optimizer_group names it step with these
+  // hyper-parameters (lr, weight_decay, betas, eps...). The config's scheduler sets every
+  // group's lr after each step (a fixed value to all, a ratio of each group's own lr), and
+  // SetLearningRate sets every group's. InvalidArgument for a type other than the config's
+  // optimizer's or bad hyper-parameters; FailedPrecondition after Initialize. Every rank must
+  // add the same groups.
+  StatusOr<int> AddParamGroup(const OptimizerHyperParams& hyper_params);
+  int num_param_groups() const;
+  // Group `group`'s hyper-parameters as the next Step() applies them (InvalidArgument for a
+  // bad index).
+  StatusOr<OptimizerHyperParams> param_group(int group) const;
+  // Sets one group's learning rate, for a trainer whose schedule scales each group's own
+  // (torch's LambdaLR). Errors as SetLearningRate's, and InvalidArgument for a bad index.
+  Status SetGroupLearningRate(int group, double lr);
   // The mean of `value` over all ranks (a collective), e.g. the loss of the global batch.
   StatusOr<double> MeanOverRanks(double value);
   // Every rank's `count` fp32 values at `values` (host memory) become root_rank's: a

@@ -64,7 +64,9 @@ constexpr uint64_t kMaxElements = uint64_t{1} << 50;
 
 Status Engine::Impl::CheckRanksAgree() {
   nlohmann::json model = nlohmann::json::array();
-  for (const Param& p : params) model.push_back({p.spec.name, p.spec.shape, p.module});
+  for (const Param& p : params) {
+    model.push_back({p.spec.name, p.spec.shape, p.module, p.spec.optimizer_group});
+  }
   const nlohmann::json cfg = {config.zero_stage,
                               OffloadDeviceName(config.offload_param_device),
                               OffloadDeviceName(config.offload_optimizer_device),
@@ -133,6 +135,26 @@ Status Engine::SetLearningRate(double lr) {
   Impl& m = *impl_;
   ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
   return m.optimizer_step->SetLearningRate(lr);
+}
+
+StatusOr<int> Engine::AddParamGroup(const OptimizerHyperParams& hyper_params) {
+  if (impl_->initialized) return FailedPrecondition("AddParamGroup after Initialize");
+  return impl_->optimizer_step->AddParamGroup(hyper_params);
+}
+
+int Engine::num_param_groups() const { return impl_->optimizer_step->num_groups(); }
+
+StatusOr<OptimizerHyperParams> Engine::param_group(int group) const {
+  OptimizerStep& step = *impl_->optimizer_step;
+  ZINF_ASSIGN_OR_RETURN(OptimizerHyperParams hyper_params, step.hyper_params(group));
+  hyper_params.lr = step.learning_rate(group);  // a step beside the forward's schedule
+  return hyper_params;
+}
+
+Status Engine::SetGroupLearningRate(int group, double lr) {
+  Impl& m = *impl_;
+  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
+  return m.optimizer_step->SetGroupLearningRate(group, lr);
 }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,

@@ -86,8 +86,12 @@ OptimizerOverlap::~OptimizerOverlap() {
 
 Status OptimizerOverlap::Arm(float scale) {
   if (!options_.enabled || armed_) return OkStatus();
-  ZINF_ASSIGN_OR_RETURN(ParamGroupState group, options_.cpu->group(options_.group));
-  step_before_ = group.step;
+  ZINF_ASSIGN_OR_RETURN(const std::vector<int> groups, options_.optimizer->Groups(options_.shard));
+  step_before_.clear();
+  for (int g : groups) {
+    ZINF_ASSIGN_OR_RETURN(ParamGroupState group, options_.cpu->group(g));
+    step_before_.emplace_back(g, group.step);
+  }
   ZINF_RETURN_IF_ERROR(options_.optimizer->BeginPartialStep(options_.shard));
   scale_ = scale;
   remaining_.assign(chunks_.size(), 0);
@@ -197,7 +201,11 @@ Status OptimizerOverlap::Abandon() {
     restored = options_.optimizer->VisitChunks(
         options_.shard, chunks, [this](const ChunkView& c) { return writer_->Updated(c); });
   }
-  Status reset = options_.cpu->SetStep(options_.group, step_before_);
+  Status reset;
+  for (const auto& [group, step] : step_before_) {
+    Status set = options_.cpu->SetStep(group, step);
+    if (reset.ok()) reset = set;
+  }
   return restored.ok() ? reset : restored;
 }
 

@@ -53,6 +53,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.h"
@@ -68,7 +69,6 @@ struct OverlapOptions {
   PipelinedOptimizer* optimizer = nullptr;     // not owned
   CpuOptimizer* cpu = nullptr;                 // its optimizer, to set a skipped step's count back
   int shard = 0;                               // the pipelined optimizer's shard
-  int group = 0;                               // its parameter group
   const std::vector<Param>* params = nullptr;  // laid out over the shard
   bool enabled = true;  // false: Finish steps every chunk (the unoverlapped step)
   // At most this many chunks stepped speculatively a step (the swap space for their new
@@ -169,7 +169,7 @@ class OptimizerOverlap {
   std::vector<std::vector<size_t>> of_;  // per parameter: the chunks it touches
   std::atomic<bool> armed_{false};
   float scale_ = 1.0f;
-  int64_t step_before_ = 0;
+  std::vector<std::pair<int, int64_t>> step_before_;  // each of the shard's groups' step
 
   // The worker's, and the step begun by Start's, state shared with the engine's thread.
   mutable Mutex mu_;

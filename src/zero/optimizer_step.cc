@@ -13,6 +13,20 @@
 // the delay; what changes is which parameters those gradients were computed at. The first
 // delayed_param_update_warmup_steps steps are not delayed: early training moves fast, and
 // stale gradients hurt most there (the ZeRO-Offload paper turns DPU on after 40 steps).
+//
+// Note [Parameter groups]
+// A trainer's parameters may fall into optimizer groups with their own lr, weight decay,
+// betas and eps (torch's param_groups: Hugging Face's Trainer always makes a group without
+// weight decay for biases and norms). Each group is a group of the CpuOptimizer, all of one
+// type (the kernels' state layout is the type's); the flat shard is cut into runs of
+// consecutive elements of one group (runs_, from each parameter's flat_offset), and a step is
+// BeginStep once per group and an Update per run, or per part of a run in one NVMe chunk
+// (ShardSpec::runs). The update is element-wise, so this is bitwise what separate optimizers
+// over each group's parameters give; a model of one group steps the whole shard in one call as
+// before. The config's scheduler sets every group's lr, as DeepSpeed's schedulers do: a fixed
+// value (WarmupLR's warmup_max_lr) is every group's, a ratio (WarmupCosineLR) scales each
+// group's own lr. Checkpoints keep every group's hyper-parameters and step count in the
+// "optimizer" section (CpuOptimizer::SaveState), and refuse a load into another group count.
 #include "zero/optimizer_step.h"
 
 #include <fmt/core.h>
@@ -42,15 +56,29 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Create(const EngineConfi
                                                                int optimizer_threads) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer,
                         CpuOptimizer::Create({.threads = optimizer_threads}));
-  ZINF_ASSIGN_OR_RETURN(const int group, optimizer->AddParamGroup(config.optimizer));
-  std::unique_ptr<OptimizerStep> step(new OptimizerStep(config, std::move(optimizer), group));
-  ZINF_RETURN_IF_ERROR(step->ApplySchedule());  // the first step's lr is the schedule's
+  std::unique_ptr<OptimizerStep> step(new OptimizerStep(config, std::move(optimizer)));
+  ZINF_RETURN_IF_ERROR(step->AddParamGroup(config.optimizer).status());
   return step;
 }
 
-OptimizerStep::OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer,
-                             int group)
-    : config_(config), optimizer_(std::move(optimizer)), group_(group) {}
+OptimizerStep::OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer)
+    : config_(config), optimizer_(std::move(optimizer)) {}
+
+StatusOr<int> OptimizerStep::AddParamGroup(const OptimizerHyperParams& hyper_params) {
+  if (placement_.params != nullptr) {
+    return FailedPrecondition("a parameter group added after the engine was initialized");
+  }
+  if (hyper_params.type != config_.optimizer.type) {
+    return InvalidArgument(fmt::format(
+        "parameter group {} is {}, but the optimizer is {}: every group steps with one type",
+        num_groups(), OptimizerTypeName(hyper_params.type),
+        OptimizerTypeName(config_.optimizer.type)));
+  }
+  ZINF_ASSIGN_OR_RETURN(const int group, optimizer_->AddParamGroup(hyper_params));
+  initial_lrs_.push_back(hyper_params.lr);
+  ZINF_RETURN_IF_ERROR(ApplySchedule());  // the first step's lr is the schedule's
+  return group;
+}
 
 OptimizerStep::~OptimizerStep() {
   // A step beside the forward uses the parts below; its result would go with them, so it
@@ -72,6 +100,22 @@ PipelinedOptimizerOptions OptimizerStep::NvmeOptions(const EngineConfig& config,
 
 Status OptimizerStep::Open(const OptimizerPlacement& placement, const ShardFill& initial) {
   placement_ = placement;
+  // Note [Parameter groups]: the shard's runs, from the parameters' places in it.
+  runs_ = {{0, 0}};
+  for (const Param& p : *placement.params) {
+    const int group = p.spec.optimizer_group;
+    if (group < 0 || group >= num_groups()) {
+      return InvalidArgument(
+          fmt::format("parameter '{}' is in optimizer group {}, but the engine has groups 0 to {}",
+                      p.spec.name, group, num_groups() - 1));
+    }
+    if (p.shard_size == 0 || group == runs_.back().group) continue;
+    if (p.flat_offset == runs_.back().begin) {
+      runs_.back().group = group;  // the run begun here had no element yet
+    } else {
+      runs_.push_back({p.flat_offset, group});
+    }
+  }
   TieredStore* store = placement.store;
   const uint64_t bytes = std::max<uint64_t>(placement.shard_elements, 1) * 4;
   if (!config_.gradients_on_nvme) {
@@ -93,7 +137,10 @@ Status OptimizerStep::Open(const OptimizerPlacement& placement, const ShardFill&
     if (state_count() > 1) {
       ZINF_ASSIGN_OR_RETURN(state1_, StoreArray::Create(store, "optimizer state 1", bytes));
     }
-    ZINF_RETURN_IF_ERROR(optimizer_->InitState(group_, WholeShard()));
+    ZINF_RETURN_IF_ERROR(ForEachGroupRun(
+        runs_, 0, placement.shard_elements, [&](int group, uint64_t begin, uint64_t n) {
+          return optimizer_->InitState(group, WholeShard().Slice(begin, n));
+        }));
     if (config_.delayed_param_update) {
       ZINF_ASSIGN_OR_RETURN(grad_step_,
                             StoreArray::Create(store, "gradients of the delayed update", bytes));
@@ -119,20 +166,31 @@ OptimizerSpan OptimizerStep::WholeShard() {
 
 // ---- Hyper-parameters ----
 
-int OptimizerStep::state_count() const {
-  return optimizer_->group(group_)->hyper_params.state_count();
+StatusOr<OptimizerHyperParams> OptimizerStep::hyper_params(int group) const {
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group));
+  return state.hyper_params;
 }
 
-double OptimizerStep::learning_rate() const {
+int OptimizerStep::state_count() const { return optimizer_->group(0)->hyper_params.state_count(); }
+
+double OptimizerStep::learning_rate(int group) const {
+  if (group < 0 || group >= num_groups()) return std::nan("");
   // A step beside the forward applies its schedule once done; the rate is already this.
   if (step_in_flight_ && !config_.scheduler.type.empty()) {
-    return ScheduleAt(config_.scheduler, config_.optimizer.lr, steps_).lr;
+    return ScheduleAt(config_.scheduler, initial_lrs_[group], steps_).lr;
   }
-  StatusOr<ParamGroupState> state = optimizer_->group(group_);
+  StatusOr<ParamGroupState> state = optimizer_->group(group);
   return state.ok() ? state->hyper_params.lr : std::nan("");
 }
 
 Status OptimizerStep::SetLearningRate(double lr) {
+  for (int group = 0; group < num_groups(); ++group) {
+    ZINF_RETURN_IF_ERROR(SetGroupLearningRate(group, lr));
+  }
+  return OkStatus();
+}
+
+Status OptimizerStep::SetGroupLearningRate(int group, double lr) {
   if (!std::isfinite(lr) || lr < 0) {
     return InvalidArgument(
         fmt::format("SetLearningRate: lr must be a finite number >= 0, got {}", lr));
@@ -143,30 +201,48 @@ Status OptimizerStep::SetLearningRate(double lr) {
         "remove \"scheduler\" from the config to drive it from the trainer",
         config_.scheduler.type));
   }
-  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group_));
+  if (group < 0 || group >= num_groups()) {
+    return InvalidArgument(
+        fmt::format("SetLearningRate: no optimizer group {}; the engine has groups 0 to {}", group,
+                    num_groups() - 1));
+  }
+  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group));
   state.hyper_params.lr = lr;
-  return optimizer_->SetHyperParams(group_, state.hyper_params);
+  return optimizer_->SetHyperParams(group, state.hyper_params);
 }
 
 std::string OptimizerStep::SaveHyperState() const { return optimizer_->SaveState(); }
 
 Status OptimizerStep::LoadHyperState(const std::string& blob, int64_t steps) {
+  const std::string mine = optimizer_->SaveState();
   ZINF_RETURN_IF_ERROR(optimizer_->LoadState(blob));
+  if (optimizer_->num_groups() != num_groups()) {
+    const int saved = optimizer_->num_groups();
+    ZINF_RETURN_IF_ERROR(optimizer_->LoadState(mine));  // as it was
+    return FailedPrecondition(fmt::format(
+        "the checkpoint's optimizer has {} parameter group(s), this engine {}: register the "
+        "parameters in the groups they were saved with",
+        saved, num_groups()));
+  }
   steps_ = steps;
   return OkStatus();
 }
 
 Status OptimizerStep::ApplySchedule() {
   if (config_.scheduler.type.empty()) return OkStatus();
-  ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group_));
-  const ScheduledHyperParams next = ScheduleAt(config_.scheduler, config_.optimizer.lr, steps_);
-  state.hyper_params.lr = next.lr;
-  if (next.beta1) state.hyper_params.beta1 = *next.beta1;
-  if (next.beta2) state.hyper_params.beta2 = *next.beta2;
-  Status set = optimizer_->SetHyperParams(group_, state.hyper_params);
-  if (set.ok()) return set;
-  return set.WithContext(
-      fmt::format("scheduler {} after {} step(s)", config_.scheduler.type, steps_));
+  for (int group = 0; group < num_groups(); ++group) {
+    ZINF_ASSIGN_OR_RETURN(ParamGroupState state, optimizer_->group(group));
+    const ScheduledHyperParams next = ScheduleAt(config_.scheduler, initial_lrs_[group], steps_);
+    state.hyper_params.lr = next.lr;
+    if (next.beta1) state.hyper_params.beta1 = *next.beta1;
+    if (next.beta2) state.hyper_params.beta2 = *next.beta2;
+    Status set = optimizer_->SetHyperParams(group, state.hyper_params);
+    if (!set.ok()) {
+      return set.WithContext(
+          fmt::format("scheduler {} after {} step(s)", config_.scheduler.type, steps_));
+    }
+  }
+  return OkStatus();
 }
 
 // ---- Gradients ----
@@ -294,15 +370,14 @@ Status OptimizerStep::Run(std::optional<float> grad_scale, bool delay, StepSumma
     const float scale = *grad_scale;
     delayed_ = std::async(std::launch::async, [this, span, scale] {
       const auto t0 = Clock::now();
-      Status s = optimizer_->Step(group_, span, {.grad_scale = scale}).status();
+      Status s = StepHost(span, scale);
       delayed_seconds_ = SecondsSince(t0);
       return s;
     });
     delayed_tier_write_ = true;
   } else {
     const auto update = Clock::now();
-    ZINF_RETURN_IF_ERROR(
-        optimizer_->Step(group_, WholeShard(), {.grad_scale = *grad_scale}).status());
+    ZINF_RETURN_IF_ERROR(StepHost(WholeShard(), *grad_scale));
     summary->seconds_optimizer_compute = SecondsSince(update);
     ZINF_RETURN_IF_ERROR(Context(WriteParamTierFromMaster(), "writing the parameter tier"));
   }
@@ -315,6 +390,16 @@ Status OptimizerStep::Run(std::optional<float> grad_scale, bool delay, StepSumma
     ZINF_RETURN_IF_ERROR(Context(placement_.param_tier->GatherPersistent(), "re-gathering"));
   }
   return OkStatus();
+}
+
+Status OptimizerStep::StepHost(const OptimizerSpan& span, float grad_scale) {
+  if (runs_.size() == 1) {
+    return optimizer_->Step(runs_[0].group, span, {.grad_scale = grad_scale}).status();
+  }
+  for (int group : GroupsOf(runs_)) ZINF_RETURN_IF_ERROR(optimizer_->BeginStep(group).status());
+  return ForEachGroupRun(runs_, 0, span.count, [&](int group, uint64_t begin, uint64_t n) {
+    return optimizer_->Update(group, span.Slice(begin, n), grad_scale);
+  });
 }
 
 void OptimizerStep::EndBatch() {

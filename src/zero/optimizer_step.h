@@ -95,14 +95,24 @@ class OptimizerStep final : public GradientSink {
   Status Open(const OptimizerPlacement& placement, const ShardFill& initial);
 
   // ---- Hyper-parameters ----
+  // Note [Parameter groups]: group 0 is the config's optimizer; AddParamGroup (before Open)
+  // adds group 1, 2, ... with hyper-parameters of its own (the config's type: InvalidArgument
+  // otherwise), which a Param names in spec.optimizer_group.
+  StatusOr<int> AddParamGroup(const OptimizerHyperParams& hyper_params);
+  int num_groups() const { return static_cast<int>(initial_lrs_.size()); }
+  // Group `group`'s hyper-parameters now (InvalidArgument for a bad index).
+  StatusOr<OptimizerHyperParams> hyper_params(int group) const;
   int state_count() const;
   int64_t steps() const { return steps_; }
-  // The learning rate the next step applies.
-  double learning_rate() const;
-  // FailedPrecondition where the config's scheduler drives it.
+  // The learning rate the next step applies, group 0's or `group`'s (NaN for a bad index).
+  double learning_rate(int group = 0) const;
+  // Every group's, or one group's, learning rate. InvalidArgument for a negative or non-finite
+  // lr or a bad index, FailedPrecondition where the config's scheduler drives it.
   Status SetLearningRate(double lr);
-  // The optimizer's hyper-parameters and step counts (a checkpoint's "optimizer" section), and
-  // back with the engine's step count.
+  Status SetGroupLearningRate(int group, double lr);
+  // The optimizer's hyper-parameters and step counts of every group (a checkpoint's
+  // "optimizer" section), and back with the engine's step count; FailedPrecondition naming
+  // both counts when the blob's groups are not this run's.
   std::string SaveHyperState() const;
   Status LoadHyperState(const std::string& blob, int64_t steps);
 
@@ -184,8 +194,10 @@ class OptimizerStep final : public GradientSink {
   Status LoadMaster(const ShardFill& read);
 
  private:
-  OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer, int group);
+  OptimizerStep(const EngineConfig& config, std::unique_ptr<CpuOptimizer> optimizer);
   Status OpenNvme(const ShardFill& initial);
+  // The whole shard (or a delayed update's `span` over it) stepped group by group.
+  Status StepHost(const OptimizerSpan& span, float grad_scale);
   // Where the NVMe step's chunks hand their new parameters: tier_writer_ or master_writer_.
   ParamWriter* param_writer() const;
   Status ApplySchedule();
@@ -209,7 +221,10 @@ class OptimizerStep final : public GradientSink {
 
   const EngineConfig& config_;
   std::unique_ptr<CpuOptimizer> optimizer_;
-  const int group_;
+  // Per group (the optimizer's group index): the lr it was given, which the config's scheduler
+  // scales or replaces. The shard's runs of each group, made at Open from the parameters.
+  std::vector<double> initial_lrs_;
+  std::vector<GroupRun> runs_;
   int64_t steps_ = 0;
   OptimizerPlacement placement_;
 

@@ -56,7 +56,7 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
     tier_writer_->Begin();
   }
   ShardSpec spec{.name = fmt::format("rank {} shard", at.rank),
-                 .group = group_,
+                 .runs = runs_,  // Note [Parameter groups]
                  .count = at.shard_elements,
                  // Host accumulators are read where they are; with gradients on NVMe the
                  // shard keeps them in its chunks' tensors (Note [Gradients on NVMe]).
@@ -82,7 +82,6 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
                         OptimizerOverlap::Create({.optimizer = pipelined_.get(),
                                                   .cpu = optimizer_.get(),
                                                   .shard = nvme_shard_,
-                                                  .group = group_,
                                                   .params = at.params,
                                                   .enabled = config_.overlap_optimizer,
                                                   .speculation_limit = at.speculative_chunks},
