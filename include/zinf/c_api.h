@@ -606,6 +606,9 @@ typedef struct zinf_param_spec_t {
   size_t ndim;
   int32_t init;   /* zinf_param_init_t; default normal */
   float init_std; /* default 0.02 */
+  /* Added after the first version: the optimizer parameter group the parameter steps in; 0
+   * (default) is the config's "optimizer", others come from zinf_engine_add_param_group. */
+  int32_t optimizer_group;
 } zinf_param_spec_t;
 
 ZINF_EXPORT void zinf_param_spec_init(zinf_param_spec_t* spec);
@@ -707,6 +710,23 @@ ZINF_EXPORT zinf_code_t zinf_engine_info(zinf_engine_t* engine, zinf_engine_info
  * non-finite lr; FAILED_PRECONDITION when the config has a scheduler. */
 ZINF_EXPORT zinf_code_t zinf_engine_set_learning_rate(zinf_engine_t* engine, double lr,
                                                       char** errptr);
+/* Optimizer parameter groups (torch's param_groups; zinf::Engine::AddParamGroup). add: before
+ * initialize, a group with its own hyper-parameters (lr, weight_decay, betas, eps...; type the
+ * config's optimizer's, else INVALID_ARGUMENT); its index in *group (1, 2, ...; group 0 is the
+ * config's "optimizer"), which zinf_param_spec_t.optimizer_group names. The config's scheduler
+ * sets every group's lr; zinf_engine_set_learning_rate sets every group's, set_group_learning_rate
+ * one group's (INVALID_ARGUMENT for a bad index, FAILED_PRECONDITION with a scheduler).
+ * get_param_group: a group's hyper-parameters as the next step applies them (params->struct_size
+ * set by the caller). */
+ZINF_EXPORT zinf_code_t zinf_engine_add_param_group(zinf_engine_t* engine,
+                                                    const zinf_hyper_params_t* params, int* group,
+                                                    char** errptr);
+ZINF_EXPORT zinf_code_t zinf_engine_param_group_count(zinf_engine_t* engine, int* count,
+                                                      char** errptr);
+ZINF_EXPORT zinf_code_t zinf_engine_get_param_group(zinf_engine_t* engine, int group,
+                                                    zinf_hyper_params_t* params, char** errptr);
+ZINF_EXPORT zinf_code_t zinf_engine_set_group_learning_rate(zinf_engine_t* engine, int group,
+                                                            double lr, char** errptr);
 /* The mean of `value` over all ranks (a collective). */
 ZINF_EXPORT zinf_code_t zinf_engine_mean_over_ranks(zinf_engine_t* engine, double value,
                                                     double* mean, char** errptr);

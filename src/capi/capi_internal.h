@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "zinf/c_api.h"
+#include "zinf/cpu_optimizer.h"
 #include "zinf/status.h"
 
 namespace zinf::capi {
@@ -166,6 +167,10 @@ Status WriteStruct(T value, const char* arg, const char* type_name, T* out,
   std::memcpy(static_cast<void*>(out), &value, std::min(out->struct_size, sizeof(T)));
   return OkStatus();
 }
+
+// A caller's zinf_hyper_params_t (`arg` names it in errors), and back (cpu_optimizer_c.cc).
+StatusOr<OptimizerHyperParams> HyperParamsFromC(const zinf_hyper_params_t* in, const char* arg);
+zinf_hyper_params_t HyperParamsToC(const OptimizerHyperParams& hp);
 
 }  // namespace zinf::capi
 

@@ -85,6 +85,12 @@ StatusOr<OptimizerSpan> ToSpan(const zinf_optimizer_span_t* in, const char* arg)
 }
 
 }  // namespace
+
+StatusOr<OptimizerHyperParams> HyperParamsFromC(const zinf_hyper_params_t* in, const char* arg) {
+  return ToHyperParams(in, arg);
+}
+zinf_hyper_params_t HyperParamsToC(const OptimizerHyperParams& hp) { return ToC(hp); }
+
 }  // namespace zinf::capi
 
 using zinf::OkStatus;

@@ -80,8 +80,8 @@ StatusOr<ParamSpec> ToParamSpec(const zinf_param_spec_t* in, size_t index, uint6
   const std::string arg = "params[" + std::to_string(index) + "]";
   zinf_param_spec_t c;
   zinf_param_spec_init(&c);
-  ZINF_RETURN_IF_ERROR(
-      ReadStruct(in, arg.c_str(), "zinf_param_spec_t", "zinf_param_spec_init", &c));
+  ZINF_RETURN_IF_ERROR(ReadStruct(in, arg.c_str(), "zinf_param_spec_t", "zinf_param_spec_init", &c,
+                                  offsetof(zinf_param_spec_t, optimizer_group)));
   if (c.name == nullptr) return InvalidArgument(arg + ".name is NULL");
   if (c.ndim > 0 && c.shape == nullptr) {
     return InvalidArgument(arg + ".shape is NULL with ndim " + std::to_string(c.ndim));
@@ -95,6 +95,7 @@ StatusOr<ParamSpec> ToParamSpec(const zinf_param_spec_t* in, size_t index, uint6
   spec.shape.assign(c.shape, c.shape + c.ndim);
   spec.init = static_cast<ParamInit>(c.init);
   spec.init_std = c.init_std;
+  spec.optimizer_group = c.optimizer_group;
   // Non-positive dimensions are the engine's to refuse, with its message; only the product's
   // overflow is ours.
   uint64_t n = 1;
@@ -452,6 +453,45 @@ zinf_code_t zinf_engine_set_learning_rate(zinf_engine_t* engine, double lr, char
   return Run(__func__, errptr, [&]() -> Status {
     ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
     return e->engine->SetLearningRate(lr);
+  });
+}
+
+zinf_code_t zinf_engine_add_param_group(zinf_engine_t* engine, const zinf_hyper_params_t* params,
+                                        int* group, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(group, "group"));
+    ZINF_ASSIGN_OR_RETURN(zinf::OptimizerHyperParams hp,
+                          zinf::capi::HyperParamsFromC(params, "params"));
+    ZINF_ASSIGN_OR_RETURN(*group, e->engine->AddParamGroup(hp));
+    return OkStatus();
+  });
+}
+
+zinf_code_t zinf_engine_param_group_count(zinf_engine_t* engine, int* count, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_RETURN_IF_ERROR(CheckNotNull(count, "count"));
+    *count = e->engine->num_param_groups();
+    return OkStatus();
+  });
+}
+
+zinf_code_t zinf_engine_get_param_group(zinf_engine_t* engine, int group,
+                                        zinf_hyper_params_t* params, char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    ZINF_ASSIGN_OR_RETURN(zinf::OptimizerHyperParams hp, e->engine->param_group(group));
+    return zinf::capi::WriteStruct(zinf::capi::HyperParamsToC(hp), "params", "zinf_hyper_params_t",
+                                   params);
+  });
+}
+
+zinf_code_t zinf_engine_set_group_learning_rate(zinf_engine_t* engine, int group, double lr,
+                                                char** errptr) {
+  return Run(__func__, errptr, [&]() -> Status {
+    ZINF_CAPI_GET(auto e, zinf_engine_t, engine);
+    return e->engine->SetGroupLearningRate(group, lr);
   });
 }
 

@@ -1028,6 +1028,68 @@ static void TestEngine(const char* dir) {
   ClearErr();
 }
 
+/* Optimizer parameter groups: a parameter in a group of its own, whose lr is set on its own. */
+static void TestEngineParamGroups(void) {
+  zinf_engine_options_t o;
+  zinf_engine_options_init(&o);
+  o.rank = 0;
+  o.world_size = 1;
+  o.optimizer_threads = 1;
+  zinf_engine_t* engine = NULL;
+  REQUIRE_OK(zinf_engine_create(
+      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.1}}}", &o, &engine, &err));
+  zinf_hyper_params_t hp;
+  zinf_hyper_params_init(&hp, ZINF_OPTIMIZER_ADAGRAD);
+  int group = -1;
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_add_param_group(engine, &hp, &group, &err));
+  EXPECT_ERR_HAS("adagrad");
+  zinf_hyper_params_init(&hp, ZINF_OPTIMIZER_ADAMW);
+  hp.lr = 0.01;
+  hp.weight_decay = 0.5;
+  REQUIRE_OK(zinf_engine_add_param_group(engine, &hp, &group, &err));
+  CHECK(group == 1);
+  int count = 0;
+  EXPECT_OK(zinf_engine_param_group_count(engine, &count, &err));
+  CHECK(count == 2);
+  const int64_t shape[] = {6};
+  zinf_param_spec_t specs[2];
+  zinf_param_spec_init(&specs[0]);
+  zinf_param_spec_init(&specs[1]);
+  CHECK(specs[0].optimizer_group == 0);
+  specs[0].name = "w";
+  specs[1].name = "b";
+  specs[0].shape = specs[1].shape = shape;
+  specs[0].ndim = specs[1].ndim = 1;
+  specs[1].optimizer_group = 1;
+  int m = -1;
+  REQUIRE_OK(zinf_engine_register_module(engine, "m", specs, 2, &m, &err));
+  /* A caller built before optimizer_group: its parameters are in group 0. */
+  zinf_param_spec_t old;
+  zinf_param_spec_init(&old);
+  old.struct_size = offsetof(zinf_param_spec_t, optimizer_group);
+  old.name = "old";
+  old.shape = shape;
+  old.ndim = 1;
+  REQUIRE_OK(zinf_engine_register_module(engine, "old", &old, 1, &m, &err));
+  REQUIRE_OK(zinf_engine_initialize(engine, &err));
+  EXPECT_CODE(ZINF_FAILED_PRECONDITION, zinf_engine_add_param_group(engine, &hp, &group, &err));
+  EXPECT_OK(zinf_engine_set_group_learning_rate(engine, 1, 0.02, &err));
+  zinf_hyper_params_t got;
+  got.struct_size = sizeof(got);
+  EXPECT_OK(zinf_engine_get_param_group(engine, 1, &got, &err));
+  CHECK(got.lr == 0.02 && got.weight_decay == 0.5);
+  EXPECT_OK(zinf_engine_get_param_group(engine, 0, &got, &err));
+  CHECK(got.lr == 0.1 && got.weight_decay == 0);
+  EXPECT_OK(zinf_engine_set_learning_rate(engine, 0.3, &err));
+  EXPECT_OK(zinf_engine_get_param_group(engine, 1, &got, &err));
+  CHECK(got.lr == 0.3);
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_set_group_learning_rate(engine, 2, 0.1, &err));
+  EXPECT_ERR_HAS("no optimizer group 2");
+  EXPECT_CODE(ZINF_INVALID_ARGUMENT, zinf_engine_get_param_group(engine, 2, &got, &err));
+  zinf_engine_destroy(engine);
+  ClearErr();
+}
+
 int main(void) {
   char dir[256];
   MakeScratchDir(dir, sizeof(dir));
@@ -1038,6 +1100,7 @@ int main(void) {
   TestTieredStore(dir);
   TestCpuOptimizer();
   TestEngine(dir);
+  TestEngineParamGroups();
   RemoveScratchDir(dir);
   ClearErr();
   if (g_failures > 0) {
