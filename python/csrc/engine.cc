@@ -121,14 +121,21 @@ class PyEngine {
     engine_ = ValueOrThrow(WithoutGil([&] { return Engine::Create(config, options); }));
   }
 
+  // `groups` (optional): each parameter's optimizer group (add_param_group's index; 0 for all
+  // when empty).
   int RegisterModule(const std::string& name,
-                     const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) {
+                     const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+                     const std::vector<int>& groups) {
+    if (!groups.empty() && groups.size() != params.size()) {
+      throw StatusError(InvalidArgument("register_module: groups must have one entry a parameter"));
+    }
     std::vector<ParamSpec> specs;
     std::vector<uint64_t> numel;
     for (const auto& [pname, shape] : params) {
       ParamSpec spec;
       spec.name = pname;
       spec.shape = shape;
+      spec.optimizer_group = groups.empty() ? 0 : groups[specs.size()];
       // zinf.zero overwrites every value with the module's own (SetParameter).
       spec.init = ParamInit::kZeros;
       uint64_t n = 1;
@@ -140,6 +147,46 @@ class PyEngine {
     if (static_cast<size_t>(id) >= numel_.size()) numel_.resize(id + 1);
     numel_[id] = std::move(numel);
     return id;
+  }
+
+  // A parameter group with the config's optimizer's hyper-parameters but those `hyper` names
+  // (lr, weight_decay, betas, eps, bias_correction, lr_decay, initial_accumulator_value).
+  int AddParamGroup(const std::map<std::string, py::object>& hyper) {
+    OptimizerHyperParams hp = engine_->config().optimizer;
+    for (const auto& [key, value] : hyper) {
+      if (key == "betas") {
+        std::tie(hp.beta1, hp.beta2) = value.cast<std::pair<double, double>>();
+      } else if (key == "bias_correction") {
+        hp.bias_correction = value.cast<bool>();
+      } else {
+        double* field = key == "lr"                          ? &hp.lr
+                        : key == "weight_decay"              ? &hp.weight_decay
+                        : key == "eps"                       ? &hp.eps
+                        : key == "lr_decay"                  ? &hp.lr_decay
+                        : key == "initial_accumulator_value" ? &hp.initial_accumulator_value
+                                                             : nullptr;
+        if (field == nullptr) {
+          throw StatusError(
+              InvalidArgument("add_param_group: unknown hyper-parameter '" + key + "'"));
+        }
+        *field = value.cast<double>();
+      }
+    }
+    return ValueOrThrow(engine_->AddParamGroup(hp));
+  }
+
+  py::dict ParamGroup(int group) {
+    const OptimizerHyperParams hp = ValueOrThrow(engine_->param_group(group));
+    py::dict d;
+    d["type"] = std::string(OptimizerTypeName(hp.type));
+    d["lr"] = hp.lr;
+    d["weight_decay"] = hp.weight_decay;
+    d["betas"] = py::make_tuple(hp.beta1, hp.beta2);
+    d["eps"] = hp.eps;
+    d["bias_correction"] = hp.bias_correction;
+    d["lr_decay"] = hp.lr_decay;
+    d["initial_accumulator_value"] = hp.initial_accumulator_value;
+    return d;
   }
 
   // `values` (optional): a callable (name, first, count, out) that writes elements
@@ -331,7 +378,16 @@ void BindEngine(py::module_& m) {
            py::arg("config_json"), py::arg("rank") = -1, py::arg("world_size") = -1,
            py::arg("optimizer_threads") = 0, py::arg("timeout_s") = 300.0,
            py::arg("trainer") = py::dict(), py::arg("master_port") = 0, py::arg("device") = "host")
-      .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"))
+      .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"),
+           py::arg("groups") = std::vector<int>())
+      .def("add_param_group", &PyEngine::AddParamGroup, py::arg("hyper"))
+      .def("param_group", &PyEngine::ParamGroup, py::arg("group"))
+      .def_property_readonly("num_param_groups",
+                             [](PyEngine& e) { return e.engine().num_param_groups(); })
+      .def("set_group_learning_rate",
+           [](PyEngine& e, int group, double lr) {
+             ThrowIfError(e.engine().SetGroupLearningRate(group, lr));
+           })
       .def("initialize", &PyEngine::Initialize, py::arg("values") = py::none())
       .def("fetch", &PyEngine::Fetch, py::arg("module"))
       .def("release", &PyEngine::Release, py::arg("module"))

@@ -5,16 +5,22 @@ DeepSpeed's engine takes them.
   from the parameters, as DeepSpeed accepts): what DeepSpeed's ZeRO-Offload does with a client
   optimizer is step its parameter groups' shards on the CPU; zinf reads the optimizer's type
   and hyper-parameters into the engine's ``"optimizer"`` config and steps the shards with its
-  own CPU kernels, which compute torch's formulas (include/zinf/cpu_optimizer.h). The torch
-  object itself is never stepped. Refused, naming why: another type (zinf has no kernel for
-  it), an option the kernels do not compute (amsgrad, maximize, Adagrad's lr_decay), groups
-  whose options differ (the engine has one group), one that has stepped already (its state
-  would be lost), and a config "optimizer" beside it.
+  own CPU kernels, which compute torch's formulas (include/zinf/cpu_optimizer.h). Its
+  parameter groups become the engine's, each with its own lr, betas, eps and weight_decay
+  (Note [Parameter groups] in src/zero/optimizer_step.cc): Hugging Face's Trainer puts biases
+  and norms in a group without weight decay. The torch object itself is never stepped.
+  Refused, naming why: another type (zinf has no kernel for it), an option the kernels do not
+  compute (amsgrad, maximize, Adagrad's lr_decay), groups that differ in another option, one
+  that has stepped already (its state would be lost), and a config "optimizer" beside it.
+- ``model_parameters=`` parameter groups (dicts with "params" and options), as DeepSpeed takes
+  them beside a config "optimizer": each group steps with the config's options but those it
+  sets (``model_parameter_groups``).
 - ``lr_scheduler=`` a scheduler object (over that optimizer) or a callable that makes one from
   the optimizer, as transformers passes it: the engine steps it after each optimizer step that
   was applied, as DeepSpeed's does, and the learning rate it leaves in its optimizer's groups
-  becomes the engine's (``set_learning_rate``) for the next step. A config "scheduler" beside it
-  is not used, as in DeepSpeed, with a warning naming it.
+  becomes the engine's for the next step, each group's its own (torch's LambdaLR scales each
+  group's initial lr). A config "scheduler" beside it is not used, as in DeepSpeed, with a
+  warning naming it.
 """
 
 import logging
@@ -36,6 +42,12 @@ _FIXED = {"AdamW": {"amsgrad": False, "maximize": False},
 _READ = {"AdamW": ("lr", "betas", "eps", "weight_decay"),
          "Adam": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay"),
          "Adagrad": ("lr", "eps", "weight_decay")}
+# Options each parameter group may set for itself, by type: the engine gives each group its own.
+_PER_GROUP = {"AdamW": ("lr", "betas", "eps", "weight_decay"),
+              "Adam": ("lr", "betas", "eps", "weight_decay"),
+              "Adagrad": ("lr", "eps", "weight_decay")}
+# Keys of a group that are no option of the update: torch's LR schedulers record initial_lr.
+_NOT_OPTIONS = ("params", "initial_lr") + _IMPLEMENTATION
 # The trainer's values that fill only the config optimizer's params: a client optimizer's
 # own numbers stand in their place.
 _OPTIMIZER_TRAINER_VALUES = ("beta1", "beta2", "eps", "weight_decay")
@@ -58,7 +70,9 @@ def make_optimizer(optimizer, trainable):
 
 def optimizer_config(optimizer, trainable):
     """The engine's "optimizer" config section for a client torch optimizer over exactly the
-    `trainable` parameters; ValueError naming what zinf cannot step as it would."""
+    `trainable` parameters (its first group's options), and its parameter groups as
+    [(the options in which a group differs from the first, its parameters)]; ValueError naming
+    what zinf cannot step as it would."""
     name = _KERNELS.get(type(optimizer))
     if name is None:
         raise ValueError(
@@ -78,17 +92,18 @@ def optimizer_config(optimizer, trainable):
     if not groups:
         raise ValueError(f"initialize(optimizer={name}): it has no parameters")
     first = groups[0]
+    per_group = _PER_GROUP[name]
     for i, group in enumerate(groups[1:], start=1):
         for key in sorted(set(first) | set(group)):
-            if key == "params" or key in _IMPLEMENTATION:
+            if key in _NOT_OPTIONS or key in per_group:
                 continue
             if _value(first.get(key)) != _value(group.get(key)):
                 raise ValueError(
                     f"initialize(optimizer={name}): parameter groups 0 and {i} differ in "
                     f"'{key}' ({_value(first.get(key))} and {_value(group.get(key))}); zinf's "
-                    f"engine steps one group, with one set of options, so each parameter would "
-                    f"not get its own. Give every group the same options (or freeze the "
-                    f"parameters meant to stay unchanged with requires_grad=False)")
+                    f"engine gives each group its own {', '.join(per_group)}, and one '{key}' "
+                    f"to all. Give every group the same '{key}' (or freeze the parameters "
+                    f"meant to stay unchanged with requires_grad=False)")
     listed = {id(p) for g in groups for p in g["params"]}
     want = {id(p) for p in trainable}
     if listed != want:
@@ -111,7 +126,51 @@ def optimizer_config(optimizer, trainable):
             params["adam_w_mode"] = False
     if "betas" in params:
         params["betas"] = [float(b) for b in params["betas"]]
-    return {"type": name, "params": params}
+    param_groups = [({k: _option(k, group[k]) for k in per_group
+                      if k in group and _value(group[k]) != _value(first.get(k))},
+                     list(group["params"])) for group in groups]
+    return {"type": name, "params": params}, param_groups
+
+
+def model_parameter_groups(model_parameters):
+    """DeepSpeed's model_parameters as parameter groups [(options, parameters)]: each dict a
+    group with its options, the loose tensors one group (first); None when there is no dict
+    (one group). ValueError naming an option a group cannot set for itself."""
+    items = list(model_parameters)
+    if not any(isinstance(item, dict) for item in items):
+        return None
+    loose = [item for item in items if not isinstance(item, dict)]
+    groups = [({}, loose)] if loose else []
+    allowed = sorted(set(_PER_GROUP["AdamW"]) | set(_PER_GROUP["Adagrad"]))
+    for i, item in enumerate(x for x in items if isinstance(x, dict)):
+        other = sorted(k for k in item if k not in allowed and k not in _NOT_OPTIONS)
+        if other:
+            raise ValueError(
+                f"model_parameters' group {i} sets {other}; a group sets its own {allowed} in "
+                f"zinf, and the config's \"optimizer\" gives the rest to all")
+        params = item["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        groups.append(({k: _option(k, v) for k, v in item.items() if k in allowed}, params))
+    return [g for g in groups if g[1]]  # groups without parameters are dropped
+
+
+def add_param_groups(engine, groups):
+    """`groups` [(options, parameters)] as the engine's optimizer groups, before its parameters
+    are registered: a first group without options of its own is the config's optimizer (group
+    0), every other group one of its own (the config's options but those it sets), so that a
+    scheduler may give each its own learning rate. Returns [(engine group, parameters)] and
+    {id(parameter): engine group}."""
+    out, group_of = [], {}
+    for i, (options, params) in enumerate(groups or []):
+        group = 0 if i == 0 and not options else engine.add_param_group(options)
+        out.append((group, params))
+        group_of.update((id(p), group) for p in params)
+    return out, group_of
+
+
+def _option(key, value):
+    value = _value(value)
+    return [float(b) for b in value] if key == "betas" else value
 
 
 def trainer_values_beside(optimizer_section, values):
@@ -177,12 +236,14 @@ def step_scheduler(scheduler, **kwargs):
         scheduler.step(**kwargs)
 
 
-def scheduled_lr(scheduler):
-    """The learning rate the scheduler left in its optimizer's groups; ValueError when they
-    differ (the engine has one)."""
-    lrs = sorted({float(_value(g["lr"])) for g in scheduler.optimizer.param_groups
-                  if len(g["params"]) != 0})
-    if len(lrs) != 1:
-        raise ValueError(f"the lr_scheduler set {len(lrs)} different learning rates {lrs} in its "
-                         f"optimizer's groups; zinf's engine has one")
-    return lrs[0]
+def scheduled_lrs(scheduler, count):
+    """The learning rates the scheduler left in its optimizer's groups (those with
+    parameters), one for each of the engine's `count` groups; ValueError when it has another
+    number of groups."""
+    lrs = [float(_value(g["lr"])) for g in scheduler.optimizer.param_groups
+           if len(g["params"]) != 0]
+    if len(lrs) != count:
+        raise ValueError(f"the lr_scheduler's optimizer has {len(lrs)} parameter group(s), the "
+                         f"engine {count}: schedule the optimizer passed to initialize, or the "
+                         f"one it returns")
+    return lrs

@@ -21,14 +21,17 @@ learning-rate schedule: the config's ``"scheduler"`` (a view), the trainer's own
 
 A trainer's torch optimizer (AdamW, Adam, Adagrad) is taken over as DeepSpeed's ZeRO-Offload
 takes it: its hyper-parameters become the engine's optimizer config, stepped by zinf's CPU
-kernels; a trainer's LR scheduler (an object, or a callable making one from the optimizer) is
-stepped by the engine after each optimizer step, its learning rate applied to the engine
-(zinf/_client_objects.py). A model with nothing to train (an inference or reference model:
+kernels, its parameter groups the engine's, each with its own lr, betas, eps and weight_decay
+(as are parameter groups given as model_parameters beside a config "optimizer"); the returned
+optimizer has one param_group per group; a trainer's LR scheduler (an object, or a callable
+making one from the optimizer) is stepped by the engine after each optimizer step, each
+group's learning rate applied to the engine (zinf/_client_objects.py). A model with nothing to train (an inference or reference model:
 every parameter frozen) runs sharded and offloaded as any other; ``backward`` and ``step`` are
 refused.
 
 What cannot work is refused with the reason: an optimizer zinf has no kernel for, parameter
-groups whose options differ, model parallelism (``mpu``, ``mesh_param``).
+groups that differ in an option other than lr, betas, eps and weight_decay, model parallelism
+(``mpu``, ``mesh_param``).
 
 The config's ``csv_monitor`` and ``tensorboard`` blocks are written here (zinf/monitor.py),
 ``dataloader_drop_last`` shapes the data loader, and
@@ -71,7 +74,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         hyper-parameters with zinf's CPU kernels (zinf/_client_objects.py); the config then
         names no "optimizer".
     model_parameters: optional; must be the model's trainable parameters (zinf trains every
-        parameter with requires_grad), as one group.
+        parameter with requires_grad): tensors, or parameter groups (dicts with "params" and
+        their own lr, betas, eps, weight_decay), as DeepSpeed takes them; a client optimizer's
+        groups stand in their place.
     lr_scheduler: optional: a scheduler over `optimizer`, or a callable making one from the
         optimizer (the one passed, else the returned one); the engine steps it after each
         optimizer step and applies its learning rate. It replaces a config "scheduler", as in
@@ -96,8 +101,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     python_keys = {k: config.pop(k) for k in _PYTHON_KEYS if k in config}
     gather_16bit = _gather_16bit_on_save(config)
     monitors = monitor.from_config(python_keys)  # checked before the model is taken over
+    param_groups = None  # [(options, parameters)]: one group when None
     if model_parameters is not None:
+        model_parameters = list(model_parameters)
         _check_model_parameters(model, model_parameters)
+        param_groups = _client_objects.model_parameter_groups(model_parameters)
     if dist_init_required:
         init_distributed()
     values = _trainer_values(trainer, model)
@@ -107,7 +115,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if optimizer is not None:
         trainable = [p for p in model.parameters() if p.requires_grad]
         client_optimizer = _client_objects.make_optimizer(optimizer, trainable)
-        section = _client_objects.optimizer_config(client_optimizer, trainable)
+        section, param_groups = _client_objects.optimizer_config(client_optimizer, trainable)
         if "optimizer" in config:
             raise ValueError(
                 f"initialize(optimizer={type(client_optimizer).__name__}) and the config's "
@@ -127,6 +135,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if training_data is not None:
         _check_dataset(training_data)
     zero_engine = zero.initialize(model, config, trainer=values, _undoable=True,
+                                  _param_groups=param_groups,
                                   optimizer_threads=optimizer_threads, timeout_s=timeout_s)
     try:
         engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
@@ -282,8 +291,8 @@ class DeepSpeedEngine:
         return self._gather_16bit_on_save
 
     def get_lr(self):
-        """[the learning rate of the next step], as DeepSpeed lists one per parameter group."""
-        return [self.zero.learning_rate]
+        """The learning rate of the next step, one per parameter group, as DeepSpeed lists them."""
+        return [group["lr"] for group in self.optimizer.param_groups]
 
     def get_global_grad_norm(self):
         return None if self.last_step is None else self.last_step["grad_norm"]
@@ -390,9 +399,10 @@ class DeepSpeedEngine:
         self._apply_scheduled_lr()
 
     def _apply_scheduled_lr(self):
-        lr = _client_objects.scheduled_lr(self.lr_scheduler)
-        if lr is not None and lr != self.zero.learning_rate:
-            self.zero.set_learning_rate(lr)
+        groups = self.optimizer.param_groups
+        for group, lr in zip(groups, _client_objects.scheduled_lrs(self.lr_scheduler, len(groups))):
+            if lr != group["lr"]:
+                group["lr"] = lr
 
     # -- data --------------------------------------------------------------------------------
 
@@ -548,17 +558,20 @@ class DeepSpeedEngine:
 
 
 class EngineOptimizer(torch.optim.Optimizer):
-    """What DeepSpeed's initialize returns as the optimizer, over the engine's own: one
-    parameter group whose "lr" reads (and, without a config scheduler, sets) the engine's
-    learning rate. The engine steps it in ``engine.step()``. A ``torch.optim.Optimizer``, so
-    that torch's LR schedulers take it; its state is the engine's (engine.save_checkpoint)."""
+    """What DeepSpeed's initialize returns as the optimizer, over the engine's own: a parameter
+    group for each of the engine's, whose "lr" reads (and, without a config scheduler, sets)
+    that group's learning rate. The engine steps it in ``engine.step()``. A
+    ``torch.optim.Optimizer``, so that torch's LR schedulers take it; its state is the engine's
+    (engine.save_checkpoint)."""
 
     def __init__(self, zero_engine):
         # Not Optimizer.__init__, which would take the parameters as its own to step.
         self._zero = zero_engine
         self.defaults = {}
         self.state = {}
-        self.param_groups = [_ParamGroup(zero_engine)]
+        groups = zero_engine.param_groups or [
+            (0, [p for p in zero_engine.module.parameters() if p.requires_grad])]
+        self.param_groups = [_ParamGroup(zero_engine, group, params) for group, params in groups]
 
     def state_dict(self):
         raise RuntimeError("the optimizer's state is the engine's, sharded over the ranks: "
@@ -587,14 +600,22 @@ class EngineOptimizer(torch.optim.Optimizer):
 
 
 class _ParamGroup(dict):
-    """The one parameter group: "params" and a live "lr"."""
+    """One of the engine's parameter groups: "params", its options as the engine steps them,
+    and a live "lr"."""
 
-    def __init__(self, zero_engine):
-        super().__init__(params=[p for p in zero_engine.module.parameters() if p.requires_grad])
+    def __init__(self, zero_engine, group, params):
+        options = zero_engine.param_group(group)
+        fixed = {"weight_decay": options["weight_decay"], "eps": options["eps"]}
+        if options["type"] in ("adam", "adamw"):
+            fixed["betas"] = options["betas"]
+        super().__init__(params=params, **fixed)
         self._zero = zero_engine
+        self._group = group
 
     def __getitem__(self, key):
-        return self._zero.learning_rate if key == "lr" else super().__getitem__(key)
+        if key == "lr":
+            return self._zero.param_group(self._group)["lr"]
+        return super().__getitem__(key)
 
     def get(self, key, default=None):
         return self[key] if key == "lr" or key in self else default
@@ -603,7 +624,7 @@ class _ParamGroup(dict):
         if key != "lr":
             raise KeyError(f"param_groups[0]['{key}'] is fixed by the config; only 'lr' can be "
                            f"set (without a config scheduler)")
-        self._zero.set_learning_rate(value)
+        self._zero.set_group_learning_rate(self._group, value)
 
 
 class LRSchedulerView:
@@ -655,14 +676,9 @@ def _check_model_parameters(model, model_parameters):
     given = list(model_parameters)
     params = []
     for item in given:
-        if isinstance(item, dict):
-            options = sorted(k for k in item if k != "params")
-            if options:
-                raise ValueError(
-                    f"model_parameters holds a parameter group with its own {options}: zinf's "
-                    f"engine has one group, with the config's optimizer params; freeze "
-                    f"parameters with requires_grad=False instead of leaving them out")
-            params.extend(item["params"])
+        if isinstance(item, dict):  # a parameter group (its options: model_parameter_groups)
+            group = item["params"]
+            params.extend([group] if isinstance(group, torch.Tensor) else group)
         else:
             params.append(item)
     trainable = {id(p) for p in model.parameters() if p.requires_grad}

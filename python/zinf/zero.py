@@ -109,6 +109,7 @@ import weakref
 import torch
 
 from zinf import _construction, _device_memory, _engine_inputs, _fetch_units, _heap, _zinf
+from zinf import _client_objects
 from zinf._construction import GatheredParameters, Init  # noqa: F401
 
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
@@ -116,7 +117,7 @@ __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
 
 
 def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=300.0,
-               _undoable=False, **trainer_values):
+               _undoable=False, _param_groups=None, **trainer_values):
     """Puts `model` under the ZeRO engine and returns the ZeroEngine that trains it.
 
     config: a DeepSpeed config as a dict, a JSON string, or a path to a JSON file.
@@ -135,7 +136,7 @@ def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=30
     values = dict(trainer or {})
     values.update(trainer_values)
     return ZeroEngine(model, config, optimizer_threads=optimizer_threads, timeout_s=timeout_s,
-                      trainer=values, undoable=_undoable)
+                      trainer=values, undoable=_undoable, param_groups=_param_groups)
 
 
 def register_external_parameter(module, parameter):
@@ -178,7 +179,7 @@ class ZeroEngine:
     """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
 
     def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None,
-                 undoable=False):
+                 undoable=False, param_groups=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if any(getattr(m, "_zinf_managed", False) for m in model.modules()):
@@ -241,6 +242,10 @@ class ZeroEngine:
         self._gathered = {}       # id(param) -> [its full value, GatheredParameters depth]
         self._consolidating = False
         self._before = None       # what the takeover changed, until it is kept (_keep_takeover)
+        # Optimizer parameter groups [(options, parameters)] (zinf/_client_objects.py): the
+        # engine's group of each parameter, and [(engine group, parameters)].
+        self.param_groups, self._group_of = _client_objects.add_param_groups(
+            self._engine, param_groups)
         try:
             self._register(model)
         except BaseException:
@@ -278,7 +283,8 @@ class ZeroEngine:
             if not own:
                 continue
             mid = self._engine.register_module(
-                mname or "<root>", [(name, list(p.shape) or [1]) for name, p in own])
+                mname or "<root>", [(name, list(p.shape) or [1]) for name, p in own],
+                [self._group_of.get(id(p), 0) for _, p in own])
             assert mid == len(self._module_slots)
             slots = [_Slot(p, mid, i, name) for i, (name, p) in enumerate(own)]
             for s in slots:
@@ -796,6 +802,14 @@ class ZeroEngine:
 
     def set_learning_rate(self, lr):
         self._engine.set_learning_rate(float(lr))
+
+    def param_group(self, group):
+        """The engine's optimizer group `group` (param_groups' first items): its type, lr,
+        weight_decay, betas, eps... as the next step applies them."""
+        return self._engine.param_group(group)
+
+    def set_group_learning_rate(self, group, lr):
+        self._engine.set_group_learning_rate(group, float(lr))
 
     @property
     def micro_batch_size(self):

@@ -2,6 +2,9 @@
 zinf.initialize, each against plain PyTorch on the same seed and data:
 - a trainer's torch optimizer (AdamW, Adam, Adagrad) taken over and stepped by zinf's kernels;
 - a trainer's LR scheduler (an object over that optimizer, or a callable as transformers passes);
+- parameter groups with their own weight_decay and lr (transformers' Trainer's decay and no-decay
+  groups), in a torch optimizer or as model_parameters, the optimizer state in host memory and
+  on NVMe, under a LambdaLR;
 - _zero3_consolidated_16bit_state_dict, save_16bit_model and
   stage3_gather_16bit_weights_on_model_save, on 1 and 2 processes;
 - a model with nothing to train (TRL's reference model) sharded and offloaded;
@@ -70,6 +73,50 @@ def zinf_losses(engine, n=STEPS):
     return losses, lrs
 
 
+class _NormNet(torch.nn.Module):
+    """initialize_train.Net with a LayerNorm: what transformers' Trainer keeps out of decay."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.fc2(self.norm(torch.tanh(self.fc1(x)))), y)
+
+
+def _torch_run(make_optimizer, make_scheduler, n):
+    """Plain PyTorch on _NormNet: the losses and every group's learning rate of each step."""
+    torch.manual_seed(0)
+    net = _NormNet()
+    opt = make_optimizer(net)
+    sched = make_scheduler(opt) if make_scheduler else None
+    losses, lrs = [], []
+    for batch in batches(n):
+        opt.zero_grad()
+        loss = net(batch)
+        loss.backward()
+        lrs.extend(g["lr"] for g in opt.param_groups)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses, lrs
+
+
+def _zinf_run(engine, n):
+    losses, lrs = [], []
+    for batch in batches(n):
+        loss = engine(batch)
+        engine.backward(loss)
+        lrs.extend(engine.get_lr())
+        engine.step()
+        losses.append(loss.item())
+    return losses, lrs
+
+
 class EngineBehavioursTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="zinf-engine-behaviours-", dir=BUILD_DIR or None)
@@ -115,9 +162,9 @@ class EngineBehavioursTest(unittest.TestCase):
         refused = {
             "torch.optim.AdamW, torch.optim.Adam and torch.optim.Adagrad":
                 torch.optim.SGD(net.parameters(), lr=0.1),
-            "differ in 'weight_decay' \\(0.01 and 0.0\\)": torch.optim.AdamW(
-                [{"params": [net.fc1.weight, net.fc2.weight], "weight_decay": 0.01},
-                 {"params": [net.fc1.bias, net.fc2.bias], "weight_decay": 0.0}], lr=0.1),
+            "differ in 'amsgrad' \\(False and True\\)": torch.optim.AdamW(
+                [{"params": [net.fc1.weight, net.fc2.weight]},
+                 {"params": [net.fc1.bias, net.fc2.bias], "amsgrad": True}], lr=0.1),
             "'amsgrad' is True": torch.optim.AdamW(net.parameters(), amsgrad=True),
             "'lr_decay' is 0.5": torch.optim.Adagrad(net.parameters(), lr_decay=0.5),
             "it steps 2 tensor": torch.optim.AdamW([net.fc1.weight, net.fc1.bias]),
@@ -137,6 +184,71 @@ class EngineBehavioursTest(unittest.TestCase):
         engine, *_ = zinf.initialize(model=net, optimizer=torch.optim.AdamW(net.parameters()),
                                      config=config())
         self.assertEqual(len(zinf_losses(engine, 2)[0]), 2)
+
+    # -- parameter groups ----------------------------------------------------------------------
+
+    def test_parameter_groups_with_their_own_weight_decay_and_lr_give_torch_losses(self):
+        def no_decay(name):  # transformers' Trainer: biases and LayerNorm weights
+            return name.endswith("bias") or name.startswith("norm.")
+
+        def split(net, decay_options, no_decay_options):
+            named = list(net.named_parameters())
+            return [{"params": [p for n, p in named if not no_decay(n)], **decay_options},
+                    {"params": [p for n, p in named if no_decay(n)], **no_decay_options}]
+
+        def adamw(net):  # the no-decay group with an lr and betas of its own too
+            return torch.optim.AdamW(split(net, {"weight_decay": 0.1}, {
+                "weight_decay": 0.0, "lr": 0.03, "betas": (0.8, 0.99)}), lr=0.02)
+
+        def warmup_decay(opt):  # as transformers' get_linear_schedule_with_warmup
+            return torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda step: min((step + 1) / 4, max(0.0, (40 - step) / 36)))
+
+        steps = 20
+        for device in ("cpu", "nvme"):
+            offload = {"device": device}
+            if device == "nvme":
+                offload["nvme_path"] = os.path.join(self.dir, "swap")
+                os.makedirs(offload["nvme_path"], exist_ok=True)
+            zero = {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": offload}
+            for scheduled in (False, True):
+                with self.subTest(device=device, scheduled=scheduled):
+                    want, want_lrs = _torch_run(adamw, warmup_decay if scheduled else None,
+                                                steps)
+                    # As Accelerate passes them: the optimizer and a scheduler built over it.
+                    torch.manual_seed(0)
+                    net = _NormNet()
+                    opt = adamw(net)
+                    engine, optimizer, _, _ = zinf.initialize(
+                        model=net, optimizer=opt, config=config(zero_optimization=zero),
+                        lr_scheduler=warmup_decay(opt) if scheduled else None)
+                    self.assertEqual([g["weight_decay"] for g in optimizer.param_groups],
+                                     [0.1, 0.0])
+                    self.assertEqual(optimizer.param_groups[1]["betas"], (0.8, 0.99))
+                    got, lrs = _zinf_run(engine, steps)
+                    self.assertClose(lrs, want_lrs, 1e-12)
+                    self.assertClose(got, want)
+        # As DeepSpeed takes them: groups as model_parameters beside the config's optimizer,
+        # each with the config's options but those it sets; a scheduler made, as transformers
+        # makes it, over the returned optimizer.
+        want, want_lrs = _torch_run(lambda net: torch.optim.AdamW(
+            split(net, {}, {"weight_decay": 0.0}), lr=0.02, weight_decay=0.1), warmup_decay,
+            steps)
+        torch.manual_seed(0)
+        net = _NormNet()
+        engine, optimizer, _, scheduler = zinf.initialize(
+            model=net, model_parameters=split(net, {}, {"weight_decay": 0.0}),
+            lr_scheduler=warmup_decay, config=config(
+                optimizer={"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.1}}))
+        self.assertEqual([g["weight_decay"] for g in optimizer.param_groups], [0.1, 0.0])
+        got, lrs = _zinf_run(engine, steps)
+        self.assertClose(lrs, want_lrs, 1e-12)
+        self.assertClose(got, want)
+        self.assertEqual(scheduler.get_last_lr(), engine.get_lr())
+        other = _NormNet()
+        with self.assertRaisesRegex(ValueError, "group 0 sets \\['amsgrad'\\]"):
+            zinf.initialize(model=other, config=config(), model_parameters=[
+                {"params": list(other.parameters()), "amsgrad": True}])
 
     # -- a trainer's LR scheduler -------------------------------------------------------------
 

@@ -222,9 +222,11 @@ class InitializeTest(LoopRunner):
                             optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
         with self.assertRaisesRegex(TypeError, "it returned NoneType, not a scheduler"):
             zinf.initialize(model=net, config=loop_config(), lr_scheduler=lambda opt: None)
-        with self.assertRaisesRegex(ValueError, "parameter group with its own \\['weight_decay'"):
+        # Groups with their own lr and weight_decay train (test_engine_behaviours.py); an
+        # option a group cannot have for itself is named.
+        with self.assertRaisesRegex(ValueError, "group 0 sets \\['amsgrad'\\]"):
             zinf.initialize(model=net, config=loop_config(), model_parameters=[
-                {"params": [net.fc1.weight], "weight_decay": 0.0},
+                {"params": [net.fc1.weight], "amsgrad": True},
                 {"params": [net.fc1.bias, net.fc2.weight, net.fc2.bias]}])
         with self.assertRaisesRegex(ValueError, "lists 1 tensor"):
             zinf.initialize(model=net, config=loop_config(), model_parameters=[net.fc1.weight])
