@@ -53,6 +53,10 @@ class TransferCountersTest(unittest.TestCase):
                 # written from the fp32 master.
                 self.assertEqual(s["host_bytes_set"], 4 * numel)
                 self.assertEqual(s["host_bytes_copied"], 4 * numel)
+                # The first micro-batch's gradients go straight into the accumulators; each
+                # later one into a gradient buffer zeroed first (target: 0, no memset of a
+                # buffer the trainer overwrites).
+                self.assertEqual(s["device_bytes_set"], 4 * numel * (ACCUMULATION - 1))
 
 
 if __name__ == "__main__":
