@@ -1,4 +1,4 @@
-"""transformers' ``Trainer`` on zinf: a Trainer script runs with its imports changed,
+"""Hugging Face's trainers on zinf. transformers' ``Trainer`` runs with its imports changed,
 
     from zinf.hf import Trainer, TrainingArguments   # was: from transformers import ...
 
@@ -26,17 +26,38 @@ for overriding:
   ``load_checkpoint``, which also restores a client schedule), and the model's weights beside
   it, gathered from the shards (a collective) and written by ``save_pretrained`` on the main
   process, so ``from_pretrained`` loads the checkpoint and ``save_model``'s output.
+
+Accelerate's ``Accelerator`` likewise (``from zinf.hf import Accelerator``): a script written for
+Accelerate's DeepSpeed mode (a ``DeepSpeedPlugin``, or ``accelerate launch --use_deepspeed
+--deepspeed_config_file``) trains on zinf with that config, Note [Accelerate on zinf].
+
+Note [Accelerate on zinf]
+Accelerate's DeepSpeed mode hands ``prepare``'s model, optimizer and scheduler to
+``deepspeed.initialize`` and returns its engine; ``backward`` runs the engine's backward and,
+where gradients sync (the accumulation boundary), its step; the optimizer's and scheduler's
+``step`` do nothing. zinf's Accelerator does the same with ``zinf.initialize``, taking the
+plugin's config (its "auto" values filled as Accelerate fills them: the micro-batch from the
+first prepared DataLoader, the accumulation from the Accelerator, the optimizer's and
+schedule's numbers from DummyOptim and DummyScheduler) and leaving Accelerate's own DeepSpeed
+path, which needs the deepspeed package, switched off. The rest (data sharding, accumulate(),
+gather, wait_for_everyone, RNG state) is Accelerate's. One model per Accelerator, as in
+Accelerate's DeepSpeed mode with one plugin.
 """
 
 import contextlib
+import copy
 import dataclasses
+import os
 
+import accelerate
 import torch
 import transformers
+from accelerate.utils import DeepSpeedPlugin
+from accelerate.utils.deepspeed import DummyOptim, DummyScheduler
 
 from . import engine as _engine
 
-__all__ = ["Trainer", "TrainingArguments"]
+__all__ = ["Accelerator", "Trainer", "TrainingArguments"]
 
 
 @dataclasses.dataclass
@@ -214,3 +235,120 @@ class _ScheduledByTheEngine:
 
     def load_state_dict(self, state):
         return None
+
+
+class Accelerator(accelerate.Accelerator):
+    """Accelerate's Accelerator, training on zinf where it would train on DeepSpeed (Note
+    [Accelerate on zinf]); without a DeepSpeed config, Accelerate's as it is."""
+
+    def __init__(self, *args, deepspeed_plugin=None, deepspeed_plugins=None, **kwargs):
+        plugin = deepspeed_plugin if deepspeed_plugin is not None else deepspeed_plugins
+        if plugin is None and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+            plugin = DeepSpeedPlugin()  # accelerate launch's --deepspeed_config_file and flags
+        if isinstance(plugin, dict):
+            raise ValueError("zinf.hf.Accelerator: several DeepSpeed plugins (one per model) "
+                             "are not supported; pass one DeepSpeedPlugin")
+        self.zinf_config = None if plugin is None else copy.deepcopy(plugin.deepspeed_config)
+        self.zinf_engine = None
+        if plugin is not None:
+            # Accelerate's own DeepSpeed path (it sets this itself for a plugin) needs the
+            # deepspeed package; zinf takes the plugin's config instead.
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = "false"
+        super().__init__(*args, **kwargs)
+
+    def prepare(self, *args, device_placement=None):
+        if self.zinf_config is None:
+            return super().prepare(*args, device_placement=device_placement)
+        models = [a for a in args if isinstance(a, torch.nn.Module)]
+        if len(models) != 1 or self.zinf_engine is not None:
+            raise ValueError("zinf.hf.Accelerator.prepare: pass the one model to train in one "
+                             "prepare call, with its optimizer (and scheduler, dataloaders), as "
+                             "Accelerate's DeepSpeed mode takes them")
+        out = [super(Accelerator, self).prepare(a) if isinstance(a, torch.utils.data.DataLoader)
+               else a for a in args]
+        loaders = [a for a in args if isinstance(a, torch.utils.data.DataLoader)]
+        optimizers = [a for a in args if isinstance(a, (torch.optim.Optimizer, DummyOptim))]
+        schedulers = [a for a in args if _is_scheduler(a)]
+        if len(optimizers) > 1 or len(schedulers) > 1:
+            raise ValueError("zinf.hf.Accelerator.prepare: one optimizer and one scheduler for "
+                             "the model, as DeepSpeed takes them")
+        optimizer = optimizers[0] if optimizers else None
+        scheduler = schedulers[0] if schedulers else None
+        values = {"gradient_accumulation_steps": self.gradient_accumulation_steps}
+        if loaders and loaders[0].batch_size is not None:
+            values["per_device_train_batch_size"] = loaders[0].batch_size
+        if isinstance(optimizer, DummyOptim):
+            values.update(learning_rate=optimizer.lr, weight_decay=optimizer.weight_decay)
+            optimizer = None
+        if isinstance(scheduler, DummyScheduler):
+            if scheduler.total_num_steps is not None:
+                values["max_steps"] = scheduler.total_num_steps
+            values["warmup_steps"] = max(1, scheduler.warmup_num_steps)
+            scheduler = None
+        engine, engine_optimizer, _, engine_scheduler = _engine.initialize(
+            model=models[0], config=self.zinf_config, optimizer=optimizer,
+            lr_scheduler=scheduler, trainer=values)
+        self.zinf_engine = engine
+        stand_ins = {id(models[0]): engine}
+        for a in optimizers:
+            stand_ins[id(a)] = _SteppedByTheEngine(engine_optimizer)
+        for a in schedulers:
+            stand_ins[id(a)] = _ScheduledByTheEngine(engine, engine_scheduler)
+        out = [stand_ins.get(id(a), o) for a, o in zip(args, out)]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def backward(self, loss, **kwargs):
+        engine = self.zinf_engine
+        if engine is None:
+            return super().backward(loss, **kwargs)
+        engine.set_gradient_accumulation_boundary(self.sync_gradients)
+        engine.backward(loss, **kwargs)  # averaged over the accumulation, as DeepSpeed's
+        engine.step()  # the optimizer step where gradients sync, else only the count
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
+        """The engine clips in its step with the config's gradient_clipping (DeepSpeed's mode
+        returns None here); this returns the norm before clipping, and refuses a max_norm the
+        engine does not clip with rather than pretend."""
+        engine = self.zinf_engine
+        if engine is None:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        if norm_type != 2 or float(max_norm) != engine.gradient_clipping():
+            raise ValueError(
+                f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}): zinf clips in "
+                f"its step, to the config's gradient_clipping ({engine.gradient_clipping()}) "
+                f"in the L2 norm; set the config's value instead")
+        norm = engine.get_global_grad_norm()
+        return None if norm is None else torch.tensor(norm)
+
+    def unwrap_model(self, model, *args, **kwargs):
+        if self.zinf_engine is not None and model is self.zinf_engine:
+            return model.module
+        return super().unwrap_model(model, *args, **kwargs)
+
+    def get_state_dict(self, model, unwrap=True):
+        """With zinf: the model's values gathered from the shards onto the main process (a
+        collective), as DeepSpeed's ZeRO-3 gives them; an empty dict on the other processes,
+        which write nothing (save_pretrained(state_dict=None) would read the shards there)."""
+        if self.zinf_engine is not None and model in (self.zinf_engine, self.zinf_engine.module):
+            state = self.zinf_engine._zero3_consolidated_16bit_state_dict()
+            return {} if state is None else state
+        return super().get_state_dict(model, unwrap)
+
+    def save_state(self, output_dir=None, **kwargs):
+        path = super().save_state(output_dir, **kwargs)  # RNG, dataloaders, custom objects
+        if self.zinf_engine is not None:
+            self.zinf_engine.save_checkpoint(os.path.join(path, "zinf"))
+        return path
+
+    def load_state(self, input_dir=None, **kwargs):
+        if self.zinf_engine is not None and input_dir is None:
+            raise ValueError("load_state(): name the directory save_state wrote (zinf resumes "
+                             "the engine from its checkpoint there)")
+        out = super().load_state(input_dir, **kwargs)
+        if self.zinf_engine is not None:
+            self.zinf_engine.load_checkpoint(os.path.join(input_dir, "zinf"))
+        return out
+
+
+def _is_scheduler(obj):
+    return isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler))

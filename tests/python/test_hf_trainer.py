@@ -1,10 +1,12 @@
-"""transformers' Trainer on zinf (zinf.hf): a causal-LM script in the style of transformers'
+"""transformers' Trainer and Accelerate's Accelerator on zinf (zinf.hf). Trainer: a causal-LM script in the style of transformers'
 run_clm.py (hf_trainer_clm.py), changed only in its imports, against the same script on
 transformers' own Trainer (plain PyTorch; DistributedDataParallel on 2 processes) and on
 DeepSpeed itself, with the ZeRO-3 offload config of Hugging Face's documentation as shipped:
 the same losses step for step, a resume from Trainer's checkpoint that continues bit for bit,
 and a saved model that from_pretrained loads with the trained model's logits; PEFT's LoRA on a
-frozen base too; and from_pretrained under zinf.zero.Init on 1 and 2 processes. GPT-2 and Llama
+frozen base too; and from_pretrained under zinf.zero.Init on 1 and 2 processes. Accelerate: a
+loop in the style of its examples (accelerate_clm.py) against plain Accelerate and against
+DeepSpeed through Accelerate, with save_state/load_state in a new process. GPT-2 and Llama
 from their configs; nothing is downloaded. Skips without transformers and accelerate (Debian's
 torch 1.13 has neither); the DeepSpeed case where deepspeed does not import (it runs in the
 virtualenv of bench/vs_deepspeed.sh)."""
@@ -234,6 +236,82 @@ print("DIFFERENCE", engine.rank, float((got - want).abs().max()))
                     os.environ[k] = v
         ours = self.run_script("zinf-vs-deepspeed", "zinf", 1, "gpt2", HF_ZERO3, args)
         self.assert_same_training(ours, theirs, 1e-5, "against DeepSpeed")
+
+
+ACCELERATE_SCRIPT = os.path.join(HERE, "accelerate_clm.py")
+
+
+@unittest.skipIf(WHY is not None, WHY)
+class HfAccelerateTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        HfTrainerTest.setUpClass.__func__(cls)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def run_script(self, name, accelerator, world, config, args=(), resume=False, env=None):
+        out = os.path.join(self.dir, name)
+        cmd = [sys.executable, ACCELERATE_SCRIPT, "--init", os.path.join(self.dir, "init-gpt2"),
+               "--out", out] + list(args) + (["--resume"] if resume else [])
+        if config is not None:
+            path = os.path.join(self.dir, name + ".json")
+            with open(path, "w") as f:
+                json.dump(config, f)
+            cmd += ["--deepspeed", path]
+        full_env = dict(os.environ, ZINF_ACCELERATOR=accelerator, PYTHONWARNINGS="ignore",
+                        **(env or {}))
+        if world > 1:
+            cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", str(world), "--"] + cmd
+        else:
+            full_env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(free_port()))
+        done = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=500)
+        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
+                                             f"{done.stderr[-8000:]}")
+        line = [x for x in done.stdout.splitlines() if "RESULT " in x]
+        self.assertEqual(len(line), 1, done.stdout[-4000:])
+        return json.loads(line[0].split("RESULT ", 1)[1])
+
+    def check(self, got, want, what):
+        for g, w in zip(got["losses"], want["losses"]):
+            self.assertAlmostEqual(g, w, delta=1e-5 * abs(w),
+                                   msg=f"{what}: {got['losses']} vs {want['losses']}")
+        for g, w in zip(got["logits"], want["logits"]):
+            self.assertAlmostEqual(g, w, delta=1e-4 * max(1.0, abs(w)), msg=what)
+        # The saved model is the trained one.
+        self.assertEqual(got["logits"], got["trained_logits"], what)
+
+    def test_accelerate_on_zinf_gives_plain_accelerates_losses_and_resumes(self):
+        for world, gas in ((1, 2), (2, 1)):
+            with self.subTest(world=world):
+                args = ["--gas", str(gas), "--steps", "10", "--resume_at", "5"]
+                if world > 1:
+                    # Accelerate alone steps the schedule once per process at each step, its
+                    # DeepSpeed mode (and zinf) once: compare at a constant rate.
+                    args.append("--constant_lr")
+                want = self.run_script(f"acc-torch-{world}", "accelerate", world, None, args)
+                got = self.run_script(f"acc-zinf-{world}", "zinf", world, OWN_OPTIMIZER, args)
+                self.check(got, want, f"{world} process(es)")
+                resumed = self.run_script(f"acc-zinf-{world}", "zinf", world, OWN_OPTIMIZER,
+                                          args, resume=True)
+                self.assertEqual(resumed["resumed"], got["losses"][5 * gas:])
+
+    def test_deepspeed_through_accelerate_gives_the_same_losses(self):
+        why = deepspeed_missing()
+        if why:
+            self.skipTest(why)
+        # Hugging Face's config, with the betas and eps Accelerate's DeepSpeed mode wants
+        # given (it fills only lr and weight_decay from DummyOptim, and refuses "auto" there).
+        with open(HF_ZERO3) as f:
+            config = json.load(f)
+        config["optimizer"]["params"].update(betas=[0.9, 0.999], eps=1e-8)
+        args = ["--gas", "2", "--steps", "10"]
+        theirs = self.run_script("acc-deepspeed", "accelerate", 1, config, args,
+                                 env={"DS_ACCELERATOR": "cpu"})
+        ours = self.run_script("acc-zinf-hf", "zinf", 1, config, args)
+        self.check(ours, theirs, "against DeepSpeed")
 
 
 if __name__ == "__main__":
