@@ -82,15 +82,21 @@ Status Engine::Impl::CheckRanksAgree() {
                               config.optimizer.eps,
                               config.optimizer.weight_decay,
                               config.seed};
+  nlohmann::json groups = nlohmann::json::array();  // Note [Parameter groups]
+  for (int g = 1; g < optimizer_step->num_groups(); ++g) {
+    const OptimizerHyperParams hp = *optimizer_step->hyper_params(g);
+    groups.push_back({hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay});
+  }
   const int64_t mine[2] = {static_cast<int64_t>(HashName(0, model.dump())),
-                           static_cast<int64_t>(HashName(0, cfg.dump()))};
+                           static_cast<int64_t>(HashName(0, cfg.dump() + groups.dump()))};
   std::vector<int64_t> all(2 * world());
   ZINF_RETURN_IF_ERROR(comm->AllGather(mine, all.data(), 2, ElementType::kInt64));
   for (int r = 0; r < world(); ++r) {
     if (all[2 * r + 1] != all[1]) {
       return FailedPrecondition(fmt::format(
           "rank {} was started with a different config than rank 0 (stage, offload, "
-          "optimizer, precision, accumulation or seed differ); every rank needs the same one",
+          "optimizer or its parameter groups, precision, accumulation or seed differ); every "
+          "rank needs the same one",
           r));
     }
     if (all[2 * r] != all[0]) {

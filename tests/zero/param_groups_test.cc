@@ -316,6 +316,29 @@ TEST(ParamGroupsApiTest, TheConfigsSchedulerSetsEveryGroupsLr) {
   }
 }
 
+// Every rank must give its groups the same hyper-parameters: another is refused at Initialize.
+TEST(ParamGroupsApiTest, RanksWhoseGroupsDifferAreRefused) {
+  const testing::TempDir tmp("zinf-param-groups-ranks");
+  const std::vector<int> codes = RunRanks(2, [&](int rank, int port) {
+    auto engine = testing::CreateRankEngine(Config(false, tmp.path()),
+                                            testing::HostRankOptions(rank, 2, port));
+    if (!engine.ok()) return 10;
+    OptimizerHyperParams own = Group1();
+    if (rank == 1) own.weight_decay = 0.01;
+    if (!(*engine)->AddParamGroup(own).ok()) return 11;
+    if (!(*engine)->RegisterModule("m", {{.name = "w", .shape = {8}, .optimizer_group = 1}}).ok()) {
+      return 12;
+    }
+    const Status s = (*engine)->Initialize();
+    std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+    return s.code() == StatusCode::kFailedPrecondition &&
+                   s.message().find("parameter groups") != std::string::npos
+               ? 0
+               : 13;
+  });
+  EXPECT_EQ(codes, std::vector<int>(2, 0));
+}
+
 TEST(ParamGroupsApiTest, ADifferentTypeOrAnUnknownGroupIsRefused) {
   auto config = EngineConfig::FromJson(R"({"optimizer": {"type": "AdamW"}})");
   ASSERT_TRUE(config.ok());
