@@ -56,6 +56,8 @@ from accelerate.utils import DeepSpeedPlugin
 from accelerate.utils.deepspeed import DummyOptim, DummyScheduler
 
 from . import engine as _engine
+from ._stand_ins import ScheduledByTheEngine as _ScheduledByTheEngine
+from ._stand_ins import SteppedByTheEngine as _SteppedByTheEngine
 
 __all__ = ["Accelerator", "Trainer", "TrainingArguments"]
 
@@ -183,58 +185,6 @@ class Trainer(transformers.Trainer):
         self.zinf_engine.zero.mean_over_ranks(0.0)  # no rank goes on before the files are in
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
-
-
-class _SteppedByTheEngine(torch.optim.Optimizer):
-    """Trainer's optimizer: the engine's parameter groups (their live "lr"), with a step that
-    does nothing, since the engine stepped at the boundary's backward. Its state is the engine's
-    checkpoint; its state_dict is a marker Accelerate may move and load back."""
-
-    def __init__(self, optimizer):
-        self._optimizer = optimizer  # not Optimizer.__init__: it owns no parameters
-        self.defaults = {}
-        self.state = {}
-        self.param_groups = optimizer.param_groups
-
-    def step(self, closure=None):
-        return None
-
-    def zero_grad(self, set_to_none=True):
-        """Nothing to do: gradients go to the engine and leave no ``param.grad``."""
-
-    def state_dict(self):
-        return {"zinf": "the optimizer state is in the engine's checkpoint"}
-
-    def load_state_dict(self, state_dict):
-        if state_dict != self.state_dict():
-            raise ValueError("the optimizer state is the engine's: Trainer resumes it from its "
-                             "checkpoint through the engine's load_checkpoint")
-
-
-class _ScheduledByTheEngine:
-    """Trainer's lr_scheduler: the schedule the engine steps after each optimizer step (the
-    config's, or Trainer's own handed to it), read here; step does nothing."""
-
-    def __init__(self, engine, scheduler):
-        self._engine = engine
-        self._scheduler = scheduler
-
-    def step(self, *unused, **unused_kwargs):
-        return None
-
-    def get_last_lr(self):
-        # What torch's scheduler reports when Trainer logs, between the optimizer's step and
-        # its own: the rate the last step applied (before any: the first step's).
-        last = self._engine.last_step
-        return [last["lr"]] if last is not None else self._engine.get_lr()
-
-    get_lr = get_last_lr
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        return None
 
 
 class Accelerator(accelerate.Accelerator):
