@@ -204,6 +204,10 @@ class Accelerator(accelerate.Accelerator):
             # Accelerate's own DeepSpeed path (it sets this itself for a plugin) needs the
             # deepspeed package; zinf takes the plugin's config instead.
             os.environ["ACCELERATE_USE_DEEPSPEED"] = "false"
+            # Without a GPU, DeepSpeed's mode runs its processes on its CPU accelerator, where
+            # Accelerate alone needs cpu=True for them to be one job.
+            if not torch.cuda.is_available():
+                kwargs["cpu"] = True
         super().__init__(*args, **kwargs)
 
     def prepare(self, *args, device_placement=None):

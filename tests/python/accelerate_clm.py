@@ -36,9 +36,11 @@ from hf_trainer_clm import DataTrainingArguments, corpus, group_texts  # noqa: E
 
 
 def build(args, accelerator_kwargs):
-    # cpu=True where there is no GPU: Accelerate runs several processes on the CPU only then.
-    accelerator = Accelerator(gradient_accumulation_steps=args.gas,
-                              cpu=not torch.cuda.is_available(), **accelerator_kwargs)
+    # Without a GPU, Accelerate alone runs several processes only with cpu=True; its DeepSpeed
+    # mode (DeepSpeed's CPU accelerator, or zinf) needs no flag.
+    cpu = not torch.cuda.is_available() and "deepspeed_plugin" not in accelerator_kwargs
+    accelerator = Accelerator(gradient_accumulation_steps=args.gas, cpu=cpu,
+                              **accelerator_kwargs)
     model = AutoModelForCausalLM.from_pretrained(args.init)
     blocks = group_texts(corpus(DataTrainingArguments()), 16)
     loader = torch.utils.data.DataLoader(blocks, batch_size=2, shuffle=False)
