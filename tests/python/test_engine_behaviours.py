@@ -250,6 +250,34 @@ class EngineBehavioursTest(unittest.TestCase):
             zinf.initialize(model=other, config=config(), model_parameters=[
                 {"params": list(other.parameters()), "amsgrad": True}])
 
+    def test_transformers_trainers_groups_and_schedule_give_torch_losses(self):
+        try:
+            import transformers
+            from transformers.trainer_pt_utils import get_parameter_names
+        except ImportError as e:
+            self.skipTest(f"transformers does not import: {e}")
+
+        def trainer_optimizer(net):  # Trainer.create_optimizer, weight_decay 0.1
+            decay = set(get_parameter_names(net, [torch.nn.LayerNorm], [
+                r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
+            named = list(net.named_parameters())
+            return torch.optim.AdamW(
+                [{"params": [p for n, p in named if n in decay], "weight_decay": 0.1},
+                 {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}],
+                lr=0.02)
+
+        def schedule(opt):
+            return transformers.get_linear_schedule_with_warmup(opt, 3, 20)
+        want, want_lrs = _torch_run(trainer_optimizer, schedule, 20)
+        # As Trainer passes them without a config optimizer: its optimizer and a callable.
+        torch.manual_seed(0)
+        net = _NormNet()
+        engine, *_ = zinf.initialize(model=net, optimizer=trainer_optimizer(net),
+                                     lr_scheduler=schedule, config=config())
+        got, lrs = _zinf_run(engine, 20)
+        self.assertClose(lrs, want_lrs, 1e-12)
+        self.assertClose(got, want)
+
     # -- a trainer's LR scheduler -------------------------------------------------------------
 
     def test_client_schedulers_give_torch_learning_rates(self):
