@@ -150,6 +150,16 @@ Status GradientBuckets::CopyOnDevice(float* dst, const float* src, uint64_t coun
   return copy_->Copy(dst, src, count * sizeof(float), CopyKind::kDeviceToDevice);
 }
 
+Status GradientBuckets::ZeroOnDevice(float* dst, uint64_t count) {
+  if (host_addressable_) {
+    std::memset(dst, 0, count * sizeof(float));
+    // The stream's memset, made by the CPU (Note [Transfer counters]).
+    store_->transfer_counters().CountDeviceSet(count * sizeof(float));
+    return OkStatus();
+  }
+  return copy_->Memset(dst, 0, count * sizeof(float));
+}
+
 Status GradientBuckets::HandOver(uint64_t flat_offset, const float* reduced, uint64_t size,
                                  const std::string& name) {
   if (!sink_error_.ok()) return sink_error_;
@@ -160,7 +170,8 @@ Status GradientBuckets::HandOver(uint64_t flat_offset, const float* reduced, uin
 }
 
 Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t flat_offset,
-                            const std::string& name, Event* ready, TensorId tensor) {
+                            const std::string& name, Event* ready, TensorId tensor,
+                            uint64_t padding) {
   if (shard_size == 0 || !sink_error_.ok()) {
     if (tensor != 0) {
       // Whatever produces the gradient may still be writing it: its memory goes back after.
@@ -207,10 +218,18 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   // goes on (backward computes the next module meanwhile); the gradient is freed once they
   // have, or before the call returns when the caller keeps it.
   if (ready != nullptr && !host_addressable_) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
+  // Each rank's slice of the parameter's own elements; its padding (the last rank's, or more
+  // for a parameter with fewer elements than ranks) is zeros whatever `grad` holds there.
   float* send = bucket->send.as<float>();
+  const uint64_t own = world_ * shard_size - padding;
   for (int r = 0; r < world_; ++r) {
-    ZINF_RETURN_IF_ERROR(CopyOnDevice(send + r * bucket->capacity + bucket->used,
-                                      grad + r * shard_size, shard_size));
+    float* slice = send + r * bucket->capacity + bucket->used;
+    const uint64_t first = r * shard_size;
+    const uint64_t copied = own > first ? std::min(shard_size, own - first) : 0;
+    if (copied > 0) ZINF_RETURN_IF_ERROR(CopyOnDevice(slice, grad + first, copied));
+    if (copied < shard_size) {
+      ZINF_RETURN_IF_ERROR(ZeroOnDevice(slice + copied, shard_size - copied));
+    }
   }
   if (host_addressable_) {
     if (tensor != 0) Free(tensor);

@@ -91,9 +91,12 @@ class GradientBuckets {
   // free it once its copy has run, without waiting for that (copies run on the buckets'
   // streams while the caller goes on; a few are in flight at most). With `tensor` 0 the
   // caller keeps `grad`, which is copied before the call returns. May start a reduction or
-  // wait for an earlier one. `name` names the parameter in errors.
+  // wait for an earlier one. `name` names the parameter in errors. `padding`: the last
+  // elements of `grad` past the parameter's own (world * shard_size - numel), which are never
+  // read: the bucket gets zeros there, so a trainer that overwrote only the parameter's
+  // elements needs no zeroed buffer (with one rank there is none).
   Status Add(const float* grad, uint64_t shard_size, uint64_t flat_offset, const std::string& name,
-             Event* ready = nullptr, TensorId tensor = 0);
+             Event* ready = nullptr, TensorId tensor = 0, uint64_t padding = 0);
   // Reduces what is queued and waits until every added gradient has gone to the sink.
   Status Finish();
   // Elements of one rank's slice of a bucket at most: a bucket of `bucket_elements` over
@@ -157,6 +160,8 @@ class GradientBuckets {
   // Copies device memory to device memory, in order on copy_ (a memcpy now when the device is
   // host-addressable).
   Status CopyOnDevice(float* dst, const float* src, uint64_t count);
+  // Zeroes device memory, in order on copy_ (a memset now when the device is host-addressable).
+  Status ZeroOnDevice(float* dst, uint64_t count);
 
   TieredStore* const store_;
   Device* const device_;

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -378,6 +379,48 @@ TEST_P(GradientBucketsTest, BucketsHoldEachRanksSlicesAndAreReducedAsTheNextFill
     EXPECT_TRUE(Freed(*rig_.store, grads[p].tensor)) << p;
   }
   EXPECT_EQ(BytesDown(*rig_.store), GetParam() ? SliceBytes(shards) : 0u) << "moved by the store";
+}
+
+// A parameter's padding (past its own elements, to a multiple of the ranks) is never read: a
+// trainer that overwrote only the parameter's elements leaves anything there (NaN here), and
+// the bucket gets zeros in its place. Three ranks: p0 has 2 elements in shards of 2 (ranks 1
+// and 2 hold padding only), p1 8 in shards of 3 (one element of padding).
+TEST_P(GradientBucketsTest, APaddedParametersPaddingIsReducedAsZerosWhateverTheBufferHolds) {
+  const std::vector<uint64_t> shards = {2, 3}, numels = {2, 8};
+  const std::vector<uint64_t> offsets = FlatOffsets(shards);
+  SameBucketWorld comm(/*rank=*/1, /*world=*/3);
+  Recorder recorder;
+  auto buckets =
+      GradientBuckets::Create(rig_.store.get(), rig_.device.get(), &comm, 30, recorder.sink());
+  ASSERT_TRUE(buckets.ok()) << buckets.status();
+  std::vector<Grad> grads;
+  for (int p = 0; p < 2; ++p) {
+    std::vector<float> full = FullGradient(p, shards[p], 3);
+    std::fill(full.begin() + numels[p], full.end(), std::nanf(""));
+    auto g = MakeGrad(rig_, "p" + std::to_string(p), std::move(full));
+    ASSERT_TRUE(g.ok()) << g.status();
+    grads.push_back(std::move(*g));
+    ASSERT_TRUE((*buckets)
+                    ->Add(grads[p].data, shards[p], offsets[p], "p" + std::to_string(p),
+                          grads[p].ready.get(), grads[p].tensor, 3 * shards[p] - numels[p])
+                    .ok());
+  }
+  ASSERT_TRUE((*buckets)->Finish().ok());
+  std::vector<float> expected = BucketContents({0, 1}, shards, 3);
+  // Rank r's slice of the bucket: p0's 2 elements, then p1's 3.
+  for (int r = 0; r < 3; ++r) {
+    for (uint64_t i = 0; i < 2; ++i) {
+      if (r * 2 + i >= numels[0]) expected[r * 5 + i] = 0.0f;
+    }
+    for (uint64_t i = 0; i < 3; ++i) {
+      if (r * 3 + i >= numels[1]) expected[r * 5 + 2 + i] = 0.0f;
+    }
+  }
+  ASSERT_EQ(comm.buckets().size(), 1u);
+  EXPECT_EQ(comm.buckets()[0], expected);
+  ASSERT_EQ(recorder.sunk().size(), 2u);
+  EXPECT_EQ(recorder.sunk()[0].values, std::vector<float>(2, 0.0f)) << "padding only";
+  EXPECT_EQ(recorder.sunk()[1].values, ReducedShard(1, 3, 1, 3.0f));
 }
 
 // A bucket reduced before it is full has a gap after each rank's slice, which is closed
