@@ -10,9 +10,9 @@
 # With --torch2 (unless ZINF_VENV_TORCH2=0; or ZINF_VENV_TORCH2=1 alone) the same wheel is also
 # tested against PyTorch 2.x from pip, in build/venv-torch2/: made once (PyPI's torch and its
 # CUDA wheels, about 5.4 GiB and 1.5 to 3 minutes here) and kept; the zinf wheel is
-# reinstalled into it on every run. transformers, accelerate, peft and lightning are installed
-# there too, so that test_torch_models trains Hugging Face's GPT-2 and Llama under zinf and
-# test_hf_trainer and test_lightning run Trainer, Accelerate, PEFT and Lightning on zinf.
+# reinstalled into it on every run. transformers, accelerate, peft, trl and lightning are
+# installed there too, so that test_torch_models trains Hugging Face's GPT-2 and Llama under zinf
+# and test_hf_trainer and test_lightning run Trainer, Accelerate, PEFT, TRL and Lightning on zinf.
 #
 # Build requirements (scikit-build-core, pybind11) come from PyPI once and are kept in
 # build/wheelhouse/; later runs install them from there without the network.
@@ -174,11 +174,11 @@ if [ "$torch2" = 1 ]; then
     logged "$t2/bin/pip" install torch numpy
   fi
   # Hugging Face's models built from a config (no weights downloaded) for test_torch_models,
-  # Trainer (it needs accelerate) with PEFT for test_hf_trainer, and Lightning for
+  # Trainer (it needs accelerate) with PEFT and TRL for test_hf_trainer, and Lightning for
   # test_lightning.
-  if ! "$t2/bin/python" -c 'import transformers, accelerate, peft, lightning' >/dev/null 2>&1
-  then
-    logged "$t2/bin/pip" install transformers accelerate peft lightning
+  if ! "$t2/bin/python" -c 'import transformers, accelerate, peft, trl, lightning' \
+      >/dev/null 2>&1; then
+    logged "$t2/bin/pip" install transformers accelerate peft trl lightning
   fi
   logged "$t2/bin/pip" install --no-index --no-deps --force-reinstall "$wheel"
   check_installed "$t2"

@@ -44,6 +44,7 @@ gather, wait_for_everyone, RNG state) is Accelerate's. One model per Accelerator
 Accelerate's DeepSpeed mode with one plugin.
 """
 
+import argparse
 import contextlib
 import copy
 import dataclasses
@@ -59,24 +60,50 @@ from . import engine as _engine
 from ._stand_ins import ScheduledByTheEngine as _ScheduledByTheEngine
 from ._stand_ins import SteppedByTheEngine as _SteppedByTheEngine
 
-__all__ = ["Accelerator", "Trainer", "TrainingArguments"]
+__all__ = ["Accelerator", "Trainer", "TrainerOnZinf", "TrainingArguments", "on_zinf"]
 
 
-@dataclasses.dataclass
-class TrainingArguments(transformers.TrainingArguments):
-    """transformers' TrainingArguments, whose ``deepspeed`` (a path to a DeepSpeed JSON config,
-    or a dict) is zinf's config: transformers' own DeepSpeed integration, which needs the
-    deepspeed package, never sees it."""
+def on_zinf(cls):
+    """`cls` on zinf: a transformers.Trainer subclass (TRL's DPOTrainer, SFTTrainer, ...) as a
+    subclass that trains on zinf (Note [Trainer on zinf]), or a TrainingArguments subclass
+    (TRL's DPOConfig, ...) as one whose ``deepspeed`` config is zinf's. How TRL's trainers run
+    on zinf by their imports: ``DPOTrainer, DPOConfig = map(zinf.hf.on_zinf, (DPOTrainer,
+    DPOConfig))``. The class made is this module's ``<name>OnZinf`` (so that Trainer can pickle
+    the arguments into its checkpoints), made once per class."""
+    name = cls.__name__ if cls in (transformers.Trainer, transformers.TrainingArguments) \
+        else cls.__name__ + "OnZinf"
+    made = _ON_ZINF.get(cls)
+    if made is not None:
+        return made
+    attributes = {"__module__": __name__, "__qualname__": name}
+    if issubclass(cls, transformers.TrainingArguments):
+        def __post_init__(self):
+            # transformers' own DeepSpeed integration, which needs the deepspeed package,
+            # never sees the config.
+            self.zinf_config = self.deepspeed
+            self.deepspeed = None
+            cls.__post_init__(self)
+        made = dataclasses.dataclass(type(name, (cls,), dict(
+            attributes, __post_init__=__post_init__,
+            __doc__=f"{cls.__name__}, whose deepspeed config is zinf's.")))
+    elif issubclass(cls, transformers.Trainer):
+        made = type(name, (TrainerOnZinf, cls), dict(
+            attributes, __doc__=f"{cls.__name__} on zinf (Note [Trainer on zinf])."))
+    else:
+        raise TypeError(f"on_zinf({cls.__name__}): a transformers.Trainer or TrainingArguments "
+                        f"subclass, please")
+    _ON_ZINF[cls] = made
+    globals()[name] = made
+    return made
 
-    def __post_init__(self):
-        self.zinf_config = self.deepspeed
-        self.deepspeed = None
-        super().__post_init__()
+
+_ON_ZINF = {}
 
 
-class Trainer(transformers.Trainer):
-    """transformers' Trainer, training on zinf when its TrainingArguments (zinf.hf's) carry a
-    config (Note [Trainer on zinf]); without one, transformers' Trainer as it is."""
+class TrainerOnZinf:
+    """What zinf changes in a transformers Trainer (Note [Trainer on zinf]): a mixin before
+    the Trainer class; ``on_zinf`` makes the class. Without a config (TrainingArguments from
+    ``on_zinf``), the Trainer as it is."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -84,8 +111,9 @@ class Trainer(transformers.Trainer):
         self._zinf_max_steps = None
         config = getattr(self.args, "zinf_config", None)
         if config is None and self.args.deepspeed is not None:
-            raise ValueError("zinf.hf.Trainer: pass zinf.hf.TrainingArguments, whose deepspeed= "
-                             "config trains on zinf (transformers' own sends it to DeepSpeed)")
+            raise ValueError(f"{type(self).__name__} on zinf: pass zinf.hf.TrainingArguments (or "
+                             f"zinf.hf.on_zinf of your arguments class), whose deepspeed= config "
+                             f"trains on zinf (transformers' own sends it to DeepSpeed)")
         self._zinf_config = config
 
     # -- the engine ---------------------------------------------------------------------------
@@ -100,6 +128,7 @@ class Trainer(transformers.Trainer):
         if self.zinf_engine is not None:
             return self.optimizer
         config = _engine._config_dict(None, self._zinf_config, None)
+        _check_mixed_precision(self.args, config)
         client_optimizer = None
         if "optimizer" not in config:
             client_optimizer = super().create_optimizer(model)  # decay and no-decay groups
@@ -118,7 +147,24 @@ class Trainer(transformers.Trainer):
         self.zinf_engine = engine
         self.optimizer = _SteppedByTheEngine(optimizer)
         self.lr_scheduler = _ScheduledByTheEngine(engine, scheduler)
+        self._take_reference_model(config)
         return self.optimizer
+
+    def _take_reference_model(self, config):
+        """TRL's reference model (``ref_model``, beside the policy) sharded and offloaded as the
+        policy is, by an engine with nothing to train, where DeepSpeed's integration makes it an
+        inference engine (trl's prepare_deepspeed)."""
+        ref = getattr(self, "ref_model", None)
+        if not isinstance(ref, torch.nn.Module):
+            return
+        # Accelerate's autocast wrapper, which TRL's __init__ put on its forward outside
+        # DeepSpeed's mode: the engine's config sets the precision, the policy's and this one's.
+        ref = accelerate.utils.extract_model_from_parallel(ref, keep_fp32_wrapper=False)
+        for p in ref.parameters():
+            p.requires_grad_(False)  # a reference: never trained (Note [Nothing to train])
+        ref_config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
+        self.ref_model = _engine.initialize(model=ref, config=ref_config, trainer=self.args)[0]
+        self.ref_model.eval()
 
     def create_scheduler(self, num_training_steps, optimizer=None):
         if self.zinf_engine is not None:
@@ -168,7 +214,13 @@ class Trainer(transformers.Trainer):
     def _save_optimizer_and_scheduler(self, output_dir):
         if self.zinf_engine is None:
             return super()._save_optimizer_and_scheduler(output_dir)
-        self.zinf_engine.save_checkpoint(output_dir)
+        tag = f"global_step{self.state.global_step}"
+        if _latest_tag(output_dir) == tag:
+            # An earlier run's checkpoint of the same step: Trainer replaces its files, and
+            # zinf, which never overwrites its latest checkpoint (a crash mid-save would leave
+            # none), saves beside it and then removes it.
+            tag += "-again"
+        self.zinf_engine.save_checkpoint(output_dir, tag=tag)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if self.zinf_engine is None or checkpoint is None:
@@ -185,6 +237,32 @@ class Trainer(transformers.Trainer):
         self.zinf_engine.zero.mean_over_ranks(0.0)  # no rank goes on before the files are in
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+
+def _check_mixed_precision(args, config):
+    """ValueError where the trainer asks for bf16 or fp16 (TrainingArguments' flags,
+    Accelerate's mixed_precision) and the config has no section for it: zinf computes in its
+    config's precision, as DeepSpeed does (Accelerate's autocast is not put around the
+    engine), so the setting would be ignored."""
+    for flag, sections in (("bf16", ("bf16", "bfloat16")), ("fp16", ("fp16",))):
+        if getattr(args, flag, False) and not any(k in config for k in sections):
+            raise ValueError(
+                f"TrainingArguments({flag}=True): zinf computes in its config's precision, as "
+                f"DeepSpeed does, and the config has no \"{flag}\" section, so the flag would "
+                f"be ignored; add \"{flag}\": {{\"enabled\": \"auto\"}} to the config, or set "
+                f"{flag}=False")
+
+
+def _latest_tag(directory):
+    try:
+        with open(os.path.join(directory, "latest")) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+TrainingArguments = on_zinf(transformers.TrainingArguments)
+Trainer = on_zinf(transformers.Trainer)
 
 
 class Accelerator(accelerate.Accelerator):
@@ -228,7 +306,12 @@ class Accelerator(accelerate.Accelerator):
                              "the model, as DeepSpeed takes them")
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
-        values = {"gradient_accumulation_steps": self.gradient_accumulation_steps}
+        precision = str(getattr(self.mixed_precision, "value", self.mixed_precision))
+        _check_mixed_precision(
+            argparse.Namespace(bf16=precision == "bf16", fp16=precision == "fp16"),
+            self.zinf_config)
+        values = {"gradient_accumulation_steps": self.gradient_accumulation_steps,
+                  "bf16": precision == "bf16", "fp16": precision == "fp16"}
         if loaders and loaders[0].batch_size is not None:
             values["per_device_train_batch_size"] = loaders[0].batch_size
         if isinstance(optimizer, DummyOptim):

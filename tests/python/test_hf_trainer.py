@@ -6,7 +6,8 @@ the same losses step for step, a resume from Trainer's checkpoint that continues
 and a saved model that from_pretrained loads with the trained model's logits; PEFT's LoRA on a
 frozen base too; and from_pretrained under zinf.zero.Init on 1 and 2 processes. Accelerate: a
 loop in the style of its examples (accelerate_clm.py) against plain Accelerate and against
-DeepSpeed through Accelerate, with save_state/load_state in a new process. GPT-2 and Llama
+DeepSpeed through Accelerate, with save_state/load_state in a new process. TRL: its DPOTrainer
+with a reference model (trl_dpo.py) against TRL alone. GPT-2 and Llama
 from their configs; nothing is downloaded. Skips without transformers and accelerate (Debian's
 torch 1.13 has neither); the DeepSpeed case where deepspeed does not import (it runs in the
 virtualenv of bench/vs_deepspeed.sh)."""
@@ -312,6 +313,62 @@ class HfAccelerateTest(unittest.TestCase):
                                  env={"DS_ACCELERATOR": "cpu"})
         ours = self.run_script("acc-zinf-hf", "zinf", 1, config, args)
         self.check(ours, theirs, "against DeepSpeed")
+
+
+TRL_SCRIPT = os.path.join(HERE, "trl_dpo.py")
+
+
+@unittest.skipIf(WHY is not None, WHY)
+class TrlTest(unittest.TestCase):
+    """TRL's DPOTrainer (its own package) with a policy and a reference model, on zinf through
+    zinf.hf.on_zinf, against TRL alone on the same script."""
+
+    def setUp(self):
+        try:
+            import trl  # noqa: F401
+        except Exception as e:
+            self.skipTest(f"trl does not import: {e}")
+        self.dir = tempfile.mkdtemp(prefix="zinf-trl-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def run_script(self, name, on_zinf, world, args=(), expect_ok=True):
+        cmd = [sys.executable, TRL_SCRIPT, "--out", os.path.join(self.dir, name)] + list(args)
+        if on_zinf:
+            path = os.path.join(self.dir, name + ".json")
+            with open(path, "w") as f:
+                json.dump(OWN_OPTIMIZER, f)
+            cmd += ["--deepspeed", path]
+        if world > 1:
+            cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", str(world), "--"] + cmd
+        env = dict(os.environ, ZINF_TRL="1" if on_zinf else "0", PYTHONWARNINGS="ignore")
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
+        if not expect_ok:
+            self.assertNotEqual(done.returncode, 0, done.stdout[-2000:])
+            return done.stdout + done.stderr
+        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
+                                             f"{done.stderr[-8000:]}")
+        line = [x for x in done.stdout.splitlines() if "RESULT " in x]
+        self.assertEqual(len(line), 1, done.stdout[-4000:])
+        return json.loads(line[0].split("RESULT ", 1)[1])
+
+    def test_dpo_with_a_reference_model_gives_trls_losses(self):
+        for world in (1, 2):
+            with self.subTest(world=world):
+                want = self.run_script(f"trl-{world}", False, world)
+                got = self.run_script(f"zinf-{world}", True, world)
+                # The reference model is sharded and offloaded by an engine of its own.
+                self.assertEqual(got["reference_engine"], "DeepSpeedEngine")
+                self.assertEqual(len(got["steps"]), len(want["steps"]))
+                for g, w in zip(got["steps"], want["steps"]):
+                    self.assertAlmostEqual(g["loss"], w["loss"], delta=1e-5 * w["loss"],
+                                           msg=f"{got['steps']} vs {want['steps']}")
+                    self.assertAlmostEqual(g["margin"], w["margin"], delta=1e-5)
+
+    def test_mixed_precision_the_config_does_not_set_is_refused(self):
+        # TRL's configs default to bf16, which outside DeepSpeed's mode is Accelerate's
+        # autocast; zinf, as DeepSpeed, computes in the config's precision.
+        out = self.run_script("bf16", True, 1, ["--bf16"], expect_ok=False)
+        self.assertIn('add "bf16": {"enabled": "auto"} to the config', out)
 
 
 if __name__ == "__main__":
