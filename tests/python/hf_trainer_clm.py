@@ -36,6 +36,9 @@ class ModelArguments:
     gradient_checkpointing_model: bool = False
     lora_r: int = dataclasses.field(
         default=0, metadata={"help": "> 0: PEFT's LoRA of this rank on a frozen base"})
+    hidden: int = dataclasses.field(
+        default=0, metadata={"help": "> 0: this hidden size (heads of 64) instead of the tiny one"})
+    layers: int = dataclasses.field(default=0, metadata={"help": "> 0: this many layers"})
 
 
 @dataclasses.dataclass
@@ -91,7 +94,16 @@ class LossLog(TrainerCallback):
 def main():
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
-    config = AutoConfig.for_model(**CONFIGS[model_args.model_type],
+    sizes = {}
+    if model_args.hidden > 0:
+        heads = max(1, model_args.hidden // 64)
+        sizes = ({"n_embd": model_args.hidden, "n_head": heads} if model_args.model_type == "gpt2"
+                 else {"hidden_size": model_args.hidden, "intermediate_size": 4 * model_args.hidden,
+                       "num_attention_heads": heads, "num_key_value_heads": heads})
+    if model_args.layers > 0:
+        sizes["n_layer" if model_args.model_type == "gpt2" else "num_hidden_layers"] = \
+            model_args.layers
+    config = AutoConfig.for_model(**{**CONFIGS[model_args.model_type], **sizes},
                                   vocab_size=data_args.vocab_size)
     torch.manual_seed(training_args.seed)
     if model_args.model_name_or_path:
@@ -112,7 +124,7 @@ def main():
     log = LossLog()
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,
                       callbacks=[log])
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    metrics = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint).metrics
     batch = torch.stack([train_dataset[i]["input_ids"] for i in range(4)])
     with torch.no_grad():
         trained = trainer.model(batch).logits.flatten()[:256].tolist()
@@ -129,7 +141,8 @@ def main():
     if training_args.process_index == 0:
         with open(os.path.join(training_args.output_dir, "losses.json"), "w") as f:
             json.dump({"steps": log.steps, "trained_logits": trained, "logits": logits,
-                       "global_step": trainer.state.global_step}, f)
+                       "global_step": trainer.state.global_step,
+                       "train_runtime": metrics["train_runtime"]}, f)
     return 0
 
 
