@@ -351,6 +351,11 @@ struct FetchedModule {
   std::vector<float*> params;
 };
 
+// How a trainer's backward writes the buffers Engine::Gradients hands out: kAdd, adding into
+// them (a kernel that accumulates, several micro-batches summed in one buffer), so they start
+// as zeros; kOverwrite, writing every element, so nothing need be zeroed first.
+enum class GradientWrite { kAdd, kOverwrite };
+
 struct StepSummary {
   int64_t step = 0;         // optimizer steps taken (skipped ones not counted)
   bool skipped = false;     // fp16 overflow: nothing was updated
@@ -410,8 +415,9 @@ struct StepSummary {
   uint64_t copies_on_device = 0, bytes_on_device = 0;
   uint64_t copies_host = 0, bytes_host = 0;
   uint64_t device_bytes_set = 0;  // device memory zeroed (a gradient buffer's zeros, say)
-  // Host memory the CPU itself zeroed and copied in the engine's passes (the accumulators'
-  // reset, the parameter tier written from the master, staging copies).
+  // Host memory the CPU itself zeroed and copied in the engine's passes (an accumulator
+  // zeroed for a backward that adds into it, the parameter tier written from the master,
+  // staging copies).
   uint64_t host_bytes_set = 0;
   uint64_t host_bytes_copied = 0;
 };
@@ -455,9 +461,14 @@ class ZINF_EXPORT Engine {
   // compute stream recorded after its last use of them; their memory is reused only after
   // it, and Release does not wait for it. Without it the tensors must no longer be in use.
   Status Release(int module, Event* done = nullptr);
-  // Zeroed full-size gradient buffers for the module (one per ParamSpec), to be written by
+  // Full-size gradient buffers for the module (one per ParamSpec), to be written by
   // backward; valid until ReduceGradients. Allocated only in backward, never in forward.
-  StatusOr<std::vector<float*>> Gradients(int module);
+  // `write` says how backward writes them: GradientWrite::kAdd (the default) hands out zeros
+  // to add into; kOverwrite, for a trainer that writes each of the parameter's elements (a
+  // copy of its own gradient), hands them out as they are, with no pass to zero them (the
+  // padding past them is never read). A second call for the
+  // module before ReduceGradients returns the same buffers (what was written stays).
+  StatusOr<std::vector<float*>> Gradients(int module, GradientWrite write = GradientWrite::kAdd);
   // Queues the module's gradients for reduce-scattering (in buckets of reduce_bucket_size,
   // asynchronously) into this rank's fp32 accumulators, and frees the buffers. `ready`
   // (optional): an event the trainer's compute stream recorded after backward wrote them;

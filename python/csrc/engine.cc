@@ -223,8 +223,13 @@ class PyEngine {
     return Views(fetched.params, numel_.at(module));
   }
   void Release(int module) { ThrowIfError(engine_->Release(module)); }
-  py::list Gradients(int module) {
-    std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module));
+  // overwrite: the caller writes every element (GradientWrite::kOverwrite), so the buffers
+  // come as they are; else zeros to add into.
+  static GradientWrite Write(bool overwrite) {
+    return overwrite ? GradientWrite::kOverwrite : GradientWrite::kAdd;
+  }
+  py::list Gradients(int module, bool overwrite) {
+    std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module, Write(overwrite)));
     return Views(grads, numel_.at(module));
   }
   void ReduceGradients(int module) {
@@ -244,8 +249,8 @@ class PyEngine {
   void ReleaseOnStream(int module, uintptr_t stream) {
     ThrowIfError(engine_->Release(module, &RecordOn(stream)));
   }
-  py::list GradientsOnDevice(int module) {
-    std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module));
+  py::list GradientsOnDevice(int module, bool overwrite) {
+    std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module, Write(overwrite)));
     py::list out;
     for (size_t i = 0; i < grads.size(); ++i) {
       out.append(py::make_tuple(reinterpret_cast<uintptr_t>(grads[i]), "float32",
@@ -391,11 +396,12 @@ void BindEngine(py::module_& m) {
       .def("initialize", &PyEngine::Initialize, py::arg("values") = py::none())
       .def("fetch", &PyEngine::Fetch, py::arg("module"))
       .def("release", &PyEngine::Release, py::arg("module"))
-      .def("gradients", &PyEngine::Gradients, py::arg("module"))
+      .def("gradients", &PyEngine::Gradients, py::arg("module"), py::arg("overwrite") = false)
       .def("reduce_gradients", &PyEngine::ReduceGradients, py::arg("module"))
       .def("fetch_on_stream", &PyEngine::FetchOnStream, py::arg("module"), py::arg("stream"))
       .def("release_on_stream", &PyEngine::ReleaseOnStream, py::arg("module"), py::arg("stream"))
-      .def("gradients_on_device", &PyEngine::GradientsOnDevice, py::arg("module"))
+      .def("gradients_on_device", &PyEngine::GradientsOnDevice, py::arg("module"),
+           py::arg("overwrite") = false)
       .def("reduce_gradients_on_stream", &PyEngine::ReduceGradientsOnStream, py::arg("module"),
            py::arg("stream"))
       .def_property_readonly("device", [](PyEngine& e) { return e.engine().compute_device_name(); })

@@ -77,9 +77,11 @@ class HostMemory:
     def release(self, mid):
         self._engine.release(mid)
 
-    def gradients(self, mid, slots):
+    def gradients(self, mid, slots, overwrite=False):
+        """Module `mid`'s gradient buffers, valid until its reduce: zeros, or with
+        `overwrite` (the caller writes every element) as they are, not zeroed first."""
         return [torch.frombuffer(v, dtype=torch.float32, count=s.numel)
-                for v, s in zip(self._engine.gradients(mid), slots)]
+                for v, s in zip(self._engine.gradients(mid, overwrite), slots)]
 
     def reduce(self, mid):
         self._engine.reduce_gradients(mid)
@@ -112,8 +114,9 @@ class GpuMemory:
     def release(self, mid):
         self._engine.release_on_stream(mid, self._stream())
 
-    def gradients(self, mid, slots):
-        return [self._tensor(a, d, n) for a, d, n in self._engine.gradients_on_device(mid)]
+    def gradients(self, mid, slots, overwrite=False):
+        return [self._tensor(a, d, n)
+                for a, d, n in self._engine.gradients_on_device(mid, overwrite)]
 
     def reduce(self, mid):
         self._engine.reduce_gradients_on_stream(mid, self._stream())

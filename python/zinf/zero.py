@@ -693,7 +693,9 @@ class ZeroEngine:
                                f"backward once per micro-batch")
         views = self._grad_views.get(mid)
         if views is None:
-            views = self._memory.gradients(mid, self._module_slots[mid])
+            # Not zeroed first: each view is overwritten by its gradient here, or zeroed at the
+            # end of backward if none comes.
+            views = self._memory.gradients(mid, self._module_slots[mid], overwrite=True)
             self._grad_views[mid] = views
             self._grads_pending[mid] = {t.index for t in self._module_slots[mid]}
         views[s.index].copy_(grad.reshape(-1))
@@ -722,7 +724,11 @@ class ZeroEngine:
         for mid in range(len(self._module_slots)):
             if mid not in self._reduced:
                 if mid not in self._grad_views:
-                    self._memory.gradients(mid, self._module_slots[mid])
+                    self._memory.gradients(mid, self._module_slots[mid])  # zeros
+                else:  # the parameters of the module whose gradient did not come
+                    views = self._grad_views[mid]
+                    for index in self._grads_pending[mid]:
+                        views[index].zero_()
                 self._reduce(mid)
         self._reduced.clear()
         for mid in list(self._backward_params):  # fetched by a recompute after its reduce

@@ -327,7 +327,7 @@ Status Engine::Release(int id, Event* done) {
   return OkStatus();
 }
 
-StatusOr<std::vector<float*>> Engine::Gradients(int id) {
+StatusOr<std::vector<float*>> Engine::Gradients(int id, GradientWrite write) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   // The step beside the forward still reads the accumulators.
@@ -340,17 +340,21 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
     float* accumulator = m.optimizer_step->Accumulator(p);
     if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && accumulator != nullptr &&
         m.host_addressable) {
-      // The accumulator is zero until the module's first reduction: where backward's memory
-      // is host memory, it may write the sum there directly, which saves a buffer and a pass
-      // (0 + g is g, bit for bit).
+      // The accumulator holds nothing of this batch until the module's first reduction
+      // (Note [First gradient copied] in src/zero/optimizer_step.cc): where backward's memory
+      // is host memory, it may write the gradient there directly, which saves a buffer and a
+      // pass. Zeroed first only for a backward that adds into it.
+      if (write == GradientWrite::kAdd) m.optimizer_step->ZeroAccumulator(p);
       g.data = accumulator;
     } else if (g.data == nullptr) {
-      // A device tensor reading as zeros: the padding stays zero and backward may accumulate
-      // into it.
+      // A device tensor, reading as zeros where backward adds into it, else as it is (its
+      // padding, past the parameter's elements, is never read: GradientBuckets::Add).
       ZINF_ASSIGN_OR_RETURN(g.tensor,
                             m.store->CreateScratch(p.spec.name + " (gradient)",
                                                    p.shard_size * m.world() * 4, Tier::kDevice));
-      StatusOr<void*> data = m.store->Acquire(g.tensor, Tier::kDevice, Access::kWrite);
+      StatusOr<void*> data =
+          m.store->Acquire(g.tensor, Tier::kDevice,
+                           write == GradientWrite::kAdd ? Access::kWrite : Access::kOverwrite);
       if (!data.ok()) {
         m.FreeGradient(pi);
         return m.Context(data.status(), fmt::format("gradient of '{}'", p.spec.name));
@@ -372,8 +376,10 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id) {
 // one Gradients() call, and reduced once. The engine's part is only the count: a module is
 // reduced ReductionsPerStep() times a step (1 here), which is when the overlapped step
 // begins, gradients on NVMe are final and Step may run; the mean still divides by G x world.
-// The sums: on one rank the accumulator receives ((0 + g_1) + g_2) + ... either way, so the
-// two schedules agree bit for bit; on several ranks each rank first sums its micro-batches in
+// The sums: on one rank the accumulator receives (g_1 + g_2) + ... either way, so the two
+// schedules agree bit for bit (but for the sign of a zero: the buffers a trainer adds into
+// start from zeros, and Note [First gradient copied] copies the first micro-batch); on
+// several ranks each rank first sums its micro-batches in
 // micro-batch order, and the ranks' sums are reduced once (the collective's order), where the
 // micro-batch-major schedule reduces each micro-batch over the ranks and sums the reduced
 // micro-batches. The trainer pays with G micro-batches' activations held at once.
@@ -395,9 +401,10 @@ Status Engine::ReduceGradients(int id, Event* ready) {
     const GradBuffer& g = m.grads[pi];
     if (g.tensor != 0) {  // the buckets own the buffer from here, and free it
       const GradBuffer handed = std::exchange(m.grads[pi], GradBuffer());
-      ZINF_RETURN_IF_ERROR(m.Context(m.buckets->Add(handed.data, p.shard_size, p.flat_offset,
-                                                    p.spec.name, ready, handed.tensor),
-                                     fmt::format("reducing the gradient of '{}'", p.spec.name)));
+      ZINF_RETURN_IF_ERROR(
+          m.Context(m.buckets->Add(handed.data, p.shard_size, p.flat_offset, p.spec.name, ready,
+                                   handed.tensor, p.shard_size * m.world() - p.numel),
+                    fmt::format("reducing the gradient of '{}'", p.spec.name)));
     } else {  // written into the accumulator itself (host memory)
       if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
       m.optimizer_step->GradientWritten(pi);

@@ -247,13 +247,35 @@ Status OptimizerStep::ApplySchedule() {
 
 // ---- Gradients ----
 
+// Note [First gradient copied]
+// The accumulators are not zeroed between batches: the batch's first reduced gradient of a
+// parameter is copied into its accumulator, and only the later micro-batches add (acc + g,
+// AccumulateFp32), as torch assigns .grad in the first backward and adds in the later ones.
+// final_adds_ says, per parameter, what its accumulator holds of this batch (0: nothing, what
+// is there is an earlier batch's); EndBatch sets it back to 0 instead of a memset of the whole
+// array. Every reader of the accumulators in a step runs after GradientStats, which zeroes
+// those of parameters that got no gradient in the batch (none, when every module was reduced
+// as Step requires; the batch of a failed step may leave some), and ReadGradient reads such a
+// parameter as zeros. Bit for bit this is 0 + g but for the sign of a zero: -0.0 copied stays
+// -0.0 where 0 + -0.0 gave +0.0. No value an optimizer computes changes but a zero's sign (a
+// zero gradient enters the norm squared, and the state as x + g, which is x unless x is a
+// zero itself; the state starts at +0.0, and +0.0 + -0.0 is +0.0). Gradients on
+// NVMe copy the first micro-batch the same way (Note [Gradients on NVMe]); a backward that
+// writes the accumulator itself gets it zeroed only when it adds into it (Engine::Gradients).
 Status OptimizerStep::Add(uint64_t flat_offset, const float* reduced, uint64_t size) {
   if (nvme_grads_ != nullptr) return nvme_grads_->Add(flat_offset, reduced, size);
-  AccumulateFp32(grad_acc_.as<float>() + flat_offset, reduced, size);
+  // A parameter's reduced shard comes whole: [flat_offset, flat_offset + size) is its own.
   const std::vector<Param>& params = *placement_.params;
   auto it = std::upper_bound(params.begin(), params.end(), flat_offset,
                              [](uint64_t b, const Param& p) { return b < p.flat_offset; });
-  GradientWritten(static_cast<int>(std::prev(it) - params.begin()));
+  const int pi = static_cast<int>(std::prev(it) - params.begin());
+  float* acc = grad_acc_.as<float>() + flat_offset;
+  if (final_adds_[pi] == 0) {  // Note [First gradient copied]
+    std::memcpy(acc, reduced, size * 4);
+  } else {
+    AccumulateFp32(acc, reduced, size);
+  }
+  GradientWritten(pi);
   return OkStatus();
 }
 
@@ -261,15 +283,33 @@ float* OptimizerStep::Accumulator(const Param& p) {
   return grad_acc_.empty() ? nullptr : grad_acc_.as<float>() + p.flat_offset;
 }
 
+void OptimizerStep::ZeroAccumulator(const Param& p) {
+  std::memset(Accumulator(p), 0, p.shard_size * 4);
+  placement_.store->transfer_counters().CountHostSet(p.shard_size * 4);
+}
+
 void OptimizerStep::GradientWritten(int pi) {
-  if (overlap_ != nullptr && ++final_adds_[pi] == config_.ReductionsPerStep()) {
+  if (++final_adds_[pi] == config_.ReductionsPerStep() && overlap_ != nullptr) {
     overlap_->MarkFinal(pi);
+  }
+}
+
+void OptimizerStep::ZeroGradientsNotWritten() {
+  const std::vector<Param>& params = *placement_.params;
+  for (size_t pi = 0; pi < params.size(); ++pi) {
+    // Left at 0: a gradient copied over these zeros later is what adding it would give.
+    if (final_adds_[pi] == 0 && params[pi].shard_size > 0) ZeroAccumulator(params[pi]);
   }
 }
 
 Status OptimizerStep::ReadGradient(const Param& p, float* out) {
   if (!grad_acc_.empty()) {
-    std::memcpy(out, grad_acc_.as<float>() + p.flat_offset, p.shard_size * 4);
+    const size_t pi = &p - placement_.params->data();
+    if (final_adds_[pi] == 0) {  // nothing of this batch yet: Note [First gradient copied]
+      std::fill(out, out + p.shard_size, 0.0f);
+    } else {
+      std::memcpy(out, grad_acc_.as<float>() + p.flat_offset, p.shard_size * 4);
+    }
     return OkStatus();
   }
   // The accumulated micro-batches, read back from their chunks.
@@ -288,6 +328,7 @@ Status OptimizerStep::ReadGradient(const Param& p, float* out) {
 
 StatusOr<GradStats> OptimizerStep::GradientStats() {
   if (nvme_grads_ != nullptr) return nvme_grads_->Stats();
+  ZeroGradientsNotWritten();  // the step's first read of the accumulators
   return optimizer_->ComputeGradStats(grad_acc_.data(), ElementType::kFp32,
                                       placement_.shard_elements);
 }
@@ -408,12 +449,9 @@ void OptimizerStep::EndBatch() {
 }
 
 void OptimizerStep::ResetGradients() {
-  if (nvme_grads_ != nullptr) {
-    nvme_grads_->EndBatch();
-  } else {
-    std::memset(grad_acc_.data(), 0, placement_.shard_elements * 4);
-    placement_.store->transfer_counters().CountHostSet(placement_.shard_elements * 4);
-  }
+  // Host accumulators need nothing: the next batch's first gradient of each parameter is
+  // copied over what they hold (Note [First gradient copied]).
+  if (nvme_grads_ != nullptr) nvme_grads_->EndBatch();
 }
 
 // ---- The master ----

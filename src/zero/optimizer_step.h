@@ -117,17 +117,24 @@ class OptimizerStep final : public GradientSink {
   Status LoadHyperState(const std::string& blob, int64_t steps);
 
   // ---- Gradients ----
-  // GradientSink: this rank's reduced gradient of the parameter at `flat_offset`, added into
-  // the accumulators (host memory, or NVMe chunks with zinf.gradients_on_nvme).
+  // GradientSink: this rank's reduced gradient of the parameter at `flat_offset` (its whole
+  // shard), copied into its accumulator when it is the batch's first, else added (host
+  // memory, or NVMe chunks with zinf.gradients_on_nvme). Note [First gradient copied] in
+  // optimizer_step.cc.
   Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) override;
   // Parameter `p`'s accumulator in host memory, which backward may write directly while it
-  // is zero (one rank, the batch's first micro-batch, host-addressable memory); null where the
-  // accumulators are on NVMe. GradientWritten(pi) then tells that it is in.
+  // holds nothing of the batch (one rank, the batch's first micro-batch, host-addressable
+  // memory); null where the accumulators are on NVMe. What it holds is an earlier batch's:
+  // ZeroAccumulator(p) first for a backward that adds into it. GradientWritten(pi) then tells
+  // that the gradient is in.
   float* Accumulator(const Param& p);
+  void ZeroAccumulator(const Param& p);
   void GradientWritten(int pi);
-  // This rank's accumulated gradient of `p` (shard_size elements, unscaled) into `out`.
+  // This rank's accumulated gradient of `p` (shard_size elements, unscaled) into `out`: zeros
+  // while none of the batch has arrived.
   Status ReadGradient(const Param& p, float* out);
-  // The accumulators' squared norm and finiteness.
+  // The accumulators' squared norm and finiteness; first zeroes those of parameters that got
+  // no gradient in the batch, which the step then reads as zeros.
   StatusOr<GradStats> GradientStats();
   // The first parameter, in registration order, with a non-finite accumulated element on this
   // rank; params.size() for none, or when the accumulators are on NVMe.
@@ -156,8 +163,8 @@ class OptimizerStep final : public GradientSink {
   // Whether the next step speculates: the last one was applied unclipped (Note [Overlapped
   // step]).
   void SpeculateNext(bool speculate) { speculate_ = speculate; }
-  // The batch is over, its step applied, skipped or refused: the accumulators start again
-  // from zero.
+  // The batch is over, its step applied, skipped or refused: the next batch's first gradient
+  // of each parameter replaces what its accumulator holds.
   void EndBatch();
   // Adds the time of the steps beside the forward finished since the last call to `summary`
   // (a step beside the forward is reported by the next step's summary: it ran during the next
@@ -203,8 +210,11 @@ class OptimizerStep final : public GradientSink {
   Status ApplySchedule();
   OptimizerSpan WholeShard();
   float* Master(const Param& p) { return master_.as<float>() + p.flat_offset; }
-  // The accumulators zeroed for the next batch, in host memory or on NVMe.
+  // The accumulators ready for the next batch (on NVMe: their chunks' bookkeeping; in host
+  // memory nothing, Note [First gradient copied]).
   void ResetGradients();
+  // Zeroes the accumulators of parameters with no gradient in the batch (final_adds_ 0).
+  void ZeroGradientsNotWritten();
   // Whether the NVMe step's last part runs beside the next forward (zinf.step_beside_forward
   // where it applies: the parameter tier written from the step's chunks, stage 3).
   bool StepsBesideForward() const;
@@ -231,7 +241,9 @@ class OptimizerStep final : public GradientSink {
   // Host memory: master_ (empty without a host master), grad_acc_ (empty with the gradients
   // on NVMe), state0_/state1_ (empty with the state on NVMe).
   StoreArray master_, grad_acc_, state0_, state1_;
-  std::vector<int> final_adds_;  // per parameter: reductions added this batch
+  // Per parameter: reductions in its accumulator this batch; 0: none, and what the
+  // accumulator holds is stale (Note [First gradient copied]).
+  std::vector<int> final_adds_;
 
   // offload_optimizer.device = nvme: the pipelined step over the shard's chunks, their
   // ParamWriter (the writes of the parameter tier from them, or with a host master the copy

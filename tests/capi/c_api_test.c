@@ -895,8 +895,9 @@ static void TestEngine(const char* dir) {
   CHECK(fabs(summary.grad_norm - sqrt(21.0)) < 1e-5); /* 12 + 4 + 5 ones */
   CHECK(fabs(summary.learning_rate - 0.1) < 1e-12);
   CHECK(fabs(summary.unix_time_s - (double)time(NULL)) < 60.0);
-  /* The host's work is counted (tests/zero/transfer_counters_test.cc pins it): the step
-   * zeroed the accumulators and wrote the parameter tier from the master, in host memory. */
+  /* The host's work is counted (tests/zero/transfer_counters_test.cc pins it): the engine
+   * zeroed the gradient buffers (the accumulators themselves here: one rank, host memory), which
+   * zinf_engine_gradients hands out as zeros, and wrote the parameter tier from the master. */
   CHECK(summary.host_bytes_set > 0 && summary.host_bytes_copied > 0);
 
   /* AdamW's first step with lr 0.1 moves every element by about lr against the gradient. */

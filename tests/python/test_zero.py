@@ -331,6 +331,39 @@ class ZeroTest(unittest.TestCase):
             engine.backward(engine(torch.randn(2, 4)).square().mean())
             self.assertEqual(engine.step()["step"], step + 1)
 
+    def test_a_parameter_without_gradient_beside_one_with_reads_zeros(self):
+        # zinf.zero's gradient buffers are not zeroed before torch's gradients overwrite them:
+        # a parameter that gets none in a backward, in a module whose other parameter does,
+        # is zeroed at the end of backward, not left with what its buffer or its accumulator
+        # held (the last batch's gradient of it). Two micro-batches: the first goes to the
+        # accumulator itself, the second through a buffer of its own.
+        class Half(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.randn(4, 4))
+                self.v = torch.nn.Parameter(torch.randn(4, 4))
+                self.use_v = True
+
+            def forward(self, x):
+                return x @ self.w + (x @ self.v if self.use_v else 0)
+
+        torch.manual_seed(0)
+        model = Half()
+        config = small_config()
+        config["gradient_accumulation_steps"] = 2
+        engine = zinf.zero.initialize(model, config)
+        for use_v in (True, False):
+            model.use_v = use_v
+            for _ in range(2):
+                engine.backward(engine(torch.randn(2, 4)).square().mean())
+            grads = engine.gather_gradients()
+            self.assertTrue(bool(grads["w"].abs().sum() > 0))
+            if use_v:
+                self.assertTrue(bool(grads["v"].abs().sum() > 0))
+            else:
+                self.assertTrue(torch.equal(grads["v"], torch.zeros(4, 4)), grads["v"])
+            engine.step()
+
     def test_a_failed_forward_leaves_nothing_fetched(self):
         class Flaky(torch.nn.Module):
             def __init__(self):

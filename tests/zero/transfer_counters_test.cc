@@ -14,7 +14,9 @@
 //
 // The trainer itself: gradients are constant host buffers (no compute, nothing to wait for),
 // each copied up once per micro-batch into the engine's buffer on a stream of its own, which
-// hands ReduceGradients and Release the event recorded after the copies. It never blocks.
+// hands ReduceGradients and Release the event recorded after the copies. It never blocks. It
+// overwrites every element of the buffers (GradientWrite::kOverwrite), as zinf.zero does; one
+// test has it ask for zeros to add into (kAdd, a native trainer's), which cost a memset.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -43,7 +45,7 @@ constexpr uint64_t kModuleCount = 3, kParams = 4, kG = kAccumulation;
 constexpr uint64_t kBytes = (64 * 32 + 32 * 48 + 48 + 48 * 16) * 4;  // the model, in fp32
 // Fetches a step: each module in forward and in backward of every micro-batch.
 constexpr uint64_t kFetches = 2 * kModuleCount * kG;
-// Gradient buffers a step: one per parameter per micro-batch, each written by the trainer.
+// Gradient buffers a step: one per parameter per micro-batch, each overwritten by the trainer.
 constexpr uint64_t kGradients = kParams * kG;
 // The trainer's own copies a step: each gradient goes up once.
 constexpr uint64_t kTrainerUploads = kGradients, kTrainerUploadBytes = kG * kBytes;
@@ -60,7 +62,8 @@ std::string Config(bool params_in_host_memory) {
 
 // Trains kSteps batches of kAccumulation micro-batches (a forward that only fetches and
 // releases, a backward that writes constant gradients) and returns each step's summary.
-StatusOr<std::vector<StepSummary>> Train(Engine& engine) {
+StatusOr<std::vector<StepSummary>> Train(Engine& engine,
+                                         GradientWrite write = GradientWrite::kOverwrite) {
   std::vector<int> ids;
   for (size_t m = 0; m < kModules.size(); ++m) {
     ZINF_ASSIGN_OR_RETURN(int id, engine.RegisterModule("m" + std::to_string(m), kModules[m]));
@@ -90,7 +93,7 @@ StatusOr<std::vector<StepSummary>> Train(Engine& engine) {
       }
       for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // backward
         ZINF_ASSIGN_OR_RETURN(FetchedModule fetched, engine.Fetch(*it));
-        ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, engine.Gradients(*it));
+        ZINF_ASSIGN_OR_RETURN(std::vector<float*> g, engine.Gradients(*it, write));
         ZINF_RETURN_IF_ERROR(stream->Wait(*fetched.ready));
         for (size_t p = 0; p < g.size(); ++p) {
           const HostBuffer& host = grads[*it][p];
@@ -129,13 +132,14 @@ class TransferCountersTest : public ::testing::Test {
   void TearDown() override { unsetenv("ZINF_HOST_LINK_GBPS"); }
 };
 
-StatusOr<std::vector<StepSummary>> TrainOneRank(bool params_in_host_memory) {
+StatusOr<std::vector<StepSummary>> TrainOneRank(bool params_in_host_memory,
+                                                GradientWrite write = GradientWrite::kOverwrite) {
   ZINF_ASSIGN_OR_RETURN(EngineConfig config, EngineConfig::FromJson(Config(params_in_host_memory)));
   ZINF_ASSIGN_OR_RETURN(
       std::unique_ptr<Engine> engine,
       Engine::Create(config,
                      {.device = "host", .rank = 0, .world_size = 1, .optimizer_threads = 1}));
-  return Train(*engine);
+  return Train(*engine, write);
 }
 
 // First of the file's tests: its ranks are forked while this process has no threads yet (the
@@ -186,14 +190,17 @@ TEST_F(TransferCountersTest, TwoRanks) {
       expect_eq("bytes_on_device", s.bytes_on_device,
                 kG * kBytes + kM1Gathers * kM1ShardBytes * (1 + kWorld));
       expect_eq("copies_host", s.copies_host, 0);
-      expect_eq("device_bytes_set", s.device_bytes_set, kG * kBytes);  // target: 0
-      expect_eq("host_bytes_set", s.host_bytes_set, kShardBytes);      // target: 0
+      // Nothing zeroed: not the gradient buffers the trainer overwrites (no parameter has
+      // padding here; a padded one's is zeroed in its bucket, not in the buffer), nor the
+      // accumulators, which the first micro-batch's reduced gradients are copied into.
+      expect_eq("device_bytes_set", s.device_bytes_set, 0);
+      expect_eq("host_bytes_set", s.host_bytes_set, 0);
       expect_eq("host_bytes_copied", s.host_bytes_copied, kShardBytes);
-      // Caller's waits: one per fetch, per gradient buffer's zeros, per m1 unpack, two per
-      // bucket (its packing copies, its reduced slice coming down), the write-backs and the
-      // drop of the gathers; and at most one per release with an event and per gradient
-      // buffer's packing, each waited for or found done.
-      constexpr uint64_t kWaits = kFetches + kGradients + kM1Gathers + 2 * kG + 2;
+      // Caller's waits: one per fetch, per m1 unpack, two per bucket (its packing copies, its
+      // reduced slice coming down), the write-backs and the drop of the gathers; and at most
+      // one per release with an event and per gradient buffer's packing, each waited for or
+      // found done.
+      constexpr uint64_t kWaits = kFetches + kM1Gathers + 2 * kG + 2;
       expect("host_waits", s.host_waits, kWaits, kWaits + kReleasesWithEvents + kGradients);
       expect_eq("worker_waits", s.worker_waits, kParams);  // each shard's copy up
     }
@@ -210,22 +217,20 @@ void ExpectOneRankStep(const StepSummary& s) {
   EXPECT_EQ(s.bytes_down, kG * kBytes);
   EXPECT_EQ(s.copies_on_device, 0u);
   EXPECT_EQ(s.copies_host, 0u);
-  // Every gradient buffer is zeroed on the device before the trainer overwrites it (target:
-  // 0, no memset of a buffer the trainer overwrites).
-  EXPECT_EQ(s.device_bytes_set, kG * kBytes);
-  // The accumulators are zeroed after each step (target: 0, the first micro-batch's gradients
-  // copied, not added into zeros), and the parameter tier is written from the fp32 master.
-  EXPECT_EQ(s.host_bytes_set, kBytes);
+  // No gradient buffer is zeroed: the trainer overwrites them. Nor are the accumulators: the
+  // first micro-batch's gradients are copied into them, not added into zeros. The parameter
+  // tier is written from the fp32 master.
+  EXPECT_EQ(s.device_bytes_set, 0u);
+  EXPECT_EQ(s.host_bytes_set, 0u);
   EXPECT_EQ(s.host_bytes_copied, kBytes);
 }
 
 // Waits the design makes every step, on the caller's thread, with one rank on the host device:
 // one per fetch (the host device's Fetch waits for its gathers: its caller computes next),
-// one per gradient buffer (its zeros, target 0), one per gradient taken from the store's move
-// down (target: one per backward), the parameter tier's write-backs and the step's drop of
-// the gathers (one each). Besides these, each release with an event is waited for at most
-// once, or found done.
-constexpr uint64_t kOneRankWaits = kFetches + kGradients + kGradients + 2;
+// one per gradient taken from the store's move down (target: one per backward), the parameter
+// tier's write-backs and the step's drop of the gathers (one each). Besides these, each
+// release with an event is waited for at most once, or found done.
+constexpr uint64_t kOneRankWaits = kFetches + kGradients + 2;
 
 TEST_F(TransferCountersTest, OneRankParametersInDeviceMemory) {
   StatusOr<std::vector<StepSummary>> steps = TrainOneRank(false);
@@ -244,6 +249,23 @@ TEST_F(TransferCountersTest, OneRankParametersInDeviceMemory) {
     // The store's transfer threads: per gradient, the wait for the trainer's event and the
     // copy down; per parameter, its copy up.
     EXPECT_EQ(s.worker_waits, 2 * kGradients + kParams);
+  }
+}
+
+// A trainer that adds into its buffers (kAdd) gets zeros: each buffer zeroed on the device,
+// and waited for, before the trainer writes it. The rest is as for kOverwrite.
+TEST_F(TransferCountersTest, OneRankAddingTrainerGetsZeroedBuffers) {
+  StatusOr<std::vector<StepSummary>> steps = TrainOneRank(false, GradientWrite::kAdd);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  Print("device memory, adding", 0, *steps);
+  for (int i = 1; i < kSteps; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i));
+    const StepSummary& s = (*steps)[i];
+    EXPECT_EQ(s.device_bytes_set, kG * kBytes);
+    EXPECT_EQ(s.host_bytes_set, 0u);
+    EXPECT_EQ(s.host_bytes_copied, kBytes);
+    EXPECT_GE(s.host_waits, kOneRankWaits + kGradients);
+    EXPECT_LE(s.host_waits, kOneRankWaits + kGradients + kReleasesWithEvents);
   }
 }
 
