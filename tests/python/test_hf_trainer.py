@@ -15,17 +15,16 @@ virtualenv of bench/vs_deepspeed.sh)."""
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import unittest
 
 import torch
 
+import launch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "hf_trainer_clm.py")
-BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
 SOURCE_DIR = os.environ.get("ZINF_SOURCE_DIR", os.path.join(HERE, "..", ".."))
 HF_ZERO3 = os.path.join(SOURCE_DIR, "tests", "data", "deepspeed_configs", "hf_zero3_auto.json")
 
@@ -46,12 +45,6 @@ OWN_OPTIMIZER = {
 }
 ARGS = ["--learning_rate", "1e-2", "--warmup_steps", "3", "--logging_steps", "1",
         "--report_to", "none", "--use_cpu", "--max_grad_norm", "0.5"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def deepspeed_missing():
@@ -93,17 +86,7 @@ class HfTrainerTest(unittest.TestCase):
                 with open(path, "w") as f:
                     json.dump(config, f)
             cmd += ["--deepspeed", path]
-        env = dict(os.environ, ZINF_TRAINER=trainer, PYTHONWARNINGS="ignore")
-        if world > 1:
-            launcher = os.path.join(BUILD_DIR, "bin", "zinf")
-            self.assertTrue(os.path.exists(launcher), f"{launcher} is not built")
-            cmd = [launcher, "run", "-n", str(world), "--"] + cmd
-        else:  # DeepSpeed's init_distributed wants a launcher's environment
-            env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(free_port()))
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
-        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
-                                             f"{done.stderr[-8000:]}")
+        launch.run(self, cmd, world, {"ZINF_TRAINER": trainer})
         with open(os.path.join(out, "losses.json")) as f:
             return json.load(f)
 
@@ -124,15 +107,16 @@ class HfTrainerTest(unittest.TestCase):
         # schedule, handed to zinf as transformers hands them to DeepSpeed: plain Trainer's
         # losses, learning rates and gradient norms, on 1 process with accumulation and on 2
         # (plain Trainer: DistributedDataParallel).
-        for world, gas in ((1, 2), (2, 1)):
-            with self.subTest(world=world):
+        for model_type, world, gas in (("gpt2", 1, 2), ("llama", 1, 2), ("gpt2", 2, 1)):
+            with self.subTest(model=model_type, world=world):
                 args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
                         "--gradient_accumulation_steps", str(gas), "--weight_decay", "0.1"]
-                want = self.run_script(f"torch-{world}", "transformers", world, "gpt2", None,
-                                       args)
-                got = self.run_script(f"zinf-own-{world}", "zinf", world, "gpt2",
-                                      OWN_OPTIMIZER, args)
-                self.assert_same_training(got, want, 1e-5, f"{world} process(es)")
+                want = self.run_script(f"torch-{model_type}-{world}", "transformers", world,
+                                       model_type, None, args)
+                got = self.run_script(f"zinf-own-{model_type}-{world}", "zinf", world,
+                                      model_type, OWN_OPTIMIZER, args)
+                self.assert_same_training(got, want, 1e-5,
+                                          f"{model_type} on {world} process(es)")
                 self.assertEqual([s["learning_rate"] for s in got["steps"]],
                                  [s["learning_rate"] for s in want["steps"]])
 
@@ -206,16 +190,12 @@ print("DIFFERENCE", engine.rank, float((got - want).abs().max()))
         for model_type in ("gpt2", "llama"):
             for world in (1, 2):
                 with self.subTest(model=model_type, world=world):
-                    cmd = [sys.executable, "-c", script,
-                           os.path.join(self.dir, f"init-{model_type}")]
-                    if world > 1:
-                        cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", "2",
-                               "--"] + cmd
-                    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-                    self.assertEqual(done.returncode, 0, done.stdout + done.stderr[-4000:])
-                    found = [line.split()[-1] for line in done.stdout.splitlines()
+                    output = launch.run(self, [sys.executable, "-c", script, os.path.join(
+                        self.dir, f"init-{model_type}")], world, timeout=300,
+                        launcher_env=False)
+                    found = [line.split()[-1] for line in output.splitlines()
                              if "DIFFERENCE" in line]
-                    self.assertEqual(found, ["0.0"] * world, done.stdout)
+                    self.assertEqual(found, ["0.0"] * world, output[-4000:])
 
     def test_deepspeed_runs_the_same_script_to_the_same_losses(self):
         why = deepspeed_missing()
@@ -261,19 +241,8 @@ class HfAccelerateTest(unittest.TestCase):
             with open(path, "w") as f:
                 json.dump(config, f)
             cmd += ["--deepspeed", path]
-        full_env = dict(os.environ, ZINF_ACCELERATOR=accelerator, PYTHONWARNINGS="ignore",
-                        **(env or {}))
-        if world > 1:
-            cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", str(world), "--"] + cmd
-        else:
-            full_env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(free_port()))
-        done = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=500)
-        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
-                                             f"{done.stderr[-8000:]}")
-        line = [x for x in done.stdout.splitlines() if "RESULT " in x]
-        self.assertEqual(len(line), 1, done.stdout[-4000:])
-        return json.loads(line[0].split("RESULT ", 1)[1])
+        return launch.result(self, launch.run(self, cmd, world,
+                                              {"ZINF_ACCELERATOR": accelerator, **(env or {})}))
 
     def check(self, got, want, what):
         for g, w in zip(got["losses"], want["losses"]):
@@ -338,18 +307,9 @@ class TrlTest(unittest.TestCase):
             with open(path, "w") as f:
                 json.dump(OWN_OPTIMIZER, f)
             cmd += ["--deepspeed", path]
-        if world > 1:
-            cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", str(world), "--"] + cmd
-        env = dict(os.environ, ZINF_TRL="1" if on_zinf else "0", PYTHONWARNINGS="ignore")
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
-        if not expect_ok:
-            self.assertNotEqual(done.returncode, 0, done.stdout[-2000:])
-            return done.stdout + done.stderr
-        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
-                                             f"{done.stderr[-8000:]}")
-        line = [x for x in done.stdout.splitlines() if "RESULT " in x]
-        self.assertEqual(len(line), 1, done.stdout[-4000:])
-        return json.loads(line[0].split("RESULT ", 1)[1])
+        output = launch.run(self, cmd, world, {"ZINF_TRL": "1" if on_zinf else "0"},
+                            expect_ok=expect_ok, launcher_env=False)
+        return launch.result(self, output) if expect_ok else output
 
     def test_dpo_with_a_reference_model_gives_trls_losses(self):
         for world in (1, 2):

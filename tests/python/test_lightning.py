@@ -6,19 +6,18 @@ with the trained module's outputs, a resume through fit(ckpt_path=...) that cont
 Lightning's own does, and the Trainer settings zinf cannot honour refused by name. Skips
 without lightning and transformers."""
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
 
 import torch
 
+import launch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "lightning_clm.py")
-BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
 
 try:
     import lightning.pytorch  # noqa: F401
@@ -49,18 +48,8 @@ class LightningTest(unittest.TestCase):
         cmd = [sys.executable, SCRIPT, "--init", os.path.join(self.dir, "init"), "--out",
                os.path.join(self.dir, name), "--strategy", strategy, "--devices", str(world)]
         cmd += list(args)
-        if world > 1:
-            cmd = [os.path.join(BUILD_DIR, "bin", "zinf"), "run", "-n", str(world), "--"] + cmd
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=500,
-                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
-        if not expect_ok:
-            self.assertNotEqual(done.returncode, 0, done.stdout[-2000:])
-            return done.stdout + done.stderr
-        self.assertEqual(done.returncode, 0, f"{name}:\n{done.stdout[-4000:]}\n"
-                                             f"{done.stderr[-8000:]}")
-        line = [x for x in done.stdout.splitlines() if "RESULT " in x]
-        self.assertEqual(len(line), 1, done.stdout[-4000:])
-        return json.loads(line[0].split("RESULT ", 1)[1])
+        output = launch.run(self, cmd, world, expect_ok=expect_ok, launcher_env=False)
+        return launch.result(self, output) if expect_ok else output
 
     def check(self, got, want, what):
         self.assertEqual(got["global_step"], want["global_step"], what)
