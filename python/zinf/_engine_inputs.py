@@ -75,10 +75,6 @@ _MAX_DEPTH = 128  # zinf's kMaxJsonDepth (include/zinf/input_file.h)
 
 def _config(config):
     if isinstance(config, dict):
-        if config.get("steps_per_print") == math.inf:
-            # DeepSpeed's "never", as Accelerate's DeepSpeedPlugin writes it; zinf prints no
-            # step lines either way (the key is one it ignores), and JSON has no infinity.
-            config = {k: v for k, v in config.items() if k != "steps_per_print"}
         _check_dict(config, "", 1)
         return json.dumps(config, allow_nan=False), config
     if isinstance(config, (str, os.PathLike)):

@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import math
 import os
 
 import accelerate
@@ -277,6 +278,10 @@ class Accelerator(accelerate.Accelerator):
             raise ValueError("zinf.hf.Accelerator: several DeepSpeed plugins (one per model) "
                              "are not supported; pass one DeepSpeedPlugin")
         self.zinf_config = None if plugin is None else copy.deepcopy(plugin.deepspeed_config)
+        if self.zinf_config is not None and self.zinf_config.get("steps_per_print") == math.inf:
+            # The plugin's default, DeepSpeed's "never": zinf prints no step lines either way
+            # (it ignores the key), and JSON has no infinity.
+            del self.zinf_config["steps_per_print"]
         self.zinf_engine = None
         if plugin is not None:
             # Accelerate's own DeepSpeed path (it sets this itself for a plugin) needs the
