@@ -78,16 +78,16 @@ step() { echo "== vs_deepspeed: $*"; }
 
 # -- the virtualenv ---------------------------------------------------------------------------
 venv=${ZINF_DS_VENV:-$root/build/venv-deepspeed}
-need_modules='import torch, deepspeed, transformers, ninja, cpuinfo, scikit_build_core, pybind11'
+need_modules='import torch, deepspeed, transformers, accelerate, ninja, cpuinfo, scikit_build_core, pybind11'
 if ! "$venv/bin/python" -c "$need_modules" >/dev/null 2>&1; then
   if [ -n "${ZINF_DS_VENV:-}" ]; then
     echo "vs_deepspeed: ZINF_DS_VENV=$venv lacks one of: $need_modules" >&2
     exit 1
   fi
-  step "making $venv (PyPI's torch, deepspeed, transformers: several GB, minutes)"
+  step "making $venv (PyPI's torch, deepspeed, transformers, accelerate: several GB, minutes)"
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch deepspeed transformers ninja py-cpuinfo numpy \
+  "$venv/bin/pip" install -q torch deepspeed transformers accelerate ninja py-cpuinfo numpy \
     scikit-build-core pybind11
 fi
 if [ ! -e /usr/include/libaio.h ]; then
