@@ -111,10 +111,7 @@ class TransferCounters {
   static void MarkWorkerThread() { IsWorkerThread() = true; }
 
  private:
-  static bool& IsWorkerThread() {
-    static thread_local bool worker = false;
-    return worker;
-  }
+  ZINF_EXPORT static bool& IsWorkerThread();  // offload/create_device.cc
   static void Add(std::atomic<uint64_t>& counter, uint64_t n) {
     counter.fetch_add(n, std::memory_order_relaxed);
   }

@@ -11,7 +11,9 @@ leak check at exit off, since the interpreter's own teardown leaves blocks behin
 test_failed_calls_leak_nothing asks LeakSanitizer for a report before and after thousands of
 failing calls, in this process: a binding that drops a message adds one leaked block per call,
 and no leaked block may come from zinf's code. The module needs no PyTorch (buffers are
-ctypes arrays), because PyTorch is not instrumented.
+ctypes arrays), because PyTorch is not instrumented. GCC 12's LeakSanitizer misreads the
+dynamic TLS of a dlopened library's threads and dies in its thread scan ("Tracer caught signal
+11"), so zinf's thread-locals are initial-exec (offload/create_device.cc).
 """
 
 import ctypes
