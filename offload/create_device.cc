@@ -1,5 +1,4 @@
-// CreateDevice: a device by the name users give ("host", "cuda:N"); and the thread flag of
-// TransferCounters. See zinf/device.h.
+// CreateDevice: a device by the name users give ("host", "cuda:N"). See zinf/device.h.
 #include <fmt/core.h>
 
 #include <charconv>
@@ -8,14 +7,6 @@
 #include "zinf/device.h"
 
 namespace zinf {
-
-bool& TransferCounters::IsWorkerThread() {
-  // Initial-exec: the flag lives in static TLS, read without a __tls_get_addr call, also
-  // where libzinf is dlopened (the Python module). Dynamic TLS in a dlopened library is also
-  // what LeakSanitizer's thread scan misreads (Note [Bindings under the leak checker]).
-  [[gnu::tls_model("initial-exec")]] static thread_local bool worker = false;
-  return worker;
-}
 
 StatusOr<std::unique_ptr<Device>> CreateDevice(std::string_view name,
                                                uint64_t memory_budget_bytes) {

@@ -111,7 +111,7 @@ class TransferCounters {
   static void MarkWorkerThread() { IsWorkerThread() = true; }
 
  private:
-  ZINF_EXPORT static bool& IsWorkerThread();  // offload/create_device.cc
+  ZINF_EXPORT static bool& IsWorkerThread();  // src/core/thread_name.cc
   static void Add(std::atomic<uint64_t>& counter, uint64_t n) {
     counter.fetch_add(n, std::memory_order_relaxed);
   }
