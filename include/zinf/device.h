@@ -108,10 +108,10 @@ class TransferCounters {
 
   // Marks the calling thread, for the rest of its life, as one of zinf's own (its waits are
   // worker_waits): what zinf's thread pools call first in each thread.
-  static void MarkWorkerThread() { IsWorkerThread() = true; }
+  ZINF_EXPORT static void MarkWorkerThread();  // src/core/thread_name.cc
 
  private:
-  ZINF_EXPORT static bool& IsWorkerThread();  // src/core/thread_name.cc
+  ZINF_EXPORT static bool IsWorkerThread();
   static void Add(std::atomic<uint64_t>& counter, uint64_t n) {
     counter.fetch_add(n, std::memory_order_relaxed);
   }

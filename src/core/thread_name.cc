@@ -8,13 +8,26 @@
 
 namespace zinf {
 
-bool& TransferCounters::IsWorkerThread() {
-  // Initial-exec: the flag lives in static TLS, read without a __tls_get_addr call, also
-  // where libzinf is dlopened (the Python module). Dynamic TLS in a dlopened library is also
-  // what LeakSanitizer's thread scan misreads (Note [Bindings under the leak checker]).
-  [[gnu::tls_model("initial-exec")]] static thread_local bool worker = false;
-  return worker;
+namespace {
+// A pthread key, not thread_local: libzinf is dlopened by the Python module, where
+// initial-exec TLS fails to load beside torch ("cannot allocate memory in static TLS block") and
+// GCC 12's LeakSanitizer misreads dynamic TLS (Note [Bindings under the leak checker]).
+pthread_key_t WorkerKey() {
+  static const pthread_key_t key = [] {
+    pthread_key_t k;
+    pthread_key_create(&k, nullptr);
+    return k;
+  }();
+  return key;
 }
+}  // namespace
+
+void TransferCounters::MarkWorkerThread() {
+  static int marked = 1;
+  pthread_setspecific(WorkerKey(), &marked);
+}
+
+bool TransferCounters::IsWorkerThread() { return pthread_getspecific(WorkerKey()) != nullptr; }
 
 void NameThisThread(const char* name) {
   char cut[16] = {};  // pthread_setname_np refuses names over 15 characters

@@ -13,7 +13,7 @@ failing calls, in this process: a binding that drops a message adds one leaked b
 and no leaked block may come from zinf's code. The module needs no PyTorch (buffers are
 ctypes arrays), because PyTorch is not instrumented. GCC 12's LeakSanitizer misreads the
 dynamic TLS of a dlopened library's threads and dies in its thread scan ("Tracer caught signal
-11"), so zinf's thread-locals are initial-exec (src/core/thread_name.cc).
+11"), so libzinf keeps no thread_local (a pthread key instead: src/core/thread_name.cc).
 """
 
 import ctypes
