@@ -139,7 +139,7 @@ double Engine::learning_rate() const { return impl_->optimizer_step->learning_ra
 
 Status Engine::SetLearningRate(double lr) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce("SetLearningRate"));
   return m.optimizer_step->SetLearningRate(lr);
 }
 
@@ -153,13 +153,13 @@ int Engine::num_param_groups() const { return impl_->optimizer_step->num_groups(
 StatusOr<OptimizerHyperParams> Engine::param_group(int group) const {
   OptimizerStep& step = *impl_->optimizer_step;
   ZINF_ASSIGN_OR_RETURN(OptimizerHyperParams hyper_params, step.hyper_params(group));
-  hyper_params.lr = step.learning_rate(group);  // a step beside the forward's schedule
+  hyper_params.lr = step.learning_rate(group);  // the rate the next step applies
   return hyper_params;
 }
 
 Status Engine::SetGroupLearningRate(int group, double lr) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetLearningRate"));
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce("SetLearningRate"));
   return m.optimizer_step->SetGroupLearningRate(group, lr);
 }
 
@@ -304,7 +304,7 @@ StatusOr<FetchedModule> Engine::Fetch(int id) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
   if (module->reductions == m.config.ReductionsPerStep()) {
-    ZINF_RETURN_IF_ERROR(m.QuiesceStep(fmt::format(
+    ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce(fmt::format(
         "Fetch of module '{}' after its last ReduceGradients of the batch", module->name)));
   }
   ZINF_RETURN_IF_ERROR(m.optimizer_step->BeforeFetch(id));
@@ -330,8 +330,7 @@ Status Engine::Release(int id, Event* done) {
 StatusOr<std::vector<float*>> Engine::Gradients(int id, GradientWrite write) {
   Impl& m = *impl_;
   ZINF_ASSIGN_OR_RETURN(Module * module, m.FindModule(id));
-  // The step beside the forward still reads the accumulators.
-  ZINF_RETURN_IF_ERROR(m.optimizer_step->FinishStepBesideForward());
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->BeforeGradients());
   m.param_tier->NoteBackward();
   std::vector<float*> out;
   for (int pi : module->params) {
@@ -419,7 +418,7 @@ Status Engine::ReduceGradients(int id, Event* ready) {
 
 Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.QuiesceStep("GatherParameter"));
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce("GatherParameter"));
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
@@ -453,7 +452,7 @@ Status Engine::Broadcast(float* values, uint64_t count, int root_rank) {
 
 Status Engine::SetParameter(const std::string& name, const float* values, uint64_t count) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(m.QuiesceStep("SetParameter"));
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce("SetParameter"));
   if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
@@ -481,7 +480,7 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   auto it = m.param_by_name.find(name);
   if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
   Param& p = m.params[it->second];
-  ZINF_RETURN_IF_ERROR(m.optimizer_step->FinishStepBesideForward());
+  ZINF_RETURN_IF_ERROR(m.optimizer_step->BeforeGradients());
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
   std::vector<float> shard(p.shard_size);

@@ -16,13 +16,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
 #include "zero/gradient_buckets.h"
@@ -166,15 +164,9 @@ struct Engine::Impl {
   Status NonFiniteGradientError();
   // Waits until every reduced gradient is in the accumulators.
   Status FinishReductions();
-  // Before `what` reads or changes the model's state: see OptimizerStep::Quiesce.
-  Status QuiesceStep(std::string_view what) { return optimizer_step->Quiesce(what); }
   // After a step, applied, skipped or refused: the next batch starts from no gradients and no
   // reductions.
   void EndBatch();
-  // Writes the parameter tier from fp32 shard values: `read` gives elements of the flat shard
-  // (the master's, or a file's where the master is the tier's own).
-  Status WriteParamTier(const ShardFill& read);
-
   // Checks that every rank registered the same model with the same config.
   Status CheckRanksAgree();
 
@@ -188,37 +180,12 @@ struct Engine::Impl {
   // NVMe, in optimizer chunks.
   Status OpenTiers(const std::string& device, uint64_t* speculative_chunks);
 
-  int state_count() const { return optimizer_step->state_count(); }
-
   // Every rank learns whether any failed: `mine` where this rank failed, else an error naming
   // the first rank that did.
   Status AgreeAll(Status mine, const std::string& what);
 
-  nlohmann::json ScalarState() const;
-
-  struct SavedScalars {
-    int64_t steps = 0, iteration = 0, last_overflow_iteration = -1;
-    double loss_scale = 1;
-    int hysteresis_left = 1, state_count = 0;
-    std::string optimizer;
-  };
-
-  // ScalarState() back, each field checked before anything is replaced.
-  static StatusOr<SavedScalars> ParseScalarState(const std::string& text, const std::string& dir);
-
-  ckpt::Manifest MakeManifest(const std::string& tag, const std::string& client_state) const;
-
-  // This rank's file: "params" (the fp32 master shard), "state0"/"state1" (the optimizer
-  // state arrays) and "optimizer" (hyper-parameters and step counts).
-  Status WriteShardFile(const std::string& tag_dir, const std::string& tag);
-
-  // Checks the checkpoint against this engine and verifies every section of this rank's
-  // file; only then replaces the state. Returns the client state.
-  StatusOr<std::string> LoadShardFile(const std::string& path);
-
-  // Engine::LoadSafetensors on this rank: matches every parameter with the file's tensor of
-  // its name and shape before it replaces any, then writes this rank's shards.
-  Status LoadSafetensorsFile(const std::string& path);
+  // Saving and loading the state above (engine_checkpoint.cc).
+  struct Checkpoints;
 
   // Frees parameter `pi`'s gradient buffer, if any.
   void FreeGradient(int pi);

@@ -55,9 +55,9 @@ StatusOr<StepSummary> Engine::Step() {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("Step before Initialize");
   OptimizerStep& step = *m.optimizer_step;
-  // A batch without backward (no Gradients call) finds the last step beside the forward still
-  // running.
-  ZINF_RETURN_IF_ERROR(step.FinishStepBesideForward());
+  // A batch without backward (no Gradients call) may find the last step still reading the
+  // accumulators.
+  ZINF_RETURN_IF_ERROR(step.BeforeGradients());
   for (const Module& module : m.modules) {
     if (module.reductions != m.config.ReductionsPerStep()) {
       return FailedPrecondition(fmt::format(
@@ -72,15 +72,14 @@ StatusOr<StepSummary> Engine::Step() {
   const auto t0 = EngineClock::now();
   StepSummary summary = m.pending;
   m.pending = StepSummary();
-  step.TakeStepBesideForwardTimes(&summary);
   const ParamTierCounters gathers = m.param_tier->TakeCounters();
   summary.bytes_gathered = gathers.bytes_gathered;
   summary.gather_collectives = gathers.collectives;
   summary.seconds_gather = gathers.seconds_gather;
   summary.peak_live_parameters = gathers.peak_live_parameters;
   m.param_tier->DropAll();  // prefetches past the batch's last fetch, and what the step replaces
-  // Note [Delayed parameter update]: the previous step's update lands now, between batches.
-  ZINF_RETURN_IF_ERROR(step.LandDelayedUpdate(&summary));
+  // What the previous step left for this one lands now, between batches.
+  ZINF_RETURN_IF_ERROR(step.LandLastStep(&summary));
   summary.learning_rate = step.learning_rate();
 
   // Global norm and overflow over every rank's shard, in one all-reduce.

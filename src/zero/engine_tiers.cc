@@ -1,6 +1,6 @@
 // The engine's placement on the tiered store: Engine::Impl's store, its budgets and what it
-// holds (Note [Parameter tier] in param_tier.h), the host-memory check, the parameter tier
-// written whole, and the per-step memory and NVMe figures.
+// holds (Note [Parameter tier] in param_tier.h), the host-memory check, and the per-step
+// memory and NVMe figures.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -18,22 +18,12 @@ namespace {
 constexpr double kGiBf = double(uint64_t{1} << 30);
 }  // namespace
 
-Status Engine::Impl::WriteParamTier(const ShardFill& read) {
-  std::vector<float> values;
-  for (Param& p : params) {
-    values.resize(p.shard_size);
-    ZINF_RETURN_IF_ERROR(read(p.flat_offset, p.shard_size, values.data()));
-    ZINF_RETURN_IF_ERROR(param_tier->WriteFp32(p, values.data()));
-  }
-  return param_tier->FinishWrites();
-}
-
 Status Engine::Impl::CheckHostMemory() const {
   const uint64_t total = GetCpuInfo().total_memory_bytes;
   if (total == 0) return OkStatus();  // unknown: let the allocations tell
   const uint64_t shard = shard_elements * 4;
   const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
-  const uint64_t states = optimizer_on_nvme ? 0 : shard * state_count();
+  const uint64_t states = optimizer_on_nvme ? 0 : shard * optimizer_step->state_count();
   const uint64_t master = host_master ? shard : 0;
   uint64_t persistent = 0;
   for (const Param& p : params) {
@@ -73,7 +63,8 @@ uint64_t StripedFreeBytes(const std::vector<std::string>& paths) {
 
 Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_chunks) {
   // The budgets are the plan's too (Note [Tier budgets] in zero/tier_budgets.h).
-  BudgetModel shapes{.world_size = world(), .state_count = state_count(), .fp32_view = fp32_view};
+  BudgetModel shapes{
+      .world_size = world(), .state_count = optimizer_step->state_count(), .fp32_view = fp32_view};
   for (const Module& module : modules) {
     std::vector<BudgetParam>& shape = shapes.modules.emplace_back();
     for (int pi : module.params) shape.push_back({params[pi].shard_size, params[pi].persistent});
@@ -84,6 +75,7 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
   ZINF_ASSIGN_OR_RETURN(compute, CreateDevice(device, budgets.device_budget_bytes));
   shapes.device_host_addressable = compute->host_addressable();
   budgets = ComputeTierBudgets(config, shapes);
+  ZINF_RETURN_IF_ERROR(CheckDeviceBudget(config, budgets));
   const Tier home = params_on_nvme                                       ? Tier::kNvme
                     : config.offload_param_device == OffloadDevice::kCpu ? Tier::kHost
                                                                          : Tier::kDevice;
@@ -146,16 +138,14 @@ void Engine::Impl::MeasureTiers(StepSummary* summary) {
   summary->host_bytes = host;
   summary->nvme_bytes = stats.nvme_file_bytes;
   summary->device_budget_bytes = stats.tiers[int(Tier::kDevice)].budget_bytes;
+  summary->device_peak_bytes = stats.tiers[int(Tier::kDevice)].peak_bytes;
   summary->host_budget_bytes = stats.tiers[int(Tier::kHost)].budget_bytes;
   summary->nvme_capacity_bytes = stats.tiers[int(Tier::kNvme)].budget_bytes;
   summary->store_entries = stats.bookkeeping_entries;
-  // Every NVMe byte since the last step: the parameter tier's, the optimizer's chunks' and the
+  // Every NVMe byte of this step: the parameter tier's, the optimizer's chunks' and the
   // gradient accumulators' all move through the store.
-  // A step running beside the next forward is counted up to where that part began (the next
-  // summary counts the rest), so each summary holds one step's traffic, whatever the timing.
-  const bool beside = optimizer_step->in_flight();
-  const LinkStats read = beside ? optimizer_step->nvme_read_beside() : stats.nvme_to_host;
-  const LinkStats written = beside ? optimizer_step->nvme_written_beside() : stats.host_to_nvme;
+  LinkStats read, written;
+  optimizer_step->NvmeMetersAtStepEnd(stats, &read, &written);
   summary->bytes_nvme_read += read.bytes - nvme_read_at.bytes;
   summary->bytes_nvme_written += written.bytes - nvme_written_at.bytes;
   nvme_read_at = read;

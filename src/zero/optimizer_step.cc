@@ -359,7 +359,7 @@ Status OptimizerStep::BeforeFetch(int module) {
   return Context(WaitForStep(module), "the optimizer step beside forward");
 }
 
-Status OptimizerStep::FinishStepBesideForward() { return WaitForStep(-1); }
+Status OptimizerStep::BeforeGradients() { return WaitForStep(-1); }
 
 Status OptimizerStep::WaitDelayedUpdate() {
   if (!delayed_.valid()) return OkStatus();
@@ -378,7 +378,11 @@ Status OptimizerStep::Quiesce(std::string_view what) {
       placement_.rank, what));
 }
 
-Status OptimizerStep::LandDelayedUpdate(StepSummary* summary) {
+Status OptimizerStep::LandLastStep(StepSummary* summary) {
+  // A step beside the forward is reported by the next step's summary: it ran during this
+  // batch.
+  summary->seconds_optimizer_compute += std::exchange(beside_compute_seconds_, 0);
+  summary->seconds_optimizer_overlapped += std::exchange(beside_overlapped_seconds_, 0);
   ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
   if (!std::exchange(delayed_tier_write_, false)) return OkStatus();
   summary->seconds_optimizer_compute = delayed_seconds_;

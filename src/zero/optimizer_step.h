@@ -8,14 +8,15 @@
 // writes with the new parameters, and the store its arrays live in.
 //
 // The engine talks to it in the order of a batch:
-//   gradients    the buckets hand it each reduced gradient (it is their GradientSink), or
-//                backward writes the accumulator itself (Accumulator, then GradientWritten);
-//   last micro   BeginLastMicroBatch: the overlapped step may begin;
 //   fetches      BeforeFetch(module): a step beside the forward waits for that module's
 //                parameters only;
-//   step         the engine computes the norm over every rank from GradientStats, decides
-//                skipping and clipping, and calls Run with the scale (nullopt: skipped); then
-//                EndBatch.
+//   gradients    BeforeGradients; the buckets hand it each reduced gradient (it is their
+//                GradientSink), or backward writes the accumulator itself (Accumulator, then
+//                GradientWritten);
+//   last micro   BeginLastMicroBatch: the overlapped step may begin;
+//   step         BeforeGradients and LandLastStep; the engine computes the norm over every
+//                rank from GradientStats, decides skipping and clipping, and calls Run with
+//                the scale (nullopt: skipped); NvmeMetersAtStepEnd for its summary; EndBatch.
 // Outside a batch, Quiesce makes sure nothing runs before the engine reads or replaces state
 // (checkpoints, parameters, the learning rate).
 //
@@ -146,14 +147,17 @@ class OptimizerStep final : public GradientSink {
   Status BeginLastMicroBatch(double mean_scale);
   // Before module `module` is fetched: a step beside the forward waits for its parameters.
   Status BeforeFetch(int module);
+  // Before backward writes the accumulators or the engine reads them (Gradients,
+  // GatherGradient, Step): what of the last step still reads them (a step beside the
+  // forward) finishes.
+  Status BeforeGradients();
   // Waits for a step beside the forward and a delayed update, and does what Step left for
   // after them; then FailedPrecondition naming `what` while the overlapped step is under way.
   Status Quiesce(std::string_view what);
-  // The step beside the forward, finished (Gradients, GatherGradient, Step's start).
-  Status FinishStepBesideForward();
-  // Note [Delayed parameter update]: the previous step's update, landed in the parameter tier
-  // (its time into `summary`); nothing when none is pending.
-  Status LandDelayedUpdate(StepSummary* summary);
+  // At Step, what the last step left for this one: the time of its part beside the forward
+  // (which ran during this batch) into `summary`, and a delayed update (Note [Delayed
+  // parameter update]) landed in the parameter tier, its time into `summary` too.
+  Status LandLastStep(StepSummary* summary);
   // The update with gradient scale `grad_scale` (nullopt: a skipped step, which undoes what
   // was speculated), its parameters written to the parameter tier (or, delayed or beside the
   // forward, on their way), the step count and the schedule advanced. `delay`: run the update
@@ -166,18 +170,10 @@ class OptimizerStep final : public GradientSink {
   // The batch is over, its step applied, skipped or refused: the next batch's first gradient
   // of each parameter replaces what its accumulator holds.
   void EndBatch();
-  // Adds the time of the steps beside the forward finished since the last call to `summary`
-  // (a step beside the forward is reported by the next step's summary: it ran during the next
-  // batch).
-  void TakeStepBesideForwardTimes(StepSummary* summary) {
-    summary->seconds_optimizer_compute += std::exchange(beside_compute_seconds_, 0);
-    summary->seconds_optimizer_overlapped += std::exchange(beside_overlapped_seconds_, 0);
-  }
-  // Whether the step's last part runs beside the next forward now, and where the store's NVMe
-  // meters stood when it began (the step's own traffic up to there).
-  bool in_flight() const { return step_in_flight_; }
-  const LinkStats& nvme_read_beside() const { return nvme_read_beside_; }
-  const LinkStats& nvme_written_beside() const { return nvme_written_beside_; }
+  // After Run, the store's NVMe meters where this step's traffic ends, from `now`: `now`'s,
+  // or where the part of the step beside the next forward began (the next step's summary
+  // counts the rest), so that each summary holds one step's traffic, whatever the timing.
+  void NvmeMetersAtStepEnd(const TieredStoreStats& now, LinkStats* read, LinkStats* written) const;
 
   // ---- The master ----
   // This rank's fp32 master shard of `p` into `out` (shard_size values): from the host master,
@@ -258,7 +254,7 @@ class OptimizerStep final : public GradientSink {
   bool speculate_ = true;
   bool step_in_flight_ = false;
   LinkStats nvme_read_beside_, nvme_written_beside_;
-  // The time of steps beside the forward finished since TakeStepBesideForwardTimes.
+  // The time of steps beside the forward finished since LandLastStep.
   double beside_compute_seconds_ = 0, beside_overlapped_seconds_ = 0;
 
   // zinf.delayed_param_update: the step's gradients, which the update in flight reads while

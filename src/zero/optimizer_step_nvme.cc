@@ -160,6 +160,12 @@ Status OptimizerStep::RunNvme(std::optional<float> grad_scale, StepSummary* summ
   return written;
 }
 
+void OptimizerStep::NvmeMetersAtStepEnd(const TieredStoreStats& now, LinkStats* read,
+                                        LinkStats* written) const {
+  *read = step_in_flight_ ? nvme_read_beside_ : now.nvme_to_host;
+  *written = step_in_flight_ ? nvme_written_beside_ : now.host_to_nvme;
+}
+
 Status OptimizerStep::WaitForStep(int module) {
   if (!step_in_flight_) return OkStatus();
   if (module >= 0) {
