@@ -658,6 +658,9 @@ typedef struct zinf_step_summary_t {
   uint64_t copies_down, bytes_down, copies_up, bytes_up;
   uint64_t copies_on_device, bytes_on_device, copies_host, bytes_host;
   uint64_t device_bytes_set, host_bytes_set, host_bytes_copied;
+  /* Added later again: the device tier's budget, and the most it held at once since the
+   * engine started (StepSummary's fields of the same names). */
+  uint64_t device_budget_bytes, device_peak_bytes;
 } zinf_step_summary_t;
 
 /* An engine from a DeepSpeed JSON config (the text; "auto" values from options->trainer, else

@@ -186,6 +186,11 @@ struct ZINF_EXPORT EngineConfig {
   AioOptions aio;
   // Host memory for the NVMe step's staging buffers (zinf's own key: zinf.host_budget).
   uint64_t nvme_staging_budget_bytes = 512ull << 20;
+  // The device tier's bytes (zinf's own key: zinf.device_budget; 0: what the model needs plus
+  // 64 MiB of slack, Note [Tier budgets]). A budget below what the engine computes in (twice
+  // the largest module's working set, the read-ahead window, the gradient buckets) is refused
+  // at Initialize, naming both.
+  uint64_t device_budget_bytes = 0;
   // CRC32C of every swap-file piece, taken on write and verified on read, so that a flipped
   // bit on disk is DataLoss naming the file and offset instead of silently diverged weights
   // (zinf.nvme_checksum; its cost is in bench/RESULTS.md).
@@ -390,6 +395,9 @@ struct StepSummary {
   uint64_t device_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   uint64_t nvme_capacity_bytes = 0;
+  // The most the device tier held at once since the engine started: within
+  // device_budget_bytes, whatever the model's size.
+  uint64_t device_peak_bytes = 0;
   // The learning rate this step applied (what learning_rate() read before the step; a skipped
   // step's too), and when the step finished: seconds since the Unix epoch, system clock.
   double learning_rate = 0;

@@ -282,6 +282,7 @@ class PyEngine {
     d["host_bytes"] = s.host_bytes;
     d["nvme_bytes"] = s.nvme_bytes;
     d["device_budget_bytes"] = s.device_budget_bytes;
+    d["device_peak_bytes"] = s.device_peak_bytes;
     d["host_budget_bytes"] = s.host_budget_bytes;
     d["nvme_capacity_bytes"] = s.nvme_capacity_bytes;
     d["lr"] = s.learning_rate;

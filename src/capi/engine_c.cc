@@ -425,6 +425,8 @@ zinf_code_t zinf_engine_step(zinf_engine_t* engine, zinf_step_summary_t* summary
     c.device_bytes_set = s.device_bytes_set;
     c.host_bytes_set = s.host_bytes_set;
     c.host_bytes_copied = s.host_bytes_copied;
+    c.device_budget_bytes = s.device_budget_bytes;
+    c.device_peak_bytes = s.device_peak_bytes;
     return zinf::capi::WriteStruct(c, "summary", "zinf_step_summary_t", summary,
                                    offsetof(zinf_step_summary_t, learning_rate));
   });

@@ -715,6 +715,7 @@ StatusOr<EngineConfig> EngineConfig::FromJson(std::string_view json_text,
   root.Object("zinf", [&](ConfigReader& z) {
     z.Int("seed", &c.seed, 0, INT64_MAX)
         .Bytes("host_budget", &c.nvme_staging_budget_bytes, 1 << 20)
+        .Bytes("device_budget", &c.device_budget_bytes, 0)
         .Bool("nvme_checksum", &c.nvme_checksum)
         .Bool("overlap_optimizer", &c.overlap_optimizer)
         .Bytes("overlap_optimizer_swap_bytes", &c.overlap_optimizer_swap_bytes, 0)

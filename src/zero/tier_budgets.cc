@@ -1,8 +1,11 @@
 // See src/zero/tier_budgets.h, Note [Tier budgets].
 #include "zero/tier_budgets.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 
+#include "core/units.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/nvme_gradients.h"
@@ -74,8 +77,10 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // model (1e15 asks for the whole model ahead, not for petabytes).
   const uint64_t prefetch_elements =
       std::min<uint64_t>(config.stage3_prefetch_bucket_size, b.shard_elements * world);
-  b.device_budget_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent +
-                          2 * working_set + 2 * prefetch_elements * element + buckets + (64 << 20);
+  b.device_need_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent +
+                        2 * working_set + 2 * prefetch_elements * element + buckets;
+  b.device_budget_bytes = config.device_budget_bytes > 0 ? config.device_budget_bytes
+                                                         : b.device_need_bytes + (64 << 20);
 
   // The flat shard's arrays (StoreArray), page-aligned.
   const uint64_t array = PageUp(std::max<uint64_t>(b.shard_elements, 1) * 4);
@@ -136,6 +141,22 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
     }
   }
   return b;
+}
+
+Status CheckDeviceBudget(const EngineConfig& config, const TierBudgets& budgets) {
+  if (config.device_budget_bytes == 0 || config.device_budget_bytes >= budgets.device_need_bytes) {
+    return OkStatus();
+  }
+  return ResourceExhausted(fmt::format(
+      "zinf.device_budget {} is below the {} the engine computes in on the device: twice the "
+      "largest module's working set (its parameters gathered, with their gradients), the "
+      "read-ahead window twice (stage3_prefetch_bucket_size), the gradient buckets "
+      "(reduce_bucket_size), the persistent parameters (stage3_param_persistence_threshold){}; "
+      "lower those, or raise zinf.device_budget",
+      FormatBytes(config.device_budget_bytes), FormatBytes(budgets.device_need_bytes),
+      config.offload_param_device == OffloadDevice::kNone
+          ? " and every parameter's shard (offload_param puts them elsewhere)"
+          : ""));
 }
 
 uint64_t SpeculativeChunks(const TierBudgets& budgets, uint64_t free_bytes, uint64_t limit_bytes) {

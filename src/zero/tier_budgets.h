@@ -8,7 +8,8 @@
 // (their shard, gathered copy, fp32 widening and gradient), twice the largest module's working
 // set (the fetched module with backward's gradients, and the next one being gathered), the
 // read-ahead window twice, the two reduce-scatter buckets (Note [Gradient buckets]) and 64 MiB
-// of slack. The host tier holds the flat shard's page-aligned arrays (gradient accumulators,
+// of slack; or zinf.device_budget, when the config gives it, if that holds all but the slack
+// (CheckDeviceBudget). The host tier holds the flat shard's page-aligned arrays (gradient accumulators,
 // fp32 master, in-memory optimizer state, the delayed update's copy), the parameter tier when
 // it lives there, the buckets' reduced slices (where the device's memory is not the host's),
 // the NVMe gradients' staging, the pipelined step's staging buffers and host-resident chunks,
@@ -56,6 +57,8 @@ struct TierBudgets {
   uint64_t shard_elements = 0;       // the rank's flat shard
   uint64_t bucket_slice_elements = 0;
   uint64_t device_budget_bytes = 0;
+  // The least device tier the engine computes in: device_budget_bytes without the slack.
+  uint64_t device_need_bytes = 0;
   uint64_t host_budget_bytes = 0;
   uint64_t piece_bytes = 0;  // the store's unit of NVMe and staging transfers
   // The NVMe optimizer's chunks (zero without the optimizer on NVMe) and the swap store's room
@@ -88,6 +91,10 @@ bool ParamTierIsMaster(const EngineConfig& config);
 
 // Note [Tier budgets].
 TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model);
+
+// ResourceExhausted, naming both and what to change, when zinf.device_budget is below what the
+// engine computes in (TierBudgets::device_need_bytes).
+Status CheckDeviceBudget(const EngineConfig& config, const TierBudgets& budgets);
 
 // The optimizer chunks the overlapped step may step speculatively (Note [Overlapped step]):
 // as many as the new state of fits beside the swap store's capacity in `free_bytes` (this

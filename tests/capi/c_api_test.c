@@ -899,6 +899,8 @@ static void TestEngine(const char* dir) {
    * zeroed the gradient buffers (the accumulators themselves here: one rank, host memory), which
    * zinf_engine_gradients hands out as zeros, and wrote the parameter tier from the master. */
   CHECK(summary.host_bytes_set > 0 && summary.host_bytes_copied > 0);
+  /* The device tier held the fetched modules, within its budget. */
+  CHECK(summary.device_peak_bytes > 0 && summary.device_peak_bytes <= summary.device_budget_bytes);
 
   /* AdamW's first step with lr 0.1 moves every element by about lr against the gradient. */
   float b[4], w[12];

@@ -115,5 +115,31 @@ TEST(TierBudgetsTest, HostBudgetBoundsTheStagingBuffers) {
   EXPECT_EQ(ComputeTierBudgets(c, shapes).optimizer_chunk_elements, uint64_t{1} << 20);
 }
 
+// zinf.device_budget replaces the computed device budget when it holds what the engine computes
+// in (the slack may go), and is refused below that, naming both and what to lower.
+TEST(TierBudgetsTest, DeviceBudgetCapsTheDeviceTierOrIsRefused) {
+  BudgetModel shapes{.world_size = 1, .state_count = 2, .fp32_view = true};
+  shapes.modules = {{{1 << 20, false}}, {{1 << 20, false}}, {{1 << 20, false}}};
+  EngineConfig c;
+  c.offload_param_device = OffloadDevice::kCpu;
+  c.stage3_prefetch_bucket_size = 1 << 20;
+  const TierBudgets computed = ComputeTierBudgets(c, shapes);
+  // Twice a module's shard and gradient (fp32, one rank), the read-ahead window twice.
+  EXPECT_EQ(computed.device_need_bytes, 2 * (8u << 20) + 2 * (4u << 20));
+  EXPECT_EQ(computed.device_budget_bytes, computed.device_need_bytes + (64u << 20));
+  EXPECT_TRUE(CheckDeviceBudget(c, computed).ok());
+
+  c.device_budget_bytes = computed.device_need_bytes;  // no slack: taken
+  const TierBudgets capped = ComputeTierBudgets(c, shapes);
+  EXPECT_EQ(capped.device_budget_bytes, computed.device_need_bytes);
+  EXPECT_TRUE(CheckDeviceBudget(c, capped).ok());
+
+  c.device_budget_bytes = computed.device_need_bytes - 1;
+  const Status refused = CheckDeviceBudget(c, ComputeTierBudgets(c, shapes));
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("zinf.device_budget"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("stage3_prefetch_bucket_size"), std::string::npos) << refused;
+}
+
 }  // namespace
 }  // namespace zinf::plan
