@@ -203,7 +203,7 @@ class PipelinedOptimizer {
   // only NVMe chunks, each once per step, can be stepped so (else InvalidArgument). The
   // store's NVMe tier needs room for the new tensors. `writer` (optional) stands in for the
   // shard's writer in this call and must pass every call on to it (how a caller paces the
-  // step behind its reader: OptimizerOverlap).
+  // step behind its reader: StepBesideForward).
   Status StepChunks(int shard, const std::vector<size_t>& chunks, float grad_scale,
                     bool speculative, ParamWriter* writer = nullptr);
   // Ends the speculation of the shard's chunks: `commit` frees their old state; otherwise

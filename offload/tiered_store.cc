@@ -45,7 +45,7 @@ namespace zinf {
 // but one: a copy held when the job runs is left to its holders (Note [Evicting a held copy]).
 // WriteBackAsync is the same job keeping each copy once it is home: a step whose next
 // forward reads the shards soon after it writes them (Note [Step in the next forward's order]
-// in src/zero/optimizer_overlap.h) then costs no read, and the copies, clean, are dropped for
+// in src/zero/step_beside_forward.h) then costs no read, and the copies, clean, are dropped for
 // free when the tier needs their room.
 
 // Note [Evicting a held copy]

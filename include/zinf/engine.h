@@ -210,7 +210,7 @@ struct ZINF_EXPORT EngineConfig {
   // forward, chunk by chunk in the order that forward fetches the parameters: each fetch
   // waits only for its own module's parameters, and takes them from memory as the step
   // writes them instead of reading them back from NVMe (Note [Step in the next forward's
-  // order] in src/zero/optimizer_overlap.h). Bitwise the step run before the forward. The
+  // order] in src/zero/step_beside_forward.h). Bitwise the step run before the forward. The
   // next Gradients call, and whatever reads or changes the model or the optimizer
   // (GatherParameter, checkpoints, SetLearningRate), wait for it; its errors are theirs. The
   // step runs at most the next module (or stage3_prefetch_bucket_size elements) ahead of the

@@ -13,41 +13,21 @@
 
 namespace zinf {
 
-class OptimizerOverlap::PacedWriter final : public ParamWriter {
- public:
-  explicit PacedWriter(OptimizerOverlap* overlap) : o_(*overlap) {}
-  StatusOr<std::vector<CopyTarget>> Targets(const ChunkView& c) override {
-    return o_.writer_->Targets(c);
-  }
-  void Prefetch(const ChunkInfo& c) override { o_.writer_->Prefetch(c); }
-  Status Read(const ChunkView& c) override { return o_.writer_->Read(c); }
-  Status Store(const ChunkView& c) override { return o_.writer_->Store(c); }
-  Status Restart() override { return o_.writer_->Restart(); }
-  Status Updated(const ChunkView& c) override {
-    // chunks_ is in flat order: the chunk is the last one starting at or before c.offset.
-    auto it = std::upper_bound(o_.chunks_.begin(), o_.chunks_.end(), c.offset,
-                               [](size_t offset, const ChunkInfo& k) { return offset < k.offset; });
-    const size_t chunk = std::prev(it) - o_.chunks_.begin();
-    {
-      // Note [Step in the next forward's order]: at most `lead` elements ahead of the forward.
-      MutexLock lock(&o_.mu_);
-      while (o_.begins_at_[chunk] - std::min(o_.begins_at_[chunk], o_.asked_) > o_.lead_) {
-        o_.asked_moved_.Wait(&o_.mu_);
-      }
-      if (o_.cancel_) return Cancelled("the engine is closing");
+Status MapShardChunks(PipelinedOptimizer& optimizer, int shard, const std::vector<Param>& params,
+                      std::vector<ChunkInfo>* chunks, std::vector<std::vector<size_t>>* of) {
+  ZINF_ASSIGN_OR_RETURN(*chunks, optimizer.Chunks(shard));
+  of->assign(params.size(), {});
+  size_t c = 0;
+  for (size_t pi = 0; pi < params.size(); ++pi) {  // params and chunks both in flat order
+    const Param& p = params[pi];
+    while (c < chunks->size() && (*chunks)[c].offset + (*chunks)[c].count <= p.flat_offset) ++c;
+    for (size_t d = c; d < chunks->size() && (*chunks)[d].offset < p.flat_offset + p.shard_size;
+         ++d) {
+      (*of)[pi].push_back(d);
     }
-    Status s = o_.writer_->Updated(c);
-    if (s.ok()) {
-      MutexLock lock(&o_.mu_);
-      o_.done_[chunk] = true;
-    }
-    o_.progress_.SignalAll();
-    return s;
   }
-
- private:
-  OptimizerOverlap& o_;
-};
+  return OkStatus();
+}
 
 StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(const OverlapOptions& options,
                                                                      ParamWriter* writer) {
@@ -56,21 +36,8 @@ StatusOr<std::unique_ptr<OptimizerOverlap>> OptimizerOverlap::Create(const Overl
     return InvalidArgument("optimizer overlap: optimizer, cpu, params and writer must be set");
   }
   std::unique_ptr<OptimizerOverlap> self(new OptimizerOverlap(options, writer));
-  ZINF_ASSIGN_OR_RETURN(self->chunks_, options.optimizer->Chunks(options.shard));
-  const std::vector<Param>& params = *options.params;
-  self->of_.resize(params.size());
-  size_t c = 0;
-  for (size_t pi = 0; pi < params.size(); ++pi) {  // params and chunks both in flat order
-    const Param& p = params[pi];
-    while (c < self->chunks_.size() &&
-           self->chunks_[c].offset + self->chunks_[c].count <= p.flat_offset) {
-      ++c;
-    }
-    for (size_t d = c;
-         d < self->chunks_.size() && self->chunks_[d].offset < p.flat_offset + p.shard_size; ++d) {
-      self->of_[pi].push_back(d);
-    }
-  }
+  ZINF_RETURN_IF_ERROR(MapShardChunks(*options.optimizer, options.shard, *options.params,
+                                      &self->chunks_, &self->of_));
   return self;
 }
 
@@ -78,7 +45,6 @@ OptimizerOverlap::OptimizerOverlap(const OverlapOptions& options, ParamWriter* w
     : options_(options), writer_(writer) {}
 
 OptimizerOverlap::~OptimizerOverlap() {
-  Cancel();
   if (!armed_) return;
   Stop().IgnoreError();
   Abandon().IgnoreError();
@@ -247,123 +213,6 @@ Status OptimizerOverlap::Finish(std::optional<float> scale) {
   ZINF_ASSIGN_OR_RETURN(std::vector<size_t> rest, Resolve(scale));
   if (rest.empty()) return OkStatus();
   return options_.optimizer->StepChunks(options_.shard, rest, *scale, false);
-}
-
-std::vector<size_t> OptimizerOverlap::ChunkOrder(const std::vector<int>& params) const {
-  std::vector<size_t> order;
-  std::vector<bool> taken(chunks_.size(), false);
-  auto take = [&](size_t c) {
-    if (!taken[c]) order.push_back(c);
-    taken[c] = true;
-  };
-  for (int pi : params) {
-    if (pi >= 0 && static_cast<size_t>(pi) < of_.size()) {
-      for (size_t c : of_[pi]) take(c);
-    }
-  }
-  for (size_t c = 0; c < chunks_.size(); ++c) take(c);
-  return order;
-}
-
-Status OptimizerOverlap::Start(std::optional<float> scale, const std::vector<size_t>& order,
-                               uint64_t lead) {
-  ZINF_RETURN_IF_ERROR(Wait());
-  ZINF_ASSIGN_OR_RETURN(std::vector<size_t> rest, Resolve(scale));
-  if (rest.empty()) return OkStatus();
-  std::vector<bool> left(chunks_.size(), false);
-  for (size_t c : rest) left[c] = true;
-  std::vector<size_t> ordered;
-  for (size_t c : order) {
-    if (c < left.size() && left[c]) ordered.push_back(c);
-    if (c < left.size()) left[c] = false;
-  }
-  for (size_t c = 0; c < left.size(); ++c) {
-    if (left[c]) ordered.push_back(c);
-  }
-  {
-    MutexLock lock(&mu_);
-    done_.assign(chunks_.size(), true);
-    for (size_t c : ordered) done_[c] = false;
-    begins_at_.assign(chunks_.size(), 0);
-    ends_at_.assign(chunks_.size(), 0);
-    uint64_t at = 0;
-    for (size_t c : ordered) {
-      begins_at_[c] = at;
-      ends_at_[c] = at += chunks_[c].count;
-    }
-    asked_ = 0;
-    lead_ = lead;
-    beside_forward_error_ = OkStatus();
-    beside_forward_seconds_ = 0;
-    beside_forward_running_ = true;
-  }
-  beside_forward_ = std::thread([this, ordered = std::move(ordered), scale = *scale] {
-    NameThisThread("zinf-optim");
-    TransferCounters::MarkWorkerThread();  // Note [Transfer counters]
-    PacedWriter paced(this);
-    const auto t0 = std::chrono::steady_clock::now();
-    Status s = options_.optimizer->StepChunks(options_.shard, ordered, scale, false, &paced);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    {
-      MutexLock lock(&mu_);
-      beside_forward_seconds_ = seconds;
-      if (!s.ok())
-        beside_forward_error_ = std::move(s).WithContext("the optimizer step beside forward");
-      beside_forward_running_ = false;
-    }
-    progress_.SignalAll();
-  });
-  return OkStatus();
-}
-
-bool OptimizerOverlap::SteppedLocked(const std::vector<int>& params) const {
-  for (int pi : params) {
-    for (size_t c : of_[pi]) {
-      if (!done_[c]) return false;
-    }
-  }
-  return true;
-}
-
-bool OptimizerOverlap::ParamsStepped(const std::vector<int>& params) {
-  if (!beside_forward_.joinable()) return true;
-  MutexLock lock(&mu_);
-  return SteppedLocked(params);
-}
-
-Status OptimizerOverlap::WaitForParams(const std::vector<int>& params) {
-  if (!beside_forward_.joinable()) return OkStatus();
-  MutexLock lock(&mu_);
-  for (int pi : params) {
-    for (size_t c : of_[pi]) asked_ = std::max(asked_, ends_at_[c]);
-  }
-  asked_moved_.SignalAll();
-  while (beside_forward_running_ && !SteppedLocked(params)) progress_.Wait(&mu_);
-  return beside_forward_error_;
-}
-
-void OptimizerOverlap::Cancel() {
-  if (!beside_forward_.joinable()) return;
-  {
-    MutexLock lock(&mu_);
-    cancel_ = true;
-  }
-  Wait().IgnoreError();
-  MutexLock lock(&mu_);
-  cancel_ = false;
-}
-
-Status OptimizerOverlap::Wait() {
-  if (!beside_forward_.joinable()) return OkStatus();
-  {
-    MutexLock lock(&mu_);
-    asked_ = UINT64_MAX;
-  }
-  asked_moved_.SignalAll();
-  beside_forward_.join();
-  MutexLock lock(&mu_);
-  return std::exchange(beside_forward_error_, OkStatus());
 }
 
 }  // namespace zinf

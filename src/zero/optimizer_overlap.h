@@ -1,5 +1,7 @@
 // OptimizerOverlap: the NVMe optimizer step run while backward goes on, chunk by chunk as the
-// gradients become final, bitwise equal to the step run after backward.
+// gradients become final, bitwise equal to the step run after backward. What is left of it
+// once the norm is known runs after backward (Finish) or beside the next forward
+// (StepBesideForward, step_beside_forward.h).
 //
 // Note [Overlapped step]
 // The optimizer's NVMe pass (read each chunk's master and state, update, write back) is the
@@ -25,23 +27,6 @@
 // While the step is under way (armed), what would read or change what the worker writes is
 // refused: fetching a module already reduced for the last time, gathering or setting a
 // parameter, the learning rate, checkpoints.
-//
-// Note [Step in the next forward's order]
-// Once the norm is known, a step that did not run beside backward (nothing speculated, as in
-// a run that clips every step, or the speculation dropped) need not finish before the next
-// batch begins: Start steps its chunks on a thread in the order the next forward fetches their
-// parameters, and WaitForParams lets each fetch wait for its own parameters only. The forward's
-// compute then runs beside the optimizer's NVMe pass instead of after it, and since the step writes
-// each parameter just before the forward reads it, the parameter tier keeps the written copy
-// (TieredStore::WriteBackAsync) and the fetch takes it from memory instead of reading back
-// from NVMe what was just written. The update is element-wise, so the order changes no bit.
-// The step runs at most a lead (the next module, as a read-ahead would) past the furthest
-// parameters the forward has asked for: a trainer that takes its time before the forward (a
-// slow data loader) does not find the step done and every parameter it wrote held in memory.
-// Waiting for the whole step lifts the bound, and the engine then keeps no copies, since no
-// forward is coming for them. The pass cannot outlast that forward (its last module waits for
-// it) nor start before backward's last gradient, so a clipped step takes at least
-// max(forward, the pass's I/O) + backward, whatever the chunks' order.
 //
 // Thread-safety: one thread (the engine's) calls it; the worker runs inside.
 #ifndef ZINF_ZERO_OPTIMIZER_OVERLAP_H_
@@ -76,6 +61,11 @@ struct OverlapOptions {
   uint64_t speculation_limit = UINT64_MAX;
 };
 
+// The pipelined optimizer's chunks of `shard`, in flat order, into `chunks`, and for each of
+// `params` (laid out over the shard) the chunks it touches into `of`.
+Status MapShardChunks(PipelinedOptimizer& optimizer, int shard, const std::vector<Param>& params,
+                      std::vector<ChunkInfo>* chunks, std::vector<std::vector<size_t>>* of);
+
 class OptimizerOverlap {
  public:
   // `writer` is the shard's (ShardSpec::writer; not owned, it outlives this object): it sees
@@ -103,42 +93,14 @@ class OptimizerOverlap {
   // wrongly, and returns the first error; after an error no chunk keeps a speculative state
   // and the step count is as before the step.
   Status Finish(std::optional<float> scale);
-  // Finish, with the chunks left to step stepped on a thread of their own in `order` (chunk
-  // indices; those it leaves out follow in flat order), so that the caller goes on meanwhile
-  // (Note [Step in the next forward's order]). The speculation is resolved before it returns
-  // (its errors are returned here); the step's own errors come from WaitForParams and Wait.
-  // A skipped step (`scale` nullopt) is done here, as Finish does it. A chunk's new parameters
-  // reach `updated` only once the chunks before it in `order` that WaitForParams has not yet
-  // asked for come to at most `lead` elements: the step keeps no more than that ahead of the
-  // forward (Wait lifts the bound).
-  Status Start(std::optional<float> scale, const std::vector<size_t>& order,
-               uint64_t lead = UINT64_MAX);
+  // Finish's first part: resolves the speculation and says which chunks are left to step with
+  // `*scale` (none for a skipped step, which it completes), for a caller that steps them
+  // itself (StepBesideForward).
+  StatusOr<std::vector<size_t>> Resolve(std::optional<float> scale);
   // Whether a step of this scale keeps what was speculated beside backward (most of the
   // step, then: the engine finishes such a step at once, so that a step runs either wholly
   // before the next batch or wholly beside its forward).
   bool KeepsSpeculation(float scale) const { return armed_ && scale == scale_; }
-  // Whether a step begun by Start has not been waited for.
-  bool in_flight() const { return beside_forward_.joinable(); }
-  // Waits until every chunk the parameters touch is stepped (or the step has failed: its
-  // error), letting the step run `lead` elements past them. OK at once when no step is in
-  // flight.
-  Status WaitForParams(const std::vector<int>& params);
-  // Whether every chunk the parameters touch is stepped (true when no step is in flight).
-  bool ParamsStepped(const std::vector<int>& params);
-  // Waits for the step begun by Start; its first error.
-  Status Wait();
-  // Stops the step begun by Start before its next chunk and waits for it: the chunks it has
-  // not stepped stay as they were (for an engine that is closing, whose state goes with it).
-  void Cancel();
-  // Seconds the last step begun by Start took on its thread (once waited for).
-  double started_seconds() const {
-    MutexLock lock(&mu_);
-    return beside_forward_seconds_;
-  }
-  // The chunks of the given parameters, in that order, each once, then the others in flat
-  // order: the order for Start.
-  std::vector<size_t> ChunkOrder(const std::vector<int>& params) const;
-
   // Seconds the worker spent stepping this step (hidden behind backward, when it was).
   double overlapped_seconds() const {
     MutexLock lock(&mu_);
@@ -146,9 +108,6 @@ class OptimizerOverlap {
   }
 
  private:
-  // Stands in for the writer in a step begun by Start: hands each chunk on at most the lead
-  // ahead of the forward, and marks it done.
-  class PacedWriter;
   OptimizerOverlap(const OverlapOptions& options, ParamWriter* writer);
   void Work();
   // Stops the worker after the batch it is stepping; its error, if any.
@@ -156,11 +115,6 @@ class OptimizerOverlap {
   // Every chunk's speculative state dropped, their old parameters shown to the writer again,
   // and the step count set back.
   Status Abandon();
-  // Finish's first part: resolves the speculation and says which chunks are left to step with
-  // `*scale` (none for a skipped step, which it completes).
-  StatusOr<std::vector<size_t>> Resolve(std::optional<float> scale);
-  // Whether every chunk the parameters touch is stepped.
-  bool SteppedLocked(const std::vector<int>& params) const ZINF_REQUIRES(mu_);
 
   const OverlapOptions options_;
   ParamWriter* const writer_;
@@ -171,7 +125,7 @@ class OptimizerOverlap {
   float scale_ = 1.0f;
   std::vector<std::pair<int, int64_t>> step_before_;  // each of the shard's groups' step
 
-  // The worker's, and the step begun by Start's, state shared with the engine's thread.
+  // The worker's state shared with the engine's thread.
   mutable Mutex mu_;
   // Per chunk, this step (speculatively or not).
   std::vector<bool> stepped_ ZINF_GUARDED_BY(mu_);
@@ -182,22 +136,6 @@ class OptimizerOverlap {
   bool stop_ ZINF_GUARDED_BY(mu_) = false;
   Status worker_error_ ZINF_GUARDED_BY(mu_);
   std::thread worker_;
-
-  // The step begun by Start.
-  std::vector<bool> done_ ZINF_GUARDED_BY(mu_);  // per chunk
-  // Per chunk: the elements of the chunks before it in the step's order, and with it.
-  std::vector<uint64_t> begins_at_ ZINF_GUARDED_BY(mu_);
-  std::vector<uint64_t> ends_at_ ZINF_GUARDED_BY(mu_);
-  // The furthest ends_at_ of the chunks WaitForParams asked for.
-  uint64_t asked_ ZINF_GUARDED_BY(mu_) = 0;
-  uint64_t lead_ ZINF_GUARDED_BY(mu_) = UINT64_MAX;
-  bool cancel_ ZINF_GUARDED_BY(mu_) = false;
-  CondVar asked_moved_;  // asked_ grew
-  CondVar progress_;     // a chunk was done, or the step ended
-  Status beside_forward_error_ ZINF_GUARDED_BY(mu_);
-  double beside_forward_seconds_ ZINF_GUARDED_BY(mu_) = 0;
-  bool beside_forward_running_ ZINF_GUARDED_BY(mu_) = false;
-  std::thread beside_forward_;
 };
 
 }  // namespace zinf

@@ -83,7 +83,7 @@ StatusOr<int> OptimizerStep::AddParamGroup(const OptimizerHyperParams& hyper_par
 OptimizerStep::~OptimizerStep() {
   // A step beside the forward uses the parts below; its result would go with them, so it
   // stops at its next chunk.
-  if (overlap_ != nullptr) overlap_->Cancel();
+  if (beside_ != nullptr) beside_->Cancel();
   if (delayed_.valid()) delayed_.wait();
 }
 
@@ -176,7 +176,7 @@ int OptimizerStep::state_count() const { return optimizer_->group(0)->hyper_para
 double OptimizerStep::learning_rate(int group) const {
   if (group < 0 || group >= num_groups()) return std::nan("");
   // A step beside the forward applies its schedule once done; the rate is already this.
-  if (step_in_flight_ && !config_.scheduler.type.empty()) {
+  if (step_in_flight() && !config_.scheduler.type.empty()) {
     return ScheduleAt(config_.scheduler, initial_lrs_[group], steps_).lr;
   }
   StatusOr<ParamGroupState> state = optimizer_->group(group);
@@ -356,10 +356,11 @@ Status OptimizerStep::BeginLastMicroBatch(double mean_scale) {
 
 Status OptimizerStep::BeforeFetch(int module) {
   // Note [Step in the next forward's order]: only this module's parameters need be stepped.
-  return Context(WaitForStep(module), "the optimizer step beside forward");
+  if (beside_ == nullptr) return OkStatus();
+  return Context(beside_->WaitForModule(module), "the optimizer step beside forward");
 }
 
-Status OptimizerStep::BeforeGradients() { return WaitForStep(-1); }
+Status OptimizerStep::BeforeGradients() { return FinishStepBesideForward(); }
 
 Status OptimizerStep::WaitDelayedUpdate() {
   if (!delayed_.valid()) return OkStatus();
@@ -367,7 +368,7 @@ Status OptimizerStep::WaitDelayedUpdate() {
 }
 
 Status OptimizerStep::Quiesce(std::string_view what) {
-  ZINF_RETURN_IF_ERROR(WaitForStep(-1));
+  ZINF_RETURN_IF_ERROR(FinishStepBesideForward());
   ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
   if (overlap_ == nullptr || !overlap_->armed()) return OkStatus();
   return FailedPrecondition(fmt::format(
@@ -379,10 +380,7 @@ Status OptimizerStep::Quiesce(std::string_view what) {
 }
 
 Status OptimizerStep::LandLastStep(StepSummary* summary) {
-  // A step beside the forward is reported by the next step's summary: it ran during this
-  // batch.
-  summary->seconds_optimizer_compute += std::exchange(beside_compute_seconds_, 0);
-  summary->seconds_optimizer_overlapped += std::exchange(beside_overlapped_seconds_, 0);
+  if (beside_ != nullptr) beside_->TakeTimes(summary);
   ZINF_RETURN_IF_ERROR(WaitDelayedUpdate());
   if (!std::exchange(delayed_tier_write_, false)) return OkStatus();
   summary->seconds_optimizer_compute = delayed_seconds_;
@@ -429,7 +427,7 @@ Status OptimizerStep::Run(std::optional<float> grad_scale, bool delay, StepSumma
   ++steps_;
   // As DeepSpeed's scheduler.step(), after the step (a delayed one, or one beside the next
   // forward: once it has run).
-  if (!delay && !step_in_flight_) *scheduled = ApplySchedule();
+  if (!delay && !step_in_flight()) *scheduled = ApplySchedule();
   // Stages 1 and 2 keep the whole model gathered: refresh it now.
   if (config_.zero_stage < 3 && !delay) {
     ZINF_RETURN_IF_ERROR(Context(placement_.param_tier->GatherPersistent(), "re-gathering"));
@@ -448,7 +446,7 @@ Status OptimizerStep::StepHost(const OptimizerSpan& span, float grad_scale) {
 }
 
 void OptimizerStep::EndBatch() {
-  if (!step_in_flight_) ResetGradients();  // else the step still reads them
+  if (!step_in_flight()) ResetGradients();  // else the step still reads them
   std::fill(final_adds_.begin(), final_adds_.end(), 0);
 }
 

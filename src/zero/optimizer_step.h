@@ -3,7 +3,7 @@
 // accumulators and the optimizer state (host memory, or NVMe chunks stepped by the
 // PipelinedOptimizer), and the update in each of its schedules: after backward, beside
 // backward (Note [Overlapped step] in optimizer_overlap.h), beside the next forward (Note [Step
-// in the next forward's order], same file) and a batch late (Note [Delayed parameter
+// in the next forward's order] in step_beside_forward.h) and a batch late (Note [Delayed parameter
 // update] in optimizer_step.cc). What it asks of the engine is the parameter tier, which it
 // writes with the new parameters, and the store its arrays live in.
 //
@@ -40,6 +40,7 @@
 #include "zero/optimizer_overlap.h"
 #include "zero/param_tier.h"
 #include "zero/partition.h"
+#include "zero/step_beside_forward.h"
 #include "zero/store_array.h"
 #include "zinf/cpu_optimizer.h"
 #include "zinf/engine.h"
@@ -211,17 +212,13 @@ class OptimizerStep final : public GradientSink {
   void ResetGradients();
   // Zeroes the accumulators of parameters with no gradient in the batch (final_adds_ 0).
   void ZeroGradientsNotWritten();
-  // Whether the NVMe step's last part runs beside the next forward (zinf.step_beside_forward
-  // where it applies: the parameter tier written from the step's chunks, stage 3).
-  bool StepsBesideForward() const;
   // The step over NVMe-resident state, finishing what ran alongside backward (NVMe step in
   // optimizer_step_nvme.cc).
   Status RunNvme(std::optional<float> grad_scale, StepSummary* summary);
-  // The order of the next forward's parameters and how far the step may run ahead of it.
-  std::vector<int> NextForwardOrder(uint64_t* lead) const;
-  // The step beside the forward: waits for module `module`'s parameters and writes its
-  // persistent ones (-1: the whole step, and what Run left for after it).
-  Status WaitForStep(int module);
+  // Whether the step's last part still runs beside the next forward.
+  bool step_in_flight() const { return beside_ != nullptr && beside_->in_flight(); }
+  // The step beside the forward finished, and what Run left for after it done.
+  Status FinishStepBesideForward();
   Status WaitDelayedUpdate();
   Status Context(Status s, std::string_view what) const;
 
@@ -243,19 +240,18 @@ class OptimizerStep final : public GradientSink {
 
   // offload_optimizer.device = nvme: the pipelined step over the shard's chunks, their
   // ParamWriter (the writes of the parameter tier from them, or with a host master the copy
-  // into it: param_writer()), the step beside backward and forward, and
-  // zinf.gradients_on_nvme's accumulators. Declared in the order they use each other.
+  // into it: param_writer()), the step beside backward, zinf.gradients_on_nvme's accumulators
+  // and the step beside the next forward (null where zinf.step_beside_forward does not apply:
+  // it needs the parameter tier written from the step's chunks, and stage 3). Declared in the
+  // order they use each other.
   std::unique_ptr<PipelinedOptimizer> pipelined_;
   int nvme_shard_ = -1;
   std::unique_ptr<ParamTier::ChunkWriter> tier_writer_;
   std::unique_ptr<ParamWriter> master_writer_;
   std::unique_ptr<OptimizerOverlap> overlap_;
   std::unique_ptr<NvmeGradients> nvme_grads_;
+  std::unique_ptr<StepBesideForward> beside_;
   bool speculate_ = true;
-  bool step_in_flight_ = false;
-  LinkStats nvme_read_beside_, nvme_written_beside_;
-  // The time of steps beside the forward finished since LandLastStep.
-  double beside_compute_seconds_ = 0, beside_overlapped_seconds_ = 0;
 
   // zinf.delayed_param_update: the step's gradients, which the update in flight reads while
   // the next batch accumulates; the update; whether its parameters still have to reach the

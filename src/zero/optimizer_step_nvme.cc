@@ -1,7 +1,7 @@
 // The optimizer step over NVMe-resident state (offload_optimizer.device = nvme): the shard's
 // chunks in the PipelinedOptimizer, the parameter tier written from them, and the step beside
-// backward and beside the next forward (Notes [Overlapped step] and [Step in the next
-// forward's order] in optimizer_overlap.h). See optimizer_step.h.
+// backward and beside the next forward (Note [Overlapped step] in optimizer_overlap.h, Note
+// [Step in the next forward's order] in step_beside_forward.h). See optimizer_step.h.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -94,55 +94,28 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
                               config_.ReductionsPerStep(),
                               [o = overlap_.get()](size_t c) { o->MarkChunkFinal(c); }));
   }
-  return OkStatus();
-}
-
-bool OptimizerStep::StepsBesideForward() const {
-  return config_.step_beside_forward && tier_writer_ != nullptr && config_.zero_stage == 3;
-}
-
-std::vector<int> OptimizerStep::NextForwardOrder(uint64_t* lead) const {
-  // The parameters in the order the next forward fetches their modules, as the first batch
-  // recorded it (flat order before that). The step keeps the parameters it writes in memory
-  // for the forward, but only the next module's (or stage3_prefetch_bucket_size elements)
-  // ahead of it, as a read-ahead would.
-  const std::vector<Module>& modules = *placement_.modules;
-  std::vector<int> order;
-  std::vector<char> seen(modules.size(), 0);
-  *lead = config_.stage3_prefetch_bucket_size;
-  for (int module : placement_.param_tier->fetch_order()) {
-    if (std::exchange(seen[module], 1) != 0) continue;
-    const std::vector<int>& mine = modules[module].params;
-    order.insert(order.end(), mine.begin(), mine.end());
-    uint64_t elements = 0;
-    for (int pi : mine) elements += (*placement_.params)[pi].shard_size;
-    *lead = std::max(*lead, elements);
+  if (config_.step_beside_forward && tier_writer_ != nullptr && config_.zero_stage == 3) {
+    ZINF_ASSIGN_OR_RETURN(
+        beside_,
+        StepBesideForward::Create({.optimizer = pipelined_.get(),
+                                   .shard = nvme_shard_,
+                                   .params = at.params,
+                                   .modules = at.modules,
+                                   .param_tier = at.param_tier,
+                                   .writer = tier_writer_.get(),
+                                   .store = at.store,
+                                   .prefetch_bucket_elements = config_.stage3_prefetch_bucket_size,
+                                   .rank = at.rank}));
   }
-  return order;
+  return OkStatus();
 }
 
 Status OptimizerStep::RunNvme(std::optional<float> grad_scale, StepSummary* summary) {
   if (tier_writer_ != nullptr && !overlap_->armed()) tier_writer_->Begin();
-  if (grad_scale && StepsBesideForward() && !overlap_->KeepsSpeculation(*grad_scale)) {
+  if (grad_scale && beside_ != nullptr && !overlap_->KeepsSpeculation(*grad_scale)) {
     // Note [Step in the next forward's order].
-    uint64_t lead = 0;
-    const std::vector<int> order = NextForwardOrder(&lead);
-    tier_writer_->KeepWrittenCopies(true);
-    const TieredStoreStats before = placement_.store->stats();
-    nvme_read_beside_ = before.nvme_to_host;
-    nvme_written_beside_ = before.host_to_nvme;
-    ZINF_RETURN_IF_ERROR(overlap_->Start(grad_scale, overlap_->ChunkOrder(order), lead));
+    ZINF_RETURN_IF_ERROR(beside_->Start(*overlap_, *grad_scale));
     summary->seconds_optimizer_overlapped += overlap_->overlapped_seconds();
-    if (!overlap_->in_flight()) {  // nothing was left to step
-      tier_writer_->KeepWrittenCopies(false);
-      return tier_writer_->Finish();
-    }
-    step_in_flight_ = true;
-    // The parameter tier's fetches wait for the step only where it has not written yet, and
-    // drop what it kept for them once they have taken it.
-    placement_.param_tier->SetWritten([this](int module) {
-      return overlap_->ParamsStepped((*placement_.modules)[module].params);
-    });
     return OkStatus();
   }
   Status stepped = overlap_->Finish(grad_scale);
@@ -162,28 +135,14 @@ Status OptimizerStep::RunNvme(std::optional<float> grad_scale, StepSummary* summ
 
 void OptimizerStep::NvmeMetersAtStepEnd(const TieredStoreStats& now, LinkStats* read,
                                         LinkStats* written) const {
-  *read = step_in_flight_ ? nvme_read_beside_ : now.nvme_to_host;
-  *written = step_in_flight_ ? nvme_written_beside_ : now.host_to_nvme;
+  const bool beside = step_in_flight();
+  *read = beside ? beside_->nvme_read_at_start() : now.nvme_to_host;
+  *written = beside ? beside_->nvme_written_at_start() : now.host_to_nvme;
 }
 
-Status OptimizerStep::WaitForStep(int module) {
-  if (!step_in_flight_) return OkStatus();
-  if (module >= 0) {
-    const std::vector<int>& mine = (*placement_.modules)[module].params;
-    ZINF_RETURN_IF_ERROR(overlap_->WaitForParams(mine));
-    return tier_writer_->WritePersistent(mine);
-  }
-  step_in_flight_ = false;
-  placement_.param_tier->SetWritten(nullptr);
-  // No forward takes what the step writes from here on (the end of a run, a checkpoint).
-  tier_writer_->KeepWrittenCopies(false);
-  Status stepped = overlap_->Wait();
-  Status written = tier_writer_->Finish();
-  // The next step's summary reports it: it ran during the next batch.
-  beside_compute_seconds_ += pipelined_->last_step_stats().compute_seconds;
-  beside_overlapped_seconds_ += overlap_->started_seconds();
-  ZINF_RETURN_IF_ERROR(Context(std::move(stepped), "the optimizer step beside forward"));
-  ZINF_RETURN_IF_ERROR(Context(std::move(written), "writing the parameter tier"));
+Status OptimizerStep::FinishStepBesideForward() {
+  if (!step_in_flight()) return OkStatus();
+  ZINF_RETURN_IF_ERROR(beside_->Finish());
   ResetGradients();
   return ApplySchedule();
 }

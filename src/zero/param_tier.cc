@@ -298,7 +298,7 @@ Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<f
   m.fetched = true;
   PrefetchGathers();
   // A step beside the forward keeps what it writes only until the fetch has taken it.
-  if (written_) DropHostCopies(module);
+  if (step_writes_ != nullptr) DropHostCopies(module);
   return OkStatus();
 }
 
@@ -470,7 +470,7 @@ void ParamTier::ReadAhead(uint64_t live) {
   for (size_t k = 0; k < n; ++k) {
     size_t i = fetch_cursor_ + k;
     if (i >= n && !cyclic_) break;
-    if (written_ && !written_(fetch_order_[i % n])) break;
+    if (step_writes_ != nullptr && !step_writes_->Written(fetch_order_[i % n])) break;
     const Module& next = (*modules_)[fetch_order_[i % n]];
     if (k > 0 && ahead >= options_.prefetch_bucket_elements) break;
     uint64_t needed = 0;
@@ -498,7 +498,7 @@ void ParamTier::ReadAhead(uint64_t live) {
 // they run on the communicator's thread while the module just fetched computes. Every rank
 // makes the same decision, so the collectives stay in step.
 void ParamTier::PrefetchGathers() {
-  if (!prefetching_ || comm_->world_size() == 1 || written_) return;
+  if (!prefetching_ || comm_->world_size() == 1 || step_writes_ != nullptr) return;
   size_t cursor = fetch_cursor_;
   if (cyclic_ && cursor == fetch_order_.size()) cursor = 0;
   if (cursor >= fetch_order_.size()) return;

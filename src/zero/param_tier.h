@@ -162,13 +162,19 @@ class ParamTier {
     static const std::vector<int> kNone;
     return recording_ ? kNone : fetch_order_;
   }
-  // While the step is still writing the tier (Note [Step in the next forward's order] in
-  // optimizer_overlap.h), `written` says whether a module's shards hold their new values:
-  // read-ahead stops at the first module that does not, and no gather starts ahead of its
+  // A step still writing the tier as the forward fetches (Note [Step in the next forward's
+  // order] in step_beside_forward.h).
+  class StepWrites {
+   public:
+    virtual ~StepWrites() = default;
+    // Whether module `module`'s shards hold their new values.
+    virtual bool Written(int module) = 0;
+  };
+  // While `step` is still writing the tier (not owned; null when the tier is written),
+  // read-ahead stops at the first module it has not written, and no gather starts ahead of its
   // fetch (the ranks' steps progress apart, and every rank must start the same collectives).
-  // Null when the tier is written. Meanwhile a fetch drops the host copies the step kept for
-  // it once it has taken them.
-  void SetWritten(std::function<bool(int module)> written) { written_ = std::move(written); }
+  // Meanwhile a fetch drops the host copies the step kept for it once it has taken them.
+  void SetStepWrites(StepWrites* step) { step_writes_ = step; }
 
   // Overwrites parameter `p`'s shard: BeginWrite returns host-addressable memory for its
   // TierBytes, EndWrite stores it (starting the write-back when the home is NVMe). Drops
@@ -251,7 +257,7 @@ class ParamTier {
   size_t period_ = 0;           // while recording: the repetition being checked, 0 for none
   bool warned_ = false;
   size_t fetch_cursor_ = 0;  // position in fetch_order_ this batch
-  std::function<bool(int module)> written_;
+  StepWrites* step_writes_ = nullptr;
   ParamTierCounters counters_;
 };
 
@@ -281,7 +287,8 @@ class ParamTier::ChunkWriter final : public ParamWriter {
   // Starts a step's writes: every parameter unwritten.
   void Begin();
   // Whether the written shards' host copies stay once written back, for a forward that reads
-  // them soon (Note [Step in the next forward's order]); else they are evicted. Also while a
+  // them soon (Note [Step in the next forward's order] in step_beside_forward.h); else they
+  // are evicted. Also while a
   // step writes: from its next batch of write-backs on.
   void KeepWrittenCopies(bool keep) { write_backs_.set_keep(keep); }
   // Drops the writes so far, to write every parameter touched again from the start (a
