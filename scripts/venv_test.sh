@@ -5,7 +5,8 @@
 # (so Debian's python3-torch 1.13 and numpy are visible), and from a directory unrelated to the
 # source tree checks the installed package: its version against CMakeLists.txt and the wheel's
 # metadata, the `zinf` console script (--version, info), the RUNPATHs of the installed files,
-# and the Python tests (tests/python/run.py) against it.
+# and the Python tests (tests/python/run.py) against it: a smoke test under Debian's torch (the
+# build tree's ctest runs them all under it), and the engine's and integrations' under torch 2.x.
 #
 # With --torch2 (unless ZINF_VENV_TORCH2=0; or ZINF_VENV_TORCH2=1 alone) the same wheel is also
 # tested against PyTorch 2.x from pip, in build/venv-torch2/: made once (PyPI's torch and its
@@ -128,14 +129,14 @@ print("   import zinf:", zinf.__version__, "from", zinf.__file__)' "$version" "$
 }
 
 passed_count=0 failed_count=0 skipped_count=0
-# run_python_tests VENV [NAME...]: tests/python against the installed package. test_zero launches its
-# 2-process runs with $ZINF_BUILD_DIR/bin/zinf: here the console script.
+# run_python_tests VENV NAME...: tests/python's test_NAME against the installed package. test_zero
+# launches its 2-process runs with $ZINF_BUILD_DIR/bin/zinf: here the console script.
 run_python_tests() {
   local env=$1
   shift
   ln -sfn "$env/bin" "$scratch/bin"
   local failed=0 name rc
-  for name in optim nvme zero cuda_allocator initialize monitoring "$@"; do
+  for name in "$@"; do
     local t0=$SECONDS
     set +e
     (cd "$away" && env -u PYTHONPATH ZINF_BUILD_DIR="$scratch" ZINF_SOURCE_DIR="$root" \
@@ -159,8 +160,10 @@ logged "$venv/bin/pip" install --no-index --no-deps "$wheel"
 check_installed "$venv"
 torch_version=$(cd "$away" && "$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)
 took
-step "tests/python against the installed package (torch $torch_version)"
-run_python_tests "$venv"
+# The build tree's ctest runs every Python test under this same torch; here the installed
+# wheel's engine and optimizer are checked, and the rest runs against it under torch 2.x below.
+step "tests/python against the installed package (torch $torch_version): a smoke test"
+run_python_tests "$venv" optim monitoring
 took
 
 if [ "$torch2" = 1 ]; then
@@ -189,8 +192,8 @@ if [ "$torch2" = 1 ]; then
   # zinf.initialize with Hugging Face's DeepSpeed config, and their round trips through
   # `zinf ckpt export --hf` and import (skipped in the build tree's run, whose Debian torch 1.13
   # has no transformers).
-  run_python_tests "$t2" torch_models hf_initialize hf_checkpoints zero_init_large hf_trainer \
-    lightning
+  run_python_tests "$t2" optim nvme zero cuda_allocator initialize monitoring torch_models \
+    hf_initialize hf_checkpoints zero_init_large hf_trainer lightning
   took
 fi
 echo "venv_test: $passed_count passed, $failed_count failed, $skipped_count skipped"
