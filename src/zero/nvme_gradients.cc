@@ -11,9 +11,9 @@ namespace zinf {
 
 StatusOr<std::unique_ptr<NvmeGradients>> NvmeGradients::Create(
     PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
-    int accumulation_steps, std::function<void(size_t chunk)> final, uint64_t max_staging_bytes) {
+    int accumulation_steps, FinalChunks* final, uint64_t max_staging_bytes) {
   std::unique_ptr<NvmeGradients> self(new NvmeGradients(
-      optimizer, shard, cpu, store, accumulation_steps, std::move(final), max_staging_bytes));
+      optimizer, shard, cpu, store, accumulation_steps, final, max_staging_bytes));
   ZINF_ASSIGN_OR_RETURN(std::vector<ChunkInfo> chunks, optimizer->Chunks(shard));
   self->chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -110,9 +110,8 @@ Status NvmeGradients::Flush(size_t c) {
   chunk.arrived = 0;
   optimizer_->WriteChunkGradientsAsync(
       shard_, c, chunk.written.data(),
-      [waiter = chunk.writing.get(), final = last ? final_ : std::function<void(size_t)>(),
-       c](Status s) {
-        if (s.ok() && final) final(c);
+      [waiter = chunk.writing.get(), final = last ? final_ : nullptr, c](Status s) {
+        if (s.ok() && final != nullptr) final->MarkChunkFinal(c);
         waiter->Done(std::move(s));
       });
   return OkStatus();

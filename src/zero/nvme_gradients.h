@@ -14,8 +14,8 @@
 // the largest parameter, and those whose write is still in flight, at most max_staging_bytes: past
 // it, taking a buffer waits for the oldest write) instead of four bytes per parameter. Writes are
 // asynchronous; a chunk's read-back in a later micro-batch waits for its write. When a
-// chunk's last write of the batch is on disk, `final` hears of it (from the I/O thread):
-// the overlapped step may update it from then on.
+// chunk's last write of the batch is on disk, its FinalChunks hears of it (from the I/O
+// thread): the overlapped step may update it from then on.
 //
 // Thread-safety: one thread (the engine's).
 #ifndef ZINF_ZERO_NVME_GRADIENTS_H_
@@ -23,7 +23,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -38,16 +37,25 @@
 
 namespace zinf {
 
+// Who hears that a chunk's gradients for the batch are all on disk: the step beside backward
+// (OptimizerOverlap).
+class FinalChunks {
+ public:
+  virtual ~FinalChunks() = default;
+  // Chunk `chunk` is final; any thread.
+  virtual void MarkChunkFinal(size_t chunk) = 0;
+};
+
 class NvmeGradients {
  public:
   // `optimizer`'s shard `shard` keeps its own fp32 gradients (ShardSpec::host_grads null);
   // `cpu` takes the norms; the staging buffers are tensors of `store`'s host tier, which must
   // have room for max_staging_bytes and a few buffers beyond (see StagingBudget). All three
-  // must outlive this object. `final` (optional) is called with a
-  // chunk's index once its gradients for the batch are all on disk, on any thread.
+  // must outlive this object, and so must `final` (optional): it hears of each chunk once its
+  // gradients for the batch are all on disk.
   static StatusOr<std::unique_ptr<NvmeGradients>> Create(
       PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
-      int accumulation_steps, std::function<void(size_t chunk)> final = nullptr,
+      int accumulation_steps, FinalChunks* final = nullptr,
       uint64_t max_staging_bytes = kMaxStagingBytes);
   // Waits for the writes in flight.
   ~NvmeGradients();
@@ -83,13 +91,13 @@ class NvmeGradients {
     StoreArray written;
   };
   NvmeGradients(PipelinedOptimizer* optimizer, int shard, CpuOptimizer* cpu, TieredStore* store,
-                int steps, std::function<void(size_t)> final, uint64_t max_staging_bytes)
+                int steps, FinalChunks* final, uint64_t max_staging_bytes)
       : optimizer_(optimizer),
         shard_(shard),
         cpu_(cpu),
         store_(store),
         accumulation_steps_(steps),
-        final_(std::move(final)),
+        final_(final),
         max_staging_bytes_(max_staging_bytes) {}
   Status Flush(size_t c);
   // Waits for chunk c's write in flight and takes its buffer back.
@@ -101,7 +109,7 @@ class NvmeGradients {
   CpuOptimizer* const cpu_;
   TieredStore* const store_;
   const int accumulation_steps_;
-  const std::function<void(size_t)> final_;
+  FinalChunks* const final_;
   const uint64_t max_staging_bytes_;
   std::vector<Chunk> chunks_;
   std::vector<StoreArray> free_;  // staging buffers for reuse, each of buffer_bytes_

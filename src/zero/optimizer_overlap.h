@@ -43,6 +43,7 @@
 
 #include "core/mutex.h"
 #include "offload/pipelined_optimizer.h"
+#include "zero/nvme_gradients.h"
 #include "zero/partition.h"
 #include "zinf/status.h"
 
@@ -66,7 +67,7 @@ struct OverlapOptions {
 Status MapShardChunks(PipelinedOptimizer& optimizer, int shard, const std::vector<Param>& params,
                       std::vector<ChunkInfo>* chunks, std::vector<std::vector<size_t>>* of);
 
-class OptimizerOverlap {
+class OptimizerOverlap final : public FinalChunks {
  public:
   // `writer` is the shard's (ShardSpec::writer; not owned, it outlives this object): it sees
   // each chunk's new parameters (or its old ones again after a skipped step), from the worker
@@ -75,7 +76,7 @@ class OptimizerOverlap {
   static StatusOr<std::unique_ptr<OptimizerOverlap>> Create(const OverlapOptions& options,
                                                             ParamWriter* writer);
   // Stops the worker and drops a speculation still open (an abandoned batch), best effort.
-  ~OptimizerOverlap();
+  ~OptimizerOverlap() override;
   OptimizerOverlap(const OptimizerOverlap&) = delete;
   OptimizerOverlap& operator=(const OptimizerOverlap&) = delete;
 
@@ -85,9 +86,9 @@ class OptimizerOverlap {
   bool armed() const { return armed_; }
   // Parameter `param`'s gradient is final. Only while armed; the engine's thread.
   void MarkFinal(int param);
-  // Chunk `chunk`'s gradients are all final (gradients kept per chunk, on NVMe); any thread,
-  // ignored while not armed.
-  void MarkChunkFinal(size_t chunk);
+  // FinalChunks: chunk `chunk`'s gradients are all final (gradients kept per chunk, on NVMe);
+  // any thread, ignored while not armed.
+  void MarkChunkFinal(size_t chunk) override;
   // Ends the step: `scale` the gradient scale it takes, nullopt for a skipped step (its
   // step count is not advanced). Steps what the worker has not, redoes what it speculated
   // wrongly, and returns the first error; after an error no chunk keeps a speculative state

@@ -87,12 +87,11 @@ Status OptimizerStep::OpenNvme(const ShardFill& initial) {
                                                   .speculation_limit = at.speculative_chunks},
                                                  param_writer()));
   if (config_.gradients_on_nvme) {
-    // A chunk's gradients are final when its last write of the batch is on disk.
+    // A chunk's gradients are final for the step beside backward when its last write of the
+    // batch is on disk.
     ZINF_ASSIGN_OR_RETURN(
-        nvme_grads_,
-        NvmeGradients::Create(pipelined_.get(), nvme_shard_, optimizer_.get(), at.store,
-                              config_.ReductionsPerStep(),
-                              [o = overlap_.get()](size_t c) { o->MarkChunkFinal(c); }));
+        nvme_grads_, NvmeGradients::Create(pipelined_.get(), nvme_shard_, optimizer_.get(),
+                                           at.store, config_.ReductionsPerStep(), overlap_.get()));
   }
   if (config_.step_beside_forward && tier_writer_ != nullptr && config_.zero_stage == 3) {
     ZINF_ASSIGN_OR_RETURN(

@@ -83,10 +83,13 @@ TEST(NvmeGradientsTest, AccumulatesLikeHostMemoryWithinTheStagingBound) {
   spec.count = n;
   auto shard = (*piped)->AddShard(spec);
   ASSERT_TRUE(shard.ok());
-  std::vector<size_t> finals;
-  auto grads = NvmeGradients::Create(
-      piped->get(), *shard, opt->get(), tiers->get(), /*accumulation_steps=*/2,
-      [&](size_t c) { finals.push_back(c); }, /*max_staging_bytes=*/3 * buffer);
+  struct Finals final : FinalChunks {
+    void MarkChunkFinal(size_t chunk) override { chunks.push_back(chunk); }
+    std::vector<size_t> chunks;
+  } finals;
+  auto grads = NvmeGradients::Create(piped->get(), *shard, opt->get(), tiers->get(),
+                                     /*accumulation_steps=*/2, &finals,
+                                     /*max_staging_bytes=*/3 * buffer);
   ASSERT_TRUE(grads.ok()) << grads.status();
 
   // "Parameters" of uneven sizes, added last first, as backward does.
@@ -108,7 +111,7 @@ TEST(NvmeGradientsTest, AccumulatesLikeHostMemoryWithinTheStagingBound) {
   double sum = 0;
   for (double e : expected) sum += e * e;
   EXPECT_NEAR(stats->sum_squares, sum, 1e-9 * sum);
-  EXPECT_EQ(finals.size(), 7u) << "every chunk was announced final once";
+  EXPECT_EQ(finals.chunks.size(), 7u) << "every chunk was announced final once";
   // Within the bound: the chunk being filled may exceed it by the pieces that span chunks.
   EXPECT_LE((*grads)->peak_staging_bytes(), 3 * buffer + 2 * buffer);
   // The staging is the store's: its host tier's peak is that and the step's staging, no more.
