@@ -56,7 +56,6 @@
 #include "zinf/tiered_store.h"
 
 namespace zinf {
-namespace {}  // namespace
 
 // More elements than any machine holds (4 PiB of fp32): a shape beyond this is a mistake, and
 // refusing it at registration keeps the size arithmetic below far from overflow.
@@ -105,6 +104,26 @@ Status Engine::Impl::CheckRanksAgree() {
     }
   }
   return OkStatus();
+}
+
+StatusOr<Module*> Engine::Impl::FindModule(int id) {
+  if (!initialized) return FailedPrecondition("the engine is not initialized");
+  if (id < 0 || id >= static_cast<int>(modules.size())) {
+    return InvalidArgument(
+        fmt::format("module id {} is not registered (have {})", id, modules.size()));
+  }
+  return &modules[id];
+}
+
+Status Engine::Impl::FillInitial(uint64_t begin, uint64_t count, float* out) const {
+  if (!initial_values) {
+    zinf::FillInitial(params, config.seed, rank(), begin, count, out);
+    return OkStatus();
+  }
+  return FillShard(params, rank(), begin, count, out,
+                   [this](const Param& p, uint64_t first, uint64_t n, float* values) {
+                     return initial_values(p.spec.name, first, n, values);
+                   });
 }
 
 Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {

@@ -120,29 +120,13 @@ struct Engine::Impl {
     return s.ok() ? s : std::move(s).WithContext(fmt::format("rank {}: {}", rank(), what));
   }
 
-  StatusOr<Module*> FindModule(int id) {
-    if (!initialized) return FailedPrecondition("the engine is not initialized");
-    if (id < 0 || id >= static_cast<int>(modules.size())) {
-      return InvalidArgument(
-          fmt::format("module id {} is not registered (have {})", id, modules.size()));
-    }
-    return &modules[id];
-  }
+  // Module `id`, once the engine is initialized.
+  StatusOr<Module*> FindModule(int id);
 
   // Initialize's source of initial values; null: each ParamSpec's init.
   InitialValues initial_values;
-
   // Initial values of the flat shard's elements [begin, begin + count) into `out`.
-  Status FillInitial(uint64_t begin, uint64_t count, float* out) const {
-    if (!initial_values) {
-      zinf::FillInitial(params, config.seed, rank(), begin, count, out);
-      return OkStatus();
-    }
-    return FillShard(params, rank(), begin, count, out,
-                     [this](const Param& p, uint64_t first, uint64_t n, float* values) {
-                       return initial_values(p.spec.name, first, n, values);
-                     });
-  }
+  Status FillInitial(uint64_t begin, uint64_t count, float* out) const;
 
   size_t param_bytes() const { return ElementSize(param_type); }
 
