@@ -58,14 +58,24 @@ StatusOr<StepSummary> Engine::Step() {
   // A batch without backward (no Gradients call) may find the last step still reading the
   // accumulators.
   ZINF_RETURN_IF_ERROR(step.BeforeGradients());
+  // Note [Short last window]: a trainer's last window of an epoch may hold fewer than
+  // gradient_accumulation_steps micro-batches (transformers' Trainer, Accelerate at the end of
+  // the data loader). DeepSpeed steps at that boundary with what was accumulated, each
+  // micro-batch's gradient scaled as in a full window (1 / gradient_accumulation_steps), and so
+  // does zinf: every module must have been reduced the same number of times, at least once.
+  const int expected = m.config.ReductionsPerStep();
+  const int reduced = m.modules.empty() ? expected : m.modules[0].reductions;
+  const bool short_window = !m.config.layer_major && reduced >= 1 && reduced < expected;
   for (const Module& module : m.modules) {
-    if (module.reductions != m.config.ReductionsPerStep()) {
+    if (module.reductions != (short_window ? reduced : expected)) {
       return FailedPrecondition(fmt::format(
           "Step: module '{}' reduced its gradients {} time(s) since the last step; {} expected "
-          "(gradient_accumulation_steps {}{})",
-          module.name, module.reductions, m.config.ReductionsPerStep(),
+          "(gradient_accumulation_steps {}{}), as module '{}' was",
+          module.name, module.reductions, short_window ? reduced : expected,
           m.config.gradient_accumulation_steps,
-          m.config.layer_major ? ", zinf.layer_major: once a step" : ""));
+          m.config.layer_major ? ", zinf.layer_major: once a step"
+                               : "; fewer in a short last window, the same for every module",
+          m.modules[0].name));
     }
   }
   ZINF_RETURN_IF_ERROR(m.FinishReductions());

@@ -203,6 +203,45 @@ class InitializeTest(LoopRunner):
             return out
         self.assertEqual(losses(boundary_only=True), losses(boundary_only=False))
 
+    def test_a_short_last_window_steps_as_deepspeed_steps_it(self):
+        # Note [Short last window]: a boundary after 1 of 2 micro-batches (the last window of
+        # an epoch, as transformers' Trainer and Accelerate end one) steps with that gradient,
+        # scaled by 1 / gradient_accumulation_steps as in a full window: torch's AdamW on the
+        # micro-batch's loss / 2. The engine then starts a whole window again.
+        gas = 2
+        config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+                  "zero_optimization": {"stage": 3}}
+        data = initialize_train.dataset(5 * MICRO)
+        batches = [data[i * MICRO:(i + 1) * MICRO] for i in range(5)]
+        windows = [batches[0:1], batches[1:3], batches[3:4], batches[4:5]]
+
+        torch.manual_seed(0)
+        ref = initialize_train.Net()
+        opt = torch.optim.AdamW(ref.parameters(), lr=0.02, weight_decay=0.01)
+        want = []
+        for window in windows:
+            opt.zero_grad()
+            for batch in window:
+                loss = ref(batch)
+                (loss / gas).backward()
+                want.append(loss.item())
+            opt.step()
+
+        torch.manual_seed(0)
+        engine, *_ = zinf.initialize(model=initialize_train.Net(), config=config)
+        got = []
+        for window in windows:
+            for i, batch in enumerate(window):
+                engine.set_gradient_accumulation_boundary(i == len(window) - 1)
+                loss = engine(batch)
+                engine.backward(loss)
+                got.append(loss.item())
+                engine.step()
+        self.assertEqual(engine.global_steps, len(windows))
+        for g, w in zip(got, want):
+            self.assertAlmostEqual(g, w, delta=1e-5 * max(1.0, abs(w)), msg=f"{got} vs {want}")
+
     def test_init_distributed_initializes_torch_distributed_once(self):
         script = ("import torch.distributed as dist, zinf\n"
                   "zinf.init_distributed(); zinf.init_distributed()\n"
