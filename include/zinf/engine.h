@@ -149,9 +149,12 @@ struct ZINF_EXPORT EngineConfig {
   // device nvme needs its own. The engine keeps one swap store striped over NvmePaths().
   std::vector<std::string> offload_param_nvme_path;
   std::vector<std::string> offload_optimizer_nvme_path;
-  // offload_optimizer.pin_memory: page-locked staging buffers for the NVMe optimizer step.
-  // offload_param.pin_memory asks for the same: parameters' host copies share that tier.
-  bool pin_memory = false;
+  // The store's host tier (parameters' host copies, gradients' landing, the NVMe optimizer
+  // step's staging) page-locked, so that a GPU copies at full speed and asynchronously: on by
+  // default, as DeepSpeed's offload pins; pin_memory false in offload_param or offload_optimizer
+  // (or the deprecated cpu_offload_use_pin_memory) turns it off. The host device has nothing
+  // to pin for and ignores it.
+  bool pin_memory = true;
   int gradient_accumulation_steps = 1;
   int micro_batch_size = 1;  // train_micro_batch_size_per_gpu: for the trainer; the engine
                              // sees only gradients

@@ -304,11 +304,11 @@ void Parser::OffloadParam(ConfigReader& o) {
   o.Enum("device", &device, {"none", "cpu", "nvme"})
       .Strings("nvme_path", &c_.offload_param_nvme_path);
   c_.offload_param_device = ToOffloadDevice(device);
-  // The parameters' host copies and the optimizer's staging share the store's host tier, so
-  // either section's pin_memory pins it (on a GPU; the host device has nothing to pin for).
-  bool pin = false;
+  // The parameters' host copies and the optimizer's staging share the store's host tier:
+  // pinned by default, and either section's pin_memory false unpins it (EngineConfig).
+  bool pin = true;
   o.Bool("pin_memory", &pin);
-  c_.pin_memory = c_.pin_memory || pin;
+  c_.pin_memory = c_.pin_memory && pin;
   // Sizing hints for DeepSpeed's own buffer scheme; zinf sizes its pools from budgets.
   int64_t count = 0;
   o.Int("buffer_count", &count, 0, 1 << 20);
@@ -326,9 +326,9 @@ void Parser::OffloadOptimizer(ConfigReader& o) {
   std::string device(OffloadDeviceName(c_.offload_optimizer_device));
   o.Enum("device", &device, {"none", "cpu", "nvme"});
   c_.offload_optimizer_device = ToOffloadDevice(device);
-  bool pin = false;
+  bool pin = true;
   o.Bool("pin_memory", &pin);
-  c_.pin_memory = c_.pin_memory || pin;
+  c_.pin_memory = c_.pin_memory && pin;
   o.Strings("nvme_path", &c_.offload_optimizer_nvme_path)
       .Double("ratio", &c_.offload_optimizer_cpu_ratio, 0.0, 1.0);
   if (o.Has("ratio") && c_.offload_optimizer_cpu_ratio < 1.0) {
@@ -410,13 +410,13 @@ void Parser::Zero(ConfigReader& z) {
      OffloadParam(o);
    }).Object("offload_optimizer", [&](ConfigReader& o) { OffloadOptimizer(o); });
   // DeepSpeed's deprecated spellings of the offload objects.
-  bool cpu_offload = false, cpu_offload_param = false, pin = false;
+  bool cpu_offload = false, cpu_offload_param = false, pin = true;
   z.Bool("cpu_offload", &cpu_offload)
       .Bool("cpu_offload_param", &cpu_offload_param)
       .Bool("cpu_offload_use_pin_memory", &pin);
   if (cpu_offload && !z.Has("offload_optimizer")) c_.offload_optimizer_device = OffloadDevice::kCpu;
   if (cpu_offload_param && !z.Has("offload_param")) c_.offload_param_device = OffloadDevice::kCpu;
-  if (pin) c_.pin_memory = true;
+  if (!pin) c_.pin_memory = false;
   // Hugging Face's documentation once showed "aio" here; DeepSpeed reads it at the top level.
   Unused(z, "aio", "DeepSpeed and zinf read \"aio\" at the top level of the config");
   // DeepSpeed's switches for what zinf always does; the other value is a warning.

@@ -566,7 +566,7 @@ TEST(EngineConfigTest, AutoWhereDeepSpeedDropsItKeepsTheDefaultWithAWarning) {
   EXPECT_EQ(c->loss_scale_window, defaults.loss_scale_window);
   EXPECT_EQ(c->hysteresis, defaults.hysteresis);
   EXPECT_EQ(c->sub_group_size, defaults.sub_group_size);
-  EXPECT_FALSE(c->pin_memory);
+  EXPECT_TRUE(c->pin_memory);  // the default
   EXPECT_EQ(WarnedKeys(*c), (std::vector<std::string>{
                                 "fp16.hysteresis",
                                 "fp16.loss_scale_window",
@@ -644,12 +644,22 @@ TEST(EngineConfigTest, ZeroBucketSizesAreDeepSpeeds) {
   EXPECT_EQ(run(*c), run(EngineConfig{}));
 }
 
-TEST(EngineConfigTest, OffloadParamPinMemoryPinsTheHostTier) {
+TEST(EngineConfigTest, TheHostTierIsPinnedUnlessASectionSaysFalse) {
+  EXPECT_TRUE(EngineConfig{}.pin_memory);
   auto c = EngineConfig::FromJson(
       R"({"zero_optimization": {"offload_param": {"device": "cpu", "pin_memory": true}}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->pin_memory);
   EXPECT_TRUE(c->warnings.empty());  // it is acted on: no warning that it is not
+  for (const char* json : {
+           R"({"zero_optimization": {"offload_param": {"device": "cpu", "pin_memory": false}}})",
+           R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": false},
+               "offload_param": {"device": "cpu", "pin_memory": true}}})",
+           R"({"zero_optimization": {"cpu_offload": true, "cpu_offload_use_pin_memory": false}})"}) {
+    auto off = EngineConfig::FromJson(json);
+    ASSERT_TRUE(off.ok()) << off.status();
+    EXPECT_FALSE(off->pin_memory) << json;
+  }
 }
 
 TEST(EngineConfigTest, TheTrainersTotalStepsFillsAutoOnly) {
