@@ -37,7 +37,7 @@ __all__ = [
     "ZinfError", "InvalidArgumentError", "FailedPreconditionError", "ResourceExhaustedError",
     "UnavailableError", "IoError", "DataLossError", "CancelledError", "DeadlineExceededError",
     "InternalError", "supported_isas", "optim", "nvme", "zero", "cuda", "engine", "monitor",
-    "initialize", "init_distributed", "add_config_arguments",
+    "initialize", "init_distributed", "add_config_arguments", "ParameterNotGatheredError",
 ]
 
 
@@ -48,4 +48,6 @@ def __getattr__(name):
         return importlib.import_module("zinf." + name)
     if name in ("initialize", "init_distributed", "add_config_arguments"):
         return getattr(importlib.import_module("zinf.engine"), name)
+    if name == "ParameterNotGatheredError":
+        return importlib.import_module("zinf._unreadable").ParameterNotGatheredError
     raise AttributeError(f"module 'zinf' has no attribute {name!r}")

@@ -16,12 +16,27 @@ On the host this spares a copy of every parameter at each fetch, in forward and 
 a fresh tensor each time, whose pages the kernel faults in anew wherever the heap is bounded
 (Note [Heap growth] in zinf/_heap.py). bench/RESULTS.md has the step times.
 
+Note [Where the model computes]
+As DeepSpeed, the engine computes on this process's GPU wherever the model was built
+(compute_device): on the GPU that holds the model's trainable parameters; else, for a model
+built on the CPU or under zinf.zero.Init, on cuda:LOCAL_RANK when torch sees a GPU
+(torch.cuda.set_device'd); else on the host. ``device="host"`` (the keyword, or the config's
+``zinf.device``) keeps a CPU model on the CPU; ``"cuda"`` / ``"cuda:N"`` ask for a GPU and are
+refused where there is none. A CPU-built model's trainable parameters go to the engine's shards
+from where they are (host memory or Init's spill), never whole onto the GPU: that is what lets a
+model larger than the GPU train, gathered module by module into the device tier
+(zinf.device_budget bounds it; on the host device the same path runs within that budget, which
+is how CI proves it). Buffers and frozen parameters are moved to the GPU, as DeepSpeed moves
+the module.
+
 Note [On a GPU]
 The engine runs on the GPU that holds the model's parameters. Ordering goes through torch's
 current stream, borrowed by the engine (Device::BorrowStream): the stream waits for the gather
 before the module computes; Release and ReduceGradients record it, so the engine reuses a
 parameter's memory, or reads a gradient, only after the work torch queued on it so far.
 """
+
+import os
 
 import torch
 
@@ -137,6 +152,49 @@ class _CudaArray:
                                          "typestr": typestr, "version": 2}
 
 
+def compute_device(model, requested=None):
+    """Where the engine computes for `model` (Note [Where the model computes]): `requested`
+    is None or "auto", "host" (or "cpu"), "cuda" or "cuda:N". ValueError naming both when the
+    request and the model's device disagree, or a GPU is asked for where torch sees none."""
+    on = model_device(model)
+    requested = "auto" if requested is None else str(requested)
+    if requested == "auto":
+        if on.type == "cuda" or not torch.cuda.is_available():
+            return on
+        return _local_gpu(requested)
+    if requested in ("host", "cpu"):
+        if on.type != "cpu":
+            raise ValueError(f"device {requested!r}, but the model's parameters are on {on}: "
+                             f"move the model to the CPU first, or leave the device to zinf")
+        return torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        device = None
+    if device is None or device.type != "cuda":
+        raise ValueError(f"device must be \"auto\", \"host\", \"cuda\" or \"cuda:N\", got "
+                         f"{requested!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {requested!r}, but PyTorch sees no GPU "
+                         f"(torch.cuda.is_available() is False)")
+    if device.index is None:
+        device = _local_gpu(requested)
+    if on.type == "cuda" and on != device:
+        raise ValueError(f"device {requested!r}, but the model's parameters are on {on}")
+    return device
+
+
+def _local_gpu(requested):
+    """cuda:LOCAL_RANK; ValueError when this node has fewer GPUs than that."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if local_rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {requested!r}: this process is LOCAL_RANK {local_rank}, but torch sees "
+            f"{torch.cuda.device_count()} GPU(s): launch one process per GPU, or pass "
+            f"device=\"host\" (or the config's zinf.device) to train on the CPU")
+    return torch.device("cuda", local_rank)
+
+
 def model_device(model):
     """The one device of the model's trainable parameters (of all its parameters when it has
     nothing to train; the host's when it has no parameters: the engine then says so)."""
@@ -153,14 +211,20 @@ def model_device(model):
     return device
 
 
-def cast_the_rest(model, dtype, slots):
-    """Floating buffers and frozen parameters to the compute dtype, as DeepSpeed casts the
-    whole module under bf16 or fp16."""
+def move_the_rest(model, device, dtype, slots):
+    """Buffers and frozen parameters (those not in `slots`) to the compute device, and the
+    floating ones to the compute dtype, as DeepSpeed moves and casts the whole module. New
+    tensors, never in place, so that an undone takeover puts the old ones back."""
+    def moved(t):
+        want = dtype if t.is_floating_point() else t.dtype
+        return t.to(device, want) if (t.device != device or t.dtype != want) else t
     with torch.no_grad():
         for sub in model.modules():
             for p in sub.parameters(recurse=False):
-                if id(p) not in slots and p.is_floating_point() and p.dtype != dtype:
-                    p.data = p.data.to(dtype)
+                if id(p) not in slots:
+                    new = moved(p.data)
+                    if new is not p.data:
+                        p.data = new
             for name, buf in sub.named_buffers(recurse=False):
-                if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
-                    sub._buffers[name] = buf.to(dtype)
+                if buf is not None:
+                    sub._buffers[name] = moved(buf)

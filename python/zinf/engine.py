@@ -61,7 +61,8 @@ _GATHER_16BIT_KEYS = ("stage3_gather_16bit_weights_on_model_save",
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
                collate_fn=None, config=None, mesh_param=None, config_params=None, *,
-               trainer=None, optimizer_threads=0, timeout_s=300.0, **trainer_values):
+               trainer=None, optimizer_threads=0, timeout_s=300.0, device=None,
+               **trainer_values):
     """DeepSpeed's ``deepspeed.initialize``: returns (engine, optimizer, training_dataloader,
     lr_scheduler).
 
@@ -90,7 +91,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     trainer, **trainer_values: values for the config's "auto" keys, as Hugging Face's
         integration fills them: a ``transformers.TrainingArguments`` (or any object with its
         attribute names), a dict, or keywords (see ``zinf.zero.initialize``).
-    optimizer_threads, timeout_s: as ``zinf.zero.initialize``.
+    optimizer_threads, timeout_s, device: as ``zinf.zero.initialize`` (the model computes on
+        this process's GPU when torch sees one, as in DeepSpeed; device="host" keeps the CPU).
     """
     if model is None:
         raise ValueError("initialize needs a model")
@@ -136,7 +138,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         _check_dataset(training_data)
     zero_engine = zero.initialize(model, config, trainer=values, _undoable=True,
                                   _param_groups=param_groups,
-                                  optimizer_threads=optimizer_threads, timeout_s=timeout_s)
+                                  optimizer_threads=optimizer_threads, timeout_s=timeout_s,
+                                  device=device)
     try:
         engine = DeepSpeedEngine(zero_engine, has_scheduler="scheduler" in config,
                                  monitors=monitors.open(zero_engine.rank),
@@ -260,8 +263,8 @@ class DeepSpeedEngine:
 
     @property
     def device(self):
-        """Where the model computes: the GPU its parameters are on, else the CPU (inputs go
-        there: ``batch.to(engine.device)``)."""
+        """Where the model computes: this process's GPU, else the CPU (Note [Where the model
+        computes] in zinf/_device_memory.py; inputs go there: ``batch.to(engine.device)``)."""
         return self.zero.device
 
     def train_batch_size(self):
@@ -308,8 +311,10 @@ class DeepSpeedEngine:
     def set_gradient_accumulation_boundary(self, is_boundary):
         """DeepSpeed's override of the boundary, for a trainer that calls step() only at the
         boundary (Accelerate): from now on step() updates the parameters when is_boundary
-        was last set True. The engine still needs gradient_accumulation_steps backward calls
-        per update, and refuses a step after fewer, saying how many it got."""
+        was last set True. A boundary after fewer than gradient_accumulation_steps backward
+        calls (the last window of an epoch) steps with what they accumulated, each scaled as
+        in a full window, as DeepSpeed does (Note [Short last window] in
+        src/zero/engine_step.cc)."""
         self._boundary = bool(is_boundary)
 
     def train(self, mode=True):

@@ -19,8 +19,10 @@ How the module runs (Note [Module hooks]):
   model's current values are handed to the engine (on several ranks, rank 0's values of every
   parameter built outside ``zinf.zero.Init`` are broadcast first, as DeepSpeed broadcasts
   them; those built under ``Init`` are checked alike instead), and each parameter's ``data``
-  becomes a placeholder of its shape that reads as NaN, so that a parameter used outside any
-  forward shows as NaN rather than as plausible numbers.
+  becomes a placeholder of its shape that refuses to be read: outside a fetch or a
+  GatheredParameters block, anything that needs its values raises
+  ``zinf.ParameterNotGatheredError`` naming it and what to call (shape, dtype, device and
+  requires_grad still answer; Note [Released parameters raise] in zinf/_unreadable.py).
 - Reading values outside a forward: ``zinf.zero.GatheredParameters(params)`` (a collective,
   as DeepSpeed's) gives the parameters their full values for the block; with
   ``modifier_rank`` that rank's values are written into every rank's shards as it ends.
@@ -80,18 +82,19 @@ A model too large for memory is built under ``zinf.zero.Init`` (DeepSpeed's ``ze
 each module's values leave memory as its ``__init__`` finishes and reach the engine's shards
 at ``initialize`` (Note [Construction into shards] in zinf/_construction.py).
 
-Where the model computes is where its trainable parameters are (Notes [The engine's memory]
-and [On a GPU] in zinf/_device_memory.py):
-- float32 CPU parameters: the engine's compute device is the host; fetched parameters are
-  CPU tensors over the engine's memory, gradients copied into the engine's buffers.
-- floating-point parameters all on one GPU (``model.to("cuda")`` first; DeepSpeed moves the
-  model itself, zinf leaves that to the caller): the engine runs on that GPU (gathers and
-  reduce-scatters over NCCL). Fetched parameters are torch CUDA tensors over the engine's own
-  memory, in the config's precision (bf16, fp16, else fp32), with no copy; gradients are copied
-  into its fp32 buffers on the device. Every engine call is ordered with torch's current
-  stream by events, never by synchronizing the host. With bf16 or fp16 the module's floating
-  buffers and frozen parameters are cast to that precision too, as DeepSpeed casts the
-  module, so that the model computes in one dtype.
+Where the model computes is this process's GPU, as in DeepSpeed, else the host (Notes [Where
+the model computes], [The engine's memory] and [On a GPU] in zinf/_device_memory.py):
+- the host (no GPU, or ``device="host"``; float32 CPU parameters): fetched parameters are CPU
+  tensors over the engine's memory, gradients copied into the engine's buffers.
+- a GPU: the one holding the model's parameters, or cuda:LOCAL_RANK for a model built on the
+  CPU or under ``zinf.zero.Init``, whose parameters go to the engine's shards without ever
+  being whole on the GPU (so the model may be larger than it). The engine gathers and
+  reduce-scatters there over NCCL. Fetched parameters are torch CUDA tensors over the engine's
+  own memory, in the config's precision (bf16, fp16, else fp32), with no copy; gradients are
+  copied into its fp32 buffers on the device. Every engine call is ordered with torch's current
+  stream by events, never by synchronizing the host. Buffers and frozen parameters are moved to
+  the GPU, and with bf16 or fp16 cast to that precision, as DeepSpeed moves and casts the
+  module, so that the model computes in one dtype on one device.
 Frozen parameters (requires_grad False) stay ordinary tensors, outside the engine, except in
 Note [Nothing to train]: a model whose parameters are all frozen at ``initialize`` (an inference
 model, TRL's reference model) has them taken by the engine as a trained model's are: sharded,
@@ -109,7 +112,7 @@ import weakref
 import torch
 
 from zinf import _construction, _device_memory, _engine_inputs, _fetch_units, _heap, _zinf
-from zinf import _client_objects
+from zinf import _client_objects, _unreadable
 from zinf._construction import GatheredParameters, Init  # noqa: F401
 
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
@@ -117,7 +120,7 @@ __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
 
 
 def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=300.0,
-               _undoable=False, _param_groups=None, **trainer_values):
+               device=None, _undoable=False, _param_groups=None, **trainer_values):
     """Puts `model` under the ZeRO engine and returns the ZeroEngine that trains it.
 
     config: a DeepSpeed config as a dict, a JSON string, or a path to a JSON file.
@@ -131,12 +134,39 @@ def initialize(model, config, *, trainer=None, optimizer_threads=0, timeout_s=30
         with a warning.
     optimizer_threads: threads of the CPU optimizer (0: all this process may use).
     timeout_s: how long a collective may make no progress before it fails (a dead rank).
+    device: where the model computes: None or "auto" (the model's GPU; else this process's GPU
+        when torch sees one, else the host), "host", "cuda" or "cuda:N"; the config's
+        ``zinf.device`` says the same (Note [Where the model computes] in
+        zinf/_device_memory.py).
     Every rank must call it with the same model and config.
     """
     values = dict(trainer or {})
     values.update(trainer_values)
     return ZeroEngine(model, config, optimizer_threads=optimizer_threads, timeout_s=timeout_s,
-                      trainer=values, undoable=_undoable, param_groups=_param_groups)
+                      trainer=values, undoable=_undoable, param_groups=_param_groups,
+                      device=device)
+
+
+def _take_device(config):
+    """Removes zinf.device from `config` (a dict) and returns it, None when absent."""
+    section = config.get("zinf")
+    if not isinstance(section, dict) or "device" not in section:
+        return None
+    value = section.pop("device")
+    if not section:
+        del config["zinf"]
+    if not isinstance(value, str):
+        raise ValueError(f"zinf.device must be \"auto\", \"host\", \"cuda\" or \"cuda:N\", "
+                         f"got {value!r}")
+    return value
+
+
+def _takeable(p, device):
+    """Whether the engine takes `p`'s values: float32 on the CPU, any floating dtype on the CPU
+    for a GPU engine (the engine keeps fp32 masters), or on that GPU."""
+    if p.device.type == "cpu":
+        return p.dtype == torch.float32 or (device.type == "cuda" and p.is_floating_point())
+    return p.device == device and p.is_floating_point()
 
 
 def register_external_parameter(module, parameter):
@@ -179,7 +209,7 @@ class ZeroEngine:
     """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
 
     def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None,
-                 undoable=False, param_groups=None):
+                 undoable=False, param_groups=None, device=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if any(getattr(m, "_zinf_managed", False) for m in model.modules()):
@@ -188,13 +218,21 @@ class ZeroEngine:
                              "placeholders): build the model anew for a second engine, or keep "
                              "training with the first")
         self.module = model
-        self.device = _device_memory.model_device(model)  # where the model computes
         config_json = _engine_inputs.config_json(config)
-        # Note [Fetch units]: zinf.zero's own key, taken out before the engine reads the rest.
+        # zinf.zero's own keys (Note [Fetch units]; zinf.device), taken out before the engine
+        # reads the rest.
         parsed = json.loads(config_json)
         self._granularity = _fetch_units.take_threshold(parsed)
-        if self._granularity is not None:
+        configured_device = _take_device(parsed)
+        if self._granularity is not None or configured_device is not None:
             config_json = json.dumps(parsed)
+        if device is not None and configured_device is not None and device != configured_device:
+            raise ValueError(f"device={device!r}, but the config's zinf.device is "
+                             f"{configured_device!r}")
+        # Where the model computes (Note [Where the model computes]).
+        self.device = _device_memory.compute_device(model, device or configured_device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         # Whether the model has anything to train; without, its frozen parameters are the
         # engine's (Note [Nothing to train]).
         self._trains = any(p.requires_grad for p in model.parameters())
@@ -273,12 +311,11 @@ class ZeroEngine:
             for pname, p in sub.named_parameters(recurse=root is sub):
                 if not self._takes(p) or id(p) in self._slots:
                     continue
-                if p.device != self.device or not (
-                        p.dtype == torch.float32 or (p.is_floating_point() and p.is_cuda)):
+                if not _takeable(p, self.device):
                     raise ValueError(f"parameter '{_join(mname, pname)}' is {p.dtype} on "
                                      f"{p.device}; zinf.zero needs float32 CPU parameters, or "
-                                     f"floating-point parameters all on one GPU (the model's "
-                                     f"are on {self.device})")
+                                     f"floating-point parameters on the CPU or on the GPU it "
+                                     f"computes on ({self.device})")
                 own.append((_join(mname, pname), p))
             if not own:
                 continue
@@ -310,9 +347,10 @@ class ZeroEngine:
                     self._hook_handles.append(acc.register_hook(self._make_grad_hook(s)))
                     self._grad_accumulators.append(acc)
                 s.param._zinf_engine = weakref.ref(self)  # for GatheredParameters
+                _unreadable.release(s.param, s.name)  # Note [Released parameters raise]
         _construction.finish(model)  # frozen parameters built under Init get their values
-        if self._compute_dtype != torch.float32:
-            _device_memory.cast_the_rest(model, self._compute_dtype, self._slots)
+        if self._compute_dtype != torch.float32 or self.device.type == "cuda":
+            _device_memory.move_the_rest(model, self.device, self._compute_dtype, self._slots)
         for sub in model.modules():
             sub._zinf_managed = True  # a second initialize would take placeholders as values
         # The root's pre-hook first: it clears what a forward that raised left behind (the
@@ -364,6 +402,7 @@ class ZeroEngine:
         if before is not None:
             for p, data, spilled in before["params"]:
                 p.data = data
+                _unreadable.restore(p)
                 p.__dict__.pop("_zinf_engine", None)
                 if spilled is not None:
                     p._zinf_spilled = spilled
@@ -433,7 +472,7 @@ class ZeroEngine:
             value = self._full_value(s)
             self._gathered[id(p)] = [value, 1]
             if not self._fetched(s):  # else the fetched values stand, and _park restores these
-                p.data = value
+                self._show(s, value)
 
     def _end_block(self, params, modifier_rank):
         """Leaves a GatheredParameters block (a collective): with modifier_rank, that rank's
@@ -463,11 +502,20 @@ class ZeroEngine:
                 mids.append(s.module_id)
         return mids
 
+    def _show(self, slot, values):
+        """The parameter's data becomes `values` (fetched or gathered), readable."""
+        slot.param.data = values
+        _unreadable.restore(slot.param)
+
     def _park(self, slot):
         """A parameter's data when no fetch holds it: its value inside a GatheredParameters
-        block, else the placeholder."""
+        block, else the placeholder, which refuses reads (Note [Released parameters raise])."""
         gathered = self._gathered.get(id(slot.param))
-        slot.param.data = gathered[0] if gathered is not None else self._placeholder(slot)
+        if gathered is not None:
+            self._show(slot, gathered[0])
+        else:
+            slot.param.data = self._placeholder(slot)
+            _unreadable.release(slot.param, slot.name)
 
     def _fetched(self, slot):
         """Whether a forward or backward holds the parameter's module fetched."""
@@ -618,7 +666,7 @@ class ZeroEngine:
         refs = self._forward_refs.get(mid, 0)
         if refs == 0:
             for s, t in zip(self._module_slots[mid], self._hold(mid)):
-                s.param.data = t
+                self._show(s, t)
                 self._forward_ptrs[_device_memory.storage_ptr(t)] = s
         self._forward_refs[mid] = refs + 1
 
@@ -655,7 +703,7 @@ class ZeroEngine:
         if tensors is None:
             tensors = self._backward_params[mid] = self._hold(mid)
             for s, t in zip(self._module_slots[mid], tensors):
-                s.param.data = t
+                self._show(s, t)
         return tensors
 
     def _release_for_backward(self, mid):

@@ -487,9 +487,12 @@ class EngineBehavioursTest(unittest.TestCase):
                     optimizer={"type": "AdamW"}, zero_optimization={
                         "stage": 3, "offload_param": offload}))
                 for p in net.parameters():
-                    # A placeholder outside a forward: the values are the engine's shards.
+                    # A placeholder outside a forward, which refuses to be read: the values
+                    # are the engine's shards.
                     self.assertFalse(p.requires_grad)
-                    self.assertEqual(p.data.storage().size(), 1)
+                    with torch._C.DisableTorchFunction():
+                        self.assertEqual(p.data.storage().size(), 1)
+                    self.assertRaises(zinf.ParameterNotGatheredError, p.sum)
                 with torch.no_grad():
                     self.assertEqual(engine(batches(1)[0]).item(), ref(batches(1)[0]).item())
                 # Backward through it reaches its inputs, as through torch's.

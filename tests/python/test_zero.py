@@ -23,6 +23,19 @@ BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", "")
 SOURCE_DIR = os.environ.get("ZINF_SOURCE_DIR", "")
 
 
+def is_released(p):
+    """Whether `p` holds no values: its storage is the placeholder's one element, reading it
+    raises, and its shape is still its own (Note [Released parameters raise])."""
+    with torch._C.DisableTorchFunction():
+        one_element = p.data.storage().size() == 1
+        shape_kept = tuple(p.shape) == tuple(p.data.shape)
+    try:
+        p.sum()
+    except zinf.ParameterNotGatheredError:
+        return one_element and shape_kept
+    return False
+
+
 def small_config(**zero):
     return {"train_micro_batch_size_per_gpu": 2,
             "zero_optimization": {"stage": 3, **zero},
@@ -40,9 +53,11 @@ class ZeroTest(unittest.TestCase):
         args = argparse.Namespace(offload="none", nvme_path=self.dir, accum=1, steps=12)
         for k, v in kw.items():
             setattr(args, k, v)
-        ref, got, diff = zero_train.train(args)
+        summaries = []
+        ref, got, diff = zero_train.train(args, summaries)
         problem = zero_train.check(ref, got, diff)
         self.assertIsNone(problem, f"{kw}: {problem}\ntorch {ref}\nzinf  {got}")
+        return summaries
 
     def test_one_process_matches_torch(self):
         self.run_one_process()
@@ -52,6 +67,50 @@ class ZeroTest(unittest.TestCase):
 
     def test_one_process_parameters_on_nvme(self):
         self.run_one_process(offload="nvme")
+
+    def test_a_model_three_times_the_device_budget_trains_within_it(self):
+        # What a GPU smaller than the model is, on the host device: zinf.device_budget a third
+        # of the parameters' bytes, parameters homed in host memory or on NVMe and gathered
+        # into the device tier module by module. torch's losses, and the tier's peak within
+        # its budget (each step's summary), on 1 and 2 ranks.
+        share = 1 / 3
+        for offload in ("cpu", "nvme"):
+            with self.subTest(processes=1, offload=offload):
+                summaries = self.run_one_process(offload=offload, blocks=24,
+                                                 device_budget_share=share)
+                model_bytes = sum(p.numel() * 4
+                                  for p in zero_train.make_model(blocks=24).parameters())
+                self.assertIsNone(zero_train.check_device_budget(summaries, model_bytes, share))
+            with self.subTest(processes=2, offload=offload):
+                self.run_two_processes("--offload", offload, "--nvme-path", self.dir,
+                                       "--blocks", "24", "--device-budget-share", str(share),
+                                       expect="[rank 1] device tier: peak")
+
+    def test_the_device_is_chosen_as_deepspeed_chooses_it(self):
+        # Note [Where the model computes]: a CPU-built model computes on this process's GPU
+        # where torch sees one, else on the host; "host" keeps the CPU; a GPU asked for where
+        # there is none, an unknown device or two that disagree are refused by name.
+        engine = zinf.zero.initialize(zero_train.make_model(), small_config())
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+        self.assertEqual(engine.device.type, want)
+        engine = zinf.zero.initialize(zero_train.make_model(), small_config(), device="host")
+        self.assertEqual(engine.device, torch.device("cpu"))
+        config = small_config()
+        config["zinf"] = {"device": "host"}
+        self.assertEqual(zinf.zero.initialize(zero_train.make_model(), config).device,
+                         torch.device("cpu"))
+        refusals = [({"device": "tpu"}, small_config(), "must be .auto., .host."),
+                    ({"device": "cuda"}, config, "device='cuda', but the config's zinf.device")]
+        if not torch.cuda.is_available():
+            refusals.append(({"device": "cuda:0"}, small_config(), "PyTorch sees no GPU"))
+        for keywords, cfg, message in refusals:
+            with self.subTest(**keywords):
+                model = zero_train.make_model()
+                with self.assertRaisesRegex(ValueError, message):
+                    zinf.zero.initialize(model, cfg, **keywords)
+                # Refused before the takeover: the model is as it was.
+                self.assertEqual(type(model.head.weight), torch.nn.Parameter)
+                self.assertFalse(torch.isnan(model.head.weight).any())
 
     def test_activation_checkpointing_matches_torch(self):
         # A recompute inside backward fetches what it reads and keeps it until the module's
@@ -251,8 +310,7 @@ class ZeroTest(unittest.TestCase):
         # Between forward and backward no full parameter is held: every parameter's data is
         # its one-element placeholder, and autograd keeps references instead of the tensors.
         for name, p in model.named_parameters():
-            self.assertEqual(p.data.storage().size(), 1, name)
-            self.assertEqual(tuple(p.shape), tuple(p.data.shape), name)
+            self.assertTrue(is_released(p), name)
         self.assertGreater(len(packed), 0, "no saved parameter went through the pack hook")
         engine.backward(loss)
         for name, p in model.named_parameters():
@@ -390,7 +448,7 @@ class ZeroTest(unittest.TestCase):
                 engine.backward(run(torch.randn(2, 4)).square().mean())
                 self.assertEqual(engine.step()["step"], step + 1)
             for name, p in model.named_parameters():
-                self.assertEqual(p.data.storage().size(), 1, name)
+                self.assertTrue(is_released(p), name)
             self.assertIsNone(engine._saved_hooks, "saved-tensor hooks left installed")
 
     def test_checkpoint_round_trip(self):

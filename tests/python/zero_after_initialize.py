@@ -1,7 +1,8 @@
 """Parameters after zinf.zero.initialize, on every rank: the ranks start from rank 0's values
 (each rank seeds torch differently here), GatheredParameters gathers them for reading and,
-with modifier_rank, writes that rank's values into every rank's shards; state_dict() gives
-the values on one rank and refuses on several, naming what to call.
+with modifier_rank, writes that rank's values into every rank's shards; outside it reading a
+parameter raises, naming what to call; state_dict() gives the values on one rank and refuses on
+several, naming what to call.
 
 Run alone or under the launcher, from the repository root:
     PYTHONPATH=build/python build/bin/zinf run -n 2 -- /usr/bin/python3 \\
@@ -10,12 +11,14 @@ Exits non-zero, saying what, when something differs.
 """
 
 import argparse
+import copy
 import os
 import sys
 
 import torch
 
 import zero_train
+import zinf
 import zinf.zero
 
 
@@ -31,8 +34,22 @@ def check(args):
             return f"'{name}' is not rank 0's value after initialize"
 
     weight = model.head.weight
-    if not torch.isnan(weight).all():
-        return "outside any fetch the parameter holds values"
+    # Outside any fetch nothing reads as values (Note [Released parameters raise]); what needs
+    # none still answers.
+    if tuple(weight.shape) != tuple(expected["head.weight"].shape) or not weight.requires_grad:
+        return f"a released parameter's shape or requires_grad changed: {tuple(weight.shape)}"
+    for what, read in (("an op", lambda: weight * 2), ("data", lambda: weight.data),
+                       ("a detached copy", lambda: weight.detach().clone()),
+                       ("numpy", lambda: weight.detach().numpy()),
+                       ("a deep copy", lambda: copy.deepcopy(model.head)),
+                       ("F.linear", lambda: torch.nn.functional.linear(
+                           torch.zeros(1, weight.shape[1]), weight))):
+        try:
+            read()
+            return f"outside any fetch {what} of the parameter read values"
+        except zinf.ParameterNotGatheredError as e:
+            if "'head.weight'" not in str(e) or "GatheredParameters" not in str(e):
+                return f"the refusal to read {what} does not say what to call: {e}"
     with zinf.zero.GatheredParameters([weight, model.embed.weight]):
         if not torch.equal(weight, expected["head.weight"].detach()):
             return "GatheredParameters did not give the value"

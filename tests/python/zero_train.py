@@ -63,9 +63,9 @@ class TinyLM(torch.nn.Module):
         return self.head(self.norm(x)) + self.out_bias
 
 
-def make_model(seed=0, checkpoint=""):
+def make_model(seed=0, checkpoint="", blocks=2):
     torch.manual_seed(seed)
-    return TinyLM(checkpoint=checkpoint)
+    return TinyLM(checkpoint=checkpoint, blocks=blocks)
 
 
 def sequences(steps, global_batch, seq, vocab, seed=1):
@@ -90,8 +90,15 @@ def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def config(args, micro_batch):
+def config(args, micro_batch, model_bytes=0):
     zero = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    share = getattr(args, "device_budget_share", 0)
+    extra = {}
+    if share:
+        # A device tier that holds `share` of the model's parameters: the read-ahead and the
+        # gradient buckets a few modules' worth, so that a module at a time is what must fit.
+        zero.update(stage3_prefetch_bucket_size=4096, reduce_bucket_size=4096)
+        extra["zinf"] = {"device_budget": int(model_bytes * share)}
     if args.offload != "none":
         zero["offload_param"] = {"device": args.offload}
         zero["offload_optimizer"] = {"device": args.offload}
@@ -105,19 +112,23 @@ def config(args, micro_batch):
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95],
                                                    "weight_decay": 0.1}},
+        **extra,
     }
 
 
-def train(args):
-    """Returns (reference losses, zinf losses, max parameter difference); rank 0's view."""
+def train(args, summaries=None):
+    """Returns (reference losses, zinf losses, max parameter difference); rank 0's view. Each
+    step's summary is appended to `summaries` when given."""
     micro = 4
     checkpoint = getattr(args, "checkpoint", "")
-    engine = zinf.zero.initialize(make_model(checkpoint=checkpoint), config(args, micro),
-                                  timeout_s=60)
+    blocks = getattr(args, "blocks", 2)
+    model = make_model(checkpoint=checkpoint, blocks=blocks)
+    model_bytes = sum(p.numel() * 4 for p in model.parameters())
+    engine = zinf.zero.initialize(model, config(args, micro, model_bytes), timeout_s=60)
     rank, world = engine.rank, engine.world_size
     global_batch = micro * world * args.accum
 
-    ref = make_model(checkpoint=checkpoint)
+    ref = make_model(checkpoint=checkpoint, blocks=blocks)
     opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     ref_losses, zinf_losses = [], []
     for tokens, targets in batches(args.steps, global_batch):
@@ -133,10 +144,14 @@ def train(args):
         total = 0.0
         for a in range(args.accum):
             rows = slice((a * world + rank) * micro, (a * world + rank + 1) * micro)
-            loss = lm_loss(engine(tokens[rows]), targets[rows])
+            # engine.device: a CPU-built model computes on this process's GPU where there is one.
+            loss = lm_loss(engine(tokens[rows].to(engine.device)),
+                           targets[rows].to(engine.device))
             engine.backward(loss)
             total += loss.item()
-        engine.step()
+        summary = engine.step()
+        if summaries is not None:
+            summaries.append(summary)
         zinf_losses.append(engine.mean_over_ranks(total / args.accum))
 
     gathered = engine.gather_parameters()
@@ -144,6 +159,18 @@ def train(args):
     for name, p in ref.named_parameters():
         diff = max(diff, (gathered[name] - p.detach()).abs().max().item())
     return ref_losses, zinf_losses, diff
+
+
+def check_device_budget(summaries, model_bytes, share):
+    """A message when the device tier held more than its budget, or the budget is not
+    `share` of the model's parameters; else None."""
+    budget = summaries[-1]["device_budget_bytes"]
+    peak = max(s["device_peak_bytes"] for s in summaries)
+    if budget != int(model_bytes * share):
+        return f"the device budget is {budget} bytes, not {share} of the model's {model_bytes}"
+    if not 0 < peak <= budget:
+        return f"the device tier peaked at {peak} bytes, over its budget of {budget}"
+    return None
 
 
 def check(ref_losses, zinf_losses, diff):
@@ -166,14 +193,23 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--checkpoint", choices=["", "reentrant", "non-reentrant"], default="",
                     help="activation checkpointing of each block")
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--device-budget-share", type=float, default=0,
+                    help="zinf.device_budget as this share of the parameters' bytes")
     args = ap.parse_args()
-    ref_losses, zinf_losses, diff = train(args)
+    summaries = []
+    ref_losses, zinf_losses, diff = train(args, summaries)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         for step, (a, b) in enumerate(zip(ref_losses, zinf_losses)):
             print(f"step {step:2d}  torch {a:.6f}  zinf {b:.6f}")
         print(f"max |param difference| {diff:.3g}")
     problem = check(ref_losses, zinf_losses, diff)
+    if problem is None and args.device_budget_share:
+        model_bytes = sum(p.numel() * 4 for p in make_model(blocks=args.blocks).parameters())
+        problem = check_device_budget(summaries, model_bytes, args.device_budget_share)
+        print(f"device tier: peak {max(s['device_peak_bytes'] for s in summaries)} bytes, "
+              f"budget {summaries[-1]['device_budget_bytes']}, parameters {model_bytes}")
     if problem:
         print(f"MISMATCH: {problem}", file=sys.stderr)
         return 1
