@@ -12,7 +12,8 @@ naming the parameter and what to call. Swapping ``__class__`` costs a pointer st
 release makes no tensor and a fetch none either; ``isinstance(p, nn.Parameter)`` stays true.
 
 A conversion that changes nothing (``.cpu()`` on the CPU, ``.float()`` of fp32) gives the
-parameter itself, as torch does. ``detach()`` is let through but gives an unreadable tensor too: ``nn.Module.state_dict``
+parameter itself, as torch does; one to another device moves the placeholder (its values stay
+in the shards: ``module.cpu()`` at a trainer's teardown); a new dtype raises. ``detach()`` is let through but gives an unreadable tensor too: ``nn.Module.state_dict``
 detaches every parameter before zinf's state-dict hook replaces the entry with the gathered
 value (or refuses), and a detached placeholder that escapes must not read as values either.
 """
@@ -35,10 +36,10 @@ _METADATA = frozenset({
     "_backward_hooks", "retain_grad", "requires_grad_", "_post_accumulate_grad_hooks",
     "_has_compatible_shallow_copy_type",
 })
-# Conversions that need no values when they change nothing (``module.cpu()`` of a model that
-# is on the CPU, as Lightning's teardown calls it): they give the tensor itself back.
-_CONVERSIONS = frozenset({"to", "cpu", "cuda", "float", "double", "half", "bfloat16", "type",
-                          "contiguous"})
+# Conversions: without a change they give the tensor itself back; a move to another device
+# moves the placeholder (``module.cpu()``, as Lightning's teardown calls it); a new dtype needs
+# the values.
+_CONVERSIONS = frozenset({"to", "cpu", "cuda", "float", "double", "half", "bfloat16", "type"})
 # Settable without values: a new data (a fetch), a gradient, requires_grad.
 _SETTABLE = frozenset({"data", "grad", "requires_grad", "_backward_hooks",
                        "_post_accumulate_grad_hooks"})
@@ -73,10 +74,8 @@ class _Unreadable:
         writes = accessor in ("__set__", "__delete__")
         if (name in _SETTABLE) if writes else (name in _METADATA):
             return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
-        if name in _CONVERSIONS and args and isinstance(args[0], _Unreadable):
-            out = torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
-            if out is args[0]:
-                return out
+        if name in _CONVERSIONS and accessor is None and args and isinstance(args[0], _Unreadable):
+            return _convert(func, args, kwargs or {}, name)
         if name == "detach":
             source = args[0]
             out = torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
@@ -94,6 +93,24 @@ class UnreadableTensor(_Unreadable, torch.Tensor):
     """A detached released parameter."""
 
 
+def _convert(func, args, kwargs, name):
+    """A conversion of released parameter args[0], tried on one element of its placeholder:
+    the parameter itself when nothing changes, the placeholder moved when only the device
+    does; a new dtype raises."""
+    source = args[0]
+    with torch._C.DisableTorchFunction():
+        one = source.as_strided((1,), (1,))
+        out = func(one, *args[1:], **kwargs)
+        if out is one:
+            return source
+        if out.dtype != one.dtype:
+            raise not_gathered(source, f"{name} to {out.dtype}")
+        moved = out.view([1] * source.dim()).expand(source.shape)
+    moved = moved.as_subclass(UnreadableTensor)
+    moved._zinf_name = source._zinf_name
+    return moved
+
+
 def not_gathered(tensor, what):
     name = getattr(tensor, "_zinf_name", "?")
     return ParameterNotGatheredError(
@@ -104,24 +121,29 @@ def not_gathered(tensor, what):
         f"on several")
 
 
+# A fetch and a release each swap a class per parameter: two dict lookups, no allocation.
 _released_classes = {}  # a parameter's class -> its unreadable subclass
+_original_classes = {}  # the unreadable subclass -> the parameter's class
 
 
-def release(param, name):
-    """Makes `param` (whose data is a placeholder now) refuse reads, naming it `name`."""
+def release(param, name=None):
+    """Makes `param` (whose data is a placeholder now) refuse reads; `name` names it in the
+    error (given once: it stays)."""
+    if name is not None:
+        param._zinf_name = name
     cls = type(param)
-    if issubclass(cls, _Unreadable):
-        return
     released = _released_classes.get(cls)
     if released is None:
-        released = _released_classes[cls] = type(
-            f"Released{cls.__name__}", (_Unreadable, cls), {"__module__": __name__})
-    param._zinf_name = name
+        if cls in _original_classes:
+            return  # released already
+        released = type(f"Released{cls.__name__}", (_Unreadable, cls), {"__module__": __name__})
+        _released_classes[cls] = released
+        _original_classes[released] = cls
     param.__class__ = released
 
 
 def restore(param):
     """Undoes release: `param`'s data holds its values again."""
-    cls = type(param)
-    if issubclass(cls, _Unreadable):
-        param.__class__ = next(c for c in cls.__mro__[1:] if not issubclass(c, _Unreadable))
+    original = _original_classes.get(type(param))
+    if original is not None:
+        param.__class__ = original

@@ -515,7 +515,7 @@ class ZeroEngine:
             self._show(slot, gathered[0])
         else:
             slot.param.data = self._placeholder(slot)
-            _unreadable.release(slot.param, slot.name)
+            _unreadable.release(slot.param)
 
     def _fetched(self, slot):
         """Whether a forward or backward holds the parameter's module fetched."""
