@@ -124,21 +124,41 @@ StatusOr<GradStats> NvmeGradients::Stats() {
     if (written.ok()) written = std::move(s);
   }
   in_flight_.clear();
-  // Every buffer is back: the host tier has them back until the next batch's gradients.
-  free_.clear();
   ZINF_RETURN_IF_ERROR(written);
+  // Note [Short last window] (engine_step.cc): a batch may end after fewer micro-batches, the
+  // same number for every chunk; their statistics were not taken at a last flush, so they are
+  // taken from the gradients written.
+  const int flushes = chunks_.empty() ? accumulation_steps_ : chunks_.front().flushes;
+  const bool short_window = flushes >= 1 && flushes < accumulation_steps_;
   GradStats total;
-  for (const Chunk& chunk : chunks_) {
-    if (chunk.flushes != accumulation_steps_) {
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Chunk& chunk = chunks_[c];
+    if (chunk.flushes != (short_window ? flushes : accumulation_steps_)) {
       return FailedPrecondition(
           fmt::format("the gradients of elements {}..{} have {} of the batch's {} micro-batches",
                       chunk.info.offset, chunk.info.offset + chunk.info.count, chunk.flushes,
-                      accumulation_steps_));
+                      short_window ? flushes : accumulation_steps_));
     }
+    if (short_window) ZINF_RETURN_IF_ERROR(ReadStats(c));
     total.sum_squares += chunk.stats.sum_squares;
     total.finite = total.finite && chunk.stats.finite;
   }
+  // Every buffer is back: the host tier has them back until the next batch's gradients.
+  free_.clear();
   return total;
+}
+
+Status NvmeGradients::ReadStats(size_t c) {
+  Chunk& chunk = chunks_[c];
+  ZINF_ASSIGN_OR_RETURN(StoreArray buffer, TakeBuffer());
+  Status read = optimizer_->ReadChunkGradients(shard_, c, buffer.data());
+  StatusOr<GradStats> stats =
+      read.ok() ? cpu_->ComputeGradStats(buffer.data(), ElementType::kFp32, chunk.info.count)
+                : StatusOr<GradStats>(read);
+  free_.push_back(std::move(buffer));
+  staging_bytes_ -= buffer_bytes_;
+  ZINF_ASSIGN_OR_RETURN(chunk.stats, std::move(stats));
+  return OkStatus();
 }
 
 void NvmeGradients::EndBatch() {

@@ -66,7 +66,8 @@ class NvmeGradients {
   // once per micro-batch.
   Status Add(uint64_t flat_offset, const float* grads, uint64_t size);
   // Waits for every write; then the accumulated gradients' squared norm and finiteness, once
-  // every chunk has received all of the batch's micro-batches (FailedPrecondition before).
+  // every chunk has received all of the batch's micro-batches, or the same fewer for every chunk
+  // (a short last window; FailedPrecondition otherwise).
   StatusOr<GradStats> Stats();
   // The next batch starts from zero.
   void EndBatch();
@@ -103,6 +104,8 @@ class NvmeGradients {
   // Waits for chunk c's write in flight and takes its buffer back.
   Status Settle(Chunk& chunk);
   StatusOr<StoreArray> TakeBuffer();
+  // Chunk c's statistics from its gradients on NVMe (a batch that ended short).
+  Status ReadStats(size_t c);
 
   PipelinedOptimizer* const optimizer_;
   const int shard_;

@@ -207,11 +207,21 @@ class InitializeTest(LoopRunner):
         # Note [Short last window]: a boundary after 1 of 2 micro-batches (the last window of
         # an epoch, as transformers' Trainer and Accelerate end one) steps with that gradient,
         # scaled by 1 / gradient_accumulation_steps as in a full window: torch's AdamW on the
-        # micro-batch's loss / 2. The engine then starts a whole window again.
+        # micro-batch's loss / 2. The engine then starts a whole window again. In memory, and
+        # with everything on NVMe, the gradient accumulators too (zinf.gradients_on_nvme).
+        nvme = {"device": "nvme", "nvme_path": self.dir}
+        for placement in ({"stage": 3},
+                          {"stage": 3, "offload_param": nvme, "offload_optimizer": nvme}):
+            with self.subTest(offload="offload_param" in placement):
+                self.check_short_last_window(placement)
+
+    def check_short_last_window(self, placement):
         gas = 2
         config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
                   "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
-                  "zero_optimization": {"stage": 3}}
+                  "zero_optimization": placement}
+        if "offload_param" in placement:
+            config["zinf"] = {"gradients_on_nvme": True}
         data = initialize_train.dataset(5 * MICRO)
         batches = [data[i * MICRO:(i + 1) * MICRO] for i in range(5)]
         windows = [batches[0:1], batches[1:3], batches[3:4], batches[4:5]]

@@ -135,6 +135,20 @@ TEST(NvmeGradientsTest, AccumulatesLikeHostMemoryWithinTheStagingBound) {
   // A new batch starts over.
   (*grads)->EndBatch();
   EXPECT_EQ((*grads)->Stats().status().code(), StatusCode::kFailedPrecondition);
+  // A short last window (Note [Short last window]): one micro-batch of the two, its
+  // statistics read back from what was written.
+  (*grads)->EndBatch();
+  std::vector<float> once(n);
+  double once_sum = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    once[i] = std::cos(0.002f * i);
+    once_sum += double(once[i]) * once[i];
+  }
+  ASSERT_TRUE((*grads)->Add(0, once.data(), n).ok());
+  auto short_stats = (*grads)->Stats();
+  ASSERT_TRUE(short_stats.ok()) << short_stats.status();
+  EXPECT_NEAR(short_stats->sum_squares, once_sum, 1e-6 * once_sum);
+  EXPECT_TRUE(short_stats->finite);
 }
 
 }  // namespace
