@@ -54,6 +54,11 @@ def _name_of(func):
     return name, None
 
 
+# What zinf's own hot paths read of released parameters (grad, requires_grad) needs no
+# values: inside this block no __torch_function__ dispatch runs (a few microseconds each).
+metadata_only = torch._C.DisableTorchFunction
+
+
 def _first_unreadable(args, kwargs):
     for a in list(args) + list((kwargs or {}).values()):
         if isinstance(a, _Unreadable):

@@ -504,8 +504,8 @@ class ZeroEngine:
 
     def _show(self, slot, values):
         """The parameter's data becomes `values` (fetched or gathered), readable."""
+        _unreadable.restore(slot.param)  # first: a released parameter's setter costs a dispatch
         slot.param.data = values
-        _unreadable.restore(slot.param)
 
     def _park(self, slot):
         """A parameter's data when no fetch holds it: its value inside a GatheredParameters
@@ -730,8 +730,9 @@ class ZeroEngine:
 
     def _take_gradient(self, s):
         p = s.param
-        grad = p.grad
-        p.grad = None
+        with _unreadable.metadata_only():  # no dispatch per access of a released parameter
+            grad = p.grad
+            p.grad = None
         if grad is None:
             return
         self._backward_begins()  # where the output's hook was not reached
@@ -812,6 +813,10 @@ class ZeroEngine:
     def _check_requires_grad(self):
         """ValueError naming the parameter whose requires_grad changed since initialize: the
         engine trains the set it took then, and would ignore the change."""
+        with _unreadable.metadata_only():
+            self._check_requires_grad_unchanged()
+
+    def _check_requires_grad_unchanged(self):
         for slots in self._module_slots:
             for s in slots:
                 if not s.param.requires_grad:
