@@ -7,6 +7,7 @@
 # Usage:
 #   scripts/gpu_bundle.sh pack [--python PY] [-o FILE]   here: nvcc and the packages, no GPU
 #   scripts/gpu_bundle.sh run FILE [gpu_check options]   there: the NVIDIA driver, no compiler
+#   scripts/gpu_bundle.sh bench FILE [gpu_bench options] there, right after run
 #
 # pack  configures build-gpu/ (the `gpu` preset) for the interpreter PY, builds gpu_check's
 #       targets and writes FILE (default build-gpu/gpu_bundle.tar.xz, about 15 MB): the
@@ -20,6 +21,9 @@
 #       `gpu_check.sh --no-build` with
 #       the bundled libraries on LD_LIBRARY_PATH, and NCCL from PyTorch's nvidia-nccl wheel
 #       where the machine has no libnccl.so.2 of its own. Its exit code is gpu_check's.
+# bench runs scripts/gpu_bench.sh (plain PyTorch against zinf) on the same pack, with the same
+#       libraries: it unpacks FILE only when build-gpu/ holds another pack (so gpu_check's
+#       figures from `run` stay). Its exit code is gpu_bench's.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -92,11 +96,9 @@ torch_python() {
   command -v python3 || echo python3
 }
 
-run() {
-  local bundle="${1:?gpu_bundle run: which bundle?}" packed_root packed_python python nccl
-  shift
-  [ -f "$bundle" ] || { echo "gpu_bundle run: no such bundle: $bundle" >&2; exit 2; }
-  bundle="$(cd "$(dirname "$bundle")" && pwd)/$(basename "$bundle")"
+# unpack FILE: build-gpu/ from the pack, its test lists pointed at this checkout and python3.
+unpack() {
+  local bundle="$1" packed_root packed_python python
   rm -rf "$build"
   mkdir -p "$build/bundled-lib"
   tar -C "$build" --strip-components=1 -xJf "$bundle" build-gpu
@@ -107,7 +109,14 @@ run() {
   # The test lists name the packing checkout and interpreter: point them at these.
   find "$build" \( -name CTestTestfile.cmake -o -name '*_tests.cmake' -o -name '*_include.cmake' \
       -o -name '*_properties.cmake' -o -name CMakeCache.txt \) -print0 |
-    xargs -0 sed -i -e "s|$packed_root|$root|g" ${packed_python:+-e "s|$packed_python|$python|g"}
+    xargs -r0 sed -i -e "s|$packed_root|$root|g" ${packed_python:+-e "s|$packed_python|$python|g"}
+  sha256sum <"$bundle" | cut -d' ' -f1 >"$build/gpu_bundle.sha256"
+}
+
+# The bundled libraries, NCCL and CUDA's on LD_LIBRARY_PATH; says which are still missing.
+bundle_env() {
+  local python nccl missing
+  python="$(torch_python)"
   export LD_LIBRARY_PATH="$build/lib:$build/bundled-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 ' && [ ! -f /usr/local/cuda/lib64/libnccl.so.2 ] &&
      nccl="$("$python" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)"; then
@@ -115,13 +124,39 @@ run() {
   fi
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
   missing="$(ldd "$build"/tests/* "$build"/bin/* 2>/dev/null | grep 'not found' | sort -u | xargs || true)"
-  [ -z "$missing" ] || echo "gpu_bundle run: libraries not found here: $missing" >&2
+  [ -z "$missing" ] || echo "gpu_bundle: libraries not found here: $missing" >&2
+}
+
+# absolute FILE, or exit 2 naming the command when FILE is missing.
+bundle_path() {
+  [ -f "$2" ] || { echo "gpu_bundle $1: no such bundle: $2" >&2; exit 2; }
+  echo "$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+}
+
+run() {
+  local bundle
+  bundle="$(bundle_path run "${1:?gpu_bundle run: which bundle?}")"
+  shift
+  unpack "$bundle"
+  bundle_env
   exec "$root/scripts/gpu_check.sh" --no-build "$@"
+}
+
+bench() {
+  local bundle
+  bundle="$(bundle_path bench "${1:?gpu_bundle bench: which bundle?}")"
+  shift
+  if [ "$(cat "$build/gpu_bundle.sha256" 2>/dev/null)" != "$(sha256sum <"$bundle" | cut -d' ' -f1)" ]; then
+    unpack "$bundle"
+  fi
+  bundle_env
+  exec "$root/scripts/gpu_bench.sh" --build-dir "$build" "$@"
 }
 
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
+  bench) shift; bench "$@" ;;
   -h|--help) usage ;;
   *) usage >&2; exit 2 ;;
 esac
