@@ -25,6 +25,7 @@
 #
 # Usage: scripts/gpu_bench.sh [--dry-run] [--out FILE.json] [--build-dir DIR] [--python PY]
 #                             [--budget-s S] [--parts a,b,c] [--peak-tflops T]
+#                             [-- DRIVER OPTIONS]
 #   --dry-run      needs no GPU: checks the files, tools and Python modules the parts need,
 #                  then runs every part's code on the CPU with tiny models (a step or two, the
 #                  engine on the host device), writes the same files and prints the plan
@@ -36,6 +37,8 @@
 #                  to what is left, part c takes what a and b leave
 #   --parts        which parts, in order (default a,b,c)
 #   --peak-tflops  the GPU's dense bf16 TFLOPS for MFU, where its name is not in the table
+#   -- ...         the rest goes to every part (`bench/gpu_bench.py part --help`: micro-batches,
+#                  steps, --llama-max-layers, --llama-torch-cap, ...)
 # Exit codes: 0 every part ran (or skipped, saying why); 1 a part failed; 2 bad usage; 77 no
 # NVIDIA GPU here (nvidia-smi missing or listing none): nothing was run (CTest's skip code);
 # --dry-run exits 77 too where no interpreter here has torch 2.x and zinf's package.
@@ -51,7 +54,7 @@
 #   b           130  70: the 1.31B model built on the GPU and copied to host memory (5 GB),
 #                    zinf's host state pinned (24 GB), 7 steps of each side, 1-3 s a zinf step
 #   c          rest  250: the choice (one `zinf plan` per depth tried), torch alone (45 s kept),
-#                    the Init build and initialize (about 40M parameters/s: 150 s at 5.7B; the
+#                    the Init build and initialize (about 40M parameters/s: 130 s at 5.3B; the
 #                    part's size choice counts it), a probe step, 3 steps, 1 profiled
 set -uo pipefail
 
@@ -67,6 +70,7 @@ python="${ZINF_BENCH_PYTHON:-}"
 budget_s=480
 parts="$parts_all"
 peak_tflops=0
+extra=()
 usage() { sed -n '/^# Usage:/,/^# ZINF_BENCH_PYTHON/p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -78,6 +82,7 @@ while [ $# -gt 0 ]; do
     --parts) parts="$(tr ',' ' ' <<<"${2:?--parts needs a list}")"; shift ;;
     --peak-tflops) peak_tflops="${2:?--peak-tflops needs a number}"; shift ;;
     -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
     *) echo "gpu_bench: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
   shift
@@ -207,7 +212,7 @@ mkdir -p "$work/logs" "$work/tmp"
 rm -f "$work"/part_*.json "$work/status.tsv"
 # Init's spill (part c) goes to TMPDIR: on the build's disk, not a tmpfs in host memory.
 export TMPDIR="$work/tmp"
-deadline=$((SECONDS + budget_s))
+deadline=$budget_s  # from the script's start (SECONDS), the interpreter's search included
 failed=0
 commit="$(git -C "$root" log -1 --format=%h 2>/dev/null || echo unknown)"
 echo "gpu_bench: $py; figures -> $out and $txt, logs -> $work/logs/ (deadline ${budget_s} s$(
@@ -225,6 +230,7 @@ for p in $parts; do
     args=(part "$p" --out "$work/part_$p.json" --budget-s "$b")
     [ $dry_run -eq 1 ] && args+=(--dry-run)
     [ "$peak_tflops" != 0 ] && args+=(--peak-tflops "$peak_tflops")
+    args+=("${extra[@]}")
     timeout --kill-after=10 "$b" "$py" bench/gpu_bench.py "${args[@]}" >"$work/logs/$p.log" 2>&1 </dev/null
     rc=$?
     note="$(grep '^NOTE: ' "$work/logs/$p.log" | tail -n 1 | sed 's/^NOTE: //')"
