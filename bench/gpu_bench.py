@@ -242,7 +242,7 @@ def profile_table(torch, dev, run_steps, steps, rec, key):
             try:
                 table = averages.table(sort_by=sort, row_limit=30, max_name_column_width=60)
                 break
-            except (AttributeError, KeyError, ValueError) as e:
+            except Exception as e:
                 last = e
         if table is None:
             raise RuntimeError(f"no sort key the profiler knows: {last}")
@@ -256,8 +256,9 @@ def profile_table(torch, dev, run_steps, steps, rec, key):
 def interleaved(torch, dev, arms, warmup, steps, deadline):
     """Runs a step of each arm in turn (the order flips every step), `warmup` + `steps` times
     or until `deadline` (time.monotonic) once two steps were measured. arms: {name: step(i)},
-    each returning (loss, summary or None). Returns {name: {"seconds": [...], "losses": [...],
-    "summaries": [...]}} over the measured steps."""
+    each returning (loss, summary or None). Returns ({name: {"seconds": [...], "losses": [...],
+    "summaries": [...]}} over the measured steps, and the traceback of the step that raised,
+    which ends the loop, else None), so that what was measured before a failure is kept."""
     out = {name: {"seconds": [], "losses": [], "summaries": []} for name in arms}
     names = list(arms)
     for i in range(warmup + steps):
@@ -266,8 +267,12 @@ def interleaved(torch, dev, arms, warmup, steps, deadline):
         for name in (names if i % 2 == 0 else names[::-1]):
             sync(torch, dev)
             t0 = time.perf_counter()
-            loss, summary = arms[name](i)
-            sync(torch, dev)
+            try:
+                loss, summary = arms[name](i)
+                sync(torch, dev)
+            except Exception as e:
+                return out, (f"{name}'s step {i + 1}: {type(e).__name__}: {e}",
+                             traceback.format_exc())
             seconds = time.perf_counter() - t0
             loss = float(loss)
             print(f"  step {i + 1:3d} {name:5s} {seconds * 1e3:9.1f} ms  loss {loss:.4f}"
@@ -277,7 +282,7 @@ def interleaved(torch, dev, arms, warmup, steps, deadline):
                 out[name]["losses"].append(loss)
                 if summary is not None:
                     out[name]["summaries"].append(summary)
-    return out
+    return out, None
 
 
 def batches_for(torch, dev, vocab, seq, micro, count, seed=1234):
@@ -339,9 +344,16 @@ def gpt_arms(torch, F, dev, shape, micro, precision, offload_param, rec, key):
     config = zinf_config(micro, 1, bf16, offload_param)
     rec.data[key]["zinf_config"] = config
     t0 = time.monotonic()
-    engine = zinf.zero.initialize(model=zmodel, config=config)
-    rec.data[key]["zinf_initialize_s"] = round(time.monotonic() - t0, 2)
-    rec.data[key]["engine_device"] = str(engine.device)
+    try:
+        engine = zinf.zero.initialize(model=zmodel, config=config)
+        rec.data[key]["zinf_initialize_s"] = round(time.monotonic() - t0, 2)
+        rec.data[key]["engine_device"] = str(engine.device)
+    except Exception as e:  # torch alone is still measured; run_gpt reports the failure
+        engine = None
+        rec.data[key]["error"] = f"zinf's initialize: {type(e).__name__}: {e}\n" + \
+            traceback.format_exc()
+        rec.note(f"{key}: zinf's initialize failed: {type(e).__name__}: {str(e)[:300]}; torch "
+                 f"alone is measured")
     vocab = shape["vocab"]
 
     def loss_of(logits, batch):
@@ -384,12 +396,14 @@ def run_gpt(torch, dev, args, rec, key, shape, micro, precision, offload_param, 
     print(f"{key}: GPT {params / 1e6:.2f}M ({shape['layers']} x {shape['d_model']}, "
           f"{shape['heads']} heads, seq {shape['seq']}), {precision}, micro-batch {micro} "
           f"({tokens} tokens a step); zinf: offload_param {offload_param}, optimizer on the CPU, "
-          f"engine on {engine.device}", flush=True)
+          f"engine on {engine.device if engine else '- (failed)'}", flush=True)
     data = batches_for(torch, dev, shape["vocab"], shape["seq"], micro, warmup + steps)
     rec.phase(f"{key}: steps")
-    results = interleaved(torch, dev, {"torch": lambda i: torch_step(data[i]),
-                                       "zinf": lambda i: zinf_step(data[i])},
-                          warmup, steps, deadline)
+    arms = {"torch": lambda i: torch_step(data[i])}
+    if engine is not None:
+        arms["zinf"] = lambda i: zinf_step(data[i])
+    results, failure = interleaved(torch, dev, arms, warmup, steps, deadline)
+    results.setdefault("zinf", {"seconds": [], "losses": [], "summaries": []})
     peak = rec.data["machine"]["peak_bf16_tflops"]
     for name in ("torch", "zinf"):
         r = results[name]
@@ -402,7 +416,7 @@ def run_gpt(torch, dev, args, rec, key, shape, micro, precision, offload_param, 
         entry["zinf_over_torch_paired_median"] = median(
             [a / b for a, b in zip(results["torch"]["seconds"], results["zinf"]["seconds"])])
     entry["counters"] = summary_counters(results["zinf"]["summaries"])
-    entry["measured_steps"] = len(results["zinf"]["seconds"])
+    entry["measured_steps"] = len(results["torch"]["seconds"])
     entry["warmup_steps"] = warmup
     if dev.type == "cuda":
         entry["torch_cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
@@ -410,6 +424,11 @@ def run_gpt(torch, dev, args, rec, key, shape, micro, precision, offload_param, 
           f"{z['tokens_per_s'] or 0:,.0f} tokens/s, zinf/torch "
           f"{entry.get('zinf_over_torch', float('nan')):.3f}", flush=True)
     rec.save()
+    if failure:
+        entry["error"] = f"{failure[0]}\n{failure[1]}"
+        raise RuntimeError(failure[0])
+    if engine is None:
+        raise RuntimeError(entry["error"].splitlines()[0])
     # Free torch's arm (its step holds the model and optimizer) before profiling zinf's.
     del model, optimizer, torch_step
     free_cuda(torch, dev)
@@ -435,7 +454,7 @@ def part_a(torch, dev, args, rec):
             free_cuda(torch, dev)  # the engine's hooks make cycles: its GPU memory goes here
         except Exception as e:
             failures.append(f"{precision}: {type(e).__name__}: {e}")
-            rec.data.setdefault(precision, {})["error"] = traceback.format_exc()
+            rec.data.setdefault(precision, {}).setdefault("error", traceback.format_exc())
             rec.note(f"{precision} failed: {type(e).__name__}: {str(e)[:300]}")
             free_cuda(torch, dev)
     return failures
@@ -449,7 +468,7 @@ def part_b(torch, dev, args, rec):
         run_gpt(torch, dev, args, rec, "bf16", shape, micro, "bf16", "cpu", warmup, steps, prof,
                 rec.deadline - 20)
     except Exception as e:
-        rec.data.setdefault("bf16", {})["error"] = traceback.format_exc()
+        rec.data.setdefault("bf16", {}).setdefault("error", traceback.format_exc())
         rec.note(f"failed: {type(e).__name__}: {str(e)[:300]}")
         return [f"{type(e).__name__}: {e}"]
     return []
