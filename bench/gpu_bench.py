@@ -41,7 +41,8 @@ the process (torch, CUDA, transformers) within 85% of MemAvailable (the host sta
 the kernel cannot reclaim it); Init's spill (4 bytes a
 parameter, under TMPDIR) within 80% of that disk's free space; and the part's time box, at
 --llama-setup-rate parameters a second for the build and initialize (single-threaded RNG and the
-spill dominate) and an estimated step. One H200 machine (128 GiB, about 120 GiB available)
+spill dominate; Init built 19M parameters a second on 2 loaded cores of the development VM) and
+an estimated step. One H200 machine (128 GiB, about 120 GiB available)
 holds about 25 layers (5.3B): the whole 7B needs 121 GB of host state, and its optimizer on
 NVMe would move 81 GB a step (80 s at the disk's 2 GB/s), beyond this benchmark's minutes.
 
@@ -762,7 +763,9 @@ def part_c(torch, dev, args, rec):
     checkpointing(model)
 
     need = device_need_estimate(model, prefetch)
-    budget = int(need * 1.1)
+    # The dry run starts below what the engine takes, so that CI proves the retry on the
+    # engine's own figure (its message's form) that the GPU run falls back on.
+    budget = 1 << 20 if args.dry_run else int(need * 1.1)
     rec.phase("c: initialize")
     t0 = time.monotonic()
     for attempt in range(2):
@@ -775,7 +778,7 @@ def part_c(torch, dev, args, rec):
             if attempt == 1 or not named or parse_bytes(named.group(1)) is None:
                 raise
             rec.note(f"zinf.device_budget {budget} refused; the engine names "
-                     f"{named.group(1)}: again with that and 64 MiB")
+                     f"{named.group(1)}: again with that and 96 MiB")
             budget = parse_bytes(named.group(1)) + (96 << 20)
     rec.data.update(initialize_s=round(time.monotonic() - t0, 2), device_budget_bytes=budget,
                     device_need_estimate_bytes=need, zinf_config=config,
@@ -1153,7 +1156,7 @@ def main():
                          "model (model), or cap the device tier alone (none)")
     pp.add_argument("--llama-micro-ref", type=int, default=4,
                     help="the torch reference's micro-batch")
-    pp.add_argument("--llama-setup-rate", type=float, default=40e6,
+    pp.add_argument("--llama-setup-rate", type=float, default=30e6,
                     help="parameters a second that Init's build and initialize are assumed to take")
     pp.add_argument("--llama-reference-s", type=float, default=45,
                     help="seconds kept for the torch reference of part c")

@@ -54,8 +54,9 @@
 #   b           130  70: the 1.31B model built on the GPU and copied to host memory (5 GB),
 #                    zinf's host state pinned (24 GB), 7 steps of each side, 1-3 s a zinf step
 #   c          rest  250: the choice (one `zinf plan` per depth tried), torch alone (45 s kept),
-#                    the Init build and initialize (about 40M parameters/s: 130 s at 5.3B; the
-#                    part's size choice counts it), a probe step, 3 steps, 1 profiled
+#                    the Init build and initialize (30M parameters/s assumed, 19M/s measured
+#                    on 2 loaded cores here: 180 s at 5.3B; the part's size choice counts it),
+#                    a probe step, 3 steps, 1 profiled
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"

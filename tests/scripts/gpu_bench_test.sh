@@ -66,6 +66,8 @@ c = parts["c"]
 assert c["status"] == "pass" and c["tokens_per_s"] > 0 and c["torch_reference"]["tokens_per_s"] > 0
 assert c["counters"]["last"]["device_peak_bytes"] <= c["device_budget_bytes"]
 assert "table" in c["profile"] and c["llama_choice"]["chosen"]["layers"] == c["layers"]
+# The budget the dry run starts with is refused, and the engine's figure taken (the fallback).
+assert any("zinf.device_budget 1048576 refused" in n for n in c["notes"]), c["notes"]
 print("gpu_bench.json: every part's figures present")
 PY
     ;;
