@@ -30,7 +30,7 @@
 #                  then runs every part's code on the CPU with tiny models (a step or two, the
 #                  engine on the host device), writes the same files and prints the plan
 #   --build-dir    where zinf was built (its python/ and bin/zinf; default build-gpu/)
-#   --python       the interpreter (default: the first of $ZINF_BENCH_PYTHON, python3,
+#   --python       the interpreter (default: $ZINF_BENCH_PYTHON, else the first of python3,
 #                  /usr/bin/python3, /opt/torch/.venv/bin/python3, build/venv-torch2/bin/python
 #                  that imports torch 2.x, seeing a GPU unless --dry-run, and zinf from there)
 #   --budget-s     the whole run's deadline in seconds (default 480); each part's box is cut
