@@ -38,34 +38,31 @@ sequence 2048; 32 layers = 6.74B parameters) whose state fits this machine: the 
 `zinf plan` gives for "param cpu, optim cpu, bf16" (18 bytes a parameter: fp32 master, AdamW's
 two states and the fp32 gradient accumulators, and the bf16 parameter tier) plus 10 GiB for
 the process (torch, CUDA, transformers) within 85% of MemAvailable (the host state is pinned:
-the kernel cannot reclaim it); Init's spill (4 bytes a
-parameter, under TMPDIR) within 80% of that disk's free space; and the part's time box, at
---llama-setup-rate parameters a second for the build and initialize (single-threaded RNG and the
-spill dominate; Init built 19M parameters a second on 2 loaded cores of the development VM) and
-an estimated step. One H200 machine (128 GiB, about 120 GiB available)
-holds about 25 layers (5.3B): the whole 7B needs 121 GB of host state, and its optimizer on
-NVMe would move 81 GB a step (80 s at the disk's 2 GB/s), beyond this benchmark's minutes.
+the kernel cannot reclaim it); Init's spill (4 bytes a parameter, under TMPDIR) within 80% of
+that disk's free space; and the part's time box, at --llama-setup-rate parameters a second for
+the build and initialize (single-threaded RNG and the spill dominate; Init built 19M
+parameters a second on 2 loaded cores of the development VM) and an estimated step. One H200
+machine (128 GiB, about 120 GiB available) holds about 25 layers (5.3B): the whole 7B needs
+121 GB of host state, and its optimizer on NVMe would move 81 GB a step (80 s at the disk's
+2 GB/s), beyond this benchmark's minutes.
 
 Note [Capped below the model]
 zinf's device tier is zinf.device_budget: twice the largest module's working set (the
 embedding and the LM head, 131M parameters each) and the read-ahead window twice, the least the
 engine computes in (raised to what the engine names if it refuses); torch's own allocator is
 capped (torch.cuda.set_per_process_memory_fraction) at 95% of the model's bf16 bytes less that
-budget, so the process holds less GPU memory than the model's bf16 parameters alone
-(--llama-torch-cap none leaves torch's allocator uncapped: the device tier alone is then below
-the model, and the micro-batch may grow until the offload hides). The
+budget, so the process holds less GPU memory than the model's bf16 parameters alone. The
 micro-batch is what fits torch's share: one probe step at one sequence measures its peak, and
-the micro-batch is 80% of the share over that (at most --llama-micro-max); gradient accumulation
-(--llama-accum) then makes the step long enough for the upload, the gradients' way down and the
-CPU optimizer to hide under compute.
+the micro-batch is 80% of the share over that (at most --llama-micro-max). Gradient
+accumulation (--llama-accum) spreads the CPU optimizer's pass over several micro-batches; the
+parameters' upload and the gradients' way down come with every micro-batch and hide only under
+its compute, which that share bounds: --llama-torch-cap none leaves torch's allocator uncapped
+(the device tier alone is then below the model) for a micro-batch large enough to hide them.
 """
 
 import argparse
-import contextlib
-import copy
 import gc
 import json
-import math
 import os
 import re
 import resource
