@@ -1085,7 +1085,8 @@ def _part_lines(name, p):
     elif name == "c":
         choice = p.get("llama_choice", {}).get("chosen")
         if choice:
-            out.append(f"model: {p.get('layers')} layers of Llama-2-7B's width, "
+            out.append(f"model: LlamaForCausalLM, {p.get('layers')} layers of hidden "
+                       f"{p.get('shape', {}).get('hidden')} (Llama-2-7B's: 4096), "
                        f"{fmt(p.get('parameters', 0) / 1e9, '.2f')}B parameters, bf16 "
                        f"{fmt_bytes(p.get('bf16_bytes'))}; host state "
                        f"{fmt_bytes(choice['host_state_bytes'])} ({choice['host_state_from']}) "
