@@ -99,6 +99,11 @@ class PoolBlock {
   uint64_t offset_ = 0;
 };
 
+// The size of the host tier's arenas (TieredStore), pinned as they are needed. Small tensors
+// fill an arena whose free tail no larger block can take, so the engine's host budget carries
+// one arena of slack above one arena (Note [Tier budgets] in src/zero/tier_budgets.h).
+inline constexpr uint64_t kHostTierArenaBytes = 1ull << 30;
+
 struct PinnedPoolOptions {
   // Bytes the pool may hand out (and pin); must be > 0.
   uint64_t budget_bytes = 0;

@@ -166,7 +166,7 @@ StatusOr<std::unique_ptr<MemoryPool>> OpenHostTier(const TieredStoreOptions& opt
   PinnedPoolOptions hp;
   hp.name = "host tier";
   hp.budget_bytes = options.host_budget_bytes;
-  hp.arena_bytes = std::min<uint64_t>(options.host_budget_bytes, 1ull << 30);
+  hp.arena_bytes = std::min<uint64_t>(options.host_budget_bytes, kHostTierArenaBytes);
   hp.pinned = options.pin_host;
   hp.numa_node = options.numa_node;
   hp.device = options.pin_host && device != nullptr && device->kind() == DeviceKind::kCuda

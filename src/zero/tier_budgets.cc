@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/units.h"
+#include "offload/memory_pool.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/nvme_gradients.h"
@@ -114,6 +115,9 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
                             (ParamTierIsMaster(config) ? 2 : 1);
   b.host_budget_bytes = arrays + (params_on_host ? b.param_tier_bytes : 0) + landed +
                         gradient_staging + step_buffers + persistent_next + b.write_back_room_bytes;
+  // The arenas' tails: the parameter tier's shards fill an arena before the flat arrays ask
+  // for theirs, and without this the last array found no room (a 605M model in host memory).
+  if (b.host_budget_bytes > kHostTierArenaBytes) b.host_budget_bytes += kHostTierArenaBytes;
   b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);
 
   if (params_on_nvme || optimizer_on_nvme) {

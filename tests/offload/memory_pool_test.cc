@@ -128,6 +128,34 @@ TEST(MemoryPoolTest, ArenasGrowOnDemandAndTrim) {
   std::memset(a->data(), 1, a->size_bytes());  // the surviving block is intact
 }
 
+// Why the engine's host budget carries one arena of slack (Note [Tier budgets]): small blocks
+// first (the parameter tier's shards) leave a tail in their arena that the large blocks after
+// them (the flat arrays) cannot use. With a budget of exactly what is asked for, the last large
+// block finds no room; with one arena more, it does.
+TEST(MemoryPoolTest, AnArenaOfSlackHoldsWhatSmallBlocksLeaveBehind) {
+  const uint64_t arena = 4 * kMiB, small = 256 * 1024, large = 9 * kMiB;
+  const int smalls = 20, larges = 4;  // 5 MiB of small blocks: an arena and a quarter
+  for (const uint64_t slack : {uint64_t{0}, arena}) {
+    SCOPED_TRACE(slack);
+    auto pool = MemoryPool::CreatePinned(Pinned(smalls * small + larges * large + slack, arena));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    std::vector<PoolBlock> blocks;
+    for (int i = 0; i < smalls; ++i) blocks.push_back(std::move(*(*pool)->Allocate(small)));
+    Status last;
+    for (int i = 0; i < larges && last.ok(); ++i) {
+      auto b = (*pool)->Allocate(large);
+      if (b.ok()) blocks.push_back(std::move(*b));
+      last = b.status();
+    }
+    if (slack == 0) {
+      EXPECT_EQ(last.code(), StatusCode::kResourceExhausted) << last;
+      EXPECT_NE(last.message().find("fully assigned to arenas"), std::string::npos) << last;
+    } else {
+      EXPECT_TRUE(last.ok()) << last;
+    }
+  }
+}
+
 TEST(MemoryPoolTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(MemoryPool::CreatePinned(Pinned(0)).status().code(), StatusCode::kInvalidArgument);
   PinnedPoolOptions options = Pinned(kMiB);
