@@ -246,8 +246,12 @@ class _SpillFile:
         self.path = path  # for messages
         self.size = 0
 
-    def __del__(self):
-        os.close(self.fd)
+    def __del__(self, _close=os.close):
+        # os.close bound early: at interpreter exit the module may be gone; no fd where
+        # __init__ failed.
+        fd = self.__dict__.get("fd")
+        if fd is not None:
+            _close(fd)
 
     def write(self, tensor, offset):
         view = _bytes_of(tensor)
