@@ -241,11 +241,19 @@ class ZeroEngine:
         if _heap.memory_binds(config_json, model_bytes):
             _heap.bound_heap_growth()
         on_gpu = self.device.type == "cuda"
-        self._engine = _zinf.Engine(config_json,
-                                    optimizer_threads=optimizer_threads, timeout_s=timeout_s,
-                                    trainer=_engine_inputs.trainer_values(trainer or {}),
-                                    master_port=_engine_inputs.port_beside_torch(),
-                                    device=f"cuda:{self.device.index}" if on_gpu else "host")
+        try:
+            self._engine = _zinf.Engine(config_json,
+                                        optimizer_threads=optimizer_threads, timeout_s=timeout_s,
+                                        trainer=_engine_inputs.trainer_values(trainer or {}),
+                                        master_port=_engine_inputs.port_beside_torch(),
+                                        device=f"cuda:{self.device.index}" if on_gpu else "host")
+        except _zinf.UnavailableError as e:
+            chosen = (device or configured_device) in (None, "auto")
+            if on_gpu and chosen and _device_memory.model_device(model).type == "cpu":
+                raise _zinf.UnavailableError(
+                    f"{e} (the model computes on {self.device} because torch sees a GPU: pass "
+                    f"device=\"host\", or the config's zinf.device, to train on the CPU)") from e
+            raise
         if self._engine.resolved_config["layer_major"]:
             raise ValueError(
                 "zinf.layer_major needs a trainer that runs every micro-batch through a module "

@@ -112,6 +112,21 @@ class ZeroTest(unittest.TestCase):
                 self.assertEqual(type(model.head.weight), torch.nn.Parameter)
                 self.assertFalse(torch.isnan(model.head.weight).any())
 
+    @unittest.skipIf(torch.cuda.is_available(), "needs a machine where torch sees no GPU")
+    def test_a_gpu_zinf_cannot_open_names_the_way_back_to_the_cpu(self):
+        # torch made to see a GPU that zinf cannot open (a zinf built without CUDA, or no
+        # driver): the automatic choice fails before the takeover, saying how to keep the CPU.
+        from unittest import mock
+        with mock.patch.object(torch.cuda, "is_available", return_value=True), \
+                mock.patch.object(torch.cuda, "device_count", return_value=1), \
+                mock.patch.object(torch.cuda, "set_device"):
+            model = zero_train.make_model()
+            with self.assertRaisesRegex(zinf.UnavailableError, 'pass device="host"'):
+                zinf.zero.initialize(model, small_config())
+        self.assertEqual(type(model.head.weight), torch.nn.Parameter)
+        engine = zinf.zero.initialize(model, small_config(), device="host")  # and it does
+        self.assertEqual(engine.device, torch.device("cpu"))
+
     def test_activation_checkpointing_matches_torch(self):
         # A recompute inside backward fetches what it reads and keeps it until the module's
         # gradients are in (Note [Recompute in backward]); before, torch 2's non-reentrant
