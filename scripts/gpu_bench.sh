@@ -100,20 +100,8 @@ work="$(dirname "$out")"
 txt="${out%.json}.txt"
 cd "$root" || exit 2
 
-# Prints why there is no usable NVIDIA GPU and returns 1, or returns 0 (as gpu_check.sh's).
-no_gpu_reason() {
-  local smi="${ZINF_NVIDIA_SMI:-nvidia-smi}" list rc
-  if ! command -v "$smi" >/dev/null 2>&1; then
-    echo "$smi not found (no NVIDIA driver)"
-    return 1
-  fi
-  list="$(timeout 30 "$smi" -L 2>&1)"; rc=$?
-  if [ $rc -ne 0 ] || ! grep -q '^GPU [0-9]' <<<"$list"; then
-    echo "'$smi -L' lists no GPU (exit $rc: $(head -n 1 <<<"$list"))"
-    return 1
-  fi
-  return 0
-}
+# no_gpu_reason, as gpu_check.sh's
+source "$root/scripts/gpu_common.sh"
 
 if [ $dry_run -eq 0 ] && ! reason="$(no_gpu_reason)"; then
   echo "gpu_bench: no NVIDIA GPU here: $reason. Nothing was run (exit 77: skipped)." >&2

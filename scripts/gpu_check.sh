@@ -145,20 +145,8 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 
-# Prints why there is no usable NVIDIA GPU and returns 1, or returns 0 (quickly either way).
-no_gpu_reason() {
-  local smi="${ZINF_NVIDIA_SMI:-nvidia-smi}" list rc
-  if ! command -v "$smi" >/dev/null 2>&1; then
-    echo "$smi not found (no NVIDIA driver)"
-    return 1
-  fi
-  list="$(timeout 30 "$smi" -L 2>&1)"; rc=$?
-  if [ $rc -ne 0 ] || ! grep -q '^GPU [0-9]' <<<"$list"; then
-    echo "'$smi -L' lists no GPU (exit $rc: $(head -n 1 <<<"$list"))"
-    return 1
-  fi
-  return 0
-}
+# no_gpu_reason, as gpu_bench.sh's
+source "$root/scripts/gpu_common.sh"
 
 # The `gpu` preset's cache variables, for a --build-dir other than the preset's own.
 configure_args() {
