@@ -78,8 +78,8 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // model (1e15 asks for the whole model ahead, not for petabytes).
   const uint64_t prefetch_elements =
       std::min<uint64_t>(config.stage3_prefetch_bucket_size, b.shard_elements * world);
-  b.device_need_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent +
-                        2 * working_set + 2 * prefetch_elements * element + buckets;
+  b.device_need_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent + 2 * working_set +
+                        2 * prefetch_elements * element + buckets;
   b.device_budget_bytes = config.device_budget_bytes > 0 ? config.device_budget_bytes
                                                          : b.device_need_bytes + (64 << 20);
 

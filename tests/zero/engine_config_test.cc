@@ -651,11 +651,11 @@ TEST(EngineConfigTest, TheHostTierIsPinnedUnlessASectionSaysFalse) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->pin_memory);
   EXPECT_TRUE(c->warnings.empty());  // it is acted on: no warning that it is not
-  for (const char* json : {
-           R"({"zero_optimization": {"offload_param": {"device": "cpu", "pin_memory": false}}})",
-           R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": false},
+  for (const char* json :
+       {R"({"zero_optimization": {"offload_param": {"device": "cpu", "pin_memory": false}}})",
+        R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": false},
                "offload_param": {"device": "cpu", "pin_memory": true}}})",
-           R"({"zero_optimization": {"cpu_offload": true, "cpu_offload_use_pin_memory": false}})"}) {
+        R"({"zero_optimization": {"cpu_offload": true, "cpu_offload_use_pin_memory": false}})"}) {
     auto off = EngineConfig::FromJson(json);
     ASSERT_TRUE(off.ok()) << off.status();
     EXPECT_FALSE(off->pin_memory) << json;
