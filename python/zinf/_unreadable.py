@@ -106,8 +106,8 @@ def _convert(func, args, kwargs, name):
     with torch._C.DisableTorchFunction():
         one = source.as_strided((1,), (1,))
         out = func(one, *args[1:], **kwargs)
-        if out is one:
-            return source
+        if out is one or not isinstance(out, torch.Tensor):  # type() without arguments: a name
+            return source if out is one else out
         if out.dtype != one.dtype:
             raise not_gathered(source, f"{name} to {out.dtype}")
         moved = out.view([1] * source.dim()).expand(source.shape)

@@ -38,6 +38,8 @@ def check(args):
     # none still answers.
     if tuple(weight.shape) != tuple(expected["head.weight"].shape) or not weight.requires_grad:
         return f"a released parameter's shape or requires_grad changed: {tuple(weight.shape)}"
+    if not weight.type().endswith("FloatTensor") or weight.float() is not weight:
+        return "a released parameter's type() or a conversion that changes nothing failed"
     for what, read in (("an op", lambda: weight * 2), ("data", lambda: weight.data),
                        ("a detached copy", lambda: weight.detach().clone()),
                        ("numpy", lambda: weight.detach().numpy()),
