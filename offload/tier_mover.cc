@@ -72,6 +72,14 @@ Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
   return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
 }
 
+Status TierMover::CopyDown(const void* device_src, void* host_dst, uint64_t n) {
+  LinkScope scope(links_.d2h, n);
+  if (!direct_) return DeviceCopy(*down_stream_, host_dst, device_src, n, CopyKind::kDeviceToHost);
+  std::memcpy(host_dst, device_src, n);
+  counters_.CountCopy(CopyKind::kDeviceToHost, n);  // the stream's copy, made by the CPU
+  return OkStatus();
+}
+
 Status TierMover::MoveZeros(StoreTensor& t, Tier dst) {
   TierCopy& to = t.copies[Index(dst)];
   if (dst == Tier::kHost || (direct_ && dst == Tier::kDevice)) {

@@ -48,6 +48,9 @@ class TierMover {
   Status Move(StoreTensor& t, Tier src, Tier dst);
   // Zeros t's memory in `tier` (the device or host tier).
   Status Clear(StoreTensor& t, Tier tier);
+  // `n` bytes of device memory into host memory no copy of a tensor owns (the caller's), over
+  // the device-to-host link (TieredStore::CopyDownAsync).
+  Status CopyDown(const void* device_src, void* host_dst, uint64_t n);
 
  private:
   TierMover(Device* device, NvmePieces* nvme, LinkMeters* links, TransferCounters* counters);

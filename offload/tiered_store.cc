@@ -322,6 +322,38 @@ std::shared_future<Status> TieredStore::Prefetch(TensorId id, Tier tier, Event* 
   return inflight;
 }
 
+std::shared_future<Status> TieredStore::CopyDownAsync(TensorId id, uint64_t offset, uint64_t bytes,
+                                                      void* host_dst, Event* after) {
+  Impl& m = *impl_;
+  if (!m.HasTier(Tier::kDevice)) {
+    return Ready(InvalidArgument(fmt::format("tensor {}: no device tier to copy from", id)));
+  }
+  const char* src = nullptr;
+  {
+    MutexLock lock(&m.mu);
+    StatusOr<StoreTensor*> t = m.catalog.Find(id);
+    if (!t.ok()) return Ready(t.status());
+    const TierCopy& copy = (*t)->copies[Index(Tier::kDevice)];
+    if (copy.pins == 0 || !copy.present) {
+      return Ready(FailedPrecondition(fmt::format(
+          "tensor {} ('{}') is not acquired in the device tier, so its copy there may move", id,
+          (*t)->name)));
+    }
+    if (offset > (*t)->size || bytes > (*t)->size - offset) {
+      return Ready(InvalidArgument(fmt::format("tensor {} ('{}'): bytes [{}, {}) of {}", id,
+                                               (*t)->name, offset, offset + bytes, (*t)->size)));
+    }
+    src = copy.block.as<const char>() + offset;
+  }
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::shared_future<Status> done = promise->get_future().share();
+  m.workers.Enqueue([&m, src, bytes, host_dst, promise, after] {
+    Status written = after != nullptr ? after->Synchronize() : OkStatus();
+    promise->set_value(written.ok() ? m.mover->CopyDown(src, host_dst, bytes) : std::move(written));
+  });
+  return done;
+}
+
 std::shared_future<Status> TieredStore::Prefetch(std::span<const TensorId> ids, Tier tier) {
   Impl& m = *impl_;
   auto promise = std::make_shared<std::promise<Status>>();

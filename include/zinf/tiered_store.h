@@ -151,6 +151,15 @@ class ZINF_EXPORT TieredStore {
   // move waits for it on a transfer thread, so a copy brought down from the device tier holds
   // what that work wrote, and the caller never waits on the host.
   std::shared_future<Status> Prefetch(TensorId id, Tier tier, Event* after = nullptr);
+  // Copies `bytes` of tensor `id`'s device-tier copy, from byte `offset`, into host memory
+  // `host_dst` that is the caller's (another tensor's acquired host copy, say), on a transfer
+  // thread once `after` (when given) has completed, over the metered device-to-host link: for
+  // a part of a device tensor that belongs in memory the store does not move. The device copy
+  // stays acquired, and `host_dst` and `after` alive, until the future is ready. Errors:
+  // FailedPrecondition (freed, or not acquired in the device tier), InvalidArgument (past the
+  // tensor's end, or no device tier), the device's.
+  std::shared_future<Status> CopyDownAsync(TensorId id, uint64_t offset, uint64_t bytes,
+                                           void* host_dst, Event* after = nullptr);
   // Prefetch of several tensors as one job whose reads are in flight together; a tensor is
   // usable as soon as its own read is done. The future holds the first error.
   std::shared_future<Status> Prefetch(std::span<const TensorId> ids, Tier tier);

@@ -414,7 +414,11 @@ Status Engine::ReduceGradients(int id, Event* ready) {
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
   }
-  for (int pi : module->params) {
+  // Last parameter first: backward reduces the modules in reverse, so the gradients reach the
+  // buckets in reverse flat order, which lets one rank's bucket land in the accumulators in
+  // one copy (Note [Gradient buckets]). Each parameter's sums are the same in any order.
+  for (auto it = module->params.rbegin(); it != module->params.rend(); ++it) {
+    const int pi = *it;
     const Param& p = m.params[pi];
     const GradBuffer& g = m.grads[pi];
     if (g.tensor != 0) {  // the buckets own the buffer from here, and free it

@@ -4,9 +4,9 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <future>
+#include <utility>
 
 #include "comm/communicator.h"
 
@@ -42,18 +42,16 @@ GradientBuckets::GradientBuckets(TieredStore* store, Device* device, bool host_a
 GradientBuckets::~GradientBuckets() {
   for (Bucket& bucket : buckets_) {
     if (bucket.work != nullptr) (void)bucket.work->Wait();
+    if (bucket.landed.valid()) bucket.landed.wait();  // the store's copy reads and writes ours
     DropReduced(bucket);
   }
-  if (copy_ != nullptr) (void)copy_->Synchronize();
   // What never reached the sink is dropped with the batch (the sink's owner is going too).
-  for (InFlight& entry : in_flight_) {
-    if (entry.landed.valid()) entry.landed.wait();  // its event must outlive the move
-    if (entry.tensor != 0) Free(entry.tensor, entry.pinned);
-  }
+  if (copy_ != nullptr) (void)copy_->Synchronize();
+  for (InFlight& entry : in_flight_) Free(entry.tensor);
 }
 
-void GradientBuckets::Free(TensorId tensor, bool pinned) {
-  if (pinned) store_->Release(tensor, Tier::kDevice).IgnoreError();
+void GradientBuckets::Free(TensorId tensor) {
+  store_->Release(tensor, Tier::kDevice).IgnoreError();
   store_->Free(tensor).IgnoreError();
 }
 
@@ -65,63 +63,41 @@ void GradientBuckets::DropReduced(Bucket& bucket) {
   bucket.reduced = nullptr;
 }
 
-Status GradientBuckets::RetireAfter(Stream& stream, InFlight entry) {
-  if (!spare_events_.empty()) {
-    entry.copied = std::move(spare_events_.back());
-    spare_events_.pop_back();
-  } else {
-    StatusOr<std::unique_ptr<Event>> created = device_->CreateEvent();
-    if (!created.ok()) {
-      (void)stream.Synchronize();
-      if (entry.tensor != 0) Free(entry.tensor, entry.pinned);
-      return created.status();
-    }
-    entry.copied = std::move(created).value();
-  }
-  Status recorded = stream.Record(*entry.copied);
-  if (recorded.ok() && world_ == 1) {
-    // The store may move the gradient once it is ours alone and backward has written it.
-    recorded = store_->Release(entry.tensor, Tier::kDevice);
-    entry.pinned = !recorded.ok();
-    if (recorded.ok())
-      entry.landed = store_->Prefetch(entry.tensor, Tier::kHost, entry.copied.get());
-  }
-  in_flight_.push_back(std::move(entry));
-  ZINF_RETURN_IF_ERROR(recorded);
-  return Retire(kMaxInFlight);
+StatusOr<std::unique_ptr<Event>> GradientBuckets::TakeEvent() {
+  if (spare_events_.empty()) return device_->CreateEvent();
+  std::unique_ptr<Event> event = std::move(spare_events_.back());
+  spare_events_.pop_back();
+  return event;
 }
 
-Status GradientBuckets::HandOverLanded(const InFlight& entry) {
-  ZINF_ASSIGN_OR_RETURN(void* landed, store_->Acquire(entry.tensor, Tier::kHost, Access::kRead));
-  Status sunk =
-      HandOver(entry.flat_offset, static_cast<const float*>(landed), entry.size, entry.name);
-  Status released = store_->Release(entry.tensor, Tier::kHost);
-  return sunk.ok() ? released : sunk;
+Status GradientBuckets::RetireAfter(Stream& stream, TensorId tensor, uint64_t bytes) {
+  StatusOr<std::unique_ptr<Event>> copied = TakeEvent();
+  Status recorded = copied.ok() ? stream.Record(**copied) : copied.status();
+  if (!recorded.ok()) {
+    (void)stream.Synchronize();
+    Free(tensor);
+    return recorded;
+  }
+  in_flight_.push_back({std::move(copied).value(), tensor, bytes});
+  in_flight_bytes_ += bytes;
+  return Retire(std::max<uint64_t>(slice_elements_ * world_ * sizeof(float), bytes));
 }
 
-Status GradientBuckets::Retire(size_t keep) {
+Status GradientBuckets::Retire(uint64_t keep_bytes) {
   Status first;
   while (!in_flight_.empty()) {
     InFlight& oldest = in_flight_.front();
-    const bool wait = in_flight_.size() > keep;
     Status copied;
-    if (oldest.landed.valid()) {
-      if (!wait && oldest.landed.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-        break;
-      }
-      // Each gradient's move is waited for once, found done or not (Note [Transfer counters]).
-      store_->transfer_counters().CountWait();
-      copied = oldest.landed.get();
-      if (copied.ok()) copied = HandOverLanded(oldest);
-    } else if (wait) {
+    if (in_flight_bytes_ > keep_bytes) {
       copied = oldest.copied->Synchronize();
-    } else {
+    } else {  // asked, not waited for (Note [Transfer counters] counts no wait)
       StatusOr<bool> done = oldest.copied->Query();
       if (done.ok() && !*done) break;
       copied = done.status();
     }
     if (first.ok()) first = std::move(copied);
-    if (oldest.tensor != 0) Free(oldest.tensor, oldest.pinned);
+    Free(oldest.tensor);
+    in_flight_bytes_ -= oldest.bytes;
     spare_events_.push_back(std::move(oldest.copied));
     in_flight_.pop_front();
   }
@@ -136,6 +112,12 @@ Status GradientBuckets::Reserve(Bucket& bucket, uint64_t capacity) {
   ZINF_ASSIGN_OR_RETURN(
       bucket.send, StoreArray::Create(store_, fmt::format("gradient bucket {}", created_++),
                                       capacity * world_ * 4, Tier::kDevice, Access::kOverwrite));
+  if (world_ == 1) {  // the bucket's copy down lands here (Start)
+    ZINF_ASSIGN_OR_RETURN(
+        bucket.landing,
+        StoreArray::Create(store_, fmt::format("gradient bucket {} (landed)", created_ - 1),
+                           capacity * 4, Tier::kHost, Access::kOverwrite));
+  }
   bucket.capacity = capacity;
   return OkStatus();
 }
@@ -188,22 +170,6 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
       return sunk;
     }
   }
-  if (world_ == 1) {    // nothing to reduce: the gradient comes down, then goes to the sink
-    if (tensor == 0) {  // the caller's own memory, which the store cannot move
-      ZINF_RETURN_IF_ERROR(Retire(0));  // the sink takes gradients in the order added
-      if (ready != nullptr) ZINF_RETURN_IF_ERROR(ready->Synchronize());
-      ZINF_ASSIGN_OR_RETURN(StoreArray landed,
-                            StoreArray::Scratch(store_, name + " (gradient)", shard_size * 4,
-                                                Tier::kHost, Access::kOverwrite));
-      ZINF_RETURN_IF_ERROR(
-          copy_->Copy(landed.data(), grad, shard_size * sizeof(float), CopyKind::kDeviceToHost));
-      ZINF_RETURN_IF_ERROR(copy_->Synchronize());
-      return HandOver(flat_offset, landed.as<float>(), shard_size, name);
-    }
-    if (ready != nullptr) ZINF_RETURN_IF_ERROR(copy_->Wait(*ready));
-    return RetireAfter(
-        *copy_, {.tensor = tensor, .flat_offset = flat_offset, .size = shard_size, .name = name});
-  }
   Bucket* bucket = &buckets_[filling_];
   if (bucket->used > 0 && bucket->used + shard_size > slice_elements_) {
     ZINF_RETURN_IF_ERROR(Start(*bucket));
@@ -222,8 +188,10 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   // for a parameter with fewer elements than ranks) is zeros whatever `grad` holds there.
   float* send = bucket->send.as<float>();
   const uint64_t own = world_ * shard_size - padding;
+  // One rank fills its bucket from the end (Note [Gradient buckets]).
+  const uint64_t at = world_ == 1 ? bucket->capacity - bucket->used - shard_size : bucket->used;
   for (int r = 0; r < world_; ++r) {
-    float* slice = send + r * bucket->capacity + bucket->used;
+    float* slice = send + r * bucket->capacity + at;
     const uint64_t first = r * shard_size;
     const uint64_t copied = own > first ? std::min(shard_size, own - first) : 0;
     if (copied > 0) ZINF_RETURN_IF_ERROR(CopyOnDevice(slice, grad + first, copied));
@@ -234,21 +202,35 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   if (host_addressable_) {
     if (tensor != 0) Free(tensor);
   } else if (tensor != 0) {
-    ZINF_RETURN_IF_ERROR(RetireAfter(*copy_, {.tensor = tensor}));
+    ZINF_RETURN_IF_ERROR(RetireAfter(*copy_, tensor, world_ * shard_size * sizeof(float)));
   } else {
     ZINF_RETURN_IF_ERROR(copy_->Synchronize());  // the caller's `grad` may go now
   }
-  bucket->pieces.push_back({flat_offset, shard_size, bucket->used, name});
+  bucket->pieces.push_back({flat_offset, shard_size, at, name});
   bucket->used += shard_size;
   return OkStatus();
 }
 
 Status GradientBuckets::Start(Bucket& bucket) {
+  float* send = bucket.send.as<float>();
+  if (world_ == 1) {  // nothing to reduce: the bucket comes down whole, after its packing
+    const uint64_t begin = bucket.capacity - bucket.used;
+    bucket.flat_first = bucket.pieces.back().flat_offset;
+    float* direct = sink_error_.ok() && InFlatOrder(bucket)
+                        ? sink_->LandingFor(bucket.flat_first, bucket.used)
+                        : nullptr;
+    bucket.direct = direct != nullptr;
+    ZINF_ASSIGN_OR_RETURN(bucket.packed, TakeEvent());
+    ZINF_RETURN_IF_ERROR(copy_->Record(*bucket.packed));
+    bucket.landed = store_->CopyDownAsync(
+        bucket.send.id(), begin * sizeof(float), bucket.used * sizeof(float),
+        bucket.direct ? direct : bucket.landing.as<float>() + begin, bucket.packed.get());
+    return OkStatus();
+  }
   // Reduce-scatter wants rank r's slice at r * used: close the gaps of a partly filled bucket.
   // Slices move towards the front in rank order, so none overwrites one not yet moved; a
   // slice that overlaps its own new place moves in pieces no longer than the distance, front
   // first, as a memmove would.
-  float* send = bucket.send.as<float>();
   if (bucket.used < bucket.capacity) {
     for (int r = 1; r < world_; ++r) {
       float* dst = send + r * bucket.used;
@@ -266,9 +248,9 @@ Status GradientBuckets::Start(Bucket& bucket) {
       }
     }
   }
-  if (!host_addressable_) {
+  if (!host_addressable_) {  // the collective reads what the packing wrote
     ZINF_RETURN_IF_ERROR(copy_->Synchronize());
-    ZINF_RETURN_IF_ERROR(Retire(0));  // every packing copy has run
+    ZINF_RETURN_IF_ERROR(Retire(in_flight_bytes_));  // every packing copy has run: no wait
   }
   // The reduced slice, in a scratch tensor of its own size: that is all that comes down.
   ZINF_ASSIGN_OR_RETURN(bucket.received, store_->CreateScratch("gradient bucket (reduced)",
@@ -285,8 +267,51 @@ Status GradientBuckets::Start(Bucket& bucket) {
   return OkStatus();
 }
 
+bool GradientBuckets::InFlatOrder(const Bucket& bucket) {
+  for (size_t i = 1; i < bucket.pieces.size(); ++i) {
+    const Piece& before = bucket.pieces[i - 1];
+    const Piece& piece = bucket.pieces[i];
+    if (piece.flat_offset + piece.size != before.flat_offset) return false;
+  }
+  return true;
+}
+
+Status GradientBuckets::WaitLanded(Bucket& bucket) {
+  if (!bucket.landed.valid()) {  // its Start failed, and said why
+    return FailedPrecondition(
+        "a gradient bucket's copy down never started: an earlier error stopped it");
+  }
+  store_->transfer_counters().CountWait();  // Note [Transfer counters]: the store's future
+  Status landed = std::exchange(bucket.landed, {}).get();
+  spare_events_.push_back(std::move(bucket.packed));
+  ZINF_RETURN_IF_ERROR(landed);
+  return Retire(in_flight_bytes_);  // packed before the copy down: done, freed with no wait
+}
+
 Status GradientBuckets::Complete(Bucket& bucket) {
   if (bucket.pieces.empty()) return OkStatus();
+  if (world_ == 1) {
+    Status landed = WaitLanded(bucket);
+    if (landed.ok() && bucket.direct) {  // in the accumulators already
+      landed = sink_error_;
+      if (landed.ok()) landed = sink_->Landed(bucket.flat_first, bucket.used);
+      if (!landed.ok()) {
+        sink_error_ = std::move(landed).WithContext(fmt::format("the gradients of '{}' ... '{}'",
+                                                                bucket.pieces.front().name,
+                                                                bucket.pieces.back().name));
+        landed = sink_error_;
+      }
+    }
+    for (const Piece& piece : bucket.pieces) {
+      if (!landed.ok() || bucket.direct) break;
+      landed = HandOver(piece.flat_offset, bucket.landing.as<float>() + piece.at, piece.size,
+                        piece.name);
+    }
+    bucket.pieces.clear();
+    bucket.used = 0;
+    bucket.direct = false;
+    return landed;
+  }
   if (bucket.work != nullptr) {
     Status reduced = std::exchange(bucket.work, nullptr)->Wait();
     if (!reduced.ok()) {
@@ -322,13 +347,13 @@ Status GradientBuckets::Complete(Bucket& bucket) {
 }
 
 Status GradientBuckets::Finish() {
-  ZINF_RETURN_IF_ERROR(Retire(0));  // one rank's gradients on their way down
   ZINF_RETURN_IF_ERROR(sink_error_);
   Bucket& filling = buckets_[filling_];
   if (filling.used > 0) ZINF_RETURN_IF_ERROR(Start(filling));
   // The other bucket was started first: its additions come first.
   ZINF_RETURN_IF_ERROR(Complete(buckets_[filling_ ^ 1]));
-  return Complete(filling);
+  ZINF_RETURN_IF_ERROR(Complete(filling));
+  return Retire(0);  // every packing has run by now: frees what is left, with no wait
 }
 
 }  // namespace zinf

@@ -18,21 +18,27 @@
 // on a stream), the collective reduces device memory (NCCL on a GPU, Gloo on the host
 // device) into a scratch tensor of the reduced slice's size, and only that slice goes down to
 // the host tier, moved by the store like any other tensor (metered on its device-to-host link)
-// before the sink reads it. With one rank there is nothing to reduce: the gradient itself goes
-// down, the store's move starting once backward's event says it is written
-// (TieredStore::Prefetch's `after`), so the engine's thread never waits for it. Where device
-// memory is host memory the host may touch (the host device without a modelled link), the
-// packing is a memcpy and the sink reads the slice, or with one rank the gradient, where it
-// is: no copy beyond what the collective needs. Elsewhere the packing copies and the moves
-// down run while backward goes on, a few at a time: each gradient is freed, and with one rank
-// handed to the sink, as soon as its copy has landed, so that the overlapped optimizer step
-// (Note [Overlapped step]) hears of final gradients during backward.
+// before the sink reads it. With one rank there is nothing to reduce: the bucket itself comes
+// down, in one copy after the event the packing stream records; that copy is the one wait
+// for the bucket, made when its buffers are needed again or at Finish: one wait per
+// backward where a bucket holds the model (the copy is the store's, CopyDownAsync: metered on
+// its link like every move). One rank's bucket is filled from its end: backward
+// hands the parameters over in reverse, so its pieces then lie in the flat shard's order,
+// side by side, and where the sink's accumulators hold nothing of the batch yet (the first
+// micro-batch) the copy lands straight in them (GradientSink::LandingFor): no host pass. Else
+// it lands in a host-tier array of the bucket's own (pinned, so the copy is asynchronous),
+// from which the sink adds each piece. Where device memory is host memory the host may touch (the
+// host device without a modelled link), the packing is a memcpy and the sink reads the slice, or
+// with one rank the gradient, where it is: no copy beyond what the collective needs.
+// Elsewhere the packing copies run while backward goes on, and each gradient is freed once
+// its copy has run, found by asking its event, without waiting, at the next Add; Add waits
+// for the oldest only while more than a bucket's bytes of gradients are in flight.
 //
 // Memory: two buckets of `bucket_elements` (grown to hold the largest parameter) in the
-// device tier, allocated when first used, plus this rank's slice of each, and that slice
-// again in the host tier while the sink reads it when the device is not host-addressable
-// (with one rank: no buckets, the gradients in flight in the host tier, kMaxInFlight + 1 at
-// most).
+// device tier, allocated when first used, with several ranks this rank's slice of each, and
+// that slice again in the host tier while the sink reads it when the device is not
+// host-addressable (with one rank: each bucket's host array); and up to a bucket's bytes of
+// gradients (or one gradient, if larger) whose packing is in flight.
 //
 // Thread-safety: one thread drives it (the engine's).
 #ifndef ZINF_ZERO_GRADIENT_BUCKETS_H_
@@ -68,6 +74,13 @@ class GradientSink {
   // reduction: no later gradient comes (those already in flight are dropped), and every later
   // call of the buckets returns that error.
   virtual Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) = 0;
+  // Where the reduced gradients of the whole parameters covering the flat elements
+  // [first, first + count) may be written directly, in host memory a device's copy may
+  // write: their accumulators, when none holds anything of the batch yet (so the gradients
+  // would be copied there, not added). Null where they may not; then Add takes them.
+  virtual float* LandingFor(uint64_t first, uint64_t count) = 0;
+  // The gradients of [first, first + count) were written where LandingFor said.
+  virtual Status Landed(uint64_t first, uint64_t count) = 0;
 };
 
 class GradientBuckets {
@@ -89,12 +102,12 @@ class GradientBuckets {
   // `ready` (when given: the event backward's stream recorded). `grad` is the device-tier
   // tensor `tensor` of the store, acquired once, which the buckets now own: they release and
   // free it once its copy has run, without waiting for that (copies run on the buckets'
-  // streams while the caller goes on; a few are in flight at most). With `tensor` 0 the
-  // caller keeps `grad`, which is copied before the call returns. May start a reduction or
-  // wait for an earlier one. `name` names the parameter in errors. `padding`: the last
-  // elements of `grad` past the parameter's own (world * shard_size - numel), which are never
-  // read: the bucket gets zeros there, so a trainer that overwrote only the parameter's
-  // elements needs no zeroed buffer (with one rank there is none).
+  // stream while the caller goes on; a bucket's bytes are in flight at most). With `tensor`
+  // 0 the caller keeps `grad`, which is copied before the call returns. May start a
+  // reduction (with one rank, a bucket's copy down) or wait for an earlier one. `name` names the
+  // parameter in errors. `padding`: the last elements of `grad` past the parameter's own (world *
+  // shard_size - numel), which are never read: the bucket gets zeros there, so a trainer that
+  // overwrote only the parameter's elements needs no zeroed buffer (with one rank there is none).
   Status Add(const float* grad, uint64_t shard_size, uint64_t flat_offset, const std::string& name,
              Event* ready = nullptr, TensorId tensor = 0, uint64_t padding = 0);
   // Reduces what is queued and waits until every added gradient has gone to the sink.
@@ -104,8 +117,6 @@ class GradientBuckets {
   static uint64_t SliceCapacity(uint64_t bucket_elements, int world, uint64_t largest_shard) {
     return std::max<uint64_t>(std::max<uint64_t>(bucket_elements / world, 1), largest_shard);
   }
-  // Copies in flight at most before Add waits for the oldest.
-  static constexpr size_t kMaxInFlight = 4;
   // Collectives started so far (each one bucket).
   uint64_t reductions() const { return reductions_; }
 
@@ -113,7 +124,7 @@ class GradientBuckets {
   struct Piece {
     uint64_t flat_offset;  // in the accumulators
     uint64_t size;         // elements per rank
-    uint64_t at;           // offset within each rank's slice of the bucket
+    uint64_t at;           // offset within each rank's slice of the bucket (one rank: of it)
     std::string name;
   };
   struct Bucket {
@@ -126,31 +137,38 @@ class GradientBuckets {
     TensorId received = 0;
     float* reduced = nullptr;
     std::shared_ptr<CommWork> work;  // the reduction in flight
+    // One rank, where the device is not host-addressable: the bucket's copy in the host tier
+    // (`capacity` elements), the event recorded after the copy down, and the flat elements it
+    // covers when it came down into the sink's accumulators instead (`direct`).
+    StoreArray landing;
+    std::unique_ptr<Event> packed;      // recorded after the bucket's packing
+    std::shared_future<Status> landed;  // the store's copy down, after `packed`
+    bool direct = false;
+    uint64_t flat_first = 0;
   };
 
-  // A gradient whose copy is in flight: freed once `copied` has completed. With one rank the
-  // copy is the store's move of the gradient to the host tier (`landed`, started after
-  // `copied`), and the gradient then goes to the sink from there.
+  // A gradient whose packing copy is in flight: freed once `copied` has completed.
   struct InFlight {
     std::unique_ptr<Event> copied;
     TensorId tensor = 0;
-    bool pinned = true;  // `tensor` still acquired in the device tier
-    std::shared_future<Status> landed;
-    uint64_t flat_offset = 0, size = 0;
-    std::string name;
+    uint64_t bytes = 0;
   };
 
   GradientBuckets(TieredStore* store, Device* device, bool host_addressable, Communicator* comm,
                   uint64_t bucket_elements, GradientSink* sink);
-  // Frees the gradients whose copies have run (handing those that came down to the sink),
-  // waiting for the oldest while more than `keep` are in flight; the first error.
-  Status Retire(size_t keep);
-  // `entry` is done once the work now on `stream` has run (with one rank: once the store has
-  // brought its gradient down, after that work).
-  Status RetireAfter(Stream& stream, InFlight entry);
-  // Hands one rank's gradient, landed in the host tier, to the sink.
-  Status HandOverLanded(const InFlight& entry);
-  void Free(TensorId tensor, bool pinned = true);
+  // Frees the gradients whose copies have run, waiting for the oldest while more than
+  // `keep_bytes` of them are in flight; the first error.
+  Status Retire(uint64_t keep_bytes);
+  // An event to record on a stream: a spare one, or a new one.
+  StatusOr<std::unique_ptr<Event>> TakeEvent();
+  // `tensor` (`bytes`) is freed once the work now on `stream` has run.
+  Status RetireAfter(Stream& stream, TensorId tensor, uint64_t bytes);
+  // One rank: waits for the bucket's copy down (the one wait per bucket).
+  Status WaitLanded(Bucket& bucket);
+  // One rank: whether the bucket's pieces lie side by side in the flat shard's order.
+  static bool InFlatOrder(const Bucket& bucket);
+  // Releases and frees a gradient the buckets own.
+  void Free(TensorId tensor);
   Status Start(Bucket& bucket);
   // Waits for the bucket's reduction and hands it to the sink; leaves it empty.
   Status Complete(Bucket& bucket);
@@ -174,10 +192,11 @@ class GradientBuckets {
                   const std::string& name);
   GradientSink* const sink_;
   Status sink_error_;  // the sink's first error
-  // Packing gradients into buckets; with one rank, where each gradient's move down waits.
+  // Packing gradients into buckets, and with one rank the buckets' copies down.
   std::unique_ptr<Stream> copy_;
   std::array<Bucket, 2> buckets_;
   std::deque<InFlight> in_flight_;
+  uint64_t in_flight_bytes_ = 0;
   std::vector<std::unique_ptr<Event>> spare_events_;
   int filling_ = 0;  // the bucket Add copies into; the other may be in flight
   int created_ = 0;  // bucket tensors created, for their names

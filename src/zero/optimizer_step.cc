@@ -272,10 +272,47 @@ Status OptimizerStep::Add(uint64_t flat_offset, const float* reduced, uint64_t s
   float* acc = grad_acc_.as<float>() + flat_offset;
   if (final_adds_[pi] == 0) {  // Note [First gradient copied]
     std::memcpy(acc, reduced, size * 4);
+    placement_.store->transfer_counters().CountHostCopy(size * 4);
   } else {
     AccumulateFp32(acc, reduced, size);
   }
   GradientWritten(pi);
+  return OkStatus();
+}
+
+std::pair<int, int> OptimizerStep::ParamsCovering(uint64_t first, uint64_t count) const {
+  const std::vector<Param>& params = *placement_.params;
+  auto it = std::lower_bound(params.begin(), params.end(), first,
+                             [](const Param& p, uint64_t b) { return p.flat_offset < b; });
+  const int begin = static_cast<int>(it - params.begin());
+  int end = begin;
+  uint64_t at = first;
+  while (end < static_cast<int>(params.size()) && at < first + count &&
+         params[end].flat_offset == at) {
+    at += params[end++].shard_size;
+  }
+  return at == first + count && count > 0 ? std::pair{begin, end} : std::pair{begin, begin};
+}
+
+float* OptimizerStep::LandingFor(uint64_t first, uint64_t count) {
+  if (grad_acc_.empty() || nvme_grads_ != nullptr) return nullptr;
+  const auto [begin, end] = ParamsCovering(first, count);
+  if (begin == end) return nullptr;
+  for (int pi = begin; pi < end; ++pi) {
+    if (final_adds_[pi] != 0) return nullptr;  // added to, not copied over
+  }
+  return grad_acc_.as<float>() + first;
+}
+
+Status OptimizerStep::Landed(uint64_t first, uint64_t count) {
+  const auto [begin, end] = ParamsCovering(first, count);
+  if (begin == end) {
+    return Internal(
+        fmt::format("gradients landed on flat elements [{}, {}), which are not "
+                    "whole parameters' shards",
+                    first, first + count));
+  }
+  for (int pi = begin; pi < end; ++pi) GradientWritten(pi);
   return OkStatus();
 }
 

@@ -124,6 +124,10 @@ class OptimizerStep final : public GradientSink {
   // memory, or NVMe chunks with zinf.gradients_on_nvme). Note [First gradient copied] in
   // optimizer_step.cc.
   Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) override;
+  // The accumulators of [first, first + count) when it covers whole parameters none of which
+  // has anything of the batch yet, in host memory (not with zinf.gradients_on_nvme).
+  float* LandingFor(uint64_t first, uint64_t count) override;
+  Status Landed(uint64_t first, uint64_t count) override;
   // Parameter `p`'s accumulator in host memory, which backward may write directly while it
   // holds nothing of the batch (one rank, the batch's first micro-batch, host-addressable
   // memory); null where the accumulators are on NVMe. What it holds is an earlier batch's:
@@ -207,6 +211,9 @@ class OptimizerStep final : public GradientSink {
   Status ApplySchedule();
   OptimizerSpan WholeShard();
   float* Master(const Param& p) { return master_.as<float>() + p.flat_offset; }
+  // The parameters whose shards cover [first, first + count) exactly, as [begin, end) indices
+  // (begin == end where it starts or ends inside one).
+  std::pair<int, int> ParamsCovering(uint64_t first, uint64_t count) const;
   // The accumulators ready for the next batch (on NVMe: their chunks' bookkeeping; in host
   // memory nothing, Note [First gradient copied]).
   void ResetGradients();

@@ -47,6 +47,7 @@ class StoreArray {
     return Make(store, store->CreateScratch(name, bytes, tier), bytes, tier, access);
   }
 
+  TensorId id() const { return id_; }
   void* data() const { return data_; }
   template <typename T>
   T* as() const {

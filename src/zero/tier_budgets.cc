@@ -66,12 +66,19 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   }
   b.largest_shard_bytes = largest_shard * element;
 
-  // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter.
+  // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter,
+  // with several ranks its reduced slice beside it, and a bucket's bytes of gradients whose
+  // packing is in flight. One rank on host-addressable device memory needs none of these.
   const uint64_t bucket_elements =
       std::min<uint64_t>(config.reduce_bucket_size, b.shard_elements * world);
   b.bucket_slice_elements =
       GradientBuckets::SliceCapacity(bucket_elements, static_cast<int>(world), largest_shard);
-  const uint64_t buckets = world > 1 ? 2 * b.bucket_slice_elements * (world + 1) * 4 : 0;
+  const uint64_t bucket_bytes = b.bucket_slice_elements * world * 4;
+  const uint64_t in_flight = model.device_host_addressable ? 0 : bucket_bytes;
+  const uint64_t buckets =
+      world > 1 || !model.device_host_addressable
+          ? 2 * bucket_bytes + (world > 1 ? 2 * b.bucket_slice_elements * 4 : 0) + in_flight
+          : 0;
   // The fetched module with backward's gradients, the next one being gathered, and the
   // read-ahead window; cached shard copies use what is left and are evicted first. The window
   // is an upper bound, as DeepSpeed reads stage3_prefetch_bucket_size: never more than the

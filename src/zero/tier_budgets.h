@@ -7,19 +7,20 @@
 // The device tier holds the parameter tier when it lives there, the persistent parameters
 // (their shard, gathered copy, fp32 widening and gradient), twice the largest module's working
 // set (the fetched module with backward's gradients, and the next one being gathered), the
-// read-ahead window twice, the two reduce-scatter buckets (Note [Gradient buckets]) and 64 MiB
-// of slack; or zinf.device_budget, when the config gives it, if that holds all but the slack
+// read-ahead window twice, the two gradient buckets with a bucket's bytes of gradients on their
+// way into them (Note [Gradient buckets]; none with one rank on host-addressable memory) and
+// 64 MiB of slack; or zinf.device_budget, when the config gives it, if that holds all but the slack
 // (CheckDeviceBudget). The host tier holds the flat shard's page-aligned arrays (gradient
 // accumulators, fp32 master, in-memory optimizer state, the delayed update's copy), the parameter
-// tier when it lives there, the buckets' reduced slices (where the device's memory is not the
-// host's), the NVMe gradients' staging, the pipelined step's staging buffers and host-resident
-// chunks, the persistent parameters' next values and room for the NVMe tier's write-backs (which
-// also keeps the shards a step beside the next forward has just written, until that forward reads
-// them), and, above one arena, one arena of slack for the tails small tensors leave in theirs. The
-// swap store holds every optimizer chunk's fp32 parameters and two states (and gradients, with
-// zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a block of alignment
-// slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the chunks hold only the
-// two states. The overlapped step's room beside it depends on the disk's free space:
+// tier when it lives there, the buckets' reduced slices or one rank's buckets (where the device's
+// memory is not the host's), the NVMe gradients' staging, the pipelined step's staging buffers and
+// host-resident chunks, the persistent parameters' next values and room for the NVMe tier's
+// write-backs (which also keeps the shards a step beside the next forward has just written, until
+// that forward reads them), and, above one arena, one arena of slack for the tails small tensors
+// leave in theirs. The swap store holds every optimizer chunk's fp32 parameters and two states (and
+// gradients, with zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a block
+// of alignment slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the chunks
+// hold only the two states. The overlapped step's room beside it depends on the disk's free space:
 // SpeculativeChunks, given that free space (OpenTiers asks the disk; the plan its profile).
 //
 // Thread-safety: pure functions.

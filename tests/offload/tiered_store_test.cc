@@ -346,6 +346,52 @@ TEST(TieredStoreTest, PrefetchAfterAnEventMovesWhatTheDeviceWorkWrote) {
   ASSERT_TRUE((*backward)->Synchronize().ok());
 }
 
+// CopyDownAsync: part of a device tensor, after device work's event, into the caller's host
+// memory, metered on the device-to-host link; refused for a copy not acquired (it could move)
+// and for bytes past the tensor's end.
+TEST(TieredStoreTest, CopyDownAsyncCopiesPartOfADeviceTensorAfterAnEvent) {
+  constexpr uint64_t kSize = 1 * kMiB, kOffset = 4096, kBytes = 64 * kKiB;
+  auto device =
+      CreateHostDevice({.memory_budget_bytes = 8 * kMiB, .link_bytes_per_second = 4'000'000'000u});
+  ASSERT_TRUE(device.ok()) << device.status();
+  ScratchDir dir;
+  TieredStoreOptions options = Options(dir);
+  options.nvme_paths.clear();
+  auto store = TieredStore::Create(options, device->get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto id = (*store)->Create("bucket", kSize, Tier::kDevice);
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::vector<uint8_t> out(kBytes);
+  EXPECT_EQ((*store)->CopyDownAsync(*id, 0, kBytes, out.data()).get().code(),
+            StatusCode::kFailedPrecondition)
+      << "not acquired";
+  auto at = (*store)->Acquire(*id, Tier::kDevice, Access::kOverwrite);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ((*store)->CopyDownAsync(*id, kSize - 4, 8, out.data()).get().code(),
+            StatusCode::kInvalidArgument);
+  std::vector<uint8_t> values(kSize);
+  Fill(values.data(), kSize, 9, 1);
+  auto backward = (*device)->CreateStream();
+  auto written = (*device)->CreateEvent();
+  ASSERT_TRUE(backward.ok() && written.ok());
+  ASSERT_TRUE((*backward)
+                  ->HostFunc([] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                    return OkStatus();
+                  })
+                  .ok());
+  ASSERT_TRUE((*backward)->Copy(*at, values.data(), kSize, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE((*backward)->Record(**written).ok());
+  const uint64_t before = (*store)->stats().device_to_host.bytes;
+  Status copied = (*store)->CopyDownAsync(*id, kOffset, kBytes, out.data(), written->get()).get();
+  ASSERT_TRUE(copied.ok()) << copied;
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), values.begin() + kOffset))
+      << "copied before the device work had written it, or the wrong bytes";
+  EXPECT_EQ((*store)->stats().device_to_host.bytes - before, kBytes);
+  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
+  ASSERT_TRUE((*backward)->Synchronize().ok());
+}
+
 TEST(TieredStoreTest, EvictionFollowsNextUseHintsThenLru) {
   ScratchDir dir;
   TieredStoreOptions options = Options(dir);

@@ -123,9 +123,12 @@ TEST(TierBudgetsTest, DeviceBudgetCapsTheDeviceTierOrIsRefused) {
   EngineConfig c;
   c.offload_param_device = OffloadDevice::kCpu;
   c.stage3_prefetch_bucket_size = 1 << 20;
+  c.reduce_bucket_size = 1 << 20;
   const TierBudgets computed = ComputeTierBudgets(c, shapes);
-  // Twice a module's shard and gradient (fp32, one rank), the read-ahead window twice.
-  EXPECT_EQ(computed.device_need_bytes, 2 * (8u << 20) + 2 * (4u << 20));
+  // Twice a module's shard and gradient (fp32, one rank), the read-ahead window twice, and on
+  // a device the host cannot address the two gradient buckets with a bucket of gradients on
+  // their way into them.
+  EXPECT_EQ(computed.device_need_bytes, 2 * (8u << 20) + 2 * (4u << 20) + 3 * (4u << 20));
   EXPECT_EQ(computed.device_budget_bytes, computed.device_need_bytes + (64u << 20));
   EXPECT_TRUE(CheckDeviceBudget(c, computed).ok());
 

@@ -1,7 +1,7 @@
 // GradientBuckets (Note [Gradient buckets]): each parameter's full gradient is packed into a
 // bucket rank-major, a bucket is reduce-scattered when the next gradient would overflow it,
 // and this rank's reduced slice of each parameter goes to the sink at its flat offset, in the
-// order the parameters were added; with one rank the gradient itself goes to the sink. A
+// order the parameters were added; with one rank each bucket comes down whole. A
 // gradient is read only after the event backward recorded, and one the caller keeps is copied
 // before Add returns. Every case runs on the host device and behind its modelled link, where
 // device memory is reached only through streams and the gradients come down to the host tier.
@@ -143,6 +143,9 @@ class Recorder final : public GradientSink {
     sunk_.push_back({flat_offset, std::vector<float>(reduced, reduced + size), reduced});
     return OkStatus();
   }
+  // The buckets' own landing, always: what is handed over is checked piece by piece.
+  float* LandingFor(uint64_t, uint64_t) override { return nullptr; }
+  Status Landed(uint64_t, uint64_t) override { return Internal("no landing was given"); }
   // The sink returns `status` for the parameter at `flat_offset`.
   void FailAt(uint64_t flat_offset, Status status) {
     fail_offset_ = flat_offset;
@@ -240,8 +243,8 @@ std::vector<float> ReducedShard(int param, uint64_t shard, int rank, float facto
 }
 
 // Bytes the store moved down from the device tier: behind the link, each reduced slice (with
-// one rank, each gradient) exactly once, and nothing else; where the host reads device memory
-// in place, nothing.
+// one rank, each bucket) exactly once, and nothing else; where the host reads device memory in
+// place, nothing.
 uint64_t BytesDown(const TieredStore& store) { return store.stats().device_to_host.bytes; }
 uint64_t SliceBytes(const std::vector<uint64_t>& shards) {
   uint64_t elements = 0;
@@ -304,9 +307,10 @@ class GradientBucketsTest : public ::testing::TestWithParam<bool> {
 };
 
 // One rank: nothing to reduce. Each gradient goes to the sink whole, in the order added, and
-// its tensor is freed; on the host device the sink reads it where it is, at once, and behind
-// the link it comes down to the host tier first, more gradients than kMaxInFlight at a time
-// (Add then waits for the oldest).
+// its tensor is freed. On the host device the sink reads it where it is, at once. Behind the
+// link the gradients are packed into buckets of 8 elements on the device, and each bucket
+// comes down in one copy, into host memory the sink reads, when the bucket after it fills or
+// at Finish: a copy and a wait per bucket, none per gradient.
 TEST_P(GradientBucketsTest, OneRankHandsEachGradientToTheSinkInOrder) {
   auto comm = CreateLocalCommunicator();
   ASSERT_TRUE(comm.ok()) << comm.status();
@@ -315,19 +319,30 @@ TEST_P(GradientBucketsTest, OneRankHandsEachGradientToTheSinkInOrder) {
       GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm->get(), 8, recorder.sink());
   ASSERT_TRUE(buckets.ok()) << buckets.status();
   std::vector<uint64_t> shards;
-  for (int p = 0; p < 3 * static_cast<int>(GradientBuckets::kMaxInFlight); ++p) {
-    shards.push_back(1 + (p * 5) % 11);
-  }
+  for (int p = 0; p < 12; ++p) shards.push_back(1 + (p * 5) % 11);
   const std::vector<uint64_t> offsets = FlatOffsets(shards);
+  const std::vector<std::vector<int>> in_bucket = BucketParams(shards, 8);
   std::vector<Grad> grads = MakeGrads(shards, 1);
+  const TransferCounts before = rig_.store->transfer_counters().counts();
+  size_t bucket = 0;  // the bucket the last gradient went into
   for (size_t p = 0; p < shards.size(); ++p) {
     ASSERT_TRUE(Add(**buckets, grads[p], p, shards[p], offsets[p]).ok()) << p;
     if (!GetParam()) {
       ASSERT_EQ(recorder.sunk().size(), p + 1) << "handed over during Add";
       EXPECT_EQ(recorder.sunk().back().at, grads[p].data) << "read where it is, not copied";
+      continue;
     }
+    while (std::find(in_bucket[bucket].begin(), in_bucket[bucket].end(), int(p)) ==
+           in_bucket[bucket].end()) {
+      ++bucket;
+    }
+    // Handed over: every bucket before the one just started.
+    size_t handed = 0;
+    for (size_t b = 0; b + 1 < bucket; ++b) handed += in_bucket[b].size();
+    EXPECT_EQ(recorder.sunk().size(), handed) << "after adding p" << p;
   }
   ASSERT_TRUE((*buckets)->Finish().ok());
+  const TransferCounts after = rig_.store->transfer_counters().counts();
   ASSERT_EQ(recorder.sunk().size(), shards.size());
   for (size_t p = 0; p < shards.size(); ++p) {
     EXPECT_EQ(recorder.sunk()[p].flat_offset, offsets[p]) << p;
@@ -339,6 +354,123 @@ TEST_P(GradientBucketsTest, OneRankHandsEachGradientToTheSinkInOrder) {
   }
   EXPECT_EQ((*buckets)->reductions(), 0u);
   EXPECT_EQ(BytesDown(*rig_.store), GetParam() ? SliceBytes(shards) : 0u) << "moved by the store";
+  const uint64_t copies = GetParam() ? in_bucket.size() : 0;
+  EXPECT_EQ(after.copies_down - before.copies_down, copies);
+  EXPECT_EQ(after.bytes_down - before.bytes_down, GetParam() ? SliceBytes(shards) : 0u);
+  EXPECT_EQ(after.copies_on_device - before.copies_on_device, GetParam() ? shards.size() : 0u);
+  const uint64_t waits = after.host_waits - before.host_waits;
+  if (GetParam()) {
+    // One per bucket; and one for a gradient whose copy had not run while more than a
+    // bucket's bytes of gradients were in flight (these buckets hold fewer than the largest).
+    EXPECT_GE(waits, copies);
+    EXPECT_LE(waits, copies + shards.size());
+  } else {
+    EXPECT_EQ(waits, shards.size()) << "each gradient read after backward's event";
+  }
+}
+
+// With a bucket that holds them all, one rank's gradients come down in one copy, waited for
+// once, at Finish.
+TEST_P(GradientBucketsTest, OneRankWaitsOnceForABucketThatHoldsTheModel) {
+  if (!GetParam()) GTEST_SKIP() << "the host reads gradients where they are: no bucket";
+  auto comm = CreateLocalCommunicator();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  Recorder recorder;
+  const std::vector<uint64_t> shards = {3, 1, 7, 2, 5};
+  auto buckets = GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm->get(), 18,
+                                         recorder.sink());
+  ASSERT_TRUE(buckets.ok()) << buckets.status();
+  const std::vector<uint64_t> offsets = FlatOffsets(shards);
+  std::vector<Grad> grads = MakeGrads(shards, 1);
+  const TransferCounts before = rig_.store->transfer_counters().counts();
+  for (size_t p = 0; p < shards.size(); ++p) {
+    ASSERT_TRUE(Add(**buckets, grads[p], p, shards[p], offsets[p]).ok()) << p;
+  }
+  EXPECT_TRUE(recorder.sunk().empty()) << "nothing handed over before Finish";
+  ASSERT_TRUE((*buckets)->Finish().ok());
+  const TransferCounts after = rig_.store->transfer_counters().counts();
+  ASSERT_EQ(recorder.sunk().size(), shards.size());
+  for (size_t p = 0; p < shards.size(); ++p) {
+    EXPECT_EQ(recorder.sunk()[p].values, FullGradient(p, shards[p], 1)) << p;
+    EXPECT_TRUE(Freed(*rig_.store, grads[p].tensor)) << p;
+  }
+  EXPECT_EQ(after.copies_down - before.copies_down, 1u);
+  EXPECT_EQ(after.bytes_down - before.bytes_down, SliceBytes(shards));
+  EXPECT_EQ(after.host_waits - before.host_waits, 1u);
+}
+
+// A sink whose accumulators a bucket may land in (OptimizerStep's, for the first micro-batch):
+// it offers them for any range of whole parameters it was told of.
+class LandingSink final : public GradientSink {
+ public:
+  explicit LandingSink(const std::vector<uint64_t>& shards)
+      : offsets_(FlatOffsets(shards)), accumulators_(SliceBytes(shards) / 4, -1.0f) {}
+  Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) override {
+    added_.push_back(flat_offset);
+    std::copy(reduced, reduced + size, accumulators_.begin() + flat_offset);
+    return OkStatus();
+  }
+  float* LandingFor(uint64_t first, uint64_t count) override {
+    const bool whole =
+        std::find(offsets_.begin(), offsets_.end(), first) != offsets_.end() &&
+        (first + count == accumulators_.size() ||
+         std::find(offsets_.begin(), offsets_.end(), first + count) != offsets_.end());
+    return whole ? accumulators_.data() + first : nullptr;
+  }
+  Status Landed(uint64_t first, uint64_t count) override {
+    landed_.push_back({first, count});
+    return OkStatus();
+  }
+  const std::vector<float>& accumulators() const { return accumulators_; }
+  const std::vector<uint64_t>& added() const { return added_; }
+  const std::vector<std::pair<uint64_t, uint64_t>>& landed() const { return landed_; }
+
+ private:
+  std::vector<uint64_t> offsets_;
+  std::vector<float> accumulators_;
+  std::vector<uint64_t> added_;
+  std::vector<std::pair<uint64_t, uint64_t>> landed_;
+};
+
+// One rank behind the link: gradients added in reverse flat order, as backward hands them
+// over, lie side by side in the bucket (filled from its end) in the flat shard's order, so the
+// bucket comes down in one copy straight into the sink's accumulators, with no Add. Added in
+// any other order, they come down into the bucket's own landing and each goes to Add.
+TEST_P(GradientBucketsTest, OneRankBucketInFlatOrderLandsInTheAccumulators) {
+  if (!GetParam()) GTEST_SKIP() << "the host reads gradients where they are: no bucket";
+  const std::vector<uint64_t> shards = {3, 1, 7, 2, 5};
+  const std::vector<uint64_t> offsets = FlatOffsets(shards);
+  for (bool backward_order : {true, false}) {
+    SCOPED_TRACE(backward_order ? "reverse flat order" : "flat order");
+    auto comm = CreateLocalCommunicator();
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    LandingSink sink(shards);
+    auto buckets =
+        GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm->get(), 18, &sink);
+    ASSERT_TRUE(buckets.ok()) << buckets.status();
+    std::vector<Grad> grads = MakeGrads(shards, 1);
+    const TransferCounts before = rig_.store->transfer_counters().counts();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const size_t p = backward_order ? shards.size() - 1 - i : i;
+      ASSERT_TRUE(Add(**buckets, grads[p], p, shards[p], offsets[p]).ok()) << p;
+    }
+    ASSERT_TRUE((*buckets)->Finish().ok());
+    const TransferCounts after = rig_.store->transfer_counters().counts();
+    for (size_t p = 0; p < shards.size(); ++p) {
+      const std::vector<float> got(sink.accumulators().begin() + offsets[p],
+                                   sink.accumulators().begin() + offsets[p] + shards[p]);
+      EXPECT_EQ(got, FullGradient(p, shards[p], 1)) << p;
+    }
+    EXPECT_EQ(after.copies_down - before.copies_down, 1u);
+    if (backward_order) {
+      EXPECT_TRUE(sink.added().empty());
+      EXPECT_EQ(sink.landed(),
+                (std::vector<std::pair<uint64_t, uint64_t>>{{0, SliceBytes(shards) / 4}}));
+    } else {
+      EXPECT_TRUE(sink.landed().empty());
+      EXPECT_EQ(sink.added(), offsets);
+    }
+  }
 }
 
 // Note [Gradient buckets]: with two ranks and buckets of 8 elements (4 a rank), p0 (3) and p1
