@@ -6,11 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/mutex.h"
 #include "cpu_optim/dispatch.h"
 #include "cpu_optim/kernels.h"
 #include "cpu_optim/parallel.h"
@@ -40,37 +40,77 @@ namespace zinf {
 // Whether streaming (non-temporal) stores beat ordinary ones for the in-place update depends on
 // the machine, and on the development VM it even flips between runs: with cached stores the
 // write-backs sometimes crawl (13 GB/s against 36 GB/s streaming) and sometimes are the faster
-// way (44 against 35 GB/s), always over the same bytes. Both give the same values, so with
-// StoreMode::kAuto the first large calls alternate between the two (kTuneTrials each), timing
-// each call, and every later large call uses the mode with the higher median bandwidth. Small
-// calls (below nt_store_min_bytes written) always use cached stores: their lines are likely to
-// be read again soon. The tuning costs a few steps at the start of training, at worst the
-// difference between the two modes on half of them.
-class StoreTuner {
+// way (44 against 35 GB/s), always over the same bytes. Software prefetch is the same kind of
+// bet: on a 2-vCPU AVX-512 EPYC, prefetching 1 KiB ahead (the default distance) made the step
+// and the bandwidth kernel alike 15-30% slower than leaving the streams to the hardware
+// prefetchers, with one thread or two (bench/RESULTS.md, 2026-12-02), while the bench's limit
+// took its best variant without it.
+// Every mode gives the same values, so with StoreMode::kAuto the first large calls take turns
+// over the candidate modes, {cached, streaming} x {options.prefetch_bytes, no prefetch}
+// (kTuneTrials calls each), timing each call, and every later large call uses the mode with
+// the highest median bandwidth. These are the variants `zinf bench adam` takes its limit from,
+// so the step is held to the best of the same choices. Small calls (below nt_store_min_bytes
+// written) always use cached stores and the configured prefetch: their lines are likely to be
+// read again soon. The tuning costs a few steps at the start of training, at worst the
+// difference between the best mode and the others on three quarters of them.
+struct AccessMode {
+  bool non_temporal = false;
+  size_t prefetch_bytes = 0;
+};
+
+class AccessTuner {
  public:
   static constexpr int kTuneTrials = 3;
 
-  // The mode for the next large call: the decided one, or the next to try.
-  bool ChooseNonTemporal() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (decided_ >= 0) return decided_ == 1;
-    return rates_[1].size() < rates_[0].size();  // alternate: cached first
-  }
-  void Record(bool non_temporal, double bytes_per_s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (decided_ >= 0) return;
-    std::vector<double>& r = rates_[non_temporal ? 1 : 0];
-    if (static_cast<int>(r.size()) < kTuneTrials) r.push_back(bytes_per_s);
-    if (static_cast<int>(rates_[0].size()) == kTuneTrials &&
-        static_cast<int>(rates_[1].size()) == kTuneTrials) {
-      decided_ = Median(rates_[1]) > Median(rates_[0]) ? 1 : 0;
+  // Under StoreMode::kAuto: cached and streaming stores, each with the configured prefetch
+  // distance and without (one candidate per store kind when that distance is 0). Otherwise the
+  // one mode the options name, and nothing to tune.
+  explicit AccessTuner(const CpuOptimizerOptions& options) {
+    const size_t pf = options.prefetch_bytes;
+    if (options.store_mode != StoreMode::kAuto) {
+      candidates_.push_back({options.store_mode == StoreMode::kNonTemporal, pf});
+      decided_ = 0;
+      return;
     }
+    for (bool nt : {false, true}) {
+      candidates_.push_back({nt, pf});
+      if (pf != 0) candidates_.push_back({nt, 0});
+    }
+    rates_.resize(candidates_.size());
   }
-  StoreMode decided() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return decided_ < 0    ? StoreMode::kAuto
-           : decided_ == 1 ? StoreMode::kNonTemporal
-                           : StoreMode::kCached;
+
+  // The candidate for the next large call: the decided one, or the next to try (in turn, so
+  // that a slow spell of the machine falls on every candidate alike).
+  int Choose() const {
+    MutexLock lock(&mu_);
+    if (decided_ >= 0) return decided_;
+    size_t next = 0;
+    for (size_t i = 1; i < rates_.size(); ++i) {
+      if (rates_[i].size() < rates_[next].size()) next = i;
+    }
+    return static_cast<int>(next);
+  }
+  void Record(int candidate, double bytes_per_s) {
+    MutexLock lock(&mu_);
+    if (decided_ >= 0) return;
+    std::vector<double>& r = rates_[candidate];
+    if (static_cast<int>(r.size()) < kTuneTrials) r.push_back(bytes_per_s);
+    int best = 0;
+    for (size_t i = 0; i < rates_.size(); ++i) {
+      if (static_cast<int>(rates_[i].size()) < kTuneTrials) return;
+      if (Median(rates_[i]) > Median(rates_[best])) best = static_cast<int>(i);
+    }
+    decided_ = best;
+  }
+  const AccessMode& mode(int candidate) const { return candidates_[candidate]; }
+  bool decided() const {
+    MutexLock lock(&mu_);
+    return decided_ >= 0;
+  }
+  // The decided mode; the first candidate while undecided.
+  const AccessMode& in_use() const {
+    MutexLock lock(&mu_);
+    return candidates_[decided_ >= 0 ? decided_ : 0];
   }
 
  private:
@@ -78,14 +118,16 @@ class StoreTuner {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   }
-  mutable std::mutex mu_;
-  std::vector<double> rates_[2];
-  int decided_ = -1;
+  std::vector<AccessMode> candidates_;  // fixed at construction
+  mutable Mutex mu_;
+  std::vector<std::vector<double>> rates_ ZINF_GUARDED_BY(mu_);  // per candidate, bytes/s
+  int decided_ ZINF_GUARDED_BY(mu_) = -1;  // the chosen candidate; -1 while tuning
 };
 
 struct CpuOptimizer::Impl {
-  StoreTuner tuner;
+  explicit Impl(const CpuOptimizerOptions& o) : options(o), tuner(o) {}
   CpuOptimizerOptions options;
+  AccessTuner tuner;
   CpuKernelIsa isa = CpuKernelIsa::kScalar;
   const cpu_optim::KernelTable* kernels = nullptr;
   std::unique_ptr<cpu_optim::Parallel> parallel;
@@ -106,8 +148,7 @@ CpuOptimizer::~CpuOptimizer() = default;
 
 StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const CpuOptimizerOptions& options) {
   ZINF_RETURN_IF_ERROR(options.Validate());
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
+  auto impl = std::make_unique<Impl>(options);
   ZINF_ASSIGN_OR_RETURN(impl->isa, cpu_optim::ResolveIsa(options.isa));
   impl->kernels = &cpu_optim::KernelsFor(impl->isa);
   const CpuInfo& cpu = GetCpuInfo();
@@ -127,8 +168,11 @@ const CpuOptimizerOptions& CpuOptimizer::options() const { return impl_->options
 
 StoreMode CpuOptimizer::store_mode_in_use() const {
   if (impl_->options.store_mode != StoreMode::kAuto) return impl_->options.store_mode;
-  return impl_->tuner.decided();
+  if (!impl_->tuner.decided()) return StoreMode::kAuto;
+  return impl_->tuner.in_use().non_temporal ? StoreMode::kNonTemporal : StoreMode::kCached;
 }
+
+size_t CpuOptimizer::prefetch_bytes_in_use() const { return impl_->tuner.in_use().prefetch_bytes; }
 
 StatusOr<int> CpuOptimizer::AddParamGroup(const OptimizerHyperParams& hyper_params) {
   ZINF_RETURN_IF_ERROR(hyper_params.Validate());
@@ -302,10 +346,16 @@ Status CpuOptimizer::ApplySteps(const OptimizerHyperParams& hp, float grad_scale
     bytes_written +=
         s.span.count * (4 * (1 + hp.state_count()) + (s.span.param_copy != nullptr ? 2 : 0));
   }
-  const StoreMode mode = impl_->options.store_mode;
-  const bool tune = mode == StoreMode::kAuto && bytes_written >= impl_->nt_min_bytes;
-  const bool nt = mode == StoreMode::kNonTemporal || (tune && impl_->tuner.ChooseNonTemporal());
-  const size_t pf = impl_->options.prefetch_bytes;
+  // Note [Store mode tuning]: under kAuto, small calls keep cached stores and the configured
+  // prefetch; a forced store mode is the tuner's one candidate, for every call.
+  const bool use_tuner =
+      impl_->options.store_mode != StoreMode::kAuto || bytes_written >= impl_->nt_min_bytes;
+  const bool tune = use_tuner && !impl_->tuner.decided();
+  const int candidate = use_tuner ? impl_->tuner.Choose() : -1;
+  const AccessMode access =
+      use_tuner ? impl_->tuner.mode(candidate) : AccessMode{false, impl_->options.prefetch_bytes};
+  const bool nt = access.non_temporal;
+  const size_t pf = access.prefetch_bytes;
   const cpu_optim::KernelTable* k = impl_->kernels;
   const auto start = std::chrono::steady_clock::now();
   ZINF_RETURN_IF_ERROR(impl_->parallel->ForEach(counts, [&](size_t i, size_t begin, size_t end) {
@@ -314,7 +364,7 @@ Status CpuOptimizer::ApplySteps(const OptimizerHyperParams& hp, float grad_scale
   if (tune) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (s > 0) impl_->tuner.Record(nt, static_cast<double>(bytes_written) / s);
+    if (s > 0) impl_->tuner.Record(candidate, static_cast<double>(bytes_written) / s);
   }
   return OkStatus();
 }

@@ -9,7 +9,8 @@
 // against the best this machine did with those bytes, not against a strawman. Steps and limit
 // variants are interleaved (step, limits, step, limits, ...) because the machine's bandwidth
 // drifts; the medians are reported. With --store auto the step's warm-up lets the optimizer
-// pick its store mode (Note [Store mode tuning]); the mode it settled on is printed.
+// pick its store mode and whether to prefetch, among the same four variants (Note [Store mode
+// tuning]); the mode it settled on is printed.
 //
 // By default it measures two sizes, 1M parameters (in cache: the size of an NVMe pipeline
 // chunk, where the kernel's arithmetic shows) and 64M (in memory), each on an idle machine and
@@ -240,9 +241,12 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
   }
 
   // Warm-up: page faults and first-use costs out of the timings, and with --store auto the
-  // optimizer's store-mode tuning done (its first 2 x 3 large calls try both modes).
+  // optimizer's tuning done (its first large calls try each variant in turn; a size too small
+  // to tune stays kAuto, hence the cap).
   const BusyLoad busy(load);
-  for (int i = 0; i < 7; ++i) ZINF_RETURN_IF_ERROR(step_run());
+  for (int i = 0; i < 7 || (opt->store_mode_in_use() == StoreMode::kAuto && i < 32); ++i) {
+    ZINF_RETURN_IF_ERROR(step_run());
+  }
   for (const LimitVariant& lv : kLimitVariants) ZINF_RETURN_IF_ERROR(limit_run(lv));
 
   std::vector<double> step_s;
@@ -290,6 +294,7 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
         {"store", args.store},
         {"store_in_use", StoreModeName(opt->store_mode_in_use())},
         {"prefetch_bytes", args.prefetch_bytes},
+        {"prefetch_bytes_in_use", opt->prefetch_bytes_in_use()},
         {"bytes_per_param", bytes_per_param},
         {"reps", args.reps},
         {"step_s", step_med},
@@ -310,8 +315,9 @@ StatusOr<AdamResult> MeasureAdam(const AdamArgs& args, uint64_t count, int threa
     for (const LimitVariant& lv : kLimitVariants) {
       fmt::print("  limit {:<22} {:.1f} GB/s\n", lv.name, limits[lv.name].get<double>());
     }
-    fmt::print("  limit: {:.1f} GB/s ({})  efficiency: {:.3f}  (step stores: {})\n", limit_gbps,
-               limit_name, efficiency, StoreModeName(opt->store_mode_in_use()));
+    fmt::print("  limit: {:.1f} GB/s ({})  efficiency: {:.3f}  (step stores: {}, prefetch {} B)\n",
+               limit_gbps, limit_name, efficiency, StoreModeName(opt->store_mode_in_use()),
+               opt->prefetch_bytes_in_use());
   }
   return AdamResult{count, opt->threads(), load, gbps, limit_gbps, params_per_s};
 }
@@ -453,7 +459,8 @@ void AddBenchAdamCommand(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "cached", "non_temporal"}))
       ->capture_default_str();
   cmd->add_option("--prefetch", args->prefetch_bytes,
-                  "Software prefetch distance in bytes (0: off)")
+                  "Software prefetch distance in bytes (0: off); with --store auto the step "
+                  "keeps it only if faster")
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "Repetitions (median reported)")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object (a line per configuration)");

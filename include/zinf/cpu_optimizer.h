@@ -111,8 +111,9 @@ ZINF_EXPORT std::vector<CpuKernelIsa> SupportedCpuKernelIsas();
 
 enum class StoreMode : int {
   // Cached for calls writing less than nt_store_min_bytes. For larger calls the first few
-  // alternate between cached and non-temporal stores, timed, and the faster mode is kept (see
-  // Note [Store mode tuning] in cpu_optim/cpu_optimizer.cc); values never depend on it.
+  // take turns between cached and non-temporal stores, each with and without software
+  // prefetch, timed, and the fastest is kept (see Note [Store mode tuning] in
+  // cpu_optim/cpu_optimizer.cc); values never depend on it.
   kAuto = 0,
   kCached = 1,       // ordinary stores
   kNonTemporal = 2,  // streaming stores that bypass the caches
@@ -142,7 +143,9 @@ struct ZINF_EXPORT CpuOptimizerOptions {
   StoreMode store_mode = StoreMode::kAuto;
   // kAuto threshold in bytes written per call; 0 means the L3 size (32 MiB when unknown).
   size_t nt_store_min_bytes = 0;
-  // Software prefetch distance for the read streams, in bytes; 0 disables it.
+  // Software prefetch distance for the read streams, in bytes; 0 disables it. Under
+  // StoreMode::kAuto large calls also try without it and keep it only if it is faster (on a
+  // 2-vCPU AVX-512 EPYC it cost 15-30%; bench/RESULTS.md).
   size_t prefetch_bytes = 1024;
 
   // InvalidArgument naming the field.
@@ -184,6 +187,9 @@ class ZINF_EXPORT CpuOptimizer {
   // The store mode large calls use: options().store_mode unless it is kAuto; then kAuto while
   // still tuning, and the chosen mode after.
   StoreMode store_mode_in_use() const;
+  // The software prefetch distance large calls use: options().prefetch_bytes, or under
+  // StoreMode::kAuto, once tuned, that or 0, whichever was faster (Note [Store mode tuning]).
+  size_t prefetch_bytes_in_use() const;
 
   // ---- Parameter groups ----
   // Adds a group with step 0 and returns its index. InvalidArgument for bad hyper-parameters.

@@ -390,11 +390,16 @@ TEST(CpuOptimizerTest, AutoStoreModeSettlesOnOneModeWithoutChangingValues) {
   Shard b(n, OptimizerType::kAdamW, ElementType::kFp32, true, 5);
   EXPECT_EQ(tuned->store_mode_in_use(), StoreMode::kAuto);
   EXPECT_EQ(cached->store_mode_in_use(), StoreMode::kCached);
-  for (int step = 0; step < 8; ++step) {
+  EXPECT_EQ(cached->prefetch_bytes_in_use(), cached->options().prefetch_bytes);
+  // Four candidates (two store kinds, with and without prefetch), three trials each.
+  for (int step = 0; step < 12; ++step) {
+    EXPECT_EQ(tuned->store_mode_in_use(), StoreMode::kAuto) << "decided after " << step;
     ASSERT_TRUE(tuned->Step(g_tuned, a.span).ok());
     ASSERT_TRUE(cached->Step(g_cached, b.span).ok());
   }
   EXPECT_NE(tuned->store_mode_in_use(), StoreMode::kAuto);
+  const size_t pf = tuned->prefetch_bytes_in_use();
+  EXPECT_TRUE(pf == 0 || pf == options.prefetch_bytes) << pf;
   EXPECT_TRUE(a == b);
 }
 
