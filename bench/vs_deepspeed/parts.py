@@ -106,13 +106,13 @@ def adam(args):
 
     # First touch, thread pools, DeepSpeed's op table; and zinf's store-mode tuning, which
     # takes turns over cached and streaming stores, each with and without software prefetch,
-    # for its first 12 large steps and then keeps the fastest (Note [Store mode tuning]): what
+    # for its first 20 large steps and then keeps the fastest (Note [Store mode tuning]): what
     # training runs at is the mode it settles on. Both sides get the same warm-up steps.
     # The default workers' rows are side "zinf"; the other pool's, a side of their own.
     ours_name = "zinf" if args.workers == "openmp" else f"zinf ({args.workers} workers)"
     times = {ours_name: [], "deepspeed": []}
     with busy_processes(args.load):
-        for _ in range(13):
+        for _ in range(21):
             ours.step(), theirs.step()
         for _ in range(args.reps):
             times[ours_name].append(timed(ours))

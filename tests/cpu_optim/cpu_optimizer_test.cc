@@ -391,8 +391,8 @@ TEST(CpuOptimizerTest, AutoStoreModeSettlesOnOneModeWithoutChangingValues) {
   EXPECT_EQ(tuned->store_mode_in_use(), StoreMode::kAuto);
   EXPECT_EQ(cached->store_mode_in_use(), StoreMode::kCached);
   EXPECT_EQ(cached->prefetch_bytes_in_use(), cached->options().prefetch_bytes);
-  // Four candidates (two store kinds, with and without prefetch), three trials each.
-  for (int step = 0; step < 12; ++step) {
+  // Four candidates (two store kinds, with and without prefetch), five trials each.
+  for (int step = 0; step < 20; ++step) {
     EXPECT_EQ(tuned->store_mode_in_use(), StoreMode::kAuto) << "decided after " << step;
     ASSERT_TRUE(tuned->Step(g_tuned, a.span).ok());
     ASSERT_TRUE(cached->Step(g_cached, b.span).ok());
