@@ -62,7 +62,7 @@ class AccessTuner {
  public:
   // Five, not three: on the shared 2-vCPU development VM, whose bandwidth swings by a fifth
   // from one call to the next, three trials each kept the 1 KiB prefetch where it was 15-30%
-  // the slower in 7 of 36 runs, five trials in 2 of 16 (bench/RESULTS.md, 2026-12-02).
+  // the slower in 7 of 36 runs, five trials in 3 of 32 (bench/RESULTS.md, 2026-12-02).
   static constexpr int kTuneTrials = 5;
 
   // Under StoreMode::kAuto: cached and streaming stores, each with the configured prefetch
