@@ -25,9 +25,11 @@ a time, as each __init__ runs its own initialization. So under ``Init``:
   rank's elements at a time (``Engine::Initialize(InitialValues)``), or the tensor itself
   for a parameter made outside ``Init``. Frozen parameters, which stay ordinary tensors, get
   their values back from the spill (``finish``).
-- Code that writes a parameter after its module was built (a parent's ``self.apply(init)``)
-  writes into a placeholder: most in-place ops refuse its overlapping memory, and a fill that
-  does not is caught at ``initialize``, naming the parameter. Such code runs inside
+- Code that reads or writes a parameter after its module was built (a parent's
+  ``self.apply(init)``, a print of a weight) meets a placeholder that refuses to be read or
+  written, naming the parameter and what to call, as a released parameter does after
+  ``initialize`` (Note [Released parameters raise]); a write that still reached one (through a
+  view taken before) is caught at ``initialize``. Such code runs inside
   ``zinf.zero.GatheredParameters(params, modifier_rank=0)``, as under DeepSpeed, which brings
   the values back for the block and spills what it changed.
 - Hugging Face models are such code: ``post_init`` re-initializes every weight at the end of
@@ -57,7 +59,7 @@ import zlib
 
 import torch
 
-from zinf import _engine_inputs, _heap
+from zinf import _engine_inputs, _heap, _unreadable
 
 __all__ = ["Init", "GatheredParameters"]
 
@@ -177,6 +179,7 @@ class GatheredParameters:
         if self._enabled:
             for p in self._params:
                 p.data = p._zinf_spilled.load()
+                _unreadable.restore(p)
             for engine, params in self._engines.values():
                 engine._gather_for_block(params)
         return self
@@ -189,6 +192,7 @@ class GatheredParameters:
             if self._modify and exc[0] is None:
                 spilled.store(p.data)
             p.data = spilled.placeholder
+            _unreadable.release(p)
         for engine, params in self._engines.values():
             engine._end_block(params, self._modifier_rank if exc[0] is None else None)
         return False
@@ -229,8 +233,12 @@ def finish(model):
         spilled = _spill_of(p)
         if spilled is None:
             continue
-        if not p.requires_grad and p.data.data_ptr() == spilled.nan.data_ptr():
+        with _unreadable.metadata_only():
+            frozen_placeholder = (not p.requires_grad
+                                  and p.data.data_ptr() == spilled.nan.data_ptr())
+        if frozen_placeholder:
             p.data = spilled.load()
+            _unreadable.restore(p)
         del p._zinf_spilled
 
 
@@ -307,12 +315,16 @@ class _Spilled:
 
 def _capture(module, spill):
     freed = 0
-    for p in module.parameters():
-        if (_spill_of(p) is not None or p.dtype != torch.float32 or p.device.type != "cpu"
-                or p.numel() == 0):
-            continue  # taken already, or not what the engine holds
+    for name, p in module.named_parameters():
+        name = f"{type(module).__name__}.{name}"  # the outermost module built names it last
+        if _spill_of(p) is not None:
+            p._zinf_name = name
+            continue  # taken already
+        if p.dtype != torch.float32 or p.device.type != "cpu" or p.numel() == 0:
+            continue  # not what the engine holds
         p._zinf_spilled = _Spilled(spill, p)
         p.data = p._zinf_spilled.placeholder
+        _unreadable.release(p, name)  # Note [Released parameters raise]
         freed += p._zinf_spilled.numel * 4
     if freed >= 1 << 20:
         # glibc keeps the freed weights' pages otherwise (Note [Heap growth] in zinf/_heap.py):
@@ -366,9 +378,12 @@ def _wrap_init(cls):
         try:
             original(module, *args, **kwargs)
         except RuntimeError as e:
-            if "single memory location" not in str(e) or not _active:
+            into_placeholder = (isinstance(e, _unreadable.ParameterNotGatheredError)
+                                or "single memory location" in str(e))
+            if not into_placeholder or not _active:
                 raise
-            # An in-place write into a placeholder (Note [Construction into shards]).
+            # A read of, or an in-place write into, a placeholder (Note [Construction into
+            # shards]).
             raise RuntimeError(
                 f"{type(module).__name__}.__init__ wrote into the parameters of a submodule "
                 f"built before it under zinf.zero.Init, whose values had already gone to the "
@@ -431,8 +446,11 @@ def _intact_spill(name, p):
     under Init or was given new values since (``p.data = ...``); ValueError when something
     wrote into its placeholder."""
     spilled = _spill_of(p)
-    if spilled is None or p.data.data_ptr() != spilled.nan.data_ptr():
+    if spilled is None:
         return None
+    with _unreadable.metadata_only():
+        if p.data.data_ptr() != spilled.nan.data_ptr():
+            return None
     if not math.isnan(spilled.nan.item()):
         raise ValueError(
             f"parameter '{name}' was written after its module was built under zinf.zero.Init "

@@ -348,7 +348,9 @@ class ZeroEngine:
             for s in slots:
                 # The placeholder first: a new dtype or device would make torch drop the
                 # parameter's gradient accumulator. The accumulator of a leaf lives as long as
-                # something holds it; the placeholder has the parameter's shape.
+                # something holds it; the placeholder has the parameter's shape. One built under
+                # Init refuses reads until then (Note [Construction into shards]).
+                _unreadable.restore(s.param)
                 s.param.data = self._placeholder(s)
                 if self._trains:
                     acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
@@ -387,8 +389,11 @@ class ZeroEngine:
     def _remember_model(self, model):
         """What the takeover changes (Note [Undoing the takeover])."""
         params = {id(p): p for p in model.parameters()}.values()
+        with _unreadable.metadata_only():  # Init's placeholders refuse reads of their values
+            remembered = [(p, p.data, getattr(p, "_zinf_spilled", None),
+                           isinstance(p, _unreadable._Unreadable)) for p in params]
         self._before = {
-            "params": [(p, p.data, getattr(p, "_zinf_spilled", None)) for p in params],
+            "params": remembered,
             "buffers": [(sub, name, buf) for sub in model.modules()
                         for name, buf in sub._buffers.items()],
             "parameter_dicts": [(sub, sub.__dict__["_parameters"]) for sub in model.modules()],
@@ -408,9 +413,12 @@ class ZeroEngine:
         if self._saved_hooks is not None:
             self._root_post_hook()
         if before is not None:
-            for p, data, spilled in before["params"]:
+            for p, data, spilled, unreadable in before["params"]:
                 p.data = data
-                _unreadable.restore(p)
+                if unreadable:  # an Init placeholder's, as it was
+                    _unreadable.release(p)
+                else:
+                    _unreadable.restore(p)
                 p.__dict__.pop("_zinf_engine", None)
                 if spilled is not None:
                     p._zinf_spilled = spilled

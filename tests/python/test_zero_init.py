@@ -14,14 +14,17 @@ import torch
 
 import zinf.zero
 import zero_init_train
-from zinf import _zinf
+from zinf import _unreadable, _zinf
 
 BUILD_DIR = os.environ.get("ZINF_BUILD_DIR", "")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zero_init_train.py")
 
 
 def is_placeholder(p):
-    return all(stride == 0 for stride in p.data.stride()) and torch.isnan(p.data).all()
+    """Whether p holds no values: a NaN placeholder that refuses reads."""
+    with torch._C.DisableTorchFunction():
+        nan = all(stride == 0 for stride in p.data.stride()) and torch.isnan(p.data).all()
+    return nan and isinstance(p, _unreadable._Unreadable)
 
 
 class ZeroInitTest(unittest.TestCase):
@@ -73,31 +76,42 @@ class ZeroInitTest(unittest.TestCase):
                     torch.nn.init.ones_(self.child.bias)  # writes into the placeholder
 
         config = zero_init_train.CONFIG
+        # Inside a parent's __init__ (Hugging Face's post_init), the error says what happened.
         with zinf.zero.Init(config_dict_or_path=config):
-            model = Parent(gathered=False)
-        with self.assertRaisesRegex(ValueError, "parameter 'child.bias' was written after"):
-            zinf.zero.initialize(model, config)
+            with self.assertRaisesRegex(RuntimeError, r"Parent.__init__ wrote into the "
+                                        r"parameters of a submodule built before it"):
+                Parent(gathered=False)
         with zinf.zero.Init(config_dict_or_path=config):
             model = Parent(gathered=True)
         engine = zinf.zero.initialize(model, config)
         self.assertTrue(torch.equal(engine.gather_parameters()["child.bias"], torch.ones(4)))
-        # Most in-place initializations refuse the placeholder at once; inside a parent's
-        # __init__ (Hugging Face's post_init) the error says what happened.
+        # After construction, before initialize: a write or a read of the values refuses,
+        # naming the parameter and what to call; metadata and printing need no values.
         with zinf.zero.Init():
             layer = torch.nn.Linear(4, 4)
-        with self.assertRaisesRegex(RuntimeError, "more than one element"):
-            torch.nn.init.normal_(layer.weight)
-
-        class PostInit(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.child = torch.nn.Linear(4, 4)
-                torch.nn.init.normal_(self.child.weight)
-
-        with zinf.zero.Init():
-            with self.assertRaisesRegex(RuntimeError, r"PostInit.__init__ wrote into the "
-                                        r"parameters of a submodule built before it"):
-                PostInit()
+        for use in (lambda: torch.nn.init.normal_(layer.weight), lambda: layer.weight.sum(),
+                    lambda: layer.weight.data, lambda: layer.weight.tolist(),
+                    lambda: layer(torch.ones(4))):
+            with self.assertRaisesRegex(zinf.ParameterNotGatheredError,
+                                        r"'Linear.weight' is held in zinf's shards.*"
+                                        r"GatheredParameters"):
+                use()
+        self.assertEqual(layer.weight.shape, (4, 4))
+        self.assertIn("Linear.weight", repr(layer.weight))
+        with zinf.zero.GatheredParameters([layer.weight, layer.bias], modifier_rank=0):
+            self.assertTrue(torch.isfinite(layer.weight).all())
+            with torch.no_grad():
+                layer.weight.fill_(0.5)
+        self.assertTrue(is_placeholder(layer.weight))
+        with zinf.zero.GatheredParameters([layer.weight]):
+            self.assertTrue(torch.equal(layer.weight, torch.full((4, 4), 0.5)))
+        # A write that still reached a placeholder (here, straight into its one element) is
+        # caught at initialize, naming the parameter.
+        with zinf.zero.Init(config_dict_or_path=config):
+            model = Parent(gathered=True)
+        model.child.weight._zinf_spilled.nan.fill_(1.0)
+        with self.assertRaisesRegex(ValueError, "parameter 'child.weight' was written after"):
+            zinf.zero.initialize(model, config)
 
     def test_the_block_leaves_nn_module_as_it_found_it(self):
         linear_init = torch.nn.Linear.__init__

@@ -108,7 +108,9 @@ def main():
     with zinf.zero.Init(config_dict_or_path=CONFIG):
         model = TiedLM()
     for name, p in model.named_parameters():
-        if p.data.numel() > 1 and any(stride != 0 for stride in p.data.stride()):
+        with torch._C.DisableTorchFunction():  # placeholders refuse reads of their values
+            holds_values = p.data.numel() > 1 and any(stride != 0 for stride in p.data.stride())
+        if holds_values:
             print(f"MISMATCH: '{name}' holds its values after construction", file=sys.stderr)
             return 1
     problem = compare(normal, train(model, args.steps))
