@@ -188,8 +188,8 @@ Status GradientBuckets::Add(const float* grad, uint64_t shard_size, uint64_t fla
   // for a parameter with fewer elements than ranks) is zeros whatever `grad` holds there.
   float* send = bucket->send.as<float>();
   const uint64_t own = world_ * shard_size - padding;
-  // One rank fills its bucket from the end (Note [Gradient buckets]).
-  const uint64_t at = world_ == 1 ? bucket->capacity - bucket->used - shard_size : bucket->used;
+  // Each slice fills from its end (Note [Gradient buckets]).
+  const uint64_t at = bucket->capacity - bucket->used - shard_size;
   for (int r = 0; r < world_; ++r) {
     float* slice = send + r * bucket->capacity + at;
     const uint64_t first = r * shard_size;
@@ -215,26 +215,24 @@ Status GradientBuckets::Start(Bucket& bucket) {
   float* send = bucket.send.as<float>();
   if (world_ == 1) {  // nothing to reduce: the bucket comes down whole, after its packing
     const uint64_t begin = bucket.capacity - bucket.used;
-    bucket.flat_first = bucket.pieces.back().flat_offset;
-    float* direct = sink_error_.ok() && InFlatOrder(bucket)
-                        ? sink_->LandingFor(bucket.flat_first, bucket.used)
-                        : nullptr;
-    bucket.direct = direct != nullptr;
+    AskForLanding(bucket);
     ZINF_ASSIGN_OR_RETURN(bucket.packed, TakeEvent());
     ZINF_RETURN_IF_ERROR(copy_->Record(*bucket.packed));
     bucket.landed = store_->CopyDownAsync(
         bucket.send.id(), begin * sizeof(float), bucket.used * sizeof(float),
-        bucket.direct ? direct : bucket.landing.as<float>() + begin, bucket.packed.get());
+        bucket.direct != nullptr ? bucket.direct : bucket.landing.as<float>() + begin,
+        bucket.packed.get());
     return OkStatus();
   }
-  // Reduce-scatter wants rank r's slice at r * used: close the gaps of a partly filled bucket.
-  // Slices move towards the front in rank order, so none overwrites one not yet moved; a
-  // slice that overlaps its own new place moves in pieces no longer than the distance, front
+  // Reduce-scatter wants rank r's slice at r * used: each slice's filled end moves to the
+  // front. Slices move towards the front in rank order, so none overwrites one not yet moved;
+  // a slice that overlaps its own new place moves in pieces no longer than the distance, front
   // first, as a memmove would.
-  if (bucket.used < bucket.capacity) {
-    for (int r = 1; r < world_; ++r) {
+  const uint64_t tail = bucket.capacity - bucket.used;
+  if (tail > 0) {
+    for (int r = 0; r < world_; ++r) {
       float* dst = send + r * bucket.used;
-      const float* src = send + r * bucket.capacity;
+      const float* src = send + r * bucket.capacity + tail;
       if (host_addressable_) {
         std::memmove(dst, src, bucket.used * sizeof(float));
         store_->transfer_counters().CountCopy(CopyKind::kDeviceToDevice,
@@ -252,6 +250,14 @@ Status GradientBuckets::Start(Bucket& bucket) {
     ZINF_RETURN_IF_ERROR(copy_->Synchronize());
     ZINF_RETURN_IF_ERROR(Retire(in_flight_bytes_));  // every packing copy has run: no wait
   }
+  AskForLanding(bucket);
+  if (bucket.direct != nullptr && host_addressable_) {  // reduced into the accumulators
+    bucket.reduced = bucket.direct;
+    bucket.work = comm_->ReduceScatterAsync(send, bucket.reduced, bucket.used, ElementType::kFp32,
+                                            ReduceOp::kSum);
+    ++reductions_;
+    return OkStatus();
+  }
   // The reduced slice, in a scratch tensor of its own size: that is all that comes down.
   ZINF_ASSIGN_OR_RETURN(bucket.received, store_->CreateScratch("gradient bucket (reduced)",
                                                                bucket.used * 4, Tier::kDevice));
@@ -265,6 +271,31 @@ Status GradientBuckets::Start(Bucket& bucket) {
                                           ReduceOp::kSum);
   ++reductions_;
   return OkStatus();
+}
+
+void GradientBuckets::AskForLanding(Bucket& bucket) {
+  bucket.flat_first = bucket.pieces.back().flat_offset;
+  bucket.direct = nullptr;
+  if (!sink_error_.ok() || !InFlatOrder(bucket)) return;
+  // The other bucket's gradients have not reached the sink yet: where they are of the same
+  // parameters (an earlier micro-batch's), the sink's word on what its accumulators hold is
+  // not yet true, and these must be added after them.
+  const Bucket& other = &bucket == &buckets_[0] ? buckets_[1] : buckets_[0];
+  const uint64_t last = bucket.flat_first + bucket.used;
+  for (const Piece& piece : other.pieces) {
+    if (piece.flat_offset < last && piece.flat_offset + piece.size > bucket.flat_first) return;
+  }
+  bucket.direct = sink_->LandingFor(bucket.flat_first, bucket.used);
+}
+
+Status GradientBuckets::Landed(Bucket& bucket) {
+  if (!sink_error_.ok()) return sink_error_;
+  Status landed = sink_->Landed(bucket.flat_first, bucket.used);
+  if (!landed.ok()) {
+    sink_error_ = std::move(landed).WithContext(fmt::format(
+        "the gradients of '{}' ... '{}'", bucket.pieces.front().name, bucket.pieces.back().name));
+  }
+  return sink_error_;
 }
 
 bool GradientBuckets::InFlatOrder(const Bucket& bucket) {
@@ -292,24 +323,15 @@ Status GradientBuckets::Complete(Bucket& bucket) {
   if (bucket.pieces.empty()) return OkStatus();
   if (world_ == 1) {
     Status landed = WaitLanded(bucket);
-    if (landed.ok() && bucket.direct) {  // in the accumulators already
-      landed = sink_error_;
-      if (landed.ok()) landed = sink_->Landed(bucket.flat_first, bucket.used);
-      if (!landed.ok()) {
-        sink_error_ = std::move(landed).WithContext(fmt::format("the gradients of '{}' ... '{}'",
-                                                                bucket.pieces.front().name,
-                                                                bucket.pieces.back().name));
-        landed = sink_error_;
-      }
-    }
+    if (landed.ok() && bucket.direct != nullptr) landed = Landed(bucket);  // there already
     for (const Piece& piece : bucket.pieces) {
-      if (!landed.ok() || bucket.direct) break;
+      if (!landed.ok() || bucket.direct != nullptr) break;
       landed = HandOver(piece.flat_offset, bucket.landing.as<float>() + piece.at, piece.size,
                         piece.name);
     }
     bucket.pieces.clear();
     bucket.used = 0;
-    bucket.direct = false;
+    bucket.direct = nullptr;
     return landed;
   }
   if (bucket.work != nullptr) {
@@ -324,14 +346,30 @@ Status GradientBuckets::Complete(Bucket& bucket) {
       return std::move(reduced).WithContext(what);
     }
   }
-  const float* reduced = bucket.reduced;  // where the host may read it, it stays
+  if (bucket.direct != nullptr) {  // into the accumulators: by the collective, or copied down
+    Status landed;
+    if (!host_addressable_) {
+      store_->transfer_counters().CountWait();  // Note [Transfer counters]: the store's future
+      landed = store_->CopyDownAsync(bucket.received, 0, bucket.used * sizeof(float), bucket.direct)
+                   .get();
+    }
+    if (landed.ok()) landed = Landed(bucket);
+    DropReduced(bucket);
+    bucket.reduced = nullptr;
+    bucket.direct = nullptr;
+    bucket.pieces.clear();
+    bucket.used = 0;
+    return landed;
+  }
+  // Each piece's reduced slice sits where its part of the send slice did, less the tail.
+  const float* reduced = bucket.reduced - (bucket.capacity - bucket.used);
   Tier pinned = Tier::kDevice;
   if (!host_addressable_) {  // only this rank's slice crosses the link, moved by the store
     ZINF_RETURN_IF_ERROR(store_->Release(bucket.received, Tier::kDevice));
     bucket.reduced = nullptr;
     ZINF_ASSIGN_OR_RETURN(void* landed,
                           store_->Acquire(bucket.received, Tier::kHost, Access::kRead));
-    reduced = static_cast<const float*>(landed);
+    reduced = static_cast<const float*>(landed) - (bucket.capacity - bucket.used);
     pinned = Tier::kHost;
   }
   Status sunk;

@@ -27,7 +27,13 @@
 // side by side, and where the sink's accumulators hold nothing of the batch yet (the first
 // micro-batch) the copy lands straight in them (GradientSink::LandingFor): no host pass. Else
 // it lands in a host-tier array of the bucket's own (pinned, so the copy is asynchronous),
-// from which the sink adds each piece. Where device memory is host memory the host may touch (the
+// from which the sink adds each piece. Every rank's slice of a bucket fills from its end too,
+// so a reduced slice in flat order lands in the accumulators the same way: the collective
+// writes them where the host may address device memory, else the store copies the reduced
+// slice down into them (CopyDownAsync). The buckets are finished only at the step, so two
+// micro-batches' gradients of the same parameters may be in flight at once: a bucket is
+// offered no landing while the other still holds any of its parameters (the sink learns of
+// those only when that bucket completes, and they must come first). Where device memory is host memory the host may touch (the
 // host device without a modelled link), the packing is a memcpy and the sink reads the slice, or
 // with one rank the gradient, where it is: no copy beyond what the collective needs.
 // Elsewhere the packing copies run while backward goes on, and each gradient is freed once
@@ -124,7 +130,7 @@ class GradientBuckets {
   struct Piece {
     uint64_t flat_offset;  // in the accumulators
     uint64_t size;         // elements per rank
-    uint64_t at;           // offset within each rank's slice of the bucket (one rank: of it)
+    uint64_t at;           // offset within each rank's slice of the bucket
     std::string name;
   };
   struct Bucket {
@@ -143,7 +149,9 @@ class GradientBuckets {
     StoreArray landing;
     std::unique_ptr<Event> packed;      // recorded after the bucket's packing
     std::shared_future<Status> landed;  // the store's copy down, after `packed`
-    bool direct = false;
+    // Where the sink let the bucket's reduced gradients land directly (its accumulators of
+    // the flat elements from `flat_first`), or null (AskForLanding).
+    float* direct = nullptr;
     uint64_t flat_first = 0;
   };
 
@@ -165,8 +173,12 @@ class GradientBuckets {
   Status RetireAfter(Stream& stream, TensorId tensor, uint64_t bytes);
   // One rank: waits for the bucket's copy down (the one wait per bucket).
   Status WaitLanded(Bucket& bucket);
-  // One rank: whether the bucket's pieces lie side by side in the flat shard's order.
+  // Whether the bucket's pieces lie side by side in the flat shard's order.
   static bool InFlatOrder(const Bucket& bucket);
+  // Asks the sink where the bucket, about to be reduced or copied down, may land: `direct`.
+  void AskForLanding(Bucket& bucket);
+  // Tells the sink that the bucket landed where it said; its error stops the reduction.
+  Status Landed(Bucket& bucket);
   // Releases and frees a gradient the buckets own.
   void Free(TensorId tensor);
   Status Start(Bucket& bucket);

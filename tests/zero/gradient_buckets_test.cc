@@ -14,6 +14,7 @@
 //   sizes.
 #include "zero/gradient_buckets.h"
 
+#include <fmt/core.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -221,13 +222,14 @@ std::vector<std::vector<int>> BucketParams(const std::vector<uint64_t>& shards, 
   return buckets;
 }
 
-// What SameBucketWorld is handed for a bucket of `params`: rank by rank, that rank's slice of
-// each parameter's (rank 0's) full gradient.
+// What SameBucketWorld is handed for a bucket of `params` (in the order added): rank by rank,
+// that rank's slice of each parameter's (rank 0's) full gradient, the last added first (each
+// slice fills from its end, so that backward's reverse order lies in flat order).
 std::vector<float> BucketContents(const std::vector<int>& params,
                                   const std::vector<uint64_t>& shards, int world) {
   std::vector<float> bucket;
   for (int r = 0; r < world; ++r) {
-    for (int p : params) {
+    for (int p : std::vector<int>(params.rbegin(), params.rend())) {
       for (uint64_t i = 0; i < shards[p]; ++i) bucket.push_back(GradValue(p, r * shards[p] + i));
     }
   }
@@ -399,26 +401,41 @@ TEST_P(GradientBucketsTest, OneRankWaitsOnceForABucketThatHoldsTheModel) {
   EXPECT_EQ(after.host_waits - before.host_waits, 1u);
 }
 
-// A sink whose accumulators a bucket may land in (OptimizerStep's, for the first micro-batch):
-// it offers them for any range of whole parameters it was told of.
+// A sink whose accumulators a bucket may land in, kept as OptimizerStep keeps them: a
+// parameter's first gradient of the batch is copied in (Add, or a landing), later ones added;
+// it offers its accumulators for a range of whole parameters none of which holds anything yet.
 class LandingSink final : public GradientSink {
  public:
   explicit LandingSink(const std::vector<uint64_t>& shards)
-      : offsets_(FlatOffsets(shards)), accumulators_(SliceBytes(shards) / 4, -1.0f) {}
+      : offsets_(FlatOffsets(shards)),
+        accumulators_(SliceBytes(shards) / 4, -1.0f),
+        written_(shards.size(), 0) {}
   Status Add(uint64_t flat_offset, const float* reduced, uint64_t size) override {
     added_.push_back(flat_offset);
-    std::copy(reduced, reduced + size, accumulators_.begin() + flat_offset);
+    const int p = Param(flat_offset);
+    for (uint64_t i = 0; i < size; ++i) {
+      float& acc = accumulators_[flat_offset + i];
+      acc = written_[p] == 0 ? reduced[i] : acc + reduced[i];
+    }
+    ++written_[p];
     return OkStatus();
   }
   float* LandingFor(uint64_t first, uint64_t count) override {
-    const bool whole =
-        std::find(offsets_.begin(), offsets_.end(), first) != offsets_.end() &&
-        (first + count == accumulators_.size() ||
-         std::find(offsets_.begin(), offsets_.end(), first + count) != offsets_.end());
-    return whole ? accumulators_.data() + first : nullptr;
+    const int begin = Param(first);
+    if (begin < 0) return nullptr;
+    uint64_t at = first;
+    for (int p = begin; p < static_cast<int>(offsets_.size()) && at < first + count; ++p) {
+      if (written_[p] != 0) return nullptr;
+      at = p + 1 < static_cast<int>(offsets_.size()) ? offsets_[p + 1] : accumulators_.size();
+    }
+    return at == first + count ? accumulators_.data() + first : nullptr;
   }
   Status Landed(uint64_t first, uint64_t count) override {
     landed_.push_back({first, count});
+    for (int p = Param(first); p < static_cast<int>(offsets_.size()) && offsets_[p] < first + count;
+         ++p) {
+      ++written_[p];
+    }
     return OkStatus();
   }
   const std::vector<float>& accumulators() const { return accumulators_; }
@@ -426,50 +443,100 @@ class LandingSink final : public GradientSink {
   const std::vector<std::pair<uint64_t, uint64_t>>& landed() const { return landed_; }
 
  private:
+  int Param(uint64_t flat_offset) const {
+    auto it = std::find(offsets_.begin(), offsets_.end(), flat_offset);
+    return it == offsets_.end() ? -1 : static_cast<int>(it - offsets_.begin());
+  }
   std::vector<uint64_t> offsets_;
   std::vector<float> accumulators_;
+  std::vector<int> written_;
   std::vector<uint64_t> added_;
   std::vector<std::pair<uint64_t, uint64_t>> landed_;
 };
 
-// One rank behind the link: gradients added in reverse flat order, as backward hands them
-// over, lie side by side in the bucket (filled from its end) in the flat shard's order, so the
-// bucket comes down in one copy straight into the sink's accumulators, with no Add. Added in
-// any other order, they come down into the bucket's own landing and each goes to Add.
-TEST_P(GradientBucketsTest, OneRankBucketInFlatOrderLandsInTheAccumulators) {
-  if (!GetParam()) GTEST_SKIP() << "the host reads gradients where they are: no bucket";
+// Behind the link, gradients added in reverse flat order, as backward hands them over, lie
+// side by side in the bucket (each slice fills from its end) in the flat shard's order, so the
+// bucket (one rank) or its reduced slice (two) comes down in one copy straight into the sink's
+// accumulators, with no Add. Added in any other order, they come down beside them and each
+// goes to Add.
+TEST_P(GradientBucketsTest, ABucketInFlatOrderLandsInTheAccumulators) {
+  if (!GetParam()) GTEST_SKIP() << "the host reads one rank's gradients where they are";
   const std::vector<uint64_t> shards = {3, 1, 7, 2, 5};
   const std::vector<uint64_t> offsets = FlatOffsets(shards);
-  for (bool backward_order : {true, false}) {
-    SCOPED_TRACE(backward_order ? "reverse flat order" : "flat order");
-    auto comm = CreateLocalCommunicator();
-    ASSERT_TRUE(comm.ok()) << comm.status();
+  for (int world : {1, 2}) {
+    for (bool backward_order : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} rank(s), {}", world,
+                               backward_order ? "reverse flat order" : "flat order"));
+      auto local = CreateLocalCommunicator();
+      ASSERT_TRUE(local.ok()) << local.status();
+      SameBucketWorld two(/*rank=*/1, /*world=*/2);
+      Communicator* comm = world == 1 ? local->get() : &two;
+      LandingSink sink(shards);
+      auto buckets =
+          GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm, 18 * world, &sink);
+      ASSERT_TRUE(buckets.ok()) << buckets.status();
+      std::vector<Grad> grads = MakeGrads(shards, world);
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const size_t p = backward_order ? shards.size() - 1 - i : i;
+        ASSERT_TRUE(Add(**buckets, grads[p], p, shards[p], offsets[p]).ok()) << p;
+      }
+      ASSERT_TRUE((*buckets)->Finish().ok());
+      for (size_t p = 0; p < shards.size(); ++p) {
+        const std::vector<float> got(sink.accumulators().begin() + offsets[p],
+                                     sink.accumulators().begin() + offsets[p] + shards[p]);
+        EXPECT_EQ(got,
+                  world == 1 ? FullGradient(p, shards[p], 1) : ReducedShard(p, shards[p], 1, 2.0f))
+            << p;
+      }
+      if (backward_order) {
+        EXPECT_TRUE(sink.added().empty());
+        EXPECT_EQ(sink.landed(),
+                  (std::vector<std::pair<uint64_t, uint64_t>>{{0, SliceBytes(shards) / 4}}));
+      } else {
+        EXPECT_TRUE(sink.landed().empty());
+        EXPECT_EQ(sink.added(), offsets);
+      }
+    }
+  }
+}
+
+// Two micro-batches in flight at once (the buckets are finished only at the step): the first
+// micro-batch's bucket lands in the accumulators, and the second's, of the same parameters,
+// must be added after it, not land over it, though it starts before the first has reached the
+// sink. Every accumulator holds the sum of both.
+TEST_P(GradientBucketsTest, ALaterMicroBatchOfTheSameParametersIsAddedNotLandedOver) {
+  if (!GetParam()) GTEST_SKIP() << "the host reads one rank's gradients where they are";
+  const std::vector<uint64_t> shards = {3, 1, 7, 2, 5};
+  const std::vector<uint64_t> offsets = FlatOffsets(shards);
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} rank(s)", world));
+    auto local = CreateLocalCommunicator();
+    ASSERT_TRUE(local.ok()) << local.status();
+    SameBucketWorld two(/*rank=*/1, /*world=*/2);
+    Communicator* comm = world == 1 ? local->get() : &two;
     LandingSink sink(shards);
     auto buckets =
-        GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm->get(), 18, &sink);
+        GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm, 18 * world, &sink);
     ASSERT_TRUE(buckets.ok()) << buckets.status();
-    std::vector<Grad> grads = MakeGrads(shards, 1);
-    const TransferCounts before = rig_.store->transfer_counters().counts();
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const size_t p = backward_order ? shards.size() - 1 - i : i;
-      ASSERT_TRUE(Add(**buckets, grads[p], p, shards[p], offsets[p]).ok()) << p;
+    std::vector<std::vector<Grad>> micro_batches;  // alive while their copies may run
+    for (int micro = 0; micro < 2; ++micro) {
+      std::vector<Grad>& grads = micro_batches.emplace_back(MakeGrads(shards, world));
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const size_t p = shards.size() - 1 - i;
+        ASSERT_TRUE(Add(**buckets, grads[p], p, shards[p], offsets[p]).ok()) << p;
+      }
+      if (micro == 1) ASSERT_TRUE((*buckets)->Finish().ok());
     }
-    ASSERT_TRUE((*buckets)->Finish().ok());
-    const TransferCounts after = rig_.store->transfer_counters().counts();
     for (size_t p = 0; p < shards.size(); ++p) {
       const std::vector<float> got(sink.accumulators().begin() + offsets[p],
                                    sink.accumulators().begin() + offsets[p] + shards[p]);
-      EXPECT_EQ(got, FullGradient(p, shards[p], 1)) << p;
+      std::vector<float> want =
+          world == 1 ? FullGradient(p, shards[p], 1) : ReducedShard(p, shards[p], 1, 2.0f);
+      for (float& v : want) v *= 2;
+      EXPECT_EQ(got, want) << p;
     }
-    EXPECT_EQ(after.copies_down - before.copies_down, 1u);
-    if (backward_order) {
-      EXPECT_TRUE(sink.added().empty());
-      EXPECT_EQ(sink.landed(),
-                (std::vector<std::pair<uint64_t, uint64_t>>{{0, SliceBytes(shards) / 4}}));
-    } else {
-      EXPECT_TRUE(sink.landed().empty());
-      EXPECT_EQ(sink.added(), offsets);
-    }
+    EXPECT_EQ(sink.landed().size(), 1u) << "the first micro-batch's bucket";
+    EXPECT_EQ(sink.added().size(), shards.size()) << "the second's, added piece by piece";
   }
 }
 
@@ -539,13 +606,13 @@ TEST_P(GradientBucketsTest, APaddedParametersPaddingIsReducedAsZerosWhateverTheB
   }
   ASSERT_TRUE((*buckets)->Finish().ok());
   std::vector<float> expected = BucketContents({0, 1}, shards, 3);
-  // Rank r's slice of the bucket: p0's 2 elements, then p1's 3.
+  // Rank r's slice of the bucket: p1's 3 elements, then p0's 2 (the last added first).
   for (int r = 0; r < 3; ++r) {
-    for (uint64_t i = 0; i < 2; ++i) {
-      if (r * 2 + i >= numels[0]) expected[r * 5 + i] = 0.0f;
-    }
     for (uint64_t i = 0; i < 3; ++i) {
-      if (r * 3 + i >= numels[1]) expected[r * 5 + 2 + i] = 0.0f;
+      if (r * 3 + i >= numels[1]) expected[r * 5 + i] = 0.0f;
+    }
+    for (uint64_t i = 0; i < 2; ++i) {
+      if (r * 2 + i >= numels[0]) expected[r * 5 + 3 + i] = 0.0f;
     }
   }
   ASSERT_EQ(comm.buckets().size(), 1u);

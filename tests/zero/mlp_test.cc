@@ -496,8 +496,9 @@ TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
 
 // Behind a modelled link (ZINF_HOST_LINK_GBPS) the host device's memory is reached only
 // through its streams, as a GPU's is: gradients are packed into the buckets by device copies,
-// and only the reduced slices (with one rank, the gradients) come down to the host tier
-// (Note [Gradient buckets]). That path gives the same bits as the direct one.
+// and only the reduced slices (with one rank, the buckets) come down to the host tier, into
+// the accumulators where they hold nothing of the batch (Note [Gradient buckets]). That path
+// gives the same bits as the direct one, with accumulation too.
 TEST(MlpTest, TheModelledLinkChangesNoBit) {
   for (const Case& c : {Case{1, 3, 2, 0.05}, Case{2, 3, 2, 0.05, {false, false, 100}},
                         Case{4, 3, 3, 0, {false, false, 1000}}}) {

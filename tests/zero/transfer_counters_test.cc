@@ -195,9 +195,9 @@ TEST_F(TransferCountersTest, TwoRanks) {
       // accumulators, which the first micro-batch's reduced gradients are copied into.
       expect_eq("device_bytes_set", s.device_bytes_set, 0);
       expect_eq("host_bytes_set", s.host_bytes_set, 0);
-      // The parameter tier written from the master, and the first micro-batch's reduced
-      // slice copied into the accumulators (target: landing there, as one rank's bucket does).
-      expect_eq("host_bytes_copied", s.host_bytes_copied, 2 * kShardBytes);
+      // The parameter tier written from the master; the first micro-batch's reduced slice
+      // lands in the accumulators, with no host copy.
+      expect_eq("host_bytes_copied", s.host_bytes_copied, kShardBytes);
       // Caller's waits: one per fetch, per m1 unpack, two per bucket (its packing copies, its
       // reduced slice coming down), the write-backs and the drop of the gathers; and at most
       // one per release with an event, waited for or found done. None per gradient: a
@@ -205,7 +205,9 @@ TEST_F(TransferCountersTest, TwoRanks) {
       // flight.
       constexpr uint64_t kWaits = kFetches + kM1Gathers + 2 * kG + 2;
       expect("host_waits", s.host_waits, kWaits, kWaits + kReleasesWithEvents);
-      expect_eq("worker_waits", s.worker_waits, kParams);  // each shard's copy up
+      // Each shard's copy up, and the store's copy of the first micro-batch's reduced slice
+      // down into the accumulators.
+      expect_eq("worker_waits", s.worker_waits, kParams + 1);
     }
     return failed;
   });
