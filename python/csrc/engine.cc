@@ -220,7 +220,7 @@ class PyEngine {
 
   py::list Fetch(int module) {
     FetchedModule fetched = ValueOrThrow(WithoutGil([&] { return engine_->Fetch(module); }));
-    return Views(fetched.params, numel_.at(module));
+    return CachedViews(fetched_views_, module, fetched.params);
   }
   void Release(int module) { ThrowIfError(engine_->Release(module)); }
   // overwrite: the caller writes every element (GradientWrite::kOverwrite), so the buffers
@@ -230,7 +230,7 @@ class PyEngine {
   }
   py::list Gradients(int module, bool overwrite) {
     std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module, Write(overwrite)));
-    return Views(grads, numel_.at(module));
+    return CachedViews(gradient_views_, module, grads);
   }
   void ReduceGradients(int module) {
     ThrowIfError(WithoutGil([&] { return engine_->ReduceGradients(module); }));
@@ -371,6 +371,24 @@ class PyEngine {
 
   std::unique_ptr<Engine> engine_;
   std::vector<std::vector<uint64_t>> numel_;  // per module id, per parameter
+
+  // The views Fetch or Gradients last gave for a module, with the memory they are over: a
+  // module whose memory did not move gets the same list object again, for which zinf.zero
+  // keeps the torch tensors it made (HostMemory), so a fetch makes none.
+  struct ViewsOf {
+    std::vector<float*> data;
+    py::list views;
+  };
+  py::list CachedViews(std::vector<ViewsOf>& cache, int module, const std::vector<float*>& data) {
+    if (static_cast<size_t>(module) >= cache.size()) cache.resize(module + 1);
+    ViewsOf& cached = cache[module];
+    if (cached.data != data || !cached.views) {
+      cached.data = data;
+      cached.views = Views(data, numel_.at(module));
+    }
+    return cached.views;
+  }
+  std::vector<ViewsOf> fetched_views_, gradient_views_;
   std::map<uintptr_t, std::unique_ptr<Stream>> borrowed_;
   std::unique_ptr<Event> done_;
 };

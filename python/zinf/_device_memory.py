@@ -14,7 +14,10 @@ release (a slice stored in an attribute) sees the memory reused: read parameters
 training through gather_parameters or consolidated_state_dict.
 On the host this spares a copy of every parameter at each fetch, in forward and in backward:
 a fresh tensor each time, whose pages the kernel faults in anew wherever the heap is bounded
-(Note [Heap growth] in zinf/_heap.py). bench/RESULTS.md has the step times.
+(Note [Heap growth] in zinf/_heap.py). bench/RESULTS.md has the step times. Where a module's
+memory stays where it was between fetches (its parameters in device memory, one rank; its
+gradient buffers the accumulators themselves), the engine hands back the same views and the
+tensors over them are the ones made before: a fetch makes no tensor.
 
 Note [Where the model computes]
 As DeepSpeed, the engine computes on this process's GPU wherever the model was built
@@ -78,16 +81,26 @@ class HostMemory:
 
     def __init__(self, engine):
         self._engine = engine
+        # Per module: (the engine's list of views, the tensors made over them). The engine
+        # gives the same list again while the module's memory stays where it was (a module in
+        # device memory, one rank), and its tensors are then made once, not at every fetch.
+        self._params = {}
+        self._grads = {}
 
     def fetch(self, mid, slots):
         """Fetches module `mid` and returns its parameters, valid until its release."""
         views = self._engine.fetch(mid)
+        cached = self._params.get(mid)
+        if cached is not None and cached[0] is views:
+            return cached[1]
         try:
-            return [torch.frombuffer(v, dtype=torch.float32, count=s.numel).view(s.shape)
-                    for v, s in zip(views, slots)]
+            tensors = [torch.frombuffer(v, dtype=torch.float32, count=s.numel).view(s.shape)
+                       for v, s in zip(views, slots)]
         except BaseException:
             self._engine.release(mid)
             raise
+        self._params[mid] = (views, tensors)
+        return tensors
 
     def release(self, mid):
         self._engine.release(mid)
@@ -95,8 +108,13 @@ class HostMemory:
     def gradients(self, mid, slots, overwrite=False):
         """Module `mid`'s gradient buffers, valid until its reduce: zeros, or with
         `overwrite` (the caller writes every element) as they are, not zeroed first."""
-        return [torch.frombuffer(v, dtype=torch.float32, count=s.numel)
-                for v, s in zip(self._engine.gradients(mid, overwrite), slots)]
+        views = self._engine.gradients(mid, overwrite)
+        cached = self._grads.get(mid)
+        if cached is None or cached[0] is not views:
+            cached = self._grads[mid] = (views, [torch.frombuffer(v, dtype=torch.float32,
+                                                                   count=s.numel)
+                                                  for v, s in zip(views, slots)])
+        return cached[1]
 
     def reduce(self, mid):
         self._engine.reduce_gradients(mid)

@@ -267,9 +267,11 @@ class ZeroEngine:
         self._compute_dtype = _device_memory.COMPUTE_DTYPES[
             next((k for k in ("bf16", "fp16") if self._engine.resolved_config[k]), "fp32")
             if on_gpu else "fp32"]
-        self._held = {}           # module id -> [its fetched tensors, holders]
+        self._held = {}           # module id -> [its fetched tensors, holders, their storages]
+        self._storages = {}       # module id -> (fetched tensors, their storage pointers)
         self._slots = {}          # id(param) -> _Slot
         self._module_slots = []   # module id -> [_Slot]
+        self._frozen = []         # (name, param) of the model's parameters not in _slots
         self._module_names = []
         self._hook_handles = []
         self._grad_accumulators = []
@@ -359,6 +361,9 @@ class ZeroEngine:
                 s.param._zinf_engine = weakref.ref(self)  # for GatheredParameters
                 _unreadable.release(s.param, s.name)  # Note [Released parameters raise]
         _construction.finish(model)  # frozen parameters built under Init get their values
+        # What step() checks stayed frozen: listed once, not found by a walk every step.
+        self._frozen = [(name, p) for name, p in model.named_parameters()
+                        if id(p) not in self._slots]
         if self._compute_dtype != torch.float32 or self.device.type == "cuda":
             _device_memory.move_the_rest(model, self.device, self._compute_dtype, self._slots)
         for sub in model.modules():
@@ -429,6 +434,7 @@ class ZeroEngine:
         for sub in self.module.modules():
             sub.__dict__.pop("_zinf_managed", None)
         self._slots.clear()
+        self._frozen = []
         self._module_slots.clear()
         # The native engine goes with its last reference: its rendezvous port is free again.
         self._memory = None
@@ -643,8 +649,7 @@ class ZeroEngine:
     def _own_escaping(self, output, mids):
         """The forward's output, its views of parameters about to be released copied (Note
         [The engine's memory] in zinf/_device_memory.py)."""
-        ptrs = {_device_memory.storage_ptr(t) for mid in mids if mid in self._held
-                for t in self._held[mid][0]}
+        ptrs = {ptr for mid in mids if mid in self._held for ptr in self._held[mid][2]}
         return _device_memory.copy_views(output, ptrs) if ptrs else output
 
     def _on_read(self, param):
@@ -666,7 +671,14 @@ class ZeroEngine:
         or (on a GPU) backward until the module's gradients are reduced."""
         held = self._held.get(mid)
         if held is None:
-            held = self._held[mid] = [self._memory.fetch(mid, self._module_slots[mid]), 0]
+            tensors = self._memory.fetch(mid, self._module_slots[mid])
+            # The same tensors come back while the module's memory stays (HostMemory), and
+            # their storage pointers with them.
+            known = self._storages.get(mid)
+            if known is None or known[0] is not tensors:
+                known = self._storages[mid] = (
+                    tensors, [_device_memory.storage_ptr(t) for t in tensors])
+            held = self._held[mid] = [tensors, 0, known[1]]
         held[1] += 1
         return held[0]
 
@@ -681,9 +693,10 @@ class ZeroEngine:
     def _acquire(self, mid):
         refs = self._forward_refs.get(mid, 0)
         if refs == 0:
-            for s, t in zip(self._module_slots[mid], self._hold(mid)):
+            tensors = self._hold(mid)
+            for s, t, ptr in zip(self._module_slots[mid], tensors, self._held[mid][2]):
                 self._show(s, t)
-                self._forward_ptrs[_device_memory.storage_ptr(t)] = s
+                self._forward_ptrs[ptr] = s
         self._forward_refs[mid] = refs + 1
 
     def _drop(self, mid):
@@ -691,8 +704,8 @@ class ZeroEngine:
         self._forward_refs[mid] = refs
         if refs == 0:
             del self._forward_refs[mid]
-            for s in self._module_slots[mid]:
-                self._forward_ptrs.pop(_device_memory.storage_ptr(s.param.data), None)
+            for s, ptr in zip(self._module_slots[mid], self._held[mid][2]):
+                self._forward_ptrs.pop(ptr, None)
                 self._park(s)
             self._unhold(mid)
 
@@ -841,8 +854,8 @@ class ZeroEngine:
                         f"initialize; zinf's optimizer holds it and would go on stepping it: "
                         f"set requires_grad back to True before step(), or freeze it before "
                         f"initialize (a new engine)")
-        for name, p in self.module.named_parameters():
-            if p.requires_grad and id(p) not in self._slots:
+        for name, p in self._frozen:
+            if p.requires_grad:
                 raise ValueError(
                     f"parameter '{name}' requires grad now but was frozen at initialize, so "
                     f"zinf's optimizer does not hold it and it would never train: set "
