@@ -10,17 +10,14 @@
 #include <optional>
 #include <set>
 
+#include "core/elapsed.h"
 #include "core/log.h"
 #include "core/units.h"
 
 namespace zinf {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 
 // Where the arrays of one chunk sit in a buffer (a staging buffer or a host state block):
 // [params | state0 | state1 | grads], each region 4 KiB aligned so that the state regions form

@@ -106,6 +106,12 @@ Status Engine::Impl::CheckRanksAgree() {
   return OkStatus();
 }
 
+StatusOr<const Param*> Engine::Impl::FindParam(std::string_view name) const {
+  auto it = param_by_name.find(name);
+  if (it == param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
+  return &params[it->second];
+}
+
 StatusOr<Module*> Engine::Impl::FindModule(int id) {
   if (!initialized) return FailedPrecondition("the engine is not initialized");
   if (id < 0 || id >= static_cast<int>(modules.size())) {
@@ -442,9 +448,8 @@ Status Engine::ReduceGradients(int id, Event* ready) {
 Status Engine::GatherParameter(const std::string& name, std::vector<float>* out) {
   Impl& m = *impl_;
   ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce("GatherParameter"));
-  auto it = m.param_by_name.find(name);
-  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
-  Param& p = m.params[it->second];
+  ZINF_ASSIGN_OR_RETURN(const Param* found, m.FindParam(name));
+  const Param& p = *found;
   std::vector<float> local(p.shard_size), full(p.shard_size * m.world());
   Status read = m.optimizer_step->ReadMaster(p, local.data());
   // Every rank joins the gather, so that one rank's failure cannot leave the others waiting.
@@ -477,9 +482,8 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   Impl& m = *impl_;
   ZINF_RETURN_IF_ERROR(m.optimizer_step->Quiesce("SetParameter"));
   if (!m.initialized) return FailedPrecondition("SetParameter before Initialize");
-  auto it = m.param_by_name.find(name);
-  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
-  Param& p = m.params[it->second];
+  ZINF_ASSIGN_OR_RETURN(const Param* found, m.FindParam(name));
+  const Param& p = *found;
   if (values == nullptr || count != p.numel) {
     return InvalidArgument(fmt::format("SetParameter('{}'): {} values given, the parameter has {}",
                                        name, values == nullptr ? 0 : count, p.numel));
@@ -500,9 +504,8 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
 Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) {
   Impl& m = *impl_;
   if (!m.initialized) return FailedPrecondition("GatherGradient before Initialize");
-  auto it = m.param_by_name.find(name);
-  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
-  Param& p = m.params[it->second];
+  ZINF_ASSIGN_OR_RETURN(const Param* found, m.FindParam(name));
+  const Param& p = *found;
   ZINF_RETURN_IF_ERROR(m.optimizer_step->BeforeGradients());
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());
@@ -519,9 +522,8 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
 
 StatusOr<Engine::ShardRange> Engine::Shard(const std::string& name) const {
   const Impl& m = *impl_;
-  auto it = m.param_by_name.find(name);
-  if (it == m.param_by_name.end()) return InvalidArgument(fmt::format("no parameter '{}'", name));
-  const Param& p = m.params[it->second];
+  ZINF_ASSIGN_OR_RETURN(const Param* found, m.FindParam(name));
+  const Param& p = *found;
   const uint64_t begin = m.rank() * p.shard_size;
   return ShardRange{begin, begin >= p.numel ? 0 : std::min(p.shard_size, p.numel - begin)};
 }

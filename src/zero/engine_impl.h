@@ -23,6 +23,7 @@
 
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
+#include "core/elapsed.h"
 #include "zero/gradient_buckets.h"
 #include "zero/loss_scaler.h"
 #include "zero/optimizer_step.h"
@@ -36,11 +37,7 @@
 
 namespace zinf {
 
-using EngineClock = std::chrono::steady_clock;
-
-inline double SecondsSince(EngineClock::time_point since) {
-  return std::chrono::duration<double>(EngineClock::now() - since).count();
-}
+using EngineClock = SteadyClock;
 
 // A gradient buffer backward writes, between Gradients and ReduceGradients: a tensor of the
 // device tier, or with one rank in a batch's first micro-batch the (zero) accumulator itself.
@@ -122,6 +119,8 @@ struct Engine::Impl {
 
   // Module `id`, once the engine is initialized.
   StatusOr<Module*> FindModule(int id);
+  // The parameter registered as `name`; InvalidArgument naming it when there is none.
+  StatusOr<const Param*> FindParam(std::string_view name) const;
 
   // Initialize's source of initial values; null: each ParamSpec's init.
   InitialValues initial_values;

@@ -38,17 +38,14 @@
 #include <string>
 #include <utility>
 
+#include "core/elapsed.h"
 #include "zero/lr_schedule.h"
 #include "zero/tier_budgets.h"
 
 namespace zinf {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
+using Clock = SteadyClock;
 
 }  // namespace
 

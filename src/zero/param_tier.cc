@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "comm/communicator.h"
+#include "core/elapsed.h"
 #include "core/log.h"
 #include "offload/device_ops.h"
 #include "zero/param_tier_internal.h"
@@ -17,11 +18,7 @@
 namespace zinf {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
+using Clock = SteadyClock;
 
 }  // namespace
 
@@ -105,7 +102,7 @@ Status ParamTier::StartGather(int param) {
                                         options_.param_type);
     ++counters_.collectives;
   }
-  counters_.seconds_gather += Seconds(t0);
+  counters_.seconds_gather += SecondsSince(t0);
   return OkStatus();
 }
 
@@ -178,7 +175,7 @@ Status ParamTier::StartGathers(const std::vector<int>& params) {
     state_[pi].gathering = c->work;
     state_[pi].coalesced = c;
   }
-  counters_.seconds_gather += Seconds(t0);
+  counters_.seconds_gather += SecondsSince(t0);
   return OkStatus();
 }
 
@@ -231,7 +228,7 @@ Status ParamTier::Gather(int param) {
                                         ElementType::kFp32, full_size));
   }
   s.current = true;
-  counters_.seconds_gather += Seconds(t0);
+  counters_.seconds_gather += SecondsSince(t0);
   return OkStatus();
 }
 
@@ -292,7 +289,7 @@ Status ParamTier::Fetch(int module, std::vector<ParamTensor>* out, std::vector<f
   if (device_->kind() == DeviceKind::kHost) {  // the caller's thread computes next
     const auto t0 = Clock::now();
     ZINF_RETURN_IF_ERROR(done.Synchronize());
-    counters_.seconds_gather += Seconds(t0);
+    counters_.seconds_gather += SecondsSince(t0);
   }
   if (ready != nullptr) *ready = &done;
   m.fetched = true;
