@@ -106,13 +106,14 @@ class HostMemory:
         self._engine.release(mid)
 
     def gradients(self, mid, slots, overwrite=False):
-        """Module `mid`'s gradient buffers, valid until its reduce: zeros, or with
-        `overwrite` (the caller writes every element) as they are, not zeroed first."""
+        """Module `mid`'s gradient buffers in its parameters' shapes, valid until its
+        reduce: zeros, or with `overwrite` (the caller writes every element) as they are, not
+        zeroed first."""
         views = self._engine.gradients(mid, overwrite)
         cached = self._grads.get(mid)
         if cached is None or cached[0] is not views:
             cached = self._grads[mid] = (views, [torch.frombuffer(v, dtype=torch.float32,
-                                                                   count=s.numel)
+                                                                   count=s.numel).view(s.shape)
                                                   for v, s in zip(views, slots)])
         return cached[1]
 
@@ -148,8 +149,8 @@ class GpuMemory:
         self._engine.release_on_stream(mid, self._stream())
 
     def gradients(self, mid, slots, overwrite=False):
-        return [self._tensor(a, d, n)
-                for a, d, n in self._engine.gradients_on_device(mid, overwrite)]
+        return [self._tensor(a, d, n).view(s.shape)
+                for (a, d, n), s in zip(self._engine.gradients_on_device(mid, overwrite), slots)]
 
     def reduce(self, mid):
         self._engine.reduce_gradients_on_stream(mid, self._stream())

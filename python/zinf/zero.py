@@ -776,7 +776,7 @@ class ZeroEngine:
             views = self._memory.gradients(mid, self._module_slots[mid], overwrite=True)
             self._grad_views[mid] = views
             self._grads_pending[mid] = {t.index for t in self._module_slots[mid]}
-        views[s.index].copy_(grad.reshape(-1))
+        views[s.index].copy_(grad)  # the buffers come in the parameters' shapes
         pending = self._grads_pending[mid]
         pending.discard(s.index)
         if not pending:
