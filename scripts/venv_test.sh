@@ -177,11 +177,11 @@ if [ "$torch2" = 1 ]; then
     logged "$t2/bin/pip" install torch numpy
   fi
   # Hugging Face's models built from a config (no weights downloaded) for test_torch_models,
-  # Trainer (it needs accelerate) with PEFT and TRL for test_hf_trainer, and Lightning for
-  # test_lightning.
-  if ! "$t2/bin/python" -c 'import transformers, accelerate, peft, trl, lightning' \
+  # Trainer (it needs accelerate) with PEFT and TRL for test_hf_trainer, and Lightning (and its
+  # older package, pytorch_lightning) for test_lightning.
+  if ! "$t2/bin/python" -c 'import transformers, accelerate, peft, trl, lightning, pytorch_lightning' \
       >/dev/null 2>&1; then
-    logged "$t2/bin/pip" install transformers accelerate peft trl lightning
+    logged "$t2/bin/pip" install transformers accelerate peft trl lightning pytorch-lightning
   fi
   logged "$t2/bin/pip" install --no-index --no-deps --force-reinstall "$wheel"
   check_installed "$t2"

@@ -4,26 +4,39 @@ lightning.pytorch.Trainer with gradient accumulation and clipping, checkpointed 
 trainer.save_checkpoint and resumed with fit(ckpt_path=...).
 
 --strategy names Lightning's strategy: "auto" or "ddp" (Lightning alone), "zinf" /
-"zinf_stage_3_offload" (registered by `import zinf.lightning`). Prints one line "RESULT {json}"
+"zinf_stage_3_offload" (registered by `import zinf.lightning`, or with --package
+pytorch_lightning, the older package, by `import zinf.pytorch_lightning`). Prints one line "RESULT {json}"
 on global rank 0: each training_step's loss on that rank, and the logits of one batch from the
 trained module (and, with --load, from LightningModule.load_from_checkpoint of the saved
 checkpoint).
 
 Usage: lightning_clm.py --init DIR --out DIR --strategy S [--devices N] [--gas 2]
-           [--steps 10] [--resume CKPT]
+           [--steps 10] [--resume CKPT] [--package lightning.pytorch|pytorch_lightning]
 """
 
 import argparse
+import importlib
 import json
 import os
 import sys
 
-import lightning.pytorch as pl
 import torch
 from transformers import AutoModelForCausalLM, get_linear_schedule_with_warmup
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_trainer_clm import DataTrainingArguments, corpus, group_texts  # noqa: E402
+
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+
+
+def _package():
+    """The Lightning package the script is written against (--package)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--package", choices=PACKAGES, default=PACKAGES[0])
+    return parser.parse_known_args()[0].package
+
+
+pl = importlib.import_module(_package())
 
 
 class CausalLM(pl.LightningModule):
@@ -61,9 +74,11 @@ def main():
     parser.add_argument("--resume", help="a checkpoint to resume from")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--clip_algorithm", default="norm")
+    parser.add_argument("--package", choices=PACKAGES, default=PACKAGES[0])
     args = parser.parse_args()
-    if args.strategy.startswith("zinf"):
-        import zinf.lightning  # noqa: F401  (registers the strategy names)
+    if args.strategy.startswith("zinf"):  # registers the strategy names with the package
+        importlib.import_module("zinf.lightning" if args.package == PACKAGES[0]
+                                else "zinf.pytorch_lightning")
     pl.seed_everything(0)
     module = CausalLM(args.init, args.steps)
     blocks = group_texts(corpus(DataTrainingArguments()), 16)

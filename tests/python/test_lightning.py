@@ -3,8 +3,9 @@
 against Lightning's own DDP strategy on the same script: the same losses with gradient
 accumulation and clipping on 1 process and on 2, a checkpoint that load_from_checkpoint loads
 with the trained module's outputs, a resume through fit(ckpt_path=...) that continues as
-Lightning's own does, and the Trainer settings zinf cannot honour refused by name. Skips
-without lightning and transformers."""
+Lightning's own does, the same under the older pytorch_lightning package (zinf.pytorch_lightning),
+and the Trainer settings zinf cannot honour refused by name. Skips without lightning and
+transformers."""
 
 import os
 import shutil
@@ -25,6 +26,11 @@ try:
     WHY = None
 except Exception as e:  # ImportError, or an install that fails to import
     WHY = f"lightning or transformers does not import under {sys.executable}: {e}"
+try:
+    import pytorch_lightning  # noqa: F401
+    PYTORCH_LIGHTNING = None
+except Exception as e:
+    PYTORCH_LIGHTNING = f"pytorch_lightning does not import under {sys.executable}: {e}"
 
 
 @unittest.skipIf(WHY is not None, WHY)
@@ -78,6 +84,15 @@ class LightningTest(unittest.TestCase):
                 f"resume-{strategy}", strategy, 1,
                 ["--resume", os.path.join(self.dir, f"stop-{strategy}", "last")])
         self.check(results["zinf_stage_3_offload"], results["ddp"], "resumed")
+
+    @unittest.skipIf(PYTORCH_LIGHTNING is not None, PYTORCH_LIGHTNING)
+    def test_the_older_pytorch_lightning_package_gets_the_same_strategy(self):
+        # Its Trainer takes only its own package's Strategy classes: zinf.pytorch_lightning
+        # registers the names there.
+        args = ["--gas", "2", "--package", "pytorch_lightning"]
+        want = self.run_script("pl-ddp", "ddp", 1, args)
+        got = self.run_script("pl-zinf", "zinf_stage_3_offload", 1, args)
+        self.check(got, want, "zinf_stage_3_offload under pytorch_lightning")
 
     def test_settings_zinf_cannot_honour_are_refused_by_name(self):
         out = self.run_script("bf16", "zinf", 1, ["--precision", "bf16-mixed"], expect_ok=False)
