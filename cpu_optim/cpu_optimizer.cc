@@ -411,6 +411,20 @@ StatusOr<StepResult> CpuOptimizer::Step(int group, const OptimizerSpan& shard,
   return result;
 }
 
+Status CpuOptimizer::Accumulate(float* acc, const float* x, size_t count, bool overwrite) const {
+  if (count != 0 && (acc == nullptr || x == nullptr)) {
+    return InvalidArgument("Accumulate: a null array with count " + std::to_string(count));
+  }
+  const cpu_optim::KernelTable* k = impl_->kernels;
+  return impl_->parallel->For(count, [&](size_t begin, size_t end) {
+    if (overwrite) {
+      std::memcpy(acc + begin, x + begin, (end - begin) * sizeof(float));
+    } else {
+      k->accumulate(acc + begin, x + begin, end - begin);
+    }
+  });
+}
+
 StatusOr<GradStats> CpuOptimizer::ComputeGradStats(const void* grads, ElementType type,
                                                    size_t count) const {
   const int t = static_cast<int>(type);

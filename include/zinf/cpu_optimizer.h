@@ -219,6 +219,11 @@ class ZINF_EXPORT CpuOptimizer {
   // Synchronous: the arrays may be reused when it returns. InvalidArgument for a bad span.
   Status Update(int group, const OptimizerSpan& chunk, float grad_scale = 1.0f);
 
+  // acc[i] += x[i] for `count` elements, or with `overwrite` acc[i] = x[i], on the
+  // optimizer's threads: a gradient into its accumulator at the memory's pace. The same bits
+  // for any thread count. InvalidArgument for a null array with count > 0.
+  Status Accumulate(float* acc, const float* x, size_t count, bool overwrite = false) const;
+
   // Sum of squares and finiteness of `count` gradients of `type`. Deterministic: the same
   // value for any thread count (fixed chunking and summation order).
   StatusOr<GradStats> ComputeGradStats(const void* grads, ElementType type, size_t count) const;

@@ -266,13 +266,11 @@ Status OptimizerStep::Add(uint64_t flat_offset, const float* reduced, uint64_t s
   auto it = std::upper_bound(params.begin(), params.end(), flat_offset,
                              [](uint64_t b, const Param& p) { return b < p.flat_offset; });
   const int pi = static_cast<int>(std::prev(it) - params.begin());
-  float* acc = grad_acc_.as<float>() + flat_offset;
-  if (final_adds_[pi] == 0) {  // Note [First gradient copied]
-    std::memcpy(acc, reduced, size * 4);
-    placement_.store->transfer_counters().CountHostCopy(size * 4);
-  } else {
-    AccumulateFp32(acc, reduced, size);
-  }
+  // On the optimizer's threads: a large model's gradients are gigabytes a micro-batch.
+  const bool first = final_adds_[pi] == 0;  // Note [First gradient copied]
+  ZINF_RETURN_IF_ERROR(
+      optimizer_->Accumulate(grad_acc_.as<float>() + flat_offset, reduced, size, first));
+  if (first) placement_.store->transfer_counters().CountHostCopy(size * 4);
   GradientWritten(pi);
   return OkStatus();
 }

@@ -452,6 +452,30 @@ TEST(CpuOptimizerTest, GradStatsSumOfSquares) {
   EXPECT_EQ(empty->sum_squares, 0.0);
 }
 
+// Accumulate on the optimizer's threads gives AccumulateFp32's bits (and with overwrite the
+// values themselves), for any thread count, over a length that is no multiple of a chunk.
+TEST(CpuOptimizerTest, AccumulateAddsOrCopiesAsOneThreadWould) {
+  const size_t n = 3 * (size_t{1} << 14) + 77;
+  std::vector<float> x(n), start(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * 1e-3f;
+    start[i] = std::cos(0.11f * static_cast<float>(i));
+  }
+  std::vector<float> want = start;
+  AccumulateFp32(want.data(), x.data(), n);
+  for (int threads : {1, 2, 3}) {
+    auto opt = MakeOptimizer(CpuKernelIsa::kAuto, threads);
+    std::vector<float> acc = start;
+    ASSERT_TRUE(opt->Accumulate(acc.data(), x.data(), n).ok());
+    EXPECT_EQ(0, std::memcmp(acc.data(), want.data(), n * sizeof(float))) << threads;
+    ASSERT_TRUE(opt->Accumulate(acc.data(), x.data(), n, /*overwrite=*/true).ok());
+    EXPECT_EQ(acc, x) << threads;
+  }
+  auto opt = MakeOptimizer(CpuKernelIsa::kAuto, 2);
+  EXPECT_EQ(opt->Accumulate(nullptr, x.data(), n).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(opt->Accumulate(nullptr, nullptr, 0).ok());
+}
+
 TEST(CpuOptimizerTest, SaveAndRestoreContinueExactly) {
   const size_t n = 50001;
   auto a = MakeOptimizer(CpuKernelIsa::kAuto, 2);
