@@ -2,7 +2,8 @@
 // kernel ISA, for shards that fit in cache (1M params: the kernels' compute speed) and shards
 // that do not (32M: memory bandwidth). Bytes are what the step moves (fp32 AdamW: 28 per
 // param; +2 with a bf16 copy). The figures reported in RESULTS.md come from `zinf bench adam`,
-// which interleaves step and limit; these are for quick A/B of kernel changes.
+// which interleaves step and limit; these are for quick A/B of kernel changes. BM_Accumulate:
+// the gradient accumulation's pace on one thread and on the optimizer's threads.
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -115,8 +116,30 @@ void Args(benchmark::internal::Benchmark* b) {
       ->Unit(benchmark::kMillisecond);
 }
 
+// A reduced gradient added into its accumulator (OptimizerStep::Add): CpuOptimizer::Accumulate
+// on `threads` of the optimizer's threads, 12 bytes a param (read both, write one). Against
+// threads 1, what adding on the engine's thread alone gave.
+void BM_Accumulate(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  zinf::CpuOptimizerOptions options;
+  options.threads = static_cast<int>(state.range(1));
+  auto opt = std::move(zinf::CpuOptimizer::Create(options)).value();
+  Shard shard(n);
+  for (auto _ : state) {
+    (void)opt->Accumulate(shard.m.as<float>(), shard.g.as<float>(), n);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 12));
+}
+
 BENCHMARK(BM_AdamWStep)->Apply(Args);
 BENCHMARK(BM_Limit)->Apply(Args);
+BENCHMARK(BM_Accumulate)
+    ->Args({int64_t{64} << 20, 1})
+    ->Args({int64_t{64} << 20, 2})
+    ->ArgNames({"params", "threads"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
