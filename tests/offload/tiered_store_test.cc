@@ -305,45 +305,65 @@ TEST(TieredStoreTest, HostLinkFromTheEnvironment) {
   EXPECT_LE(up.GBps(), 0.5 / 0.9) << "the upload went over the modelled link";
 }
 
+// A store whose device tier is the host device behind a modelled link, without NVMe.
+struct LinkedStore {
+  ScratchDir dir;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<TieredStore> store;
+  Status Open() {
+    ZINF_ASSIGN_OR_RETURN(device, CreateHostDevice({.memory_budget_bytes = 8 * kMiB,
+                                                    .link_bytes_per_second = 4'000'000'000u}));
+    TieredStoreOptions options = Options(dir);
+    options.nvme_paths.clear();
+    ZINF_ASSIGN_OR_RETURN(store, TieredStore::Create(options, device.get()));
+    return OkStatus();
+  }
+};
+
+// Device work that writes `values` into device memory `at` a little later than enqueued (a
+// backward's gradient), on a stream of its own, recording `written` after the write: a reader
+// that does not wait for the event finds what was there before.
+struct LateWrite {
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<Event> written;
+  Status Start(Device& device, void* at, const std::vector<uint8_t>& values) {
+    ZINF_ASSIGN_OR_RETURN(stream, device.CreateStream());
+    ZINF_ASSIGN_OR_RETURN(written, device.CreateEvent());
+    ZINF_RETURN_IF_ERROR(stream->HostFunc([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      return OkStatus();
+    }));
+    ZINF_RETURN_IF_ERROR(stream->Copy(at, values.data(), values.size(), CopyKind::kHostToDevice));
+    return stream->Record(*written);
+  }
+};
+
 // A tensor that device work is still writing (a gradient backward has just enqueued) comes
 // down once that work's event says so: Prefetch's `after` orders the store's move after it,
 // and the caller never waits on the host.
 TEST(TieredStoreTest, PrefetchAfterAnEventMovesWhatTheDeviceWorkWrote) {
   constexpr uint64_t kSize = 1 * kMiB;
-  auto device =
-      CreateHostDevice({.memory_budget_bytes = 8 * kMiB, .link_bytes_per_second = 4'000'000'000u});
-  ASSERT_TRUE(device.ok()) << device.status();
-  ScratchDir dir;
-  TieredStoreOptions options = Options(dir);
-  options.nvme_paths.clear();
-  auto store = TieredStore::Create(options, device->get());
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto id = (*store)->Create("gradient", kSize, Tier::kDevice);
+  LinkedStore linked;
+  ASSERT_TRUE(linked.Open().ok());
+  Device* device = linked.device.get();
+  TieredStore* store = linked.store.get();
+  auto id = store->Create("gradient", kSize, Tier::kDevice);
   ASSERT_TRUE(id.ok()) << id.status();
-  auto at = (*store)->Acquire(*id, Tier::kDevice, Access::kOverwrite);
+  auto at = store->Acquire(*id, Tier::kDevice, Access::kOverwrite);
   ASSERT_TRUE(at.ok()) << at.status();
   std::vector<uint8_t> values(kSize);
   Fill(values.data(), kSize, 7, 1);
-  auto backward = (*device)->CreateStream();
-  auto written = (*device)->CreateEvent();
-  ASSERT_TRUE(backward.ok() && written.ok());
-  ASSERT_TRUE((*backward)
-                  ->HostFunc([] {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                    return OkStatus();
-                  })
-                  .ok());
-  ASSERT_TRUE((*backward)->Copy(*at, values.data(), kSize, CopyKind::kHostToDevice).ok());
-  ASSERT_TRUE((*backward)->Record(**written).ok());
-  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
-  std::shared_future<Status> landed = (*store)->Prefetch(*id, Tier::kHost, written->get());
+  LateWrite backward;
+  ASSERT_TRUE(backward.Start(*device, *at, values).ok());
+  ASSERT_TRUE(store->Release(*id, Tier::kDevice).ok());
+  std::shared_future<Status> landed = store->Prefetch(*id, Tier::kHost, backward.written.get());
   ASSERT_TRUE(landed.get().ok()) << landed.get();
-  auto host = (*store)->Acquire(*id, Tier::kHost, Access::kRead);
+  auto host = store->Acquire(*id, Tier::kHost, Access::kRead);
   ASSERT_TRUE(host.ok()) << host.status();
   EXPECT_EQ(Check(*host, kSize, 7, 1), -1) << "moved before the device work had written it";
-  ASSERT_TRUE((*store)->Release(*id, Tier::kHost).ok());
-  EXPECT_EQ((*store)->stats().device_to_host.bytes, kSize);
-  ASSERT_TRUE((*backward)->Synchronize().ok());
+  ASSERT_TRUE(store->Release(*id, Tier::kHost).ok());
+  EXPECT_EQ(store->stats().device_to_host.bytes, kSize);
+  ASSERT_TRUE(backward.stream->Synchronize().ok());
 }
 
 // CopyDownAsync: part of a device tensor, after device work's event, into the caller's host
@@ -351,45 +371,33 @@ TEST(TieredStoreTest, PrefetchAfterAnEventMovesWhatTheDeviceWorkWrote) {
 // and for bytes past the tensor's end.
 TEST(TieredStoreTest, CopyDownAsyncCopiesPartOfADeviceTensorAfterAnEvent) {
   constexpr uint64_t kSize = 1 * kMiB, kOffset = 4096, kBytes = 64 * kKiB;
-  auto device =
-      CreateHostDevice({.memory_budget_bytes = 8 * kMiB, .link_bytes_per_second = 4'000'000'000u});
-  ASSERT_TRUE(device.ok()) << device.status();
-  ScratchDir dir;
-  TieredStoreOptions options = Options(dir);
-  options.nvme_paths.clear();
-  auto store = TieredStore::Create(options, device->get());
-  ASSERT_TRUE(store.ok()) << store.status();
-  auto id = (*store)->Create("bucket", kSize, Tier::kDevice);
+  LinkedStore linked;
+  ASSERT_TRUE(linked.Open().ok());
+  Device* device = linked.device.get();
+  TieredStore* store = linked.store.get();
+  auto id = store->Create("bucket", kSize, Tier::kDevice);
   ASSERT_TRUE(id.ok()) << id.status();
   std::vector<uint8_t> out(kBytes);
-  EXPECT_EQ((*store)->CopyDownAsync(*id, 0, kBytes, out.data()).get().code(),
+  EXPECT_EQ(store->CopyDownAsync(*id, 0, kBytes, out.data()).get().code(),
             StatusCode::kFailedPrecondition)
       << "not acquired";
-  auto at = (*store)->Acquire(*id, Tier::kDevice, Access::kOverwrite);
+  auto at = store->Acquire(*id, Tier::kDevice, Access::kOverwrite);
   ASSERT_TRUE(at.ok()) << at.status();
-  EXPECT_EQ((*store)->CopyDownAsync(*id, kSize - 4, 8, out.data()).get().code(),
+  EXPECT_EQ(store->CopyDownAsync(*id, kSize - 4, 8, out.data()).get().code(),
             StatusCode::kInvalidArgument);
   std::vector<uint8_t> values(kSize);
   Fill(values.data(), kSize, 9, 1);
-  auto backward = (*device)->CreateStream();
-  auto written = (*device)->CreateEvent();
-  ASSERT_TRUE(backward.ok() && written.ok());
-  ASSERT_TRUE((*backward)
-                  ->HostFunc([] {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                    return OkStatus();
-                  })
-                  .ok());
-  ASSERT_TRUE((*backward)->Copy(*at, values.data(), kSize, CopyKind::kHostToDevice).ok());
-  ASSERT_TRUE((*backward)->Record(**written).ok());
-  const uint64_t before = (*store)->stats().device_to_host.bytes;
-  Status copied = (*store)->CopyDownAsync(*id, kOffset, kBytes, out.data(), written->get()).get();
+  LateWrite backward;
+  ASSERT_TRUE(backward.Start(*device, *at, values).ok());
+  const uint64_t before = store->stats().device_to_host.bytes;
+  Status copied =
+      store->CopyDownAsync(*id, kOffset, kBytes, out.data(), backward.written.get()).get();
   ASSERT_TRUE(copied.ok()) << copied;
   EXPECT_TRUE(std::equal(out.begin(), out.end(), values.begin() + kOffset))
       << "copied before the device work had written it, or the wrong bytes";
-  EXPECT_EQ((*store)->stats().device_to_host.bytes - before, kBytes);
-  ASSERT_TRUE((*store)->Release(*id, Tier::kDevice).ok());
-  ASSERT_TRUE((*backward)->Synchronize().ok());
+  EXPECT_EQ(store->stats().device_to_host.bytes - before, kBytes);
+  ASSERT_TRUE(store->Release(*id, Tier::kDevice).ok());
+  ASSERT_TRUE(backward.stream->Synchronize().ok());
 }
 
 TEST(TieredStoreTest, EvictionFollowsNextUseHintsThenLru) {

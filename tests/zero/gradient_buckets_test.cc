@@ -438,7 +438,12 @@ class LandingSink final : public GradientSink {
     }
     return OkStatus();
   }
-  const std::vector<float>& accumulators() const { return accumulators_; }
+  // What the accumulator of parameter `p` holds.
+  std::vector<float> Of(int p) const {
+    const uint64_t end =
+        p + 1 < static_cast<int>(offsets_.size()) ? offsets_[p + 1] : accumulators_.size();
+    return std::vector<float>(accumulators_.begin() + offsets_[p], accumulators_.begin() + end);
+  }
   const std::vector<uint64_t>& added() const { return added_; }
   const std::vector<std::pair<uint64_t, uint64_t>>& landed() const { return landed_; }
 
@@ -454,6 +459,19 @@ class LandingSink final : public GradientSink {
   std::vector<std::pair<uint64_t, uint64_t>> landed_;
 };
 
+// One rank (the local communicator) or two, seen from rank 1 (SameBucketWorld), for the
+// landing tests; what rank 1 is handed of parameter `p`'s gradient.
+struct Ranks {
+  explicit Ranks(int world) : world(world), local(std::move(CreateLocalCommunicator()).value()) {}
+  Communicator* comm() { return world == 1 ? local.get() : &two; }
+  std::vector<float> Reduced(int p, uint64_t shard) const {
+    return world == 1 ? FullGradient(p, shard, 1) : ReducedShard(p, shard, 1, 2.0f);
+  }
+  const int world;
+  std::unique_ptr<Communicator> local;
+  SameBucketWorld two{/*rank=*/1, /*world=*/2};
+};
+
 // Behind the link, gradients added in reverse flat order, as backward hands them over, lie
 // side by side in the bucket (each slice fills from its end) in the flat shard's order, so the
 // bucket (one rank) or its reduced slice (two) comes down in one copy straight into the sink's
@@ -467,13 +485,10 @@ TEST_P(GradientBucketsTest, ABucketInFlatOrderLandsInTheAccumulators) {
     for (bool backward_order : {true, false}) {
       SCOPED_TRACE(fmt::format("{} rank(s), {}", world,
                                backward_order ? "reverse flat order" : "flat order"));
-      auto local = CreateLocalCommunicator();
-      ASSERT_TRUE(local.ok()) << local.status();
-      SameBucketWorld two(/*rank=*/1, /*world=*/2);
-      Communicator* comm = world == 1 ? local->get() : &two;
+      Ranks ranks(world);
       LandingSink sink(shards);
-      auto buckets =
-          GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm, 18 * world, &sink);
+      auto buckets = GradientBuckets::Create(rig_.store.get(), rig_.device.get(), ranks.comm(),
+                                             18 * world, &sink);
       ASSERT_TRUE(buckets.ok()) << buckets.status();
       std::vector<Grad> grads = MakeGrads(shards, world);
       for (size_t i = 0; i < shards.size(); ++i) {
@@ -482,11 +497,7 @@ TEST_P(GradientBucketsTest, ABucketInFlatOrderLandsInTheAccumulators) {
       }
       ASSERT_TRUE((*buckets)->Finish().ok());
       for (size_t p = 0; p < shards.size(); ++p) {
-        const std::vector<float> got(sink.accumulators().begin() + offsets[p],
-                                     sink.accumulators().begin() + offsets[p] + shards[p]);
-        EXPECT_EQ(got,
-                  world == 1 ? FullGradient(p, shards[p], 1) : ReducedShard(p, shards[p], 1, 2.0f))
-            << p;
+        EXPECT_EQ(sink.Of(p), ranks.Reduced(p, shards[p])) << p;
       }
       if (backward_order) {
         EXPECT_TRUE(sink.added().empty());
@@ -510,13 +521,10 @@ TEST_P(GradientBucketsTest, ALaterMicroBatchOfTheSameParametersIsAddedNotLandedO
   const std::vector<uint64_t> offsets = FlatOffsets(shards);
   for (int world : {1, 2}) {
     SCOPED_TRACE(fmt::format("{} rank(s)", world));
-    auto local = CreateLocalCommunicator();
-    ASSERT_TRUE(local.ok()) << local.status();
-    SameBucketWorld two(/*rank=*/1, /*world=*/2);
-    Communicator* comm = world == 1 ? local->get() : &two;
+    Ranks ranks(world);
     LandingSink sink(shards);
-    auto buckets =
-        GradientBuckets::Create(rig_.store.get(), rig_.device.get(), comm, 18 * world, &sink);
+    auto buckets = GradientBuckets::Create(rig_.store.get(), rig_.device.get(), ranks.comm(),
+                                           18 * world, &sink);
     ASSERT_TRUE(buckets.ok()) << buckets.status();
     std::vector<std::vector<Grad>> micro_batches;  // alive while their copies may run
     for (int micro = 0; micro < 2; ++micro) {
@@ -528,12 +536,9 @@ TEST_P(GradientBucketsTest, ALaterMicroBatchOfTheSameParametersIsAddedNotLandedO
       if (micro == 1) ASSERT_TRUE((*buckets)->Finish().ok());
     }
     for (size_t p = 0; p < shards.size(); ++p) {
-      const std::vector<float> got(sink.accumulators().begin() + offsets[p],
-                                   sink.accumulators().begin() + offsets[p] + shards[p]);
-      std::vector<float> want =
-          world == 1 ? FullGradient(p, shards[p], 1) : ReducedShard(p, shards[p], 1, 2.0f);
+      std::vector<float> want = ranks.Reduced(p, shards[p]);
       for (float& v : want) v *= 2;
-      EXPECT_EQ(got, want) << p;
+      EXPECT_EQ(sink.Of(p), want) << p;
     }
     EXPECT_EQ(sink.landed().size(), 1u) << "the first micro-batch's bucket";
     EXPECT_EQ(sink.added().size(), shards.size()) << "the second's, added piece by piece";
