@@ -106,13 +106,13 @@ releases what it fetched.
 import collections
 import json
 import math
-import os
 import weakref
 
 import torch
 
 from zinf import _construction, _device_memory, _engine_inputs, _fetch_units, _heap, _zinf
 from zinf import _client_objects, _unreadable
+from zinf._shard_values import ShardValues, join_name
 from zinf._construction import GatheredParameters, Init  # noqa: F401
 
 __all__ = ["initialize", "ZeroEngine", "register_external_parameter", "Init",
@@ -205,7 +205,7 @@ class _Slot:
         self.placeholder = None
 
 
-class ZeroEngine:
+class ZeroEngine(ShardValues):
     """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
 
     def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None,
@@ -322,11 +322,11 @@ class ZeroEngine:
                 if not self._takes(p) or id(p) in self._slots:
                     continue
                 if not _takeable(p, self.device):
-                    raise ValueError(f"parameter '{_join(mname, pname)}' is {p.dtype} on "
+                    raise ValueError(f"parameter '{join_name(mname, pname)}' is {p.dtype} on "
                                      f"{p.device}; zinf.zero needs float32 CPU parameters, or "
                                      f"floating-point parameters on the CPU or on the GPU it "
                                      f"computes on ({self.device})")
-                own.append((_join(mname, pname), p))
+                own.append((join_name(mname, pname), p))
             if not own:
                 continue
             mid = self._engine.register_module(
@@ -454,65 +454,6 @@ class ZeroEngine:
                 self._engine.broadcast(host.data_ptr(), host.numel(), 0)
                 if host.data_ptr() != p.data_ptr():
                     p.data.copy_(host)
-
-    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
-        """state_dict() gives managed parameters' values on one rank and refuses on several,
-        where they are a collective away; never the placeholders."""
-        if self._consolidating:
-            return
-        for pname, p in module._parameters.items():
-            s = self._slots.get(id(p)) if p is not None else None
-            key = prefix + pname
-            if (s is None or key not in state_dict or self._fetched(s)
-                    or id(p) in self._gathered):
-                continue
-            if self._engine.world_size > 1:
-                raise RuntimeError(
-                    f"state_dict(): parameter '{s.name}' is sharded over "
-                    f"{self._engine.world_size} ranks by zinf; call "
-                    f"engine.consolidated_state_dict() on every rank (a collective), or "
-                    f"read it inside zinf.zero.GatheredParameters(params) on every rank")
-            state_dict[key] = self._full_value(s, device="cpu", dtype=torch.float32)
-
-    def _full_value(self, slot, device=None, dtype=None):
-        """A parameter's full value from the engine (a collective)."""
-        raw = self._engine.gather_parameter(slot.name)
-        value = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(slot.shape)
-        return value.to(device or self.device, dtype or self._compute_dtype)
-
-    # -- GatheredParameters -----------------------------------------------------------------
-
-    def _gather_for_block(self, params):
-        """Enters a GatheredParameters block (a collective): each parameter's data holds its
-        full value until the block ends."""
-        for p in params:
-            s = self._slots[id(p)]
-            entry = self._gathered.get(id(p))
-            if entry is not None:
-                entry[1] += 1
-                continue
-            value = self._full_value(s)
-            self._gathered[id(p)] = [value, 1]
-            if not self._fetched(s):  # else the fetched values stand, and _park restores these
-                self._show(s, value)
-
-    def _end_block(self, params, modifier_rank):
-        """Leaves a GatheredParameters block (a collective): with modifier_rank, that rank's
-        values become every rank's shards, as DeepSpeed's write-back."""
-        for p in params:
-            s = self._slots[id(p)]
-            entry = self._gathered[id(p)]
-            entry[1] -= 1
-            if entry[1] > 0:
-                continue
-            if modifier_rank is not None:
-                with torch.no_grad():
-                    values = p.detach().to("cpu", torch.float32).contiguous().clone()
-                self._engine.broadcast(values.data_ptr(), values.numel(), int(modifier_rank))
-                self._engine.set_parameter(s.name, values.data_ptr(), values.numel())
-            del self._gathered[id(p)]
-            if not self._fetched(s):
-                self._park(s)
 
     def _module_ids_of(self, sub):
         params = list(sub.parameters(recurse=self._unit_roots.get(id(sub)) is sub))
@@ -917,95 +858,6 @@ class ZeroEngine:
         """The mean of a number over all ranks (a collective), e.g. the global batch's loss."""
         return self._engine.mean_over_ranks(float(value))
 
-    def gather_parameters(self):
-        """{name: full fp32 tensor} of every managed parameter (a collective)."""
-        return {s.name: self._full_value(s, device="cpu", dtype=torch.float32)
-                for slots in self._module_slots for s in slots}
-
-    def gather_gradients(self):
-        """{name: full fp32 gradient} that the next step() would apply, before clipping: the
-        mean over ranks and micro-batches, loss scale removed (a collective; call it after the
-        batch's last backward)."""
-        out = {}
-        for slots in self._module_slots:
-            for s in slots:
-                raw = self._engine.gather_gradient(s.name)
-                out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
-        return out
-
-    def consolidated_state_dict(self, dtype=torch.float32, rank=None):
-        """The model's state_dict with every managed parameter's full value in `dtype` (a
-        collective: every rank calls it), e.g. to save for plain PyTorch or to evaluate
-        elsewhere. With `rank`, only that rank keeps the values, one parameter at a time, and
-        the others get None."""
-        keep = rank is None or rank == self._engine.rank
-        gathered = {}
-        for slots in self._module_slots:
-            for s in slots:
-                value = self._full_value(s, device="cpu", dtype=dtype)
-                if keep:
-                    gathered[s.name] = value
-        if not keep:
-            return None
-        self._consolidating = True
-        try:
-            state = self.module.state_dict(keep_vars=False)
-        finally:
-            self._consolidating = False
-        for name in list(state):
-            if name in gathered:
-                state[name] = gathered[name]
-        # Tied parameters appear under each name that refers to them.
-        for mname, sub in self.module.named_modules():
-            for pname, p in sub.named_parameters(recurse=False):
-                s = self._slots.get(id(p))
-                full = _join(mname, pname)
-                if s is not None and full in state:
-                    state[full] = gathered[s.name]
-        return state
-
-    def save_checkpoint(self, directory, tag, client_state=None):
-        """Saves what resuming needs (a collective): the engine's state, the module buffers
-        (rank 0's) and client_state, a JSON-able dict; for a transformers model also its
-        config, so that ``zinf ckpt export --hf`` writes what ``from_pretrained`` loads."""
-        self._push_buffers()
-        self._engine.set_checkpoint_metadata(json.dumps(_checkpoint_metadata(self.module)))
-        self._engine.save_checkpoint(os.fspath(directory), str(tag),
-                                     json.dumps(client_state or {}))
-
-    def load_checkpoint(self, directory):
-        """Restores the latest checkpoint in `directory` (a collective), module buffers
-        included; returns client_state."""
-        self._push_buffers()  # registers them, so the checkpoint must hold the same set
-        client = json.loads(self._engine.load_checkpoint(os.fspath(directory)))
-        self._backwards_since_step = 0  # the engine's reductions start again from none
-        for name, buf in self._buffers():
-            out = torch.empty(buf.shape, dtype=buf.dtype)  # on the host, where the engine reads
-            self._engine.get_buffer(name, out.data_ptr(), out.numel() * out.element_size())
-            with torch.no_grad():
-                buf.copy_(out)
-        return client
-
-    def _buffers(self):
-        """(name, tensor) of every persistent module buffer, as state_dict names them."""
-        for mname, sub in self.module.named_modules():
-            skip = getattr(sub, "_non_persistent_buffers_set", set())
-            for bname, buf in sub.named_buffers(recurse=False):
-                if buf is not None and bname not in skip:
-                    yield _join(mname, bname), buf
-
-    def _push_buffers(self):
-        for name, buf in self._buffers():
-            dtype = _SAFETENSORS_DTYPES.get(buf.dtype)
-            if dtype is None or buf.device not in (torch.device("cpu"), self.device):
-                known = ", ".join(sorted(map(str, _SAFETENSORS_DTYPES)))
-                raise ValueError(f"buffer '{name}' is {buf.dtype} on {buf.device}; zinf.zero "
-                                 f"checkpoints buffers of {known} on the CPU or the model's "
-                                 f"device ({self.device})")
-            data = buf.detach().to("cpu").contiguous()
-            self._engine.set_buffer(name, dtype, list(data.shape), data.data_ptr(),
-                                    data.numel() * data.element_size())
-
     def train(self, mode=True):
         self.module.train(mode)
         return self
@@ -1031,24 +883,6 @@ class _FetchingParameters(collections.OrderedDict):
         return param
 
 
-_SAFETENSORS_DTYPES = {
-    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-
-
-def _checkpoint_metadata(model):
-    """{"hf_config": config.json's object} for a transformers model (as save_pretrained writes
-    it, with the model's class as its architecture), {} for another."""
-    config = getattr(model, "config", None)
-    if not hasattr(model, "save_pretrained") or not hasattr(config, "to_json_string"):
-        return {}
-    hf_config = json.loads(config.to_json_string(use_diff=False))
-    hf_config["architectures"] = [type(model).__name__]
-    return {"hf_config": hf_config}
-
-
 def _tensors_in(output):
     """The tensors of a forward's output: in tuples, lists and dicts (ModelOutput)."""
     if isinstance(output, torch.Tensor):
@@ -1059,7 +893,3 @@ def _tensors_in(output):
     elif isinstance(output, dict):
         for v in output.values():
             yield from _tensors_in(v)
-
-
-def _join(prefix, name):
-    return f"{prefix}.{name}" if prefix else name
