@@ -500,8 +500,11 @@ TEST(MlpTest, BucketSizeDoesNotChangeTheResult) {
 // the accumulators where they hold nothing of the batch (Note [Gradient buckets]). That path
 // gives the same bits as the direct one, with accumulation too.
 TEST(MlpTest, TheModelledLinkChangesNoBit) {
-  for (const Case& c : {Case{1, 3, 2, 0.05}, Case{2, 3, 2, 0.05, {false, false, 100}},
-                        Case{4, 3, 3, 0, {false, false, 1000}}}) {
+  // One rank with buckets of 100 elements: several buckets a backward, each micro-batch's
+  // landing in the accumulators or added after the one before it.
+  for (const Case& c :
+       {Case{1, 3, 2, 0.05}, Case{1, 3, 3, 0.05, {false, false, 100}},
+        Case{2, 3, 2, 0.05, {false, false, 100}}, Case{4, 3, 3, 0, {false, false, 1000}}}) {
     SCOPED_TRACE(Describe(c));
     std::vector<std::string> finals;
     for (const char* link : {"", "20"}) {
