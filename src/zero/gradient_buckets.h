@@ -33,12 +33,12 @@
 // slice down into them (CopyDownAsync). The buckets are finished only at the step, so two
 // micro-batches' gradients of the same parameters may be in flight at once: a bucket is
 // offered no landing while the other still holds any of its parameters (the sink learns of
-// those only when that bucket completes, and they must come first). Where device memory is host memory the host may touch (the
-// host device without a modelled link), the packing is a memcpy and the sink reads the slice, or
-// with one rank the gradient, where it is: no copy beyond what the collective needs.
-// Elsewhere the packing copies run while backward goes on, and each gradient is freed once
-// its copy has run, found by asking its event, without waiting, at the next Add; Add waits
-// for the oldest only while more than a bucket's bytes of gradients are in flight.
+// those only when that bucket completes, and they must come first). Where device memory is host
+// memory the host may touch (the host device without a modelled link), the packing is a memcpy and
+// the sink reads the slice, or with one rank the gradient, where it is: no copy beyond what the
+// collective needs. Elsewhere the packing copies run while backward goes on, and each gradient is
+// freed once its copy has run, found by asking its event, without waiting, at the next Add; Add
+// waits for the oldest only while more than a bucket's bytes of gradients are in flight.
 //
 // Memory: two buckets of `bucket_elements` (grown to hold the largest parameter) in the
 // device tier, allocated when first used, with several ranks this rank's slice of each, and
