@@ -321,19 +321,17 @@ Status GradientBuckets::WaitLanded(Bucket& bucket) {
 
 Status GradientBuckets::Complete(Bucket& bucket) {
   if (bucket.pieces.empty()) return OkStatus();
-  if (world_ == 1) {
-    Status landed = WaitLanded(bucket);
-    if (landed.ok() && bucket.direct != nullptr) landed = Landed(bucket);  // there already
-    for (const Piece& piece : bucket.pieces) {
-      if (!landed.ok() || bucket.direct != nullptr) break;
-      landed = HandOver(piece.flat_offset, bucket.landing.as<float>() + piece.at, piece.size,
-                        piece.name);
-    }
-    bucket.pieces.clear();
-    bucket.used = 0;
-    bucket.direct = nullptr;
-    return landed;
-  }
+  Status done = world_ == 1 ? WaitLanded(bucket) : WaitReduced(bucket);
+  if (done.ok()) done = bucket.direct != nullptr ? Landed(bucket) : HandOverPieces(bucket);
+  DropReduced(bucket);
+  bucket.reduced = nullptr;
+  bucket.direct = nullptr;
+  bucket.pieces.clear();
+  bucket.used = 0;
+  return done;
+}
+
+Status GradientBuckets::WaitReduced(Bucket& bucket) {
   if (bucket.work != nullptr) {
     Status reduced = std::exchange(bucket.work, nullptr)->Wait();
     if (!reduced.ok()) {
@@ -346,41 +344,37 @@ Status GradientBuckets::Complete(Bucket& bucket) {
       return std::move(reduced).WithContext(what);
     }
   }
-  if (bucket.direct != nullptr) {  // into the accumulators: by the collective, or copied down
-    Status landed;
-    if (!host_addressable_) {
-      store_->transfer_counters().CountWait();  // Note [Transfer counters]: the store's future
-      landed = store_->CopyDownAsync(bucket.received, 0, bucket.used * sizeof(float), bucket.direct)
-                   .get();
-    }
-    if (landed.ok()) landed = Landed(bucket);
-    DropReduced(bucket);
-    bucket.reduced = nullptr;
-    bucket.direct = nullptr;
-    bucket.pieces.clear();
-    bucket.used = 0;
-    return landed;
-  }
-  // Each piece's reduced slice sits where its part of the send slice did, less the tail.
-  const float* reduced = bucket.reduced - (bucket.capacity - bucket.used);
+  if (bucket.direct == nullptr || host_addressable_) return OkStatus();
+  // Into the accumulators: the store copies the reduced slice down (the collective wrote them
+  // itself where the host addresses device memory).
+  store_->transfer_counters().CountWait();  // Note [Transfer counters]: the store's future
+  return store_->CopyDownAsync(bucket.received, 0, bucket.used * sizeof(float), bucket.direct)
+      .get();
+}
+
+Status GradientBuckets::HandOverPieces(Bucket& bucket) {
+  // Each piece sits where its part of the (rank's slice of the) bucket did: with one rank in
+  // the landing array, with several in the reduced slice, less the unfilled head.
+  const float* from = nullptr;
   Tier pinned = Tier::kDevice;
-  if (!host_addressable_) {  // only this rank's slice crosses the link, moved by the store
+  if (world_ == 1) {
+    from = bucket.landing.as<float>();
+  } else if (host_addressable_) {
+    from = bucket.reduced - (bucket.capacity - bucket.used);
+  } else {  // only this rank's slice crosses the link, moved by the store
     ZINF_RETURN_IF_ERROR(store_->Release(bucket.received, Tier::kDevice));
     bucket.reduced = nullptr;
     ZINF_ASSIGN_OR_RETURN(void* landed,
                           store_->Acquire(bucket.received, Tier::kHost, Access::kRead));
-    reduced = static_cast<const float*>(landed) - (bucket.capacity - bucket.used);
+    from = static_cast<const float*>(landed) - (bucket.capacity - bucket.used);
     pinned = Tier::kHost;
   }
   Status sunk;
   for (const Piece& piece : bucket.pieces) {
-    sunk = HandOver(piece.flat_offset, reduced + piece.at, piece.size, piece.name);
+    sunk = HandOver(piece.flat_offset, from + piece.at, piece.size, piece.name);
     if (!sunk.ok()) break;
   }
   if (pinned == Tier::kHost) store_->Release(bucket.received, Tier::kHost).IgnoreError();
-  DropReduced(bucket);
-  bucket.pieces.clear();
-  bucket.used = 0;
   return sunk;
 }
 

@@ -182,8 +182,14 @@ class GradientBuckets {
   // Releases and frees a gradient the buckets own.
   void Free(TensorId tensor);
   Status Start(Bucket& bucket);
-  // Waits for the bucket's reduction and hands it to the sink; leaves it empty.
+  // Waits for the bucket's reduction (one rank: its copy down) and hands it to the sink, or
+  // tells the sink it landed; leaves it empty, whatever failed.
   Status Complete(Bucket& bucket);
+  // Several ranks: waits for the bucket's reduction, and where it lands in the accumulators
+  // on a device the host cannot address, for the store's copy of it into them.
+  Status WaitReduced(Bucket& bucket);
+  // Hands each piece of a completed bucket that did not land to the sink.
+  Status HandOverPieces(Bucket& bucket);
   // Releases and frees the bucket's reduced slice.
   void DropReduced(Bucket& bucket);
   Status Reserve(Bucket& bucket, uint64_t capacity);
