@@ -609,6 +609,10 @@ typedef struct zinf_param_spec_t {
   /* Added after the first version: the optimizer parameter group the parameter steps in; 0
    * (default) is the config's "optimizer", others come from zinf_engine_add_param_group. */
   int32_t optimizer_group;
+  /* Added after optimizer_group: 0 for a frozen parameter, sharded and fetched as the others
+   * but with no master, gradient or optimizer state (zinf_engine_gradients gives it a NULL
+   * buffer); default 1. */
+  int32_t trainable;
 } zinf_param_spec_t;
 
 ZINF_EXPORT void zinf_param_spec_init(zinf_param_spec_t* spec);
@@ -692,7 +696,8 @@ ZINF_EXPORT zinf_code_t zinf_engine_fetch(zinf_engine_t* engine, int module, zin
                                           size_t capacity, size_t* count, char** errptr);
 ZINF_EXPORT zinf_code_t zinf_engine_release(zinf_engine_t* engine, int module, char** errptr);
 /* Zeroed full-size gradient buffers of a fetched module, to be written by backward (fp32 host
- * memory, of the loss times the loss scale), valid until reduce_gradients. */
+ * memory, of the loss times the loss scale), valid until reduce_gradients. A frozen
+ * parameter's (zinf_param_spec_t.trainable 0) has data NULL. */
 ZINF_EXPORT zinf_code_t zinf_engine_gradients(zinf_engine_t* engine, int module,
                                               zinf_tensor_t* grads, size_t capacity, size_t* count,
                                               char** errptr);

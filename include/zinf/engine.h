@@ -321,6 +321,12 @@ struct ParamSpec {
   // The optimizer parameter group it steps in: 0, the config's "optimizer", or a group that
   // Engine::AddParamGroup returned.
   int optimizer_group = 0;
+  // false: a frozen parameter (a LoRA base, a reference model): sharded and placed as the
+  // others, gathered by Fetch, but with no fp32 master, gradient or optimizer state. Its
+  // values live only in the parameter tier, in the compute precision; Gradients hands out no
+  // buffer for it (nullptr) and Step never changes it (Note [Frozen parameters] in
+  // src/zero/partition.h).
+  bool trainable = true;
 };
 
 // One gathered parameter in the engine's compute device memory (EngineOptions::device).

@@ -96,6 +96,7 @@ StatusOr<ParamSpec> ToParamSpec(const zinf_param_spec_t* in, size_t index, uint6
   spec.init = static_cast<ParamInit>(c.init);
   spec.init_std = c.init_std;
   spec.optimizer_group = c.optimizer_group;
+  spec.trainable = c.trainable != 0;
   // Non-positive dimensions are the engine's to refuse, with its message; only the product's
   // overflow is ours.
   uint64_t n = 1;
@@ -165,6 +166,7 @@ void zinf_param_spec_init(zinf_param_spec_t* spec) {
   spec->struct_size = sizeof(*spec);
   spec->init = static_cast<int32_t>(d.init);
   spec->init_std = d.init_std;
+  spec->trainable = d.trainable ? 1 : 0;
 }
 
 void zinf_trainer_values_init(zinf_trainer_values_t* values) {

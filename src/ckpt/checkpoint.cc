@@ -111,9 +111,10 @@ Status ValidateManifest(const Manifest& m) {
         fmt::format("world_size must be in [1, {}], got {}", kMaxWorldSize, m.world_size));
   }
   if (m.step < 0) return InvalidArgument(fmt::format("step must be >= 0, got {}", m.step));
-  if (m.shard_elements > kMaxShardElements) {
+  if (m.shard_elements > kMaxShardElements || m.frozen_elements > kMaxShardElements) {
     return InvalidArgument(
-        fmt::format("shard_elements must be at most 2^60, got {}", m.shard_elements));
+        fmt::format("shard_elements and frozen_elements must be at most 2^60 each, got {} and {}",
+                    m.shard_elements, m.frozen_elements));
   }
   if (m.params.empty()) return InvalidArgument("the parameter list is empty");
   const uint64_t world = static_cast<uint64_t>(m.world_size);
@@ -146,9 +147,14 @@ Status ValidateManifest(const Manifest& m) {
       return bad(fmt::format("shard_size is {}, expected {} (numel {} over {} ranks)", p.shard_size,
                              shard, p.numel, world));
     }
-    if (p.flat_offset > m.shard_elements || p.shard_size > m.shard_elements - p.flat_offset) {
-      return bad(fmt::format("elements [{}, {} + {}) lie outside the {} of a rank's shard",
-                             p.flat_offset, p.flat_offset, p.shard_size, m.shard_elements));
+    // A trainable parameter's elements lie in the state sections too; a frozen one's past
+    // them, in "params" alone.
+    const uint64_t begin = p.frozen ? m.shard_elements : 0;
+    const uint64_t end = p.frozen ? m.params_elements() : m.shard_elements;
+    if (p.flat_offset < begin || p.flat_offset > end || p.shard_size > end - p.flat_offset) {
+      return bad(fmt::format("elements [{}, {} + {}) lie outside [{}, {}), a rank's {}",
+                             p.flat_offset, p.flat_offset, p.shard_size, begin, end,
+                             p.frozen ? "frozen elements" : "shard"));
     }
     if (p.shard_size > 0) ranges.push_back({{p.flat_offset, p.shard_size}, i});
   }

@@ -29,7 +29,10 @@
 // model that resuming does not need and `zinf ckpt export --hf` reads (Engine::
 // SetCheckpointMetadata): "hf_config", the Hugging Face config of a transformers model
 // (zinf.zero writes it), "zinf_gpt", the GPT example's model config; a checkpoint with no
-// metadata is written as version 3 (or 2).
+// metadata is written as version 3 (or 2). Version 5 adds frozen parameters ("frozen": true
+// in their entry, Note [Frozen parameters] in src/zero/partition.h), which have values but no
+// optimizer state: "frozen_elements" per rank of them follow the shard_elements in the
+// "params" section alone; a checkpoint without them is written as version 4 (or older).
 //
 // A shard file is its sections back to back, each starting at a multiple of 4096, then a
 // JSON trailer that lists them (name, offset, bytes, crc32c) with the tag and rank, then the
@@ -58,6 +61,7 @@ struct ManifestParam {
   uint64_t numel = 0;
   uint64_t shard_size = 0;
   uint64_t flat_offset = 0;
+  bool frozen = false;  // values only: its elements lie past shard_elements
 };
 
 // A module buffer: `dtype` is its safetensors name (F32, F64, F16, BF16, I64, I32, I16, I8,
@@ -77,6 +81,10 @@ struct Manifest {
   int world_size = 0;
   int64_t step = 0;
   uint64_t shard_elements = 0;  // elements per rank in each state section
+  // Elements per rank of the frozen parameters, after shard_elements in "params" alone.
+  uint64_t frozen_elements = 0;
+  // Elements per rank in the "params" section.
+  uint64_t params_elements() const { return shard_elements + frozen_elements; }
   std::vector<ManifestParam> params;
   std::string engine_state = "{}";      // JSON: the engine's scalars (loss scaler...)
   std::string client_state = "{}";      // JSON: the trainer's (data position...)
@@ -94,7 +102,8 @@ Status CheckTag(std::string_view tag);
 // Checks a manifest on its own: a valid tag, world_size in [1, 2^24], step >= 0, a
 // non-empty list of uniquely named parameters whose shapes are non-negative and give numel,
 // whose shard_size is numel / world_size rounded up and whose shards lie within
-// shard_elements without overlapping (all arithmetic checked for overflow), and
+// shard_elements (a frozen one's past it, within params_elements()) without overlapping (all
+// arithmetic checked for overflow), and
 // engine_state, client_state and metadata JSON objects (engine_state with the scalars the
 // engine reads), and buffers uniquely named apart from the parameters, of a known dtype, whose
 // bytes match their shape. InvalidArgument naming the parameter, the field, its value and what was

@@ -15,9 +15,11 @@ namespace zinf::ckpt::internal {
 
 inline constexpr char kMagic[8] = {'Z', 'I', 'N', 'F', 'S', 'H', 'D', '1'};
 inline constexpr int kShardFormatVersion = 1;
-// 2 added the manifest's checksum, 3 its buffers, 4 its metadata; 1 is still read (see
-// checkpoint.h). A manifest is written as the oldest version that holds what it carries.
-inline constexpr int kManifestVersion = 4;
+// 2 added the manifest's checksum, 3 its buffers, 4 its metadata, 5 frozen parameters; 1 is
+// still read (see checkpoint.h). A manifest is written as the oldest version that holds what
+// it carries.
+inline constexpr int kManifestVersion = 5;
+inline constexpr int kManifestVersionWithoutFrozen = 4;
 inline constexpr int kManifestVersionWithoutMetadata = 3;
 inline constexpr int kManifestVersionWithoutBuffers = 2;
 inline constexpr int kOldestManifestVersion = 1;

@@ -118,6 +118,11 @@ class Fields {
     if (!v->is_string()) return Wrong(key, *v, "a string");
     return v->get<std::string>();
   }
+  StatusOr<bool> Bool(const char* key) const {
+    ZINF_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
+    if (!v->is_boolean()) return Wrong(key, *v, "true or false");
+    return v->get<bool>();
+  }
   StatusOr<std::vector<int64_t>> Ints(const char* key) const {
     ZINF_ASSIGN_OR_RETURN(const nlohmann::json* v, Get(key));
     std::vector<int64_t> out;
@@ -154,8 +159,8 @@ class Fields {
 StatusOr<Manifest> ManifestFromJson(const nlohmann::json& j) {
   const Fields f(j, "");
   ZINF_RETURN_IF_ERROR(
-      f.Only({"format", "format_version", "tag", "world_size", "step", "shard_elements", "params",
-              "engine_state", "client_state", "buffers", "metadata"}));
+      f.Only({"format", "format_version", "tag", "world_size", "step", "shard_elements",
+              "frozen_elements", "params", "engine_state", "client_state", "buffers", "metadata"}));
   Manifest m;
   ZINF_ASSIGN_OR_RETURN(m.tag, f.String("tag"));
   ZINF_ASSIGN_OR_RETURN(const int64_t world, f.Int("world_size"));
@@ -166,6 +171,9 @@ StatusOr<Manifest> ManifestFromJson(const nlohmann::json& j) {
   m.world_size = static_cast<int>(world);
   ZINF_ASSIGN_OR_RETURN(m.step, f.Int("step"));
   ZINF_ASSIGN_OR_RETURN(m.shard_elements, f.Unsigned("shard_elements"));
+  if (j.contains("frozen_elements")) {
+    ZINF_ASSIGN_OR_RETURN(m.frozen_elements, f.Unsigned("frozen_elements"));
+  }
   ZINF_ASSIGN_OR_RETURN(const nlohmann::json* params, f.Get("params"));
   if (!params->is_array()) {
     return InvalidArgument(fmt::format("params must be a list, got {}", DescribeJson(*params)));
@@ -177,13 +185,17 @@ StatusOr<Manifest> ManifestFromJson(const nlohmann::json& j) {
       return InvalidArgument(fmt::format("{} must be an object, got {}", where, DescribeJson(p)));
     }
     const Fields pf(p, where + ".");
-    ZINF_RETURN_IF_ERROR(pf.Only({"name", "shape", "numel", "shard_size", "flat_offset"}));
+    ZINF_RETURN_IF_ERROR(
+        pf.Only({"name", "shape", "numel", "shard_size", "flat_offset", "frozen"}));
     ManifestParam mp;
     ZINF_ASSIGN_OR_RETURN(mp.name, pf.String("name"));
     ZINF_ASSIGN_OR_RETURN(mp.shape, pf.Ints("shape"));
     ZINF_ASSIGN_OR_RETURN(mp.numel, pf.Unsigned("numel"));
     ZINF_ASSIGN_OR_RETURN(mp.shard_size, pf.Unsigned("shard_size"));
     ZINF_ASSIGN_OR_RETURN(mp.flat_offset, pf.Unsigned("flat_offset"));
+    if (p.contains("frozen")) {
+      ZINF_ASSIGN_OR_RETURN(mp.frozen, pf.Bool("frozen"));
+    }
     m.params.push_back(std::move(mp));
   }
   if (auto it = j.find("buffers"); it != j.end()) {

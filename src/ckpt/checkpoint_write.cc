@@ -179,14 +179,16 @@ StatusOr<std::string> SerializeManifest(const Manifest& m) {
                       {"numel", p.numel},
                       {"shard_size", p.shard_size},
                       {"flat_offset", p.flat_offset}});
+    if (p.frozen) params.back()["frozen"] = true;
   }
   ZINF_ASSIGN_OR_RETURN(nlohmann::json engine_state, ParseObject(m.engine_state, "engine_state"));
   ZINF_ASSIGN_OR_RETURN(nlohmann::json client_state, ParseObject(m.client_state, "client_state"));
   ZINF_ASSIGN_OR_RETURN(nlohmann::json metadata, ParseObject(m.metadata, "metadata"));
   nlohmann::json json = {{"format", "zinf-checkpoint"},
-                         {"format_version", !metadata.empty()    ? kManifestVersion
-                                            : !m.buffers.empty() ? kManifestVersionWithoutMetadata
-                                                                 : kManifestVersionWithoutBuffers},
+                         {"format_version", m.frozen_elements > 0 ? kManifestVersion
+                                            : !metadata.empty()   ? kManifestVersionWithoutFrozen
+                                            : !m.buffers.empty()  ? kManifestVersionWithoutMetadata
+                                                                  : kManifestVersionWithoutBuffers},
                          {"tag", m.tag},
                          {"world_size", m.world_size},
                          {"step", m.step},
@@ -194,6 +196,7 @@ StatusOr<std::string> SerializeManifest(const Manifest& m) {
                          {"params", std::move(params)},
                          {"engine_state", std::move(engine_state)},
                          {"client_state", std::move(client_state)}};
+  if (m.frozen_elements > 0) json["frozen_elements"] = m.frozen_elements;
   if (!m.buffers.empty()) {
     nlohmann::json buffers = nlohmann::json::array();
     for (const ManifestBuffer& b : m.buffers) {

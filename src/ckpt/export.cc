@@ -34,7 +34,7 @@ StatusOr<ConsolidatedCheckpoint> ConsolidatedCheckpoint::Open(const std::string&
   const Manifest& manifest = c.manifest_;
   // ReadManifest has checked the manifest on its own; what follows checks it against the
   // shard files before anything is allocated or written.
-  const uint64_t section_bytes = manifest.shard_elements * 4;  // < 2^62: no overflow
+  const uint64_t section_bytes = manifest.params_elements() * 4;  // < 2^63: no overflow
   for (int r = 0; r < manifest.world_size; ++r) {
     ZINF_ASSIGN_OR_RETURN(ShardReader reader,
                           ShardReader::Open(dir + "/" + ShardFileName(r), manifest.tag, r));

@@ -64,7 +64,8 @@ constexpr uint64_t kMaxElements = uint64_t{1} << 50;
 Status Engine::Impl::CheckRanksAgree() {
   nlohmann::json model = nlohmann::json::array();
   for (const Param& p : params) {
-    model.push_back({p.spec.name, p.spec.shape, p.module, p.spec.optimizer_group});
+    model.push_back(
+        {p.spec.name, p.spec.shape, p.module, p.spec.optimizer_group, p.spec.trainable});
   }
   const nlohmann::json cfg = {config.zero_stage,
                               OffloadDeviceName(config.offload_param_device),
@@ -99,8 +100,10 @@ Status Engine::Impl::CheckRanksAgree() {
           r));
     }
     if (all[2 * r] != all[0]) {
-      return FailedPrecondition(
-          fmt::format("rank {} registered different modules or parameter shapes than rank 0", r));
+      return FailedPrecondition(fmt::format(
+          "rank {} registered different modules, parameter shapes or trainable parameters than "
+          "rank 0",
+          r));
     }
   }
   return OkStatus();
@@ -130,6 +133,24 @@ Status Engine::Impl::FillInitial(uint64_t begin, uint64_t count, float* out) con
                    [this](const Param& p, uint64_t first, uint64_t n, float* values) {
                      return initial_values(p.spec.name, first, n, values);
                    });
+}
+
+Status Engine::Impl::WriteFrozenInitial() {
+  std::vector<float> values;
+  Status written;
+  for (const Param& p : params) {
+    if (p.trainable()) continue;
+    values.resize(p.shard_size);
+    written = FillInitial(p.flat_offset, p.shard_size, values.data());
+    if (written.ok()) written = param_tier->WriteFp32(p, values.data());
+    if (!written.ok()) break;
+  }
+  Status finished = param_tier->FinishWrites();
+  return written.ok() ? finished : written;
+}
+
+Status Engine::Impl::ReadValues(const Param& p, float* out) {
+  return p.trainable() ? optimizer_step->ReadMaster(p, out) : param_tier->ReadFp32(p, out);
 }
 
 Status Engine::Impl::AgreeAll(Status mine, const std::string& what) {
@@ -293,6 +314,12 @@ Status Engine::Initialize(const InitialValues& initial_values) {
     ~Forget() { m.initial_values = nullptr; }
   } forget{m};
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckRanksAgree(), "checking that ranks agree"));
+  // Note [Frozen parameters]: the parameters in flat order, the modules' indices following.
+  const std::vector<int> moved = OrderTrainableFirst(m.params);
+  for (Module& module : m.modules) {
+    for (int& pi : module.params) pi = moved[pi];
+  }
+  for (auto& [name, pi] : m.param_by_name) pi = moved[pi];
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,
                                m.config.stage3_param_persistence_threshold);
   ZINF_RETURN_IF_ERROR(m.Context(m.CheckHostMemory(), "sizing host memory"));
@@ -315,6 +342,7 @@ Status Engine::Initialize(const InitialValues& initial_values) {
                                               [&m](uint64_t begin, uint64_t count, float* out) {
                                                 return m.FillInitial(begin, count, out);
                                               }));
+  ZINF_RETURN_IF_ERROR(m.Context(m.WriteFrozenInitial(), "writing the frozen parameters"));
   ZINF_ASSIGN_OR_RETURN(m.buckets,
                         GradientBuckets::Create(m.store.get(), m.compute.get(), m.DeviceComm(),
                                                 m.BucketElements(), m.optimizer_step.get()));
@@ -360,6 +388,10 @@ StatusOr<std::vector<float*>> Engine::Gradients(int id, GradientWrite write) {
   std::vector<float*> out;
   for (int pi : module->params) {
     const Param& p = m.params[pi];
+    if (!p.trainable()) {  // Note [Frozen parameters]: nothing to write
+      out.push_back(nullptr);
+      continue;
+    }
     GradBuffer& g = m.grads[pi];
     float* accumulator = m.optimizer_step->Accumulator(p);
     if (g.data == nullptr && m.world() == 1 && module->reductions == 0 && accumulator != nullptr &&
@@ -415,7 +447,7 @@ Status Engine::ReduceGradients(int id, Event* ready) {
     ZINF_RETURN_IF_ERROR(m.optimizer_step->BeginLastMicroBatch(m.MeanScale()));
   }
   for (int pi : module->params) {
-    if (m.grads[pi].data == nullptr) {
+    if (m.params[pi].trainable() && m.grads[pi].data == nullptr) {
       return FailedPrecondition(fmt::format(
           "ReduceGradients of module '{}': Gradients() was not called for it", module->name));
     }
@@ -426,6 +458,7 @@ Status Engine::ReduceGradients(int id, Event* ready) {
   for (auto it = module->params.rbegin(); it != module->params.rend(); ++it) {
     const int pi = *it;
     const Param& p = m.params[pi];
+    if (!p.trainable()) continue;
     const GradBuffer& g = m.grads[pi];
     if (g.tensor != 0) {  // the buckets own the buffer from here, and free it
       const GradBuffer handed = std::exchange(m.grads[pi], GradBuffer());
@@ -451,7 +484,7 @@ Status Engine::GatherParameter(const std::string& name, std::vector<float>* out)
   ZINF_ASSIGN_OR_RETURN(const Param* found, m.FindParam(name));
   const Param& p = *found;
   std::vector<float> local(p.shard_size), full(p.shard_size * m.world());
-  Status read = m.optimizer_step->ReadMaster(p, local.data());
+  Status read = m.ReadValues(p, local.data());
   // Every rank joins the gather, so that one rank's failure cannot leave the others waiting.
   Status gathered = m.comm->AllGather(local.data(), full.data(), p.shard_size, ElementType::kFp32);
   ZINF_RETURN_IF_ERROR(m.Context(read, fmt::format("reading parameter '{}'", name)));
@@ -493,8 +526,10 @@ Status Engine::SetParameter(const std::string& name, const float* values, uint64
   for (uint64_t i = 0; i < p.shard_size; ++i) {
     shard[i] = begin + i < p.numel ? values[begin + i] : 0.0f;
   }
-  ZINF_RETURN_IF_ERROR(m.Context(m.optimizer_step->WriteMaster(p, shard.data()),
-                                 fmt::format("storing parameter '{}'", name)));
+  if (p.trainable()) {
+    ZINF_RETURN_IF_ERROR(m.Context(m.optimizer_step->WriteMaster(p, shard.data()),
+                                   fmt::format("storing parameter '{}'", name)));
+  }
   // The parameter tier; a gathered copy is dropped and the next Fetch gathers the new value.
   Status written = m.param_tier->WriteFp32(p, shard.data());
   if (written.ok()) written = m.param_tier->FinishWrites();
@@ -506,6 +541,12 @@ Status Engine::GatherGradient(const std::string& name, std::vector<float>* out) 
   if (!m.initialized) return FailedPrecondition("GatherGradient before Initialize");
   ZINF_ASSIGN_OR_RETURN(const Param* found, m.FindParam(name));
   const Param& p = *found;
+  if (!p.trainable()) {
+    return InvalidArgument(fmt::format(
+        "GatherGradient('{}'): the parameter is frozen (ParamSpec::trainable false) and has no "
+        "gradient",
+        name));
+  }
   ZINF_RETURN_IF_ERROR(m.optimizer_step->BeforeGradients());
   ZINF_RETURN_IF_ERROR(m.FinishReductions());
   std::vector<float> full(p.shard_size * m.world());

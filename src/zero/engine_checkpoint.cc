@@ -66,8 +66,8 @@ StatusOr<SavedScalars> ParseScalarState(const std::string& text, const std::stri
   return s;
 }
 
-// The sections of a rank's file that hold the flat shard: the fp32 master, then the
-// optimizer's state arrays.
+// The sections of a rank's file that hold the flat shard: the fp32 master (then the frozen
+// parameters' values, Note [Frozen parameters]), then the optimizer's state arrays.
 constexpr const char* kSections[] = {"params", "state0", "state1"};
 
 // Where a checkpoint's parameters are among this model's: manifest.params[index[i]] is
@@ -122,10 +122,11 @@ class SavedShards {
       const int r = reshard ? static_cast<int>(k) : rank;
       for (int i = 0; i < sections; ++i) {
         ZINF_ASSIGN_OR_RETURN(const uint64_t bytes, shards.readers_[k].SectionBytes(kSections[i]));
-        if (bytes != manifest.shard_elements * 4) {
+        const uint64_t expected =
+            (i == 0 ? manifest.params_elements() : manifest.shard_elements) * 4;
+        if (bytes != expected) {
           return DataLoss(fmt::format("{}/{}: section '{}' has {} bytes, expected {}", dir,
-                                      ckpt::ShardFileName(r), kSections[i], bytes,
-                                      manifest.shard_elements * 4));
+                                      ckpt::ShardFileName(r), kSections[i], bytes, expected));
         }
       }
     }
@@ -197,8 +198,9 @@ struct Engine::Impl::Checkpoints {
   static nlohmann::json ScalarState(const Impl& m);
   static ckpt::Manifest MakeManifest(const Impl& m, const std::string& tag,
                                      const std::string& client_state);
-  // This rank's file: "params" (the fp32 master shard), "state0"/"state1" (the optimizer
-  // state arrays) and "optimizer" (hyper-parameters and step counts).
+  // This rank's file: "params" (the fp32 master shard, then the frozen parameters' values),
+  // "state0"/"state1" (the optimizer state arrays) and "optimizer" (hyper-parameters and step
+  // counts).
   static Status WriteShardFile(const Impl& m, const std::string& tag_dir, const std::string& tag);
 
   // Checks the checkpoint against this engine and verifies every section of this rank's file;
@@ -219,8 +221,8 @@ struct Engine::Impl::Checkpoints {
   static Status LoadSafetensorsFile(Impl& m, const std::string& path);
 
   // Writes the parameter tier from fp32 shard values after a load: from the master where it
-  // is in host memory (which the load has replaced), else from `read` (elements of the flat
-  // shard, the load's source).
+  // is in host memory (which the load has replaced), else (and for the frozen parameters)
+  // from `read` (elements of the flat shard, the load's source).
   static Status WriteParamTier(Impl& m, const ShardFill& read);
 };
 
@@ -241,8 +243,10 @@ ckpt::Manifest Engine::Impl::Checkpoints::MakeManifest(const Impl& m, const std:
   manifest.world_size = m.world();
   manifest.step = m.optimizer_step->steps();
   manifest.shard_elements = m.shard_elements;
+  manifest.frozen_elements = FlatEnd(m.params) - m.shard_elements;
   for (const Param& p : m.params) {
-    manifest.params.push_back({p.spec.name, p.spec.shape, p.numel, p.shard_size, p.flat_offset});
+    manifest.params.push_back(
+        {p.spec.name, p.spec.shape, p.numel, p.shard_size, p.flat_offset, !p.trainable()});
   }
   manifest.engine_state = ScalarState(m).dump();
   manifest.client_state = client_state;
@@ -260,7 +264,9 @@ Status Engine::Impl::Checkpoints::WriteShardFile(const Impl& m, const std::strin
       ckpt::ShardWriter::Create(tag_dir + "/" + ckpt::ShardFileName(m.rank()), tag, m.rank()));
   const uint64_t bytes = m.shard_elements * 4;
   const int sections = 1 + m.optimizer_step->state_count();
-  for (int i = 0; i < sections; ++i) ZINF_RETURN_IF_ERROR(w.Add(kSections[i], bytes));
+  for (int i = 0; i < sections; ++i) {
+    ZINF_RETURN_IF_ERROR(w.Add(kSections[i], i == 0 ? FlatEnd(m.params) * 4 : bytes));
+  }
   ZINF_RETURN_IF_ERROR(m.optimizer_step->VisitArrays(
       [&](const ShardArrays& stretch) -> Status {
         for (int i = 0; i < sections; ++i) {
@@ -269,6 +275,13 @@ Status Engine::Impl::Checkpoints::WriteShardFile(const Impl& m, const std::strin
         return OkStatus();
       },
       /*write_back=*/false));
+  std::vector<float> frozen;  // after the master, in flat order
+  for (const Param& p : m.params) {
+    if (p.trainable()) continue;
+    frozen.resize(p.shard_size);
+    ZINF_RETURN_IF_ERROR(m.param_tier->ReadFp32(p, frozen.data()));
+    ZINF_RETURN_IF_ERROR(w.Write("params", frozen.data(), p.shard_size * 4));
+  }
   const std::string blob = m.optimizer_step->SaveHyperState();
   ZINF_RETURN_IF_ERROR(w.Append("optimizer", blob.data(), blob.size()));
   if (m.rank() == 0 && !m.buffers.empty()) {  // replicated: rank 0's values speak for all
@@ -283,9 +296,11 @@ Status Engine::Impl::Checkpoints::WriteShardFile(const Impl& m, const std::strin
 }
 
 Status Engine::Impl::Checkpoints::WriteParamTier(Impl& m, const ShardFill& read) {
-  if (m.optimizer_step->host_master()) return m.optimizer_step->WriteParamTierFromMaster();
+  const bool from_master = m.optimizer_step->host_master();
+  if (from_master) ZINF_RETURN_IF_ERROR(m.optimizer_step->WriteParamTierFromMaster());
   std::vector<float> values;
   for (Param& p : m.params) {
+    if (from_master && p.trainable()) continue;
     values.resize(p.shard_size);
     ZINF_RETURN_IF_ERROR(read(p.flat_offset, p.shard_size, values.data()));
     ZINF_RETURN_IF_ERROR(m.param_tier->WriteFp32(p, values.data()));
@@ -349,17 +364,27 @@ StatusOr<SavedLayout> Engine::Impl::Checkpoints::MatchSavedLayout(const Impl& m,
           fmt::format("{} holds a different model: parameter '{}' is {} there, {} in this model",
                       dir, saved.name, ShapeText(saved.shape), ShapeText(p.spec.shape)));
     }
+    if (saved.frozen == p.trainable()) {  // Note [Frozen parameters]: no state to resume
+      return FailedPrecondition(
+          fmt::format("{}: parameter '{}' was {} when saved and is {} here; resume with the same "
+                      "parameters frozen (requires_grad as saved)",
+                      dir, saved.name, saved.frozen ? "frozen" : "trained",
+                      saved.frozen ? "trained" : "frozen"));
+    }
     layout.index[it->second] = j;
     layout.same_order = layout.same_order && static_cast<size_t>(it->second) == j;
     saved_layout.push_back(p);
   }
   const uint64_t saved_shard_elements = Partition(saved_layout, saved_world, m.config.zero_stage,
                                                   m.config.stage3_param_persistence_threshold);
-  if (manifest.shard_elements != saved_shard_elements) {
+  const uint64_t saved_elements = FlatEnd(saved_layout);
+  if (manifest.shard_elements != saved_shard_elements ||
+      manifest.params_elements() != saved_elements) {
     return FailedPrecondition(fmt::format(
-        "{} holds a different model: {} elements per rank of {}, this model has {} at that "
-        "world size",
-        dir, manifest.shard_elements, saved_world, saved_shard_elements));
+        "{} holds a different model: {} elements per rank of {} ({} trained), this model has {} "
+        "({}) at that world size",
+        dir, manifest.params_elements(), saved_world, manifest.shard_elements, saved_elements,
+        saved_shard_elements));
   }
   for (size_t j = 0; j < manifest.params.size(); ++j) {
     const ckpt::ManifestParam& saved = manifest.params[j];

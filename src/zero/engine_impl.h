@@ -126,6 +126,11 @@ struct Engine::Impl {
   InitialValues initial_values;
   // Initial values of the flat shard's elements [begin, begin + count) into `out`.
   Status FillInitial(uint64_t begin, uint64_t count, float* out) const;
+  // The frozen parameters' initial values into the parameter tier, their only home (Note
+  // [Frozen parameters] in partition.h).
+  Status WriteFrozenInitial();
+  // This rank's shard of `p`'s values in fp32: the master's, or a frozen parameter's tier's.
+  Status ReadValues(const Param& p, float* out);
 
   size_t param_bytes() const { return ElementSize(param_type); }
 

@@ -3,6 +3,7 @@
 // optimizer_step.h); and the end of the batch.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -63,11 +64,22 @@ StatusOr<StepSummary> Engine::Step() {
   // the data loader). DeepSpeed steps at that boundary with what was accumulated, each
   // micro-batch's gradient scaled as in a full window (1 / gradient_accumulation_steps), and so
   // does zinf: every module must have been reduced the same number of times, at least once.
+  // A module of frozen parameters alone has no gradient to reduce (Note [Frozen parameters]).
+  auto trains = [&m](const Module& module) {
+    return std::any_of(module.params.begin(), module.params.end(),
+                       [&m](int pi) { return m.params[pi].trainable(); });
+  };
+  const auto first = std::find_if(m.modules.begin(), m.modules.end(), trains);
+  if (first == m.modules.end()) {
+    return FailedPrecondition(
+        "Step: the model has no trainable parameter (every ParamSpec::trainable is false): "
+        "there is nothing to step");
+  }
   const int expected = m.config.ReductionsPerStep();
-  const int reduced = m.modules.empty() ? expected : m.modules[0].reductions;
+  const int reduced = first->reductions;
   const bool short_window = !m.config.layer_major && reduced >= 1 && reduced < expected;
   for (const Module& module : m.modules) {
-    if (module.reductions != (short_window ? reduced : expected)) {
+    if (trains(module) && module.reductions != (short_window ? reduced : expected)) {
       return FailedPrecondition(fmt::format(
           "Step: module '{}' reduced its gradients {} time(s) since the last step; {} expected "
           "(gradient_accumulation_steps {}{}), as module '{}' was",
@@ -75,7 +87,7 @@ StatusOr<StepSummary> Engine::Step() {
           m.config.gradient_accumulation_steps,
           m.config.layer_major ? ", zinf.layer_major: once a step"
                                : "; fewer in a short last window, the same for every module",
-          m.modules[0].name));
+          first->name));
     }
   }
   ZINF_RETURN_IF_ERROR(m.FinishReductions());

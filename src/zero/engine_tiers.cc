@@ -31,7 +31,7 @@ Status Engine::Impl::CheckHostMemory() const {
   }
   const uint64_t buckets = world() > 1 ? 2 * BucketElements() * 4 : 0;
   // The parameter tier, where the host device's memory or pinned memory holds it.
-  const uint64_t tier = params_on_nvme ? 0 : shard_elements * param_bytes();
+  const uint64_t tier = params_on_nvme ? 0 : FlatEnd(params) * param_bytes();
   const uint64_t accumulators = config.gradients_on_nvme ? 0 : shard;
   const uint64_t need = accumulators + master + states + persistent + buckets + tier;
   if (need <= total) return OkStatus();
@@ -67,7 +67,10 @@ Status Engine::Impl::OpenTiers(const std::string& device, uint64_t* speculative_
       .world_size = world(), .state_count = optimizer_step->state_count(), .fp32_view = fp32_view};
   for (const Module& module : modules) {
     std::vector<BudgetParam>& shape = shapes.modules.emplace_back();
-    for (int pi : module.params) shape.push_back({params[pi].shard_size, params[pi].persistent});
+    for (int pi : module.params) {
+      const Param& p = params[pi];
+      shape.push_back({p.shard_size, p.persistent, p.trainable()});
+    }
   }
   TierBudgets budgets = ComputeTierBudgets(config, shapes);
   // The device's own budget is the same either way; the host tier's depends on whether the

@@ -100,6 +100,7 @@ Status OptimizerStep::Open(const OptimizerPlacement& placement, const ShardFill&
   // Note [Parameter groups]: the shard's runs, from the parameters' places in it.
   runs_ = {{0, 0}};
   for (const Param& p : *placement.params) {
+    if (!p.trainable()) break;  // the rest are frozen: Note [Frozen parameters]
     const int group = p.spec.optimizer_group;
     if (group < 0 || group >= num_groups()) {
       return InvalidArgument(
@@ -126,7 +127,8 @@ Status OptimizerStep::Open(const OptimizerPlacement& placement, const ShardFill&
         Context(initial(0, placement.shard_elements, master_.as<float>()), "initial values"));
   }
   // Without a host master the NVMe optimizer's initialization also fills the parameter tier.
-  if (config_.offload_optimizer_device == OffloadDevice::kNvme) {
+  // A model of frozen parameters alone has no state to put there (Note [Frozen parameters]).
+  if (config_.offload_optimizer_device == OffloadDevice::kNvme && placement.shard_elements > 0) {
     ZINF_RETURN_IF_ERROR(Context(OpenNvme(initial), "opening the NVMe optimizer state"));
   } else {
     // The optimizer state lives in host memory only when it is not on NVMe.
@@ -328,7 +330,7 @@ void OptimizerStep::GradientWritten(int pi) {
 
 void OptimizerStep::ZeroGradientsNotWritten() {
   const std::vector<Param>& params = *placement_.params;
-  for (size_t pi = 0; pi < params.size(); ++pi) {
+  for (size_t pi = 0; pi < params.size() && params[pi].trainable(); ++pi) {
     // Left at 0: a gradient copied over these zeros later is what adding it would give.
     if (final_adds_[pi] == 0 && params[pi].shard_size > 0) ZeroAccumulator(params[pi]);
   }
@@ -368,7 +370,7 @@ StatusOr<GradStats> OptimizerStep::GradientStats() {
 size_t OptimizerStep::FirstNonFinite() const {
   const std::vector<Param>& params = *placement_.params;
   if (grad_acc_.empty()) return params.size();
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < params.size() && params[i].trainable(); ++i) {
     const float* g = grad_acc_.as<const float>() + params[i].flat_offset;
     for (uint64_t k = 0; k < params[i].shard_size; ++k) {
       if (!std::isfinite(g[k])) return i;
@@ -530,6 +532,7 @@ Status OptimizerStep::WriteMaster(const Param& p, const float* shard) {
 Status OptimizerStep::WriteParamTierFromMaster() {
   Status converted;
   for (Param& p : *placement_.params) {
+    if (!p.trainable()) break;  // the rest are frozen: no master
     converted = placement_.param_tier->WriteFp32(p, Master(p));
     if (!converted.ok()) break;
   }

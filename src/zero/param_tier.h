@@ -186,8 +186,9 @@ class ParamTier {
   Status FinishWrites();
   class ChunkWriter;
 
-  // Copies `p`'s shard (TierBytes) into `out`.
+  // Copies `p`'s shard (TierBytes) into `out`; ReadFp32 widens it to `p.shard_size` floats.
   Status ReadShard(const Param& p, void* out);
+  Status ReadFp32(const Param& p, float* out);
   // Drops every gathered copy and read-ahead (before the values they hold are replaced).
   void DropAll();
 

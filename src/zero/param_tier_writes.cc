@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
 #include "zero/param_tier.h"
@@ -69,6 +70,14 @@ Status ParamTier::ReadShard(const Param& p, void* out) {
   ZINF_RETURN_IF_ERROR(store_->Release(s.shard, Tier::kHost));
   // A read for a checkpoint or a gather of the master: no reason to keep the host copy.
   if (options_.shard_home != Tier::kHost) return store_->Evict(s.shard, Tier::kHost);
+  return OkStatus();
+}
+
+Status ParamTier::ReadFp32(const Param& p, float* out) {
+  if (options_.param_type == ElementType::kFp32) return ReadShard(p, out);
+  std::vector<char> tier(TierBytes(p));
+  ZINF_RETURN_IF_ERROR(ReadShard(p, tier.data()));
+  ConvertToFp32(tier.data(), options_.param_type, out, p.shard_size);
   return OkStatus();
 }
 

@@ -1,8 +1,10 @@
 // See src/zero/partition.h and Note [ZeRO partitioning].
 #include "zero/partition.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <numeric>
 
 namespace zinf {
 namespace {
@@ -41,13 +43,29 @@ uint64_t HashName(uint64_t seed, const std::string& name) {
   return SplitMix64(h);
 }
 
+std::vector<int> OrderTrainableFirst(std::vector<Param>& params) {
+  std::vector<int> order(params.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_partition(order.begin(), order.end(), [&](int i) { return params[i].trainable(); });
+  std::vector<Param> ordered;
+  ordered.reserve(params.size());
+  std::vector<int> moved(params.size());
+  for (size_t at = 0; at < order.size(); ++at) {
+    moved[order[at]] = static_cast<int>(at);
+    ordered.push_back(std::move(params[order[at]]));
+  }
+  params = std::move(ordered);
+  return moved;
+}
+
 uint64_t Partition(std::vector<Param>& params, int world, int zero_stage,
                    uint64_t persistence_threshold) {
-  uint64_t shard_elements = 0;
+  uint64_t end = 0, shard_elements = 0;
   for (Param& p : params) {
     p.shard_size = (p.numel + world - 1) / world;
-    p.flat_offset = shard_elements;
-    shard_elements += p.shard_size;
+    p.flat_offset = end;
+    end += p.shard_size;
+    if (p.trainable()) shard_elements = end;
     p.persistent = zero_stage < 3 || p.numel < persistence_threshold;
   }
   return shard_elements;

@@ -10,6 +10,16 @@
 // them all. Padding elements have zero value, zero gradient and zero state, so every
 // optimizer leaves them at zero.
 //
+// Note [Frozen parameters]
+// A parameter with ParamSpec::trainable false (a LoRA base, a reference model) has no fp32
+// master, gradient accumulator or optimizer state: its shard lives only in the parameter
+// tier, in the compute precision, where Fetch gathers it as any other's, so a frozen model's
+// bytes per rank fall with the ranks as a trained one's do. The frozen parameters are laid
+// out after every trainable one: the flat shard [0, trainable elements) is the optimizer's
+// alone, and a frozen parameter's flat_offset lies past its end, an address that only a
+// checkpoint's "params" section (every parameter's values, fp32) uses. The engine keeps its
+// parameters in that flat order (OrderTrainableFirst), which every search by flat offset needs.
+//
 // Thread-safety: plain data and pure functions.
 #ifndef ZINF_ZERO_PARTITION_H_
 #define ZINF_ZERO_PARTITION_H_
@@ -26,6 +36,7 @@ namespace zinf {
 
 struct Param {
   ParamSpec spec;
+  bool trainable() const { return spec.trainable; }
   int module = 0;
   uint64_t numel = 0;
   uint64_t shard_size = 0;   // padded / world
@@ -49,10 +60,20 @@ inline Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
   return {std::max(begin, p.flat_offset), std::min(begin + count, p.flat_offset + p.shard_size)};
 }
 
-// Lays out `params` for `world` ranks (shard_size, flat_offset, persistent) and returns the
-// flat shard's length.
+// Reorders `params` into flat order: the trainable ones, then the frozen ones, each in the
+// order given. Returns each parameter's new index, by its old one.
+std::vector<int> OrderTrainableFirst(std::vector<Param>& params);
+
+// Lays out `params` (in flat order: OrderTrainableFirst) for `world` ranks (shard_size,
+// flat_offset, persistent) and returns the flat shard's length: the trainable parameters'
+// elements per rank, padding included. The frozen ones follow it (Note [Frozen parameters]).
 uint64_t Partition(std::vector<Param>& params, int world, int zero_stage,
                    uint64_t persistence_threshold);
+
+// Where the laid-out `params` end: the flat shard and the frozen parameters after it.
+inline uint64_t FlatEnd(const std::vector<Param>& params) {
+  return params.empty() ? 0 : params.back().flat_offset + params.back().shard_size;
+}
 
 // Writes elements [first, first + count) of parameter `p`'s flattened value into `out`.
 using ParamReader =

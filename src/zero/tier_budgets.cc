@@ -45,6 +45,7 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   const bool params_on_host = config.offload_param_device == OffloadDevice::kCpu;
 
   uint64_t persistent = 0, working_set = 0, largest_shard = 0, persistent_next = 0;
+  uint64_t all_elements = 0;  // the frozen parameters' too
   for (const std::vector<BudgetParam>& module : model.modules) {
     uint64_t bytes = 0;
     for (const BudgetParam& p : module) {
@@ -53,9 +54,11 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
       const uint64_t full = p.shard_elements * world;
       const uint64_t gathered = world > 1 ? full * element : 0;
       const uint64_t widened = element != 4 && model.fp32_view ? full * 4 : 0;
+      const uint64_t gradient = p.trainable ? full * 4 : 0;
       (p.persistent ? persistent : bytes) +=
-          p.shard_elements * element + gathered + widened + full * 4;
-      b.shard_elements += p.shard_elements;
+          p.shard_elements * element + gathered + widened + gradient;
+      if (p.trainable) b.shard_elements += p.shard_elements;
+      all_elements += p.shard_elements;
       b.param_tier_bytes += p.shard_elements * element;
       largest_shard = std::max(largest_shard, p.shard_elements);
       // The persistent parameters' next values while the NVMe step writes the tier from its
@@ -84,7 +87,7 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // is an upper bound, as DeepSpeed reads stage3_prefetch_bucket_size: never more than the
   // model (1e15 asks for the whole model ahead, not for petabytes).
   const uint64_t prefetch_elements =
-      std::min<uint64_t>(config.stage3_prefetch_bucket_size, b.shard_elements * world);
+      std::min<uint64_t>(config.stage3_prefetch_bucket_size, all_elements * world);
   b.device_need_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent + 2 * working_set +
                         2 * prefetch_elements * element + buckets;
   b.device_budget_bytes = config.device_budget_bytes > 0 ? config.device_budget_bytes

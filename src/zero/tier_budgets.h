@@ -38,6 +38,7 @@ namespace zinf {
 struct BudgetParam {
   uint64_t shard_elements = 0;  // this rank's shard: numel / world, rounded up
   bool persistent = false;      // gathered once and kept (stage3_param_persistence_threshold)
+  bool trainable = true;        // else no gradient, master or state (Note [Frozen parameters])
 };
 
 // What the budgets depend on beyond the config.
@@ -56,7 +57,7 @@ struct BudgetModel {
 struct TierBudgets {
   uint64_t param_tier_bytes = 0;     // every shard in the compute precision
   uint64_t largest_shard_bytes = 0;  // the largest parameter's shard, compute precision
-  uint64_t shard_elements = 0;       // the rank's flat shard
+  uint64_t shard_elements = 0;       // the rank's flat shard: its trainable parameters'
   uint64_t bucket_slice_elements = 0;
   uint64_t device_budget_bytes = 0;
   // The least device tier the engine computes in: device_budget_bytes without the slack.

@@ -1093,6 +1093,62 @@ static void TestEngineParamGroups(void) {
   ClearErr();
 }
 
+/* A frozen parameter (trainable 0) is fetched with its values, gets no gradient buffer and
+ * keeps its values through a step; a caller built before `trainable` trains every parameter. */
+static void TestEngineFrozenParams(void) {
+  zinf_engine_options_t o;
+  zinf_engine_options_init(&o);
+  o.rank = 0;
+  o.world_size = 1;
+  o.optimizer_threads = 1;
+  zinf_engine_t* engine = NULL;
+  REQUIRE_OK(zinf_engine_create(
+      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.1}}}", &o, &engine, &err));
+  const int64_t shape[] = {6};
+  zinf_param_spec_t specs[2];
+  zinf_param_spec_init(&specs[0]);
+  zinf_param_spec_init(&specs[1]);
+  CHECK(specs[0].trainable == 1);
+  specs[0].name = "w";
+  specs[1].name = "base";
+  specs[0].shape = specs[1].shape = shape;
+  specs[0].ndim = specs[1].ndim = 1;
+  specs[1].init = ZINF_PARAM_INIT_ONES;
+  specs[1].trainable = 0;
+  int m = -1;
+  REQUIRE_OK(zinf_engine_register_module(engine, "m", specs, 2, &m, &err));
+  zinf_param_spec_t old;
+  zinf_param_spec_init(&old);
+  old.struct_size = offsetof(zinf_param_spec_t, trainable);
+  old.trainable = 0; /* past struct_size: not read */
+  old.name = "old";
+  old.shape = shape;
+  old.ndim = 1;
+  int m_old = -1;
+  REQUIRE_OK(zinf_engine_register_module(engine, "old", &old, 1, &m_old, &err));
+  REQUIRE_OK(zinf_engine_initialize(engine, &err));
+  zinf_tensor_t t[2];
+  size_t n = 0;
+  for (int mod = 0; mod < 2; ++mod) {
+    const int id = mod == 0 ? m : m_old;
+    REQUIRE_OK(zinf_engine_fetch(engine, id, t, 2, &n, &err));
+    REQUIRE_OK(zinf_engine_gradients(engine, id, t, 2, &n, &err));
+    CHECK(t[0].data != NULL);
+    if (mod == 0) CHECK(n == 2 && t[1].data == NULL && t[1].numel == 6);
+    for (int i = 0; i < 6; ++i) ((float*)t[0].data)[i] = 1.0f;
+    EXPECT_OK(zinf_engine_reduce_gradients(engine, id, &err));
+    EXPECT_OK(zinf_engine_release(engine, id, &err));
+  }
+  EXPECT_OK(zinf_engine_step(engine, NULL, &err));
+  float v[6];
+  EXPECT_OK(zinf_engine_gather_parameter(engine, "base", v, 6, &err));
+  for (int i = 0; i < 6; ++i) CHECK(v[i] == 1.0f);
+  EXPECT_OK(zinf_engine_gather_parameter(engine, "old", v, 6, &err));
+  CHECK(v[0] != 0.0f); /* trained: the step moved it from its initial value */
+  zinf_engine_destroy(engine);
+  ClearErr();
+}
+
 int main(void) {
   char dir[256];
   MakeScratchDir(dir, sizeof(dir));
@@ -1104,6 +1160,7 @@ int main(void) {
   TestCpuOptimizer();
   TestEngine(dir);
   TestEngineParamGroups();
+  TestEngineFrozenParams();
   RemoveScratchDir(dir);
   ClearErr();
   if (g_failures > 0) {

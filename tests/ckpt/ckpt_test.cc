@@ -427,7 +427,7 @@ TEST_F(ManifestTest, EditedButResealedManifestsAreRefusedByTheirContent) {
       {"offset off by one", [](auto& j) { j["params"][1]["flat_offset"] = 408; },
        "parameter 2 'b.w' (elements [444, 5445)) overlaps parameter 1 'a.b'"},
       {"last offset off by one", [](auto& j) { j["params"][2]["flat_offset"] = 445; },
-       "parameter 2 'b.w': elements [445, 445 + 5001) lie outside the 5445"},
+       "parameter 2 'b.w': elements [445, 445 + 5001) lie outside [0, 5445), a rank's shard"},
       {"duplicate names", [](auto& j) { j["params"][2]["name"] = "a.w"; },
        "parameter 2 'a.w': the name appears twice"},
       {"empty list", [](auto& j) { j["params"] = nlohmann::json::array(); },
@@ -450,7 +450,7 @@ TEST_F(ManifestTest, EditedButResealedManifestsAreRefusedByTheirContent) {
        },
        "has more than 2^64 elements"},
       {"huge shard_elements", [](auto& j) { j["shard_elements"] = UINT64_MAX; },
-       "shard_elements must be at most 2^60"},
+       "shard_elements and frozen_elements must be at most 2^60"},
       {"step that is a string", [](auto& j) { j["step"] = "3"; },
        "step must be an integer, got \"3\" (string)"},
       {"negative step", [](auto& j) { j["step"] = -1; }, "step must be >= 0, got -1"},
@@ -493,9 +493,9 @@ TEST_F(ManifestTest, SizesAreCheckedAgainstTheShardFiles) {
 }
 
 TEST_F(ManifestTest, VersionsOlderAreReadNewerAreRefused) {
-  Edit([](nlohmann::json& j) { j["format_version"] = 5; });
+  Edit([](nlohmann::json& j) { j["format_version"] = 6; });
   ExpectExportRefused(StatusCode::kFailedPrecondition,
-                      "format_version 5 is not supported by this build of zinf");
+                      "format_version 6 is not supported by this build of zinf");
   Edit([](nlohmann::json& j) { j["format_version"] = "2"; });
   ExpectExportRefused(StatusCode::kDataLoss, "format_version must be an integer");
 
