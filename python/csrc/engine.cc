@@ -54,6 +54,10 @@ py::list DeviceTensors(const std::vector<ParamTensor>& tensors) {
 py::list Views(const std::vector<float*>& data, const std::vector<uint64_t>& numel) {
   py::list out;
   for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] == nullptr) {  // a frozen parameter's gradient: none
+      out.append(py::none());
+      continue;
+    }
     out.append(py::memoryview::from_memory(static_cast<void*>(data[i]),
                                            static_cast<py::ssize_t>(numel[i] * sizeof(float)),
                                            /*readonly=*/false));
@@ -122,12 +126,15 @@ class PyEngine {
   }
 
   // `groups` (optional): each parameter's optimizer group (add_param_group's index; 0 for all
-  // when empty).
+  // when empty). `trainable` (optional): false for each frozen parameter (all trainable when
+  // empty).
   int RegisterModule(const std::string& name,
                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
-                     const std::vector<int>& groups) {
-    if (!groups.empty() && groups.size() != params.size()) {
-      throw StatusError(InvalidArgument("register_module: groups must have one entry a parameter"));
+                     const std::vector<int>& groups, const std::vector<bool>& trainable) {
+    if ((!groups.empty() && groups.size() != params.size()) ||
+        (!trainable.empty() && trainable.size() != params.size())) {
+      throw StatusError(
+          InvalidArgument("register_module: groups and trainable must have one entry a parameter"));
     }
     std::vector<ParamSpec> specs;
     std::vector<uint64_t> numel;
@@ -136,6 +143,7 @@ class PyEngine {
       spec.name = pname;
       spec.shape = shape;
       spec.optimizer_group = groups.empty() ? 0 : groups[specs.size()];
+      spec.trainable = trainable.empty() || trainable[specs.size()];
       // zinf.zero overwrites every value with the module's own (SetParameter).
       spec.init = ParamInit::kZeros;
       uint64_t n = 1;
@@ -253,6 +261,10 @@ class PyEngine {
     std::vector<float*> grads = ValueOrThrow(engine_->Gradients(module, Write(overwrite)));
     py::list out;
     for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i] == nullptr) {  // a frozen parameter's gradient: none
+        out.append(py::none());
+        continue;
+      }
       out.append(py::make_tuple(reinterpret_cast<uintptr_t>(grads[i]), "float32",
                                 numel_.at(module).at(i)));
     }
@@ -403,7 +415,7 @@ void BindEngine(py::module_& m) {
            py::arg("optimizer_threads") = 0, py::arg("timeout_s") = 300.0,
            py::arg("trainer") = py::dict(), py::arg("master_port") = 0, py::arg("device") = "host")
       .def("register_module", &PyEngine::RegisterModule, py::arg("name"), py::arg("params"),
-           py::arg("groups") = std::vector<int>())
+           py::arg("groups") = std::vector<int>(), py::arg("trainable") = std::vector<bool>())
       .def("add_param_group", &PyEngine::AddParamGroup, py::arg("hyper"))
       .def("param_group", &PyEngine::ParamGroup, py::arg("group"))
       .def_property_readonly("num_param_groups",

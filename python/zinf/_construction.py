@@ -23,8 +23,9 @@ a time, as each __init__ runs its own initialization. So under ``Init``:
 - ``zinf.zero.initialize`` then gives the engine each parameter's values from where they are
   (``initial_values``): the spill file, read straight into the shard's home one piece of this
   rank's elements at a time (``Engine::Initialize(InitialValues)``), or the tensor itself
-  for a parameter made outside ``Init``. Frozen parameters, which stay ordinary tensors, get
-  their values back from the spill (``finish``).
+  for a parameter made outside ``Init``, frozen ones included. A frozen parameter the engine
+  does not take (of a dtype it does not hold) stays an ordinary tensor and gets its values
+  back from the spill (``finish``).
 - Code that reads or writes a parameter after its module was built (a parent's
   ``self.apply(init)``, a print of a weight) meets a placeholder that refuses to be read or
   written, naming the parameter and what to call, as a released parameter does after
@@ -158,7 +159,8 @@ class GatheredParameters:
     - After ``zinf.zero.initialize``: the values are gathered from the engine's shards, and
       with modifier_rank that rank's values are broadcast and written into every rank's
       shards (the optimizer's fp32 master included).
-    Other parameters (frozen ones outside the engine, plain tensors) are left as they are."""
+    Other tensors (frozen parameters the engine does not hold, plain tensors) are left as
+    they are."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         if isinstance(params, torch.Tensor):
@@ -227,8 +229,8 @@ def check_ranks_built_alike(model, mean_over_ranks):
 
 
 def finish(model):
-    """After the engine took the values: frozen parameters built under Init (which the engine
-    does not hold) get theirs back, and every parameter lets go of the spill file."""
+    """After the engine took the values: frozen parameters built under Init that the engine
+    does not hold get theirs back, and every parameter lets go of the spill file."""
     for p in model.parameters():
         spilled = _spill_of(p)
         if spilled is None:

@@ -112,9 +112,11 @@ class HostMemory:
         views = self._engine.gradients(mid, overwrite)
         cached = self._grads.get(mid)
         if cached is None or cached[0] is not views:
-            cached = self._grads[mid] = (views, [torch.frombuffer(v, dtype=torch.float32,
-                                                                   count=s.numel).view(s.shape)
-                                                  for v, s in zip(views, slots)])
+            # None for a frozen parameter, which has no gradient.
+            cached = self._grads[mid] = (views, [
+                None if v is None else
+                torch.frombuffer(v, dtype=torch.float32, count=s.numel).view(s.shape)
+                for v, s in zip(views, slots)])
         return cached[1]
 
     def reduce(self, mid):
@@ -149,8 +151,8 @@ class GpuMemory:
         self._engine.release_on_stream(mid, self._stream())
 
     def gradients(self, mid, slots, overwrite=False):
-        return [self._tensor(a, d, n).view(s.shape)
-                for (a, d, n), s in zip(self._engine.gradients_on_device(mid, overwrite), slots)]
+        return [None if g is None else self._tensor(*g).view(s.shape)
+                for g, s in zip(self._engine.gradients_on_device(mid, overwrite), slots)]
 
     def reduce(self, mid):
         self._engine.reduce_gradients_on_stream(mid, self._stream())

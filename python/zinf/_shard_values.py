@@ -93,6 +93,8 @@ class ShardValues:
         out = {}
         for slots in self._module_slots:
             for s in slots:
+                if not s.trainable:  # frozen: no gradient
+                    continue
                 raw = self._engine.gather_gradient(s.name)
                 out[s.name] = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(s.shape)
         return out

@@ -437,9 +437,14 @@ class DeepSpeedEngine:
         """Saves `save_dir`/`tag`/ (a collective; tag defaults to global_step<N>) and points
         `save_dir`/latest at it. client_state must be JSON-able (zinf's checkpoints are not
         pickles). zinf keeps only the latest checkpoint in `save_dir` (Engine::SaveCheckpoint);
-        frozen parameters of a model that trains are the model's own and never saved, whatever
-        exclude_frozen_parameters says. A trainer's lr_scheduler is saved with its state_dict
+        frozen parameters are saved with their values (they have no optimizer state), and
+        exclude_frozen_parameters=True does not leave them out (a warning says so): a load
+        restores the engine whole. A trainer's lr_scheduler is saved with its state_dict
         (which must be JSON-able), as DeepSpeed saves it."""
+        if exclude_frozen_parameters:
+            logger.warning("save_checkpoint(exclude_frozen_parameters=True): zinf saves the "
+                           "frozen parameters too (values only, no optimizer state), so that "
+                           "load_checkpoint restores the engine whole")
         if not save_latest:
             raise ValueError("save_checkpoint(save_latest=False): zinf always points 'latest' at "
                              "the newest complete checkpoint, which is how a crash mid-save "
@@ -512,8 +517,8 @@ class DeepSpeedEngine:
         state = self.zero.consolidated_state_dict(dtype=dtype, rank=0)
         if state is None:
             return None
-        # Parameters outside the engine (frozen ones) in the same dtype, buffers as they are,
-        # all on the CPU; a tensor under several names stays one.
+        # Parameters outside the engine (frozen ones it does not take) in the same dtype,
+        # buffers as they are, all on the CPU; a tensor under several names stays one.
         params = {}  # state_dict name -> the parameter
         for mname, sub in self.module.named_modules(remove_duplicate=False):
             for pname, p in sub._parameters.items():

@@ -65,6 +65,12 @@ How the module runs (Note [Module hooks]):
   module's buffers are reduce-scattered (``ReduceGradients``) when all its gradients are in;
   ``param.grad`` is cleared. At the end of backward, modules that got no gradient are
   reduced with zeros, as every module must be each micro-batch.
+- Note [Frozen modules in backward]: a module of frozen parameters alone (a LoRA layer's
+  base) gets no gradient whose arrival could end its backward use, yet its backward fetches it
+  when autograd needs its weights for the gradient of its inputs. Its forward's inputs pass
+  through an identity autograd function (DeepSpeed's way); autograd runs that function's
+  backward once the module's own backward is done with them, and it releases what that
+  backward fetched. A module whose inputs need no gradient is never fetched for backward.
 - ``step()`` runs the engine's optimizer step.
 - Beside torch.distributed: when ``init_process_group`` came first, the engine's rendezvous
   port is agreed through torch's store; otherwise it is ZINF_MASTER_PORT, else MASTER_PORT + 1
@@ -95,12 +101,15 @@ the model computes], [The engine's memory] and [On a GPU] in zinf/_device_memory
   stream by events, never by synchronizing the host. Buffers and frozen parameters are moved to
   the GPU, and with bf16 or fp16 cast to that precision, as DeepSpeed moves and casts the
   module, so that the model computes in one dtype on one device.
-Frozen parameters (requires_grad False) stay ordinary tensors, outside the engine, except in
+Frozen parameters (requires_grad False at ``initialize``: a LoRA base, a reference model) are
+taken by the engine as trained ones are: sharded, offloaded where the config says, fetched for
+each forward, so their bytes per rank fall with the ranks. The engine keeps no master, gradient
+or optimizer state for them (Note [Frozen parameters] in src/zero/partition.h) and they get no
+gradient hook; a frozen parameter of a dtype the engine does not take (not floating point, or
+not float32 on the host) stays an ordinary tensor.
 Note [Nothing to train]: a model whose parameters are all frozen at ``initialize`` (an inference
-model, TRL's reference model) has them taken by the engine as a trained model's are: sharded,
-offloaded where the config says, fetched for each forward. No gradient hooks are set:
-``backward()`` and ``step()`` are refused, and a backward through the model to its inputs only
-releases what it fetched.
+model, TRL's reference model) is such a model with nothing else: ``backward()`` and ``step()``
+are refused, and a backward through the model to its inputs only releases what it fetched.
 """
 
 import collections
@@ -179,6 +188,21 @@ def register_external_parameter(module, parameter):
     external.append(parameter)
 
 
+class _ReleaseAfterBackward(torch.autograd.Function):
+    """The identity on a frozen module's inputs; its backward releases what the module's
+    backward fetched (Note [Frozen modules in backward])."""
+
+    @staticmethod
+    def forward(ctx, release, *inputs):
+        ctx.release = release
+        return tuple(x.view_as(x) for x in inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.release()
+        return (None, *grads)
+
+
 class _SavedParam:
     """What saved_tensors_hooks keeps instead of a parameter (or a view of one)."""
     __slots__ = ("slot", "offset", "size", "stride")
@@ -193,7 +217,8 @@ class _SavedParam:
 class _Slot:
     """One managed parameter: its engine module, its index there, its name and shape, and the
     placeholder its data is while no fetch holds it."""
-    __slots__ = ("param", "module_id", "index", "name", "shape", "numel", "placeholder")
+    __slots__ = ("param", "module_id", "index", "name", "shape", "numel", "placeholder",
+                 "trainable")
 
     def __init__(self, param, module_id, index, name):
         self.param = param
@@ -203,6 +228,7 @@ class _Slot:
         self.shape = tuple(param.shape)
         self.numel = param.numel()
         self.placeholder = None
+        self.trainable = param.requires_grad  # at initialize: the engine's ParamSpec::trainable
 
 
 class ZeroEngine(ShardValues):
@@ -236,8 +262,7 @@ class ZeroEngine(ShardValues):
         # Whether the model has anything to train; without, its frozen parameters are the
         # engine's (Note [Nothing to train]).
         self._trains = any(p.requires_grad for p in model.parameters())
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
-                          if p.requires_grad or not self._trains)
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         if _heap.memory_binds(config_json, model_bytes):
             _heap.bound_heap_growth()
         on_gpu = self.device.type == "cuda"
@@ -272,6 +297,8 @@ class ZeroEngine(ShardValues):
         self._slots = {}          # id(param) -> _Slot
         self._module_slots = []   # module id -> [_Slot]
         self._frozen = []         # (name, param) of the model's parameters not in _slots
+        self._trained_mids = []   # module ids with a trainable parameter
+        self._frozen_mids = set()  # module ids of frozen parameters alone
         self._module_names = []
         self._hook_handles = []
         self._grad_accumulators = []
@@ -305,7 +332,9 @@ class ZeroEngine(ShardValues):
     # -- setup ------------------------------------------------------------------------------
 
     def _takes(self, p):
-        return p.requires_grad or not self._trains
+        # A frozen parameter the engine cannot hold stays the model's (Note [Nothing to
+        # train] refuses it instead: a model of those alone has nothing the engine could take).
+        return p.requires_grad or not self._trains or _takeable(p, self.device)
 
     def _register(self, model):
         self._remember_model(model)
@@ -331,7 +360,8 @@ class ZeroEngine(ShardValues):
                 continue
             mid = self._engine.register_module(
                 mname or "<root>", [(name, list(p.shape) or [1]) for name, p in own],
-                [self._group_of.get(id(p), 0) for _, p in own])
+                [self._group_of.get(id(p), 0) for _, p in own],
+                [p.requires_grad for _, p in own])
             assert mid == len(self._module_slots)
             slots = [_Slot(p, mid, i, name) for i, (name, p) in enumerate(own)]
             for s in slots:
@@ -354,7 +384,7 @@ class ZeroEngine(ShardValues):
                 # Init refuses reads until then (Note [Construction into shards]).
                 _unreadable.restore(s.param)
                 s.param.data = self._placeholder(s)
-                if self._trains:
+                if s.trainable:
                     acc = s.param.expand_as(s.param).grad_fn.next_functions[0][0]
                     self._hook_handles.append(acc.register_hook(self._make_grad_hook(s)))
                     self._grad_accumulators.append(acc)
@@ -364,6 +394,9 @@ class ZeroEngine(ShardValues):
         # What step() checks stayed frozen: listed once, not found by a walk every step.
         self._frozen = [(name, p) for name, p in model.named_parameters()
                         if id(p) not in self._slots]
+        self._trained_mids = [mid for mid, slots in enumerate(self._module_slots)
+                              if any(s.trainable for s in slots)]
+        self._frozen_mids = set(range(len(self._module_slots))) - set(self._trained_mids)
         if self._compute_dtype != torch.float32 or self.device.type == "cuda":
             _device_memory.move_the_rest(model, self.device, self._compute_dtype, self._slots)
         for sub in model.modules():
@@ -435,6 +468,8 @@ class ZeroEngine(ShardValues):
             sub.__dict__.pop("_zinf_managed", None)
         self._slots.clear()
         self._frozen = []
+        self._trained_mids = []
+        self._frozen_mids = set()
         self._module_slots.clear()
         # The native engine goes with its last reference: its rendezvous port is free again.
         self._memory = None
@@ -572,7 +607,28 @@ class ZeroEngine(ShardValues):
             for mid in mids:
                 self._acquire(mid)
             self._forward_stack.append([])
+            frozen = [mid for mid in mids if mid in self._frozen_mids]
+            if frozen and self._trains and torch.is_grad_enabled():
+                return self._release_after_backward(frozen, inputs)
+            return None
         return pre_hook
+
+    def _release_after_backward(self, mids, inputs):
+        """`inputs` with those that need a gradient through _ReleaseAfterBackward (Note
+        [Frozen modules in backward]); None when none does."""
+        which = [i for i, x in enumerate(inputs)
+                 if isinstance(x, torch.Tensor) and x.requires_grad]
+        if not which:
+            return None
+
+        def release():
+            for mid in mids:
+                self._release_for_backward(mid)
+        passed = _ReleaseAfterBackward.apply(release, *(inputs[i] for i in which))
+        out = list(inputs)
+        for i, x in zip(which, passed):
+            out[i] = x
+        return tuple(out)
 
     def _make_post_hook(self, mids):
         def post_hook(module, inputs, output):
@@ -716,7 +772,7 @@ class ZeroEngine(ShardValues):
             # end of backward if none comes.
             views = self._memory.gradients(mid, self._module_slots[mid], overwrite=True)
             self._grad_views[mid] = views
-            self._grads_pending[mid] = {t.index for t in self._module_slots[mid]}
+            self._grads_pending[mid] = {t.index for t in self._module_slots[mid] if t.trainable}
         views[s.index].copy_(grad)  # the buffers come in the parameters' shapes
         pending = self._grads_pending[mid]
         pending.discard(s.index)
@@ -740,7 +796,7 @@ class ZeroEngine(ShardValues):
         # or its output did not reach the loss) gives zeros, as torch's optimizers see None.
         self._in_backward = False
         self._backwards_since_step += 1
-        for mid in range(len(self._module_slots)):
+        for mid in self._trained_mids:  # a module of frozen parameters has nothing to reduce
             if mid not in self._reduced:
                 if mid not in self._grad_views:
                     self._memory.gradients(mid, self._module_slots[mid])  # zeros
@@ -789,7 +845,13 @@ class ZeroEngine(ShardValues):
     def _check_requires_grad_unchanged(self):
         for slots in self._module_slots:
             for s in slots:
-                if not s.param.requires_grad:
+                if s.param.requires_grad != s.trainable and not s.trainable:
+                    raise ValueError(
+                        f"parameter '{s.name}' requires grad now but was frozen at initialize, "
+                        f"so zinf keeps no optimizer state for it and it would never train: set "
+                        f"requires_grad back to False before step(), or unfreeze it before "
+                        f"initialize (a new engine)")
+                if s.param.requires_grad != s.trainable:
                     raise ValueError(
                         f"parameter '{s.name}' was frozen (requires_grad=False) after "
                         f"initialize; zinf's optimizer holds it and would go on stepping it: "

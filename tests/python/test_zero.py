@@ -268,6 +268,7 @@ class ZeroTest(unittest.TestCase):
                               capture_output=True, text=True, env=env, timeout=300)
         self.assertEqual(done.returncode, 0, f"zinf run -n 2 failed:\n{done.stdout}\n{done.stderr}")
         self.assertIn(expect, done.stdout)
+        return done.stdout
 
     def test_two_processes_match_torch(self):
         self.run_two_processes("--accum", "2")
@@ -275,6 +276,52 @@ class ZeroTest(unittest.TestCase):
     def test_two_processes_activation_checkpointing(self):
         self.run_two_processes("--offload", "cpu", "--checkpoint", "non-reentrant")
         self.run_two_processes("--offload", "cpu", "--checkpoint", "reentrant")
+
+    def test_frozen_parameters_are_sharded_and_offloaded(self):
+        # Note [Frozen parameters]: a frozen embedding and block (a LoRA base) are the engine's,
+        # sharded and offloaded as trained ones, with no optimizer state: the trained ones follow
+        # torch's curve, the frozen ones stay as built, and the host bytes per rank, where the
+        # frozen ones are most of the model, fall with the ranks.
+        model = zero_train.make_model(frozen=True)
+        frozen = {n: p.detach().clone() for n, p in model.named_parameters()
+                  if not p.requires_grad}
+        frozen_bytes = sum(v.numel() * 4 for v in frozen.values())
+        self.assertGreater(frozen_bytes, 0.4 * sum(p.numel() * 4 for p in model.parameters()))
+        for offload in ("cpu", "nvme"):
+            with self.subTest(offload=offload):
+                summaries = self.run_one_process(offload=offload, frozen=True, steps=8)
+                one = self.run_two_processes("--offload", offload, "--nvme-path", self.dir,
+                                             "--frozen")
+                two = [int(line.split()[-1]) for line in one.splitlines()
+                       if "host bytes" in line]
+                self.assertEqual(len(two), 1, one)
+                if offload == "cpu":  # the parameter tier in host memory: halved by 2 ranks
+                    self.assertLess(two[0], summaries[-1]["host_bytes"] - frozen_bytes // 3,
+                                    f"one rank {summaries[-1]['host_bytes']}, two {two[0]}")
+        engine = zinf.zero.initialize(model, small_config())
+        values = engine.gather_parameters()
+        for name, value in frozen.items():
+            self.assertTrue(torch.equal(values[name], value), name)
+        self.assertNotIn("embed.weight", engine.gather_gradients())
+
+    def test_a_frozen_module_is_released_when_its_backward_is_done(self):
+        # Note [Frozen modules in backward]: the frozen layer is fetched again for the gradient
+        # of its input, and released once that gradient is made, not at the end of backward.
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8),
+                                    torch.nn.Tanh(), torch.nn.Linear(8, 8))
+        model[1].requires_grad_(False)
+        engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0))
+        seen = []
+        frozen = model[1].weight  # read outside a forward: no fetch
+
+        def first_layer_output(module, inputs, output):
+            output.register_hook(lambda grad: seen.append(is_released(frozen)))
+        model[0].register_forward_hook(first_layer_output)
+        for _ in range(2):
+            engine.backward(engine(torch.randn(4, 8)).square().mean())
+            engine.step()
+        self.assertEqual(seen, [True, True])
 
     def test_two_processes_parameters_on_nvme(self):
         self.run_two_processes("--offload", "nvme", "--nvme-path", self.dir)

@@ -62,7 +62,8 @@ def train(model, steps):
         engine.backward(loss)
         engine.step()
         losses.append(engine.mean_over_ranks(loss.item()))
-    out = losses, engine.gather_parameters(), model.frozen.weight.detach().clone()
+    gathered = engine.gather_parameters()  # the frozen layer's too: the engine holds it
+    out = losses, gathered, gathered["frozen.weight"]
     # The model's hooks, the last loss's graph and the engine refer to each other: collect
     # them now, so that the next engine of this process may take the rendezvous port.
     del engine, model, loss

@@ -5,7 +5,7 @@ slice of the batch), and compares the loss curves and the final parameters.
 Run alone (one rank) or under the launcher, from the repository root:
     PYTHONPATH=build/python build/bin/zinf run -n 2 -- /usr/bin/python3 \
         tests/python/zero_train.py [--offload none|cpu|nvme] [--nvme-path DIR] [--accum 2]
-        [--checkpoint reentrant|non-reentrant]
+        [--checkpoint reentrant|non-reentrant] [--frozen]
 Exits non-zero, saying where, when the curves differ by more than the tolerance.
 """
 
@@ -63,9 +63,15 @@ class TinyLM(torch.nn.Module):
         return self.head(self.norm(x)) + self.out_bias
 
 
-def make_model(seed=0, checkpoint="", blocks=2):
+def make_model(seed=0, checkpoint="", blocks=2, frozen=False):
+    """`frozen`: the embedding and the first block frozen (requires_grad False), as a LoRA
+    base is beside its adapters."""
     torch.manual_seed(seed)
-    return TinyLM(checkpoint=checkpoint, blocks=blocks)
+    model = TinyLM(checkpoint=checkpoint, blocks=blocks)
+    if frozen:
+        for p in [*model.embed.parameters(), *model.blocks[0].parameters()]:
+            p.requires_grad_(False)
+    return model
 
 
 def sequences(steps, global_batch, seq, vocab, seed=1):
@@ -122,21 +128,23 @@ def train(args, summaries=None):
     micro = 4
     checkpoint = getattr(args, "checkpoint", "")
     blocks = getattr(args, "blocks", 2)
-    model = make_model(checkpoint=checkpoint, blocks=blocks)
+    frozen = getattr(args, "frozen", False)
+    model = make_model(checkpoint=checkpoint, blocks=blocks, frozen=frozen)
     model_bytes = sum(p.numel() * 4 for p in model.parameters())
     engine = zinf.zero.initialize(model, config(args, micro, model_bytes), timeout_s=60)
     rank, world = engine.rank, engine.world_size
     global_batch = micro * world * args.accum
 
-    ref = make_model(checkpoint=checkpoint, blocks=blocks)
-    opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    ref = make_model(checkpoint=checkpoint, blocks=blocks, frozen=frozen)
+    trained = [p for p in ref.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
     ref_losses, zinf_losses = [], []
     for tokens, targets in batches(args.steps, global_batch):
         # Reference: the whole global batch at once, as DeepSpeed's numerics promise.
         opt.zero_grad()
         loss = lm_loss(ref(tokens), targets)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         ref_losses.append(loss.item())
 
@@ -194,6 +202,8 @@ def main():
     ap.add_argument("--checkpoint", choices=["", "reentrant", "non-reentrant"], default="",
                     help="activation checkpointing of each block")
     ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--frozen", action="store_true",
+                    help="freeze the embedding and the first block")
     ap.add_argument("--device-budget-share", type=float, default=0,
                     help="zinf.device_budget as this share of the parameters' bytes")
     args = ap.parse_args()
@@ -204,6 +214,7 @@ def main():
         for step, (a, b) in enumerate(zip(ref_losses, zinf_losses)):
             print(f"step {step:2d}  torch {a:.6f}  zinf {b:.6f}")
         print(f"max |param difference| {diff:.3g}")
+        print(f"host bytes {summaries[-1]['host_bytes']}")
     problem = check(ref_losses, zinf_losses, diff)
     if problem is None and args.device_budget_share:
         model_bytes = sum(p.numel() * 4 for p in make_model(blocks=args.blocks).parameters())
