@@ -458,6 +458,14 @@ class ZINF_EXPORT Engine {
   // The compute device as Create resolved EngineOptions::device: "host" or "cuda:N". Where a
   // trainer's compute goes, known before Initialize.
   const std::string& compute_device_name() const;
+  // Whether every module's fetched tensors are its parameters' own memory, which stays where
+  // it is and holds their current values for the engine's life (Step, SetParameter and the
+  // loads write it in place): one rank, the parameters homed in device memory the host
+  // addresses (the host device without a modelled link), handed out in their stored precision
+  // (fp32, or fp32_view off). A trainer may then fetch each module once, release it, and keep
+  // computing on those tensors with no Fetch or Release around each use (zinf.zero does: Note
+  // [Resident parameters] in zinf/zero.py). False before Initialize.
+  bool parameters_resident() const;
   // The tiered store's tiers, links and bookkeeping now (include zinf/tiered_store.h), once
   // initialized: what each tier holds at this moment, where a StepSummary reports after steps.
   StatusOr<TieredStoreStats> store_stats() const;

@@ -425,6 +425,8 @@ void BindEngine(py::module_& m) {
              ThrowIfError(e.engine().SetGroupLearningRate(group, lr));
            })
       .def("initialize", &PyEngine::Initialize, py::arg("values") = py::none())
+      .def_property_readonly("parameters_resident",
+                             [](PyEngine& e) { return e.engine().parameters_resident(); })
       .def("fetch", &PyEngine::Fetch, py::arg("module"))
       .def("release", &PyEngine::Release, py::arg("module"))
       .def("gradients", &PyEngine::Gradients, py::arg("module"), py::arg("overwrite") = false)

@@ -38,6 +38,12 @@ How the module runs (Note [Module hooks]):
 - Forward pre-hook: ``Fetch`` the module's parameters (gathered from all ranks, from NVMe when
   they live there), handed to torch as tensors over the engine's memory; forward hook:
   ``Release`` them and put the placeholders back.
+- Note [Resident parameters]: where the engine's fetched tensors are the parameters' own
+  memory, in place for the engine's life (``Engine::parameters_resident``: one rank,
+  parameters in the host device's memory, fp32), each parameter's ``data`` is that memory from
+  ``initialize`` on, as in plain PyTorch: no placeholder, no module hooks and no saved-tensor
+  hooks, and no engine call in forward; the step updates the values in place. Only the
+  gradients go to the engine, as everywhere.
 - A forward that reads a parameter of a module it does not call (``nn.MultiheadAttention``
   passes ``self.out_proj.weight`` to ``F.multi_head_attention_forward`` without calling
   ``out_proj``; ``TransformerEncoderLayer``'s fast path reads every child's weights) fetches it
@@ -299,6 +305,7 @@ class ZeroEngine(ShardValues):
         self._frozen = []         # (name, param) of the model's parameters not in _slots
         self._trained_mids = []   # module ids with a trainable parameter
         self._frozen_mids = set()  # module ids of frozen parameters alone
+        self._resident = False    # Note [Resident parameters]
         self._module_names = []
         self._hook_handles = []
         self._grad_accumulators = []
@@ -390,6 +397,12 @@ class ZeroEngine(ShardValues):
                     self._grad_accumulators.append(acc)
                 s.param._zinf_engine = weakref.ref(self)  # for GatheredParameters
                 _unreadable.release(s.param, s.name)  # Note [Released parameters raise]
+        self._resident = self._engine.parameters_resident
+        if self._resident:  # Note [Resident parameters]: fetched once, for good
+            for mid, slots in enumerate(self._module_slots):
+                for s, t in zip(slots, self._memory.fetch(mid, slots)):
+                    self._show(s, t)
+                self._memory.release(mid)
         _construction.finish(model)  # frozen parameters built under Init get their values
         # What step() checks stayed frozen: listed once, not found by a walk every step.
         self._frozen = [(name, p) for name, p in model.named_parameters()
@@ -404,7 +417,7 @@ class ZeroEngine(ShardValues):
         # The root's pre-hook first: it clears what a forward that raised left behind (the
         # stack of running forwards among it) before the root's own fetch.
         self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))
-        for sub in model.modules():
+        for sub in [] if self._resident else model.modules():
             mids = self._module_ids_of(sub)
             # Every module's forward is a frame that parameters read inside it are fetched for
             # (those without parameters of their own too), so they are released with it. A
@@ -470,6 +483,7 @@ class ZeroEngine(ShardValues):
         self._frozen = []
         self._trained_mids = []
         self._frozen_mids = set()
+        self._resident = False
         self._module_slots.clear()
         # The native engine goes with its last reference: its rendezvous port is free again.
         self._memory = None
@@ -516,8 +530,10 @@ class ZeroEngine(ShardValues):
             _unreadable.release(slot.param)
 
     def _fetched(self, slot):
-        """Whether a forward or backward holds the parameter's module fetched."""
-        return slot.module_id in self._forward_refs or slot.module_id in self._backward_params
+        """Whether a forward or backward holds the parameter's module fetched (a resident
+        one always is)."""
+        return (self._resident or slot.module_id in self._forward_refs
+                or slot.module_id in self._backward_params)
 
     def _placeholder(self, slot):
         # Full shape (p.shape stays true, autograd's metadata matches), one element of storage,
@@ -547,6 +563,8 @@ class ZeroEngine(ShardValues):
             # raised, left its state behind.
             self._recover()
         self._in_backward = False
+        if self._resident:  # no parameter is fetched for backward: nothing to save by reference
+            return
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
 
@@ -868,6 +886,12 @@ class ZeroEngine(ShardValues):
     @property
     def rank(self):
         return self._engine.rank
+
+    @property
+    def parameters_resident(self):
+        """Whether the parameters hold their values for good (Note [Resident parameters]):
+        readable anywhere, with no fetch in forward."""
+        return self._resident
 
     @property
     def world_size(self):

@@ -248,6 +248,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
+bool Engine::parameters_resident() const {
+  const Impl& m = *impl_;
+  // One rank hands out the shard itself (Note [Parameter tier]); a device-homed shard never
+  // moves, and the host writes it in place (ParamTier::WriteTier).
+  return m.initialized && m.world() == 1 &&
+         m.config.offload_param_device == OffloadDevice::kNone && m.host_addressable &&
+         (m.param_type == ElementType::kFp32 || !m.fp32_view);
+}
+
 StatusOr<int> Engine::RegisterModule(const std::string& name,
                                      const std::vector<ParamSpec>& params) {
   Impl& m = *impl_;

@@ -311,7 +311,8 @@ class ZeroTest(unittest.TestCase):
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8),
                                     torch.nn.Tanh(), torch.nn.Linear(8, 8))
         model[1].requires_grad_(False)
-        engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0))
+        engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0,
+                                                          offload_param={"device": "cpu"}))
         seen = []
         frozen = model[1].weight  # read outside a forward: no fetch
 
@@ -355,9 +356,31 @@ class ZeroTest(unittest.TestCase):
             if precision:
                 self.assertGreater(engine.loss_scale, 1.0)
 
+    def test_resident_parameters_are_the_engines_memory_with_no_fetch(self):
+        # Note [Resident parameters]: one rank, parameters in the host device's memory: the
+        # parameters are the engine's tensors from initialize on, readable, updated in place by
+        # the step, and forward gathers nothing; offloaded, they are fetched as before.
+        tokens, targets = next(zero_train.batches(1, 2))
+        for offload, resident in (("none", True), ("cpu", False)):
+            with self.subTest(offload=offload):
+                model = zero_train.make_model()
+                engine = zinf.zero.initialize(
+                    model, small_config(offload_param={"device": offload}))
+                self.assertEqual(engine.parameters_resident, resident)
+                summaries = []
+                for _ in range(3):
+                    engine.backward(zero_train.lm_loss(engine(tokens), targets))
+                    summaries.append(engine.step())
+                self.assertEqual(summaries[-1]["bytes_gathered"] == 0, resident, summaries[-1])
+                if resident:
+                    values = engine.gather_parameters()
+                    for name, p in model.named_parameters():
+                        self.assertTrue(torch.equal(p.detach(), values[name]), name)
+
     def test_parameters_are_released_after_forward(self):
         model = zero_train.make_model()
-        engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0))
+        engine = zinf.zero.initialize(model, small_config(stage3_param_persistence_threshold=0,
+                                                          offload_param={"device": "cpu"}))
         packed = []
         pack = engine._pack
 
@@ -500,7 +523,7 @@ class ZeroTest(unittest.TestCase):
 
         for call_directly in (False, True):
             model = Flaky()
-            engine = zinf.zero.initialize(model, small_config())
+            engine = zinf.zero.initialize(model, small_config(offload_param={"device": "cpu"}))
             run = model if call_directly else engine
             model.fail = True
             with self.assertRaisesRegex(RuntimeError, "data error"):

@@ -34,6 +34,11 @@ def check(args):
             return f"'{name}' is not rank 0's value after initialize"
 
     weight = model.head.weight
+    if engine.parameters_resident:
+        # Note [Resident parameters]: the values are the parameters' own, readable anywhere.
+        if not torch.equal(weight.detach(), expected["head.weight"].detach()):
+            return "a resident parameter does not read as its value"
+        return check_blocks(engine, model, expected, world, rank)
     # Outside any fetch nothing reads as values (Note [Released parameters raise]); what needs
     # none still answers.
     if tuple(weight.shape) != tuple(expected["head.weight"].shape) or not weight.requires_grad:
@@ -52,6 +57,12 @@ def check(args):
         except zinf.ParameterNotGatheredError as e:
             if "'head.weight'" not in str(e) or "GatheredParameters" not in str(e):
                 return f"the refusal to read {what} does not say what to call: {e}"
+    return check_blocks(engine, model, expected, world, rank)
+
+
+def check_blocks(engine, model, expected, world, rank):
+    """GatheredParameters, its write-back, state_dict and a step after them."""
+    weight = model.head.weight
     with zinf.zero.GatheredParameters([weight, model.embed.weight]):
         if not torch.equal(weight, expected["head.weight"].detach()):
             return "GatheredParameters did not give the value"
