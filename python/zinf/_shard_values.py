@@ -3,8 +3,8 @@ values a state_dict, GatheredParameters, gather_parameters and consolidated_stat
 (each a collective), a modifier's values written back into every rank's shards, and the
 checkpoints with the module's buffers. ShardValues is ZeroEngine's (zinf/zero.py) and uses its
 fields: _engine, module, device, _compute_dtype, _slots, _module_slots, _gathered (id(param) ->
-[full value, open blocks]), _consolidating, _backwards_since_step, and its _fetched, _show and
-_park.
+[full value, open blocks]), _consolidating, _backwards_since_step, and its _fetched, _show,
+_park and _before_engine_writes.
 """
 
 import json
@@ -143,6 +143,7 @@ class ShardValues:
         """Restores the latest checkpoint in `directory` (a collective), module buffers
         included; returns client_state."""
         self._push_buffers()  # registers them, so the checkpoint must hold the same set
+        self._before_engine_writes()
         client = json.loads(self._engine.load_checkpoint(os.fspath(directory)))
         self._backwards_since_step = 0  # the engine's reductions start again from none
         for name, buf in self._buffers():

@@ -40,10 +40,13 @@ How the module runs (Note [Module hooks]):
   ``Release`` them and put the placeholders back.
 - Note [Resident parameters]: where the engine's fetched tensors are the parameters' own
   memory, in place for the engine's life (``Engine::parameters_resident``: one rank,
-  parameters in the host device's memory, fp32), each parameter's ``data`` is that memory from
-  ``initialize`` on, as in plain PyTorch: no placeholder, no module hooks and no saved-tensor
-  hooks, and no engine call in forward; the step updates the values in place. Only the
-  gradients go to the engine, as everywhere.
+  parameters in device memory, handed out in their stored precision: fp32 on the host, any on
+  a GPU), each parameter's ``data`` is that memory from ``initialize`` on, as in plain
+  PyTorch: no placeholder, no module hooks and no saved-tensor hooks, and no engine call in
+  forward; the step updates the values in place, as torch's optimizers do. Only the gradients
+  go to the engine, as everywhere. On a GPU the engine's writes (the step, a checkpoint's load)
+  come after torch's stream has finished what it queued (one wait a step), and are complete
+  when the call returns, before the next forward is queued.
 - A forward that reads a parameter of a module it does not call (``nn.MultiheadAttention``
   passes ``self.out_proj.weight`` to ``F.multi_head_attention_forward`` without calling
   ``out_proj``; ``TransformerEncoderLayer``'s fast path reads every child's weights) fetches it
@@ -834,6 +837,7 @@ class ZeroEngine(ShardValues):
         parameters. Returns the step summary (step, grad_norm, loss_scale, bytes moved, ...)."""
         self._refuse_without_training("step()")
         self._check_requires_grad()
+        self._before_engine_writes()
         try:
             summary = self._engine.step()
         except _zinf.DataLossError as e:
@@ -845,6 +849,13 @@ class ZeroEngine(ShardValues):
         self._backwards_since_step = 0
         _heap.after_step()
         return summary
+
+    def _before_engine_writes(self):
+        """Resident parameters on a GPU (Note [Resident parameters]): the engine writes them in
+        place, so torch's queued kernels must be done reading them first; the engine's writes
+        are complete when its call returns."""
+        if self._resident and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _refuse_without_training(self, call):
         if not self._trains:

@@ -251,9 +251,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
 bool Engine::parameters_resident() const {
   const Impl& m = *impl_;
   // One rank hands out the shard itself (Note [Parameter tier]); a device-homed shard never
-  // moves, and the host writes it in place (ParamTier::WriteTier).
-  return m.initialized && m.world() == 1 &&
-         m.config.offload_param_device == OffloadDevice::kNone && m.host_addressable &&
+  // moves, and its writes end in it (ParamTier::WriteTier: in place, or a host copy written
+  // back, which FinishWrites waits for). The overlapped step writes it while backward goes on,
+  // guarded by refusing the fetch of a module reduced for the last time (Note [Overlapped
+  // step]), which a trainer that fetches nothing would never meet.
+  const bool overlapped = m.config.offload_optimizer_device == OffloadDevice::kNvme &&
+                          m.config.overlap_optimizer;
+  return m.initialized && m.world() == 1 && !overlapped &&
+         m.config.offload_param_device == OffloadDevice::kNone &&
          (m.param_type == ElementType::kFp32 || !m.fp32_view);
 }
 

@@ -43,6 +43,13 @@ OWN_OPTIMIZER = {
     "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
     "train_batch_size": "auto", "gradient_clipping": "auto",
 }
+# The same without offload: what DeepSpeed runs with a client optimizer on the CPU (its
+# offload wants its own CPU Adam), for the comparisons of LoRA and DPO on both.
+NO_OFFLOAD = {
+    "zero_optimization": {"stage": 3},
+    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "train_batch_size": "auto", "gradient_clipping": "auto",
+}
 ARGS = ["--learning_rate", "1e-2", "--warmup_steps", "3", "--logging_steps", "1",
         "--report_to", "none", "--use_cpu", "--max_grad_norm", "0.5"]
 
@@ -53,6 +60,20 @@ def deepspeed_missing():
     except Exception as e:
         return f"deepspeed does not import under {sys.executable}: {e}"
     return None
+
+
+class DeepSpeedOnTheCpu:
+    """DS_ACCELERATOR=cpu for the block, as DeepSpeed on a machine without a GPU needs."""
+
+    def __enter__(self):
+        self.old = os.environ.get("DS_ACCELERATOR")
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("DS_ACCELERATOR", None)
+        else:
+            os.environ["DS_ACCELERATOR"] = self.old
 
 
 @unittest.skipIf(WHY is not None, WHY)
@@ -204,19 +225,27 @@ print("DIFFERENCE", engine.rank, float((got - want).abs().max()))
         args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
                 "--gradient_accumulation_steps", "2", "--weight_decay", "0.01",
                 "--gradient_checkpointing"]
-        env = {"DS_ACCELERATOR": "cpu"}
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with DeepSpeedOnTheCpu():
             theirs = self.run_script("deepspeed", "transformers", 1, "gpt2", HF_ZERO3, args)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         ours = self.run_script("zinf-vs-deepspeed", "zinf", 1, "gpt2", HF_ZERO3, args)
         self.assert_same_training(ours, theirs, 1e-5, "against DeepSpeed")
+
+    def test_deepspeed_runs_peft_lora_to_the_same_losses(self):
+        # LoRA on a frozen base, the base sharded by each (Note [Frozen parameters]).
+        why = deepspeed_missing()
+        if why:
+            self.skipTest(why)
+        try:
+            import peft  # noqa: F401
+        except Exception as e:
+            self.skipTest(f"peft does not import: {e}")
+        args = ["--max_steps", "12", "--per_device_train_batch_size", "2",
+                "--gradient_accumulation_steps", "2", "--weight_decay", "0.0", "--lora_r", "4"]
+        with DeepSpeedOnTheCpu():
+            theirs = self.run_script("deepspeed-lora", "transformers", 1, "gpt2", NO_OFFLOAD,
+                                     args)
+        ours = self.run_script("zinf-lora-vs-deepspeed", "zinf", 1, "gpt2", NO_OFFLOAD, args)
+        self.assert_same_training(ours, theirs, 1e-5, "LoRA against DeepSpeed")
 
 
 ACCELERATE_SCRIPT = os.path.join(HERE, "accelerate_clm.py")
@@ -300,15 +329,20 @@ class TrlTest(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="zinf-trl-")
         self.addCleanup(shutil.rmtree, self.dir, True)
 
-    def run_script(self, name, on_zinf, world, args=(), expect_ok=True):
+    def run_script(self, name, on_zinf, world, args=(), expect_ok=True, deepspeed=None):
+        """TRL's script on zinf (`on_zinf`, with OWN_OPTIMIZER unless `deepspeed` says
+        another config), or as it is: on DeepSpeed where `deepspeed` gives it a config."""
         cmd = [sys.executable, TRL_SCRIPT, "--out", os.path.join(self.dir, name)] + list(args)
-        if on_zinf:
+        config = deepspeed or (OWN_OPTIMIZER if on_zinf else None)
+        if config is not None:
             path = os.path.join(self.dir, name + ".json")
             with open(path, "w") as f:
-                json.dump(OWN_OPTIMIZER, f)
+                json.dump(config, f)
             cmd += ["--deepspeed", path]
+        # DeepSpeed's own initialize looks for a launcher's environment (else MPI's).
         output = launch.run(self, cmd, world, {"ZINF_TRL": "1" if on_zinf else "0"},
-                            expect_ok=expect_ok, launcher_env=False)
+                            expect_ok=expect_ok,
+                            launcher_env=deepspeed is not None and not on_zinf)
         return launch.result(self, output) if expect_ok else output
 
     def test_dpo_with_a_reference_model_gives_trls_losses(self):
@@ -323,6 +357,20 @@ class TrlTest(unittest.TestCase):
                     self.assertAlmostEqual(g["loss"], w["loss"], delta=1e-5 * w["loss"],
                                            msg=f"{got['steps']} vs {want['steps']}")
                     self.assertAlmostEqual(g["margin"], w["margin"], delta=1e-5)
+
+    def test_dpo_on_deepspeed_gives_the_same_losses(self):
+        # The same script on TRL over DeepSpeed (ZeRO-3, its reference model an engine too).
+        why = deepspeed_missing()
+        if why:
+            self.skipTest(why)
+        with DeepSpeedOnTheCpu():
+            theirs = self.run_script("deepspeed", False, 1, deepspeed=NO_OFFLOAD)
+        got = self.run_script("zinf-vs-deepspeed", True, 1, deepspeed=NO_OFFLOAD)
+        self.assertEqual(len(got["steps"]), len(theirs["steps"]))
+        for g, w in zip(got["steps"], theirs["steps"]):
+            self.assertAlmostEqual(g["loss"], w["loss"], delta=1e-5 * w["loss"],
+                                   msg=f"{got['steps']} vs {theirs['steps']}")
+            self.assertAlmostEqual(g["margin"], w["margin"], delta=1e-5)
 
     def test_mixed_precision_the_config_does_not_set_is_refused(self):
         # TRL's configs default to bf16, which outside DeepSpeed's mode is Accelerate's

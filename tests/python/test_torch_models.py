@@ -159,8 +159,11 @@ class TorchModelsTest(unittest.TestCase):
         ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).to(self.device)
         torch.manual_seed(0)
         model = torch.nn.MultiheadAttention(8, 2, batch_first=True).to(self.device)
-        engine = zinf.zero.initialize(model, {"train_micro_batch_size_per_gpu": 2,
-                                              "zero_optimization": {"stage": 3}})
+        # Offloaded, so that out_proj is fetched and released (resident parameters never are:
+        # Note [Resident parameters]).
+        engine = zinf.zero.initialize(model, {
+            "train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
         x = torch.randn(2, 3, 8).to(self.device)
         want = ref(x, x, x, need_weights=False)[0]
         got = engine(x, x, x, need_weights=False)[0]
@@ -182,7 +185,8 @@ class TorchModelsTest(unittest.TestCase):
     def test_a_module_that_returns_a_view_of_its_parameter_returns_its_values(self):
         # A learned table returned by slicing, as position embeddings and learned queries are.
         # The view must outlive the module's release, and the next step's update: torch
-        # computes on the engine's memory (Note [The engine's memory]).
+        # computes on the engine's memory (Note [The engine's memory]). Offloaded, so that the
+        # module is released (a resident parameter's view follows its updates, as in torch).
         class Table(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -208,7 +212,8 @@ class TorchModelsTest(unittest.TestCase):
         torch.manual_seed(0)
         model = Model().to(self.device)
         engine = zinf.zero.initialize(model, {
-            "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3},
+            "train_micro_batch_size_per_gpu": 4,
+            "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
             "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
         x = torch.randn(4, 8).to(self.device)
         want = ref(x)
