@@ -630,6 +630,11 @@ typedef struct zinf_engine_info_t {
   /* Added after the first version: micro_batch_size x gradient_accumulation_steps x
    * world_size, as the engine resolved the config's batch keys. */
   int64_t train_batch_size;
+  /* Added after train_batch_size: 1 where a module's fetched tensors are its parameters' own
+   * memory for the engine's life (Engine::parameters_resident in zinf/engine.h): a trainer
+   * may fetch each module once and keep its tensors. */
+  int32_t parameters_resident;
+  int32_t reserved1;
 } zinf_engine_info_t;
 
 typedef struct zinf_step_summary_t {

@@ -448,6 +448,7 @@ zinf_code_t zinf_engine_info(zinf_engine_t* engine, zinf_engine_info_t* info, ch
     c.loss_scale = en.loss_scale();
     c.learning_rate = en.learning_rate();
     c.train_batch_size = en.config().train_batch_size;
+    c.parameters_resident = en.parameters_resident() ? 1 : 0;
     return zinf::capi::WriteStruct(c, "info", "zinf_engine_info_t", info,
                                    offsetof(zinf_engine_info_t, train_batch_size));
   });

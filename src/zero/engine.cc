@@ -255,8 +255,8 @@ bool Engine::parameters_resident() const {
   // back, which FinishWrites waits for). The overlapped step writes it while backward goes on,
   // guarded by refusing the fetch of a module reduced for the last time (Note [Overlapped
   // step]), which a trainer that fetches nothing would never meet.
-  const bool overlapped = m.config.offload_optimizer_device == OffloadDevice::kNvme &&
-                          m.config.overlap_optimizer;
+  const bool overlapped =
+      m.config.offload_optimizer_device == OffloadDevice::kNvme && m.config.overlap_optimizer;
   return m.initialized && m.world() == 1 && !overlapped &&
          m.config.offload_param_device == OffloadDevice::kNone &&
          (m.param_type == ElementType::kFp32 || !m.fp32_view);

@@ -861,6 +861,7 @@ static void TestEngine(const char* dir) {
   CHECK(info.rank == 0 && info.world_size == 1 && info.zero_stage == 3);
   CHECK(info.loss_scale == 1.0 && info.learning_rate == 0.1);
   CHECK(info.gradient_accumulation_steps == 1 && info.train_batch_size == 1);
+  CHECK(info.parameters_resident == 1); /* one rank, parameters in the host device's memory */
   {
     /* The trainer's values for "auto" keys: "not given" is -1 or NaN; a value fills "auto". */
     zinf_trainer_values_t tv;

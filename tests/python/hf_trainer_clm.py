@@ -138,11 +138,14 @@ def main():
     loaded = AutoModelForCausalLM.from_pretrained(training_args.output_dir, dtype=torch.float32)
     with torch.no_grad():
         logits = loaded(batch).logits.flatten()[:256].tolist()
+    # zinf's engine: the host bytes of its last step (the parameters' tier among them).
+    last_step = getattr(trainer.model_wrapped, "last_step", None)
     if training_args.process_index == 0:
         with open(os.path.join(training_args.output_dir, "losses.json"), "w") as f:
             json.dump({"steps": log.steps, "trained_logits": trained, "logits": logits,
                        "global_step": trainer.state.global_step,
-                       "train_runtime": metrics["train_runtime"]}, f)
+                       "train_runtime": metrics["train_runtime"],
+                       "host_bytes": last_step["host_bytes"] if last_step else None}, f)
     return 0
 
 

@@ -144,11 +144,13 @@ class HfTrainerTest(unittest.TestCase):
     def test_peft_lora_on_a_frozen_base_gives_plain_trainers_losses(self):
         # PEFT's LoRA (its own package) on a frozen GPT-2: the adapters train to plain
         # Trainer's losses, and save_model writes the adapter, which from_pretrained loads
-        # onto the base with the trained model's logits.
+        # onto the base with the trained model's logits. The base is sharded (Note [Frozen
+        # parameters]): the host bytes per rank fall with the ranks.
         try:
             import peft  # noqa: F401
         except Exception as e:
             self.skipTest(f"peft does not import: {e}")
+        host_bytes = {}
         for world, gas in ((1, 2), (2, 1)):
             with self.subTest(world=world):
                 args = ["--max_steps", "20", "--per_device_train_batch_size", "2",
@@ -163,6 +165,14 @@ class HfTrainerTest(unittest.TestCase):
                     self.dir, f"zinf-lora-{world}", "adapter_model.safetensors")))
                 for g, w in zip(got["logits"], got["trained_logits"]):
                     self.assertAlmostEqual(g, w, delta=1e-5 * max(1.0, abs(w)))
+                host_bytes[world] = got["host_bytes"]
+        # Half the base leaves each rank's host tier (its fp32 values, offload_param cpu);
+        # unsharded, two ranks would hold more than one, their buckets besides.
+        base = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.join(self.dir, "init-gpt2"))
+        base_bytes = 4 * sum(p.numel() for p in base.parameters())
+        self.assertGreater(host_bytes[1] - host_bytes[2], 0.4 * base_bytes,
+                           f"host bytes per rank {host_bytes}, the base {base_bytes}")
 
     def test_hugging_face_zero3_offload_config_trains_resumes_and_saves(self):
         # The config as Hugging Face's docs ship it ("auto" everywhere, AdamW and
