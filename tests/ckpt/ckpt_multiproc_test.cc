@@ -19,6 +19,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "tests/ckpt/ckpt_testing.h"
+#include "tests/testing/float_file.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
 
@@ -28,19 +29,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::AllCkptParams;
 using testing::MakeCkptEngine;
+using testing::ReadFloats;
 using testing::TrainCkptEngine;
-
-void WriteFloats(const std::string& path, const std::vector<float>& v) {
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-}
-
-std::vector<float> ReadFloats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<float> v((fs::file_size(path)) / 4);
-  in.read(reinterpret_cast<char*>(v.data()), v.size() * 4);
-  return v;
-}
+using testing::WriteFloats;
 
 class CkptMultiprocTest : public ::testing::Test {
  protected:
@@ -78,9 +69,9 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
     if (!saved.ok() || !TrainCkptEngine(e, 3, 6).ok()) return 3;
     auto final_params = AllCkptParams(e);
     if (!final_params.ok()) return 4;
-    if (e.rank() == 0) {
-      WriteFloats(root_ + "/saved.bin", *saved);
-      WriteFloats(root_ + "/expected.bin", *final_params);
+    if (e.rank() == 0 && (!WriteFloats(root_ + "/saved.bin", *saved).ok() ||
+                          !WriteFloats(root_ + "/expected.bin", *final_params).ok())) {
+      return 5;
     }
     return 0;
   };
@@ -95,8 +86,7 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
     if (!TrainCkptEngine(e, 3, 6).ok()) return 2;
     auto final_params = AllCkptParams(e);
     if (!final_params.ok()) return 3;
-    if (e.rank() == 0) WriteFloats(root_ + "/resumed.bin", *final_params);
-    return 0;
+    return e.rank() == 0 && !WriteFloats(root_ + "/resumed.bin", *final_params).ok() ? 4 : 0;
   };
   // Resumed in another placement: the checkpoint does not depend on where the state lived.
   ASSERT_EQ(Ranks(2, "memory", root_ + "/nvme2", resume), (std::vector<int>{0, 0}));
@@ -125,7 +115,7 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
     }
     auto loaded = AllCkptParams(e);
     if (!loaded.ok()) return 2;
-    if (e.rank() == 0) WriteFloats(root_ + "/three.bin", *loaded);
+    if (e.rank() == 0 && !WriteFloats(root_ + "/three.bin", *loaded).ok()) return 3;
     Status s = e.SaveCheckpoint(root_ + "/ckpt3", "step-3", *client);
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -139,8 +129,7 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
     if (!e.LoadCheckpoint(root_ + "/ckpt3").ok() || !TrainCkptEngine(e, 3, 6).ok()) return 1;
     auto final_params = AllCkptParams(e);
     if (!final_params.ok()) return 2;
-    if (e.rank() == 0) WriteFloats(root_ + "/via-three.bin", *final_params);
-    return 0;
+    return e.rank() == 0 && !WriteFloats(root_ + "/via-three.bin", *final_params).ok() ? 3 : 0;
   };
   ASSERT_EQ(Ranks(2, "optimizer_nvme", root_ + "/nvme4", back_to_two), (std::vector<int>{0, 0}));
   EXPECT_EQ(ReadFloats(root_ + "/via-three.bin"), ReadFloats(root_ + "/expected.bin"));
@@ -149,8 +138,7 @@ TEST_F(CkptMultiprocTest, TwoRanksResumeBitwiseAndExportTheGatheredModel) {
     if (!e.LoadCheckpoint(ckpt).ok()) return 1;
     auto loaded = AllCkptParams(e);
     if (!loaded.ok()) return 2;
-    WriteFloats(root_ + "/one.bin", *loaded);
-    return 0;
+    return WriteFloats(root_ + "/one.bin", *loaded).ok() ? 0 : 3;
   };
   ASSERT_EQ(Ranks(1, "all_nvme", root_ + "/nvme5", one), (std::vector<int>{0}));
   EXPECT_EQ(ReadFloats(root_ + "/one.bin"), saved);
@@ -164,8 +152,7 @@ TEST_F(CkptMultiprocTest, SafetensorsLoadOnEveryRankAndOtherOrdersLoadByName) {
   const std::string ckpt = root_ + "/ckpt", file = root_ + "/m.safetensors";
   auto save = [&](Engine& e) {
     if (!TrainCkptEngine(e, 0, 3).ok() || !e.SaveCheckpoint(ckpt, "step-3").ok()) return 1;
-    WriteFloats(root_ + "/saved.bin", *AllCkptParams(e));
-    return 0;
+    return WriteFloats(root_ + "/saved.bin", *AllCkptParams(e)).ok() ? 0 : 2;
   };
   ASSERT_EQ(Ranks(1, "memory", root_ + "/nvme1", save), (std::vector<int>{0}));
   ASSERT_TRUE(ckpt::ExportSafetensors(ckpt, file, ElementType::kFp32).ok());
@@ -178,7 +165,7 @@ TEST_F(CkptMultiprocTest, SafetensorsLoadOnEveryRankAndOtherOrdersLoadByName) {
     }
     auto loaded = AllCkptParams(e);
     if (!loaded.ok()) return 2;
-    if (e.rank() == 0) WriteFloats(root_ + "/three.bin", *loaded);
+    if (e.rank() == 0 && !WriteFloats(root_ + "/three.bin", *loaded).ok()) return 3;
     return 0;
   };
   ASSERT_EQ(Ranks(3, "all_nvme", root_ + "/nvme3", three), (std::vector<int>{0, 0, 0}));
@@ -205,8 +192,7 @@ TEST_F(CkptMultiprocTest, SafetensorsLoadOnEveryRankAndOtherOrdersLoadByName) {
     }
     auto loaded = AllCkptParams(e);
     if (!loaded.ok()) return 2;
-    if (e.rank() == 0) WriteFloats(root_ + "/two.bin", *loaded);
-    return 0;
+    return e.rank() == 0 && !WriteFloats(root_ + "/two.bin", *loaded).ok() ? 3 : 0;
   };
   ASSERT_EQ(Ranks(2, "params_nvme", root_ + "/nvme5", two), (std::vector<int>{0, 0}));
   EXPECT_EQ(ReadFloats(root_ + "/two.bin"), saved);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/testing/engine_setup.h"
+#include "tests/testing/float_file.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/dtype.h"
@@ -24,7 +25,9 @@
 namespace zinf {
 namespace {
 
+using testing::ReadFloats;
 using testing::RunRanks;
+using testing::WriteFloats;
 
 struct TestParam {
   const char* name;
@@ -163,22 +166,6 @@ std::vector<float> FrozenInitial(bool bf16) {
     }
   }
   return out;
-}
-
-Status WriteFloats(const std::string& path, const std::vector<float>& v) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return IoError(path);
-  const bool ok = std::fwrite(v.data(), 4, v.size(), f) == v.size();
-  return std::fclose(f) == 0 && ok ? OkStatus() : IoError(path);
-}
-std::vector<float> ReadFloats(const std::string& path) {
-  std::vector<float> v;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return v;
-  float x;
-  while (std::fread(&x, 4, 1, f) == 1) v.push_back(x);
-  std::fclose(f);
-  return v;
 }
 
 size_t Differ(const std::vector<float>& a, const std::vector<float>& b) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/testing/engine_setup.h"
+#include "tests/testing/float_file.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/temp_dir.h"
 #include "zinf/cpu_optimizer.h"
@@ -25,7 +26,9 @@
 namespace zinf {
 namespace {
 
+using testing::ReadFloats;
 using testing::RunRanks;
+using testing::WriteFloats;
 
 struct TestParam {
   const char* name;
@@ -127,29 +130,14 @@ Status Train(Engine& e, const std::vector<int>& ids, int first, int last) {
   return OkStatus();
 }
 
-// Every parameter's value into `dir`/`file` (rank 0).
+// Every parameter's value into `path` (rank 0).
 Status Dump(Engine& e, const std::string& path) {
-  std::string bytes;
-  std::vector<float> v;
+  std::vector<float> all, v;
   for (const TestParam& p : kParams) {
     ZINF_RETURN_IF_ERROR(e.GatherParameter(p.name, &v));
-    bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    all.insert(all.end(), v.begin(), v.end());
   }
-  if (e.rank() != 0) return OkStatus();
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return IoError(path);
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  return std::fclose(f) == 0 && ok ? OkStatus() : IoError(path);
-}
-
-std::vector<float> ReadFloats(const std::string& path) {
-  std::vector<float> v;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return v;
-  float x;
-  while (std::fread(&x, 4, 1, f) == 1) v.push_back(x);
-  std::fclose(f);
-  return v;
+  return e.rank() == 0 ? WriteFloats(path, all) : OkStatus();
 }
 
 // Two CpuOptimizer groups, each parameter a span of its own, on the same values.
