@@ -130,6 +130,7 @@ import torch
 
 from zinf import _construction, _device_memory, _engine_inputs, _fetch_units, _heap, _zinf
 from zinf import _client_objects, _unreadable
+from zinf._backward import Backward
 from zinf._shard_values import ShardValues, join_name
 from zinf._construction import GatheredParameters, Init  # noqa: F401
 
@@ -197,32 +198,6 @@ def register_external_parameter(module, parameter):
     external.append(parameter)
 
 
-class _ReleaseAfterBackward(torch.autograd.Function):
-    """The identity on a frozen module's inputs; its backward releases what the module's
-    backward fetched (Note [Frozen modules in backward])."""
-
-    @staticmethod
-    def forward(ctx, release, *inputs):
-        ctx.release = release
-        return tuple(x.view_as(x) for x in inputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.release()
-        return (None, *grads)
-
-
-class _SavedParam:
-    """What saved_tensors_hooks keeps instead of a parameter (or a view of one)."""
-    __slots__ = ("slot", "offset", "size", "stride")
-
-    def __init__(self, slot, tensor):
-        self.slot = slot
-        self.offset = tensor.storage_offset()
-        self.size = tuple(tensor.shape)
-        self.stride = tuple(tensor.stride())
-
-
 class _Slot:
     """One managed parameter: its engine module, its index there, its name and shape, and the
     placeholder its data is while no fetch holds it."""
@@ -240,7 +215,7 @@ class _Slot:
         self.trainable = param.requires_grad  # at initialize: the engine's ParamSpec::trainable
 
 
-class ZeroEngine(ShardValues):
+class ZeroEngine(ShardValues, Backward):
     """A model under zinf's ZeRO engine. Call it like the model; then backward() and step()."""
 
     def __init__(self, model, config, optimizer_threads=0, timeout_s=300.0, trainer=None,
@@ -582,26 +557,6 @@ class ZeroEngine(ShardValues):
             if t.requires_grad:
                 t.register_hook(self._backward_begins)
 
-    def _backward_begins(self, *unused):
-        if not self._in_backward and not self._trains:
-            # Backward through a model with nothing to train reaches its inputs only: what it
-            # fetched is released at its end, and nothing goes to the engine.
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_frozen_backward)
-            return
-        if not self._in_backward:
-            gas = self._engine.gradient_accumulation_steps
-            if self._backwards_since_step >= gas:
-                # Refused before any gradient reaches the engine, so the batch is intact.
-                raise RuntimeError(
-                    f"backward() was called {self._backwards_since_step + 1} times since the "
-                    f"last step(), and gradient_accumulation_steps is {gas}: call step() after "
-                    f"the batch's last backward; this backward was refused and nothing of it "
-                    f"reached the engine (after a step() that failed, its gradients are still "
-                    f"held: call step() again, or load_checkpoint)")
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-
     def _recover(self):
         """Undoes what a forward that raised left: the saved-tensor hooks, fetched modules."""
         self._root_post_hook()
@@ -633,23 +588,6 @@ class ZeroEngine(ShardValues):
                 return self._release_after_backward(frozen, inputs)
             return None
         return pre_hook
-
-    def _release_after_backward(self, mids, inputs):
-        """`inputs` with those that need a gradient through _ReleaseAfterBackward (Note
-        [Frozen modules in backward]); None when none does."""
-        which = [i for i, x in enumerate(inputs)
-                 if isinstance(x, torch.Tensor) and x.requires_grad]
-        if not which:
-            return None
-
-        def release():
-            for mid in mids:
-                self._release_for_backward(mid)
-        passed = _ReleaseAfterBackward.apply(release, *(inputs[i] for i in which))
-        out = list(inputs)
-        for i, x in zip(which, passed):
-            out[i] = x
-        return tuple(out)
 
     def _make_post_hook(self, mids):
         def post_hook(module, inputs, output):
@@ -726,109 +664,6 @@ class ZeroEngine(ShardValues):
                 self._forward_ptrs.pop(ptr, None)
                 self._park(s)
             self._unhold(mid)
-
-    # -- saved tensors ----------------------------------------------------------------------
-
-    def _pack(self, tensor):
-        if self._forward_ptrs and tensor.device == self.device:
-            s = self._forward_ptrs.get(_device_memory.storage_ptr(tensor))
-            if s is not None and tensor.dtype == self._compute_dtype:
-                return _SavedParam(s, tensor)
-        return tensor
-
-    def _unpack(self, saved):
-        if not isinstance(saved, _SavedParam):
-            return saved
-        s = saved.slot
-        tensors = self._acquire_for_backward(s.module_id)
-        return tensors[s.index].as_strided(saved.size, saved.stride, saved.offset)
-
-    def _acquire_for_backward(self, mid):
-        """Module `mid`'s parameters for backward, held, and its parameters' ``data`` set to
-        them, until its gradients are reduced (Note [Recompute in backward])."""
-        tensors = self._backward_params.get(mid)
-        if tensors is None:
-            tensors = self._backward_params[mid] = self._hold(mid)
-            for s, t in zip(self._module_slots[mid], tensors):
-                self._show(s, t)
-        return tensors
-
-    def _release_for_backward(self, mid):
-        if self._backward_params.pop(mid, None) is None:
-            return
-        if mid not in self._forward_refs:
-            for s in self._module_slots[mid]:
-                self._park(s)
-        self._unhold(mid)  # backward's use of the parameters is over
-
-    # -- backward ---------------------------------------------------------------------------
-
-    def backward(self, loss):
-        """loss.backward() with the loss multiplied by the engine's fp16 loss scale (1 without
-        fp16); the gradients go to the engine."""
-        self._refuse_without_training("backward()")
-        scale = self._engine.loss_scale
-        (loss * scale if scale != 1.0 else loss).backward()
-
-    def _make_grad_hook(self, slot):
-        def grad_hook(*unused):
-            self._take_gradient(slot)
-        return grad_hook
-
-    def _take_gradient(self, s):
-        p = s.param
-        with _unreadable.metadata_only():  # no dispatch per access of a released parameter
-            grad = p.grad
-            p.grad = None
-        if grad is None:
-            return
-        self._backward_begins()  # where the output's hook was not reached
-        mid = s.module_id
-        if mid in self._reduced:
-            raise RuntimeError(f"a second gradient for '{s.name}' in one backward: call "
-                               f"backward once per micro-batch")
-        views = self._grad_views.get(mid)
-        if views is None:
-            # Not zeroed first: each view is overwritten by its gradient here, or zeroed at the
-            # end of backward if none comes.
-            views = self._memory.gradients(mid, self._module_slots[mid], overwrite=True)
-            self._grad_views[mid] = views
-            self._grads_pending[mid] = {t.index for t in self._module_slots[mid] if t.trainable}
-        views[s.index].copy_(grad)  # the buffers come in the parameters' shapes
-        pending = self._grads_pending[mid]
-        pending.discard(s.index)
-        if not pending:
-            self._reduce(mid)
-
-    def _reduce(self, mid):
-        self._grad_views.pop(mid, None)  # no view outlives the buffers
-        self._grads_pending.pop(mid, None)
-        self._release_for_backward(mid)
-        self._memory.reduce(mid)
-        self._reduced.add(mid)
-
-    def _end_frozen_backward(self):
-        self._in_backward = False
-        for mid in list(self._backward_params):
-            self._release_for_backward(mid)
-
-    def _end_backward(self):
-        # Every module is reduced once per micro-batch; one that got no gradient (not used,
-        # or its output did not reach the loss) gives zeros, as torch's optimizers see None.
-        self._in_backward = False
-        self._backwards_since_step += 1
-        for mid in self._trained_mids:  # a module of frozen parameters has nothing to reduce
-            if mid not in self._reduced:
-                if mid not in self._grad_views:
-                    self._memory.gradients(mid, self._module_slots[mid])  # zeros
-                else:  # the parameters of the module whose gradient did not come
-                    views = self._grad_views[mid]
-                    for index in self._grads_pending[mid]:
-                        views[index].zero_()
-                self._reduce(mid)
-        self._reduced.clear()
-        for mid in list(self._backward_params):  # fetched by a recompute after its reduce
-            self._release_for_backward(mid)
 
     # -- step and the rest ------------------------------------------------------------------
 
