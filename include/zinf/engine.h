@@ -463,9 +463,9 @@ class ZINF_EXPORT Engine {
   // loads write it in place, complete when they return): one rank, the parameters homed in
   // device memory (offload_param none), handed out in their stored precision (on the host
   // device: fp32, or fp32_view off), and no optimizer step writing them while backward goes
-  // on (zinf.overlap_optimizer with the optimizer on NVMe). A trainer may then fetch each module once, release it,
-  // and keep computing on those tensors with no Fetch or Release around each use, provided
-  // its device is done reading them before it calls one of those writers (zinf.zero does:
+  // on (zinf.overlap_optimizer with the optimizer on NVMe). A trainer may then fetch each module
+  // once, release it, and keep computing on those tensors with no Fetch or Release around each use,
+  // provided its device is done reading them before it calls one of those writers (zinf.zero does:
   // Note [Resident parameters] in zinf/zero.py). False before Initialize.
   bool parameters_resident() const;
   // The tiered store's tiers, links and bookkeeping now (include zinf/tiered_store.h), once
