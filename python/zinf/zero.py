@@ -282,7 +282,6 @@ class ZeroEngine(ShardValues, Backward):
         self._module_slots = []   # module id -> [_Slot]
         self._frozen = []         # (name, param) of the model's parameters not in _slots
         self._trained_mids = []   # module ids with a trainable parameter
-        self._frozen_mids = set()  # module ids of frozen parameters alone
         self._resident = False    # Note [Resident parameters]
         self._module_names = []
         self._hook_handles = []
@@ -387,7 +386,6 @@ class ZeroEngine(ShardValues, Backward):
                         if id(p) not in self._slots]
         self._trained_mids = [mid for mid, slots in enumerate(self._module_slots)
                               if any(s.trainable for s in slots)]
-        self._frozen_mids = set(range(len(self._module_slots))) - set(self._trained_mids)
         if self._compute_dtype != torch.float32 or self.device.type == "cuda":
             _device_memory.move_the_rest(model, self.device, self._compute_dtype, self._slots)
         for sub in model.modules():
@@ -395,7 +393,14 @@ class ZeroEngine(ShardValues, Backward):
         # The root's pre-hook first: it clears what a forward that raised left behind (the
         # stack of running forwards among it) before the root's own fetch.
         self._hook_handles.append(model.register_forward_pre_hook(self._root_pre_hook))
-        for sub in [] if self._resident else model.modules():
+        if not self._resident:  # Note [Resident parameters]: nothing to fetch
+            self._hook_modules(model)
+        # Registered last, so that it runs after the root's release.
+        self._hook_handles.append(model.register_forward_hook(self._root_post_hook))
+
+    def _hook_modules(self, model):
+        """The fetch and release around each module's forward (Note [Module hooks])."""
+        for sub in model.modules():
             mids = self._module_ids_of(sub)
             # Every module's forward is a frame that parameters read inside it are fetched for
             # (those without parameters of their own too), so they are released with it. A
@@ -412,8 +417,6 @@ class ZeroEngine(ShardValues, Backward):
             if any(id(p) in self._slots for p in sub.parameters(recurse=False)):
                 sub.__dict__["_parameters"] = _FetchingParameters(self, sub.__dict__["_parameters"])
                 self._hook_handles.append(sub._register_state_dict_hook(self._state_dict_hook))
-        # Registered last, so that it runs after the root's release.
-        self._hook_handles.append(model.register_forward_hook(self._root_post_hook))
 
     def _remember_model(self, model):
         """What the takeover changes (Note [Undoing the takeover])."""
@@ -460,7 +463,6 @@ class ZeroEngine(ShardValues, Backward):
         self._slots.clear()
         self._frozen = []
         self._trained_mids = []
-        self._frozen_mids = set()
         self._resident = False
         self._module_slots.clear()
         # The native engine goes with its last reference: its rendezvous port is free again.
@@ -575,6 +577,10 @@ class ZeroEngine(ShardValues, Backward):
         self._held.clear()
 
     def _make_pre_hook(self, mids):
+        # Note [Frozen modules in backward]: those of frozen parameters alone.
+        frozen = [mid for mid in mids
+                  if not any(s.trainable for s in self._module_slots[mid])]
+
         def pre_hook(module, inputs):
             if self._in_backward:  # a recompute (Note [Recompute in backward])
                 for mid in mids:
@@ -583,7 +589,6 @@ class ZeroEngine(ShardValues, Backward):
             for mid in mids:
                 self._acquire(mid)
             self._forward_stack.append([])
-            frozen = [mid for mid in mids if mid in self._frozen_mids]
             if frozen and self._trains and torch.is_grad_enabled():
                 return self._release_after_backward(frozen, inputs)
             return None
@@ -709,18 +714,19 @@ class ZeroEngine(ShardValues, Backward):
     def _check_requires_grad_unchanged(self):
         for slots in self._module_slots:
             for s in slots:
-                if s.param.requires_grad != s.trainable and not s.trainable:
+                if s.param.requires_grad == s.trainable:
+                    continue
+                if not s.trainable:
                     raise ValueError(
                         f"parameter '{s.name}' requires grad now but was frozen at initialize, "
                         f"so zinf keeps no optimizer state for it and it would never train: set "
                         f"requires_grad back to False before step(), or unfreeze it before "
                         f"initialize (a new engine)")
-                if s.param.requires_grad != s.trainable:
-                    raise ValueError(
-                        f"parameter '{s.name}' was frozen (requires_grad=False) after "
-                        f"initialize; zinf's optimizer holds it and would go on stepping it: "
-                        f"set requires_grad back to True before step(), or freeze it before "
-                        f"initialize (a new engine)")
+                raise ValueError(
+                    f"parameter '{s.name}' was frozen (requires_grad=False) after "
+                    f"initialize; zinf's optimizer holds it and would go on stepping it: "
+                    f"set requires_grad back to True before step(), or freeze it before "
+                    f"initialize (a new engine)")
         for name, p in self._frozen:
             if p.requires_grad:
                 raise ValueError(

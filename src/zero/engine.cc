@@ -331,7 +331,10 @@ Status Engine::Initialize(const InitialValues& initial_values) {
   // Note [Frozen parameters]: the parameters in flat order, the modules' indices following.
   const std::vector<int> moved = OrderTrainableFirst(m.params);
   for (Module& module : m.modules) {
-    for (int& pi : module.params) pi = moved[pi];
+    for (int& pi : module.params) {
+      pi = moved[pi];
+      module.trains = module.trains || m.params[pi].trainable();
+    }
   }
   for (auto& [name, pi] : m.param_by_name) pi = moved[pi];
   m.shard_elements = Partition(m.params, m.world(), m.config.zero_stage,

@@ -65,11 +65,8 @@ StatusOr<StepSummary> Engine::Step() {
   // micro-batch's gradient scaled as in a full window (1 / gradient_accumulation_steps), and so
   // does zinf: every module must have been reduced the same number of times, at least once.
   // A module of frozen parameters alone has no gradient to reduce (Note [Frozen parameters]).
-  auto trains = [&m](const Module& module) {
-    return std::any_of(module.params.begin(), module.params.end(),
-                       [&m](int pi) { return m.params[pi].trainable(); });
-  };
-  const auto first = std::find_if(m.modules.begin(), m.modules.end(), trains);
+  const auto first = std::find_if(m.modules.begin(), m.modules.end(),
+                                  [](const Module& module) { return module.trains; });
   if (first == m.modules.end()) {
     return FailedPrecondition(
         "Step: the model has no trainable parameter (every ParamSpec::trainable is false): "
@@ -79,7 +76,7 @@ StatusOr<StepSummary> Engine::Step() {
   const int reduced = first->reductions;
   const bool short_window = !m.config.layer_major && reduced >= 1 && reduced < expected;
   for (const Module& module : m.modules) {
-    if (trains(module) && module.reductions != (short_window ? reduced : expected)) {
+    if (module.trains && module.reductions != (short_window ? reduced : expected)) {
       return FailedPrecondition(fmt::format(
           "Step: module '{}' reduced its gradients {} time(s) since the last step; {} expected "
           "(gradient_accumulation_steps {}{}), as module '{}' was",

@@ -18,9 +18,9 @@ Status MapShardChunks(PipelinedOptimizer& optimizer, int shard, const std::vecto
   ZINF_ASSIGN_OR_RETURN(*chunks, optimizer.Chunks(shard));
   of->assign(params.size(), {});
   size_t c = 0;
-  for (size_t pi = 0; pi < params.size(); ++pi) {  // params and chunks both in flat order
+  // Params and chunks both in flat order; frozen params lie past every chunk, in none.
+  for (size_t pi = 0; pi < params.size(); ++pi) {
     const Param& p = params[pi];
-    if (!p.trainable()) break;  // the rest are frozen: in no chunk (Note [Frozen parameters])
     while (c < chunks->size() && (*chunks)[c].offset + (*chunks)[c].count <= p.flat_offset) ++c;
     for (size_t d = c; d < chunks->size() && (*chunks)[d].offset < p.flat_offset + p.shard_size;
          ++d) {

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -99,8 +100,7 @@ Status OptimizerStep::Open(const OptimizerPlacement& placement, const ShardFill&
   placement_ = placement;
   // Note [Parameter groups]: the shard's runs, from the parameters' places in it.
   runs_ = {{0, 0}};
-  for (const Param& p : *placement.params) {
-    if (!p.trainable()) break;  // the rest are frozen: Note [Frozen parameters]
+  for (const Param& p : Trained(*placement.params)) {
     const int group = p.spec.optimizer_group;
     if (group < 0 || group >= num_groups()) {
       return InvalidArgument(
@@ -329,8 +329,8 @@ void OptimizerStep::GradientWritten(int pi) {
 }
 
 void OptimizerStep::ZeroGradientsNotWritten() {
-  const std::vector<Param>& params = *placement_.params;
-  for (size_t pi = 0; pi < params.size() && params[pi].trainable(); ++pi) {
+  const std::span<const Param> params = Trained(*placement_.params);
+  for (size_t pi = 0; pi < params.size(); ++pi) {
     // Left at 0: a gradient copied over these zeros later is what adding it would give.
     if (final_adds_[pi] == 0 && params[pi].shard_size > 0) ZeroAccumulator(params[pi]);
   }
@@ -368,15 +368,16 @@ StatusOr<GradStats> OptimizerStep::GradientStats() {
 }
 
 size_t OptimizerStep::FirstNonFinite() const {
-  const std::vector<Param>& params = *placement_.params;
-  if (grad_acc_.empty()) return params.size();
-  for (size_t i = 0; i < params.size() && params[i].trainable(); ++i) {
+  const size_t none = placement_.params->size();
+  if (grad_acc_.empty()) return none;
+  const std::span<const Param> params = Trained(*placement_.params);
+  for (size_t i = 0; i < params.size(); ++i) {
     const float* g = grad_acc_.as<const float>() + params[i].flat_offset;
     for (uint64_t k = 0; k < params[i].shard_size; ++k) {
       if (!std::isfinite(g[k])) return i;
     }
   }
-  return params.size();
+  return none;
 }
 
 // ---- The batch ----
@@ -531,8 +532,7 @@ Status OptimizerStep::WriteMaster(const Param& p, const float* shard) {
 
 Status OptimizerStep::WriteParamTierFromMaster() {
   Status converted;
-  for (Param& p : *placement_.params) {
-    if (!p.trainable()) break;  // the rest are frozen: no master
+  for (const Param& p : Trained(*placement_.params)) {
     converted = placement_.param_tier->WriteFp32(p, Master(p));
     if (!converted.ok()) break;
   }

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,9 @@ struct Module {
   std::vector<int> params;
   bool fetched = false;
   int reductions = 0;  // ReduceGradients calls since the last Step
+  // Whether it holds a trainable parameter, which Step needs reduced (set at Initialize): a
+  // module of frozen parameters alone has no gradient (Note [Frozen parameters]).
+  bool trains = false;
 };
 
 // The elements [first, last) of the flat shard that [begin, begin + count) shares with
@@ -63,6 +67,13 @@ inline Span Overlap(uint64_t begin, uint64_t count, const Param& p) {
 // Reorders `params` into flat order: the trainable ones, then the frozen ones, each in the
 // order given. Returns each parameter's new index, by its old one.
 std::vector<int> OrderTrainableFirst(std::vector<Param>& params);
+
+// The trainable parameters of `params` in flat order: its prefix that the optimizer owns.
+inline std::span<const Param> Trained(const std::vector<Param>& params) {
+  const auto end = std::partition_point(params.begin(), params.end(),
+                                        [](const Param& p) { return p.trainable(); });
+  return {params.data(), static_cast<size_t>(end - params.begin())};
+}
 
 // Lays out `params` (in flat order: OrderTrainableFirst) for `world` ranks (shard_size,
 // flat_offset, persistent) and returns the flat shard's length: the trainable parameters'
