@@ -72,6 +72,26 @@ Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
   return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
 }
 
+Status TierMover::Upload(std::span<StoreTensor* const> tensors) {
+  uint64_t bytes = 0;
+  for (const StoreTensor* t : tensors) bytes += t->size;
+  LinkScope scope(links_.h2d, bytes);
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, device_->CreateEvent());
+  Status queued;
+  for (const StoreTensor* t : tensors) {
+    queued = up_stream_->Copy(t->copies[Index(Tier::kDevice)].block.data(),
+                              t->copies[Index(Tier::kHost)].block.data(), t->size,
+                              CopyKind::kHostToDevice);
+    if (!queued.ok()) break;
+  }
+  if (queued.ok()) queued = up_stream_->Record(*done);
+  if (!queued.ok()) {
+    (void)up_stream_->Synchronize();  // what was queued reads the host copies: let it finish
+    return queued;
+  }
+  return done->Synchronize();
+}
+
 Status TierMover::CopyDown(const void* device_src, void* host_dst, uint64_t n) {
   LinkScope scope(links_.d2h, n);
   if (!direct_) return DeviceCopy(*down_stream_, host_dst, device_src, n, CopyKind::kDeviceToHost);

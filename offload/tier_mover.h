@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "offload/link_meter.h"
 #include "offload/nvme_pieces.h"
@@ -46,6 +47,11 @@ class TierMover {
   // Copies t's bytes from its copy in `src` to its copy in `dst`. Errors: the device's, the
   // NVMe tier's, Internal for a pair of tiers with no route.
   Status Move(StoreTensor& t, Tier src, Tier dst);
+  // Each tensor's host copy into its device copy, every copy on the up stream before one wait
+  // for them all (a step's write-backs: Note [Batched write-backs] in offload/tiered_store.cc).
+  // Not for the direct host device. Errors: the device's; then none of the copies is known to
+  // have landed.
+  Status Upload(std::span<StoreTensor* const> tensors);
   // Zeros t's memory in `tier` (the device or host tier).
   Status Clear(StoreTensor& t, Tier tier);
   // `n` bytes of device memory into host memory no copy of a tensor owns (the caller's), over

@@ -40,7 +40,10 @@ namespace zinf {
 // and host-addressable memory (and, for a read, whose memory is free without evicting), start
 // all their requests before waiting for any, and finish each tensor as its own requests
 // complete: a failed write-back keeps its copy, as Evict does; a failed read leaves the copy
-// invalid for the next Acquire to read again. The others (busy, pinned, behind a device link,
+// invalid for the next Acquire to read again. Host copies written home to device memory (a
+// step's new parameters on a GPU) are a batch too: every copy is queued on the upload stream
+// before one wait for them all, where one at a time cost an event and a host wait each; a
+// failed batch keeps every copy. The others (busy, pinned, behind a device link to NVMe,
 // needing room made) are moved one at a time as Evict and Prefetch do, with the same errors
 // but one: a copy held when the job runs is left to its holders (Note [Evicting a held copy]).
 // WriteBackAsync is the same job keeping each copy once it is home: a step whose next

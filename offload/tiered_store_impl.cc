@@ -255,8 +255,21 @@ void TieredStore::Impl::FinishRead(StoreTensor& t, Tier tier, Status s, Status& 
   t.last_use = catalog.Tick();
 }
 
+void TieredStore::Impl::RunUploads(const std::vector<StoreTensor*>& uploads, bool keep,
+                                   Status& first) {
+  if (uploads.empty()) return;
+  const Status s = mover->Upload(uploads);
+  MutexLock lock(&mu);
+  for (StoreTensor* t : uploads) {
+    t->busy = false;
+    FinishWriteBack(*t, Tier::kHost, keep, s, first);  // a failed batch: every copy stays
+  }
+  cv.SignalAll();
+}
+
 void TieredStore::Impl::SortEvictions(const std::vector<TensorId>& ids, Tier tier, bool keep,
                                       std::vector<StoreTensor*>& batch,
+                                      std::vector<StoreTensor*>& uploads,
                                       std::vector<TensorId>& alone, Status& first) {
   for (TensorId id : ids) {
     StatusOr<StoreTensor*> found = catalog.Find(id);
@@ -275,6 +288,10 @@ void TieredStore::Impl::SortEvictions(const std::vector<TensorId>& ids, Tier tie
     } else if (idle && t.home == Tier::kNvme && mover->Addressable(tier) && !c.zero) {
       t.busy = true;
       batch.push_back(&t);
+    } else if (idle && t.home == Tier::kDevice && tier == Tier::kHost && !mover->direct() &&
+               !c.zero && t.copies[Index(Tier::kDevice)].present) {
+      t.busy = true;
+      uploads.push_back(&t);
     } else {
       alone.push_back(t.id);
     }
@@ -283,13 +300,14 @@ void TieredStore::Impl::SortEvictions(const std::vector<TensorId>& ids, Tier tie
 
 Status TieredStore::Impl::EvictMany(const std::vector<TensorId>& ids, Tier tier, bool keep) {
   Status first;
-  std::vector<StoreTensor*> batch;
+  std::vector<StoreTensor*> batch, uploads;
   std::vector<TensorId> alone;  // evicted one at a time, as Evict does
   {
     MutexLock lock(&mu);
-    SortEvictions(ids, tier, keep, batch, alone, first);
+    SortEvictions(ids, tier, keep, batch, uploads, alone, first);
   }
   RunBatch(batch, tier, /*write_back=*/true, keep, first);
+  RunUploads(uploads, keep, first);
   for (TensorId id : alone) {
     Status s = Evict(id, tier, keep, /*leave_held=*/true);
     if (first.ok()) first = std::move(s);

@@ -105,11 +105,12 @@ struct TieredStore::Impl {
   // TieredStore::EvictAsync (or with `keep`, WriteBackAsync) of several tensors, run on one
   // transfer thread.
   Status EvictMany(const std::vector<TensorId>& ids, Tier tier, bool keep) ZINF_EXCLUDES(mu);
-  // Sorts EvictMany's tensors: dropped now (nothing to write back), claimed for the batch
-  // (`batch`), or left to Evict one at a time (`alone`).
+  // Sorts EvictMany's tensors: dropped now (nothing to write back), claimed for a batch
+  // (`batch` to NVMe, `uploads` to their home in device memory), or left to Evict one at a
+  // time (`alone`).
   void SortEvictions(const std::vector<TensorId>& ids, Tier tier, bool keep,
-                     std::vector<StoreTensor*>& batch, std::vector<TensorId>& alone, Status& first)
-      ZINF_REQUIRES(mu);
+                     std::vector<StoreTensor*>& batch, std::vector<StoreTensor*>& uploads,
+                     std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
   // Sorts PrefetchMany's tensors likewise, claiming for the batch the memory each needs.
   void SortPrefetches(const std::vector<TensorId>& ids, Tier tier, std::vector<StoreTensor*>& batch,
                       std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
@@ -118,6 +119,10 @@ struct TieredStore::Impl {
   // recorded as it completes (FinishWriteBack, FinishRead), and the tensor is idle again.
   void RunBatch(const std::vector<StoreTensor*>& batch, Tier tier, bool write_back, bool keep,
                 Status& first) ZINF_EXCLUDES(mu);
+  // The host copies of tensors claimed (busy) for a batch, homed in device memory, written
+  // home as one batch (TierMover::Upload): one wait for all of them.
+  void RunUploads(const std::vector<StoreTensor*>& uploads, bool keep, Status& first)
+      ZINF_EXCLUDES(mu);
   void FinishWriteBack(StoreTensor& t, Tier tier, bool keep, Status s, Status& first)
       ZINF_REQUIRES(mu);
   void FinishRead(StoreTensor& t, Tier tier, Status s, Status& first) ZINF_REQUIRES(mu);

@@ -661,6 +661,47 @@ TEST(TieredStoreTest, WriteBackKeepsTheCopyCurrentInBothTiers) {
   EXPECT_GT((*store)->stats().nvme_to_host.bytes, read_before);
 }
 
+// Host copies written home to device memory behind a link (a step's new parameters on a GPU)
+// go as one batch (Note [Batched write-backs]): each copied up once, one wait for them all on
+// the transfer thread, and each home current afterwards while the host copy stays.
+TEST(TieredStoreTest, WriteBackToDeviceMemoryWaitsOnceForTheBatch) {
+  LinkedStore linked;
+  ASSERT_TRUE(linked.Open().ok());
+  TieredStore& store = *linked.store;
+  const uint64_t sizes[] = {3 * 4096, 700 * kKiB, 1000, 64};
+  std::vector<TensorId> ids;
+  for (uint64_t size : sizes) {
+    auto id = store.Create("p" + std::to_string(ids.size()), size, Tier::kDevice);
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto p = store.Acquire(*id, Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(*p, size, *id, 5);
+    ASSERT_TRUE(store.Release(*id, Tier::kHost).ok());
+    ids.push_back(*id);
+  }
+  const TransferCounts before = store.transfer_counters().counts();
+  ASSERT_TRUE(store.WriteBackAsync(ids, Tier::kHost).get().ok());
+  const TransferCounts after = store.transfer_counters().counts();
+  EXPECT_EQ(after.copies_up - before.copies_up, ids.size());
+  EXPECT_EQ(after.bytes_up - before.bytes_up, 3 * 4096 + 700 * kKiB + 1000 + 64);
+  EXPECT_EQ(after.worker_waits - before.worker_waits, 1u) << "one wait for the batch";
+  EXPECT_EQ(store.stats().write_backs, ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto resident = store.ResidentTiers(ids[i]);
+    ASSERT_TRUE(resident.ok());
+    EXPECT_EQ(*resident, (std::vector<Tier>{Tier::kDevice, Tier::kHost})) << "tensor " << i;
+    ASSERT_TRUE(store.Evict(ids[i], Tier::kHost).ok());  // clean: nothing more goes up
+    auto p = store.Acquire(ids[i], Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto host = store.Acquire(ids[i], Tier::kHost, Access::kRead);  // brought down to check
+    ASSERT_TRUE(host.ok()) << host.status();
+    EXPECT_EQ(Check(*host, sizes[i], ids[i], 5), -1) << "tensor " << i;
+    ASSERT_TRUE(store.Release(ids[i], Tier::kHost).ok());
+    ASSERT_TRUE(store.Release(ids[i], Tier::kDevice).ok());
+  }
+  EXPECT_EQ(store.transfer_counters().counts().copies_up, after.copies_up);
+}
+
 // Prefetch of several tensors (Note [Batched write-backs]): each ends resident with the bytes
 // last written, whether it was read in the batch or needed room made (a device tier that holds
 // three of them evicts the copies not needed); a freed tensor is reported by name.

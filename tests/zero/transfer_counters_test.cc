@@ -179,8 +179,8 @@ TEST_F(TransferCountersTest, TwoRanks) {
       // reduced slice, this rank's shard, comes down.
       expect_eq("copies_down", s.copies_down, kG);
       expect_eq("bytes_down", s.bytes_down, kG * kShardBytes);
-      // Up: the trainer's gradients, and each parameter shard's new values once (target: in
-      // transfers as large as a bucket).
+      // Up: the trainer's gradients, and each parameter shard's new values once, queued
+      // together (target: in transfers as large as a bucket; each shard is a tensor of its own).
       expect_eq("copies_up", s.copies_up, kTrainerUploads + kParams);
       expect_eq("bytes_up", s.bytes_up, kTrainerUploadBytes + kShardBytes);
       // On the device: each gradient packed into its bucket, one slice per rank; m1's
@@ -205,9 +205,9 @@ TEST_F(TransferCountersTest, TwoRanks) {
       // flight.
       constexpr uint64_t kWaits = kFetches + kM1Gathers + 2 * kG + 2;
       expect("host_waits", s.host_waits, kWaits, kWaits + kReleasesWithEvents);
-      // Each shard's copy up, and the store's copy of the first micro-batch's reduced slice
-      // down into the accumulators.
-      expect_eq("worker_waits", s.worker_waits, kParams + 1);
+      // The shards' copies up, waited for once (Note [Batched write-backs]), and the store's
+      // copy of the first micro-batch's reduced slice down into the accumulators.
+      expect_eq("worker_waits", s.worker_waits, 2);
     }
     return failed;
   });
@@ -247,15 +247,15 @@ TEST_F(TransferCountersTest, OneRankParametersInDeviceMemory) {
     SCOPED_TRACE("step " + std::to_string(i));
     const StepSummary& s = (*steps)[i];
     ExpectOneRankStep(s);
-    // Up: the trainer's gradients, and each parameter's new values once (target: in
-    // transfers as large as a bucket, not one per parameter).
+    // Up: the trainer's gradients, and each parameter's new values once, queued together
+    // (target: in transfers as large as a bucket; each shard is a tensor of its own).
     EXPECT_EQ(s.copies_up, kTrainerUploads + kParams);
     EXPECT_EQ(s.bytes_up, kTrainerUploadBytes + kBytes);
     EXPECT_GE(s.host_waits, kOneRankWaits);
     EXPECT_LE(s.host_waits, kOneRankWaits + kReleasesWithEvents);
-    // The store's transfer threads: per parameter, its copy up; per backward, the wait for the
-    // bucket's packing and its copy down.
-    EXPECT_EQ(s.worker_waits, kParams + 2 * kG);
+    // The store's transfer threads: one wait for every parameter's copy up (Note [Batched
+    // write-backs]); per backward, the wait for the bucket's packing and its copy down.
+    EXPECT_EQ(s.worker_waits, 1 + 2 * kG);
   }
 }
 
