@@ -140,6 +140,9 @@ class Parser {
   void Optimizer(ConfigReader& o);
   void Scheduler(ConfigReader& s);
   void SchedulerParams(ConfigReader& p);
+  void WarmupParams(ConfigReader& p, bool max_lr);
+  void TotalNumSteps(ConfigReader& p);
+  void OneCycleParams(ConfigReader& p);
 
  private:
   const TrainerValues& t_;
@@ -548,97 +551,18 @@ void Parser::Scheduler(ConfigReader& s) {
 void Parser::SchedulerParams(ConfigReader& p) {
   SchedulerConfig& s = c_.scheduler;
   const std::string& type = s.type;
-  const bool warmup = type == "WarmupLR" || type == "WarmupDecayLR";
   const bool cosine = type == "WarmupCosineLR";
   // Only the parameters of this type are read: another type's is "not recognized", as
   // DeepSpeed's constructor refuses an unexpected argument.
-  if (warmup) {
-    // Hugging Face's integration always fills it with 0: that is the trainer's value here.
-    if (!Auto(p, "warmup_min_lr", std::optional<double>(0.0), 0.0, "", &s.warmup_min_lr)) {
-      p.Double("warmup_min_lr", &s.warmup_min_lr, 0.0);
-    }
-    double max_lr = 0;
-    if (Auto(p, "warmup_max_lr", t_.lr, c_.optimizer.lr, "optimizer.params.lr", &max_lr)) {
-      s.warmup_max_lr = max_lr;
-    } else if (p.Has("warmup_max_lr")) {
-      p.Double("warmup_max_lr", &max_lr, 0.0);
-      s.warmup_max_lr = max_lr;
-      Match(p, "warmup_max_lr", t_.lr, max_lr);
-    }
+  if (type == "WarmupLR" || type == "WarmupDecayLR" || cosine) {
+    WarmupParams(p, /*max_lr=*/!cosine);
   }
-  if (warmup || cosine) {
-    if (!Auto(p, "warmup_num_steps", t_.warmup_num_steps, s.warmup_num_steps, "DeepSpeed's default",
-              &s.warmup_num_steps)) {
-      p.Int("warmup_num_steps", &s.warmup_num_steps, 0, INT64_MAX / 2);
-      Match(p, "warmup_num_steps", t_.warmup_num_steps, s.warmup_num_steps);
-    }
-    p.Enum("warmup_type", &s.warmup_type, {"log", "linear"});
-  }
-  if (type == "WarmupDecayLR" || cosine) {
-    if (p.IsAuto("total_num_steps")) {
-      if (t_.total_num_steps.has_value()) {
-        s.total_num_steps = *t_.total_num_steps;
-        log::Info(
-            "config key 'scheduler.params.total_num_steps' is \"auto\": {} (from the "
-            "trainer)",
-            s.total_num_steps);
-      } else {
-        p.Fail(InvalidArgument(
-            "config key 'scheduler.params.total_num_steps' is \"auto\" and the trainer gave no "
-            "total_num_steps (TrainerValues); set the number of optimizer steps"));
-      }
-    } else {
-      // Not matched against the trainer's: a schedule may be longer than one run (a run that
-      // stops at step 300 of a 1000-step schedule and is resumed later).
-      p.Int("total_num_steps", &s.total_num_steps, 1, INT64_MAX / 2);
-    }
-  }
+  if (type == "WarmupDecayLR" || cosine) TotalNumSteps(p);
   if (cosine) {
     p.Double("warmup_min_ratio", &s.warmup_min_ratio, 0.0, 1.0)
         .Double("cos_min_ratio", &s.cos_min_ratio, 0.0, 1.0);
   }
-  if (type == "OneCycle") {
-    for (const char* required : {"cycle_min_lr", "cycle_max_lr"}) {
-      if (!p.Has(required)) {
-        p.Fail(InvalidArgument(fmt::format(
-            "config key 'scheduler.params.{}' is missing; OneCycle needs cycle_min_lr and "
-            "cycle_max_lr",
-            required)));
-      }
-    }
-    int64_t second = 0;
-    p.Double("cycle_min_lr", &s.cycle_min_lr, 0.0)
-        .Double("cycle_max_lr", &s.cycle_max_lr, 0.0)
-        .Double("decay_lr_rate", &s.decay_lr_rate, 0.0)
-        .Int("cycle_first_step_size", &s.cycle_first_step_size, 1, INT64_MAX / 4)
-        .Int("cycle_second_step_size", &second, 0, INT64_MAX / 4)
-        .Int("decay_step_size", &s.decay_step_size, 0, INT64_MAX / 4)
-        .Bool("cycle_momentum", &s.cycle_momentum)
-        .Double("cycle_min_mom", &s.cycle_min_mom, 0.0)
-        .Double("cycle_max_mom", &s.cycle_max_mom, 0.0)
-        .Double("decay_mom_rate", &s.decay_mom_rate, 0.0);
-    if (p.Has("cycle_second_step_size")) s.cycle_second_step_size = second;
-    for (const char* stairs : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
-      int64_t count = 0;
-      p.Int(stairs, &count, 0, INT64_MAX / 4);
-      if (p.Has(stairs) && count != 0) {
-        Unused(p, stairs,
-               "DeepSpeed's OneCycle stores it but computes no stairs from it, and zinf "
-               "computes the same learning rates");
-      }
-    }
-    if (s.cycle_momentum && c_.optimizer.type == OptimizerType::kAdagrad) {
-      s.cycle_momentum = false;
-      Warn(
-          "config key 'scheduler.params.cycle_momentum' has no effect with optimizer Adagrad, "
-          "which has no betas (DeepSpeed turns it off too)");
-    } else if (s.cycle_momentum && c_.optimizer.beta2 != 0.99) {
-      Warn(
-          fmt::format("config key 'scheduler.params.cycle_momentum' = true replaces "
-                      "optimizer.params.betas[1] ({}) with 0.99, as DeepSpeed's OneCycle does",
-                      c_.optimizer.beta2));
-    }
-  }
+  if (type == "OneCycle") OneCycleParams(p);
   if (type == "LRRangeTest") {
     p.Double("lr_range_test_min_lr", &s.lr_range_test_min_lr, 0.0)
         .Int("lr_range_test_step_size", &s.lr_range_test_step_size, 1, INT64_MAX / 2)
@@ -661,6 +585,95 @@ void Parser::SchedulerParams(ConfigReader& p) {
         "config key 'scheduler.params.total_num_steps' = {} is less than warmup_num_steps ({}): "
         "the learning rate decays from the end of warmup and is 0 past {} steps",
         s.total_num_steps, s.warmup_num_steps, s.total_num_steps));
+  }
+}
+
+// The warmup of WarmupLR, WarmupDecayLR (with `max_lr`: its learning rates) and WarmupCosineLR.
+void Parser::WarmupParams(ConfigReader& p, bool max_lr) {
+  SchedulerConfig& s = c_.scheduler;
+  if (max_lr) {
+    // Hugging Face's integration always fills it with 0: that is the trainer's value here.
+    if (!Auto(p, "warmup_min_lr", std::optional<double>(0.0), 0.0, "", &s.warmup_min_lr)) {
+      p.Double("warmup_min_lr", &s.warmup_min_lr, 0.0);
+    }
+    double lr = 0;
+    if (Auto(p, "warmup_max_lr", t_.lr, c_.optimizer.lr, "optimizer.params.lr", &lr)) {
+      s.warmup_max_lr = lr;
+    } else if (p.Has("warmup_max_lr")) {
+      p.Double("warmup_max_lr", &lr, 0.0);
+      s.warmup_max_lr = lr;
+      Match(p, "warmup_max_lr", t_.lr, lr);
+    }
+  }
+  if (!Auto(p, "warmup_num_steps", t_.warmup_num_steps, s.warmup_num_steps, "DeepSpeed's default",
+            &s.warmup_num_steps)) {
+    p.Int("warmup_num_steps", &s.warmup_num_steps, 0, INT64_MAX / 2);
+    Match(p, "warmup_num_steps", t_.warmup_num_steps, s.warmup_num_steps);
+  }
+  p.Enum("warmup_type", &s.warmup_type, {"log", "linear"});
+}
+
+// The schedule's length, of WarmupDecayLR and WarmupCosineLR.
+void Parser::TotalNumSteps(ConfigReader& p) {
+  SchedulerConfig& s = c_.scheduler;
+  if (!p.IsAuto("total_num_steps")) {
+    // Not matched against the trainer's: a schedule may be longer than one run (a run that
+    // stops at step 300 of a 1000-step schedule and is resumed later).
+    p.Int("total_num_steps", &s.total_num_steps, 1, INT64_MAX / 2);
+    return;
+  }
+  if (t_.total_num_steps.has_value()) {
+    s.total_num_steps = *t_.total_num_steps;
+    log::Info("config key 'scheduler.params.total_num_steps' is \"auto\": {} (from the trainer)",
+              s.total_num_steps);
+  } else {
+    p.Fail(InvalidArgument(
+        "config key 'scheduler.params.total_num_steps' is \"auto\" and the trainer gave no "
+        "total_num_steps (TrainerValues); set the number of optimizer steps"));
+  }
+}
+
+void Parser::OneCycleParams(ConfigReader& p) {
+  SchedulerConfig& s = c_.scheduler;
+  for (const char* required : {"cycle_min_lr", "cycle_max_lr"}) {
+    if (!p.Has(required)) {
+      p.Fail(InvalidArgument(fmt::format(
+          "config key 'scheduler.params.{}' is missing; OneCycle needs cycle_min_lr and "
+          "cycle_max_lr",
+          required)));
+    }
+  }
+  int64_t second = 0;
+  p.Double("cycle_min_lr", &s.cycle_min_lr, 0.0)
+      .Double("cycle_max_lr", &s.cycle_max_lr, 0.0)
+      .Double("decay_lr_rate", &s.decay_lr_rate, 0.0)
+      .Int("cycle_first_step_size", &s.cycle_first_step_size, 1, INT64_MAX / 4)
+      .Int("cycle_second_step_size", &second, 0, INT64_MAX / 4)
+      .Int("decay_step_size", &s.decay_step_size, 0, INT64_MAX / 4)
+      .Bool("cycle_momentum", &s.cycle_momentum)
+      .Double("cycle_min_mom", &s.cycle_min_mom, 0.0)
+      .Double("cycle_max_mom", &s.cycle_max_mom, 0.0)
+      .Double("decay_mom_rate", &s.decay_mom_rate, 0.0);
+  if (p.Has("cycle_second_step_size")) s.cycle_second_step_size = second;
+  for (const char* stairs : {"cycle_first_stair_count", "cycle_second_stair_count"}) {
+    int64_t count = 0;
+    p.Int(stairs, &count, 0, INT64_MAX / 4);
+    if (p.Has(stairs) && count != 0) {
+      Unused(p, stairs,
+             "DeepSpeed's OneCycle stores it but computes no stairs from it, and zinf "
+             "computes the same learning rates");
+    }
+  }
+  if (s.cycle_momentum && c_.optimizer.type == OptimizerType::kAdagrad) {
+    s.cycle_momentum = false;
+    Warn(
+        "config key 'scheduler.params.cycle_momentum' has no effect with optimizer Adagrad, "
+        "which has no betas (DeepSpeed turns it off too)");
+  } else if (s.cycle_momentum && c_.optimizer.beta2 != 0.99) {
+    Warn(
+        fmt::format("config key 'scheduler.params.cycle_momentum' = true replaces "
+                    "optimizer.params.betas[1] ({}) with 0.99, as DeepSpeed's OneCycle does",
+                    c_.optimizer.beta2));
   }
 }
 

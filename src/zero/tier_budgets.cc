@@ -34,18 +34,24 @@ bool ParamTierIsMaster(const EngineConfig& config) {
          config.offload_optimizer_device == OffloadDevice::kNvme && !config.bf16 && !config.fp16;
 }
 
-TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model) {
-  TierBudgets b;
-  const uint64_t world = static_cast<uint64_t>(std::max(model.world_size, 1));
-  const uint64_t element = config.bf16 || config.fp16 ? 2 : 4;
-  const bool params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
-  const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
-  const bool host_master = !(params_on_nvme && optimizer_on_nvme);
-  const bool params_on_device = config.offload_param_device == OffloadDevice::kNone;
-  const bool params_on_host = config.offload_param_device == OffloadDevice::kCpu;
+namespace {
 
-  uint64_t persistent = 0, working_set = 0, largest_shard = 0, persistent_next = 0;
-  uint64_t all_elements = 0;  // the frozen parameters' too
+uint64_t ElementBytes(const EngineConfig& config) { return config.bf16 || config.fp16 ? 2 : 4; }
+
+// What the device tier's room is made of, from the modules' shapes.
+struct ModuleBytes {
+  uint64_t persistent = 0;       // the persistent parameters' bytes on the device
+  uint64_t working_set = 0;      // the largest module's, fetched for backward
+  uint64_t persistent_next = 0;  // the persistent parameters' next values (host)
+  uint64_t all_elements = 0;     // the rank's shard elements, the frozen parameters' too
+  uint64_t largest_shard = 0;    // elements
+};
+
+// Walks the modules, filling b's shard figures, and returns what the budgets are made of.
+ModuleBytes MeasureModules(const EngineConfig& config, const BudgetModel& model, TierBudgets& b) {
+  ModuleBytes m;
+  const uint64_t world = static_cast<uint64_t>(std::max(model.world_size, 1));
+  const uint64_t element = ElementBytes(config);
   for (const std::vector<BudgetParam>& module : model.modules) {
     uint64_t bytes = 0;
     for (const BudgetParam& p : module) {
@@ -55,27 +61,33 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
       const uint64_t gathered = world > 1 ? full * element : 0;
       const uint64_t widened = element != 4 && model.fp32_view ? full * 4 : 0;
       const uint64_t gradient = p.trainable ? full * 4 : 0;
-      (p.persistent ? persistent : bytes) +=
+      (p.persistent ? m.persistent : bytes) +=
           p.shard_elements * element + gathered + widened + gradient;
       if (p.trainable) b.shard_elements += p.shard_elements;
-      all_elements += p.shard_elements;
+      m.all_elements += p.shard_elements;
       b.param_tier_bytes += p.shard_elements * element;
-      largest_shard = std::max(largest_shard, p.shard_elements);
+      m.largest_shard = std::max(m.largest_shard, p.shard_elements);
       // The persistent parameters' next values while the NVMe step writes the tier from its
       // chunks (ParamTier::ChunkWriter).
-      if (p.persistent) persistent_next += PageUp(p.shard_elements * 4);
+      if (p.persistent) m.persistent_next += PageUp(p.shard_elements * 4);
     }
-    working_set = std::max(working_set, bytes);
+    m.working_set = std::max(m.working_set, bytes);
   }
-  b.largest_shard_bytes = largest_shard * element;
+  b.largest_shard_bytes = m.largest_shard * element;
+  return m;
+}
 
+void ComputeDeviceBudget(const EngineConfig& config, const BudgetModel& model,
+                         const ModuleBytes& m, TierBudgets& b) {
+  const uint64_t world = static_cast<uint64_t>(std::max(model.world_size, 1));
+  const uint64_t element = ElementBytes(config);
   // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter,
   // with several ranks its reduced slice beside it, and a bucket's bytes of gradients whose
   // packing is in flight. One rank on host-addressable device memory needs none of these.
   const uint64_t bucket_elements =
       std::min<uint64_t>(config.reduce_bucket_size, b.shard_elements * world);
   b.bucket_slice_elements =
-      GradientBuckets::SliceCapacity(bucket_elements, static_cast<int>(world), largest_shard);
+      GradientBuckets::SliceCapacity(bucket_elements, static_cast<int>(world), m.largest_shard);
   const uint64_t bucket_bytes = b.bucket_slice_elements * world * 4;
   const uint64_t in_flight = model.device_host_addressable ? 0 : bucket_bytes;
   const uint64_t buckets =
@@ -87,12 +99,19 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // is an upper bound, as DeepSpeed reads stage3_prefetch_bucket_size: never more than the
   // model (1e15 asks for the whole model ahead, not for petabytes).
   const uint64_t prefetch_elements =
-      std::min<uint64_t>(config.stage3_prefetch_bucket_size, all_elements * world);
-  b.device_need_bytes = (params_on_device ? b.param_tier_bytes : 0) + persistent + 2 * working_set +
-                        2 * prefetch_elements * element + buckets;
+      std::min<uint64_t>(config.stage3_prefetch_bucket_size, m.all_elements * world);
+  const bool params_on_device = config.offload_param_device == OffloadDevice::kNone;
+  b.device_need_bytes = (params_on_device ? b.param_tier_bytes : 0) + m.persistent +
+                        2 * m.working_set + 2 * prefetch_elements * element + buckets;
   b.device_budget_bytes = config.device_budget_bytes > 0 ? config.device_budget_bytes
                                                          : b.device_need_bytes + (64 << 20);
+}
 
+void ComputeHostBudget(const EngineConfig& config, const BudgetModel& model, const ModuleBytes& m,
+                       TierBudgets& b) {
+  const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
+  const bool host_master =
+      !(config.offload_param_device == OffloadDevice::kNvme && optimizer_on_nvme);
   // The flat shard's arrays (StoreArray), page-aligned.
   const uint64_t array = PageUp(std::max<uint64_t>(b.shard_elements, 1) * 4);
   const uint64_t arrays =
@@ -123,37 +142,54 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   // place and those it prefetches for the next chunks: twice the room, in whole shards.
   b.write_back_room_bytes = std::max<uint64_t>(256 << 20, 4 * b.largest_shard_bytes) *
                             (ParamTierIsMaster(config) ? 2 : 1);
+  const bool params_on_host = config.offload_param_device == OffloadDevice::kCpu;
   b.host_budget_bytes = arrays + (params_on_host ? b.param_tier_bytes : 0) + landed +
-                        gradient_staging + step_buffers + persistent_next + b.write_back_room_bytes;
+                        gradient_staging + step_buffers + m.persistent_next +
+                        b.write_back_room_bytes;
   // The arenas' tails: the parameter tier's shards fill an arena before the flat arrays ask
   // for theirs, and without this the last array found no room (a 605M model in host memory).
   if (b.host_budget_bytes > kHostTierArenaBytes) b.host_budget_bytes += kHostTierArenaBytes;
-  b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);
+}
 
-  if (params_on_nvme || optimizer_on_nvme) {
-    // Each extent is rounded up to the allocator's alignment: allow a block per extent.
-    const uint64_t slack = config.aio.block_size;
-    if (optimizer_on_nvme) {
-      b.optimizer_chunk_elements = chunk;
-      b.optimizer_chunks = (b.shard_elements + chunk - 1) / chunk;
-      const bool master = ParamTierIsMaster(config);
-      b.chunk_swap_bytes = chunk * (master ? 8 : 12) + slack;  // [fp32 params,] two states
-      b.speculative_chunk_swap_bytes = b.chunk_swap_bytes + (master ? chunk * 4 + slack : 0);
-      b.swap_capacity_bytes += b.optimizer_chunks * b.chunk_swap_bytes;
-      if (config.gradients_on_nvme) {
-        b.swap_capacity_bytes += b.optimizer_chunks * (chunk * 4 + slack);
-      }
+void ComputeSwapCapacity(const EngineConfig& config, const BudgetModel& model, TierBudgets& b) {
+  const bool params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
+  const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
+  if (!params_on_nvme && !optimizer_on_nvme) return;
+  // Each extent is rounded up to the allocator's alignment: allow a block per extent.
+  const uint64_t slack = config.aio.block_size;
+  if (optimizer_on_nvme) {
+    const uint64_t chunk =
+        OptimizerChunkElements(b.shard_elements, config.nvme_staging_budget_bytes);
+    b.optimizer_chunk_elements = chunk;
+    b.optimizer_chunks = (b.shard_elements + chunk - 1) / chunk;
+    const bool master = ParamTierIsMaster(config);
+    b.chunk_swap_bytes = chunk * (master ? 8 : 12) + slack;  // [fp32 params,] two states
+    b.speculative_chunk_swap_bytes = b.chunk_swap_bytes + (master ? chunk * 4 + slack : 0);
+    b.swap_capacity_bytes += b.optimizer_chunks * b.chunk_swap_bytes;
+    if (config.gradients_on_nvme) {
+      b.swap_capacity_bytes += b.optimizer_chunks * (chunk * 4 + slack);
     }
-    if (params_on_nvme) {
-      for (const std::vector<BudgetParam>& module : model.modules) {
-        for (const BudgetParam& p : module) {
-          const uint64_t bytes = p.shard_elements * element;
-          const uint64_t pieces = (bytes + b.piece_bytes - 1) / b.piece_bytes;
-          b.swap_capacity_bytes += bytes + pieces * slack;
-        }
+  }
+  if (params_on_nvme) {
+    for (const std::vector<BudgetParam>& module : model.modules) {
+      for (const BudgetParam& p : module) {
+        const uint64_t bytes = p.shard_elements * ElementBytes(config);
+        const uint64_t pieces = (bytes + b.piece_bytes - 1) / b.piece_bytes;
+        b.swap_capacity_bytes += bytes + pieces * slack;
       }
     }
   }
+}
+
+}  // namespace
+
+TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& model) {
+  TierBudgets b;
+  const ModuleBytes m = MeasureModules(config, model, b);
+  ComputeDeviceBudget(config, model, m, b);
+  ComputeHostBudget(config, model, m, b);
+  b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);
+  ComputeSwapCapacity(config, model, b);
   return b;
 }
 
