@@ -77,8 +77,8 @@ ModuleBytes MeasureModules(const EngineConfig& config, const BudgetModel& model,
   return m;
 }
 
-void ComputeDeviceBudget(const EngineConfig& config, const BudgetModel& model,
-                         const ModuleBytes& m, TierBudgets& b) {
+void ComputeDeviceBudget(const EngineConfig& config, const BudgetModel& model, const ModuleBytes& m,
+                         TierBudgets& b) {
   const uint64_t world = static_cast<uint64_t>(std::max(model.world_size, 1));
   const uint64_t element = ElementBytes(config);
   // The two gradient buckets (Note [Gradient buckets]): each grown to the largest parameter,
