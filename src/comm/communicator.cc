@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/thread_name.h"
+#include "zinf/device.h"
 
 namespace zinf {
 
@@ -39,6 +40,7 @@ Communicator::~Communicator() { StopWorker(); }
 void Communicator::StartWorker() {
   worker_ = std::thread([this] {
     NameThisThread("zinf-comm");
+    TransferCounters::MarkWorkerThread();  // Note [Transfer counters]: a wait here holds no caller
     Serve();
   });
 }
@@ -130,11 +132,13 @@ std::shared_ptr<CommWork> Communicator::AllGatherAsync(const void* send, void* r
 }
 
 std::shared_ptr<CommWork> Communicator::ReduceScatterAsync(void* send, void* recv, size_t count,
-                                                           ElementType type, ReduceOp op) {
+                                                           ElementType type, ReduceOp op,
+                                                           Event* after) {
   return Submit(fmt::format("reduce-scatter of {} {} per rank", count, ElementTypeName(type)),
                 [=, this] {
                   ZINF_RETURN_IF_ERROR(CheckBuffer(send, count, "send"));
                   ZINF_RETURN_IF_ERROR(CheckBuffer(recv, count, "recv"));
+                  if (after != nullptr) ZINF_RETURN_IF_ERROR(after->Synchronize());
                   return count == 0 ? OkStatus() : DoReduceScatter(send, recv, count, type, op);
                 });
 }

@@ -35,6 +35,7 @@
 
 namespace zinf {
 
+class Event;
 class TcpStore;
 
 // Collectives take ElementType (zinf/dtype.h). bf16 and fp16 move parameters in their
@@ -80,11 +81,15 @@ class Communicator {
   Status Barrier();
 
   // Asynchronous forms: the buffers must stay valid and untouched until Wait() returns.
+  // ReduceScatterAsync's `after`, when set, is device work that writes `send` (recorded on
+  // one of the device's streams): the collective waits for it on the communicator's thread,
+  // so the caller does not. It must stay valid until Wait() returns.
   std::shared_ptr<CommWork> AllReduceAsync(void* data, size_t count, ElementType type, ReduceOp op);
   std::shared_ptr<CommWork> AllGatherAsync(const void* send, void* recv, size_t count,
                                            ElementType type);
   std::shared_ptr<CommWork> ReduceScatterAsync(void* send, void* recv, size_t count,
-                                               ElementType type, ReduceOp op);
+                                               ElementType type, ReduceOp op,
+                                               Event* after = nullptr);
 
   // The sticky error, or OK.
   Status status() const;

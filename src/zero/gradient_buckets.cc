@@ -246,9 +246,9 @@ Status GradientBuckets::Start(Bucket& bucket) {
       }
     }
   }
-  if (!host_addressable_) {  // the collective reads what the packing wrote
-    ZINF_RETURN_IF_ERROR(copy_->Synchronize());
-    ZINF_RETURN_IF_ERROR(Retire(in_flight_bytes_));  // every packing copy has run: no wait
+  if (!host_addressable_) {  // the collective reads what the packing wrote: its thread waits
+    ZINF_ASSIGN_OR_RETURN(bucket.packed, TakeEvent());
+    ZINF_RETURN_IF_ERROR(copy_->Record(*bucket.packed));
   }
   AskForLanding(bucket);
   if (bucket.direct != nullptr && host_addressable_) {  // reduced into the accumulators
@@ -268,7 +268,7 @@ Status GradientBuckets::Start(Bucket& bucket) {
   }
   bucket.reduced = static_cast<float*>(*reduced);
   bucket.work = comm_->ReduceScatterAsync(send, bucket.reduced, bucket.used, ElementType::kFp32,
-                                          ReduceOp::kSum);
+                                          ReduceOp::kSum, bucket.packed.get());
   ++reductions_;
   return OkStatus();
 }
@@ -334,6 +334,7 @@ Status GradientBuckets::Complete(Bucket& bucket) {
 Status GradientBuckets::WaitReduced(Bucket& bucket) {
   if (bucket.work != nullptr) {
     Status reduced = std::exchange(bucket.work, nullptr)->Wait();
+    if (bucket.packed != nullptr) spare_events_.push_back(std::move(bucket.packed));
     if (!reduced.ok()) {
       const std::string what =
           bucket.pieces.size() == 1
@@ -343,6 +344,7 @@ Status GradientBuckets::WaitReduced(Bucket& bucket) {
                             bucket.pieces.size());
       return std::move(reduced).WithContext(what);
     }
+    ZINF_RETURN_IF_ERROR(Retire(in_flight_bytes_));  // packed before it: freed with no wait
   }
   if (bucket.direct == nullptr || host_addressable_) return OkStatus();
   // Into the accumulators: the store copies the reduced slice down (the collective wrote them

@@ -18,27 +18,28 @@
 // on a stream), the collective reduces device memory (NCCL on a GPU, Gloo on the host
 // device) into a scratch tensor of the reduced slice's size, and only that slice goes down to
 // the host tier, moved by the store like any other tensor (metered on its device-to-host link)
-// before the sink reads it. With one rank there is nothing to reduce: the bucket itself comes
-// down, in one copy after the event the packing stream records; that copy is the one wait
-// for the bucket, made when its buffers are needed again or at Finish: one wait per
-// backward where a bucket holds the model (the copy is the store's, CopyDownAsync: metered on
-// its link like every move). One rank's bucket is filled from its end: backward
-// hands the parameters over in reverse, so its pieces then lie in the flat shard's order,
-// side by side, and where the sink's accumulators hold nothing of the batch yet (the first
-// micro-batch) the copy lands straight in them (GradientSink::LandingFor): no host pass. Else
-// it lands in a host-tier array of the bucket's own (pinned, so the copy is asynchronous),
-// from which the sink adds each piece. Every rank's slice of a bucket fills from its end too,
-// so a reduced slice in flat order lands in the accumulators the same way: the collective
-// writes them where the host may address device memory, else the store copies the reduced
-// slice down into them (CopyDownAsync). The buckets are finished only at the step, so two
-// micro-batches' gradients of the same parameters may be in flight at once: a bucket is
-// offered no landing while the other still holds any of its parameters (the sink learns of
-// those only when that bucket completes, and they must come first). Where device memory is host
-// memory the host may touch (the host device without a modelled link), the packing is a memcpy and
-// the sink reads the slice, or with one rank the gradient, where it is: no copy beyond what the
-// collective needs. Elsewhere the packing copies run while backward goes on, and each gradient is
-// freed once its copy has run, found by asking its event, without waiting, at the next Add; Add
-// waits for the oldest only while more than a bucket's bytes of gradients are in flight.
+// before the sink reads it. The collective waits for the bucket's packing on the
+// communicator's thread (the event the packing stream records), so the caller waits once per
+// bucket, for its reduced slice coming down. With one rank there is nothing to reduce: the bucket
+// itself comes down, in one copy after the event the packing stream records; that copy is the one
+// wait for the bucket, made when its buffers are needed again or at Finish: one wait per backward
+// where a bucket holds the model (the copy is the store's, CopyDownAsync: metered on its link like
+// every move). One rank's bucket is filled from its end: backward hands the parameters over in
+// reverse, so its pieces then lie in the flat shard's order, side by side, and where the sink's
+// accumulators hold nothing of the batch yet (the first micro-batch) the copy lands straight in
+// them (GradientSink::LandingFor): no host pass. Else it lands in a host-tier array of the bucket's
+// own (pinned, so the copy is asynchronous), from which the sink adds each piece. Every rank's
+// slice of a bucket fills from its end too, so a reduced slice in flat order lands in the
+// accumulators the same way: the collective writes them where the host may address device memory,
+// else the store copies the reduced slice down into them (CopyDownAsync). The buckets are finished
+// only at the step, so two micro-batches' gradients of the same parameters may be in flight at
+// once: a bucket is offered no landing while the other still holds any of its parameters (the sink
+// learns of those only when that bucket completes, and they must come first). Where device memory
+// is host memory the host may touch (the host device without a modelled link), the packing is a
+// memcpy and the sink reads the slice, or with one rank the gradient, where it is: no copy beyond
+// what the collective needs. Elsewhere the packing copies run while backward goes on, and each
+// gradient is freed once its copy has run, found by asking its event, without waiting, at the next
+// Add; Add waits for the oldest only while more than a bucket's bytes of gradients are in flight.
 //
 // Memory: two buckets of `bucket_elements` (grown to hold the largest parameter) in the
 // device tier, allocated when first used, with several ranks this rank's slice of each, and
@@ -147,7 +148,9 @@ class GradientBuckets {
     // (`capacity` elements), the event recorded after the copy down, and the flat elements it
     // covers when it came down into the sink's accumulators instead (`direct`).
     StoreArray landing;
-    std::unique_ptr<Event> packed;      // recorded after the bucket's packing
+    // Recorded after the bucket's packing, where the device is not host-addressable: what the
+    // copy down (one rank) or the collective (several) waits for.
+    std::unique_ptr<Event> packed;
     std::shared_future<Status> landed;  // the store's copy down, after `packed`
     // Where the sink let the bucket's reduced gradients land directly (its accumulators of
     // the flat elements from `flat_first`), or null (AskForLanding).

@@ -22,6 +22,7 @@
 #include "comm/tcp_store.h"
 #include "tests/comm/store_flood.h"
 #include "tests/testing/fork_ranks.h"
+#include "zinf/device.h"
 
 namespace zinf {
 namespace {
@@ -324,6 +325,41 @@ TEST(LocalCommunicatorTest, CollectivesAreCopies) {
   EXPECT_EQ((*comm)->AllReduce(nullptr, 3, ElementType::kFp32, ReduceOp::kSum).code(),
             StatusCode::kInvalidArgument);
   EXPECT_FALSE((*comm)->status().ok()) << "a failed collective is sticky, whatever the cause";
+}
+
+// Device work that writes a collective's input: it has run once its event says so, here after
+// a delay, as a packing copy on a GPU stream finishes some time after it is queued.
+class LateWrite : public Event {
+ public:
+  explicit LateWrite(std::vector<float>* data) : data_(data) {}
+  StatusOr<bool> Query() override { return written_.load(); }
+  Status Synchronize() override {
+    if (written_.load()) return OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    *data_ = {4, 5, 6};
+    written_ = true;
+    return OkStatus();
+  }
+  StatusOr<double> ElapsedMsSince(const Event&) const override {
+    return FailedPrecondition("not a timing event");
+  }
+
+ private:
+  std::vector<float>* data_;
+  std::atomic<bool> written_{false};
+};
+
+// ReduceScatterAsync after an event: the collective waits for the work that writes its input,
+// on the communicator's thread, and reads what that work wrote; the caller returns at once.
+TEST(LocalCommunicatorTest, ReduceScatterWaitsForTheEventItIsGiven) {
+  auto comm = CreateLocalCommunicator();
+  ASSERT_TRUE(comm.ok());
+  std::vector<float> send = {1, 2, 3}, recv(3);
+  LateWrite written(&send);
+  std::shared_ptr<CommWork> work = (*comm)->ReduceScatterAsync(
+      send.data(), recv.data(), 3, ElementType::kFp32, ReduceOp::kSum, &written);
+  ASSERT_TRUE(work->Wait().ok());
+  EXPECT_EQ(recv, (std::vector<float>{4, 5, 6}));
 }
 
 class EnvironmentTest : public ::testing::Test {

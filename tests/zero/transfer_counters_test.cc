@@ -198,16 +198,17 @@ TEST_F(TransferCountersTest, TwoRanks) {
       // The parameter tier written from the master; the first micro-batch's reduced slice
       // lands in the accumulators, with no host copy.
       expect_eq("host_bytes_copied", s.host_bytes_copied, kShardBytes);
-      // Caller's waits: one per fetch, per m1 unpack, two per bucket (its packing copies, its
-      // reduced slice coming down), the write-backs and the drop of the gathers; and at most
-      // one per release with an event, waited for or found done. None per gradient: a
-      // gradient's packing is asked after, not waited for, while less than a bucket is in
-      // flight.
-      constexpr uint64_t kWaits = kFetches + kM1Gathers + 2 * kG + 2;
+      // Caller's waits: one per fetch, per m1 unpack, one per bucket (its reduced slice coming
+      // down), the write-backs and the drop of the gathers; and at most one per release with
+      // an event, waited for or found done. None per gradient: a gradient's packing is asked
+      // after, not waited for, while less than a bucket is in flight. None for a bucket's
+      // packing: the collective waits for it on the communicator's thread.
+      constexpr uint64_t kWaits = kFetches + kM1Gathers + kG + 2;
       expect("host_waits", s.host_waits, kWaits, kWaits + kReleasesWithEvents);
-      // The shards' copies up, waited for once (Note [Batched write-backs]), and the store's
-      // copy of the first micro-batch's reduced slice down into the accumulators.
-      expect_eq("worker_waits", s.worker_waits, 2);
+      // Each bucket's packing, before its collective; the shards' copies up, waited for once
+      // (Note [Batched write-backs]); and the store's copy of the first micro-batch's reduced
+      // slice down into the accumulators.
+      expect_eq("worker_waits", s.worker_waits, kG + 2);
     }
     return failed;
   });
