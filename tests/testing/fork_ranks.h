@@ -41,22 +41,31 @@ inline std::vector<int> ForkRanks(int world, const std::function<int(int rank)>&
   return codes;
 }
 
-// A loopback TCP port that was free a moment ago, for the ranks' rendezvous. A plain socket,
-// so that the caller stays free of threads until it forks.
-inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 29555;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+// `n` distinct loopback TCP ports that were free a moment ago, for the ranks' rendezvous: one
+// per engine a test makes in turn, since a port just closed may still be in use, and the next
+// port up may be another test's. Plain sockets, all bound at once so that they differ, so that
+// the caller stays free of threads until it forks.
+inline std::vector<int> FreePorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    int port = 29555 + i;
+    if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+    if (fd >= 0) fds.push_back(fd);
+    ports.push_back(port);
   }
-  if (fd >= 0) close(fd);
-  return port;
+  for (int fd : fds) close(fd);
+  return ports;
 }
+
+inline int FreePort() { return FreePorts(1)[0]; }
 
 // ForkRanks of body(rank, port): `world` ranks that rendezvous on one FreePort. Returns their
 // exit codes in rank order.

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,9 @@ struct Case {
   int world;
 };
 
+// The case's name, for ctest's test names (not the struct's bytes, a pointer among them).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class FrozenParamsTest : public ::testing::TestWithParam<Case> {};
 
 // The same loop with the frozen parameters and without them: the trained ones bitwise alike,
@@ -190,14 +194,15 @@ TEST_P(FrozenParamsTest, TrainedOnesStepAsWithoutTheFrozenOnesWhichKeepTheirValu
   const Case c = GetParam();
   const testing::TempDir tmp("zinf-frozen");
   const std::string dir = tmp.path();
-  const std::vector<int> codes = RunRanks(c.world, [&](int rank, int port) {
+  const std::vector<int> ports = testing::FreePorts(3);  // one per variant's engine
+  const std::vector<int> codes = RunRanks(c.world, [&](int rank, int) {
     const std::string json = Config(c.setup, dir);
     Status s;
     uint64_t host_bytes[2] = {0, 0};
     for (int variant = 0; variant < 3 && s.ok(); ++variant) {
       // 0: with the frozen ones; 1: without them; 2: every parameter trained (host bytes).
       auto engine =
-          testing::CreateRankEngine(json, testing::HostRankOptions(rank, c.world, port + variant));
+          testing::CreateRankEngine(json, testing::HostRankOptions(rank, c.world, ports[variant]));
       if (!engine.ok()) return 10;
       Engine& e = **engine;
       StatusOr<Built> ids = Build(e, variant != 1, variant == 2);
@@ -283,11 +288,12 @@ TEST(FrozenParamsCheckpointTest, FrozenValuesComeBackResharded) {
       return s.ok() ? 0 : 11;
     });
     ASSERT_EQ(codes, std::vector<int>(2, 0));
-    codes = RunRanks(1, [&](int rank, int port) {
+    const std::vector<int> ports = testing::FreePorts(3);  // one per engine
+    codes = RunRanks(1, [&](int rank, int) {
       Status s;
       for (int run = 0; run < 2 && s.ok(); ++run) {
         // 0: straight through; 1: from the checkpoint, frozen values starting at 0.
-        auto e = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, port + run));
+        auto e = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, ports[run]));
         if (!e.ok()) return 10;
         StatusOr<Built> ids =
             Build(**e, true, false, run == 1 ? std::optional<float>(0.0f) : std::nullopt);
@@ -303,7 +309,7 @@ TEST(FrozenParamsCheckpointTest, FrozenValuesComeBackResharded) {
         }
         if (s.ok()) s = WriteFloats(dir + "/run" + std::to_string(run), all);
       }
-      auto other = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, port + 2));
+      auto other = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, ports[2]));
       if (!other.ok()) return 12;
       if (s.ok()) s = Build(**other, true, /*train_all=*/true).status();
       Status refused = s.ok() ? (*other)->LoadCheckpoint(dir + "/ckpt").status() : s;

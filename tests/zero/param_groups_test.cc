@@ -228,16 +228,17 @@ TEST(ParamGroupsCheckpointTest, BothGroupsResumeBitwiseAndAnotherCountIsRefused)
   for (bool nvme : {false, true}) {
     const testing::TempDir tmp("zinf-param-groups-ckpt");
     const std::string dir = tmp.path();
-    const std::vector<int> codes = RunRanks(1, [&](int rank, int port) {
+    const std::vector<int> ports = testing::FreePorts(3);  // one per engine
+    const std::vector<int> codes = RunRanks(1, [&](int rank, int) {
       const std::string json = Config(nvme, dir);
-      auto first = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, port));
+      auto first = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, ports[0]));
       if (!first.ok()) return 10;
       StatusOr<std::vector<int>> ids = Build(**first, true);
       Status s = ids.status();
       if (s.ok()) s = Train(**first, *ids, 0, kSteps / 2);
       if (s.ok()) s = (*first)->SaveCheckpoint(dir + "/ckpt", "half");
       first->reset();
-      auto second = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, port + 1));
+      auto second = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, ports[1]));
       if (!s.ok() || !second.ok()) return 11;
       ids = Build(**second, true);
       if (ids.ok()) s = (*second)->LoadCheckpoint(dir + "/ckpt").status();
@@ -248,7 +249,7 @@ TEST(ParamGroupsCheckpointTest, BothGroupsResumeBitwiseAndAnotherCountIsRefused)
         std::fprintf(stderr, "%s\n", s.ToString().c_str());
         return 12;
       }
-      auto single = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, port + 2));
+      auto single = testing::CreateRankEngine(json, testing::HostRankOptions(rank, 1, ports[2]));
       if (!single.ok() || !Build(**single, false).ok()) return 13;
       Status refused = (*single)->LoadCheckpoint(dir + "/ckpt").status();
       std::fprintf(stderr, "%s\n", refused.ToString().c_str());
