@@ -75,17 +75,18 @@ Status DevicePoolOptions::Validate() const {
 }
 
 MemoryPool::MemoryPool(std::string name, uint64_t budget_bytes, uint64_t arena_bytes,
-                       uint64_t alignment)
+                       uint64_t alignment, uint64_t arena_slack_bytes)
     : name_(std::move(name)),
       arena_bytes_(arena_bytes),
       alignment_(alignment),
+      arena_slack_bytes_(arena_slack_bytes),
       budget_(name_, budget_bytes) {}
 
 StatusOr<std::unique_ptr<MemoryPool>> MemoryPool::CreatePinned(const PinnedPoolOptions& options) {
   ZINF_RETURN_IF_ERROR(options.Validate());
   uint64_t arena = options.arena_bytes == 0 ? options.budget_bytes : options.arena_bytes;
-  std::unique_ptr<MemoryPool> pool(
-      new MemoryPool(options.name, options.budget_bytes, arena, options.alignment));
+  std::unique_ptr<MemoryPool> pool(new MemoryPool(options.name, options.budget_bytes, arena,
+                                                  options.alignment, options.arena_slack_bytes));
   pool->host_options_ = options;
   if (options.preallocate) {
     std::lock_guard lock(pool->mu_);
@@ -186,7 +187,9 @@ StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
     }
   }
   if (best == arenas_.size()) {
-    const uint64_t limit = budget_.limit_bytes();
+    // Note [Arena slack]: the arenas may exceed the budget by the slack, the blocks may not.
+    const uint64_t limit =
+        budget_.limit_bytes() == 0 ? 0 : budget_.limit_bytes() + arena_slack_bytes_;
     uint64_t size = std::max(arena_bytes_, rounded);
     if (limit != 0) size = std::min(size, limit - std::min(limit, arena_total_));
     if (size < rounded) {
@@ -201,9 +204,12 @@ StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
       }
       return ResourceExhausted(fmt::format(
           "{}: no free range of {} (largest free range {}, {} free in {} scattered ranges, "
-          "budget {} fully assigned to arenas); free blocks or Trim() the pool",
+          "budget {}{} fully assigned to arenas); free blocks or Trim() the pool",
           name_, FormatBytes(rounded), FormatBytes(largest), FormatBytes(free), ranges,
-          FormatBytes(limit)));
+          FormatBytes(budget_.limit_bytes()),
+          arena_slack_bytes_ == 0
+              ? ""
+              : fmt::format(" and its arena slack {}", FormatBytes(arena_slack_bytes_))));
     }
     StatusOr<size_t> added = AddArenaLocked(size);
     if (!added.ok()) {

@@ -51,6 +51,17 @@ namespace zinf {
 // from the top of an arena, and large ones best-fit from the bottom: the small blocks gather
 // at one end, whatever their lifetimes, and large holes stay whole.
 
+// Note [Arena slack]
+// Blocks that live long in arenas of a fixed size leave tails no larger block can take: the
+// host tier's small shards fill a 1 GiB arena before a flat array of the optimizer asks for
+// one of its own, and a budget of exactly what the blocks need then has no room for the last
+// array (a 605M model with its parameters in host memory failed at initialize so). Raising the
+// budget by an arena would make the room, but a budget is also what a cache fills: the store
+// keeps cached copies until the budget is reached, and the 1B `large` on NVMe then held 1 GiB
+// more for nothing. So the slack is the arenas', not the blocks': arena_slack_bytes lets the
+// arenas together exceed the budget, while the bytes in blocks, and so every cache, stay
+// within it. Tails are untouched memory: pageable arenas cost no resident memory for them.
+
 struct MemoryPoolStats {
   uint64_t budget_bytes = 0;        // 0: unlimited
   uint64_t arena_bytes = 0;         // memory held by arenas (what is pinned or allocated)
@@ -100,8 +111,8 @@ class PoolBlock {
 };
 
 // The size of the host tier's arenas (TieredStore), pinned as they are needed. Small tensors
-// fill an arena whose free tail no larger block can take, so the engine's host budget carries
-// one arena of slack above one arena (Note [Tier budgets] in src/zero/tier_budgets.h).
+// fill an arena whose free tail no larger block can take, so the host tier's arenas may hold
+// one arena more than its budget, above one arena (PinnedPoolOptions::arena_slack_bytes).
 inline constexpr uint64_t kHostTierArenaBytes = 1ull << 30;
 
 struct PinnedPoolOptions {
@@ -110,6 +121,11 @@ struct PinnedPoolOptions {
   // Size of each arena; 0 means one arena of the whole budget. Smaller arenas pin memory as
   // it is needed, at the price of more places where a large block may not fit.
   uint64_t arena_bytes = 0;
+  // How far the arenas together may exceed the budget: room for the tails that small blocks
+  // leave in their arenas and a larger block cannot use (Note [Arena slack]). The blocks in
+  // use stay within budget_bytes; only arenas are made beyond it, and only for a block that
+  // fits nowhere else.
+  uint64_t arena_slack_bytes = 0;
   // Block alignment, a power of two >= 64. 4096 suits O_DIRECT and registered I/O.
   uint64_t alignment = 4096;
   // Make every arena at Create instead of on first use (fails early when pinning is refused).
@@ -179,7 +195,8 @@ class MemoryPool {
   };
   friend class PoolBlock;
 
-  MemoryPool(std::string name, uint64_t budget_bytes, uint64_t arena_bytes, uint64_t alignment);
+  MemoryPool(std::string name, uint64_t budget_bytes, uint64_t arena_bytes, uint64_t alignment,
+             uint64_t arena_slack_bytes = 0);
   // Adds an arena of `size_bytes`; mu_ held.
   StatusOr<size_t> AddArenaLocked(uint64_t size_bytes);
   void Free(size_t arena, uint64_t offset, uint64_t size_bytes) noexcept;
@@ -187,6 +204,7 @@ class MemoryPool {
   const std::string name_;
   const uint64_t arena_bytes_;
   const uint64_t alignment_;
+  const uint64_t arena_slack_bytes_;
   MemoryBudget budget_;  // bytes in blocks
   PinnedPoolOptions host_options_;
   Device* device_ = nullptr;

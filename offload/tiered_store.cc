@@ -170,6 +170,8 @@ StatusOr<std::unique_ptr<MemoryPool>> OpenHostTier(const TieredStoreOptions& opt
   hp.name = "host tier";
   hp.budget_bytes = options.host_budget_bytes;
   hp.arena_bytes = std::min<uint64_t>(options.host_budget_bytes, kHostTierArenaBytes);
+  // Note [Arena slack]: the tails small tensors leave, where there is more than one arena.
+  hp.arena_slack_bytes = options.host_budget_bytes > hp.arena_bytes ? hp.arena_bytes : 0;
   hp.pinned = options.pin_host;
   hp.numa_node = options.numa_node;
   hp.device = options.pin_host && device != nullptr && device->kind() == DeviceKind::kCuda

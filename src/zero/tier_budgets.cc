@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "core/units.h"
-#include "offload/memory_pool.h"
 #include "offload/pipelined_optimizer.h"
 #include "zero/gradient_buckets.h"
 #include "zero/nvme_gradients.h"
@@ -146,9 +145,6 @@ void ComputeHostBudget(const EngineConfig& config, const BudgetModel& model, con
   b.host_budget_bytes = arrays + (params_on_host ? b.param_tier_bytes : 0) + landed +
                         gradient_staging + step_buffers + m.persistent_next +
                         b.write_back_room_bytes;
-  // The arenas' tails: the parameter tier's shards fill an arena before the flat arrays ask
-  // for theirs, and without this the last array found no room (a 605M model in host memory).
-  if (b.host_budget_bytes > kHostTierArenaBytes) b.host_budget_bytes += kHostTierArenaBytes;
 }
 
 void ComputeSwapCapacity(const EngineConfig& config, const BudgetModel& model, TierBudgets& b) {

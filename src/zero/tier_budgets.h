@@ -16,8 +16,9 @@
 // memory is not the host's), the NVMe gradients' staging, the pipelined step's staging buffers and
 // host-resident chunks, the persistent parameters' next values and room for the NVMe tier's
 // write-backs (which also keeps the shards a step beside the next forward has just written, until
-// that forward reads them), and, above one arena, one arena of slack for the tails small tensors
-// leave in theirs. The swap store holds every optimizer chunk's fp32 parameters and two states (and
+// that forward reads them); the tails small tensors leave in the host tier's arenas are the
+// store's to allow for (Note [Arena slack] in offload/memory_pool.h), not this budget's, which a
+// cache would fill. The swap store holds every optimizer chunk's fp32 parameters and two states (and
 // gradients, with zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a block
 // of alignment slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the chunks
 // hold only the two states. The overlapped step's room beside it depends on the disk's free space:

@@ -128,16 +128,19 @@ TEST(MemoryPoolTest, ArenasGrowOnDemandAndTrim) {
   std::memset(a->data(), 1, a->size_bytes());  // the surviving block is intact
 }
 
-// Why the engine's host budget carries one arena of slack (Note [Tier budgets]): small blocks
-// first (the parameter tier's shards) leave a tail in their arena that the large blocks after
-// them (the flat arrays) cannot use. With a budget of exactly what is asked for, the last large
-// block finds no room; with one arena more, it does.
+// Note [Arena slack]: small blocks first (the parameter tier's shards) leave a tail in their
+// arena that the large blocks after them (the flat arrays) cannot use. With arenas held to a
+// budget of exactly what the blocks need, the last large block finds no room; with an arena of
+// slack it does, and still the blocks in use never exceed the budget.
 TEST(MemoryPoolTest, AnArenaOfSlackHoldsWhatSmallBlocksLeaveBehind) {
   const uint64_t arena = 4 * kMiB, small = 256 * 1024, large = 9 * kMiB;
   const int smalls = 20, larges = 4;  // 5 MiB of small blocks: an arena and a quarter
+  const uint64_t budget = smalls * small + larges * large;
   for (const uint64_t slack : {uint64_t{0}, arena}) {
     SCOPED_TRACE(slack);
-    auto pool = MemoryPool::CreatePinned(Pinned(smalls * small + larges * large + slack, arena));
+    PinnedPoolOptions options = Pinned(budget, arena);
+    options.arena_slack_bytes = slack;
+    auto pool = MemoryPool::CreatePinned(options);
     ASSERT_TRUE(pool.ok()) << pool.status();
     std::vector<PoolBlock> blocks;
     for (int i = 0; i < smalls; ++i) blocks.push_back(std::move(*(*pool)->Allocate(small)));
@@ -150,9 +153,14 @@ TEST(MemoryPoolTest, AnArenaOfSlackHoldsWhatSmallBlocksLeaveBehind) {
     if (slack == 0) {
       EXPECT_EQ(last.code(), StatusCode::kResourceExhausted) << last;
       EXPECT_NE(last.message().find("fully assigned to arenas"), std::string::npos) << last;
-    } else {
-      EXPECT_TRUE(last.ok()) << last;
+      continue;
     }
+    EXPECT_TRUE(last.ok()) << last;
+    EXPECT_GT((*pool)->stats().arena_bytes, budget) << "the slack is the arenas'";
+    // The budget is full: the slack holds no block of its own.
+    auto more = (*pool)->Allocate(4096);
+    EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted) << more.status();
+    EXPECT_EQ((*pool)->stats().in_use_bytes, budget);
   }
 }
 
