@@ -381,12 +381,18 @@ Status GradientBuckets::HandOverPieces(Bucket& bucket) {
 }
 
 Status GradientBuckets::Finish() {
-  ZINF_RETURN_IF_ERROR(sink_error_);
   Bucket& filling = buckets_[filling_];
-  if (filling.used > 0) ZINF_RETURN_IF_ERROR(Start(filling));
+  Status done = sink_error_;
+  if (done.ok() && filling.used > 0) done = Start(filling);
   // The other bucket was started first: its additions come first.
-  ZINF_RETURN_IF_ERROR(Complete(buckets_[filling_ ^ 1]));
-  ZINF_RETURN_IF_ERROR(Complete(filling));
+  if (done.ok()) done = Complete(buckets_[filling_ ^ 1]);
+  if (done.ok()) done = Complete(filling);
+  if (!done.ok()) {
+    // A collective waits for its bucket's packing, so a failed one may leave packing copies
+    // running, reading gradients their caller frees once this returns: let them finish.
+    if (copy_ != nullptr) (void)copy_->Synchronize();
+    return done;
+  }
   return Retire(0);  // every packing has run by now: frees what is left, with no wait
 }
 
