@@ -18,11 +18,11 @@
 // write-backs (which also keeps the shards a step beside the next forward has just written, until
 // that forward reads them); the tails small tensors leave in the host tier's arenas are the
 // store's to allow for (Note [Arena slack] in offload/memory_pool.h), not this budget's, which a
-// cache would fill. The swap store holds every optimizer chunk's fp32 parameters and two states (and
-// gradients, with zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a block
-// of alignment slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the chunks
-// hold only the two states. The overlapped step's room beside it depends on the disk's free space:
-// SpeculativeChunks, given that free space (OpenTiers asks the disk; the plan its profile).
+// cache would fill. The swap store holds every optimizer chunk's fp32 parameters and two states
+// (and gradients, with zinf.gradients_on_nvme) and the parameter tier on NVMe, each extent with a
+// block of alignment slack; where the parameter tier is the fp32 master (ParamTierIsMaster) the
+// chunks hold only the two states. The overlapped step's room beside it depends on the disk's free
+// space: SpeculativeChunks, given that free space (OpenTiers asks the disk; the plan its profile).
 //
 // Thread-safety: pure functions.
 #ifndef ZINF_ZERO_TIER_BUDGETS_H_
