@@ -106,8 +106,9 @@ void ComputeDeviceBudget(const EngineConfig& config, const BudgetModel& model, c
                                                          : b.device_need_bytes + (64 << 20);
 }
 
+// `chunk`: the NVMe optimizer's chunk, in elements (OptimizerChunkElements).
 void ComputeHostBudget(const EngineConfig& config, const BudgetModel& model, const ModuleBytes& m,
-                       TierBudgets& b) {
+                       uint64_t chunk, TierBudgets& b) {
   const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
   const bool host_master =
       !(config.offload_param_device == OffloadDevice::kNvme && optimizer_on_nvme);
@@ -118,7 +119,6 @@ void ComputeHostBudget(const EngineConfig& config, const BudgetModel& model, con
                (optimizer_on_nvme ? 0 : model.state_count) + (config.delayed_param_update ? 1 : 0));
   // The buckets' reduced slices, where the device's memory is not the host's.
   const uint64_t landed = model.device_host_addressable ? 0 : 2 * b.bucket_slice_elements * 4;
-  const uint64_t chunk = OptimizerChunkElements(b.shard_elements, config.nvme_staging_budget_bytes);
   // The pipelined step's staging buffers and the chunks it keeps in host memory (all of them
   // at most, with offload_optimizer.ratio < 1).
   uint64_t step_buffers = 0;
@@ -147,15 +147,14 @@ void ComputeHostBudget(const EngineConfig& config, const BudgetModel& model, con
                         b.write_back_room_bytes;
 }
 
-void ComputeSwapCapacity(const EngineConfig& config, const BudgetModel& model, TierBudgets& b) {
+void ComputeSwapCapacity(const EngineConfig& config, const BudgetModel& model, uint64_t chunk,
+                         TierBudgets& b) {
   const bool params_on_nvme = config.offload_param_device == OffloadDevice::kNvme;
   const bool optimizer_on_nvme = config.offload_optimizer_device == OffloadDevice::kNvme;
   if (!params_on_nvme && !optimizer_on_nvme) return;
   // Each extent is rounded up to the allocator's alignment: allow a block per extent.
   const uint64_t slack = config.aio.block_size;
   if (optimizer_on_nvme) {
-    const uint64_t chunk =
-        OptimizerChunkElements(b.shard_elements, config.nvme_staging_budget_bytes);
     b.optimizer_chunk_elements = chunk;
     b.optimizer_chunks = (b.shard_elements + chunk - 1) / chunk;
     const bool master = ParamTierIsMaster(config);
@@ -183,9 +182,10 @@ TierBudgets ComputeTierBudgets(const EngineConfig& config, const BudgetModel& mo
   TierBudgets b;
   const ModuleBytes m = MeasureModules(config, model, b);
   ComputeDeviceBudget(config, model, m, b);
-  ComputeHostBudget(config, model, m, b);
+  const uint64_t chunk = OptimizerChunkElements(b.shard_elements, config.nvme_staging_budget_bytes);
+  ComputeHostBudget(config, model, m, chunk, b);
   b.piece_bytes = std::clamp<uint64_t>(PageUp(b.largest_shard_bytes), 1 << 20, 64 << 20);
-  ComputeSwapCapacity(config, model, b);
+  ComputeSwapCapacity(config, model, chunk, b);
   return b;
 }
 
