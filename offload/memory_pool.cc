@@ -23,6 +23,10 @@ PoolBlock& PoolBlock::operator=(PoolBlock&& other) noexcept {
   return *this;
 }
 
+uint64_t PoolBlock::reserved_bytes() const {
+  return pool_ == nullptr ? 0 : AlignUp(size_bytes_, pool_->alignment());
+}
+
 void PoolBlock::Reset() {
   if (pool_ != nullptr && data_ != nullptr) pool_->Free(arena_, offset_, size_bytes_);
   pool_ = nullptr;
@@ -173,6 +177,30 @@ StatusOr<size_t> MemoryPool::AddArenaLocked(uint64_t size_bytes) {
 StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
   if (size_bytes == 0) return InvalidArgument(fmt::format("{}: cannot allocate 0 bytes", name_));
   const uint64_t rounded = AlignUp(size_bytes, alignment_);
+  ZINF_ASSIGN_OR_RETURN(const Place place, Reserve(rounded, 1));
+  return PoolBlock(this, place.data, size_bytes, place.arena, place.offset);
+}
+
+StatusOr<std::vector<PoolBlock>> MemoryPool::AllocateRun(std::span<const uint64_t> sizes) {
+  uint64_t total = 0;
+  for (uint64_t size : sizes) {
+    if (size == 0) return InvalidArgument(fmt::format("{}: cannot allocate 0 bytes", name_));
+    total += AlignUp(size, alignment_);
+  }
+  if (sizes.empty()) return std::vector<PoolBlock>();
+  ZINF_ASSIGN_OR_RETURN(const Place place, Reserve(total, sizes.size()));
+  std::vector<PoolBlock> blocks;
+  blocks.reserve(sizes.size());
+  uint64_t offset = 0;
+  for (uint64_t size : sizes) {
+    blocks.push_back(
+        PoolBlock(this, place.data + offset, size, place.arena, place.offset + offset));
+    offset += AlignUp(size, alignment_);
+  }
+  return blocks;
+}
+
+StatusOr<MemoryPool::Place> MemoryPool::Reserve(uint64_t rounded, size_t blocks) {
   ZINF_RETURN_IF_ERROR(budget_.Reserve(rounded));
   std::lock_guard lock(mu_);
   // Best fit across arenas: the arena whose largest hole is the smallest that fits.
@@ -224,9 +252,9 @@ StatusOr<PoolBlock> MemoryPool::Allocate(uint64_t size_bytes) {
     budget_.Release(rounded);
     return std::move(offset).status().WithContext(name_);
   }
-  ++arena.blocks;
-  ++blocks_;
-  return PoolBlock(this, arena.base + *offset, size_bytes, best, *offset);
+  arena.blocks += blocks;
+  blocks_ += blocks;
+  return Place{best, *offset, arena.base + *offset};
 }
 
 void MemoryPool::Free(size_t arena, uint64_t offset, uint64_t size_bytes) noexcept {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <variant>
@@ -62,6 +63,14 @@ namespace zinf {
 // arenas together exceed the budget, while the bytes in blocks, and so every cache, stay
 // within it. Tails are untouched memory: pageable arenas cost no resident memory for them.
 
+// Note [Runs of blocks]
+// Tensors that always move together (a module's parameters, fetched to the device as one
+// batch) move in one copy when their blocks follow one another at the same distances in both
+// tiers: per copy a GPU pays a launch and the link a ramp, and a batch of small copies leaves
+// PCIe well below its rate. AllocateRun places such blocks as one reservation split in order;
+// a copy between two runs then also carries the rounding between blocks, which belongs to the
+// block before it on both sides.
+
 struct MemoryPoolStats {
   uint64_t budget_bytes = 0;        // 0: unlimited
   uint64_t arena_bytes = 0;         // memory held by arenas (what is pinned or allocated)
@@ -95,6 +104,8 @@ class PoolBlock {
     return static_cast<T*>(data_);
   }
   uint64_t size_bytes() const { return size_bytes_; }  // as requested
+  // The bytes the block holds in its pool: its size rounded up to the pool's alignment.
+  uint64_t reserved_bytes() const;
   bool empty() const { return data_ == nullptr; }
   void Reset();
 
@@ -175,6 +186,10 @@ class MemoryPool {
   // fragmented for the request and no arena can be added (the message gives the largest free
   // range); the arena allocation's own error when the system refuses memory or pinning.
   StatusOr<PoolBlock> Allocate(uint64_t size_bytes);
+  // Blocks of `sizes` (each > 0), in order, each starting where the one before ends after its
+  // rounding to the alignment: what is moved together can go as one copy (Note [Runs of
+  // blocks]). Each block is freed on its own. Errors: Allocate's, for the run's total.
+  StatusOr<std::vector<PoolBlock>> AllocateRun(std::span<const uint64_t> sizes);
 
   // Frees arenas that hold no block. Returns the bytes released.
   uint64_t Trim();
@@ -195,8 +210,17 @@ class MemoryPool {
   };
   friend class PoolBlock;
 
+  // Where a reservation lies.
+  struct Place {
+    size_t arena = 0;
+    uint64_t offset = 0;
+    char* data = nullptr;
+  };
+
   MemoryPool(std::string name, uint64_t budget_bytes, uint64_t arena_bytes, uint64_t alignment,
              uint64_t arena_slack_bytes = 0);
+  // `rounded` bytes, best fit across the arenas, to be split into `blocks` blocks.
+  StatusOr<Place> Reserve(uint64_t rounded, size_t blocks);
   // Adds an arena of `size_bytes`; mu_ held.
   StatusOr<size_t> AddArenaLocked(uint64_t size_bytes);
   void Free(size_t arena, uint64_t offset, uint64_t size_bytes) noexcept;

@@ -3,8 +3,12 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <functional>
 #include <utility>
+#include <vector>
 
 namespace zinf {
 
@@ -72,17 +76,50 @@ Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
   return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
 }
 
-Status TierMover::Upload(std::span<StoreTensor* const> tensors) {
+namespace {
+
+// Whether `next` continues the run that ends with `last` in both tiers (Note [Runs of blocks]
+// in offload/memory_pool.h): the same distance between their copies on either side, within
+// what `last` holds in each, so that one copy may carry both and the rounding between them.
+bool ContinuesRun(const StoreTensor& last, const StoreTensor& next) {
+  const PoolBlock& last_host = last.copies[Index(Tier::kHost)].block;
+  const PoolBlock& last_device = last.copies[Index(Tier::kDevice)].block;
+  const auto gap = [](const PoolBlock& a, const PoolBlock& b) {
+    return static_cast<const char*>(b.data()) - static_cast<const char*>(a.data());
+  };
+  const ptrdiff_t host = gap(last_host, next.copies[Index(Tier::kHost)].block);
+  const ptrdiff_t device = gap(last_device, next.copies[Index(Tier::kDevice)].block);
+  return host == device && host >= static_cast<ptrdiff_t>(last.size) &&
+         static_cast<uint64_t>(host) <=
+             std::min(last_host.reserved_bytes(), last_device.reserved_bytes());
+}
+
+}  // namespace
+
+bool TierMover::HostOrder(const StoreTensor* a, const StoreTensor* b) {
+  return std::less<>()(a->copies[Index(Tier::kHost)].block.data(),
+                       b->copies[Index(Tier::kHost)].block.data());
+}
+
+Status TierMover::Upload(std::span<StoreTensor* const> batch) {
+  // In the order of their host copies, so that neighbours there go as one copy: the batch has
+  // one wait, and the order within it matters to nothing else.
+  std::vector<const StoreTensor*> tensors(batch.begin(), batch.end());
+  std::sort(tensors.begin(), tensors.end(), HostOrder);
   uint64_t bytes = 0;
   for (const StoreTensor* t : tensors) bytes += t->size;
   LinkScope scope(links_.h2d, bytes);
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, device_->CreateEvent());
   Status queued;
-  for (const StoreTensor* t : tensors) {
-    queued = up_stream_->Copy(t->copies[Index(Tier::kDevice)].block.data(),
-                              t->copies[Index(Tier::kHost)].block.data(), t->size,
+  for (size_t begin = 0, end; queued.ok() && begin < tensors.size(); begin = end) {
+    const StoreTensor& first = *tensors[begin];
+    const char* host = first.copies[Index(Tier::kHost)].block.as<const char>();
+    end = begin + 1;
+    while (end < tensors.size() && ContinuesRun(*tensors[end - 1], *tensors[end])) ++end;
+    const StoreTensor& last = *tensors[end - 1];
+    const uint64_t run = last.copies[Index(Tier::kHost)].block.as<const char>() + last.size - host;
+    queued = up_stream_->Copy(first.copies[Index(Tier::kDevice)].block.data(), host, run,
                               CopyKind::kHostToDevice);
-    if (!queued.ok()) break;
   }
   if (queued.ok()) queued = up_stream_->Record(*done);
   if (!queued.ok()) {

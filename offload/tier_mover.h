@@ -48,10 +48,14 @@ class TierMover {
   // NVMe tier's, Internal for a pair of tiers with no route.
   Status Move(StoreTensor& t, Tier src, Tier dst);
   // Each tensor's host copy into its device copy, every copy on the up stream before one wait
-  // for them all (a step's write-backs: Note [Batched write-backs] in offload/tiered_store.cc).
-  // Not for the direct host device. Errors: the device's; then none of the copies is known to
-  // have landed.
-  Status Upload(std::span<StoreTensor* const> tensors);
+  // for them all (a step's write-backs, a module's fetch: Note [Batched write-backs] in
+  // offload/tiered_store.cc); tensors that follow one another in both tiers go as one copy
+  // (Note [Runs of blocks] in offload/memory_pool.h). Not for the direct host device. Errors:
+  // the device's; then none of the copies is known to have landed.
+  Status Upload(std::span<StoreTensor* const> batch);
+  // Whether a's host copy lies below b's: the order in which Upload copies a batch, and in
+  // which a batch's device memory is best placed for it.
+  static bool HostOrder(const StoreTensor* a, const StoreTensor* b);
   // Zeros t's memory in `tier` (the device or host tier).
   Status Clear(StoreTensor& t, Tier tier);
   // `n` bytes of device memory into host memory no copy of a tensor owns (the caller's), over

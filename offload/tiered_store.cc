@@ -43,9 +43,13 @@ namespace zinf {
 // invalid for the next Acquire to read again. Host copies written home to device memory (a
 // step's new parameters on a GPU) are a batch too: every copy is queued on the upload stream
 // before one wait for them all, where one at a time cost an event and a host wait each; a
-// failed batch keeps every copy. The others (busy, pinned, behind a device link to NVMe,
-// needing room made) are moved one at a time as Evict and Prefetch do, with the same errors
-// but one: a copy held when the job runs is left to its holders (Note [Evicting a held copy]).
+// failed batch keeps every copy. So are prefetches into device memory from a current host copy
+// (a module's parameters homed in host memory, fetched to a GPU): their device memory is one
+// run (Note [Runs of blocks] in offload/memory_pool.h), so a module's tensors go up as one
+// copy, and a failed batch leaves each device copy invalid for the next Acquire to copy again.
+// The others (busy, pinned, behind a device link to NVMe, needing room made) are moved one at
+// a time as Evict and Prefetch do, with the same errors but one: a copy held when the job runs
+// is left to its holders (Note [Evicting a held copy]).
 // WriteBackAsync is the same job keeping each copy once it is home: a step whose next
 // forward reads the shards soon after it writes them (Note [Step in the next forward's order]
 // in src/zero/step_beside_forward.h) then costs no read, and the copies, clean, are dropped for

@@ -3,6 +3,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -220,7 +221,7 @@ void TieredStore::Impl::RunBatch(const std::vector<StoreTensor*>& batch, Tier ti
     if (write_back) {
       FinishWriteBack(*batch[i], tier, keep, std::move(s), first);
     } else {
-      FinishRead(*batch[i], tier, std::move(s), first);
+      FinishRead(*batch[i], Tier::kNvme, tier, std::move(s), first);
     }
     cv.SignalAll();
   }
@@ -243,26 +244,31 @@ void TieredStore::Impl::FinishWriteBack(StoreTensor& t, Tier tier, bool keep, St
   catalog.CountEviction();
 }
 
-void TieredStore::Impl::FinishRead(StoreTensor& t, Tier tier, Status s, Status& first) {
+void TieredStore::Impl::FinishRead(StoreTensor& t, Tier src, Tier tier, Status s, Status& first) {
   if (!s.ok()) {  // the memory stays, invalid; the next Acquire reads again
     if (first.ok()) {
       first = std::move(s).WithContext(
-          fmt::format("moving tensor '{}' from nvme to {}", t.name, TierName(tier)));
+          fmt::format("moving tensor '{}' from {} to {}", t.name, TierName(src), TierName(tier)));
     }
     return;
   }
   t.copies[Index(tier)].valid = true;
+  t.copies[Index(tier)].zero = false;
   t.last_use = catalog.Tick();
 }
 
-void TieredStore::Impl::RunUploads(const std::vector<StoreTensor*>& uploads, bool keep,
-                                   Status& first) {
+void TieredStore::Impl::RunUploads(const std::vector<StoreTensor*>& uploads, bool write_back,
+                                   bool keep, Status& first) {
   if (uploads.empty()) return;
   const Status s = mover->Upload(uploads);
   MutexLock lock(&mu);
-  for (StoreTensor* t : uploads) {
+  for (StoreTensor* t : uploads) {  // a failed batch: every copy stays, none is current
     t->busy = false;
-    FinishWriteBack(*t, Tier::kHost, keep, s, first);  // a failed batch: every copy stays
+    if (write_back) {
+      FinishWriteBack(*t, Tier::kHost, keep, s, first);
+    } else {
+      FinishRead(*t, Tier::kHost, Tier::kDevice, s, first);
+    }
   }
   cv.SignalAll();
 }
@@ -307,7 +313,7 @@ Status TieredStore::Impl::EvictMany(const std::vector<TensorId>& ids, Tier tier,
     SortEvictions(ids, tier, keep, batch, uploads, alone, first);
   }
   RunBatch(batch, tier, /*write_back=*/true, keep, first);
-  RunUploads(uploads, keep, first);
+  RunUploads(uploads, /*write_back=*/true, keep, first);
   for (TensorId id : alone) {
     Status s = Evict(id, tier, keep, /*leave_held=*/true);
     if (first.ok()) first = std::move(s);
@@ -327,7 +333,9 @@ std::shared_future<Status> TieredStore::Impl::EvictManyAsync(std::span<const Ten
 
 void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier tier,
                                        std::vector<StoreTensor*>& batch,
+                                       std::vector<StoreTensor*>& uploads,
                                        std::vector<TensorId>& alone, Status& first) {
+  std::vector<StoreTensor*> unplaced;  // uploads still without device memory
   for (TensorId id : ids) {
     StatusOr<StoreTensor*> found = catalog.Find(id);
     if (!found.ok()) {
@@ -336,11 +344,18 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
     }
     StoreTensor& t = **found;
     TierCopy& c = t.copies[Index(tier)];
-    const TierCopy& home = t.copies[Index(Tier::kNvme)];
     if (c.valid) continue;
-    if (t.busy || t.writer || !mover->Addressable(tier) || t.home != Tier::kNvme || !home.valid ||
-        home.zero || t.copies[Index(Tier::kHost)].valid || t.copies[Index(Tier::kDevice)].valid) {
+    const TierCopy& host = t.copies[Index(Tier::kHost)];
+    const TierCopy& home = t.copies[Index(Tier::kNvme)];
+    const bool upload = tier == Tier::kDevice && !mover->direct() && host.valid && !host.zero;
+    const bool read = mover->Addressable(tier) && t.home == Tier::kNvme && home.valid &&
+                      !home.zero && !host.valid && !t.copies[Index(Tier::kDevice)].valid;
+    if (t.busy || t.writer || !(upload || read)) {
       alone.push_back(t.id);
+      continue;
+    }
+    if (upload && !c.present) {
+      unplaced.push_back(&t);
       continue;
     }
     if (!c.present) {  // room without evicting: making room is left to the one-at-a-time path
@@ -354,19 +369,56 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
       c.present = true;
     }
     t.busy = true;
-    batch.push_back(&t);
+    (upload ? uploads : batch).push_back(&t);
+  }
+  PlaceUploads(std::move(unplaced), uploads, alone);
+}
+
+void TieredStore::Impl::PlaceUploads(std::vector<StoreTensor*> unplaced,
+                                     std::vector<StoreTensor*>& uploads,
+                                     std::vector<TensorId>& alone) {
+  if (unplaced.empty()) return;
+  // As one run where there is room for it (Note [Runs of blocks]), in the order Upload copies
+  // them and at the distances their host copies lie apart, else each on its own.
+  std::sort(unplaced.begin(), unplaced.end(), TierMover::HostOrder);
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < unplaced.size(); ++i) {
+    const PoolBlock& host = unplaced[i]->copies[Index(Tier::kHost)].block;
+    uint64_t size = unplaced[i]->size;
+    if (i + 1 < unplaced.size()) {
+      const uint64_t gap =
+          unplaced[i + 1]->copies[Index(Tier::kHost)].block.as<char>() - host.as<char>();
+      if (gap <= host.reserved_bytes()) size = gap;  // the next one follows it there
+    }
+    sizes.push_back(size);
+  }
+  StatusOr<std::vector<PoolBlock>> run = device_pool->AllocateRun(sizes);
+  for (size_t i = 0; i < unplaced.size(); ++i) {
+    StoreTensor& t = *unplaced[i];
+    StatusOr<PoolBlock> block =
+        run.ok() ? StatusOr<PoolBlock>(std::move((*run)[i])) : device_pool->Allocate(t.size);
+    if (!block.ok()) {
+      alone.push_back(t.id);
+      continue;
+    }
+    TierCopy& c = t.copies[Index(Tier::kDevice)];
+    c.block = std::move(*block);
+    c.present = true;
+    t.busy = true;
+    uploads.push_back(&t);
   }
 }
 
 Status TieredStore::Impl::PrefetchMany(const std::vector<TensorId>& ids, Tier tier) {
   Status first;
-  std::vector<StoreTensor*> batch;
+  std::vector<StoreTensor*> batch, uploads;
   std::vector<TensorId> alone;
   {
     MutexLock lock(&mu);
-    SortPrefetches(ids, tier, batch, alone, first);
+    SortPrefetches(ids, tier, batch, uploads, alone, first);
   }
   RunBatch(batch, tier, /*write_back=*/false, /*keep=*/false, first);
+  RunUploads(uploads, /*write_back=*/false, /*keep=*/false, first);
   for (TensorId id : alone) {
     Status s = PrefetchOne(id, tier);
     if (first.ok()) first = std::move(s);

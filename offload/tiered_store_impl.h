@@ -111,21 +111,29 @@ struct TieredStore::Impl {
   void SortEvictions(const std::vector<TensorId>& ids, Tier tier, bool keep,
                      std::vector<StoreTensor*>& batch, std::vector<StoreTensor*>& uploads,
                      std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
-  // Sorts PrefetchMany's tensors likewise, claiming for the batch the memory each needs.
+  // Sorts PrefetchMany's tensors likewise (`batch` from NVMe, `uploads` from a current host
+  // copy to device memory), claiming for the batch the memory each needs.
   void SortPrefetches(const std::vector<TensorId>& ids, Tier tier, std::vector<StoreTensor*>& batch,
-                      std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
+                      std::vector<StoreTensor*>& uploads, std::vector<TensorId>& alone,
+                      Status& first) ZINF_REQUIRES(mu);
+  // Device memory for uploads that have none, as one run where it fits; claims them for
+  // `uploads`, or leaves to `alone` those that find no room without evicting.
+  void PlaceUploads(std::vector<StoreTensor*> unplaced, std::vector<StoreTensor*>& uploads,
+                    std::vector<TensorId>& alone) ZINF_REQUIRES(mu);
   // The NVMe I/O of tensors claimed (busy) for a batch, between their home and their copy in
   // `tier`: every tensor's requests start before any is waited for; then each outcome is
   // recorded as it completes (FinishWriteBack, FinishRead), and the tensor is idle again.
   void RunBatch(const std::vector<StoreTensor*>& batch, Tier tier, bool write_back, bool keep,
                 Status& first) ZINF_EXCLUDES(mu);
-  // The host copies of tensors claimed (busy) for a batch, homed in device memory, written
-  // home as one batch (TierMover::Upload): one wait for all of them.
-  void RunUploads(const std::vector<StoreTensor*>& uploads, bool keep, Status& first)
-      ZINF_EXCLUDES(mu);
+  // The host copies of tensors claimed (busy) for a batch copied to their device copies as one
+  // batch (TierMover::Upload): one wait for all of them. With `write_back` the device copy is
+  // their home (FinishWriteBack), else a prefetch's (FinishRead).
+  void RunUploads(const std::vector<StoreTensor*>& uploads, bool write_back, bool keep,
+                  Status& first) ZINF_EXCLUDES(mu);
   void FinishWriteBack(StoreTensor& t, Tier tier, bool keep, Status s, Status& first)
       ZINF_REQUIRES(mu);
-  void FinishRead(StoreTensor& t, Tier tier, Status s, Status& first) ZINF_REQUIRES(mu);
+  // A read from `src` into the copy in `tier`.
+  void FinishRead(StoreTensor& t, Tier src, Tier tier, Status s, Status& first) ZINF_REQUIRES(mu);
   // A tensor claimed (busy) for StreamHome, and what its stream needs.
   struct StreamClaim {
     StoreTensor* tensor = nullptr;

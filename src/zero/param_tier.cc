@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "comm/communicator.h"
@@ -116,12 +117,28 @@ Status ParamTier::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   return stream_->Copy(dst, src, bytes, CopyKind::kDeviceToDevice);
 }
 
+void ParamTier::BringShards(const std::vector<int>& todo) {
+  if (options_.shard_home != Tier::kHost || options_.device_host_addressable) return;
+  std::vector<TensorId> ids;
+  for (int pi : todo) {
+    const State& s = state_[pi];
+    if (s.shard_data == nullptr && !s.prefetched) ids.push_back(s.shard);
+  }
+  if (ids.size() < 2) return;
+  // Errors reach the Acquire that pins the shard, which moves it alone.
+  std::shared_future<Status> moved = store_->Prefetch(ids, Tier::kDevice);
+  if (moved.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return;  // cached
+  store_->transfer_counters().CountWait();  // for the store's transfer thread
+  moved.wait();
+}
+
 // Note [Coalesced gathers].
 Status ParamTier::StartGathers(const std::vector<int>& params) {
   std::vector<int> todo;
   for (int pi : params) {
     if (NeedsGather(pi)) todo.push_back(pi);
   }
+  BringShards(todo);
   if (comm_->world_size() == 1 || todo.size() < 2) {
     for (int pi : todo) {
       Status s = StartGather(pi);

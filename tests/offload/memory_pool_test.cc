@@ -73,6 +73,56 @@ TEST(MemoryPoolTest, FreedNeighboursCoalesce) {
 // Placed best-fit beside the large ones, the small blocks would cut the arena into holes of two
 // layers' size (28 of 64 MiB, in a model of the allocator); from the top of the arena they
 // leave the freed space one range, and a block of three quarters of the arena fits.
+// Note [Runs of blocks]: a run's blocks follow one another at their rounded sizes, and each
+// is freed on its own, as any block.
+TEST(MemoryPoolTest, ARunIsBlocksEndToEndEachFreedOnItsOwn) {
+  auto pool = MemoryPool::CreatePinned(Pinned(4 * kMiB));
+  ASSERT_TRUE(pool.ok());
+  auto before = (*pool)->Allocate(8192);  // the run is not where the pool starts
+  ASSERT_TRUE(before.ok());
+  const std::vector<uint64_t> sizes = {3 * 4096, 100, 2 * kMiB + 1, 4096};
+  auto run = (*pool)->AllocateRun(sizes);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ((*run)[i].size_bytes(), sizes[i]);
+    EXPECT_EQ((*run)[i].reserved_bytes(), AlignUp(sizes[i], 4096));
+    if (i > 0) {
+      EXPECT_EQ((*run)[i].as<char>(), (*run)[i - 1].as<char>() + (*run)[i - 1].reserved_bytes())
+          << "block " << i;
+    }
+  }
+  MemoryPoolStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.blocks, 5u);
+  EXPECT_EQ(stats.in_use_bytes, 8192 + 3 * 4096 + 4096 + AlignUp(2 * kMiB + 1, 4096) + 4096);
+  (*run)[1].Reset();  // a hole in the middle of the run
+  (*run)[3].Reset();
+  stats = (*pool)->stats();
+  EXPECT_EQ(stats.blocks, 3u);
+  EXPECT_EQ(stats.free_ranges, 2u) << "the second block's hole, and the last's joined to the tail";
+  run->clear();
+  before->Reset();
+  stats = (*pool)->stats();
+  EXPECT_EQ(stats.blocks, 0u);
+  EXPECT_EQ(stats.in_use_bytes, 0u);
+  EXPECT_EQ(stats.free_ranges, 1u) << "the run's blocks coalesce again";
+}
+
+TEST(MemoryPoolTest, ARunThatDoesNotFitTakesNothing) {
+  auto pool = MemoryPool::CreatePinned(Pinned(kMiB));
+  ASSERT_TRUE(pool.ok());
+  auto run = (*pool)->AllocateRun(std::vector<uint64_t>{512 * kKiB, 512 * kKiB + 1});
+  EXPECT_EQ(run.status().code(), StatusCode::kResourceExhausted) << run.status();
+  EXPECT_EQ((*pool)->stats().in_use_bytes, 0u);
+  EXPECT_EQ((*pool)->stats().blocks, 0u);
+  EXPECT_EQ((*pool)->AllocateRun(std::vector<uint64_t>{4096, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  auto empty = (*pool)->AllocateRun({});
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  EXPECT_TRUE((*pool)->AllocateRun(std::vector<uint64_t>{512 * kKiB, 512 * kKiB}).ok());
+}
+
 TEST(MemoryPoolTest, SmallBlocksThatOutliveTheirNeighboursLeaveTheLargeHolesWhole) {
   auto pool = MemoryPool::CreatePinned(Pinned(64 * kMiB));
   ASSERT_TRUE(pool.ok());

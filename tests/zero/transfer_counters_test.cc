@@ -51,6 +51,13 @@ constexpr uint64_t kGradients = kParams * kG;
 constexpr uint64_t kTrainerUploads = kGradients, kTrainerUploadBytes = kG * kBytes;
 // Releases a step that the trainer gives an event (backward's): each waited for once at most.
 constexpr uint64_t kReleasesWithEvents = kModuleCount * kG;
+// Waits a poll may turn into, each at most once a step: a release with an event, and with one
+// rank a gradient buffer still being packed when the buffers in flight pass a bucket's size
+// (GradientBuckets::Retire), depending on how far the copies have got.
+constexpr uint64_t kPollWaits = kReleasesWithEvents + kGradients;
+// The rounding a copy of several shards may carry between them (Note [Runs of blocks] in
+// offload/memory_pool.h): at most a host page per shard.
+constexpr uint64_t kRunPadding = kParams * 4096;
 
 std::string Config(bool params_in_host_memory) {
   return std::string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
@@ -180,9 +187,10 @@ TEST_F(TransferCountersTest, TwoRanks) {
       expect_eq("copies_down", s.copies_down, kG);
       expect_eq("bytes_down", s.bytes_down, kG * kShardBytes);
       // Up: the trainer's gradients, and each parameter shard's new values once, queued
-      // together (target: in transfers as large as a bucket; each shard is a tensor of its own).
-      expect_eq("copies_up", s.copies_up, kTrainerUploads + kParams);
-      expect_eq("bytes_up", s.bytes_up, kTrainerUploadBytes + kShardBytes);
+      // together, one copy for shards that lie together in both tiers (Note [Runs of blocks]).
+      expect("copies_up", s.copies_up, kTrainerUploads + 1, kTrainerUploads + kParams);
+      expect("bytes_up", s.bytes_up, kTrainerUploadBytes + kShardBytes,
+             kTrainerUploadBytes + kShardBytes + kRunPadding);
       // On the device: each gradient packed into its bucket, one slice per rank; m1's
       // gathers packed and unpacked.
       expect_eq("copies_on_device", s.copies_on_device,
@@ -236,8 +244,8 @@ void ExpectOneRankStep(const StepSummary& s) {
 // Waits the design makes every step, on the caller's thread, with one rank on the host device:
 // one per fetch (the host device's Fetch waits for its gathers: its caller computes next),
 // one per backward for its gradient bucket's copy down, the parameter tier's write-backs and
-// the step's drop of the gathers (one each). Besides these, each release with an event is
-// waited for at most once, or found done.
+// the step's drop of the gathers (one each). Besides these, each poll of kPollWaits may wait
+// once, or find its work done.
 constexpr uint64_t kOneRankWaits = kFetches + kG + 2;
 
 TEST_F(TransferCountersTest, OneRankParametersInDeviceMemory) {
@@ -248,12 +256,14 @@ TEST_F(TransferCountersTest, OneRankParametersInDeviceMemory) {
     SCOPED_TRACE("step " + std::to_string(i));
     const StepSummary& s = (*steps)[i];
     ExpectOneRankStep(s);
-    // Up: the trainer's gradients, and each parameter's new values once, queued together
-    // (target: in transfers as large as a bucket; each shard is a tensor of its own).
-    EXPECT_EQ(s.copies_up, kTrainerUploads + kParams);
-    EXPECT_EQ(s.bytes_up, kTrainerUploadBytes + kBytes);
+    // Up: the trainer's gradients, and each parameter's new values once, queued together,
+    // one copy for shards that lie together in both tiers (Note [Runs of blocks]).
+    EXPECT_GE(s.copies_up, kTrainerUploads + 1);
+    EXPECT_LE(s.copies_up, kTrainerUploads + kParams);
+    EXPECT_GE(s.bytes_up, kTrainerUploadBytes + kBytes);
+    EXPECT_LE(s.bytes_up, kTrainerUploadBytes + kBytes + kRunPadding);
     EXPECT_GE(s.host_waits, kOneRankWaits);
-    EXPECT_LE(s.host_waits, kOneRankWaits + kReleasesWithEvents);
+    EXPECT_LE(s.host_waits, kOneRankWaits + kPollWaits);
     // The store's transfer threads: one wait for every parameter's copy up (Note [Batched
     // write-backs]); per backward, the wait for the bucket's packing and its copy down.
     EXPECT_EQ(s.worker_waits, 1 + 2 * kG);
@@ -273,7 +283,7 @@ TEST_F(TransferCountersTest, OneRankAddingTrainerGetsZeroedBuffers) {
     EXPECT_EQ(s.host_bytes_set, 0u);
     EXPECT_EQ(s.host_bytes_copied, kBytes);
     EXPECT_GE(s.host_waits, kOneRankWaits + kGradients);
-    EXPECT_LE(s.host_waits, kOneRankWaits + kGradients + kReleasesWithEvents);
+    EXPECT_LE(s.host_waits, kOneRankWaits + kGradients + kPollWaits);
   }
 }
 
@@ -281,7 +291,7 @@ TEST_F(TransferCountersTest, OneRankParametersInHostMemory) {
   StatusOr<std::vector<StepSummary>> steps = TrainOneRank(true);
   ASSERT_TRUE(steps.ok()) << steps.status();
   Print("host memory", 0, *steps);
-  uint64_t uploads = 0;
+  uint64_t uploaded = 0;  // bytes
   for (int i = 1; i < kSteps; ++i) {
     SCOPED_TRACE("step " + std::to_string(i));
     const StepSummary& s = (*steps)[i];
@@ -290,20 +300,22 @@ TEST_F(TransferCountersTest, OneRankParametersInHostMemory) {
     // device, as the fetches need them. A copy cached on the device serves the fetches after
     // it until the step writes the parameter; the device budget (the plan's) may evict one
     // between fetches, and which step's summary counts an upload depends on when its
-    // prefetch ran. So: at most one upload per parameter per fetch.
+    // prefetch ran. So: at most one upload per parameter per fetch. A module's parameters
+    // moved together go as one copy (Note [Runs of blocks] in offload/memory_pool.h), which
+    // carries the rounding between them: bytes, not copies, say what went up.
     ASSERT_GE(s.copies_up, kTrainerUploads);
     const uint64_t engine_uploads = s.copies_up - kTrainerUploads;
     EXPECT_LE(engine_uploads, 2 * kG * kParams);
-    uploads += engine_uploads;
+    uploaded += s.bytes_up - kTrainerUploadBytes;
     // Each upload is waited for once, by a transfer thread or by the fetch that needs it
     // first; the fetch may also wait once for one in flight. Per backward, a transfer thread
     // waits for the bucket's packing and for its copy down.
     const uint64_t waits = s.host_waits + s.worker_waits;
     EXPECT_GE(waits, kOneRankWaits + 2 * kG);
-    EXPECT_LE(waits, kOneRankWaits + 2 * kG + kReleasesWithEvents + 2 * engine_uploads);
+    EXPECT_LE(waits, kOneRankWaits + 2 * kG + kPollWaits + 2 * engine_uploads);
   }
   // Over the steps, every parameter went up at least once a step (the step changed it).
-  EXPECT_GE(uploads + ((*steps)[0].copies_up - kTrainerUploads), kParams * kSteps);
+  EXPECT_GE(uploaded + ((*steps)[0].bytes_up - kTrainerUploadBytes), kBytes * kSteps);
 }
 
 }  // namespace
