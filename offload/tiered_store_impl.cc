@@ -199,7 +199,7 @@ Status TieredStore::Impl::Evict(TensorId id, Tier tier, bool keep, bool leave_he
 // ---- Batches: Note [Batched write-backs] in offload/tiered_store.cc ----
 
 void TieredStore::Impl::RunBatch(const std::vector<StoreTensor*>& batch, Tier tier, bool write_back,
-                                 bool keep, Status& first) {
+                                 bool keep, Status& first, std::vector<StoreTensor*>* then) {
   if (batch.empty()) return;
   uint64_t bytes = 0;
   for (const StoreTensor* t : batch) bytes += t->size;
@@ -217,6 +217,11 @@ void TieredStore::Impl::RunBatch(const std::vector<StoreTensor*>& batch, Tier ti
   for (size_t i = 0; i < batch.size(); ++i) {
     Status s = waiters[i].Wait();
     MutexLock lock(&mu);
+    if (then != nullptr && s.ok()) {
+      FinishRead(*batch[i], Tier::kNvme, tier, std::move(s), first);
+      then->push_back(batch[i]);  // still claimed, for what comes next
+      continue;
+    }
     batch[i]->busy = false;
     if (write_back) {
       FinishWriteBack(*batch[i], tier, keep, std::move(s), first);
@@ -333,9 +338,10 @@ std::shared_future<Status> TieredStore::Impl::EvictManyAsync(std::span<const Ten
 
 void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier tier,
                                        std::vector<StoreTensor*>& batch,
+                                       std::vector<StoreTensor*>& staged,
                                        std::vector<StoreTensor*>& uploads,
                                        std::vector<TensorId>& alone, Status& first) {
-  std::vector<StoreTensor*> unplaced;  // uploads still without device memory
+  std::vector<StoreTensor*> up;  // claimed for device memory, from or through host memory
   for (TensorId id : ids) {
     StatusOr<StoreTensor*> found = catalog.Find(id);
     if (!found.ok()) {
@@ -347,15 +353,17 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
     if (c.valid) continue;
     const TierCopy& host = t.copies[Index(Tier::kHost)];
     const TierCopy& home = t.copies[Index(Tier::kNvme)];
-    const bool upload = tier == Tier::kDevice && !mover->direct() && host.valid && !host.zero;
-    const bool read = mover->Addressable(tier) && t.home == Tier::kNvme && home.valid &&
-                      !home.zero && !host.valid && !t.copies[Index(Tier::kDevice)].valid;
-    if (t.busy || t.writer || !(upload || read)) {
+    const bool to_device = tier == Tier::kDevice && !mover->direct();
+    const bool from_host = to_device && host.valid && !host.zero;
+    const bool from_nvme = t.home == Tier::kNvme && home.valid && !home.zero && !host.valid &&
+                           !t.copies[Index(Tier::kDevice)].valid;
+    if (t.busy || t.writer || !(from_host || from_nvme)) {
       alone.push_back(t.id);
       continue;
     }
-    if (upload && !c.present) {
-      unplaced.push_back(&t);
+    if (to_device) {  // memory for these is found below, as runs
+      t.busy = true;
+      up.push_back(&t);
       continue;
     }
     if (!c.present) {  // room without evicting: making room is left to the one-at-a-time path
@@ -369,55 +377,71 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
       c.present = true;
     }
     t.busy = true;
-    (upload ? uploads : batch).push_back(&t);
+    batch.push_back(&t);
   }
-  PlaceUploads(std::move(unplaced), uploads, alone);
+  // Host memory first, for what is read from NVMe on the way up; then device memory at the
+  // distances of the host copies (Note [Runs of blocks]).
+  PlaceRun(up, Tier::kHost, alone);
+  PlaceRun(up, Tier::kDevice, alone);
+  for (StoreTensor* t : up) (t->copies[Index(Tier::kHost)].valid ? uploads : staged).push_back(t);
 }
 
-void TieredStore::Impl::PlaceUploads(std::vector<StoreTensor*> unplaced,
-                                     std::vector<StoreTensor*>& uploads,
-                                     std::vector<TensorId>& alone) {
+void TieredStore::Impl::PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier,
+                                 std::vector<TensorId>& alone) {
+  std::vector<StoreTensor*> unplaced;
+  for (StoreTensor* t : claimed) {
+    if (!t->copies[Index(tier)].present) unplaced.push_back(t);
+  }
   if (unplaced.empty()) return;
-  // As one run where there is room for it (Note [Runs of blocks]), in the order Upload copies
-  // them and at the distances their host copies lie apart, else each on its own.
-  std::sort(unplaced.begin(), unplaced.end(), TierMover::HostOrder);
+  MemoryPool& pool = tier == Tier::kDevice ? *device_pool : *host_pool;
+  // Device memory in the order Upload copies them, each block reaching to where the next
+  // tensor's host copy lies when that is within its own host block.
+  if (tier == Tier::kDevice) std::sort(unplaced.begin(), unplaced.end(), TierMover::HostOrder);
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < unplaced.size(); ++i) {
-    const PoolBlock& host = unplaced[i]->copies[Index(Tier::kHost)].block;
     uint64_t size = unplaced[i]->size;
-    if (i + 1 < unplaced.size()) {
+    if (tier == Tier::kDevice && i + 1 < unplaced.size()) {
+      const PoolBlock& host = unplaced[i]->copies[Index(Tier::kHost)].block;
       const uint64_t gap =
           unplaced[i + 1]->copies[Index(Tier::kHost)].block.as<char>() - host.as<char>();
-      if (gap <= host.reserved_bytes()) size = gap;  // the next one follows it there
+      if (gap <= host.reserved_bytes()) size = gap;
     }
     sizes.push_back(size);
   }
-  StatusOr<std::vector<PoolBlock>> run = device_pool->AllocateRun(sizes);
+  // As one run where there is room for it, else each on its own; without room, one at a time
+  // (PrefetchOne makes room).
+  StatusOr<std::vector<PoolBlock>> run = pool.AllocateRun(sizes);
+  std::vector<StoreTensor*> homeless;
   for (size_t i = 0; i < unplaced.size(); ++i) {
     StoreTensor& t = *unplaced[i];
     StatusOr<PoolBlock> block =
-        run.ok() ? StatusOr<PoolBlock>(std::move((*run)[i])) : device_pool->Allocate(t.size);
+        run.ok() ? StatusOr<PoolBlock>(std::move((*run)[i])) : pool.Allocate(t.size);
     if (!block.ok()) {
+      t.busy = false;  // claimed under this same hold of the lock: nobody saw it busy
       alone.push_back(t.id);
+      homeless.push_back(&t);
       continue;
     }
-    TierCopy& c = t.copies[Index(Tier::kDevice)];
+    TierCopy& c = t.copies[Index(tier)];
     c.block = std::move(*block);
     c.present = true;
-    t.busy = true;
-    uploads.push_back(&t);
   }
+  std::erase_if(claimed, [&](StoreTensor* t) {
+    return std::find(homeless.begin(), homeless.end(), t) != homeless.end();
+  });
 }
 
 Status TieredStore::Impl::PrefetchMany(const std::vector<TensorId>& ids, Tier tier) {
   Status first;
-  std::vector<StoreTensor*> batch, uploads;
+  std::vector<StoreTensor*> batch, staged, uploads;
   std::vector<TensorId> alone;
   {
     MutexLock lock(&mu);
-    SortPrefetches(ids, tier, batch, uploads, alone, first);
+    SortPrefetches(ids, tier, batch, staged, uploads, alone, first);
   }
   RunBatch(batch, tier, /*write_back=*/false, /*keep=*/false, first);
+  // Behind a device link, NVMe's reads all in flight into host memory, then up with the rest.
+  RunBatch(staged, Tier::kHost, /*write_back=*/false, /*keep=*/false, first, &uploads);
   RunUploads(uploads, /*write_back=*/false, /*keep=*/false, first);
   for (TensorId id : alone) {
     Status s = PrefetchOne(id, tier);

@@ -111,20 +111,23 @@ struct TieredStore::Impl {
   void SortEvictions(const std::vector<TensorId>& ids, Tier tier, bool keep,
                      std::vector<StoreTensor*>& batch, std::vector<StoreTensor*>& uploads,
                      std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
-  // Sorts PrefetchMany's tensors likewise (`batch` from NVMe, `uploads` from a current host
-  // copy to device memory), claiming for the batch the memory each needs.
+  // Sorts PrefetchMany's tensors likewise: `batch` from NVMe into memory the host addresses;
+  // behind a device link, `uploads` from a current host copy to device memory and `staged`
+  // from NVMe to host memory and then up; each claimed with the memory it needs.
   void SortPrefetches(const std::vector<TensorId>& ids, Tier tier, std::vector<StoreTensor*>& batch,
-                      std::vector<StoreTensor*>& uploads, std::vector<TensorId>& alone,
-                      Status& first) ZINF_REQUIRES(mu);
-  // Device memory for uploads that have none, as one run where it fits; claims them for
-  // `uploads`, or leaves to `alone` those that find no room without evicting.
-  void PlaceUploads(std::vector<StoreTensor*> unplaced, std::vector<StoreTensor*>& uploads,
-                    std::vector<TensorId>& alone) ZINF_REQUIRES(mu);
+                      std::vector<StoreTensor*>& staged, std::vector<StoreTensor*>& uploads,
+                      std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
+  // Memory in `tier` for the claimed tensors that have none there, as one run where it fits
+  // (device memory at the distances of their host copies: Note [Runs of blocks]); those that
+  // find no room without evicting are unclaimed and go to `alone`.
+  void PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier, std::vector<TensorId>& alone)
+      ZINF_REQUIRES(mu);
   // The NVMe I/O of tensors claimed (busy) for a batch, between their home and their copy in
   // `tier`: every tensor's requests start before any is waited for; then each outcome is
-  // recorded as it completes (FinishWriteBack, FinishRead), and the tensor is idle again.
+  // recorded as it completes (FinishWriteBack, FinishRead), and the tensor is idle again, or,
+  // read and given `then`, stays claimed and joins it.
   void RunBatch(const std::vector<StoreTensor*>& batch, Tier tier, bool write_back, bool keep,
-                Status& first) ZINF_EXCLUDES(mu);
+                Status& first, std::vector<StoreTensor*>* then = nullptr) ZINF_EXCLUDES(mu);
   // The host copies of tensors claimed (busy) for a batch copied to their device copies as one
   // batch (TierMover::Upload): one wait for all of them. With `write_back` the device copy is
   // their home (FinishWriteBack), else a prefetch's (FinishRead).
