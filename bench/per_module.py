@@ -16,7 +16,9 @@ interpreter (the limit: nothing done per module), and the cost per module with p
 zinf runs under this interpreter (its torch), DeepSpeed under --ds-python (its torch, with
 DS_ACCELERATOR=cpu); without --ds-python, or where that interpreter has no deepspeed, its row
 says so. --granularity sets zinf.zero's stage3_module_granularity_threshold where zinf takes
-it (0: a fetch per module with parameters).
+it (0: a fetch per module with parameters). --offload-param cpu homes the parameters in host
+memory on both engines (offload_param), so that each module's parameters move to the compute
+device and back at every fetch instead of staying where they are.
 """
 
 import argparse
@@ -40,6 +42,8 @@ def build(blocks):
 
 def config(args):
     zero = {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    if args.offload_param != "none":
+        zero["offload_param"] = {"device": args.offload_param}
     if args.granularity is not None:
         zero["stage3_module_granularity_threshold"] = args.granularity
     return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
@@ -96,6 +100,7 @@ def run_side(python, name, args, env=None):
            "--steps", str(args.steps), "--port", str(args.port)]
     if args.granularity is not None:
         cmd += ["--granularity", str(args.granularity)]
+    cmd += ["--offload-param", args.offload_param]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
         return None, (done.stderr.strip().splitlines() or ["failed"])[-1]
@@ -110,6 +115,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--granularity", type=int, default=None)
     parser.add_argument("--ds-python", default=None)
+    parser.add_argument("--offload-param", choices=["none", "cpu"], default="none")
     parser.add_argument("--port", type=int, default=29541)
     args = parser.parse_args()
     if args.side:
@@ -118,7 +124,7 @@ def main():
 
     import platform
     print(f"per_module: {args.blocks} blocks of Linear({D}, {D}) + Tanh, batch {BATCH}, one "
-          f"rank, parameters in memory, AdamW on the CPU, {args.steps} steps x {args.reps} "
+          f"rank, parameters {'offloaded to the CPU' if args.offload_param == 'cpu' else 'in memory'}, AdamW on the CPU, {args.steps} steps x {args.reps} "
           f"rounds, interleaved; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; zinf granularity {args.granularity}")
     ds_env = dict(os.environ, DS_ACCELERATOR="cpu")
