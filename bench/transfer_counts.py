@@ -7,8 +7,9 @@ would make is made and counted. Counts, not times: they say what a GPU would be 
     ZINF_HOST_LINK_GBPS=1000 PYTHONPATH=build/python /usr/bin/python3 bench/transfer_counts.py \\
         [--offload-param none|cpu|nvme] [--layers 4] [--d-model 256] [--steps 6]
 
-Prints one JSON line: the settings and, for each counter, its median over the steps after the
-first two (the first records the fetch order, the second is the first with read-ahead).
+Prints one JSON line: the settings, for each counter its median over the steps after the
+first two (the first records the fetch order, the second is the first with read-ahead), and
+each step's loss (to hold against another build's: the counts may change, the values not).
 ZINF_HOST_LINK_GBPS must be set: on the host device without a link the engine touches device
 memory directly and counts no copy.
 """
@@ -55,16 +56,19 @@ def main():
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
         engine = zinf.zero.initialize(model, config, optimizer_threads=1)
         x = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-        summaries = []
+        summaries, losses = [], []
         for _ in range(args.steps):
             logits = engine(x)
-            engine.backward(torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), x.view(-1)))
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, VOCAB), x.view(-1))
+            engine.backward(loss)
             summaries.append(engine.step())
+            losses.append(loss.item())
     counted = summaries[2:] or summaries
     print(json.dumps({"offload_param": args.offload_param, "layers": args.layers,
                       "d_model": args.d_model,
                       "parameters": sum(p.numel() for p in model.parameters()),
-                      **{k: statistics.median(s[k] for s in counted) for k in COUNTERS}}))
+                      **{k: statistics.median(s[k] for s in counted) for k in COUNTERS},
+                      "losses": losses}))
 
 
 if __name__ == "__main__":

@@ -76,12 +76,7 @@ Status TierMover::Move(StoreTensor& t, Tier src, Tier dst) {
   return Internal(fmt::format("no transfer from {} to {}", TierName(src), TierName(dst)));
 }
 
-namespace {
-
-// Whether `next` continues the run that ends with `last` in both tiers (Note [Runs of blocks]
-// in offload/memory_pool.h): the same distance between their copies on either side, within
-// what `last` holds in each, so that one copy may carry both and the rounding between them.
-bool ContinuesRun(const StoreTensor& last, const StoreTensor& next) {
+bool TierMover::ContinuesRun(const StoreTensor& last, const StoreTensor& next) {
   const PoolBlock& last_host = last.copies[Index(Tier::kHost)].block;
   const PoolBlock& last_device = last.copies[Index(Tier::kDevice)].block;
   const auto gap = [](const PoolBlock& a, const PoolBlock& b) {
@@ -93,8 +88,6 @@ bool ContinuesRun(const StoreTensor& last, const StoreTensor& next) {
          static_cast<uint64_t>(host) <=
              std::min(last_host.reserved_bytes(), last_device.reserved_bytes());
 }
-
-}  // namespace
 
 bool TierMover::HostOrder(const StoreTensor* a, const StoreTensor* b) {
   return std::less<>()(a->copies[Index(Tier::kHost)].block.data(),

@@ -56,6 +56,11 @@ class TierMover {
   // Whether a's host copy lies below b's: the order in which Upload copies a batch, and in
   // which a batch's device memory is best placed for it.
   static bool HostOrder(const StoreTensor* a, const StoreTensor* b);
+  // Whether `next` continues the run that ends with `last` in both the host and device tiers
+  // (Note [Runs of blocks] in offload/memory_pool.h): the same distance between their copies
+  // on either side, within what `last` holds in each, so that one copy may carry both and
+  // the rounding between them.
+  static bool ContinuesRun(const StoreTensor& last, const StoreTensor& next);
   // Zeros t's memory in `tier` (the device or host tier).
   Status Clear(StoreTensor& t, Tier tier);
   // `n` bytes of device memory into host memory no copy of a tensor owns (the caller's), over

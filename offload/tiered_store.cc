@@ -229,7 +229,9 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Create(const TieredStoreOpti
     DevicePoolOptions dp;
     dp.name = device->name() + " tier";
     dp.budget_bytes = options.device_budget_bytes;
-    if (device->host_addressable()) dp.alignment = 4096;  // NVMe reads land in it (O_DIRECT)
+    // As the host tier's: NVMe reads land in it (O_DIRECT) where the host addresses it, and a
+    // run placed in either tier can lie at the other's distances (Note [Runs of blocks]).
+    dp.alignment = 4096;
     ZINF_ASSIGN_OR_RETURN(device_pool, MemoryPool::CreateOnDevice(*device, dp));
   }
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPool> host_pool, OpenHostTier(options, device));
@@ -395,6 +397,32 @@ std::shared_future<Status> TieredStore::Prefetch(std::span<const TensorId> ids, 
     promise->set_value(m.PrefetchMany(todo, tier));
   });
   return done;
+}
+
+Status TieredStore::Place(std::span<const TensorId> ids, Tier tier) {
+  Impl& m = *impl_;
+  if (tier == Tier::kNvme || !m.HasTier(tier)) {
+    return InvalidArgument(fmt::format("cannot place tensors in the {} tier", TierName(tier)));
+  }
+  MutexLock lock(&m.mu);
+  std::vector<StoreTensor*> unplaced;
+  for (TensorId id : ids) {
+    ZINF_ASSIGN_OR_RETURN(StoreTensor * t, m.catalog.Find(id));
+    const TierCopy& c = t->copies[Index(tier)];
+    if (!c.present && !t->busy && !t->writer) unplaced.push_back(t);
+  }
+  // At the distances of their copies in the other tier (device homes) where they all have one.
+  const std::vector<uint64_t> sizes =
+      MirroredRun(unplaced, tier == Tier::kDevice ? Tier::kHost : Tier::kDevice);
+  MemoryPool& pool = tier == Tier::kDevice ? *m.device_pool : *m.host_pool;
+  StatusOr<std::vector<PoolBlock>> run = pool.AllocateRun(sizes);
+  if (!run.ok()) return OkStatus();  // each gets its memory when acquired
+  for (size_t i = 0; i < unplaced.size(); ++i) {
+    TierCopy& c = unplaced[i]->copies[Index(tier)];
+    c.block = std::move((*run)[i]);
+    c.present = true;
+  }
+  return OkStatus();
 }
 
 StatusOr<void*> TieredStore::Acquire(TensorId id, Tier tier, Access access) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <utility>
 
 #include "core/units.h"
@@ -336,6 +337,47 @@ std::shared_future<Status> TieredStore::Impl::EvictManyAsync(std::span<const Ten
   return done;
 }
 
+namespace {
+
+// Whether the device copies of `sorted` (in their host copies' order) that have memory lie at
+// their host copies' distances (Note [Runs of blocks]).
+bool LieAsRun(const std::vector<StoreTensor*>& sorted) {
+  for (size_t i = 0; i + 1 < sorted.size(); ++i) {
+    const StoreTensor& a = *sorted[i];
+    const StoreTensor& b = *sorted[i + 1];
+    if (a.copies[Index(Tier::kDevice)].present && b.copies[Index(Tier::kDevice)].present &&
+        !TierMover::ContinuesRun(a, b)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint64_t> MirroredRun(std::vector<StoreTensor*>& tensors, Tier other) {
+  std::vector<uint64_t> sizes;
+  const bool mirror = std::all_of(tensors.begin(), tensors.end(), [&](const StoreTensor* t) {
+    return t->copies[Index(other)].present;
+  });
+  if (mirror) {
+    std::sort(tensors.begin(), tensors.end(), [&](const StoreTensor* a, const StoreTensor* b) {
+      return std::less<>()(a->copies[Index(other)].block.data(),
+                           b->copies[Index(other)].block.data());
+    });
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    uint64_t size = tensors[i]->size;
+    if (mirror && i + 1 < tensors.size()) {
+      const PoolBlock& there = tensors[i]->copies[Index(other)].block;
+      const uint64_t gap = tensors[i + 1]->copies[Index(other)].block.as<char>() - there.as<char>();
+      if (gap <= there.reserved_bytes()) size = gap;  // the next one follows it there
+    }
+    sizes.push_back(size);
+  }
+  return sizes;
+}
+
 void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier tier,
                                        std::vector<StoreTensor*>& batch,
                                        std::vector<StoreTensor*>& staged,
@@ -388,25 +430,19 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
 
 void TieredStore::Impl::PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier,
                                  std::vector<TensorId>& alone) {
+  if (tier == Tier::kDevice) FreeStaleOutOfRun(claimed);
   std::vector<StoreTensor*> unplaced;
   for (StoreTensor* t : claimed) {
     if (!t->copies[Index(tier)].present) unplaced.push_back(t);
   }
   if (unplaced.empty()) return;
   MemoryPool& pool = tier == Tier::kDevice ? *device_pool : *host_pool;
-  // Device memory in the order Upload copies them, each block reaching to where the next
-  // tensor's host copy lies when that is within its own host block.
-  if (tier == Tier::kDevice) std::sort(unplaced.begin(), unplaced.end(), TierMover::HostOrder);
+  // Device memory at the host copies' distances, host memory in the order given.
   std::vector<uint64_t> sizes;
-  for (size_t i = 0; i < unplaced.size(); ++i) {
-    uint64_t size = unplaced[i]->size;
-    if (tier == Tier::kDevice && i + 1 < unplaced.size()) {
-      const PoolBlock& host = unplaced[i]->copies[Index(Tier::kHost)].block;
-      const uint64_t gap =
-          unplaced[i + 1]->copies[Index(Tier::kHost)].block.as<char>() - host.as<char>();
-      if (gap <= host.reserved_bytes()) size = gap;
-    }
-    sizes.push_back(size);
+  if (tier == Tier::kDevice) {
+    sizes = MirroredRun(unplaced, Tier::kHost);
+  } else {
+    for (const StoreTensor* t : unplaced) sizes.push_back(t->size);
   }
   // As one run where there is room for it, else each on its own; without room, one at a time
   // (PrefetchOne makes room).
@@ -429,6 +465,18 @@ void TieredStore::Impl::PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier,
   std::erase_if(claimed, [&](StoreTensor* t) {
     return std::find(homeless.begin(), homeless.end(), t) != homeless.end();
   });
+}
+
+void TieredStore::Impl::FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) {
+  std::sort(claimed.begin(), claimed.end(), TierMover::HostOrder);
+  if (LieAsRun(claimed)) return;
+  for (StoreTensor* t : claimed) {
+    TierCopy& c = t->copies[Index(Tier::kDevice)];
+    if (c.present && !c.valid && c.pins == 0) {  // claimed: its bytes are about to be replaced
+      c.block.Reset();
+      c.present = false;
+    }
+  }
 }
 
 Status TieredStore::Impl::PrefetchMany(const std::vector<TensorId>& ids, Tier tier) {

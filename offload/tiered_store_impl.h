@@ -38,6 +38,13 @@
 
 namespace zinf {
 
+// Sorts `tensors` by their copies in the `other` of the device and host tiers, when each has
+// one, and returns the block sizes of a run in this tier at those copies' distances (each
+// block reaching to where the next tensor's copy lies there, when that is within its own
+// block there), so that they move between the two tiers as one copy (Note [Runs of blocks] in
+// offload/memory_pool.h); else their own sizes, in the order given.
+std::vector<uint64_t> MirroredRun(std::vector<StoreTensor*>& tensors, Tier other);
+
 struct TieredStore::Impl {
   // The pools and the NVMe tier (null: none) made; `mover` is set next.
   Impl(const TieredStoreOptions& options, Device* device, std::unique_ptr<MemoryPool> device_pool,
@@ -122,6 +129,11 @@ struct TieredStore::Impl {
   // find no room without evicting are unclaimed and go to `alone`.
   void PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier, std::vector<TensorId>& alone)
       ZINF_REQUIRES(mu);
+  // Sorts the claimed tensors in their host copies' order; where their device copies do not
+  // lie at those distances, frees the stale ones (held, not current: about to be overwritten)
+  // for PlaceRun to place again as one run. A batch read again step after step is placed once.
+  void FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) ZINF_REQUIRES(mu);
+
   // The NVMe I/O of tensors claimed (busy) for a batch, between their home and their copy in
   // `tier`: every tensor's requests start before any is waited for; then each outcome is
   // recorded as it completes (FinishWriteBack, FinishRead), and the tensor is idle again, or,

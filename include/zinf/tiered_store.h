@@ -163,6 +163,13 @@ class ZINF_EXPORT TieredStore {
   // Prefetch of several tensors as one job whose reads are in flight together; a tensor is
   // usable as soon as its own read is done. The future holds the first error.
   std::shared_future<Status> Prefetch(std::span<const TensorId> ids, Tier tier);
+  // Memory in `tier` (device or host) now, for those of `ids` that have none there and are
+  // idle, as one run where it fits without evicting (in the order and at the distances of
+  // their copies in the other of the two tiers where they all have one there, else in the
+  // order given), so that tensors about to be written together move as one copy. Best effort: a
+  // tensor left out gets its memory when acquired, as any other. Errors: InvalidArgument for a tier
+  // this store has not, or NVMe; FailedPrecondition for a freed tensor.
+  Status Place(std::span<const TensorId> ids, Tier tier);
   // Blocks until a current copy is resident in `tier`, pins it, and returns its address (a
   // device pointer for Tier::kDevice, a host pointer for kHost). kNvme is not addressable:
   // InvalidArgument. Errors: FailedPrecondition (freed tensor), ResourceExhausted (tier full

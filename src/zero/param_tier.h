@@ -333,6 +333,11 @@ class ParamTier::ChunkWriter final : public ParamWriter {
   };
   // Parameter `pi`'s tier memory, acquired for writing at its first opening in a step.
   StatusOr<void*> OpenParam(size_t pi);
+  // Where the write tier is not the shards' home, memory for the host copies that chunk `c`
+  // is about to write and no earlier chunk has opened, as one run: written back, or read by
+  // the next forward, they then go up as one copy (Note [Runs of blocks] in
+  // offload/memory_pool.h).
+  void PlaceChunk(const ChunkView& c);
   // A persistent parameter's next values, loaded from the tier at the first opening in a step
   // when in place.
   StatusOr<float*> OpenPersistent(size_t pi);

@@ -143,6 +143,19 @@ StatusOr<float*> ParamTier::ChunkWriter::OpenPersistent(size_t pi) {
   return persistent_[pi].as<float>();
 }
 
+void ParamTier::ChunkWriter::PlaceChunk(const ChunkView& c) {
+  if (in_place_ || tier_->WriteTier() == tier_->options_.shard_home) return;
+  std::vector<TensorId> ids;
+  (void)ForEachOverlap(c.offset, c.count, [&](size_t pi, uint64_t, uint64_t) {
+    if (!(*tier_->params_)[pi].persistent && !open_[pi].written) {
+      ids.push_back(tier_->state_[pi].shard);
+    }
+    return OkStatus();
+  });
+  // Best effort: a shard left out gets its memory when opened.
+  if (ids.size() > 1) tier_->store_->Place(ids, tier_->WriteTier()).IgnoreError();
+}
+
 template <typename F>
 Status ParamTier::ChunkWriter::ForEachOverlap(uint64_t offset, uint64_t count, F&& f) {
   const std::vector<Param>& params = *tier_->params_;
@@ -215,6 +228,7 @@ Status ParamTier::ChunkWriter::Store(const ChunkView& c) {
 }
 
 StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkView& c) {
+  PlaceChunk(c);
   const std::vector<Param>& params = *tier_->params_;
   const size_t element = in_place_ ? 4 : ElementSize(tier_->options_.param_type);
   std::vector<CopyTarget> targets;
@@ -244,6 +258,7 @@ StatusOr<std::vector<CopyTarget>> ParamTier::ChunkWriter::Targets(const ChunkVie
 }
 
 Status ParamTier::ChunkWriter::Updated(const ChunkView& c) {
+  if (!c.copy_written && !c.params_in_place) PlaceChunk(c);  // else Targets opened them
   const std::vector<Param>& params = *tier_->params_;
   TieredStore* store = tier_->store_;
   const ElementType type = tier_->options_.param_type;
