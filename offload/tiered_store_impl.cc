@@ -472,7 +472,8 @@ void TieredStore::Impl::FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) {
   if (LieAsRun(claimed)) return;
   for (StoreTensor* t : claimed) {
     TierCopy& c = t->copies[Index(Tier::kDevice)];
-    if (c.present && !c.valid && c.pins == 0) {  // claimed: its bytes are about to be replaced
+    // Claimed, its bytes about to be replaced; never a home (resident parameters are torch's).
+    if (c.present && !c.valid && c.pins == 0 && t->home != Tier::kDevice) {
       c.block.Reset();
       c.present = false;
     }

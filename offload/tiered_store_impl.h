@@ -130,8 +130,9 @@ struct TieredStore::Impl {
   void PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier, std::vector<TensorId>& alone)
       ZINF_REQUIRES(mu);
   // Sorts the claimed tensors in their host copies' order; where their device copies do not
-  // lie at those distances, frees the stale ones (held, not current: about to be overwritten)
-  // for PlaceRun to place again as one run. A batch read again step after step is placed once.
+  // lie at those distances, frees the stale ones (not current: about to be overwritten; never
+  // a home, which torch may hold as a parameter's own memory) for PlaceRun to place again as
+  // one run. A batch read again step after step is placed once.
   void FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) ZINF_REQUIRES(mu);
 
   // The NVMe I/O of tensors claimed (busy) for a batch, between their home and their copy in

@@ -764,6 +764,46 @@ TEST(TieredStoreTest, PlacedHostCopiesGoHomeAsOneCopyPerRunOfHomes) {
   EXPECT_EQ(store.Place(ids, Tier::kHost).code(), StatusCode::kFailedPrecondition);
 }
 
+// A home never moves, even where a prefetch would lay stale device copies out again as a run:
+// torch may hold it as a parameter's own memory (resident parameters).
+TEST(TieredStoreTest, APrefetchNeverMovesADeviceHome) {
+  LinkedStore linked;
+  ASSERT_TRUE(linked.Open().ok());
+  TieredStore& store = *linked.store;
+  // Homes with others between them; host copies written one after another, so lying together.
+  const std::vector<uint64_t> sizes = {256 * kKiB, 128 * kKiB, 512 * kKiB};
+  std::vector<TensorId> ids, spacers;
+  std::vector<void*> homes;
+  for (uint64_t size : sizes) {
+    auto id = store.Create("p" + std::to_string(ids.size()), size, Tier::kDevice);
+    ASSERT_TRUE(id.ok()) << id.status();
+    auto home = store.Acquire(*id, Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(home.ok()) << home.status();
+    homes.push_back(*home);
+    ASSERT_TRUE(store.Release(*id, Tier::kDevice).ok());
+    ids.push_back(*id);
+    auto spacer = store.Create("spacer" + std::to_string(ids.size()), 64 * kKiB, Tier::kDevice);
+    ASSERT_TRUE(spacer.ok()) << spacer.status();
+    spacers.push_back(*spacer);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto p = store.Acquire(ids[i], Tier::kHost, Access::kOverwrite);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Fill(*p, sizes[i], ids[i], 9);
+    ASSERT_TRUE(store.Release(ids[i], Tier::kHost).ok());
+  }
+  ASSERT_TRUE(store.Prefetch(ids, Tier::kDevice).get().ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto home = store.Acquire(ids[i], Tier::kDevice, Access::kRead);
+    ASSERT_TRUE(home.ok()) << home.status();
+    EXPECT_EQ(*home, homes[i]) << "tensor " << i;
+    ASSERT_TRUE(store.Release(ids[i], Tier::kDevice).ok());
+    auto back = linked.DeviceBytes(ids[i], sizes[i]);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(Check(back->data(), sizes[i], ids[i], 9), -1) << "tensor " << i;
+  }
+}
+
 // Prefetch of tensors homed in host memory into device memory behind a link (a module's
 // parameters fetched to a GPU; Note [Batched write-backs]): one wait for the batch, and their
 // device memory one run at the distances of their host copies, so that the whole batch goes
