@@ -69,23 +69,31 @@ StatusOr<std::unique_ptr<TieredStore>> CreateWithFaultyEngine(const TieredStoreO
   return store;
 }
 
-// `count` tensors of `size` bytes homed on NVMe, named prefix0, prefix1, ..., each written
-// in the host tier with its Fill pattern (version 1) and not yet written back.
-std::vector<TensorId> WrittenOnNvme(TieredStore& store, const std::string& prefix, int count,
-                                    uint64_t size) {
+// Tensors of `sizes` homed in `home`, named prefix0, prefix1, ..., each written in the host
+// tier with its Fill pattern of `version` (and, homed elsewhere, not yet written back).
+std::vector<TensorId> WrittenInHostTier(TieredStore& store, const std::vector<uint64_t>& sizes,
+                                        Tier home, uint64_t version,
+                                        const std::string& prefix = "p") {
   std::vector<TensorId> ids;
-  for (int i = 0; i < count; ++i) {
-    auto id = store.Create(prefix + std::to_string(i), size, Tier::kNvme);
+  for (uint64_t size : sizes) {
+    auto id = store.Create(prefix + std::to_string(ids.size()), size, home);
     EXPECT_TRUE(id.ok()) << id.status();
     if (!id.ok()) return {};
     auto p = store.Acquire(*id, Tier::kHost, Access::kOverwrite);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) return {};
-    Fill(*p, size, *id, 1);
+    Fill(*p, size, *id, version);
     EXPECT_TRUE(store.Release(*id, Tier::kHost).ok());
     ids.push_back(*id);
   }
   return ids;
+}
+
+// `count` tensors of `size` bytes homed on NVMe, named prefix0, prefix1, ..., each written
+// in the host tier with its Fill pattern (version 1) and not yet written back.
+std::vector<TensorId> WrittenOnNvme(TieredStore& store, const std::string& prefix, int count,
+                                    uint64_t size) {
+  return WrittenInHostTier(store, std::vector<uint64_t>(count, size), Tier::kNvme, 1, prefix);
 }
 
 TEST(TieredStoreTest, RandomWorkloadKeepsEveryByteAndEveryBudget) {
@@ -684,17 +692,9 @@ TEST(TieredStoreTest, WriteBackToDeviceMemoryWaitsOnceForTheBatch) {
   LinkedStore linked;
   ASSERT_TRUE(linked.Open().ok());
   TieredStore& store = *linked.store;
-  const uint64_t sizes[] = {3 * 4096, 700 * kKiB, 1000, 64};
-  std::vector<TensorId> ids;
-  for (uint64_t size : sizes) {
-    auto id = store.Create("p" + std::to_string(ids.size()), size, Tier::kDevice);
-    ASSERT_TRUE(id.ok()) << id.status();
-    auto p = store.Acquire(*id, Tier::kHost, Access::kOverwrite);
-    ASSERT_TRUE(p.ok()) << p.status();
-    Fill(*p, size, *id, 5);
-    ASSERT_TRUE(store.Release(*id, Tier::kHost).ok());
-    ids.push_back(*id);
-  }
+  const std::vector<uint64_t> sizes = {3 * 4096, 700 * kKiB, 1000, 64};
+  const std::vector<TensorId> ids = WrittenInHostTier(store, sizes, Tier::kDevice, 5);
+  ASSERT_EQ(ids.size(), sizes.size());
   const TransferCounts before = store.transfer_counters().counts();
   ASSERT_TRUE(store.WriteBackAsync(ids, Tier::kHost).get().ok());
   const TransferCounts after = store.transfer_counters().counts();
@@ -814,16 +814,8 @@ TEST(TieredStoreTest, PrefetchToDeviceMemoryIsOneCopyForTensorsThatLieTogether) 
   ASSERT_TRUE(linked.Open().ok());
   TieredStore& store = *linked.store;
   const std::vector<uint64_t> sizes = {3 * 4096, 1000, 700 * kKiB, 64};
-  std::vector<TensorId> ids;
-  for (uint64_t size : sizes) {
-    auto id = store.Create("p" + std::to_string(ids.size()), size, Tier::kHost);
-    ASSERT_TRUE(id.ok()) << id.status();
-    auto p = store.Acquire(*id, Tier::kHost, Access::kOverwrite);
-    ASSERT_TRUE(p.ok()) << p.status();
-    Fill(*p, size, *id, 6);
-    ASSERT_TRUE(store.Release(*id, Tier::kHost).ok());
-    ids.push_back(*id);
-  }
+  const std::vector<TensorId> ids = WrittenInHostTier(store, sizes, Tier::kHost, 6);
+  ASSERT_EQ(ids.size(), sizes.size());
   const TransferCounts before = store.transfer_counters().counts();
   ASSERT_TRUE(store.Prefetch(ids, Tier::kDevice).get().ok());
   const TransferCounts after = store.transfer_counters().counts();
