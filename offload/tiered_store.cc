@@ -47,8 +47,11 @@ namespace zinf {
 // (a module's parameters homed in host memory, fetched to a GPU): their device memory is one
 // run (Note [Runs of blocks] in offload/memory_pool.h), so a module's tensors go up as one
 // copy, and a failed batch leaves each device copy invalid for the next Acquire to copy again.
-// The others (busy, pinned, behind a device link to NVMe, needing room made) are moved one at
-// a time as Evict and Prefetch do, with the same errors but one: a copy held when the job runs
+// Tensors homed on NVMe go to device memory behind a link the same way, through host memory:
+// every read in flight at once into one run of host memory, then up with the batch, and the
+// host copies dropped once up (the host tier holds them only on the way, as a staging buffer).
+// The others (busy, pinned, needing room made) are moved one at a time as Evict and Prefetch
+// do, with the same errors but one: a copy held when the job runs
 // is left to its holders (Note [Evicting a held copy]).
 // WriteBackAsync is the same job keeping each copy once it is home: a step whose next
 // forward reads the shards soon after it writes them (Note [Step in the next forward's order]

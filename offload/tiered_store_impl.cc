@@ -480,6 +480,20 @@ void TieredStore::Impl::FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) {
   }
 }
 
+void TieredStore::Impl::DropPassedThrough(const std::vector<TensorId>& ids) {
+  MutexLock lock(&mu);
+  for (TensorId id : ids) {
+    StoreTensor* t = catalog.Lookup(id);
+    if (t == nullptr || t->busy || t->writer) continue;
+    const TierCopy& host = t->copies[Index(Tier::kHost)];
+    if (host.present && host.pins == 0 && t->copies[Index(Tier::kDevice)].valid) {
+      catalog.DropCopy(*t, Tier::kHost);
+      catalog.CountEviction();
+    }
+  }
+  cv.SignalAll();  // memory came back
+}
+
 Status TieredStore::Impl::PrefetchMany(const std::vector<TensorId>& ids, Tier tier) {
   Status first;
   std::vector<StoreTensor*> batch, staged, uploads;
@@ -490,8 +504,11 @@ Status TieredStore::Impl::PrefetchMany(const std::vector<TensorId>& ids, Tier ti
   }
   RunBatch(batch, tier, /*write_back=*/false, /*keep=*/false, first);
   // Behind a device link, NVMe's reads all in flight into host memory, then up with the rest.
+  std::vector<TensorId> passed_through;
+  for (const StoreTensor* t : staged) passed_through.push_back(t->id);
   RunBatch(staged, Tier::kHost, /*write_back=*/false, /*keep=*/false, first, &uploads);
   RunUploads(uploads, /*write_back=*/false, /*keep=*/false, first);
+  DropPassedThrough(passed_through);
   for (TensorId id : alone) {
     Status s = PrefetchOne(id, tier);
     if (first.ok()) first = std::move(s);

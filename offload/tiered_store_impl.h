@@ -134,6 +134,10 @@ struct TieredStore::Impl {
   // a home, which torch may hold as a parameter's own memory) for PlaceRun to place again as
   // one run. A batch read again step after step is placed once.
   void FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) ZINF_REQUIRES(mu);
+  // Drops the host copies that tensors read from NVMe passed through on their way up to
+  // device memory, where nobody holds them: the host tier holds them only on the way, as the
+  // staging buffer did, so that it holds no more than when they moved a piece at a time.
+  void DropPassedThrough(const std::vector<TensorId>& ids) ZINF_EXCLUDES(mu);
 
   // The NVMe I/O of tensors claimed (busy) for a batch, between their home and their copy in
   // `tier`: every tensor's requests start before any is waited for; then each outcome is
