@@ -55,16 +55,17 @@ ModuleBytes MeasureModules(const EngineConfig& config, const BudgetModel& model,
     uint64_t bytes = 0;
     for (const BudgetParam& p : module) {
       // The shard's copy, the gathered parameter (with one rank, the shard itself), its fp32
-      // widening (16-bit parameters, when the fp32 view is handed out) and the gradient.
+      // widening (16-bit parameters, when the fp32 view is handed out) and the gradient, each
+      // a block of both tiers' pools, rounded to their page (Note [Runs of blocks]).
       const uint64_t full = p.shard_elements * world;
-      const uint64_t gathered = world > 1 ? full * element : 0;
-      const uint64_t widened = element != 4 && model.fp32_view ? full * 4 : 0;
-      const uint64_t gradient = p.trainable ? full * 4 : 0;
-      (p.persistent ? m.persistent : bytes) +=
-          p.shard_elements * element + gathered + widened + gradient;
+      const uint64_t shard = PageUp(p.shard_elements * element);
+      const uint64_t gathered = world > 1 ? PageUp(full * element) : 0;
+      const uint64_t widened = element != 4 && model.fp32_view ? PageUp(full * 4) : 0;
+      const uint64_t gradient = p.trainable ? PageUp(full * 4) : 0;
+      (p.persistent ? m.persistent : bytes) += shard + gathered + widened + gradient;
       if (p.trainable) b.shard_elements += p.shard_elements;
       m.all_elements += p.shard_elements;
-      b.param_tier_bytes += p.shard_elements * element;
+      b.param_tier_bytes += shard;
       m.largest_shard = std::max(m.largest_shard, p.shard_elements);
       // The persistent parameters' next values while the NVMe step writes the tier from its
       // chunks (ParamTier::ChunkWriter).
