@@ -408,23 +408,13 @@ Status TieredStore::Place(std::span<const TensorId> ids, Tier tier) {
     return InvalidArgument(fmt::format("cannot place tensors in the {} tier", TierName(tier)));
   }
   MutexLock lock(&m.mu);
-  std::vector<StoreTensor*> unplaced;
+  std::vector<StoreTensor*> idle;
   for (TensorId id : ids) {
     ZINF_ASSIGN_OR_RETURN(StoreTensor * t, m.catalog.Find(id));
-    const TierCopy& c = t->copies[Index(tier)];
-    if (!c.present && !t->busy && !t->writer) unplaced.push_back(t);
+    if (!t->copies[Index(tier)].present && !t->busy && !t->writer) idle.push_back(t);
   }
-  // At the distances of their copies in the other tier (device homes) where they all have one.
-  const std::vector<uint64_t> sizes =
-      MirroredRun(unplaced, tier == Tier::kDevice ? Tier::kHost : Tier::kDevice);
-  MemoryPool& pool = tier == Tier::kDevice ? *m.device_pool : *m.host_pool;
-  StatusOr<std::vector<PoolBlock>> run = pool.AllocateRun(sizes);
-  if (!run.ok()) return OkStatus();  // each gets its memory when acquired
-  for (size_t i = 0; i < unplaced.size(); ++i) {
-    TierCopy& c = unplaced[i]->copies[Index(tier)];
-    c.block = std::move((*run)[i]);
-    c.present = true;
-  }
+  std::vector<TensorId> left_out;  // each gets its memory when acquired
+  m.PlaceRun(idle, tier, left_out);
   return OkStatus();
 }
 

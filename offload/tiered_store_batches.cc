@@ -93,17 +93,21 @@ void TieredStore::Impl::RunUploads(const std::vector<StoreTensor*>& uploads, boo
   cv.SignalAll();
 }
 
+StoreTensor* TieredStore::Impl::FindForBatch(TensorId id, Status& first) {
+  StatusOr<StoreTensor*> found = catalog.Find(id);
+  if (found.ok()) return *found;
+  if (first.ok()) first = found.status();
+  return nullptr;
+}
+
 void TieredStore::Impl::SortEvictions(const std::vector<TensorId>& ids, Tier tier, bool keep,
                                       std::vector<StoreTensor*>& batch,
                                       std::vector<StoreTensor*>& uploads,
                                       std::vector<TensorId>& alone, Status& first) {
   for (TensorId id : ids) {
-    StatusOr<StoreTensor*> found = catalog.Find(id);
-    if (!found.ok()) {
-      if (first.ok()) first = found.status();
-      continue;
-    }
-    StoreTensor& t = **found;
+    StoreTensor* found = FindForBatch(id, first);
+    if (found == nullptr) continue;
+    StoreTensor& t = *found;
     const TierCopy& c = t.copies[Index(tier)];
     const bool idle = tier != t.home && !t.busy && !t.writer && c.pins == 0;
     if (idle && !c.present) continue;
@@ -167,8 +171,11 @@ bool LieAsRun(const std::vector<StoreTensor*>& sorted) {
   return true;
 }
 
-}  // namespace
-
+// Sorts `tensors` by their copies in the `other` of the device and host tiers, when each has
+// one, and returns the block sizes of a run in this tier at those copies' distances (each
+// block reaching to where the next tensor's copy lies there, when that is within its own
+// block there), so that they move between the two tiers as one copy (Note [Runs of blocks] in
+// offload/memory_pool.h); else their own sizes, in the order given.
 std::vector<uint64_t> MirroredRun(std::vector<StoreTensor*>& tensors, Tier other) {
   std::vector<uint64_t> sizes;
   const bool mirror = std::all_of(tensors.begin(), tensors.end(), [&](const StoreTensor* t) {
@@ -192,6 +199,8 @@ std::vector<uint64_t> MirroredRun(std::vector<StoreTensor*>& tensors, Tier other
   return sizes;
 }
 
+}  // namespace
+
 void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier tier,
                                        std::vector<StoreTensor*>& batch,
                                        std::vector<StoreTensor*>& staged,
@@ -199,12 +208,9 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
                                        std::vector<TensorId>& alone, Status& first) {
   std::vector<StoreTensor*> up;  // claimed for device memory, from or through host memory
   for (TensorId id : ids) {
-    StatusOr<StoreTensor*> found = catalog.Find(id);
-    if (!found.ok()) {
-      if (first.ok()) first = found.status();
-      continue;
-    }
-    StoreTensor& t = **found;
+    StoreTensor* found = FindForBatch(id, first);
+    if (found == nullptr) continue;
+    StoreTensor& t = *found;
     TierCopy& c = t.copies[Index(tier)];
     if (c.valid) continue;
     const TierCopy& host = t.copies[Index(Tier::kHost)];
@@ -242,43 +248,31 @@ void TieredStore::Impl::SortPrefetches(const std::vector<TensorId>& ids, Tier ti
   for (StoreTensor* t : up) (t->copies[Index(Tier::kHost)].valid ? uploads : staged).push_back(t);
 }
 
-void TieredStore::Impl::PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier,
+void TieredStore::Impl::PlaceRun(std::vector<StoreTensor*>& tensors, Tier tier,
                                  std::vector<TensorId>& alone) {
-  if (tier == Tier::kDevice) FreeStaleOutOfRun(claimed);
+  if (tier == Tier::kDevice) FreeStaleOutOfRun(tensors);
   std::vector<StoreTensor*> unplaced;
-  for (StoreTensor* t : claimed) {
+  for (StoreTensor* t : tensors) {
     if (!t->copies[Index(tier)].present) unplaced.push_back(t);
   }
   if (unplaced.empty()) return;
   MemoryPool& pool = tier == Tier::kDevice ? *device_pool : *host_pool;
-  // Device memory at the host copies' distances, host memory in the order given.
-  std::vector<uint64_t> sizes;
-  if (tier == Tier::kDevice) {
-    sizes = MirroredRun(unplaced, Tier::kHost);
-  } else {
-    for (const StoreTensor* t : unplaced) sizes.push_back(t->size);
-  }
-  // As one run where there is room for it, else each on its own; without room, one at a time
-  // (PrefetchOne makes room).
+  const std::vector<uint64_t> sizes =
+      MirroredRun(unplaced, tier == Tier::kDevice ? Tier::kHost : Tier::kDevice);
   StatusOr<std::vector<PoolBlock>> run = pool.AllocateRun(sizes);
-  std::vector<StoreTensor*> homeless;
   for (size_t i = 0; i < unplaced.size(); ++i) {
     StoreTensor& t = *unplaced[i];
     StatusOr<PoolBlock> block =
         run.ok() ? StatusOr<PoolBlock>(std::move((*run)[i])) : pool.Allocate(t.size);
-    if (!block.ok()) {
-      t.busy = false;  // claimed under this same hold of the lock: nobody saw it busy
+    if (!block.ok()) {  // left to the one-at-a-time path, which makes room
+      t.busy = false;   // claimed under this same hold of the lock: nobody saw it busy
       alone.push_back(t.id);
-      homeless.push_back(&t);
       continue;
     }
-    TierCopy& c = t.copies[Index(tier)];
-    c.block = std::move(*block);
-    c.present = true;
+    t.copies[Index(tier)].block = std::move(*block);
+    t.copies[Index(tier)].present = true;
   }
-  std::erase_if(claimed, [&](StoreTensor* t) {
-    return std::find(homeless.begin(), homeless.end(), t) != homeless.end();
-  });
+  std::erase_if(tensors, [tier](const StoreTensor* t) { return !t->copies[Index(tier)].present; });
 }
 
 void TieredStore::Impl::FreeStaleOutOfRun(std::vector<StoreTensor*>& claimed) {
@@ -300,7 +294,9 @@ void TieredStore::Impl::DropPassedThrough(const std::vector<TensorId>& ids) {
     StoreTensor* t = catalog.Lookup(id);
     if (t == nullptr || t->busy || t->writer) continue;
     const TierCopy& host = t->copies[Index(Tier::kHost)];
-    if (host.present && host.pins == 0 && t->copies[Index(Tier::kDevice)].valid) {
+    // Only a clean copy: one written since is the writer's to send home.
+    if (host.present && host.pins == 0 && t->copies[Index(Tier::kDevice)].valid &&
+        t->copies[Index(t->home)].valid) {
       catalog.DropCopy(*t, Tier::kHost);
       catalog.CountEviction();
     }

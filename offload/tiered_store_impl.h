@@ -38,13 +38,6 @@
 
 namespace zinf {
 
-// Sorts `tensors` by their copies in the `other` of the device and host tiers, when each has
-// one, and returns the block sizes of a run in this tier at those copies' distances (each
-// block reaching to where the next tensor's copy lies there, when that is within its own
-// block there), so that they move between the two tiers as one copy (Note [Runs of blocks] in
-// offload/memory_pool.h); else their own sizes, in the order given.
-std::vector<uint64_t> MirroredRun(std::vector<StoreTensor*>& tensors, Tier other);
-
 struct TieredStore::Impl {
   // The pools and the NVMe tier (null: none) made; `mover` is set next.
   Impl(const TieredStoreOptions& options, Device* device, std::unique_ptr<MemoryPool> device_pool,
@@ -83,6 +76,14 @@ struct TieredStore::Impl {
   // TieredStore::Prefetch of one tensor (of several), run on a transfer thread.
   Status PrefetchOne(TensorId id, Tier tier) ZINF_EXCLUDES(mu);
   Status PrefetchMany(const std::vector<TensorId>& ids, Tier tier) ZINF_EXCLUDES(mu);
+  // Memory in `tier` (device or host) for those of `tensors` that have none there: one run
+  // where it fits, at the distances of their copies in the other of the two tiers where they
+  // all have one there (Note [Runs of blocks] in offload/memory_pool.h), else in the order
+  // given; else each where it fits. Never evicts: those that find no room are unclaimed (not
+  // busy), leave `tensors` and go to `alone`. A batch's stale device copies that do not lie as
+  // a run are placed again (FreeStaleOutOfRun). TieredStore::Place, and the prefetch batches.
+  void PlaceRun(std::vector<StoreTensor*>& tensors, Tier tier, std::vector<TensorId>& alone)
+      ZINF_REQUIRES(mu);
   // TieredStore::Flush.
   Status Flush() ZINF_EXCLUDES(mu);
   // TieredStore::ReadHomeAsync and WriteHomeAsync: every NVMe piece of the tensor between its
@@ -109,6 +110,9 @@ struct TieredStore::Impl {
   TransferWorkers workers;
 
  private:
+  // Tensor `id` of a batch; null, with the error kept in `first` when it is the first, where
+  // there is none.
+  StoreTensor* FindForBatch(TensorId id, Status& first) ZINF_REQUIRES(mu);
   // TieredStore::EvictAsync (or with `keep`, WriteBackAsync) of several tensors, run on one
   // transfer thread.
   Status EvictMany(const std::vector<TensorId>& ids, Tier tier, bool keep) ZINF_EXCLUDES(mu);
@@ -124,11 +128,6 @@ struct TieredStore::Impl {
   void SortPrefetches(const std::vector<TensorId>& ids, Tier tier, std::vector<StoreTensor*>& batch,
                       std::vector<StoreTensor*>& staged, std::vector<StoreTensor*>& uploads,
                       std::vector<TensorId>& alone, Status& first) ZINF_REQUIRES(mu);
-  // Memory in `tier` for the claimed tensors that have none there, as one run where it fits
-  // (device memory at the distances of their host copies: Note [Runs of blocks]); those that
-  // find no room without evicting are unclaimed and go to `alone`.
-  void PlaceRun(std::vector<StoreTensor*>& claimed, Tier tier, std::vector<TensorId>& alone)
-      ZINF_REQUIRES(mu);
   // Sorts the claimed tensors in their host copies' order; where their device copies do not
   // lie at those distances, frees the stale ones (not current: about to be overwritten; never
   // a home, which torch may hold as a parameter's own memory) for PlaceRun to place again as

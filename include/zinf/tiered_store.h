@@ -164,9 +164,10 @@ class ZINF_EXPORT TieredStore {
   // usable as soon as its own read is done. The future holds the first error.
   std::shared_future<Status> Prefetch(std::span<const TensorId> ids, Tier tier);
   // Memory in `tier` (device or host) now, for those of `ids` that have none there and are
-  // idle, as one run where it fits without evicting (in the order and at the distances of
-  // their copies in the other of the two tiers where they all have one there, else in the
-  // order given), so that tensors about to be written together move as one copy. Best effort: a
+  // idle, as one run where it fits (in the order and at the distances of their copies in the
+  // other of the two tiers where they all have one there, else in the order given), else each
+  // where it fits, never evicting: tensors about to be written together then move as one
+  // copy. Best effort: a
   // tensor left out gets its memory when acquired, as any other. Errors: InvalidArgument for a tier
   // this store has not, or NVMe; FailedPrecondition for a freed tensor.
   Status Place(std::span<const TensorId> ids, Tier tier);
