@@ -118,7 +118,7 @@ Status ParamTier::CopyOnDevice(void* dst, const void* src, size_t bytes) {
 }
 
 void ParamTier::BringShards(const std::vector<int>& todo) {
-  if (options_.shard_home != Tier::kHost || options_.device_host_addressable) return;
+  if (options_.shard_home == Tier::kDevice || options_.device_host_addressable) return;
   std::vector<TensorId> ids;
   for (int pi : todo) {
     const State& s = state_[pi];

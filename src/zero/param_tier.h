@@ -214,9 +214,9 @@ class ParamTier {
   // Starts the gathers of those of `params` not yet gathered, with one collective where there
   // are several (Note [Coalesced gathers]).
   Status StartGathers(const std::vector<int>& params);
-  // The shards in host memory that the gathers of `todo` read and no read-ahead brings in,
-  // moved to device memory as one batch (one wait, one copy where they lie together: Note
-  // [Batched write-backs] in offload/tiered_store.cc) before each is pinned.
+  // The shards homed in host memory or on NVMe that the gathers of `todo` read and no
+  // read-ahead brings in, moved to device memory as one batch (one wait, one copy where they lie
+  // together: Note [Batched write-backs] in offload/tiered_store.cc) before each is pinned.
   void BringShards(const std::vector<int>& todo);
   // Copies a coalesced gather's pieces into its parameters' gathered tensors; frees its buffers.
   Status Unpack(Coalesced& c);
